@@ -1,0 +1,201 @@
+"""The `shoestring` command. Subcommands are thin: parse, call the library, print.
+
+Bad input raises ShoestringError anywhere below; `main` prints its message and exits 2 with
+no traceback. Any other exception is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from shoestring import __version__
+from shoestring.errors import ShoestringError
+
+app = typer.Typer(
+    name="shoestring",
+    help="Train the best language model a compute budget allows: "
+    "prep raw text, pretrain within a budget, evaluate.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+    rich_markup_mode=None,
+)
+config_app = typer.Typer(help="Inspect the configuration.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
+
+out = Console()
+err = Console(stderr=True)
+
+ConfigOpt = Annotated[
+    Optional[Path], typer.Option("--config", "-c", help="YAML file with data/model/train/eval sections.")
+]
+SetOpt = Annotated[
+    Optional[list[str]],
+    typer.Option("--set", help="Override one setting: section.key=value (repeatable).", metavar="KEY=VALUE"),
+]
+BudgetOpt = Annotated[
+    Optional[str], typer.Option("--budget", "-b", help="Wall-clock budget for training: 90s, 5m, 2h.")
+]
+StepsOpt = Annotated[
+    Optional[int], typer.Option("--steps", help="Train for exactly N optimizer steps (overrides --budget).")
+]
+
+
+def _version(value: bool) -> None:
+    if value:
+        out.print(f"shoestring {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
+    ] = False,
+) -> None:
+    """shoestring: plan → prep → train → eval on any budget, from a laptop CPU up."""
+
+
+def _config(config: Path | None, sets: list[str] | None, extra: list[str] | None = None):
+    from shoestring.config import load_config
+
+    return load_config(config, [*(extra or []), *(sets or [])])
+
+
+def _budget_overrides(budget: str | None, steps: int | None) -> list[str]:
+    extra = []
+    if budget is not None:
+        extra.append(f"train.budget={budget}")
+    if steps is not None:
+        extra.append(f"train.steps={steps}")
+    return extra
+
+
+@app.command()
+def prep(
+    sources: Annotated[
+        list[str],
+        typer.Argument(help="Files (.txt, .jsonl), folders, globs, or builtin:pydocs.", show_default=False),
+    ],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Data dir to write.")],
+    config: ConfigOpt = None,
+    sets: SetOpt = None,
+) -> None:
+    """Clean, split, train a tokenizer, tokenize and pack SOURCES into a data dir."""
+    from shoestring.data.prep import prep as run_prep
+
+    cfg = _config(config, sets)
+    manifest = run_prep(sources, output, cfg.data, console=err)
+    _print_prep(manifest, output)
+
+
+def _print_prep(manifest: dict, output: Path) -> None:
+    docs, splits = manifest["documents"], manifest["splits"]
+    t = Table(title=f"prepared {output}", show_header=False)
+    t.add_row("documents read", f"{docs['read']:,}")
+    if docs["skipped_bad_input"]:
+        t.add_row("skipped (bad input)", f"{docs['skipped_bad_input']:,}")
+    t.add_row("dropped (too short)", f"{docs['dropped_too_short']:,}")
+    t.add_row("kept (train / val)", f"{docs['kept']:,} ({docs['train']:,} / {docs['val']:,})")
+    t.add_row("vocabulary", f"{manifest['tokenizer']['vocab_size']:,} WordPiece")
+    for name in ("train", "val"):
+        s = splits[name]
+        t.add_row(f"{name} sequences × {manifest['seq_len']}", f"{s['sequences']:,} ({s['tokens']:,} tokens)")
+    t.add_row("time", f"{manifest['seconds']:.1f}s")
+    out.print(t)
+
+
+@app.command()
+def train(
+    data: Annotated[Path, typer.Option("--data", "-d", help="Data dir written by `shoestring prep`.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Run dir to write.")],
+    budget: BudgetOpt = None,
+    steps: StepsOpt = None,
+    config: ConfigOpt = None,
+    sets: SetOpt = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing run dir.")] = False,
+) -> None:
+    """Pretrain a BERT-style encoder (masked LM) on a data dir within a budget."""
+    from shoestring.train.loop import train as run_train
+
+    cfg = _config(config, sets, _budget_overrides(budget, steps))
+    summary = run_train(cfg, data, output, overwrite=overwrite, console=err)
+    _print_train(summary, output)
+
+
+def _print_train(summary: dict, output: Path) -> None:
+    t = Table(title=f"trained {output}", show_header=False)
+    t.add_row("steps / tokens", f"{summary['steps']:,} / {summary['tokens']:,}")
+    t.add_row("time", f"{summary['train_seconds']:.1f}s (+{summary['save_seconds']:.1f}s save)")
+    t.add_row("tokens/s", f"{summary['tokens_per_s']:,.0f}")
+    t.add_row("MFU", f"{summary['mfu']:.1%} of {summary['peak_flops'] / 1e9:,.0f} GFLOP/s measured ({summary['dtype']})")
+    t.add_row("train loss", f"{summary['first_loss']:.3f} → {summary['final_train_loss']:.3f}")
+    out.print(t)
+
+
+@app.command("eval")
+def eval_(
+    run: Annotated[Path, typer.Argument(help="Run dir written by `shoestring train`.", show_default=False)],
+    data: Annotated[
+        Optional[Path], typer.Option("--data", "-d", help="Data dir (default: the one the run trained on).")
+    ] = None,
+) -> None:
+    """Held-out masked-LM loss of a trained run, beside the unigram baseline."""
+    from shoestring.eval.mlm import evaluate_run
+
+    result = evaluate_run(run, data, console=err)
+    _print_eval(result, run)
+
+
+def _print_eval(result: dict, run: Path) -> None:
+    t = Table(title=f"evaluated {run}", show_header=False)
+    t.add_row("validation MLM loss", f"{result['mlm_loss']:.3f} (perplexity {result['perplexity']:.1f})")
+    t.add_row("unigram baseline", f"{result['unigram_loss']:.3f}")
+    t.add_row("masked-token accuracy", f"{result['accuracy']:.1%}")
+    t.add_row("scored", f"{result['masked_tokens']:,} masked tokens in {result['sequences']:,} sequences")
+    out.print(t)
+
+
+@app.command()
+def cram(
+    sources: Annotated[
+        Optional[list[str]],
+        typer.Argument(help="Corpus to use (default: builtin:pydocs, shipped with Python).", show_default=False),
+    ] = None,
+    output: Annotated[Path, typer.Option("--output", "-o", help="Folder for data/ and run/.")] = Path("runs/cram"),
+    budget: BudgetOpt = None,
+    steps: StepsOpt = None,
+    config: ConfigOpt = None,
+    sets: SetOpt = None,
+) -> None:
+    """Everything on the built-in corpus: prep → train (3 minutes) → eval → results table."""
+    from shoestring.cram import cram as run_cram
+
+    cfg = _config(config, sets, _budget_overrides(budget, steps))
+    result = run_cram(sources or ["builtin:pydocs"], output, cfg, console=err)
+    out.print(result.table())
+
+
+@config_app.command("show")
+def config_show(config: ConfigOpt = None, sets: SetOpt = None) -> None:
+    """Print the fully resolved configuration as YAML."""
+    out.print(_config(config, sets).to_yaml(), end="", markup=False, highlight=False)
+
+
+def main() -> None:
+    """Console entry point: bad input → message on stderr, exit code 2, no traceback."""
+    try:
+        app()
+    except ShoestringError as e:
+        err.print("[bold red]error:[/] ", end="")
+        err.print(e.message, markup=False, highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        sys.exit(130)

@@ -1,0 +1,228 @@
+"""Typed configuration for every stage, as data.
+
+One root object (`Config`) with a section per stage. It comes from defaults, then an optional
+YAML file, then ``--set section.key=value`` overrides, and is validated up front so a wrong
+key or value is reported with its full dotted name and the allowed values before any work.
+Every recipe choice is a named field with the published default (the Cramming style), so an
+ablation is one ``--set``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from shoestring.errors import ShoestringError
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DataConfig(_Section):
+    """How `prep` turns raw text into packed token shards."""
+
+    text_field: str = Field("text", description="JSON field that holds a document's text (.jsonl)")
+    on_error: Literal["raise", "skip"] = Field(
+        "raise", description="bad records/files: stop with an error, or skip and count them"
+    )
+    min_chars: int = Field(16, ge=1, description="drop documents shorter than this after cleaning")
+    vocab_size: int = Field(8192, ge=128, le=1 << 20, description="WordPiece vocabulary size")
+    lowercase: bool = Field(True, description="lowercase and strip accents (uncased BERT)")
+    seq_len: int = Field(128, ge=8, le=65536, description="tokens per packed sequence")
+    val_fraction: float = Field(
+        0.05, gt=0.0, lt=0.5, description="fraction of documents held out (by document hash)"
+    )
+    shard_tokens: int = Field(1 << 24, ge=1024, description="max tokens per shard file")
+
+
+class ModelConfig(_Section):
+    """A BERT-style encoder with the Cramming recipe (see docs/recipe.md)."""
+
+    hidden_size: int = Field(256, ge=16, description="model width")
+    num_layers: int = Field(4, ge=1, description="transformer blocks")
+    num_heads: int = Field(4, ge=1, description="attention heads (must divide hidden_size)")
+    intermediate_size: int = Field(768, ge=16, description="GLU feed-forward inner width")
+    norm_eps: float = Field(1e-5, gt=0.0)
+    rope_theta: float = Field(10000.0, gt=0.0, description="rotary position base")
+    init_std: float = Field(0.02, gt=0.0, description="std of the normal weight init")
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> ModelConfig:
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"num_heads ({self.num_heads}) must divide hidden_size ({self.hidden_size})"
+            )
+        if (self.hidden_size // self.num_heads) % 2:
+            raise ValueError("hidden_size / num_heads must be even (rotary embeddings)")
+        return self
+
+
+class TrainConfig(_Section):
+    """The pretraining loop: budget, optimizer, schedule, masking, precision."""
+
+    budget: str | None = Field("3m", description="wall-clock budget: 90s, 5m, 2h (or null)")
+    steps: int | None = Field(None, ge=1, description="step budget (deterministic; wins if set)")
+    batch_size: int = Field(32, ge=1, description="sequences per optimizer step")
+    lr: float = Field(2e-3, gt=0.0, description="peak learning rate")
+    lr_peak_at: float = Field(
+        0.75, ge=0.0, le=1.0, description="fraction of the budget where the one-cycle LR peaks"
+    )
+    weight_decay: float = Field(0.01, ge=0.0)
+    beta1: float = Field(0.9, ge=0.0, lt=1.0)
+    beta2: float = Field(0.98, ge=0.0, lt=1.0)
+    eps: float = Field(1e-12, gt=0.0)
+    grad_clip: float = Field(0.5, ge=0.0, description="max global grad norm (0 = off)")
+    mask_rate: float = Field(0.25, gt=0.0, lt=1.0, description="fraction of tokens masked")
+    precision: Literal["auto", "bf16", "fp32"] = Field(
+        "auto", description="auto = bf16 autocast where the device runs it fast, else fp32"
+    )
+    seed: int = Field(0, ge=0)
+    log_every: int = Field(10, ge=1, description="steps between metrics.jsonl records")
+    threads: int | None = Field(None, ge=1, description="CPU threads (default: torch's choice)")
+
+    @model_validator(mode="after")
+    def _has_budget(self) -> TrainConfig:
+        if self.budget is None and self.steps is None:
+            raise ValueError("set a budget (train.budget, e.g. 5m) or a step count (train.steps)")
+        if self.budget is not None:
+            from shoestring.train.budget import parse_duration
+
+            try:
+                parse_duration(self.budget)
+            except ShoestringError as e:
+                raise ValueError(e.what) from None
+        return self
+
+
+class EvalConfig(_Section):
+    """Held-out evaluation."""
+
+    max_sequences: int = Field(4096, ge=1, description="validation sequences to score (cap)")
+    batch_size: int = Field(64, ge=1)
+    seed: int = Field(1234, ge=0, description="seed of the fixed evaluation masking")
+    mask_rate: float | None = Field(
+        None, gt=0.0, lt=1.0, description="masking rate when scoring (default: train.mask_rate)"
+    )
+
+
+class Config(_Section):
+    """Every stage's settings; `config.yaml` in a run dir is this, fully resolved."""
+
+    data: DataConfig = Field(default_factory=DataConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+def _describe(model: type[BaseModel]) -> str:
+    """Allowed keys of a section, for error messages."""
+    return ", ".join(sorted(model.model_fields))
+
+
+def _format_validation_error(err: ValidationError, source: str) -> ShoestringError:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"])
+        value = e.get("input")
+        shown = "" if isinstance(value, dict) else f" (got {value!r})"
+        if e["type"] == "extra_forbidden":
+            section_path = [str(p) for p in e["loc"][:-1]]
+            section: type[BaseModel] = Config
+            for p in section_path:
+                section = section.model_fields[p].annotation  # type: ignore[assignment]
+            lines.append(
+                f"unknown key '{loc}'; allowed keys here: {_describe(section)}"
+            )
+        elif e["type"] == "literal_error":
+            lines.append(f"{loc}: {e['msg']}{shown}")
+        else:
+            lines.append(f"{loc or 'config'}: {e['msg']}{shown}")
+    return ShoestringError(
+        "invalid configuration:\n  " + "\n  ".join(lines),
+        where=source,
+        fix="see `shoestring config show` for every key and its default",
+    )
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any, source: str) -> None:
+    parts = dotted.split(".")
+    if len(parts) != 2 or not all(parts):
+        raise ShoestringError(
+            f"override key '{dotted}' must look like section.key",
+            where=source,
+            fix=f"sections: {', '.join(Config.model_fields)}; e.g. --set train.lr=1e-3",
+        )
+    section, key = parts
+    if section not in Config.model_fields:
+        raise ShoestringError(
+            f"unknown section '{section}' in '{dotted}'",
+            where=source,
+            fix=f"sections are: {', '.join(Config.model_fields)}",
+        )
+    tree.setdefault(section, {})[key] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Split ``a.b=value``; the value is parsed as YAML (so 1e-3, true, null work)."""
+    if "=" not in text:
+        raise ShoestringError(
+            f"override '{text}' has no '='",
+            where="--set",
+            fix="write it as section.key=value, e.g. --set train.lr=1e-3",
+        )
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    # YAML reads 1e-3 as a string (it wants 1.0e-3); numbers are what users mean.
+    if isinstance(value, str):
+        try:
+            value = float(value) if any(c in value for c in ".eE") else int(value)
+        except ValueError:
+            pass
+    return key.strip(), value
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    base: dict[str, Any] | None = None,
+) -> Config:
+    """Defaults ← ``base`` (e.g. a run's saved config) ← YAML file ← ``--set`` overrides."""
+    tree: dict[str, Any] = {k: dict(v) for k, v in (base or {}).items()}
+    source = "config"
+    if path is not None:
+        p = Path(path)
+        source = str(p)
+        if not p.is_file():
+            raise ShoestringError("config file not found", where=source, fix="check the path")
+        try:
+            loaded = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f"{source}:{mark.line + 1}" if mark else source
+            raise ShoestringError(f"not valid YAML ({e})", where=where) from None
+        if not isinstance(loaded, dict):
+            raise ShoestringError("a config file must be a mapping of sections", where=source)
+        for section, values in loaded.items():
+            if not isinstance(values, dict):
+                raise ShoestringError(
+                    f"section '{section}' must be a mapping of keys to values", where=source
+                )
+            tree.setdefault(section, {}).update(values)
+    for item in overrides or []:
+        key, value = parse_override(item)
+        _set_dotted(tree, key, value, "--set")
+        source = "--set" if path is None else f"{path} + --set"
+    try:
+        return Config.model_validate(tree)
+    except ValidationError as e:
+        raise _format_validation_error(e, source) from None

@@ -1,0 +1,74 @@
+"""Where training runs, at what precision, and how fast that device can go.
+
+MFU needs a peak. Datasheet peaks do not exist for an arbitrary CPU, so the peak is
+measured: a short dense matmul burst in the training dtype. "auto" precision picks bf16
+autocast only where it measurably beats fp32 (on this kind of CPU with avx512_bf16 it is
+~2.7x; on CPUs without bf16 units it is slower than fp32).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    device: torch.device
+    dtype: torch.dtype  # autocast dtype; float32 means no autocast
+    peak_flops: float  # measured dense matmul FLOP/s in that dtype
+    name: str
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def measure_matmul_flops(device_type: str, dtype: torch.dtype, seconds: float = 0.4) -> float:
+    """Dense square-matmul FLOP/s on this device, best of a short burst."""
+    device = torch.device(device_type)
+    n = 4096 if device_type == "cuda" else 1024
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    sync = torch.cuda.synchronize if device_type == "cuda" else (lambda: None)
+    for _ in range(3):
+        a @ b
+    sync()
+    best, deadline = 0.0, time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        t = time.perf_counter()
+        for _ in range(4):
+            a @ b
+        sync()
+        best = max(best, 4 * 2 * n**3 / (time.perf_counter() - t))
+    return best
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    import platform
+
+    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def select_device(precision: str = "auto") -> DeviceInfo:
+    """CUDA when present, else CPU; bf16 autocast per ``precision`` ("auto", "bf16", "fp32")."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if precision == "fp32":
+        dtype = torch.float32
+    elif precision == "bf16":
+        dtype = torch.bfloat16
+    elif device.type == "cuda":
+        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+    else:
+        fp32 = measure_matmul_flops("cpu", torch.float32)
+        bf16 = measure_matmul_flops("cpu", torch.bfloat16)
+        dtype = torch.bfloat16 if bf16 > 1.3 * fp32 else torch.float32
+    return DeviceInfo(device, dtype, measure_matmul_flops(device.type, dtype), _device_name(device))

@@ -1,0 +1,99 @@
+"""The run dir: what `train` writes and `eval`/`export`/`serve` read (docs/artifacts.md).
+
+``config.yaml``, ``metrics.jsonl``, ``final/`` (``model.safetensors``, ``config.json``,
+``tokenizer.json``) and ``summary.json``. Whole files are written to a temporary name and
+renamed; ``final/`` is written as a temporary folder and renamed, so it is complete or absent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from shoestring.config import Config, ModelConfig
+from shoestring.errors import ShoestringError
+from shoestring.model.encoder import MaskedLM
+
+ARCHITECTURE = "shoestring-mlm"
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    write_text_atomic(path, json.dumps(obj, indent=2) + "\n")
+
+
+def prepare_run_dir(path: Path, overwrite: bool) -> None:
+    """Create the run dir; refuse to mix a new run into an old one unless asked to."""
+    if path.exists() and not path.is_dir():
+        raise ShoestringError("run dir path exists and is not a folder", where=str(path))
+    if path.is_dir() and any(path.iterdir()):
+        if not overwrite:
+            raise ShoestringError(
+                "run dir already exists and is not empty",
+                where=str(path),
+                fix="choose another -o, or pass --overwrite to replace it",
+            )
+        if not (path / "config.yaml").is_file():
+            raise ShoestringError(
+                "refusing to overwrite a folder that is not a shoestring run dir",
+                where=str(path),
+                fix="choose another -o",
+            )
+        shutil.rmtree(path)
+    path.mkdir(parents=True, exist_ok=True)
+
+
+def save_final(run_dir: Path, model: MaskedLM, meta: dict[str, Any], tokenizer_path: Path) -> Path:
+    """Write ``final/`` atomically: weights (safetensors), model config, tokenizer."""
+    final, tmp = run_dir / "final", run_dir / ".final.tmp"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    state = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    (tmp / "config.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    shutil.copyfile(tokenizer_path, tmp / "tokenizer.json")
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)
+    return final
+
+
+def model_meta(cfg: Config, vocab_size: int, seq_len: int, special_ids: dict[str, int]) -> dict:
+    return {
+        "architecture": ARCHITECTURE,
+        "model": cfg.model.model_dump(mode="json"),
+        "vocab_size": vocab_size,
+        "seq_len": seq_len,
+        "special_ids": special_ids,
+    }
+
+
+def load_final(run_dir: str | Path) -> tuple[MaskedLM, dict]:
+    """The trained model of a run dir (on CPU, fp32, eval mode) and its metadata."""
+    final = Path(run_dir) / "final"
+    if not (final / "model.safetensors").is_file() or not (final / "config.json").is_file():
+        raise ShoestringError(
+            "no trained model in this run dir (final/ is missing)",
+            where=str(run_dir),
+            fix="train first (shoestring train), or point at a finished run",
+        )
+    meta = json.loads((final / "config.json").read_text(encoding="utf-8"))
+    if meta.get("architecture") != ARCHITECTURE:
+        raise ShoestringError(
+            f"unknown architecture {meta.get('architecture')!r}", where=str(final / "config.json")
+        )
+    model = MaskedLM(ModelConfig.model_validate(meta["model"]), meta["vocab_size"])
+    model.load_state_dict(load_file(str(final / "model.safetensors")))
+    return model.eval(), meta

@@ -1,0 +1,45 @@
+"""Shared fixtures: a small real corpus prepared once per session, and a CLI runner."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shoestring.config import Config, DataConfig, ModelConfig, TrainConfig
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+# A tiny model keeps every training test to seconds on 2 cores.
+TINY_MODEL = ModelConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)
+SMALL_DATA = DataConfig(vocab_size=2000, seq_len=64)
+
+
+@pytest.fixture(scope="session")
+def pydocs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """builtin:pydocs prepared with a small vocabulary and short sequences (real text)."""
+    from shoestring.data.prep import prep
+
+    out = tmp_path_factory.mktemp("pydocs") / "data"
+    prep(["builtin:pydocs"], out, SMALL_DATA)
+    return out
+
+
+def tiny_config(**train: object) -> Config:
+    return Config(data=SMALL_DATA, model=TINY_MODEL, train=TrainConfig(**{"budget": None, **train}))
+
+
+def run_cli(*args: str, timeout: float = 300, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """The real console entry point in a subprocess (exit codes and stderr as a user sees them)."""
+    env = {**os.environ, "COLUMNS": "200"}
+    return subprocess.run(
+        [sys.executable, "-m", "shoestring", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env=env,
+    )

@@ -1,0 +1,89 @@
+"""Bad input through the real CLI: a clear message naming what and where, exit 2, no traceback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+
+
+def _fails(result, *needles: str) -> None:
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "error:" in result.stderr
+    for needle in needles:
+        assert needle in result.stderr, (needle, result.stderr)
+
+
+def test_missing_path(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.jsonl"
+    _fails(run_cli("prep", str(missing), "-o", str(tmp_path / "d")), str(missing))
+
+
+def test_empty_corpus(tmp_path: Path) -> None:
+    (tmp_path / "empty.txt").write_text("   \n\n")
+    _fails(run_cli("prep", str(tmp_path / "empty.txt"), "-o", str(tmp_path / "d")), "empty")
+    assert not (tmp_path / "d").exists()
+
+
+def test_malformed_json_line_names_file_and_line(tmp_path: Path) -> None:
+    f = tmp_path / "c.jsonl"
+    f.write_text('{"text": "fine"}\n{"text": "broken\n')
+    _fails(run_cli("prep", str(f), "-o", str(tmp_path / "d")), f"{f}:2", "malformed JSON")
+
+
+def test_missing_text_field(tmp_path: Path) -> None:
+    f = tmp_path / "c.jsonl"
+    f.write_text(json.dumps({"body": "hello"}) + "\n")
+    _fails(run_cli("prep", str(f), "-o", str(tmp_path / "d")), f"{f}:1", "text", "body")
+
+
+def test_binary_file(tmp_path: Path) -> None:
+    f = tmp_path / "blob.txt"
+    f.write_bytes(b"\x00\x01\x02binary\x00" * 100)
+    _fails(run_cli("prep", str(f), "-o", str(tmp_path / "d")), str(f), "binary")
+
+
+def test_non_utf8_file_and_skip_option(tmp_path: Path) -> None:
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes("caf\xe9 au lait".encode("latin-1"))
+    _fails(run_cli("prep", str(bad), "-o", str(tmp_path / "d")), str(bad), "UTF-8")
+    good = tmp_path / "good.txt"
+    good.write_text("A perfectly ordinary sentence about coffee and milk. " * 40)
+    ok = run_cli("prep", str(bad), str(good), "-o", str(tmp_path / "d"),
+                 "--set", "data.on_error=skip", "--set", "data.val_fraction=0.01",
+                 "--set", "data.vocab_size=200", "--set", "data.seq_len=16")
+    assert ok.returncode == 0, ok.stderr
+    manifest = json.loads((tmp_path / "d" / "manifest.json").read_text())
+    assert manifest["documents"]["skipped_bad_input"] == 1
+    assert str(bad) in manifest["skipped_examples"][0]
+
+
+def test_bad_budget(tmp_path: Path) -> None:
+    _fails(run_cli("train", "--data", str(tmp_path), "-o", str(tmp_path / "r"), "--budget", "5x"),
+           "5x", "duration")
+
+
+def test_unknown_set_key() -> None:
+    _fails(run_cli("config", "show", "--set", "model.depth=3"), "model.depth", "num_layers")
+
+
+def test_train_on_missing_data_dir(tmp_path: Path) -> None:
+    _fails(run_cli("train", "--data", str(tmp_path / "none"), "-o", str(tmp_path / "r"), "--steps", "1"),
+           "data dir not found")
+
+
+def test_eval_without_a_trained_model(tmp_path: Path) -> None:
+    _fails(run_cli("eval", str(tmp_path)), "final/ is missing")
+
+
+def test_version_and_help() -> None:
+    from shoestring import __version__
+
+    v = run_cli("--version")
+    assert v.returncode == 0 and __version__ in v.stdout
+    h = run_cli("--help")
+    assert h.returncode == 0 and all(c in h.stdout for c in ("prep", "train", "eval", "cram", "config"))

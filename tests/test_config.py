@@ -1,0 +1,75 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from shoestring.config import Config, load_config, parse_override
+from shoestring.errors import ShoestringError
+
+
+def test_defaults_are_the_cramming_recipe() -> None:
+    cfg = Config()
+    assert cfg.train.mask_rate == 0.25 and cfg.train.lr_peak_at == 0.75
+    assert cfg.data.seq_len == 128 and cfg.train.budget == "3m"
+
+
+def test_yaml_then_overrides(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("train:\n  lr: 0.01\n  batch_size: 8\nmodel:\n  num_layers: 2\n")
+    cfg = load_config(f, ["train.lr=1e-4", "data.lowercase=false", "train.budget=null", "train.steps=5"])
+    assert cfg.train.lr == 1e-4 and cfg.train.batch_size == 8 and cfg.model.num_layers == 2
+    assert cfg.data.lowercase is False and cfg.train.budget is None and cfg.train.steps == 5
+
+
+def test_round_trip_through_yaml(tmp_path: Path) -> None:
+    cfg = load_config(None, ["model.hidden_size=128", "train.precision=fp32"])
+    f = tmp_path / "c.yaml"
+    f.write_text(cfg.to_yaml())
+    assert load_config(f) == cfg
+
+
+def test_parse_override_types() -> None:
+    assert parse_override("a.b=1e-3") == ("a.b", 1e-3)
+    assert parse_override("a.b=12") == ("a.b", 12)
+    assert parse_override("a.b=true") == ("a.b", True)
+    assert parse_override("a.b=hello") == ("a.b", "hello")
+
+
+def _message(*overrides: str) -> str:
+    with pytest.raises(ShoestringError) as e:
+        load_config(None, list(overrides))
+    return str(e.value)
+
+
+def test_unknown_key_lists_allowed_keys() -> None:
+    msg = _message("train.learning_rate=1")
+    assert "unknown key 'train.learning_rate'" in msg and "lr" in msg and "batch_size" in msg
+
+
+def test_unknown_section() -> None:
+    assert "unknown section 'trian'" in _message("trian.lr=1")
+
+
+def test_bad_value_names_field_and_allowed_values() -> None:
+    msg = _message("train.precision=fp8")
+    assert "train.precision" in msg and "'bf16'" in msg and "fp8" in msg
+    assert "train.lr" in _message("train.lr=-1")
+    assert "budget '5x' is not a duration" in _message("train.budget=5x")
+
+
+def test_heads_must_divide_hidden() -> None:
+    assert "must divide hidden_size" in _message("model.num_heads=3")
+
+
+def test_no_budget_at_all() -> None:
+    assert "set a budget" in _message("train.budget=null")
+
+
+def test_bad_yaml_file(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("train:\n  lr: [1,\n")
+    with pytest.raises(ShoestringError, match=r"c\.yaml:\d+"):
+        load_config(f)
+    with pytest.raises(ShoestringError, match="not found"):
+        load_config(tmp_path / "missing.yaml")

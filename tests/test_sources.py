@@ -1,0 +1,390 @@
+from __future__ import annotations
+
+import builtins
+import errno
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from shoestring.data import sources
+from shoestring.data.sources import Document, ReadStats, iter_documents, resolve_sources
+from shoestring.errors import ShoestringError
+
+
+def _jsonl(path: Path, rows: list[object]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def _read(specs: list[str], **kwargs: object) -> list[Document]:
+    return list(iter_documents(specs, **kwargs))  # type: ignore[arg-type]
+
+
+def _error(specs: list[str], **kwargs: object) -> str:
+    with pytest.raises(ShoestringError) as info:
+        _read(specs, **kwargs)
+    return str(info.value)
+
+
+# --- formats ---------------------------------------------------------------------------
+
+
+def test_txt_is_one_document(tmp_path: Path) -> None:
+    path = tmp_path / "a.txt"
+    path.write_text("first line\n\nsecond paragraph\n", encoding="utf-8")
+    stats = ReadStats()
+    docs = _read([str(path)], stats=stats)
+    assert docs == [Document("first line\n\nsecond paragraph\n", str(path), str(path))]
+    assert (stats.files, stats.documents, stats.skipped) == (1, 1, [])
+
+
+def test_txt_utf8_bom_is_dropped(tmp_path: Path) -> None:
+    path = tmp_path / "bom.txt"
+    path.write_bytes("\ufeffhéllo".encode())
+    assert _read([str(path)])[0].text == "héllo"
+
+
+def test_jsonl_one_document_per_line_blank_lines_ignored(tmp_path: Path) -> None:
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"text": "alpha"}\n\n   \n{"text": "beta", "id": 2}\n', encoding="utf-8")
+    stats = ReadStats()
+    docs = _read([str(path)], stats=stats)
+    assert [d.text for d in docs] == ["alpha", "beta"]
+    assert [d.doc_id for d in docs] == [f"{path}:1", f"{path}:4"]
+    assert all(d.source == str(path) for d in docs)
+    assert (stats.files, stats.documents) == (1, 2)
+
+
+def test_jsonl_custom_text_field(tmp_path: Path) -> None:
+    path = _jsonl(tmp_path / "d.jsonl", [{"body": "one", "text": 5}, {"body": "two"}])
+    assert [d.text for d in _read([str(path)], text_field="body")] == ["one", "two"]
+
+
+def test_json_extension_is_read_as_json_lines(tmp_path: Path) -> None:
+    path = _jsonl(tmp_path / "d.json", [{"text": "x"}, {"text": "y"}])
+    assert [d.text for d in _read([str(path)])] == ["x", "y"]
+
+
+def test_jsonl_keeps_unicode_line_separators_inside_strings(tmp_path: Path) -> None:
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"text": "a\u2028b\rc"}\r\n{"text": "d"}\n', encoding="utf-8")
+    assert [d.text for d in _read([str(path)])] == ["a\u2028b\rc", "d"]
+
+
+def test_jsonl_is_streamed(tmp_path: Path) -> None:
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"text": "good"}\n{broken\n', encoding="utf-8")
+    docs = iter_documents([str(path)])
+    assert next(docs).text == "good"
+    with pytest.raises(ShoestringError):
+        next(docs)
+
+
+# --- resolving -------------------------------------------------------------------------
+
+
+def _tree(root: Path) -> None:
+    (root / "sub" / "deeper").mkdir(parents=True)
+    (root / ".hidden").mkdir()
+    for rel in ["b.txt", "a.jsonl", "sub/c.json", "sub/deeper/a.txt", "z.TXT"]:
+        (root / rel).write_text('{"text": "t"}\n', encoding="utf-8")
+    for rel in ["notes.md", ".secret.txt", ".hidden/x.txt", "image.png"]:
+        (root / rel).write_text("ignored", encoding="utf-8")
+
+
+def test_folder_expands_recursively_sorted_supported_only(tmp_path: Path) -> None:
+    _tree(tmp_path)
+    expected = ["a.jsonl", "b.txt", "sub/c.json", "sub/deeper/a.txt", "z.TXT"]
+    assert resolve_sources([str(tmp_path)]) == [str(tmp_path / e) for e in expected]
+
+
+def test_glob_expands_sorted(tmp_path: Path) -> None:
+    _tree(tmp_path)
+    for name in ["c.txt", "a.txt", "b.txt"]:
+        (tmp_path / "sub" / name).write_text("x", encoding="utf-8")
+    got = resolve_sources([str(tmp_path / "sub" / "*.txt")])
+    assert got == [str(tmp_path / "sub" / n) for n in ["a.txt", "b.txt", "c.txt"]]
+
+
+def test_recursive_glob_skips_unsupported_matches(tmp_path: Path) -> None:
+    _tree(tmp_path)
+    got = resolve_sources([str(tmp_path / "**" / "*")])
+    assert str(tmp_path / "notes.md") not in got
+    assert got == sorted(got)
+    assert str(tmp_path / "sub" / "deeper" / "a.txt") in got
+
+
+def test_specs_keep_order_and_drop_duplicates(tmp_path: Path) -> None:
+    b = tmp_path / "b.txt"
+    a = tmp_path / "a.txt"
+    for p in (a, b):
+        p.write_text("x", encoding="utf-8")
+    got = resolve_sources([str(b), "builtin:pydocs", str(a), str(b)])
+    assert got == [str(b), "builtin:pydocs", str(a)]
+
+
+def test_documents_follow_spec_order(tmp_path: Path) -> None:
+    (tmp_path / "b.txt").write_text("B", encoding="utf-8")
+    (tmp_path / "a.txt").write_text("A", encoding="utf-8")
+    specs = [str(tmp_path / "b.txt"), str(tmp_path / "a.txt")]
+    assert [d.text for d in _read(specs)] == ["B", "A"]
+
+
+def test_missing_path(tmp_path: Path) -> None:
+    missing = str(tmp_path / "nope.txt")
+    with pytest.raises(ShoestringError) as info:
+        resolve_sources([missing])
+    assert info.value.where == missing
+    assert "no such file or folder" in str(info.value)
+    assert info.value.fix
+
+
+def test_glob_matching_nothing(tmp_path: Path) -> None:
+    pattern = str(tmp_path / "*.jsonl")
+    with pytest.raises(ShoestringError, match="matched nothing") as info:
+        resolve_sources([pattern])
+    assert info.value.where == pattern
+
+
+def test_glob_matching_only_unsupported_files(tmp_path: Path) -> None:
+    (tmp_path / "a.csv").write_text("x", encoding="utf-8")
+    with pytest.raises(ShoestringError, match=r"matched 1 path\(s\) but no readable") as info:
+        resolve_sources([str(tmp_path / "*.csv")])
+    assert ".jsonl" in str(info.value)
+
+
+def test_literal_path_with_glob_characters(tmp_path: Path) -> None:
+    path = tmp_path / "data[1].txt"
+    path.write_text("x", encoding="utf-8")
+    assert resolve_sources([str(path)]) == [str(path)]
+
+
+def test_folder_without_readable_files(tmp_path: Path) -> None:
+    (tmp_path / "readme.md").write_text("x", encoding="utf-8")
+    with pytest.raises(ShoestringError, match="no readable files") as info:
+        resolve_sources([str(tmp_path)])
+    assert info.value.where == str(tmp_path)
+
+
+def test_unsupported_extension_names_supported_ones(tmp_path: Path) -> None:
+    path = tmp_path / "data.csv"
+    path.write_text("a,b\n", encoding="utf-8")
+    with pytest.raises(ShoestringError) as info:
+        resolve_sources([str(path)])
+    message = str(info.value)
+    assert "'.csv'" in message and str(path) in message
+    assert all(s in message for s in (".txt", ".jsonl", ".json"))
+
+
+def test_unknown_builtin_lists_known_ones() -> None:
+    with pytest.raises(ShoestringError) as info:
+        resolve_sources(["builtin:wiki"])
+    assert "wiki" in str(info.value) and "builtin:pydocs" in str(info.value)
+
+
+def test_no_specs_is_an_error() -> None:
+    with pytest.raises(ShoestringError, match="no input"):
+        resolve_sources([])
+
+
+def test_bad_on_error_value(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text("x", encoding="utf-8")
+    assert "on_error" in _error([str(tmp_path / "a.txt")], on_error="ignore")
+
+
+# --- bad records and files -------------------------------------------------------------
+
+
+def test_malformed_json_line(tmp_path: Path) -> None:
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"text": "ok"}\n\n{"text": "unterminated\n', encoding="utf-8")
+    message = _error([str(path)])
+    assert f"{path}:3" in message
+    assert "malformed JSON" in message and "data.on_error=skip" in message
+
+
+def test_pretty_printed_json_hints_at_json_lines(tmp_path: Path) -> None:
+    path = tmp_path / "d.json"
+    path.write_text('[\n  {"text": "a"}\n]\n', encoding="utf-8")
+    message = _error([str(path)])
+    assert f"{path}:1" in message and "JSON lines" in message
+
+
+def test_json_line_that_is_not_an_object(tmp_path: Path) -> None:
+    path = _jsonl(tmp_path / "d.jsonl", [{"text": "ok"}, ["a", "list"]])
+    message = _error([str(path)])
+    assert f"{path}:2" in message and "array" in message and "'text'" in message
+
+
+def test_missing_text_field_lists_available_fields(tmp_path: Path) -> None:
+    path = _jsonl(tmp_path / "d.jsonl", [{"content": "x", "url": "u"}])
+    message = _error([str(path)])
+    assert f"{path}:1" in message
+    assert "'text'" in message and "'content'" in message and "'url'" in message
+    assert "data.text_field=" in message
+
+
+def test_missing_field_lists_at_most_ten_fields(tmp_path: Path) -> None:
+    path = _jsonl(tmp_path / "d.jsonl", [{f"f{i:02d}": i for i in range(15)}])
+    message = _error([str(path)])
+    assert "'f09'" in message and "'f10'" not in message and "5 more" in message
+
+
+def test_text_field_not_a_string(tmp_path: Path) -> None:
+    path = _jsonl(tmp_path / "d.jsonl", [{"text": "ok"}, {"text": "ok"}, {"text": None}])
+    message = _error([str(path)])
+    assert f"{path}:3" in message and "null" in message and "not a string" in message
+
+
+def test_binary_file(tmp_path: Path) -> None:
+    path = tmp_path / "blob.txt"
+    path.write_bytes(b"abc\x00\x01\x02" * 100)
+    message = _error([str(path)])
+    assert str(path) in message and "binary" in message
+
+
+def test_binary_jsonl(tmp_path: Path) -> None:
+    path = tmp_path / "blob.jsonl"
+    path.write_bytes(b'{"text": "a"}\n\x00\x00\x00\n')
+    message = _error([str(path)])
+    assert str(path) in message and "binary" in message
+
+
+def test_utf16_file_is_named_as_such(tmp_path: Path) -> None:
+    path = tmp_path / "u16.txt"
+    path.write_bytes("hello".encode("utf-16"))
+    message = _error([str(path)])
+    assert str(path) in message and "UTF-16" in message
+
+
+def test_non_utf8_txt_names_offset_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "latin.txt"
+    path.write_bytes(b"line one\nline two\ncaf\xe9\n")
+    message = _error([str(path)])
+    assert f"{path}:3" in message
+    assert "byte offset 21" in message and "0xe9" in message
+    assert "UTF-8" in message and "iconv" in message
+
+
+def test_non_utf8_jsonl_names_offset_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "latin.jsonl"
+    first = b'{"text": "ok"}\n'
+    path.write_bytes(first + b'{"text": "caf\xe9"}\n')
+    message = _error([str(path)])
+    assert f"{path}:2" in message
+    assert f"byte offset {len(first) + 13}" in message and "iconv" in message
+
+
+def test_permission_denied(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "locked.txt"
+    path.write_text("x", encoding="utf-8")
+
+    def deny(file: object, *args: object, **kwargs: object) -> object:
+        if str(file) == str(path):
+            raise PermissionError(errno.EACCES, "Permission denied", str(file))
+        return builtins.open(file, *args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(sources, "open", deny, raising=False)
+    message = _error([str(path)])
+    assert str(path) in message and "permission denied" in message
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root reads all")
+def test_permission_denied_for_real(tmp_path: Path) -> None:
+    path = tmp_path / "locked.jsonl"
+    path.write_text('{"text": "x"}\n', encoding="utf-8")
+    path.chmod(0)
+    try:
+        assert "permission denied" in _error([str(path)])
+    finally:
+        path.chmod(0o644)
+
+
+def test_skip_mode_counts_bad_records_and_keeps_good_ones(tmp_path: Path) -> None:
+    good = tmp_path / "a_good.txt"
+    good.write_text("fine text", encoding="utf-8")
+    mixed = tmp_path / "b_mixed.jsonl"
+    mixed.write_bytes(
+        b'{"text": "one"}\n'
+        b"{oops\n"
+        b'{"body": "no text"}\n'
+        b'{"text": "caf\xe9"}\n'
+        b'"a string"\n'
+        b'{"text": 3}\n'
+        b'{"text": "two"}\n'
+    )
+    binary = tmp_path / "c_binary.txt"
+    binary.write_bytes(b"\x00" * 64)
+    latin = tmp_path / "d_latin.txt"
+    latin.write_bytes(b"caf\xe9")
+
+    stats = ReadStats()
+    docs = _read([str(tmp_path)], on_error="skip", stats=stats)
+
+    assert [d.text for d in docs] == ["fine text", "one", "two"]
+    assert [d.doc_id for d in docs] == [str(good), f"{mixed}:1", f"{mixed}:7"]
+    assert stats.documents == 3
+    assert stats.files == 4
+    assert len(stats.skipped) == 7
+    for lineno in (2, 3, 4, 5, 6):
+        assert any(s.startswith(f"{mixed}:{lineno}: ") for s in stats.skipped)
+    assert any(s.startswith(f"{binary}: ") and "binary" in s for s in stats.skipped)
+    assert any(s.startswith(f"{latin}:1: ") and "UTF-8" in s for s in stats.skipped)
+
+
+def test_skip_mode_without_stats_object_still_yields(tmp_path: Path) -> None:
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"text": "a"}\nnot json\n{"text": "b"}\n', encoding="utf-8")
+    assert [d.text for d in _read([str(path)], on_error="skip")] == ["a", "b"]
+
+
+# --- builtin:pydocs --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pydocs() -> tuple[list[Document], ReadStats, set[str]]:
+    before = set(sys.modules)
+    stats = ReadStats()
+    docs = list(iter_documents(["builtin:pydocs"], stats=stats))
+    return docs, stats, before
+
+
+def test_pydocs_is_a_sizeable_corpus(pydocs: tuple[list[Document], ReadStats, set[str]]) -> None:
+    docs, stats, _ = pydocs
+    assert len(docs) > 300
+    assert sum(len(d.text) for d in docs) > 500_000
+    assert stats.documents == len(docs)
+    assert all(d.source == "builtin:pydocs" and d.text for d in docs)
+    assert len({d.doc_id for d in docs}) == len(docs)
+
+
+def test_pydocs_has_topics_and_module_docstrings(
+    pydocs: tuple[list[Document], ReadStats, set[str]],
+) -> None:
+    docs, _, _ = pydocs
+    by_id = {d.doc_id: d for d in docs}
+    assert any(i.startswith("topics/") for i in by_id)
+    decoder = by_id["json.decoder"].text
+    assert decoder.startswith("Implementation of JSONDecoder")
+    assert "json.decoder.JSONDecoder.decode\nReturn the Python representation of ``s``" in decoder
+    assert "json" in by_id and "os.path" not in by_id
+    assert not any(i.startswith(("test.", "idlelib", "lib2to3", "ensurepip")) for i in by_id)
+
+
+def test_pydocs_imports_no_stdlib_modules(
+    pydocs: tuple[list[Document], ReadStats, set[str]],
+) -> None:
+    _, _, before = pydocs
+    for name in ("antigravity", "this", "tkinter", "turtle"):
+        assert name in before or name not in sys.modules
+
+
+def test_pydocs_order_is_deterministic(
+    pydocs: tuple[list[Document], ReadStats, set[str]],
+) -> None:
+    docs, _, _ = pydocs
+    again = [d.doc_id for d in iter_documents(["builtin:pydocs"])]
+    assert again == [d.doc_id for d in docs]
