@@ -69,8 +69,14 @@ def _config(config: Path | None, sets: list[str] | None, extra: list[str] | None
 
 
 def _budget_overrides(budget: str | None, steps: int | None) -> list[str]:
+    from shoestring.train.budget import parse_duration
+
     extra = []
     if budget is not None:
+        try:
+            parse_duration(budget)
+        except ShoestringError as e:
+            raise ShoestringError(e.what, where="--budget", fix=e.fix) from None
         extra.append(f"train.budget={budget}")
     if steps is not None:
         extra.append(f"train.steps={steps}")
@@ -81,7 +87,11 @@ def _budget_overrides(budget: str | None, steps: int | None) -> list[str]:
 def prep(
     sources: Annotated[
         list[str],
-        typer.Argument(help="Files (.txt, .jsonl), folders, globs, or builtin:pydocs.", show_default=False),
+        typer.Argument(
+            help="Files (.txt, .jsonl), folders, globs, or builtin:pydocs.",
+            show_default=False,
+            metavar="SOURCES",
+        ),
     ],
     output: Annotated[Path, typer.Option("--output", "-o", help="Data dir to write.")],
     config: ConfigOpt = None,
@@ -141,7 +151,7 @@ def _print_train(summary: dict, output: Path) -> None:
 
 @app.command("eval")
 def eval_(
-    run: Annotated[Path, typer.Argument(help="Run dir written by `shoestring train`.", show_default=False)],
+    run: Annotated[Path, typer.Argument(help="Run dir written by `shoestring train`.", show_default=False, metavar="RUN_DIR")],
     data: Annotated[
         Optional[Path], typer.Option("--data", "-d", help="Data dir (default: the one the run trained on).")
     ] = None,
@@ -166,7 +176,11 @@ def _print_eval(result: dict, run: Path) -> None:
 def cram(
     sources: Annotated[
         Optional[list[str]],
-        typer.Argument(help="Corpus to use (default: builtin:pydocs, shipped with Python).", show_default=False),
+        typer.Argument(
+            help="Corpus to use (default: builtin:pydocs, shipped with Python).",
+            show_default=False,
+            metavar="SOURCES",
+        ),
     ] = None,
     output: Annotated[Path, typer.Option("--output", "-o", help="Folder for data/ and run/.")] = Path("runs/cram"),
     budget: BudgetOpt = None,

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from shoestring.errors import ShoestringError
 
@@ -84,17 +84,22 @@ class TrainConfig(_Section):
     log_every: int = Field(10, ge=1, description="steps between metrics.jsonl records")
     threads: int | None = Field(None, ge=1, description="CPU threads (default: torch's choice)")
 
+    @field_validator("budget")
+    @classmethod
+    def _is_duration(cls, value: str | None) -> str | None:
+        if value is not None:
+            from shoestring.train.budget import parse_duration
+
+            try:
+                parse_duration(value)
+            except ShoestringError as e:
+                raise ValueError(f"{e.what}; {e.fix}") from None
+        return value
+
     @model_validator(mode="after")
     def _has_budget(self) -> TrainConfig:
         if self.budget is None and self.steps is None:
             raise ValueError("set a budget (train.budget, e.g. 5m) or a step count (train.steps)")
-        if self.budget is not None:
-            from shoestring.train.budget import parse_duration
-
-            try:
-                parse_duration(self.budget)
-            except ShoestringError as e:
-                raise ValueError(e.what) from None
         return self
 
 
@@ -143,7 +148,8 @@ def _format_validation_error(err: ValidationError, source: str) -> ShoestringErr
         elif e["type"] == "literal_error":
             lines.append(f"{loc}: {e['msg']}{shown}")
         else:
-            lines.append(f"{loc or 'config'}: {e['msg']}{shown}")
+            msg = e["msg"].removeprefix("Value error, ")
+            lines.append(f"{loc or 'config'}: {msg}{shown}")
     return ShoestringError(
         "invalid configuration:\n  " + "\n  ".join(lines),
         where=source,
