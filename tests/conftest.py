@@ -28,6 +28,18 @@ def pydocs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+def write_jsonl_corpus(path: Path, n_docs: int = 80, field: str = "text") -> Path:
+    """A small real corpus: the first ``n_docs`` documents of builtin:pydocs as JSON lines."""
+    import json
+
+    from shoestring.data.builtin import iter_pydocs
+
+    with path.open("w", encoding="utf-8") as f:
+        for _, doc in zip(range(n_docs), iter_pydocs()):
+            f.write(json.dumps({field: doc.text}) + "\n")
+    return path
+
+
 def tiny_config(**train: object) -> Config:
     return Config(data=SMALL_DATA, model=TINY_MODEL, train=TrainConfig(**{"budget": None, **train}))
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from conftest import run_cli, write_jsonl_corpus
 
 
 def _fails(result, *needles: str) -> None:
@@ -51,11 +51,9 @@ def test_non_utf8_file_and_skip_option(tmp_path: Path) -> None:
     bad = tmp_path / "latin1.txt"
     bad.write_bytes("caf\xe9 au lait".encode("latin-1"))
     _fails(run_cli("prep", str(bad), "-o", str(tmp_path / "d")), str(bad), "UTF-8")
-    good = tmp_path / "good.txt"
-    good.write_text("A perfectly ordinary sentence about coffee and milk. " * 40)
+    good = write_jsonl_corpus(tmp_path / "good.jsonl", 60)
     ok = run_cli("prep", str(bad), str(good), "-o", str(tmp_path / "d"),
-                 "--set", "data.on_error=skip", "--set", "data.val_fraction=0.01",
-                 "--set", "data.vocab_size=200", "--set", "data.seq_len=16")
+                 "--set", "data.on_error=skip", "--set", "data.vocab_size=500")
     assert ok.returncode == 0, ok.stderr
     manifest = json.loads((tmp_path / "d" / "manifest.json").read_text())
     assert manifest["documents"]["skipped_bad_input"] == 1

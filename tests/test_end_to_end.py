@@ -8,12 +8,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import SMALL_DATA, run_cli, tiny_config
+from conftest import SMALL_DATA, run_cli, tiny_config, write_jsonl_corpus
 from shoestring.data.prep import prep
 from shoestring.errors import ShoestringError
 from shoestring.eval.mlm import evaluate_run
 from shoestring.train.loop import train
+from shoestring.train.device import _measure
 from shoestring.train.rundir import load_final
+from shoestring.train.schedule import one_cycle
 
 pytestmark = pytest.mark.slow
 
@@ -37,11 +39,14 @@ def test_run_dir_artifacts(trained: Path) -> None:
     assert summary["steps"] == 150 and summary["tokens"] == 150 * 32 * 64
     assert summary["final_train_loss"] < summary["first_loss"] - 1.0
     assert 0 < summary["mfu"] < 1
+    assert summary["mfu"] == pytest.approx(
+        summary["tokens_per_s"] * summary["flops_per_token"] / summary["peak_flops"]
+    )
     records = [json.loads(line) for line in (trained / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(10, 151, 10))
     assert records[-1]["progress"] == 1.0 and records[-1]["tokens"] == summary["tokens"]
-    lrs = [r["lr"] for r in records]
-    assert lrs.index(max(lrs)) in (10, 11)  # one-cycle peak at 75% of 150 steps
+    for r in records:  # the lr of the record's last step: one-cycle at that step's midpoint
+        assert r["lr"] == pytest.approx(3e-3 * one_cycle((r["step"] - 0.5) / 150, 0.75))
     cfg = yaml.safe_load((trained / "config.yaml").read_text())
     assert cfg["train"]["steps"] == 150
     assert {p.name for p in (trained / "final").iterdir()} == {"model.safetensors", "config.json", "tokenizer.json"}
@@ -58,12 +63,90 @@ def test_final_model_reloads_identically(trained: Path) -> None:
 
 
 def test_step_budget_runs_are_reproducible(pydocs_dir: Path, tmp_path: Path) -> None:
+    _measure.cache_clear()  # the first run measures the peak, the second reuses it
     cfg = tiny_config(steps=6, batch_size=8, precision="fp32")
     s1 = train(cfg, pydocs_dir, tmp_path / "a")
     s2 = train(cfg, pydocs_dir, tmp_path / "b")
     l1 = [json.loads(x)["loss"] for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
     l2 = [json.loads(x)["loss"] for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
     assert l1 == l2 and s1["final_train_loss"] == s2["final_train_loss"]
+
+
+def test_budget_smaller_than_a_step_still_trains_one(pydocs_dir: Path, tmp_path: Path) -> None:
+    cfg = tiny_config(budget="0.001s", batch_size=4)
+    summary = train(cfg, pydocs_dir, tmp_path / "r")
+    assert summary["steps"] == 1
+    assert (tmp_path / "r" / "final" / "model.safetensors").is_file()
+
+
+def test_eval_rejects_data_from_another_tokenizer(trained: Path, tmp_path: Path) -> None:
+    other = write_jsonl_corpus(tmp_path / "other.jsonl", 120)
+    prep([str(other)], tmp_path / "d2", SMALL_DATA)
+    before = (trained / "eval.json").read_bytes() if (trained / "eval.json").exists() else None
+    with pytest.raises(ShoestringError, match="different tokenizer"):
+        evaluate_run(trained, tmp_path / "d2")
+    after = (trained / "eval.json").read_bytes() if (trained / "eval.json").exists() else None
+    assert before == after
+
+
+def test_eval_positions_do_not_depend_on_batch_size(trained: Path) -> None:
+    a = evaluate_run(trained, overrides=["eval.batch_size=7", "eval.max_sequences=40"])
+    b = evaluate_run(trained, overrides=["eval.batch_size=40", "eval.max_sequences=40"])
+    assert a["unigram_loss"] == pytest.approx(b["unigram_loss"], rel=1e-12)  # same targets
+    assert a["masked_tokens"] == b["masked_tokens"]
+    assert a["mlm_loss"] == pytest.approx(b["mlm_loss"], abs=0.02)  # bf16 batching noise only
+
+
+def test_unigram_baseline_from_known_counts(pydocs_dir: Path) -> None:
+    import numpy as np
+
+    from shoestring.data.datadir import DataDir
+
+    data = DataDir(pydocs_dir)
+    logp = data.unigram_logprobs()
+    split = data.split("train")
+    counts = np.bincount(split.take(np.arange(len(split))).ravel(), minlength=data.vocab_size)
+    n_special = len(data.special_ids)
+    assert np.isneginf(logp[:n_special]).all()
+    smoothed = counts[n_special:] + 1.0
+    np.testing.assert_allclose(np.exp(logp[n_special:]), smoothed / smoothed.sum(), rtol=1e-12)
+
+
+def test_overwrite_refuses_a_folder_that_is_not_a_run(pydocs_dir: Path, tmp_path: Path) -> None:
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "config.yaml").write_text("name: my app\n")
+    (proj / "notes.txt").write_text("precious")
+    with pytest.raises(ShoestringError, match="not a shoestring run dir"):
+        train(tiny_config(steps=1, batch_size=4), pydocs_dir, proj, overwrite=True)
+    assert (proj / "notes.txt").read_text() == "precious"
+
+
+def test_cram_reuses_intact_data_and_rebuilds_damaged(tmp_path: Path) -> None:
+    small = ["--set", "data.vocab_size=1000", "--set", "data.seq_len=64", "--set", "model.hidden_size=64",
+             "--set", "model.num_layers=1", "--set", "model.num_heads=2", "--set", "model.intermediate_size=64",
+             "--set", "train.batch_size=8"]
+    corpus = write_jsonl_corpus(tmp_path / "c.jsonl", 120)
+    first = run_cli("cram", str(corpus), "-o", str(tmp_path / "out"), "--steps", "2", *small)
+    assert first.returncode == 0, first.stderr
+    assert "validation MLM loss" in first.stdout and "reusing" not in first.stderr
+    second = run_cli("cram", str(corpus), "-o", str(tmp_path / "out"), "--steps", "2", *small)
+    assert second.returncode == 0 and "reusing prepared data" in second.stderr
+    shard = tmp_path / "out" / "data" / "val" / "00000.bin"
+    shard.write_bytes(b"\x00\x00" + shard.read_bytes()[2:])
+    third = run_cli("cram", str(corpus), "-o", str(tmp_path / "out"), "--steps", "2", *small)
+    assert third.returncode == 0 and "reusing" not in third.stderr, third.stderr
+
+
+def test_cli_budget_replaces_steps_from_a_config_file(tmp_path: Path) -> None:
+    from shoestring.cli import _budget_overrides
+    from shoestring.config import load_config
+
+    f = tmp_path / "c.yaml"
+    f.write_text("train:\n  steps: 2\n  budget: null\n")
+    assert load_config(f, _budget_overrides("10m", None)).train.steps is None
+    assert load_config(f, _budget_overrides("10m", None)).train.budget == "10m"
+    assert load_config(f, _budget_overrides(None, 7)).train.steps == 7
 
 
 def test_existing_run_dir_is_not_clobbered(pydocs_dir: Path, tmp_path: Path) -> None:
@@ -76,10 +159,9 @@ def test_existing_run_dir_is_not_clobbered(pydocs_dir: Path, tmp_path: Path) -> 
 
 
 def test_failed_prep_keeps_the_previous_data_dir(tmp_path: Path) -> None:
-    good = tmp_path / "good.txt"
-    good.write_text("Some words that make a corpus of sorts, repeated for the tokenizer. " * 50)
+    good = write_jsonl_corpus(tmp_path / "good.jsonl", 60)
     out = tmp_path / "d"
-    cfg = SMALL_DATA.model_copy(update={"vocab_size": 200, "seq_len": 16, "val_fraction": 0.01})
+    cfg = SMALL_DATA.model_copy(update={"vocab_size": 500})
     prep([str(good)], out, cfg)
     before = (out / "manifest.json").read_bytes()
     bad = tmp_path / "bad.jsonl"
@@ -90,11 +172,43 @@ def test_failed_prep_keeps_the_previous_data_dir(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
+def test_interrupted_swap_is_recovered(tmp_path: Path) -> None:
+    """A prep killed between its two renames left the old data dir as .d.old: the next prep
+    (or a failing one) must bring it back rather than delete it."""
+    good = write_jsonl_corpus(tmp_path / "good.jsonl", 60)
+    cfg = SMALL_DATA.model_copy(update={"vocab_size": 500})
+    prep([str(good)], tmp_path / "d", cfg)
+    before = (tmp_path / "d" / "manifest.json").read_bytes()
+    (tmp_path / "d").rename(tmp_path / ".d.old")
+    with pytest.raises(ShoestringError):
+        prep([str(tmp_path / "missing.jsonl")], tmp_path / "d", cfg)
+    assert (tmp_path / "d" / "manifest.json").read_bytes() == before
+    assert not (tmp_path / ".d.old").exists()
+
+
+def test_prep_refuses_a_foreign_folder_with_a_manifest(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "manifest.json").write_text('{"name": "my web app"}')
+    (site / "index.html").write_text("<html></html>")
+    good = write_jsonl_corpus(tmp_path / "good.jsonl", 60)
+    with pytest.raises(ShoestringError, match="not a shoestring data dir"):
+        prep([str(good)], site, SMALL_DATA)
+    assert (site / "index.html").is_file()
+
+
+def test_prep_needs_a_validation_sequence(tmp_path: Path) -> None:
+    one = tmp_path / "one.txt"
+    one.write_text("Only one document here, with a handful of words in it. " * 20)
+    with pytest.raises(ShoestringError, match="validation split has no complete sequence"):
+        prep([str(one)], tmp_path / "d", SMALL_DATA)
+    assert not (tmp_path / "d").exists()
+
+
 def test_prep_refuses_a_foreign_folder(tmp_path: Path) -> None:
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "precious.txt").write_text("keep me")
-    good = tmp_path / "good.txt"
-    good.write_text("words " * 100)
+    good = write_jsonl_corpus(tmp_path / "good.jsonl", 60)
     with pytest.raises(ShoestringError, match="not a shoestring data dir"):
         prep([str(good)], tmp_path / "out", SMALL_DATA)
     assert (tmp_path / "out" / "precious.txt").read_text() == "keep me"

@@ -88,3 +88,23 @@ def test_flop_formula_matches_torch_flop_counter(sparse: bool) -> None:
     fraction = (positions.shape[1] / T) if sparse else 1.0
     ours = forward_flops_per_token(CFG, VOCAB, T, fraction) * B * T
     assert counter.get_total_flops() == pytest.approx(ours, rel=1e-6)
+
+
+def test_rotary_scores_depend_only_on_relative_position() -> None:
+    """q·k after rotation is a function of the offset m − n, not of m and n."""
+    from shoestring.model.encoder import Rotary, apply_rotary
+
+    rot = Rotary(head_dim=16, theta=10000.0)
+    cos, sin = rot(64, torch.device("cpu"))
+    q, k = torch.randn(16), torch.randn(16)
+
+    def score(m: int, n: int) -> float:
+        qm = apply_rotary(q.view(1, 1, 1, 16), cos[m : m + 1], sin[m : m + 1]).flatten()
+        kn = apply_rotary(k.view(1, 1, 1, 16), cos[n : n + 1], sin[n : n + 1]).flatten()
+        return float(qm @ kn)
+
+    assert score(10, 3) == pytest.approx(score(40, 33), abs=1e-4)
+    assert score(5, 5) == pytest.approx(float(q @ k), abs=1e-4)
+    assert score(10, 3) != pytest.approx(score(10, 4), abs=1e-3)
+    # the lowest frequency pair rotates by exactly theta^(-2i/d) radians per position
+    assert torch.allclose(cos[1, :8], torch.cos(10000.0 ** (-torch.arange(0, 16, 2) / 16)))

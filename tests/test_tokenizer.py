@@ -61,3 +61,11 @@ def test_bad_tokenizer_file(tmp_path: Path) -> None:
     (tmp_path / "tokenizer.json").write_text("{not json")
     with pytest.raises(ShoestringError, match="cannot load tokenizer"):
         load_tokenizer(tmp_path / "tokenizer.json")
+
+
+def test_ids_are_in_canonical_order(texts: list[str]) -> None:
+    """The trainer numbers tokens in hash-map order; we renumber: specials, then sorted."""
+    vocab = train_wordpiece(texts, vocab_size=800).get_vocab()
+    by_id = sorted(vocab, key=vocab.get)
+    assert by_id[:NUM_SPECIAL] == SPECIAL_TOKENS
+    assert by_id[NUM_SPECIAL:] == sorted(by_id[NUM_SPECIAL:])

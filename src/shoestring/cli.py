@@ -43,7 +43,8 @@ BudgetOpt = Annotated[
     Optional[str], typer.Option("--budget", "-b", help="Wall-clock budget for training: 90s, 5m, 2h.")
 ]
 StepsOpt = Annotated[
-    Optional[int], typer.Option("--steps", help="Train for exactly N optimizer steps (overrides --budget).")
+    Optional[int],
+    typer.Option("--steps", min=1, help="Train for exactly N optimizer steps instead of a time budget."),
 ]
 
 
@@ -77,9 +78,9 @@ def _budget_overrides(budget: str | None, steps: int | None) -> list[str]:
             parse_duration(budget)
         except ShoestringError as e:
             raise ShoestringError(e.what, where="--budget", fix=e.fix) from None
-        extra.append(f"train.budget={budget}")
+        extra += [f"train.budget={budget}", "train.steps=null"]
     if steps is not None:
-        extra.append(f"train.steps={steps}")
+        extra += [f"train.steps={steps}", "train.budget=null"]
     return extra
 
 
@@ -155,17 +156,19 @@ def eval_(
     data: Annotated[
         Optional[Path], typer.Option("--data", "-d", help="Data dir (default: the one the run trained on).")
     ] = None,
+    sets: SetOpt = None,
 ) -> None:
     """Held-out masked-LM loss of a trained run, beside the unigram baseline."""
     from shoestring.eval.mlm import evaluate_run
 
-    result = evaluate_run(run, data, console=err)
+    result = evaluate_run(run, data, overrides=sets, console=err)
     _print_eval(result, run)
 
 
 def _print_eval(result: dict, run: Path) -> None:
     t = Table(title=f"evaluated {run}", show_header=False)
-    t.add_row("validation MLM loss", f"{result['mlm_loss']:.3f} (perplexity {result['perplexity']:.1f})")
+    t.add_row("validation MLM loss", f"{result['mlm_loss']:.3f} (perplexity {result['perplexity']:.1f}, "
+              f"{result['mask_rate']:.0%} masked)")
     t.add_row("unigram baseline", f"{result['unigram_loss']:.3f}")
     t.add_row("masked-token accuracy", f"{result['accuracy']:.1%}")
     t.add_row("scored", f"{result['masked_tokens']:,} masked tokens in {result['sequences']:,} sequences")
@@ -210,6 +213,3 @@ def main() -> None:
         err.print("[bold red]error:[/] ", end="")
         err.print(e.message, markup=False, highlight=False, soft_wrap=True)
         sys.exit(2)
-    except KeyboardInterrupt:
-        err.print("interrupted")
-        sys.exit(130)

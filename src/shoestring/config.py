@@ -109,8 +109,8 @@ class EvalConfig(_Section):
     max_sequences: int = Field(4096, ge=1, description="validation sequences to score (cap)")
     batch_size: int = Field(64, ge=1)
     seed: int = Field(1234, ge=0, description="seed of the fixed evaluation masking")
-    mask_rate: float | None = Field(
-        None, gt=0.0, lt=1.0, description="masking rate when scoring (default: train.mask_rate)"
+    mask_rate: float = Field(
+        0.25, gt=0.0, lt=1.0, description="masking rate when scoring (fixed, so runs compare)"
     )
 
 
@@ -197,13 +197,9 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
-def load_config(
-    path: str | Path | None = None,
-    overrides: list[str] | None = None,
-    base: dict[str, Any] | None = None,
-) -> Config:
-    """Defaults ← ``base`` (e.g. a run's saved config) ← YAML file ← ``--set`` overrides."""
-    tree: dict[str, Any] = {k: dict(v) for k, v in (base or {}).items()}
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Defaults ← YAML file ← ``--set`` overrides, validated."""
+    tree: dict[str, Any] = {}
     source = "config"
     if path is not None:
         p = Path(path)
@@ -212,6 +208,8 @@ def load_config(
             raise ShoestringError("config file not found", where=source, fix="check the path")
         try:
             loaded = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+        except (OSError, UnicodeDecodeError) as e:
+            raise ShoestringError(f"cannot read config file ({e})", where=source) from None
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             where = f"{source}:{mark.line + 1}" if mark else source

@@ -7,7 +7,6 @@ re-tokenizing. The run dir is replaced each time.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +14,9 @@ from rich.console import Console
 from rich.table import Table
 
 from shoestring.config import Config
+from shoestring.data.datadir import DataDir
 from shoestring.data.prep import data_fingerprint, prep
+from shoestring.errors import ShoestringError
 from shoestring.eval.mlm import evaluate_run
 from shoestring.train.loop import train
 
@@ -48,18 +49,27 @@ class CramResult:
         return t
 
 
+def _reusable_manifest(data_dir: Path, fingerprint: str) -> dict | None:
+    """The existing data dir's manifest if it was built from the same inputs and is intact."""
+    if not (data_dir / "manifest.json").is_file():
+        return None
+    try:
+        data = DataDir(data_dir)
+        data.split("train", verify=True)
+        data.split("val", verify=True)
+    except ShoestringError:
+        return None
+    return data.manifest if data.manifest.get("fingerprint") == fingerprint else None
+
+
 def cram(sources: list[str], output: str | Path, cfg: Config, console: Console | None = None) -> CramResult:
     console = console or Console(stderr=True)
     output = Path(output)
     data_dir, run_dir = output / "data", output / "run"
-    manifest_path = data_dir / "manifest.json"
-    manifest = None
-    if manifest_path.is_file():
-        old = json.loads(manifest_path.read_text(encoding="utf-8"))
-        if old.get("fingerprint") == data_fingerprint(sources, cfg.data):
-            console.print(f"reusing prepared data in {data_dir} (same sources and settings)")
-            manifest = old
-    if manifest is None:
+    manifest = _reusable_manifest(data_dir, data_fingerprint(sources, cfg.data))
+    if manifest is not None:
+        console.print(f"reusing prepared data in {data_dir} (same sources and settings)")
+    else:
         manifest = prep(sources, data_dir, cfg.data, console=console)
     summary = train(cfg, data_dir, run_dir, overwrite=True, console=console)
     evaluation = evaluate_run(run_dir, data_dir, console=console)

@@ -35,11 +35,19 @@ class DataDir:
             self.manifest = json.loads(manifest.read_text(encoding="utf-8"))
         except json.JSONDecodeError as e:
             raise ShoestringError(f"manifest is not valid JSON ({e})", where=str(manifest)) from None
-        if self.manifest.get("format") != FORMAT:
+        if not isinstance(self.manifest, dict) or self.manifest.get("format") != FORMAT:
+            found = self.manifest.get("format") if isinstance(self.manifest, dict) else None
             raise ShoestringError(
-                f"unknown data format {self.manifest.get('format')!r} (expected {FORMAT})",
+                f"unknown data format {found!r} (expected {FORMAT})",
                 where=str(manifest),
                 fix="re-run shoestring prep with this version",
+            )
+        missing = [k for k in ("tokenizer", "seq_len", "dtype", "splits") if k not in self.manifest]
+        if missing:
+            raise ShoestringError(
+                f"manifest lacks {', '.join(missing)}: it is damaged",
+                where=str(manifest),
+                fix="re-run shoestring prep",
             )
         tok_info = self.manifest["tokenizer"]
         tok_path = self.path / tok_info["file"]

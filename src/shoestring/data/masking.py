@@ -1,7 +1,8 @@
 """Masked-language-model corruption, on the fly and vectorized.
 
-Every sequence gets exactly the same number of masked positions, so the sparse prediction
-head sees a static (batch, k) shape; positions are drawn uniformly among non-special tokens.
+Every sequence of a batch gets the same number of masked positions, so the sparse prediction
+head sees a static (batch, k) shape; positions are drawn uniformly among non-special tokens
+(k is capped by the row with the fewest of them, which never binds for packed sequences).
 The chosen tokens become [MASK] 80% of the time, a random non-special token 10%, and stay
 unchanged 10% (BERT's recipe).
 """
@@ -36,7 +37,10 @@ def mask_tokens(
 ) -> MaskedBatch:
     """Corrupt ``ids`` (B, T); ids below ``num_special`` are special and never chosen."""
     B, T = ids.shape
-    k = num_masked(T, rate)
+    eligible = int((ids >= num_special).sum(dim=1).min())
+    if eligible == 0:
+        raise ValueError("a sequence has no maskable (non-special) token")
+    k = min(num_masked(T, rate), eligible)
     scores = torch.rand(B, T, generator=generator, device=ids.device)
     scores.masked_fill_(ids < num_special, 2.0)
     positions = scores.topk(k, dim=1, largest=False).indices.sort(dim=1).values

@@ -26,6 +26,7 @@ from shoestring.data.shards import ShardWriter, token_dtype
 from shoestring.data.sources import ReadStats, iter_documents, resolve_sources
 from shoestring.data.tokenizer import CLS, SEP, file_sha256, special_ids, train_wordpiece
 from shoestring.errors import ShoestringError
+from shoestring.fsutil import write_json_atomic
 from shoestring.progress import progress_bar
 
 ENCODE_BATCH = 1024
@@ -70,15 +71,31 @@ def data_fingerprint(specs: list[str], cfg: DataConfig) -> str:
     return _fingerprint(specs, resolve_sources(specs), cfg)
 
 
+def _is_data_dir(path: Path) -> bool:
+    try:
+        return json.loads((path / "manifest.json").read_text(encoding="utf-8")).get("format") == FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def _check_output(out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise ShoestringError("output exists and is not a folder", where=str(out))
-    if out.is_dir() and any(out.iterdir()) and not (out / "manifest.json").is_file():
+    if out.is_dir() and any(out.iterdir()) and not _is_data_dir(out):
         raise ShoestringError(
             "output folder exists, is not empty and is not a shoestring data dir",
             where=str(out),
             fix="choose another -o, or empty that folder; prep only replaces its own data dirs",
         )
+
+
+def _recover_interrupted_swap(out: Path) -> None:
+    """A prep killed between its two renames leaves the previous data dir in ``.NAME.old``."""
+    old = out.parent / f".{out.name}.old"
+    if old.is_dir() and not out.exists():
+        old.rename(out)
+    elif old.is_dir():
+        shutil.rmtree(old)
 
 
 def _read_spool(path: Path) -> Iterator[str]:
@@ -93,6 +110,7 @@ def prep(
     """Build a data dir at ``out`` from source specs; returns the manifest."""
     console = console or Console(stderr=True)
     out = Path(out)
+    _recover_interrupted_swap(out)
     _check_output(out)
     files = resolve_sources(specs)
     build = out.parent / f".{out.name}.partial"
@@ -110,11 +128,14 @@ def prep(
 
 def _swap_in(build: Path, out: Path) -> None:
     old = out.parent / f".{out.name}.old"
-    if old.exists():
-        shutil.rmtree(old)
     if out.exists():
         out.rename(old)
-    build.rename(out)
+    try:
+        build.rename(out)
+    except BaseException:
+        if old.exists() and not out.exists():
+            old.rename(out)
+        raise
     shutil.rmtree(old, ignore_errors=True)
 
 
@@ -189,6 +210,14 @@ def _build(specs: list[str], files: list[str], build: Path, cfg: DataConfig, con
             }
             spools[split].unlink()
 
+    if splits["val"]["sequences"] == 0:
+        raise ShoestringError(
+            f"the validation split has no complete sequence: {counts['val']} documents with "
+            f"{splits['val']['document_tokens']} tokens, fewer than one sequence of "
+            f"{cfg.seq_len}",
+            where=", ".join(specs),
+            fix="add more text, raise data.val_fraction, or lower data.seq_len",
+        )
     manifest = {
         "format": FORMAT,
         "shoestring_version": __version__,
@@ -220,9 +249,7 @@ def _build(specs: list[str], files: list[str], build: Path, cfg: DataConfig, con
         "splits": splits,
         "seconds": round(time.perf_counter() - t0, 3),
     }
-    tmp = build / "manifest.json.tmp"
-    tmp.write_text(json.dumps(manifest, indent=2), encoding="utf-8")
-    tmp.rename(build / "manifest.json")
+    write_json_atomic(build / "manifest.json", manifest)
     return manifest
 
 

@@ -12,7 +12,6 @@ Files are written to a temporary name and renamed, so a shard is complete or abs
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import numpy as np
 
 from shoestring.data.tokenizer import file_sha256
 from shoestring.errors import ShoestringError
+from shoestring.fsutil import write_bytes_atomic
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -34,15 +34,6 @@ class ShardInfo:
     tokens: int
     sha256_bin: str
     sha256_idx: str
-
-
-def _write_atomic(path: Path, array: np.ndarray) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(array.tobytes())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 class ShardWriter:
@@ -75,8 +66,8 @@ class ShardWriter:
         np.cumsum(lengths, out=offsets[1:])
         tokens = np.concatenate(self._pending).astype(self.dtype, copy=False)
         rel_bin, rel_idx = f"{self.split}/{n:05d}.bin", f"{self.split}/{n:05d}.idx"
-        _write_atomic(self.root / rel_bin, tokens)
-        _write_atomic(self.root / rel_idx, offsets)
+        write_bytes_atomic(self.root / rel_bin, tokens.tobytes())
+        write_bytes_atomic(self.root / rel_idx, offsets.tobytes())
         self.shards.append(
             ShardInfo(
                 bin=rel_bin,

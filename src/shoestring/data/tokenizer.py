@@ -43,6 +43,7 @@ def train_wordpiece(
             "the tokenizer learned no vocabulary: the training text is empty",
             fix="give prep a corpus with some text in it",
         )
+    tok.model = _canonical_wordpiece(tok.get_vocab())
     cls_id, sep_id = tok.token_to_id(CLS), tok.token_to_id(SEP)
     tok.post_processor = processors.TemplateProcessing(
         single=f"{CLS} $A {SEP}",
@@ -50,6 +51,21 @@ def train_wordpiece(
         special_tokens=[(CLS, cls_id), (SEP, sep_id)],
     )
     return tok
+
+
+def _canonical_wordpiece(vocab: dict[str, int]) -> models.WordPiece:
+    """The same vocabulary with ids in a fixed order: specials, then sorted tokens.
+
+    The `tokenizers` trainer numbers tokens in hash-map order, so the same text gives
+    different ids on every run (huggingface/tokenizers#1794). WordPiece segments by greedy
+    longest match against the vocabulary *set*, so renumbering changes no segmentation and
+    makes prep reproducible.
+    """
+    rest = sorted(t for t in vocab if t not in SPECIAL_TOKENS)
+    ordered = {t: i for i, t in enumerate([*SPECIAL_TOKENS, *rest])}
+    return models.WordPiece(
+        ordered, unk_token=UNK, max_input_chars_per_word=100, continuing_subword_prefix="##"
+    )
 
 
 def _nonempty(texts: Iterable[str]) -> Iterator[str]:

@@ -57,8 +57,8 @@ class Budget:
     def elapsed(self) -> float:
         return time.perf_counter() - self._start
 
-    def progress(self, step: int) -> float:
-        """Fraction used after ``step`` completed steps."""
+    def progress(self, step: float) -> float:
+        """Fraction used after ``step`` completed steps (``step + 0.5``: mid-way through the next)."""
         fractions = []
         if self.seconds is not None:
             fractions.append(self.elapsed / self.seconds)
@@ -66,7 +66,7 @@ class Budget:
             fractions.append(step / self.steps)
         return min(1.0, max(fractions))
 
-    def exhausted(self, step: int) -> bool:
+    def exhausted(self, step: float) -> bool:
         return self.progress(step) >= 1.0
 
     def describe(self) -> str:

@@ -29,13 +29,18 @@ class DeviceInfo:
         return torch.autocast(self.device.type, dtype=self.dtype)
 
 
-@functools.lru_cache(maxsize=None)
 def measure_matmul_flops(device_type: str, dtype: torch.dtype, seconds: float = 0.4) -> float:
-    """Dense square-matmul FLOP/s on this device, best of a short burst."""
+    """Dense square-matmul FLOP/s on this device, best of a short burst (cached per thread count)."""
+    return _measure(device_type, dtype, seconds, torch.get_num_threads())
+
+
+@functools.lru_cache(maxsize=None)
+def _measure(device_type: str, dtype: torch.dtype, seconds: float, threads: int) -> float:
     device = torch.device(device_type)
     n = 4096 if device_type == "cuda" else 1024
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
+    with torch.random.fork_rng(devices=[]):  # leave the caller's RNG stream untouched
+        a = torch.randn(n, n, device=device, dtype=dtype)
+        b = torch.randn(n, n, device=device, dtype=dtype)
     sync = torch.cuda.synchronize if device_type == "cuda" else (lambda: None)
     for _ in range(3):
         a @ b
@@ -58,8 +63,12 @@ def _device_name(device: torch.device) -> str:
     return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 
-def select_device(precision: str = "auto") -> DeviceInfo:
-    """CUDA when present, else CPU; bf16 autocast per ``precision`` ("auto", "bf16", "fp32")."""
+def select_device(precision: str = "auto", measure_peak: bool = True) -> DeviceInfo:
+    """CUDA when present, else CPU; bf16 autocast per ``precision`` ("auto", "bf16", "fp32").
+
+    ``measure_peak=False`` skips the peak measurement (``peak_flops`` is then 0) where only the
+    dtype matters; "auto" on a CPU still measures both dtypes to choose.
+    """
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if precision == "fp32":
         dtype = torch.float32
@@ -71,4 +80,5 @@ def select_device(precision: str = "auto") -> DeviceInfo:
         fp32 = measure_matmul_flops("cpu", torch.float32)
         bf16 = measure_matmul_flops("cpu", torch.bfloat16)
         dtype = torch.bfloat16 if bf16 > 1.3 * fp32 else torch.float32
-    return DeviceInfo(device, dtype, measure_matmul_flops(device.type, dtype), _device_name(device))
+    peak = measure_matmul_flops(device.type, dtype) if measure_peak else 0.0
+    return DeviceInfo(device, dtype, peak, _device_name(device))

@@ -77,8 +77,8 @@ def train(
     tc = cfg.train
     if tc.threads:
         torch.set_num_threads(tc.threads)
-    torch.manual_seed(tc.seed)
     dev: DeviceInfo = select_device(tc.precision)
+    torch.manual_seed(tc.seed)
     vocab, seq_len = data.vocab_size, data.seq_len
     model = MaskedLM(cfg.model, vocab).to(dev.device)
     optimizer = build_optimizer(model, tc)
@@ -102,7 +102,6 @@ def train(
     )
 
     metrics_path = run_dir / "metrics.jsonl"
-    metrics = open(metrics_path, "w", encoding="utf-8")
     step, tokens, window_loss, window_steps = 0, 0, 0.0, 0
     first_loss: float | None = None
     ema: float | None = None
@@ -110,11 +109,11 @@ def train(
     model.train()
     budget.restart()
     window_start, window_tokens = budget.elapsed, 0
-    with _progress(console) as bar:
+    with open(metrics_path, "w", encoding="utf-8") as metrics, _progress(console) as bar:
         task = bar.add_task("train", total=1.0, budget=budget.describe(), loss=float("nan"),
                             tps=0.0, mfu=0.0, left="?")
-        while not budget.exhausted(step):
-            lr = tc.lr * one_cycle(budget.progress(step), tc.lr_peak_at)
+        while True:  # at least one step, however small the budget
+            lr = tc.lr * one_cycle(budget.progress(step + 0.5), tc.lr_peak_at)
             for group in optimizer.param_groups:
                 group["lr"] = lr
             ids = next(loader).to(dev.device, non_blocking=True)
@@ -128,7 +127,6 @@ def train(
             optimizer.zero_grad(set_to_none=True)
             value = loss.item()
             if not math.isfinite(value):
-                metrics.close()
                 raise ShoestringError(
                     f"the loss became {value} at step {step}",
                     where=str(run_dir),
@@ -142,7 +140,8 @@ def train(
             losses.append(value)
             first_loss = value if first_loss is None else first_loss
             ema = value if ema is None else 0.95 * ema + 0.05 * value
-            if step % tc.log_every == 0 or budget.exhausted(step):
+            done = budget.exhausted(step)
+            if step % tc.log_every == 0 or done:
                 now = budget.elapsed
                 tps = window_tokens / max(now - window_start, 1e-9)
                 record = {
@@ -162,8 +161,9 @@ def train(
                 left = (now / p - now) if p > 0 else float("inf")
                 bar.update(task, completed=p, loss=ema, tps=tps, mfu=record["mfu"],
                            left=format_duration(left))
+            if done:
+                break
     train_seconds = budget.elapsed
-    metrics.close()
 
     save_start = time.perf_counter()
     meta = model_meta(cfg, vocab, seq_len, data.special_ids)

@@ -8,7 +8,6 @@ renamed; ``final/`` is written as a temporary folder and renamed, so it is compl
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -18,40 +17,40 @@ from safetensors.torch import load_file, save_file
 
 from shoestring.config import Config, ModelConfig
 from shoestring.errors import ShoestringError
+from shoestring.fsutil import write_json_atomic, write_text_atomic
 from shoestring.model.encoder import MaskedLM
 
 ARCHITECTURE = "shoestring-mlm"
+MARKER = ".shoestring-run"
 
-
-def write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-    write_text_atomic(path, json.dumps(obj, indent=2) + "\n")
+__all__ = ["load_final", "model_meta", "prepare_run_dir", "save_final",
+           "write_json_atomic", "write_text_atomic"]
 
 
 def prepare_run_dir(path: Path, overwrite: bool) -> None:
-    """Create the run dir; refuse to mix a new run into an old one unless asked to."""
+    """Create the run dir; refuse to mix a new run into an old one unless asked to.
+
+    ``overwrite`` only ever deletes a folder that carries the marker file shoestring writes
+    into every run dir, so a user's own folder is never removed by mistake.
+    """
     if path.exists() and not path.is_dir():
         raise ShoestringError("run dir path exists and is not a folder", where=str(path))
     if path.is_dir() and any(path.iterdir()):
+        if not (path / MARKER).is_file():
+            raise ShoestringError(
+                "output folder exists, is not empty and is not a shoestring run dir",
+                where=str(path),
+                fix="choose another -o; shoestring only replaces its own run dirs",
+            )
         if not overwrite:
             raise ShoestringError(
-                "run dir already exists and is not empty",
+                "run dir already exists",
                 where=str(path),
                 fix="choose another -o, or pass --overwrite to replace it",
             )
-        if not (path / "config.yaml").is_file():
-            raise ShoestringError(
-                "refusing to overwrite a folder that is not a shoestring run dir",
-                where=str(path),
-                fix="choose another -o",
-            )
         shutil.rmtree(path)
     path.mkdir(parents=True, exist_ok=True)
+    (path / MARKER).write_text("shoestring run dir\n", encoding="utf-8")
 
 
 def save_final(run_dir: Path, model: MaskedLM, meta: dict[str, Any], tokenizer_path: Path) -> Path:
@@ -89,11 +88,18 @@ def load_final(run_dir: str | Path) -> tuple[MaskedLM, dict]:
             where=str(run_dir),
             fix="train first (shoestring train), or point at a finished run",
         )
-    meta = json.loads((final / "config.json").read_text(encoding="utf-8"))
-    if meta.get("architecture") != ARCHITECTURE:
+    try:
+        meta = json.loads((final / "config.json").read_text(encoding="utf-8"))
+        if meta.get("architecture") != ARCHITECTURE:
+            raise ValueError(f"unknown architecture {meta.get('architecture')!r}")
+        model = MaskedLM(ModelConfig.model_validate(meta["model"]), meta["vocab_size"])
+        model.load_state_dict(load_file(str(final / "model.safetensors")))
+    except ShoestringError:
+        raise
+    except Exception as e:  # JSON, schema, safetensors and shape errors alike
         raise ShoestringError(
-            f"unknown architecture {meta.get('architecture')!r}", where=str(final / "config.json")
-        )
-    model = MaskedLM(ModelConfig.model_validate(meta["model"]), meta["vocab_size"])
-    model.load_state_dict(load_file(str(final / "model.safetensors")))
+            f"cannot load the trained model ({type(e).__name__}: {e})",
+            where=str(final),
+            fix="the run dir is damaged or from another version; train it again",
+        ) from None
     return model.eval(), meta
