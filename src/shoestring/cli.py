@@ -176,6 +176,32 @@ def _print_eval(result: dict, run: Path) -> None:
 
 
 @app.command()
+def export(
+    run: Annotated[Path, typer.Argument(help="Run dir written by `shoestring train`.", show_default=False, metavar="RUN_DIR")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Folder to write (Hugging Face format).")],
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a previous export.")] = False,
+) -> None:
+    """Export a trained run as a Hugging Face ModernBERT folder (transformers loads it as is)."""
+    from shoestring.model.hf import export_encoder
+
+    path = export_encoder(run, output, overwrite=overwrite)
+    _print_export(path)
+
+
+def _print_export(path: Path) -> None:
+    import json
+
+    cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    t = Table(title=f"exported {path}", show_header=False)
+    t.add_row("architecture", f"{cfg['architectures'][0]} (model_type {cfg['model_type']})")
+    t.add_row("size", f"{cfg['num_hidden_layers']} layers × {cfg['hidden_size']} hidden, "
+              f"{cfg['num_attention_heads']} heads, {cfg['intermediate_size']} GLU")
+    t.add_row("vocabulary", f"{cfg['vocab_size']:,} WordPiece")
+    t.add_row("load with", f"AutoModelForMaskedLM.from_pretrained({str(path)!r})")
+    out.print(t)
+
+
+@app.command()
 def cram(
     sources: Annotated[
         Optional[list[str]],

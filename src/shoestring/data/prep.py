@@ -26,7 +26,7 @@ from shoestring.data.shards import ShardWriter, token_dtype
 from shoestring.data.sources import ReadStats, iter_documents, resolve_sources
 from shoestring.data.tokenizer import CLS, SEP, file_sha256, special_ids, train_wordpiece
 from shoestring.errors import ShoestringError
-from shoestring.fsutil import write_json_atomic
+from shoestring.fsutil import recover_interrupted_swap, swap_in_dir, write_json_atomic
 from shoestring.progress import progress_bar
 
 ENCODE_BATCH = 1024
@@ -89,15 +89,6 @@ def _check_output(out: Path) -> None:
         )
 
 
-def _recover_interrupted_swap(out: Path) -> None:
-    """A prep killed between its two renames leaves the previous data dir in ``.NAME.old``."""
-    old = out.parent / f".{out.name}.old"
-    if old.is_dir() and not out.exists():
-        old.rename(out)
-    elif old.is_dir():
-        shutil.rmtree(old)
-
-
 def _read_spool(path: Path) -> Iterator[str]:
     with open(path, encoding="utf-8") as f:
         for line in f:
@@ -110,7 +101,7 @@ def prep(
     """Build a data dir at ``out`` from source specs; returns the manifest."""
     console = console or Console(stderr=True)
     out = Path(out)
-    _recover_interrupted_swap(out)
+    recover_interrupted_swap(out)
     _check_output(out)
     files = resolve_sources(specs)
     build = out.parent / f".{out.name}.partial"
@@ -119,24 +110,11 @@ def prep(
     build.mkdir(parents=True)
     try:
         manifest = _build(specs, files, build, cfg, console)
-        _swap_in(build, out)
+        swap_in_dir(build, out)
     except BaseException:
         shutil.rmtree(build, ignore_errors=True)
         raise
     return manifest
-
-
-def _swap_in(build: Path, out: Path) -> None:
-    old = out.parent / f".{out.name}.old"
-    if out.exists():
-        out.rename(old)
-    try:
-        build.rename(out)
-    except BaseException:
-        if old.exists() and not out.exists():
-            old.rename(out)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def _build(specs: list[str], files: list[str], build: Path, cfg: DataConfig, console: Console) -> dict:

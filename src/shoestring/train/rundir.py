@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 
 from shoestring.config import Config, ModelConfig
 from shoestring.errors import ShoestringError
-from shoestring.fsutil import write_json_atomic, write_text_atomic
+from shoestring.fsutil import swap_in_dir, write_json_atomic, write_text_atomic
 from shoestring.model.encoder import MaskedLM
 
 ARCHITECTURE = "shoestring-mlm"
@@ -63,9 +63,7 @@ def save_final(run_dir: Path, model: MaskedLM, meta: dict[str, Any], tokenizer_p
     save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     (tmp / "config.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     shutil.copyfile(tokenizer_path, tmp / "tokenizer.json")
-    if final.exists():
-        shutil.rmtree(final)
-    tmp.rename(final)
+    swap_in_dir(tmp, final)
     return final
 
 
