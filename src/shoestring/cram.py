@@ -55,11 +55,13 @@ def _reusable_manifest(data_dir: Path, fingerprint: str) -> dict | None:
         return None
     try:
         data = DataDir(data_dir)
+        if data.manifest.get("fingerprint") != fingerprint:
+            return None
         data.split("train", verify=True)
         data.split("val", verify=True)
     except ShoestringError:
         return None
-    return data.manifest if data.manifest.get("fingerprint") == fingerprint else None
+    return data.manifest
 
 
 def cram(sources: list[str], output: str | Path, cfg: Config, console: Console | None = None) -> CramResult:

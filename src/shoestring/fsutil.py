@@ -1,7 +1,8 @@
-"""Atomic file writes: a file is complete or absent, never half-written.
+"""Atomic writes: a file or folder is complete or absent, never half-written.
 
 Write to a temporary sibling, flush it to disk, then rename over the target (rename is atomic
-on POSIX filesystems).
+on POSIX filesystems); folders are built beside their target and swapped in. Outputs are only
+ever replaced when they are shoestring's own.
 """
 
 from __future__ import annotations
@@ -9,8 +10,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from shoestring.errors import ShoestringError
 
 
 def write_bytes_atomic(path: str | Path, data: bytes) -> None:
@@ -60,3 +65,46 @@ def swap_in_dir(build: str | Path, out: str | Path) -> None:
             old.rename(out)
         raise
     shutil.rmtree(old, ignore_errors=True)
+
+
+@contextmanager
+def building_dir(out: str | Path) -> Iterator[Path]:
+    """Build a folder beside ``out`` and swap it in only if the block finishes.
+
+    Yields the empty build folder (``.NAME.partial``); on success it replaces ``out`` via
+    `swap_in_dir`, on any failure it is removed and ``out`` is left as it was.
+    """
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    build = out.parent / f".{out.name}.partial"
+    if build.exists():
+        shutil.rmtree(build)
+    build.mkdir()
+    try:
+        yield build
+        swap_in_dir(build, out)
+    except BaseException:
+        shutil.rmtree(build, ignore_errors=True)
+        raise
+
+
+def check_output_dir(out: str | Path, kind: str, owned: bool, overwrite: bool) -> None:
+    """Refuse to write into a non-empty folder unless it is one of ours (``owned``, e.g. it
+    carries our marker) and replacing it was asked for (``overwrite``)."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ShoestringError("output path exists and is not a folder", where=str(out))
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    if not owned:
+        raise ShoestringError(
+            f"output folder exists, is not empty and is not a shoestring {kind}",
+            where=str(out),
+            fix="choose another -o; shoestring only replaces folders it wrote itself",
+        )
+    if not overwrite:
+        raise ShoestringError(
+            f"{kind} already exists",
+            where=str(out),
+            fix="choose another -o, or pass --overwrite to replace it",
+        )

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +25,12 @@ from shoestring.data.shards import ShardWriter, token_dtype
 from shoestring.data.sources import ReadStats, iter_documents, resolve_sources
 from shoestring.data.tokenizer import CLS, SEP, file_sha256, special_ids, train_wordpiece
 from shoestring.errors import ShoestringError
-from shoestring.fsutil import recover_interrupted_swap, swap_in_dir, write_json_atomic
+from shoestring.fsutil import (
+    building_dir,
+    check_output_dir,
+    recover_interrupted_swap,
+    write_json_atomic,
+)
 from shoestring.progress import progress_bar
 
 ENCODE_BATCH = 1024
@@ -78,17 +82,6 @@ def _is_data_dir(path: Path) -> bool:
         return False
 
 
-def _check_output(out: Path) -> None:
-    if out.exists() and not out.is_dir():
-        raise ShoestringError("output exists and is not a folder", where=str(out))
-    if out.is_dir() and any(out.iterdir()) and not _is_data_dir(out):
-        raise ShoestringError(
-            "output folder exists, is not empty and is not a shoestring data dir",
-            where=str(out),
-            fix="choose another -o, or empty that folder; prep only replaces its own data dirs",
-        )
-
-
 def _read_spool(path: Path) -> Iterator[str]:
     with open(path, encoding="utf-8") as f:
         for line in f:
@@ -102,19 +95,10 @@ def prep(
     console = console or Console(stderr=True)
     out = Path(out)
     recover_interrupted_swap(out)
-    _check_output(out)
+    check_output_dir(out, "data dir", owned=_is_data_dir(out), overwrite=True)
     files = resolve_sources(specs)
-    build = out.parent / f".{out.name}.partial"
-    if build.exists():
-        shutil.rmtree(build)
-    build.mkdir(parents=True)
-    try:
-        manifest = _build(specs, files, build, cfg, console)
-        swap_in_dir(build, out)
-    except BaseException:
-        shutil.rmtree(build, ignore_errors=True)
-        raise
-    return manifest
+    with building_dir(out) as build:
+        return _build(specs, files, build, cfg, console)
 
 
 def _build(specs: list[str], files: list[str], build: Path, cfg: DataConfig, console: Console) -> dict:

@@ -39,7 +39,11 @@ def fixed_masks(ids: torch.Tensor, first_index: int, cfg: EvalConfig, mask_id: i
                     torch.Generator().manual_seed(cfg.seed * 1_000_003 + first_index + i))
         for i in range(len(ids))
     ]
-    return MaskedBatch(*(torch.cat(parts) for parts in zip(*((r.inputs, r.positions, r.targets) for r in rows))))
+    return MaskedBatch(
+        inputs=torch.cat([r.inputs for r in rows]),
+        positions=torch.cat([r.positions for r in rows]),
+        targets=torch.cat([r.targets for r in rows]),
+    )
 
 
 @torch.no_grad()

@@ -26,9 +26,19 @@ from safetensors.torch import save_file
 
 from shoestring import __version__
 from shoestring.config import ModelConfig
-from shoestring.data.tokenizer import NUM_SPECIAL, SPECIAL_TOKENS, load_tokenizer, special_ids
+from shoestring.data.tokenizer import (
+    CLS,
+    MASK,
+    NUM_SPECIAL,
+    PAD,
+    SEP,
+    SPECIAL_TOKENS,
+    UNK,
+    load_tokenizer,
+    special_ids,
+)
 from shoestring.errors import ShoestringError
-from shoestring.fsutil import swap_in_dir, write_json_atomic, write_text_atomic
+from shoestring.fsutil import building_dir, check_output_dir, write_json_atomic, write_text_atomic
 from shoestring.model.encoder import MaskedLM
 from shoestring.train.rundir import ARCHITECTURE, load_final
 
@@ -71,10 +81,12 @@ def _to_hf_name(name: str) -> str | None:
     return None
 
 
+_FROM_HF_TOP_LEVEL = {v: k for k, v in _TOP_LEVEL_NAMES.items()}
+
+
 def _from_hf_name(name: str) -> str | None:
-    reverse = {v: k for k, v in _TOP_LEVEL_NAMES.items()}
-    if name in reverse:
-        return reverse[name]
+    if name in _FROM_HF_TOP_LEVEL:
+        return _FROM_HF_TOP_LEVEL[name]
     if name.startswith("model.") and _to_hf_name(name.removeprefix("model.")) == name:
         return name.removeprefix("model.")
     return None
@@ -183,8 +195,7 @@ def hf_config(model_cfg: ModelConfig, vocab_size: int, seq_len: int, ids: dict[s
 
 
 def _special_tokens_map() -> dict[str, str]:
-    return {"unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]",
-            "pad_token": "[PAD]", "mask_token": "[MASK]"}
+    return {"unk_token": UNK, "cls_token": CLS, "sep_token": SEP, "pad_token": PAD, "mask_token": MASK}
 
 
 def _tokenizer_config(tokenizer_json: Path, seq_len: int) -> dict[str, Any]:
@@ -198,11 +209,7 @@ def _tokenizer_config(tokenizer_json: Path, seq_len: int) -> dict[str, Any]:
     normalizer = spec.get("normalizer") or {}
     return {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "unk_token": "[UNK]",
-        "cls_token": "[CLS]",
-        "sep_token": "[SEP]",
-        "pad_token": "[PAD]",
-        "mask_token": "[MASK]",
+        **_special_tokens_map(),
         "model_max_length": seq_len,
         "do_lower_case": bool(normalizer.get("lowercase", False)),
         "model_input_names": ["input_ids", "attention_mask"],  # ModernBERT has no token types
@@ -211,26 +218,6 @@ def _tokenizer_config(tokenizer_json: Path, seq_len: int) -> dict[str, Any]:
 
 
 # --- export ------------------------------------------------------------------------------
-
-def _check_out_dir(out: Path, overwrite: bool) -> None:
-    """Refuse to replace anything but a previous export, and that only when asked to."""
-    if out.exists() and not out.is_dir():
-        raise ShoestringError("export path exists and is not a folder", where=str(out))
-    if not out.is_dir() or not any(out.iterdir()):
-        return
-    if not (out / EXPORT_MARKER).is_file():
-        raise ShoestringError(
-            "output folder exists, is not empty and is not a shoestring export",
-            where=str(out),
-            fix="choose another -o; export only replaces folders it wrote itself",
-        )
-    if not overwrite:
-        raise ShoestringError(
-            "export folder already exists",
-            where=str(out),
-            fix="choose another -o, or pass --overwrite to replace it",
-        )
-
 
 def export_encoder(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = False) -> Path:
     """Write a run's trained model as a Hugging Face ModernBERT folder; returns ``out_dir``.
@@ -241,19 +228,14 @@ def export_encoder(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool 
     or absent, and a previous export is only replaced once the new one is whole.
     """
     run_dir, out = Path(run_dir), Path(out_dir)
-    _check_out_dir(out, overwrite)
+    check_output_dir(out, "export", owned=(out / EXPORT_MARKER).is_file(), overwrite=overwrite)
     model, meta = load_final(run_dir)
     config = hf_config(model.cfg, meta["vocab_size"], meta["seq_len"], meta["special_ids"])
     state = hf_state_dict(model)
     tokenizer_json = run_dir / "final" / "tokenizer.json"
     special_ids(load_tokenizer(tokenizer_json))  # the fixed special-token layout, checked
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    build = out.parent / f".{out.name}.partial"
-    if build.exists():
-        shutil.rmtree(build)
-    build.mkdir()
-    try:
+    with building_dir(out) as build:
         save_file(state, str(build / WEIGHTS), metadata={"format": "pt"})
         write_json_atomic(build / "config.json", config)
         shutil.copyfile(tokenizer_json, build / "tokenizer.json")
@@ -262,10 +244,6 @@ def export_encoder(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool 
         write_json_atomic(build / "special_tokens_map.json", _special_tokens_map())
         marker = f"shoestring {__version__} export of {run_dir.resolve()}\n"
         write_text_atomic(build / EXPORT_MARKER, marker)
-        swap_in_dir(build, out)
-    except BaseException:
-        shutil.rmtree(build, ignore_errors=True)
-        raise
     return out
 
 

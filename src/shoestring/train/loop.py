@@ -142,11 +142,11 @@ def train(
             ema = value if ema is None else 0.95 * ema + 0.05 * value
             done = budget.exhausted(step)
             if step % tc.log_every == 0 or done:
-                now = budget.elapsed
+                now, p = budget.elapsed, budget.progress(step)
                 tps = window_tokens / max(now - window_start, 1e-9)
                 record = {
                     "step": step,
-                    "progress": round(budget.progress(step), 5),
+                    "progress": round(p, 5),
                     "loss": window_loss / window_steps,
                     "lr": lr,
                     "tokens": tokens,
@@ -157,7 +157,6 @@ def train(
                 metrics.write(json.dumps(record) + "\n")
                 metrics.flush()
                 window_start, window_tokens, window_loss, window_steps = now, 0, 0.0, 0
-                p = budget.progress(step)
                 left = (now / p - now) if p > 0 else float("inf")
                 bar.update(task, completed=p, loss=ema, tps=tps, mfu=record["mfu"],
                            left=format_duration(left))

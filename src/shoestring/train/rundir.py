@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 
 from shoestring.config import Config, ModelConfig
 from shoestring.errors import ShoestringError
-from shoestring.fsutil import swap_in_dir, write_json_atomic, write_text_atomic
+from shoestring.fsutil import building_dir, check_output_dir, write_json_atomic, write_text_atomic
 from shoestring.model.encoder import MaskedLM
 
 ARCHITECTURE = "shoestring-mlm"
@@ -33,21 +33,8 @@ def prepare_run_dir(path: Path, overwrite: bool) -> None:
     ``overwrite`` only ever deletes a folder that carries the marker file shoestring writes
     into every run dir, so a user's own folder is never removed by mistake.
     """
-    if path.exists() and not path.is_dir():
-        raise ShoestringError("run dir path exists and is not a folder", where=str(path))
-    if path.is_dir() and any(path.iterdir()):
-        if not (path / MARKER).is_file():
-            raise ShoestringError(
-                "output folder exists, is not empty and is not a shoestring run dir",
-                where=str(path),
-                fix="choose another -o; shoestring only replaces its own run dirs",
-            )
-        if not overwrite:
-            raise ShoestringError(
-                "run dir already exists",
-                where=str(path),
-                fix="choose another -o, or pass --overwrite to replace it",
-            )
+    check_output_dir(path, "run dir", owned=(path / MARKER).is_file(), overwrite=overwrite)
+    if path.is_dir():
         shutil.rmtree(path)
     path.mkdir(parents=True, exist_ok=True)
     (path / MARKER).write_text("shoestring run dir\n", encoding="utf-8")
@@ -55,15 +42,12 @@ def prepare_run_dir(path: Path, overwrite: bool) -> None:
 
 def save_final(run_dir: Path, model: MaskedLM, meta: dict[str, Any], tokenizer_path: Path) -> Path:
     """Write ``final/`` atomically: weights (safetensors), model config, tokenizer."""
-    final, tmp = run_dir / "final", run_dir / ".final.tmp"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
+    final = run_dir / "final"
     state = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in model.state_dict().items()}
-    save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    (tmp / "config.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-    shutil.copyfile(tokenizer_path, tmp / "tokenizer.json")
-    swap_in_dir(tmp, final)
+    with building_dir(final) as tmp:
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        write_json_atomic(tmp / "config.json", meta)
+        shutil.copyfile(tokenizer_path, tmp / "tokenizer.json")
     return final
 
 
