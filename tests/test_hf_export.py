@@ -200,8 +200,8 @@ def _edited(out: Path, tmp_path: Path, **changes: object) -> Path:
         ({"layer_types": ["full_attention", "sliding_attention", "sliding_attention"]}, "layer_types"),
         # no layer_types: ModernBertConfig's default makes every layer but each third sliding
         ({"layer_types": None, "global_attn_every_n_layers": None}, "global_attn_every_n_layers = 3"),
-        ({"attention_bias": True}, "attention_bias = true"),
-        ({"mlp_bias": True}, "mlp_bias = true"),
+        ({"attention_bias": True}, "switches every bias together"),
+        ({"mlp_bias": True}, "switches every bias together"),
         ({"decoder_bias": None}, "decoder_bias = true"),  # transformers' default is True
         ({"hidden_activation": "gelu_pytorch_tanh"}, 'hidden_activation = "gelu_pytorch_tanh"'),
         ({"tie_word_embeddings": False}, "tie_word_embeddings = false"),

@@ -92,7 +92,7 @@ def test_flop_formula_matches_torch_flop_counter(sparse: bool) -> None:
 
 def test_rotary_scores_depend_only_on_relative_position() -> None:
     """q·k after rotation is a function of the offset m − n, not of m and n."""
-    from shoestring.model.encoder import Rotary, apply_rotary
+    from shoestring.model.layers import Rotary, apply_rotary
 
     rot = Rotary(head_dim=16, theta=10000.0)
     cos, sin = rot(64, torch.device("cpu"))

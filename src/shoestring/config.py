@@ -23,42 +23,141 @@ class _Section(BaseModel):
 
 
 class DataConfig(_Section):
-    """How `prep` turns raw text into packed token shards."""
+    """How `prep` turns raw text into packed token shards (see docs/data.md)."""
 
-    text_field: str = Field("text", description="JSON field that holds a document's text (.jsonl)")
+    text_field: str = Field(
+        "text", description="field/column holding a document's text (.jsonl, .parquet, .csv, hf:)"
+    )
+    split_on: Literal["file", "blank-lines"] = Field(
+        "file", description=".txt files: one document per file, or one per blank-line-separated block"
+    )
     on_error: Literal["raise", "skip"] = Field(
         "raise", description="bad records/files: stop with an error, or skip and count them"
     )
     min_chars: int = Field(16, ge=1, description="drop documents shorter than this after cleaning")
-    vocab_size: int = Field(8192, ge=128, le=1 << 20, description="WordPiece vocabulary size")
-    lowercase: bool = Field(True, description="lowercase and strip accents (uncased BERT)")
+    objective: Literal["mlm", "clm"] = Field(
+        "mlm", description="mlm: [CLS] … [SEP] rows for encoders; clm: <|endoftext|>-joined stream"
+    )
+    tokenizer: str = Field(
+        "auto",
+        description="auto (WordPiece for mlm, byte-level BPE for clm), wordpiece, bpe, unigram, "
+        "or the path of an existing tokenizer.json",
+    )
+    vocab_size: int = Field(8192, ge=128, le=1 << 20, description="vocabulary size when training")
+    lowercase: bool | None = Field(
+        None, description="lowercase (and strip accents for WordPiece); default: yes for mlm, no for clm"
+    )
     seq_len: int = Field(128, ge=8, le=65536, description="tokens per packed sequence")
     val_fraction: float = Field(
         0.05, gt=0.0, lt=0.5, description="fraction of documents held out (by document hash)"
     )
     shard_tokens: int = Field(1 << 24, ge=1024, description="max tokens per shard file")
+    order: Literal["none", "sort"] = Field(
+        "none",
+        description="train sequence order: none (stream order, loader shuffles) or sort "
+        "(Cramming: ascending mean unigram log-probability, read in that order)",
+    )
+    workers: int = Field(1, ge=1, le=256, description="processes for cleaning and tokenizing")
+
+    @property
+    def lowercase_resolved(self) -> bool:
+        """`lowercase`, with the per-objective default filled in."""
+        return self.objective == "mlm" if self.lowercase is None else self.lowercase
 
 
 class ModelConfig(_Section):
-    """A BERT-style encoder with the Cramming recipe (see docs/recipe.md)."""
+    """The network: an encoder (masked LM) or a decoder (causal LM), see docs/models.md.
 
+    ``preset`` fills the size fields from a named preset (`shoestring models` lists them);
+    fields given alongside it win. Recipe fields left unset take the objective's recipe.
+    """
+
+    preset: str | None = Field(None, description="named size (tiny, mini, small, base, ...)")
+    objective: Literal["mlm", "clm"] = Field(
+        "mlm", description="mlm = BERT-style encoder, clm = GPT/Llama-style decoder"
+    )
     hidden_size: int = Field(256, ge=16, description="model width")
     num_layers: int = Field(4, ge=1, description="transformer blocks")
     num_heads: int = Field(4, ge=1, description="attention heads (must divide hidden_size)")
-    intermediate_size: int = Field(768, ge=16, description="GLU feed-forward inner width")
+    num_kv_heads: int | None = Field(
+        None, ge=1, description="key/value heads for grouped-query attention (decoders; null = num_heads)"
+    )
+    intermediate_size: int = Field(768, ge=16, description="feed-forward inner width")
+    norm: Literal["layernorm", "rmsnorm"] = Field("layernorm", description="normalization layer")
+    norm_position: Literal["pre", "post"] = Field(
+        "pre", description="pre-norm (norm inside the residual branch) or post-norm (original BERT)"
+    )
+    bias: bool = Field(False, description="biases in linear layers and norms")
+    ffn: Literal["geglu", "swiglu", "gelu"] = Field(
+        "geglu", description="feed-forward: gated GELU, gated SiLU, or plain GELU MLP"
+    )
+    positions: Literal["rotary", "learned", "sinusoidal"] = Field(
+        "rotary", description="position information: rotary in attention, or added embeddings"
+    )
+    max_positions: int = Field(
+        2048, ge=8, description="longest sequence for learned/sinusoidal positions"
+    )
+    tie_embeddings: bool = Field(True, description="output projection shares the input embedding")
+    embedding_norm: bool = Field(True, description="normalize the embeddings (encoder recipe)")
+    sparse_prediction: bool = Field(
+        True, description="MLM head only at masked positions (Cramming); false = all positions"
+    )
     norm_eps: float = Field(1e-5, gt=0.0)
     rope_theta: float = Field(10000.0, gt=0.0, description="rotary position base")
     init_std: float = Field(0.02, gt=0.0, description="std of the normal weight init")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset_and_recipe(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        base: dict[str, Any] = {}
+        if data.get("preset") is not None:
+            from shoestring.model.presets import preset_fields
+
+            base = preset_fields(str(data["preset"]))  # ValueError names the known presets
+        objective = data.get("objective", base.get("objective", "mlm"))
+        recipe = MODEL_RECIPES.get(objective, {})
+        return {**recipe, **base, **data}
+
     @model_validator(mode="after")
-    def _heads_divide(self) -> ModelConfig:
+    def _shapes_fit(self) -> ModelConfig:
         if self.hidden_size % self.num_heads:
             raise ValueError(
                 f"num_heads ({self.num_heads}) must divide hidden_size ({self.hidden_size})"
             )
-        if (self.hidden_size // self.num_heads) % 2:
+        if self.positions == "rotary" and (self.hidden_size // self.num_heads) % 2:
             raise ValueError("hidden_size / num_heads must be even (rotary embeddings)")
+        if self.num_kv_heads is not None and self.num_kv_heads != self.num_heads:
+            if self.objective != "clm":
+                raise ValueError(
+                    "num_kv_heads (grouped-query attention) is for decoders (objective clm); "
+                    "encoders use num_heads for keys and values"
+                )
+            if self.num_heads % self.num_kv_heads:
+                raise ValueError(
+                    f"num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads})"
+                )
         return self
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+
+# Each objective's recipe: Cramming/ModernBERT for the masked-LM encoder, Llama for the
+# causal-LM decoder. A recipe field the user does not set takes its objective's value, so
+# `--set model.objective=clm` alone gives a Llama-style decoder.
+MODEL_RECIPES: dict[str, dict[str, Any]] = {
+    "mlm": {"norm": "layernorm", "norm_position": "pre", "bias": False, "ffn": "geglu",
+            "positions": "rotary", "tie_embeddings": True, "embedding_norm": True},
+    "clm": {"norm": "rmsnorm", "norm_position": "pre", "bias": False, "ffn": "swiglu",
+            "positions": "rotary", "tie_embeddings": True, "embedding_norm": False},
+}
 
 
 class TrainConfig(_Section):

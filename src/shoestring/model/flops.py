@@ -1,4 +1,4 @@
-"""Exact FLOP accounting for the encoder, used for MFU and budgets.
+"""Exact FLOP accounting for both model families, used for MFU, budgets and the planner.
 
 Counts the multiply-adds of every matmul (2 FLOPs each) and nothing else: norms, GELU,
 softmax and the embedding lookup are a rounding error next to them. Training costs three
@@ -20,9 +20,13 @@ def forward_flops_per_token(
     rate for the sparse MLM head, 1.0 for a dense head).
     """
     H, I, L, T, V = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers, seq_len, vocab_size
-    block_matmul_params = 4 * H * H + 3 * H * I  # Wqkv + Wo, Wi (2I) + Wo
-    attention = 4 * T * H  # QK^T and AV, per token per layer
-    head = H * H + H * V  # dense transform + tied decoder
+    qkv = H * (cfg.num_heads + 2 * cfg.kv_heads) * cfg.head_dim
+    ffn = (3 if cfg.ffn != "gelu" else 2) * H * I  # gated: Wi is 2I wide
+    block_matmul_params = qkv + H * H + ffn
+    # QK^T and AV over all T keys (causal masking is not subtracted, the PaLM/Megatron
+    # convention, and what SDPA's FLOP counter reports).
+    attention = 4 * T * H
+    head = H * V if cfg.objective == "clm" else H * H + H * V  # MLM head: dense + decoder
     return L * (2 * block_matmul_params + attention) + head_fraction * 2 * head
 
 

@@ -60,6 +60,12 @@ _TOP_LEVEL_NAMES = {
     "final_norm.weight": "model.final_norm.weight",
     "head_dense.weight": "head.dense.weight",
     "head_norm.weight": "head.norm.weight",
+    # with model.bias=true
+    "emb_norm.bias": "model.embeddings.norm.bias",
+    "final_norm.bias": "model.final_norm.bias",
+    "head_dense.bias": "head.dense.bias",
+    "head_norm.bias": "head.norm.bias",
+    "decoder_bias": "decoder.bias",
 }
 _LAYER_PARAMS = (
     "attn_norm.weight",  # absent in layer 0 (Identity) on both sides
@@ -68,6 +74,12 @@ _LAYER_PARAMS = (
     "mlp_norm.weight",
     "mlp.Wi.weight",
     "mlp.Wo.weight",
+    "attn_norm.bias",
+    "attn.Wqkv.bias",
+    "attn.Wo.bias",
+    "mlp_norm.bias",
+    "mlp.Wi.bias",
+    "mlp.Wo.bias",
 )
 
 
@@ -135,11 +147,57 @@ def _layers(n: int) -> dict[str, Any]:
             "global_attn_every_n_layers": 1}
 
 
+def _only(option: str, allowed: Any, why: str) -> Callable[[Any], dict[str, Any]]:
+    """An option ModernBERT has no switch for: exportable only at the value it hard-codes."""
+
+    def check(value: Any) -> dict[str, Any]:
+        if value != allowed:
+            raise ShoestringError(
+                f"model option '{option}' = {value!r} has no exact ModernBERT equivalent ({why})",
+                fix=f"only models trained with model.{option}={allowed!r} can be exported "
+                "to ModernBERT; the run's own final/ weights still work with eval and serve",
+            )
+        return {}
+
+    return check
+
+
+def _bias(value: bool) -> dict[str, Any]:
+    return {name: value for name in
+            ("attention_bias", "mlp_bias", "norm_bias", "classifier_bias", "decoder_bias")}
+
+
+_ACTIVATIONS = {"geglu": "gelu", "swiglu": "silu"}  # ModernBERT's MLP is always gated
+
+
+def _ffn(value: str) -> dict[str, Any]:
+    if value not in _ACTIVATIONS:
+        _only("ffn", "geglu", "ModernBERT's feed-forward is always gated")(value)
+    return {"hidden_activation": _ACTIVATIONS[value]}
+
+
+def _no_gqa(value: int | None) -> dict[str, Any]:
+    # Config validation already ties num_kv_heads to num_heads for encoders.
+    return {}
+
+
 _EXPORT_OPTIONS: dict[str, Callable[[Any], dict[str, Any]]] = {
+    "preset": lambda v: {},  # a name for the sizes below, which are exported themselves
+    "objective": _only("objective", "mlm", "ModernBERT is an encoder"),
     "hidden_size": lambda v: {"hidden_size": v},
     "num_layers": _layers,
     "num_heads": lambda v: {"num_attention_heads": v},
+    "num_kv_heads": _no_gqa,
     "intermediate_size": lambda v: {"intermediate_size": v},
+    "norm": _only("norm", "layernorm", "ModernBERT uses LayerNorm"),
+    "norm_position": _only("norm_position", "pre", "ModernBERT is a pre-norm model"),
+    "bias": _bias,
+    "ffn": _ffn,
+    "positions": _only("positions", "rotary", "ModernBERT uses rotary positions"),
+    "max_positions": lambda v: {},  # only used by learned/sinusoidal positions
+    "tie_embeddings": _only("tie_embeddings", True, "ModernBERT ties its decoder"),
+    "embedding_norm": _only("embedding_norm", True, "ModernBERT always normalizes embeddings"),
+    "sparse_prediction": lambda v: {},  # which positions training scores, not the function
     "norm_eps": lambda v: {"norm_eps": v},
     "rope_theta": _rope,
     # Same scheme in ModernBERT's init (±3σ cut-off, out-projections scaled by 1/sqrt(2·layers));
@@ -150,12 +208,6 @@ _EXPORT_OPTIONS: dict[str, Callable[[Any], dict[str, Any]]] = {
 # What our architecture fixes, as ModernBertConfig fields: every value differs from or is
 # not guaranteed by ModernBERT's defaults, so all are written out explicitly.
 _FIXED: dict[str, Any] = {
-    "norm_bias": False,
-    "attention_bias": False,
-    "mlp_bias": False,
-    "classifier_bias": False,
-    "decoder_bias": False,
-    "hidden_activation": "gelu",  # transformers' "gelu" is exact erf F.gelu, as ours
     "classifier_activation": "gelu",
     "tie_word_embeddings": True,
     "attention_dropout": 0.0,
@@ -250,13 +302,9 @@ def export_encoder(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool 
 # --- import ------------------------------------------------------------------------------
 # (ModernBertConfig field, its default in transformers, the value we need, why). A config that
 # leaves a field out gets transformers' default, so the default is what we check then.
+_BIAS_FIELDS = {"attention_bias": False, "mlp_bias": False, "norm_bias": False,
+                "classifier_bias": False, "decoder_bias": True}  # with transformers' defaults
 _REQUIRED: list[tuple[str, Any, Any, str]] = [
-    ("attention_bias", False, False, "shoestring layers have no biases"),
-    ("mlp_bias", False, False, "shoestring layers have no biases"),
-    ("norm_bias", False, False, "shoestring LayerNorms have no bias"),
-    ("classifier_bias", False, False, "the shoestring MLM head has no bias"),
-    ("decoder_bias", True, False, "the shoestring decoder has no bias"),
-    ("hidden_activation", "gelu", "gelu", "shoestring uses exact (erf) GELU in the GeGLU"),
     ("classifier_activation", "gelu", "gelu", "shoestring uses exact (erf) GELU in the head"),
     ("tie_word_embeddings", True, True, "the shoestring decoder is tied to the embeddings"),
     ("attention_dropout", 0.0, 0.0, "shoestring models have no dropout"),
@@ -304,6 +352,15 @@ def _check_config(cfg: dict, where: Path) -> None:
         value = cfg.get(field, default)
         if value != needed:
             raise _refuse(where, field, value, why)
+    biases = {field: bool(cfg.get(field, default)) for field, default in _BIAS_FIELDS.items()}
+    if len(set(biases.values())) > 1:
+        field = next(f for f, v in biases.items() if v != biases["attention_bias"])
+        raise _refuse(where, field, biases[field],
+                      "shoestring's model.bias switches every bias together; here they differ")
+    activation = cfg.get("hidden_activation", "gelu")
+    if activation not in _ACTIVATIONS.values():
+        raise _refuse(where, "hidden_activation", activation,
+                      "shoestring's gated feed-forward uses exact GELU (geglu) or SiLU (swiglu)")
     for i, kind in enumerate(_layer_types(cfg)):
         if kind != "full_attention":
             given = cfg.get("layer_types") is not None
@@ -330,6 +387,8 @@ def _model_config(cfg: dict, where: Path) -> ModelConfig:
             norm_eps=cfg.get("norm_eps", 1e-5),
             rope_theta=_rope_theta(cfg, where),
             init_std=cfg.get("initializer_range", 0.02),
+            bias=bool(cfg.get("attention_bias", False)),
+            ffn={v: k for k, v in _ACTIVATIONS.items()}[cfg.get("hidden_activation", "gelu")],
         )
     except ShoestringError:
         raise

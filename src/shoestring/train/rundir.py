@@ -18,9 +18,10 @@ from safetensors.torch import load_file, save_file
 from shoestring.config import Config, ModelConfig
 from shoestring.errors import ShoestringError
 from shoestring.fsutil import building_dir, check_output_dir, write_json_atomic, write_text_atomic
-from shoestring.model.encoder import MaskedLM
+from shoestring.model import build_model
 
-ARCHITECTURE = "shoestring-mlm"
+ARCHITECTURE = "shoestring-mlm"  # the encoder's; the decoder's is "shoestring-clm"
+ARCHITECTURES = {"mlm": ARCHITECTURE, "clm": "shoestring-clm"}
 MARKER = ".shoestring-run"
 
 __all__ = ["load_final", "model_meta", "prepare_run_dir", "save_final",
@@ -40,7 +41,7 @@ def prepare_run_dir(path: Path, overwrite: bool) -> None:
     (path / MARKER).write_text("shoestring run dir\n", encoding="utf-8")
 
 
-def save_final(run_dir: Path, model: MaskedLM, meta: dict[str, Any], tokenizer_path: Path) -> Path:
+def save_final(run_dir: Path, model: torch.nn.Module, meta: dict[str, Any], tokenizer_path: Path) -> Path:
     """Write ``final/`` atomically: weights (safetensors), model config, tokenizer."""
     final = run_dir / "final"
     state = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in model.state_dict().items()}
@@ -53,7 +54,7 @@ def save_final(run_dir: Path, model: MaskedLM, meta: dict[str, Any], tokenizer_p
 
 def model_meta(cfg: Config, vocab_size: int, seq_len: int, special_ids: dict[str, int]) -> dict:
     return {
-        "architecture": ARCHITECTURE,
+        "architecture": ARCHITECTURES[cfg.model.objective],
         "model": cfg.model.model_dump(mode="json"),
         "vocab_size": vocab_size,
         "seq_len": seq_len,
@@ -61,8 +62,11 @@ def model_meta(cfg: Config, vocab_size: int, seq_len: int, special_ids: dict[str
     }
 
 
-def load_final(run_dir: str | Path) -> tuple[MaskedLM, dict]:
-    """The trained model of a run dir (on CPU, fp32, eval mode) and its metadata."""
+def load_final(run_dir: str | Path) -> tuple[torch.nn.Module, dict]:
+    """The trained model of a run dir (on CPU, fp32, eval mode) and its metadata.
+
+    A ``MaskedLM`` for architecture "shoestring-mlm", a ``CausalLM`` for "shoestring-clm".
+    """
     final = Path(run_dir) / "final"
     if not (final / "model.safetensors").is_file() or not (final / "config.json").is_file():
         raise ShoestringError(
@@ -72,9 +76,9 @@ def load_final(run_dir: str | Path) -> tuple[MaskedLM, dict]:
         )
     try:
         meta = json.loads((final / "config.json").read_text(encoding="utf-8"))
-        if meta.get("architecture") != ARCHITECTURE:
+        if meta.get("architecture") not in ARCHITECTURES.values():
             raise ValueError(f"unknown architecture {meta.get('architecture')!r}")
-        model = MaskedLM(ModelConfig.model_validate(meta["model"]), meta["vocab_size"])
+        model = build_model(ModelConfig.model_validate(meta["model"]), meta["vocab_size"])
         model.load_state_dict(load_file(str(final / "model.safetensors")))
     except ShoestringError:
         raise
