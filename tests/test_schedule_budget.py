@@ -52,3 +52,89 @@ def test_time_budget_progress_uses_wall_clock() -> None:
 def test_budget_required() -> None:
     with pytest.raises(ShoestringError):
         Budget()
+
+
+def _tc(**kw):
+    from shoestring.config import TrainConfig
+
+    return TrainConfig(steps=10, **kw)
+
+
+def test_wsd_is_flat_then_cools_down_with_one_minus_sqrt() -> None:
+    from shoestring.train.schedule import wsd
+
+    assert wsd(0.05, 0.1, 0.2) == pytest.approx(0.5)  # warmup
+    assert wsd(0.1, 0.1, 0.2) == wsd(0.5, 0.1, 0.2) == wsd(0.8, 0.1, 0.2) == 1.0
+    assert wsd(0.85, 0.1, 0.2) == pytest.approx(1 - 0.25 ** 0.5)
+    assert wsd(1.0, 0.1, 0.2) == pytest.approx(0.0)
+    assert wsd(1.0, 0.1, 0.2, floor=0.1) == pytest.approx(0.1)
+
+
+def test_cosine_linear_constant_shapes() -> None:
+    from shoestring.train.schedule import constant, cosine, linear
+
+    assert cosine(0.0, 0.0) == 1.0 and cosine(0.5, 0.0) == pytest.approx(0.5)
+    assert cosine(1.0, 0.0, floor=0.2) == pytest.approx(0.2)
+    assert linear(0.55, 0.1) == pytest.approx(0.5) and linear(1.0, 0.1) == pytest.approx(0.0)
+    assert constant(0.02, 0.04) == pytest.approx(0.5) and constant(0.9, 0.04) == 1.0
+    for f in (lambda p: cosine(p, 0.1), lambda p: linear(p, 0.1)):
+        after = [f(i / 100) for i in range(10, 101)]
+        assert all(a >= b for a, b in zip(after, after[1:]))  # monotone after warmup
+
+
+@pytest.mark.parametrize("name", ["one-cycle", "wsd", "cosine", "linear", "constant"])
+def test_lr_factor_dispatches_each_schedule(name: str) -> None:
+    from shoestring.train.schedule import lr_factor
+
+    tc = _tc(schedule=name, warmup=0.1)
+    values = [lr_factor(tc, i / 20) for i in range(21)]
+    assert max(values) == pytest.approx(1.0) and min(values) >= 0.0
+    assert values[0] == 0.0  # every schedule starts from zero (warmup)
+
+
+def test_batch_ramp_grows_in_micro_batches_to_the_target() -> None:
+    from shoestring.train.schedule import batch_at
+
+    tc = _tc(batch_size=32, micro_batch_size=4, batch_ramp=0.6)
+    sizes = [batch_at(tc, i / 100) for i in range(101)]
+    assert sizes[0] == 4 and sizes[30] == 16 and sizes[60] == 32 and sizes[-1] == 32
+    assert all(s % 4 == 0 for s in sizes) and sizes == sorted(sizes)
+    assert batch_at(_tc(batch_size=32), 0.0) == 32  # no ramp
+
+
+@pytest.mark.parametrize(("text", "kind", "amount"), [
+    ("90s", "seconds", 90), ("10m", "seconds", 600), ("3e15", "flops", 3e15),
+    ("3e15flops", "flops", 3e15), ("30 Tflops", "flops", 3e13), ("20Mtok", "tokens", 2e7),
+    ("2e7 tokens", "tokens", 2e7), ("500steps", "steps", 500), ("1k steps", "steps", 1000),
+])
+def test_parse_budget_kinds(text: str, kind: str, amount: float) -> None:
+    from shoestring.train.budget import parse_budget
+
+    spec = parse_budget(text)
+    assert (spec.kind, spec.amount) == (kind, pytest.approx(amount))
+
+
+@pytest.mark.parametrize("text", ["100", "5x", "", "-3m", "0tok", "1e3 parsecs"])
+def test_parse_budget_rejects(text: str) -> None:
+    from shoestring.train.budget import parse_budget
+
+    with pytest.raises(ShoestringError, match="not a duration, FLOP, token or step count"):
+        parse_budget(text)
+
+
+def test_token_and_flop_budgets_progress() -> None:
+    b = Budget(tokens=1000.0)
+    assert b.progress(3, 250) == 0.25 and b.exhausted(9, 1000)
+    f = Budget(flops=1e6, flops_per_token=100.0)
+    assert f.progress(1, 5000) == 0.5 and f.exhausted(1, 10_000)
+
+
+def test_paused_time_is_not_charged() -> None:
+    import time
+
+    b = Budget(seconds=100.0)
+    with b.pause():
+        time.sleep(0.2)
+    assert b.elapsed < 0.1
+    b.restart(elapsed_before=50.0)
+    assert b.progress(0) == pytest.approx(0.5, abs=0.01)

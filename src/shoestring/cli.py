@@ -63,10 +63,11 @@ def _root(
     """shoestring: plan → prep → train → eval on any budget, from a laptop CPU up."""
 
 
-def _config(config: Path | None, sets: list[str] | None, extra: list[str] | None = None):
+def _config(config: Path | None, sets: list[str] | None, extra: list[str] | None = None,
+            plan: Path | None = None):
     from shoestring.config import load_config
 
-    return load_config(config, [*(extra or []), *(sets or [])])
+    return load_config(config, [*(extra or []), *(sets or [])], plan=plan)
 
 
 def _budget_overrides(budget: str | None, steps: int | None) -> list[str]:
@@ -89,7 +90,8 @@ def prep(
     sources: Annotated[
         list[str],
         typer.Argument(
-            help="Files (.txt, .jsonl), folders, globs, or builtin:pydocs.",
+            help="Files (.txt .jsonl .json .parquet .csv .tsv, optionally .gz/.zst/.bz2), "
+            "folders, globs, hf:NAME[:CONFIG][:SPLIT], or builtin:pydocs.",
             show_default=False,
             metavar="SOURCES",
         ),
@@ -97,27 +99,81 @@ def prep(
     output: Annotated[Path, typer.Option("--output", "-o", help="Data dir to write.")],
     config: ConfigOpt = None,
     sets: SetOpt = None,
+    objective: Annotated[
+        Optional[str], typer.Option("--objective", help="mlm (encoder) or clm (decoder) packing.")
+    ] = None,
+    tokenizer: Annotated[
+        Optional[str],
+        typer.Option("--tokenizer", help="auto, wordpiece, bpe, unigram, or a tokenizer.json path."),
+    ] = None,
+    text_field: Annotated[
+        Optional[str], typer.Option("--text-field", help="JSON field / column with the text.")
+    ] = None,
+    split_on: Annotated[
+        Optional[str], typer.Option("--split-on", help=".txt: 'file' (default) or 'blank-lines'.")
+    ] = None,
+    on_error: Annotated[
+        Optional[str], typer.Option("--on-error", help="Bad records: 'raise' (default) or 'skip'.")
+    ] = None,
+    workers: Annotated[
+        Optional[int], typer.Option("--workers", "-j", min=1, help="Processes for cleaning/tokenizing.")
+    ] = None,
+    filters: Annotated[
+        Optional[str], typer.Option("--filters", help="Quality filters: 'gopher' or 'none' (default).")
+    ] = None,
+    dedup: Annotated[
+        Optional[str],
+        typer.Option("--dedup", help="'none', 'exact' (default) or 'fuzzy' (exact + MinHash LSH)."),
+    ] = None,
+    decontam: Annotated[
+        Optional[list[str]],
+        typer.Option("--decontam", help="Evaluation file/folder whose 13-grams are removed (repeatable).",
+                     metavar="PATH"),
+    ] = None,
+    explain: Annotated[
+        Optional[int], typer.Option("--explain", min=0, help="Print N dropped documents per reason.")
+    ] = None,
 ) -> None:
-    """Clean, split, train a tokenizer, tokenize and pack SOURCES into a data dir."""
+    """Clean, split, train a tokenizer, tokenize and pack SOURCES into a data dir.
+
+    An interrupted prep resumes when re-run with the same inputs and settings.
+    """
     from shoestring.data.prep import prep as run_prep
 
-    cfg = _config(config, sets)
-    manifest = run_prep(sources, output, cfg.data, console=err)
+    flags = {"objective": objective, "tokenizer": tokenizer, "text_field": text_field,
+             "split_on": split_on, "on_error": on_error, "workers": workers}
+    extra = [f"data.{k}={v}" for k, v in flags.items() if v is not None]
+    curate = {"filters": filters, "dedup": dedup, "explain": explain}
+    extra += [f"curate.{k}={v}" for k, v in curate.items() if v is not None]
+    cfg = _config(config, sets, extra)
+    if decontam:
+        cfg.curate.decontam = [*cfg.curate.decontam, *decontam]
+    manifest = run_prep(sources, output, cfg.data, console=err, curate=cfg.curate)
     _print_prep(manifest, output)
 
 
 def _print_prep(manifest: dict, output: Path) -> None:
     docs, splits = manifest["documents"], manifest["splits"]
     t = Table(title=f"prepared {output}", show_header=False)
-    t.add_row("documents read", f"{docs['read']:,}")
-    if docs["skipped_bad_input"]:
-        t.add_row("skipped (bad input)", f"{docs['skipped_bad_input']:,}")
-    t.add_row("dropped (too short)", f"{docs['dropped_too_short']:,}")
+    for block in manifest.get("blocks", []):
+        if "documents_out" not in block:
+            continue
+        shown = f"{block['documents_in']:,} → " if "documents_in" in block else ""
+        dropped = ", ".join(f"{n:,} {why.replace('_', ' ')}"
+                            for why, n in block.get("dropped", {}).items() if n)
+        t.add_row(f"{block['block']} (documents)",
+                  f"{shown}{block['documents_out']:,}" + (f" (dropped {dropped})" if dropped else ""))
     t.add_row("kept (train / val)", f"{docs['kept']:,} ({docs['train']:,} / {docs['val']:,})")
-    t.add_row("vocabulary", f"{manifest['tokenizer']['vocab_size']:,} WordPiece")
+    tok = manifest["tokenizer"]
+    t.add_row("vocabulary", f"{tok['vocab_size']:,} {tok.get('kind', 'wordpiece')} "
+              f"({manifest.get('objective', 'mlm')})")
     for name in ("train", "val"):
         s = splits[name]
         t.add_row(f"{name} sequences × {manifest['seq_len']}", f"{s['sequences']:,} ({s['tokens']:,} tokens)")
+    resumed = manifest.get("resumed") or {}
+    if resumed.get("stages") or resumed.get("kept_shards"):
+        t.add_row("resumed", f"stages {', '.join(resumed['stages']) or '-'}; "
+                  f"{resumed['kept_shards']} shards kept (checksums verified)")
     t.add_row("time", f"{manifest['seconds']:.1f}s")
     out.print(t)
 
@@ -131,12 +187,33 @@ def train(
     config: ConfigOpt = None,
     sets: SetOpt = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing run dir.")] = False,
+    plan: Annotated[
+        Optional[Path], typer.Option("--plan", help="Plan file from `shoestring plan` (base config).")
+    ] = None,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue the run dir's newest checkpoint (its config.yaml + --set).")
+    ] = False,
+    init_from: Annotated[
+        Optional[Path], typer.Option("--init-from", help="Start from these weights: a Hugging Face folder or run dir.")
+    ] = None,
 ) -> None:
-    """Pretrain a BERT-style encoder (masked LM) on a data dir within a budget."""
+    """Pretrain an encoder (masked LM) or decoder (causal LM) on a data dir within a budget."""
     from shoestring.train.loop import train as run_train
 
-    cfg = _config(config, sets, _budget_overrides(budget, steps))
-    summary = run_train(cfg, data, output, overwrite=overwrite, console=err)
+    extra = _budget_overrides(budget, steps)
+    if init_from is not None:
+        extra.append(f"train.init_from={init_from}")
+    if resume:
+        if config is not None or plan is not None:
+            raise ShoestringError("--resume uses the run's own config.yaml", where="--config/--plan",
+                                  fix="drop --config/--plan; change settings with --set")
+        saved = output / "config.yaml"
+        if not saved.is_file():
+            raise ShoestringError("nothing to resume: no config.yaml", where=str(output),
+                                  fix="train without --resume to start a run here")
+        config = saved
+    cfg = _config(config, sets, extra, plan=plan)
+    summary = run_train(cfg, data, output, overwrite=overwrite, console=err, resume=resume)
     _print_train(summary, output)
 
 
@@ -147,6 +224,10 @@ def _print_train(summary: dict, output: Path) -> None:
     t.add_row("tokens/s", f"{summary['tokens_per_s']:,.0f}")
     t.add_row("MFU", f"{summary['mfu']:.1%} of {summary['peak_flops'] / 1e9:,.0f} GFLOP/s measured ({summary['dtype']})")
     t.add_row("train loss", f"{summary['first_loss']:.3f} → {summary['final_train_loss']:.3f}")
+    if summary.get("val_loss_subset") is not None:
+        t.add_row("validation loss (subset)", f"{summary['val_loss_subset']:.3f}")
+    if summary.get("skipped_steps"):
+        t.add_row("skipped (non-finite)", f"{summary['skipped_steps']:,} steps")
     out.print(t)
 
 
@@ -317,6 +398,57 @@ def models(
               "MLM FLOPs assume the sparse head at 25% of positions")
 
 
+@app.command()
+def plan(
+    hardware: Annotated[str, typer.Option("--hardware", help="auto (measure this machine) or a "
+                                          "name: h100, a100, rtx4090, mi300x, ... (see docs/planning.md)")] = "auto",
+    devices: Annotated[int, typer.Option("--devices", help="Number of accelerators.")] = 1,
+    budget: Annotated[str, typer.Option("--budget", "-b", help="Wall clock (24h, 90m) or FLOPs (3e18flops).")] = "1h",
+    mfu: Annotated[Optional[float], typer.Option("--mfu", help="Fraction of peak a run reaches (default 0.4).")] = None,
+    measure: Annotated[bool, typer.Option("--measure", help="Measure MFU with a short training burst here.")] = False,
+    objective: Annotated[Optional[str], typer.Option("--objective", help="mlm (encoder) or clm (decoder).")] = None,
+    law: Annotated[str, typer.Option("--law", help="epoch, chinchilla, or a law file from --fit.")] = "epoch",
+    data: Annotated[Optional[Path], typer.Option("--data", "-d", help="Prepared data dir: epochs, seq len, vocab.")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the plan (YAML) here.")] = None,
+    fit: Annotated[Optional[Path], typer.Option("--fit", help="Fit a law to this sweep dir instead.", metavar="SWEEP_DIR")] = None,
+) -> None:
+    """How big a model, on how many tokens, for a compute budget (or --fit a law to a sweep)."""
+    if fit is not None:
+        from shoestring.plan.sweep import fit_sweep, fit_table
+
+        out.print(fit_table(fit_sweep(fit, output)))
+        return
+    from shoestring.plan.planner import PlanRequest, make_plan, plan_table, write_plan
+
+    req = PlanRequest(hardware=hardware, devices=devices, budget=budget, mfu=mfu, measure=measure,
+                      objective=objective, law=law, data=str(data) if data else None)
+    tree = make_plan(req, console=err)
+    out.print(plan_table(tree))
+    if output is not None:
+        out.print(f"wrote {write_plan(tree, output)}; train it with: shoestring train "
+                  f"--data DATA_DIR --plan {output} -o RUN_DIR")
+
+
+@app.command()
+def sweep(
+    data: Annotated[Path, typer.Option("--data", "-d", help="Data dir written by `shoestring prep`.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Sweep dir (resumable).")],
+    budgets: Annotated[str, typer.Option("--budgets", help="FLOP budgets, comma-separated: 1e13,4e13.")],
+    sizes: Annotated[str, typer.Option("--sizes", help="Sizes as factors of the law's pick.")] = "0.25,0.5,1,2,4",
+    law: Annotated[str, typer.Option("--law", help="Law that centres the sizes.")] = "epoch",
+    eval_sequences: Annotated[int, typer.Option("--eval-sequences", min=1, help="Validation sequences per point.")] = 4096,
+    config: ConfigOpt = None,
+    sets: SetOpt = None,
+) -> None:
+    """IsoFLOP sweep: train several sizes to each FLOP budget; `plan --fit` fits the law."""
+    from shoestring.plan.sweep import parse_floats, points_table, run_sweep
+
+    points = run_sweep(data, output, parse_floats(budgets, "--budgets"),
+                       parse_floats(sizes, "--sizes"), law, config, sets, eval_sequences, console=err)
+    out.print(points_table(points))
+    out.print(f"fit a law to it: shoestring plan --fit {output}")
+
+
 @config_app.command("show")
 def config_show(config: ConfigOpt = None, sets: SetOpt = None) -> None:
     """Print the fully resolved configuration as YAML."""
@@ -325,9 +457,15 @@ def config_show(config: ConfigOpt = None, sets: SetOpt = None) -> None:
 
 def main() -> None:
     """Console entry point: bad input → message on stderr, exit code 2, no traceback."""
+    from shoestring.train.loop import TrainingInterrupted
+
     try:
         app()
     except ShoestringError as e:
         err.print("[bold red]error:[/] ", end="")
         err.print(e.message, markup=False, highlight=False, soft_wrap=True)
         sys.exit(2)
+    except TrainingInterrupted as e:
+        err.print(f"{e}: checkpoint saved to {e.checkpoint}; continue with --resume",
+                  markup=False, highlight=False)
+        sys.exit(128 + e.signum)

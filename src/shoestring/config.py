@@ -13,7 +13,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from shoestring.errors import ShoestringError
 
@@ -161,45 +169,110 @@ MODEL_RECIPES: dict[str, dict[str, Any]] = {
 
 
 class TrainConfig(_Section):
-    """The pretraining loop: budget, optimizer, schedule, masking, precision."""
+    """The pretraining loop: budget, batch, optimizer, schedule, masking, precision, checkpoints."""
 
-    budget: str | None = Field("3m", description="wall-clock budget: 90s, 5m, 2h (or null)")
-    steps: int | None = Field(None, ge=1, description="step budget (deterministic; wins if set)")
-    batch_size: int = Field(32, ge=1, description="sequences per optimizer step")
-    lr: float = Field(2e-3, gt=0.0, description="peak learning rate")
-    lr_peak_at: float = Field(
-        0.75, ge=0.0, le=1.0, description="fraction of the budget where the one-cycle LR peaks"
+    budget: str | None = Field(
+        "3m", description="90s / 10m / 24h wall clock, 3e15flops, 20Mtok tokens or 500steps"
     )
+    steps: int | None = Field(None, ge=1, description="step budget (deterministic; with budget, first wins)")
+    batch_size: int = Field(32, ge=1, description="sequences per optimizer step (the recipe's batch)")
+    micro_batch_size: int | None = Field(
+        None, ge=1, description="sequences per forward/backward (what fits in memory; "
+        "gradients accumulate up to batch_size); null = batch_size"
+    )
+    batch_ramp: float = Field(
+        0.0, ge=0.0, le=1.0, description="grow the batch linearly from one micro-batch to "
+        "batch_size over this fraction of the budget (Cramming: 0.6); 0 = off"
+    )
+    optimizer: Literal["adamw"] = Field("adamw", description="optimizer (see docs/training.md)")
+    lr: float = Field(2e-3, gt=0.0, description="peak learning rate")
+    schedule: Literal["one-cycle", "wsd", "cosine", "linear", "constant"] = Field(
+        "one-cycle", description="LR shape over budget progress (docs/training.md)"
+    )
+    lr_peak_at: float = Field(
+        0.75, ge=0.0, le=1.0, description="one-cycle: fraction of the budget where the LR peaks"
+    )
+    warmup: float = Field(
+        0.05, ge=0.0, lt=1.0, description="wsd/cosine/linear/constant: warmup fraction of the budget"
+    )
+    decay: float = Field(0.2, gt=0.0, le=1.0, description="wsd: final fraction spent cooling down (1-sqrt)")
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="cosine/wsd/linear: final LR / peak")
     weight_decay: float = Field(0.01, ge=0.0)
     beta1: float = Field(0.9, ge=0.0, lt=1.0)
     beta2: float = Field(0.98, ge=0.0, lt=1.0)
     eps: float = Field(1e-12, gt=0.0)
     grad_clip: float = Field(0.5, ge=0.0, description="max global grad norm (0 = off)")
-    mask_rate: float = Field(0.25, gt=0.0, lt=1.0, description="fraction of tokens masked")
-    precision: Literal["auto", "bf16", "fp32"] = Field(
-        "auto", description="auto = bf16 autocast where the device runs it fast, else fp32"
+    mask_rate: float = Field(0.25, gt=0.0, lt=1.0, description="fraction of tokens masked (mlm)")
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = Field(
+        "auto", description="auto = bf16 autocast where the device runs it fast, else fp32; "
+        "fp16 = autocast with loss scaling (CUDA without bf16)"
     )
+    compile: bool = Field(False, description="torch.compile the model (~40 s to start on CPU)")
     seed: int = Field(0, ge=0)
     log_every: int = Field(10, ge=1, description="steps between metrics.jsonl records")
+    val_every: float = Field(
+        0.1, ge=0.0, le=1.0, description="validate on a fixed subset every this fraction of the "
+        "budget (0 = only at the end)"
+    )
+    val_sequences: int = Field(128, ge=1, description="size of the periodic validation subset")
+    checkpoint_every: str | None = Field(
+        "30m", description="interval between checkpoints: wall clock (30m) or steps (500steps); "
+        "null = only at the end"
+    )
+    keep_checkpoints: int = Field(2, ge=1, description="checkpoints kept (oldest deleted)")
+    max_nonfinite: int = Field(
+        5, ge=1, description="stop after this many non-finite losses in a row (each is skipped)"
+    )
+    tensorboard: bool = Field(True, description="write TensorBoard events to RUN_DIR/tb")
+    init_from: str | None = Field(
+        None, description="start from these weights: a Hugging Face folder or a run dir"
+    )
     threads: int | None = Field(None, ge=1, description="CPU threads (default: torch's choice)")
 
     @field_validator("budget")
     @classmethod
-    def _is_duration(cls, value: str | None) -> str | None:
+    def _is_budget(cls, value: str | None) -> str | None:
         if value is not None:
-            from shoestring.train.budget import parse_duration
+            from shoestring.train.budget import parse_budget
 
             try:
-                parse_duration(value)
+                parse_budget(value)
             except ShoestringError as e:
                 raise ValueError(f"{e.what}; {e.fix}") from None
         return value
 
+    @field_validator("checkpoint_every")
+    @classmethod
+    def _is_interval(cls, value: str | None) -> str | None:
+        if value is not None:
+            from shoestring.train.budget import parse_budget
+
+            try:
+                kind = parse_budget(value).kind
+            except ShoestringError:
+                kind = ""
+            if kind not in ("seconds", "steps"):
+                raise ValueError(f"'{value}' is not an interval; use 30m, 2h or 500steps")
+        return value
+
     @model_validator(mode="after")
-    def _has_budget(self) -> TrainConfig:
+    def _consistent(self) -> TrainConfig:
         if self.budget is None and self.steps is None:
             raise ValueError("set a budget (train.budget, e.g. 5m) or a step count (train.steps)")
+        micro = self.micro_batch_size or self.batch_size
+        if micro > self.batch_size:
+            raise ValueError(
+                f"micro_batch_size ({micro}) cannot exceed batch_size ({self.batch_size})"
+            )
+        if self.batch_size % micro:
+            raise ValueError(
+                f"batch_size ({self.batch_size}) must be a multiple of micro_batch_size ({micro})"
+            )
         return self
+
+    @property
+    def micro_batch(self) -> int:
+        return self.micro_batch_size or self.batch_size
 
 
 class EvalConfig(_Section):
@@ -213,10 +286,120 @@ class EvalConfig(_Section):
     )
 
 
+class CurateConfig(_Section):
+    """Curation blocks `prep` runs between reading and tokenizing (see docs/data.md).
+
+    Order (after prep's cleaning and data.min_chars): length → Gopher quality → Gopher
+    repetition → exact dedup → fuzzy dedup → decontamination; the compressibility filter
+    runs while tokenizing. Thresholds are the published defaults (Gopher, Cramming,
+    MT-NLG); ``null`` turns a rule off.
+    """
+
+    max_chars: int | None = Field(None, ge=1, description="drop documents longer than this")
+    filters: Literal["gopher", "none"] = Field(
+        "none", description="gopher = Gopher quality + repetition rules and the compressibility filter"
+    )
+    dedup: Literal["none", "exact", "fuzzy"] = Field(
+        "exact", description="exact = same normalized text; fuzzy = exact + MinHash LSH near-duplicates"
+    )
+    decontam: list[str] = Field(
+        default_factory=list, description="evaluation files/folders whose n-grams are removed"
+    )
+    explain: int = Field(0, ge=0, description="dropped documents kept per reason for --explain")
+
+    gopher_min_words: int | None = Field(50, ge=0, description="fewer words: drop")
+    gopher_max_words: int | None = Field(
+        100_000, ge=1, validate_default=True, description="more words: drop"
+    )
+    gopher_min_mean_word_len: float | None = Field(3.0, ge=0.0, description="shorter mean word: drop")
+    gopher_max_mean_word_len: float | None = Field(
+        10.0, ge=0.0, validate_default=True, description="longer mean word: drop"
+    )
+    gopher_max_symbol_word_ratio: float | None = Field(
+        0.1, ge=0.0, description="'#' or ellipses per word above this: drop"
+    )
+    gopher_max_bullet_lines: float | None = Field(
+        0.9, ge=0.0, le=1.0, description="fraction of lines starting with a bullet above this: drop"
+    )
+    gopher_max_ellipsis_lines: float | None = Field(
+        0.3, ge=0.0, le=1.0, description="fraction of lines ending with an ellipsis above this: drop"
+    )
+    gopher_min_alpha_words: float | None = Field(
+        0.8, ge=0.0, le=1.0, description="fraction of words with a letter below this: drop"
+    )
+    gopher_min_stop_words: int | None = Field(2, ge=0, description="fewer stop-word occurrences: drop")
+    gopher_stop_words: list[str] = Field(
+        default_factory=lambda: ["the", "be", "to", "of", "and", "that", "have", "with"],
+        description="the stop words counted by gopher_min_stop_words",
+    )
+    rep_max_dup_line_frac: float | None = Field(0.30, ge=0.0, le=1.0, description="repeated lines")
+    rep_max_dup_para_frac: float | None = Field(0.30, ge=0.0, le=1.0, description="repeated paragraphs")
+    rep_max_dup_line_char_frac: float | None = Field(
+        0.20, ge=0.0, le=1.0, description="characters in repeated lines"
+    )
+    rep_max_dup_para_char_frac: float | None = Field(
+        0.20, ge=0.0, le=1.0, description="characters in repeated paragraphs"
+    )
+    rep_max_top_ngram_frac: dict[int, float] = Field(
+        default_factory=lambda: {2: 0.20, 3: 0.18, 4: 0.16},
+        description="n → max fraction of characters in the most frequent word n-gram",
+    )
+    rep_max_dup_ngram_frac: dict[int, float] = Field(
+        default_factory=lambda: {5: 0.15, 6: 0.14, 7: 0.13, 8: 0.12, 9: 0.11, 10: 0.10},
+        description="n → max fraction of characters in repeated word n-grams",
+    )
+    compress_max_ratio: float | None = Field(
+        0.3, gt=0.0, description="Cramming: tokens/characters above this: drop (with filters=gopher)"
+    )
+
+    minhash_ngram: int = Field(5, ge=1, le=64, description="fuzzy dedup shingles: word n-grams")
+    minhash_bands: int = Field(14, ge=1, le=512, description="LSH bands")
+    minhash_rows: int = Field(8, ge=1, le=64, description="MinHash values per band")
+    minhash_seed: int = Field(1, ge=0, description="seed of the MinHash permutations")
+
+    decontam_mode: Literal["cut", "drop"] = Field(
+        "cut", description="cut the overlapping span (MT-NLG) or drop the whole document"
+    )
+    decontam_ngram: int = Field(13, ge=1, le=64, description="word n-gram length matched")
+    decontam_min_words: int = Field(
+        8, ge=1, le=64, validate_default=True,
+        description="shorter evaluation segments (≥ this) are matched whole",
+    )
+    decontam_margin_chars: int = Field(200, ge=0, description="characters cut on each side of a match")
+    decontam_max_pieces: int = Field(10, ge=1, description="more pieces after cutting: drop")
+    decontam_min_piece_chars: int = Field(200, ge=1, description="shorter pieces after cutting: drop")
+
+    @field_validator("rep_max_top_ngram_frac", "rep_max_dup_ngram_frac")
+    @classmethod
+    def _ngram_fracs(cls, value: dict[int, float]) -> dict[int, float]:
+        for n, frac in value.items():
+            if not 1 <= n <= 64:
+                raise ValueError(f"n-gram length {n} must be between 1 and 64")
+            if not 0.0 <= frac <= 1.0:
+                raise ValueError(f"fraction {frac} for {n}-grams must be between 0 and 1")
+        return value
+
+    @field_validator("gopher_max_words", "gopher_max_mean_word_len", "decontam_min_words")
+    @classmethod
+    def _not_below(cls, value: Any, info: ValidationInfo) -> Any:
+        lower, upper = {
+            "gopher_max_words": ("gopher_min_words", None),
+            "gopher_max_mean_word_len": ("gopher_min_mean_word_len", None),
+            "decontam_min_words": (None, "decontam_ngram"),
+        }[info.field_name]
+        if lower is not None and value is not None and info.data.get(lower) is not None:
+            if value < info.data[lower]:
+                raise ValueError(f"must be at least {lower} ({info.data[lower]})")
+        if upper is not None and info.data.get(upper) is not None and value > info.data[upper]:
+            raise ValueError(f"must not exceed {upper} ({info.data[upper]})")
+        return value
+
+
 class Config(_Section):
     """Every stage's settings; `config.yaml` in a run dir is this, fully resolved."""
 
     data: DataConfig = Field(default_factory=DataConfig)
+    curate: CurateConfig = Field(default_factory=CurateConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
@@ -296,10 +479,22 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Defaults ← YAML file ← ``--set`` overrides, validated."""
+def load_config(
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    plan: str | Path | None = None,
+) -> Config:
+    """Defaults ← plan (``shoestring plan`` output) ← YAML file ← ``--set`` overrides, validated."""
     tree: dict[str, Any] = {}
     source = "config"
+    if plan is not None:  # a plan's model/train/data sections; its `plan:` metadata is dropped
+        from shoestring.plan.planner import read_plan_sections
+
+        for section, values in read_plan_sections(plan).items():
+            if not isinstance(values, dict):
+                raise ShoestringError(f"section '{section}' must be a mapping", where=str(plan))
+            tree.setdefault(section, {}).update(values)
+        source = str(plan)
     if path is not None:
         p = Path(path)
         source = str(p)

@@ -64,13 +64,21 @@ def _device_name(device: torch.device) -> str:
 
 
 def select_device(precision: str = "auto", measure_peak: bool = True) -> DeviceInfo:
-    """CUDA when present, else CPU; bf16 autocast per ``precision`` ("auto", "bf16", "fp32").
+    """CUDA when present, else CPU; autocast per ``precision`` ("auto", "bf16", "fp16", "fp32").
 
     ``measure_peak=False`` skips the peak measurement (``peak_flops`` is then 0) where only the
     dtype matters; "auto" on a CPU still measures both dtypes to choose.
     """
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if precision == "fp32":
+    if precision == "fp16":
+        if device.type != "cuda":
+            from shoestring.errors import ShoestringError
+
+            raise ShoestringError(
+                "fp16 autocast with loss scaling is for CUDA GPUs without bf16; this is a CPU",
+                where="train.precision", fix="use bf16 (fast on CPUs with bf16 units) or fp32")
+        dtype = torch.float16
+    elif precision == "fp32":
         dtype = torch.float32
     elif precision == "bf16":
         dtype = torch.bfloat16

@@ -1,0 +1,174 @@
+"""The trainer's promises: budgets stop it, checkpoints are atomic, resume is exact, SIGTERM
+saves and exits cleanly, non-finite losses are skipped then stop it, metrics are complete."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import run_cli, tiny_config
+from shoestring.errors import ShoestringError
+from shoestring.train.checkpoint import list_checkpoints, latest_checkpoint
+from shoestring.train.loop import train
+
+
+def _records(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def _losses(run: Path) -> list[float]:
+    return [r["loss"] for r in _records(run) if "loss" in r]
+
+
+def test_metrics_records_and_tensorboard(pydocs_dir: Path, tmp_path: Path) -> None:
+    cfg = tiny_config(steps=12, log_every=2, val_every=0.5, val_sequences=16)
+    summary = train(cfg, pydocs_dir, tmp_path / "run")
+    recs = _records(tmp_path / "run")
+    train_recs = [r for r in recs if "loss" in r]
+    val_recs = [r for r in recs if "val_loss" in r]
+    assert [r["step"] for r in train_recs] == [2, 4, 6, 8, 10, 12]
+    for key in ("lr", "batch_size", "tokens", "flops", "tokens_per_s", "mfu", "grad_norm",
+                "data_wait", "elapsed_s", "progress"):
+        assert all(key in r for r in train_recs), key
+    assert train_recs[-1]["tokens"] == 12 * 32 * 64 == summary["tokens"]
+    assert train_recs[-1]["flops"] == pytest.approx(summary["total_flops"])
+    assert 0.0 <= min(r["data_wait"] for r in train_recs) <= 1.0
+    assert len(val_recs) >= 2 and val_recs[-1]["step"] == 12  # periodic + the end
+    assert summary["val_loss_subset"] == val_recs[-1]["val_loss"]
+    assert list((tmp_path / "run" / "tb").glob("events.out.tfevents.*"))
+    assert list_checkpoints(tmp_path / "run")  # the end-of-training checkpoint
+
+
+def test_token_and_flop_budgets_stop_training(pydocs_dir: Path, tmp_path: Path) -> None:
+    s = train(tiny_config(budget="5000tok"), pydocs_dir, tmp_path / "tok")
+    assert s["tokens"] == 3 * 32 * 64  # the first step at or past 5,000 tokens
+    flops = 4.5 * 32 * 64 * s["flops_per_token"]
+    s = train(tiny_config(budget=f"{flops:.6e}flops"), pydocs_dir, tmp_path / "flops")
+    assert s["steps"] == 5 and s["total_flops"] >= flops
+
+
+def test_gradient_accumulation_equals_the_full_batch(pydocs_dir: Path, tmp_path: Path) -> None:
+    full = train(tiny_config(steps=3, precision="fp32", log_every=1), pydocs_dir, tmp_path / "a")
+    acc = train(tiny_config(steps=3, precision="fp32", log_every=1, micro_batch_size=8),
+                pydocs_dir, tmp_path / "b")
+    assert full["steps"] == acc["steps"] == 3
+    # same sequences in the same order, same masks: equal up to summation order
+    for a, b in zip(_losses(tmp_path / "a"), _losses(tmp_path / "b")):
+        assert a == pytest.approx(b, abs=2e-4)
+
+
+def test_batch_ramp_is_logged(pydocs_dir: Path, tmp_path: Path) -> None:
+    train(tiny_config(steps=10, log_every=1, micro_batch_size=8, batch_ramp=0.6),
+          pydocs_dir, tmp_path / "r")
+    sizes = [r["batch_size"] for r in _records(tmp_path / "r") if "loss" in r]
+    assert sizes[0] == 8 and sizes[-1] == 32 and sizes == sorted(sizes)
+
+
+def test_resume_reproduces_the_uninterrupted_losses(pydocs_dir: Path, tmp_path: Path) -> None:
+    kw = dict(steps=16, log_every=1, checkpoint_every="8steps", keep_checkpoints=5,
+              val_every=0.25, val_sequences=8)
+    train(tiny_config(**kw), pydocs_dir, tmp_path / "whole")
+    train(tiny_config(**kw), pydocs_dir, tmp_path / "cut")
+    # roll the second run back to its step-8 checkpoint, as if it had died right after it
+    cut = tmp_path / "cut"
+    for ckpt in list_checkpoints(cut):
+        if latest_checkpoint(cut).step > 8:
+            shutil.rmtree(list_checkpoints(cut)[-1])
+    assert latest_checkpoint(cut).step == 8
+    shutil.rmtree(cut / "final")
+    summary = train(tiny_config(**kw), pydocs_dir, cut, resume=True)
+    assert summary["resumed"] and summary["steps"] == 16
+    assert _records(cut)[-1]["step"] == 16
+    whole = [(r["step"], r.get("loss"), r.get("val_loss")) for r in _records(tmp_path / "whole")]
+    again = [(r["step"], r.get("loss"), r.get("val_loss")) for r in _records(cut)]
+    assert again == whole  # bit-for-bit, including the periodic validations
+    from shoestring.train.rundir import load_final
+
+    a, _ = load_final(tmp_path / "whole")
+    b, _ = load_final(cut)
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+def test_a_failed_checkpoint_write_leaves_the_previous_one(pydocs_dir: Path, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    run = tmp_path / "run"
+    train(tiny_config(steps=4, checkpoint_every="2steps"), pydocs_dir, run)
+    before = latest_checkpoint(run)
+    import shoestring.train.checkpoint as ck
+
+    def broken_save(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(ck, "save_file", broken_save)
+    with pytest.raises(OSError):
+        ck.save_checkpoint(run, torch.nn.Linear(2, 2), torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), 0.1),
+                           {"step": 99}, keep=2)
+    after = latest_checkpoint(run)
+    assert after.step == before.step == 4
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [p.name for p in list_checkpoints(run)]
+
+
+def test_nonfinite_losses_are_skipped_then_stop_with_a_clear_error(pydocs_dir: Path, tmp_path: Path) -> None:
+    # An absurd learning rate blows the weights up after the first update.
+    cfg = tiny_config(steps=50, lr=1e30, precision="fp32", max_nonfinite=3, grad_clip=0.0,
+                      schedule="constant", warmup=0.0)
+    with pytest.raises(ShoestringError, match="non-finite.*3 steps in a row") as e:
+        train(cfg, pydocs_dir, tmp_path / "nan")
+    assert "lower train.lr" in str(e.value)
+    assert not (tmp_path / "nan" / "final").exists()
+
+
+def test_sigterm_saves_a_checkpoint_and_resume_finishes(pydocs_dir: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    args = ["train", "--data", str(pydocs_dir), "-o", str(run), "--steps", "100000",
+            "--set", "model.hidden_size=64", "--set", "model.num_layers=2",
+            "--set", "model.num_heads=2", "--set", "model.intermediate_size=128",
+            "--set", "train.log_every=1", "--set", "train.tensorboard=false"]
+    proc = subprocess.Popen([sys.executable, "-m", "shoestring", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "200"})
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            metrics = run / "metrics.jsonl"
+            if metrics.is_file() and len(metrics.read_text().splitlines()) >= 3:
+                break
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    assert "Traceback" not in stderr and "--resume" in stderr
+    ckpt = latest_checkpoint(run)
+    assert ckpt is not None and ckpt.step >= 3
+    assert not (run / "final").exists()
+    r = run_cli("train", "--data", str(pydocs_dir), "-o", str(run), "--resume",
+                "--set", f"train.steps={ckpt.step + 2}", "--set", "train.budget=null")
+    assert r.returncode == 0, r.stderr
+    assert json.loads((run / "summary.json").read_text())["steps"] == ckpt.step + 2
+
+
+def test_init_from_a_run_starts_where_it_ended(pydocs_dir: Path, tmp_path: Path) -> None:
+    first = train(tiny_config(steps=30), pydocs_dir, tmp_path / "a")
+    second = train(tiny_config(steps=2, init_from=str(tmp_path / "a")), pydocs_dir, tmp_path / "b")
+    assert second["first_loss"] < first["first_loss"] - 0.5
+    bad = tiny_config(steps=2, init_from=str(tmp_path / "a"))
+    bad = bad.model_copy(update={"model": bad.model.model_copy(update={"hidden_size": 128})})
+    with pytest.raises(ShoestringError, match="model.hidden_size: ours 128, theirs 64"):
+        train(bad, pydocs_dir, tmp_path / "c")
+
+
+def test_objective_mismatch_is_refused(pydocs_dir: Path, tmp_path: Path) -> None:
+    cfg = tiny_config(steps=2)
+    cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"objective": "clm"})})
+    with pytest.raises(ShoestringError, match="prepared for objective 'mlm'"):
+        train(cfg, pydocs_dir, tmp_path / "x")
