@@ -1,4 +1,5 @@
-"""One masked-LM training step: shoestring's encoder vs Hugging Face ModernBERT, same dims.
+"""One training step: shoestring's encoder vs Hugging Face ModernBERT (masked LM), or with
+``--objective clm`` shoestring's decoder vs Hugging Face Llama (causal LM), same dims.
 
 Both models compute the same function family (ModernBERT layout: pre-LN without biases, GeGLU,
 rotary, tied embeddings); the difference under test is the implementation — chiefly our
@@ -8,6 +9,7 @@ length, bf16 autocast (where the CPU has bf16 units), AdamW, gradient clipping.
 
     python bench/model_step.py                 # CPU defaults: the `cram` model, batch 32 x 128
     python bench/model_step.py --hidden 512 --layers 8 --heads 8 --intermediate 1536
+    python bench/model_step.py --objective clm --intermediate 704   # decoder vs LlamaForCausalLM
 
 Prints tokens/s for each (median of --repeats timed blocks, interleaved) and the ratio.
 """
@@ -38,6 +40,16 @@ def hf_model(cfg: ModelConfig, vocab: int, seq_len: int):
     return ModernBertForMaskedLM(ModernBertConfig.from_dict(hf_config(cfg, vocab, seq_len, ids)))
 
 
+def hf_llama(cfg: ModelConfig, vocab: int, seq_len: int):
+    """Our decoder's architecture as transformers' Llama, configured by our exporter."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from shoestring.model.hf_llama import hf_config as llama_config
+
+    ids = {"<|endoftext|>": 0, "<|pad|>": 1}
+    return LlamaForCausalLM(LlamaConfig.from_dict(llama_config(cfg, vocab, seq_len, ids)))
+
+
 def time_steps(step, n: int) -> float:
     t = time.perf_counter()
     for _ in range(n):
@@ -56,14 +68,21 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--steps", type=int, default=8, help="steps per timed block")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--objective", choices=["mlm", "clm"], default="mlm")
     args = ap.parse_args()
 
-    cfg = ModelConfig(hidden_size=args.hidden, num_layers=args.layers, num_heads=args.heads,
-                      intermediate_size=args.intermediate)
+    cfg = ModelConfig(objective=args.objective, hidden_size=args.hidden, num_layers=args.layers,
+                      num_heads=args.heads, intermediate_size=args.intermediate)
     dev = select_device("auto", measure_peak=False)
     torch.manual_seed(0)
-    ours = MaskedLM(cfg, args.vocab)
-    theirs = hf_model(cfg, args.vocab, args.seq_len)
+    if args.objective == "clm":
+        from shoestring.model.decoder import CausalLM
+
+        ours, theirs = CausalLM(cfg, args.vocab), hf_llama(cfg, args.vocab, args.seq_len)
+        peer = "transformers Llama"
+    else:
+        ours, theirs = MaskedLM(cfg, args.vocab), hf_model(cfg, args.vocab, args.seq_len)
+        peer = "transformers ModernBERT"
     print(f"device: {dev.name}, autocast {dev.dtype}; params ours {ours.num_params() / 1e6:.2f}M, "
           f"HF {sum(p.numel() for p in theirs.parameters()) / 1e6:.2f}M; "
           f"HF attention: {theirs.config._attn_implementation}")
@@ -87,21 +106,26 @@ def main() -> None:
 
         return step
 
-    ours_step = make_step(ours, lambda m: F.cross_entropy(
-        m(batch.inputs, batch.positions).float().flatten(0, 1), batch.targets.flatten()))
-    hf_step = make_step(theirs, lambda m: m(input_ids=batch.inputs, labels=labels).loss)
+    if args.objective == "clm":
+        ours_step = make_step(ours, lambda m: F.cross_entropy(
+            m(ids)[:, :-1].float().flatten(0, 1), ids[:, 1:].flatten()))
+        hf_step = make_step(theirs, lambda m: m(input_ids=ids, labels=ids).loss)
+    else:
+        ours_step = make_step(ours, lambda m: F.cross_entropy(
+            m(batch.inputs, batch.positions).float().flatten(0, 1), batch.targets.flatten()))
+        hf_step = make_step(theirs, lambda m: m(input_ids=batch.inputs, labels=labels).loss)
 
     for step in (ours_step, hf_step):  # warm-up: allocator, autocast caches
         time_steps(step, 4)
     tokens = args.batch * args.seq_len * args.steps
-    rates: dict[str, list[float]] = {"shoestring": [], "transformers ModernBERT": []}
+    rates: dict[str, list[float]] = {"shoestring": [], peer: []}
     for _ in range(args.repeats):
         rates["shoestring"].append(tokens / time_steps(ours_step, args.steps))
-        rates["transformers ModernBERT"].append(tokens / time_steps(hf_step, args.steps))
+        rates[peer].append(tokens / time_steps(hf_step, args.steps))
     med = {k: statistics.median(v) for k, v in rates.items()}
     for name, r in med.items():
         print(f"{name:>24}: {r:10,.0f} tokens/s  (blocks: {', '.join(f'{x:,.0f}' for x in rates[name])})")
-    print(f"ratio shoestring / transformers: {med['shoestring'] / med['transformers ModernBERT']:.2f}x")
+    print(f"ratio shoestring / transformers: {med['shoestring'] / med[peer]:.2f}x")
 
 
 if __name__ == "__main__":
