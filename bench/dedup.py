@@ -1,0 +1,312 @@
+"""Fuzzy dedup: shoestring's MinHash LSH vs datasketch (MinHash + MinHashLSH), same settings.
+
+Corpus: ``../shared/data/corpora/mixed-en.jsonl`` plus a generated near-duplicate set with
+known edits (each of ``--bases`` corpus documents gets one copy with a ``--rates`` fraction of
+its words substituted, deleted or inserted). Ground truth: every pair of documents whose
+exact Jaccard similarity of word-5-gram sets is at least ``--threshold`` (computed exactly,
+with a sparse document × shingle product, over *all* pairs, so real near-duplicates in the
+corpus count too).
+
+Both sides use the same shingles (word 5-grams of ``shoestring.data.curate.text.words``),
+112 permutations of the same family (datasketch's default ``affine32``; ours draws the
+same parameters), and 14 bands × 8 rows. Timed: text → shingles → signature → LSH query +
+insert, per document in corpus order; corpus loading and the ground truth are not timed.
+Predicted pairs are the LSH candidate pairs (documents sharing at least one band).
+
+    python bench/dedup.py                       # everything, 3 runs (seeds) per side
+    python bench/dedup.py --limit 2000 --repeats 1
+
+Prints documents/s for each side (best of ``--repeats`` interleaved runs), the ratio, and pair
+precision/recall against the truth, averaged over the runs' permutation seeds (1..repeats),
+since one seed's recall differs from another's by chance.
+The machine may be shared: the ratio is the figure to compare; the load average is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from shoestring.data.curate.minhash import LSHIndex, MinHasher, candidate_probability
+from shoestring.data.curate.text import words
+
+CORPUS = Path(__file__).resolve().parents[2] / "shared" / "data" / "corpora" / "mixed-en.jsonl"
+
+
+def load_corpus(path: Path, limit: int | None) -> list[str]:
+    texts = []
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            texts.append(json.loads(line)["text"])
+            if limit is not None and len(texts) == limit:
+                break
+    return texts
+
+
+def near_duplicates(texts: list[str], n_bases: int, rates: list[float], seed: int) -> list[str]:
+    """One edited copy of ``n_bases`` documents (≥ 50 words): substitute/delete/insert words."""
+    rng = np.random.default_rng(seed)
+    eligible = [i for i, t in enumerate(texts) if 50 <= len(t.split()) <= 20_000]
+    vocab = sorted({w for i in eligible[:500] for w in texts[i].split()})
+    out = []
+    for k, i in enumerate(rng.choice(eligible, min(n_bases, len(eligible)), replace=False)):
+        tokens = texts[i].split()
+        rate = rates[k % len(rates)]
+        edited: list[str] = []
+        for tok in tokens:
+            r = rng.random()
+            if r < rate / 3:  # substitute
+                edited.append(vocab[rng.integers(len(vocab))])
+            elif r < 2 * rate / 3:  # delete
+                continue
+            elif r < rate:  # insert after
+                edited += [tok, vocab[rng.integers(len(vocab))]]
+            else:
+                edited.append(tok)
+        out.append(" ".join(edited))
+    return out
+
+
+def shingle_sets(texts: list[str], n: int = 5) -> list[list[str]]:
+    result = []
+    for t in texts:
+        w = words(t)
+        k = min(n, len(w))
+        result.append(sorted({" ".join(w[i : i + k]) for i in range(len(w) - k + 1)}) if k else [])
+    return result
+
+
+def truth_pairs(sets: list[list[str]], threshold: float) -> dict[tuple[int, int], float]:
+    """All pairs with exact Jaccard >= threshold (→ Jaccard), via a sparse doc × shingle product."""
+    from scipy import sparse
+
+    ids: dict[str, int] = {}
+    rows, cols = [], []
+    for d, s in enumerate(sets):
+        for g in s:
+            rows.append(d)
+            cols.append(ids.setdefault(g, len(ids)))
+    x = sparse.csr_matrix(
+        (np.ones(len(rows), dtype=np.int32), (rows, cols)), shape=(len(sets), len(ids))
+    )
+    inter = (x @ x.T).tocoo()
+    sizes = np.array([len(s) for s in sets])
+    keep = inter.row < inter.col
+    r, c, v = inter.row[keep], inter.col[keep], inter.data[keep]
+    jac = v / (sizes[r] + sizes[c] - v)
+    hit = jac >= threshold
+    return {(int(a), int(b)): float(j) for a, b, j in zip(r[hit], c[hit], jac[hit])}
+
+
+def run_ours(texts: list[str], seed: int = 1, batch: int = 256) -> tuple[float, np.ndarray, int]:
+    """Timed: signatures in batches, band keys, index add per document (the FuzzyDedup path)."""
+    hasher = MinHasher(num_perm=112, ngram=5, bands=14, seed=seed)
+    index = LSHIndex(14)
+    keys_all = []
+    dropped = 0
+    t = time.perf_counter()
+    for i in range(0, len(texts), batch):
+        sig, has = hasher.signatures(texts[i : i + batch])
+        keys = hasher.band_keys(sig)
+        keys_all.append(keys)
+        for row, ok in zip(keys.tolist(), has.tolist()):
+            if ok and index.add(row) is not None:
+                dropped += 1
+    seconds = time.perf_counter() - t
+    return seconds, np.concatenate(keys_all), dropped
+
+
+def index_bytes_per_doc(texts: list[str]) -> float:
+    """Memory the LSH index holds per document (band tables + union-find), not timed."""
+    import tracemalloc
+
+    hasher = MinHasher(num_perm=112, ngram=5, bands=14)
+    keys = np.concatenate(
+        [
+            hasher.band_keys(hasher.signatures(texts[i : i + 256])[0])
+            for i in range(0, len(texts), 256)
+        ]
+    ).tolist()
+    tracemalloc.start()
+    index = LSHIndex(14)
+    for row in keys:
+        index.add(row)
+    size = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    return size / len(keys)
+
+
+def pairs_from_keys(keys: np.ndarray) -> set[tuple[int, int]]:
+    pairs: set[tuple[int, int]] = set()
+    for band in range(keys.shape[1]):
+        buckets: dict[int, list[int]] = defaultdict(list)
+        for doc, key in enumerate(keys[:, band].tolist()):
+            buckets[key].append(doc)
+        for members in buckets.values():
+            for a in range(len(members)):
+                for b in range(a + 1, len(members)):
+                    pairs.add((members[a], members[b]))
+    return pairs
+
+
+def run_datasketch(
+    texts: list[str], hashfunc=None, seed: int = 1
+) -> tuple[float, set[tuple[int, int]], int]:
+    from datasketch import MinHash, MinHashLSH
+
+    template = MinHash(num_perm=112, seed=seed)
+    kwargs = {"permutations": template.permutations, "scheme": "affine32"}
+    if hashfunc is not None:
+        kwargs["hashfunc"] = hashfunc
+    lsh = MinHashLSH(num_perm=112, params=(14, 8))
+    pairs: set[tuple[int, int]] = set()
+    dropped = 0
+    t = time.perf_counter()
+    for i, text in enumerate(texts):
+        w = words(text)
+        k = min(5, len(w))
+        if not k:
+            continue
+        grams = {" ".join(w[j : j + k]).encode() for j in range(len(w) - k + 1)}
+        m = MinHash(num_perm=112, **kwargs)
+        m.update_batch(grams)
+        found = lsh.query(m)
+        if found:
+            dropped += 1
+            pairs.update((j, i) for j in found)
+        lsh.insert(i, m, check_duplication=False)
+    return time.perf_counter() - t, pairs, dropped
+
+
+def score(pred: set[tuple[int, int]], truth: dict[tuple[int, int], float]) -> tuple[float, float]:
+    hit = len(pred & truth.keys())
+    return (hit / len(pred) if pred else 1.0), (hit / len(truth) if truth else 1.0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--corpus", type=Path, default=CORPUS)
+    ap.add_argument("--limit", type=int, default=None, help="use the first N corpus documents")
+    ap.add_argument("--bases", type=int, default=2000, help="documents that get an edited copy")
+    ap.add_argument(
+        "--rates",
+        default="0.01,0.02,0.03,0.05,0.08,0.12,0.2",
+        help="word edit rates, cycled over the copies",
+    )
+    ap.add_argument("--threshold", type=float, default=0.8, help="Jaccard of a true duplicate pair")
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="runs per side, seeds 1..N: best time kept, precision/recall averaged",
+    )
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    args = ap.parse_args()
+    if not args.corpus.is_file():
+        raise SystemExit(f"corpus not found: {args.corpus} (see ../shared/data/README.md)")
+
+    corpus = load_corpus(args.corpus, args.limit)
+    dups = near_duplicates(corpus, args.bases, [float(r) for r in args.rates.split(",")], args.seed)
+    texts = corpus + dups
+    mb = sum(len(t.encode()) for t in texts) / 1e6
+    print(
+        f"{len(texts):,} documents ({len(corpus):,} corpus + {len(dups):,} edited copies), "
+        f"{mb:.1f} MB"
+    )
+    t = time.perf_counter()
+    truth = truth_pairs(shingle_sets(texts), args.threshold)
+    print(
+        f"ground truth: {len(truth):,} pairs with exact Jaccard >= {args.threshold} "
+        f"({time.perf_counter() - t:.1f}s, not timed)"
+    )
+
+    expected = float(np.mean([candidate_probability(j, 14, 8) for j in truth.values()]))
+    print(
+        f"expected recall of 14 × 8 LSH on these pairs (from their exact Jaccard): {expected:.3f}"
+    )
+    per_doc = index_bytes_per_doc(texts)
+    print(
+        f"LSH index memory (tracemalloc, after {len(texts):,} documents): {per_doc:,.0f} bytes/doc"
+    )
+
+    results: dict[str, dict] = {}
+    sides = {"shoestring": None, "datasketch": None}
+    try:
+        import xxhash
+
+        sides["datasketch+xxh32"] = xxhash.xxh32_intdigest
+    except ImportError:
+        pass
+    runs: dict[str, list[dict]] = {name: [] for name in sides}
+    for seed in range(1, args.repeats + 1):  # interleaved, so load changes hit both sides alike
+        for name, hashfunc in sides.items():
+            if name == "shoestring":
+                seconds, keys, dropped = run_ours(texts, seed)
+                pairs = pairs_from_keys(keys)
+            else:
+                seconds, pairs, dropped = run_datasketch(texts, hashfunc, seed)
+            precision, recall = score(pairs, truth)
+            runs[name].append(
+                {
+                    "seconds": seconds,
+                    "pairs": len(pairs),
+                    "precision": precision,
+                    "recall": recall,
+                    "dropped": dropped,
+                }
+            )
+    for name, rs in runs.items():
+        best = min(r["seconds"] for r in rs)
+        results[name] = {"seconds": best, "docs_per_s": len(texts) / best, "mb_per_s": mb / best}
+        for key in ("pairs", "precision", "recall", "dropped"):
+            results[name][key] = float(np.mean([r[key] for r in rs]))
+        results[name]["recall_by_seed"] = [round(r["recall"], 4) for r in rs]
+        results[name]["median_seconds"] = float(np.median([r["seconds"] for r in rs]))
+    load = os.getloadavg()
+    ours = results["shoestring"]
+    print(
+        f"\n{'':18} {'docs/s':>9} {'MB/s':>6} {'seconds':>8} {'pairs':>7} {'precision':>9} "
+        f"{'recall':>7} {'dropped':>8} {'ours ×':>7} {'(median)':>8}"
+    )
+    for name, r in results.items():
+        ratio = r["seconds"] / ours["seconds"]
+        median_ratio = r["median_seconds"] / ours["median_seconds"]
+        print(
+            f"{name:18} {r['docs_per_s']:9,.0f} {r['mb_per_s']:6.2f} {r['seconds']:8.2f} "
+            f"{r['pairs']:7,.0f} {r['precision']:9.3f} {r['recall']:7.3f} {r['dropped']:8,.0f} "
+            f"{ratio:7.1f} {median_ratio:8.1f}"
+        )
+    print(
+        f"\nload average (1/5/15 min): {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "
+        f"{os.cpu_count()} CPUs; time: best of {args.repeats} interleaved runs per side; "
+        f"pairs, precision, recall: mean over permutation seeds 1..{args.repeats}"
+    )
+    for name, r in results.items():
+        print(f"recall by seed, {name}: {r['recall_by_seed']}")
+    if args.json:
+        results["expected_recall"] = expected  # type: ignore[assignment]
+        results["index_bytes_per_doc"] = per_doc  # type: ignore[assignment]
+        args.json.write_text(
+            json.dumps(
+                {
+                    "documents": len(texts),
+                    "mb": mb,
+                    "truth_pairs": len(truth),
+                    "threshold": args.threshold,
+                    "load": load,
+                    "results": results,
+                },
+                indent=2,
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""`shoestring prep` with curation flags: the printed table, the manifest, errors (real CLI)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from conftest import run_cli, write_jsonl_corpus
+
+EVAL = (
+    "the committee approved the new budget after a long debate that lasted well into the "
+    "night on thursday"
+)
+SMALL = ["--set", "data.vocab_size=2000", "--set", "data.seq_len=64"]
+
+
+def corpus_with_planted_problems(path: Path) -> Path:
+    """120 real documents (pydocs) + 10 exact copies, 5 near copies, one contaminated doc."""
+    write_jsonl_corpus(path, 120)
+    docs = [json.loads(line)["text"] for line in path.read_text(encoding="utf-8").splitlines()]
+    long_docs = [t for t in docs if len(t.split()) > 200]
+    with path.open("w", encoding="utf-8") as f:
+        for t in docs:
+            if t == long_docs[15]:  # contaminated in place (a copy would be a near-duplicate)
+                t = t.replace(". ", f". {EVAL}. ", 1)
+            f.write(json.dumps({"text": t}) + "\n")
+        for t in long_docs[:10]:
+            f.write(json.dumps({"text": t.replace(" ", "  ")}) + "\n")  # equal once normalized
+        for t in long_docs[10:15]:
+            w = t.split()
+            w[len(w) // 2] = "CHANGED"
+            f.write(json.dumps({"text": " ".join(w)}) + "\n")
+    return path
+
+
+def test_prep_prints_curation_counts_that_match_the_manifest(tmp_path: Path) -> None:
+    corpus = corpus_with_planted_problems(tmp_path / "c.jsonl")
+    (tmp_path / "dev.tsv").write_text(f"sentence\tlabel\n{EVAL}\t1\n")
+    out = tmp_path / "data"
+    r = run_cli(
+        "prep",
+        str(corpus),
+        "-o",
+        str(out),
+        "--dedup",
+        "fuzzy",
+        "--filters",
+        "gopher",
+        "--decontam",
+        str(tmp_path / "dev.tsv"),
+        "--explain",
+        "1",
+        *SMALL,
+    )
+    assert r.returncode == 0, r.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["curate"]["dedup"] == "fuzzy" and manifest["curate"]["filters"] == "gopher"
+    blocks = {b["block"]: b for b in manifest["blocks"]}
+    for name in ("gopher_quality", "gopher_repetition", "exact_dedup", "fuzzy_dedup", "decontam"):
+        b = blocks[name]
+        assert f"{name} (documents)" in r.stdout
+        assert f"{b['documents_in']:,} → {b['documents_out']:,}" in r.stdout
+    assert blocks["exact_dedup"]["dropped"]["duplicate"] >= 10 - 2  # some copies fail filters
+    assert blocks["fuzzy_dedup"]["dropped"].get("near_duplicate", 0) >= 1
+    assert blocks["decontam"]["docs_cut"] == 1
+    order = [b["block"] for b in manifest["blocks"]]
+    assert order.index("clean") < order.index("gopher_quality") < order.index("decontam")
+    # --explain 1: one example per reason, on stderr.
+    assert "== exact_dedup: duplicate ==" in r.stderr
+
+
+def test_a_corpus_filtered_to_nothing_names_the_block(tmp_path: Path) -> None:
+    corpus = tmp_path / "short.jsonl"
+    corpus.write_text(
+        "".join(json.dumps({"text": f"just a short note number {i}"}) + "\n" for i in range(20))
+    )
+    r = run_cli("prep", str(corpus), "-o", str(tmp_path / "d"), "--filters", "gopher", *SMALL)
+    assert r.returncode == 2
+    assert "gopher_quality" in r.stderr and "too_few_words" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_bad_decontam_path_fails_before_any_work(tmp_path: Path) -> None:
+    corpus = write_jsonl_corpus(tmp_path / "c.jsonl", 5)
+    r = run_cli(
+        "prep",
+        str(corpus),
+        "-o",
+        str(tmp_path / "d"),
+        "--decontam",
+        str(tmp_path / "nope.tsv"),
+        *SMALL,
+    )
+    assert r.returncode == 2
+    assert "curate.decontam" in r.stderr and "nope.tsv" in r.stderr
+    assert not (tmp_path / "d").exists()

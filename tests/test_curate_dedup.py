@@ -1,0 +1,194 @@
+"""Dedup: word hashing, MinHash estimates vs exact Jaccard, LSH keep-first clusters, exact dedup."""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+
+import numpy as np
+import pytest
+
+from shoestring.data.curate import text as T
+from shoestring.data.curate.dedup import ExactDedup
+from shoestring.data.curate.minhash import FuzzyDedup, LSHIndex, MinHasher, candidate_probability
+from shoestring.data.sources import Document
+
+RNG_VOCAB = np.random.default_rng(7)
+VOCAB = [
+    "".join(RNG_VOCAB.choice(list("abcdefghijklmnopqrstuvwxyz"), size=RNG_VOCAB.integers(2, 9)))
+    for _ in range(5000)
+]
+
+
+def random_words(rng: np.random.Generator, n: int) -> list[str]:
+    return [VOCAB[i] for i in rng.integers(0, len(VOCAB), n)]
+
+
+def edit(words: list[str], rate: float, rng: np.random.Generator) -> list[str]:
+    """Replace a ``rate`` fraction of the words at random positions."""
+    out = list(words)
+    for i in rng.choice(len(out), int(round(rate * len(out))), replace=False):
+        out[i] = VOCAB[rng.integers(0, len(VOCAB))]
+    return out
+
+
+def shingles(text: str, n: int = 5) -> set[tuple[str, ...]]:
+    w = T.words(text)
+    return {tuple(w[i : i + n]) for i in range(len(w) - n + 1)}
+
+
+def jaccard(a: str, b: str) -> float:
+    sa, sb = shingles(a), shingles(b)
+    return len(sa & sb) / len(sa | sb)
+
+
+def test_numpy_words_match_the_regex_definition() -> None:
+    texts = [
+        "",
+        "  ,;  ",
+        "Hello, World!",
+        "don't stop-me now",
+        "naïve café — ÉCOLE x2 y_z",
+        "tab\tnew\nline",
+        "a" * 10,
+        "日本語 テキスト",
+        "end.",
+    ]
+    for text in texts:
+        words = T.words(text)
+        hashes, lengths = T.word_hashes_and_lengths(text)
+        assert len(hashes) == len(words), text
+        assert lengths.tolist() == [len(w.encode()) for w in words]
+        by_word: dict[str, int] = {}
+        for w, h in zip(words, hashes.tolist()):
+            assert by_word.setdefault(w, h) == h  # equal words, equal hashes
+        assert len(set(by_word.values())) == len(by_word)  # distinct words, distinct hashes
+    assert T.words("Hello, World!") == ["hello", "world"]
+    assert T.word_spans("Hi, you") == [(0, 2), (4, 7)]
+
+
+def test_batch_word_hashes_equal_one_by_one() -> None:
+    texts = ["one two three", "", "!!", "four, five", "x" * 50]
+    hashes, counts = T.batch_word_hashes(texts)
+    assert counts.tolist() == [3, 0, 0, 2, 1]
+    assert np.array_equal(hashes, np.concatenate([T.word_hashes(t) for t in texts]))
+
+
+def test_long_texts_hash_in_pieces_exactly() -> None:
+    text = ("alpha beta gamma " * 150_000) + "x" * 2_500_000 + " omega"  # > 2 pieces, a giant word
+    hashes = T.word_hashes(text)
+    assert len(hashes) == len(T.words(text)) == 450_002
+    assert len(set(hashes[:450_000].tolist())) == 3
+    assert hashes[-1] == T.word_hashes("omega")[0]
+
+
+def test_ngram_hashes_of_all_lengths_agree() -> None:
+    wh = T.word_hashes(" ".join(VOCAB[:40]))
+    many = T.ngram_hashes_upto(wh, [1, 5, 13])
+    for n in (1, 5, 13):
+        assert np.array_equal(many[n], T.ngram_hashes(wh, n))
+    assert T.ngram_hashes(wh[:3], 5).size == 0
+
+
+def test_minhash_estimates_match_exact_jaccard() -> None:
+    rng = np.random.default_rng(0)
+    hasher = MinHasher(num_perm=256, bands=16)
+    errors = []
+    for rate in (0.0, 0.02, 0.05, 0.1, 0.2, 0.4, 0.7, 1.0):
+        base = random_words(rng, 400)
+        a, b = " ".join(base), " ".join(edit(base, rate, rng))
+        sig, _ = hasher.signatures([a, b])
+        estimate = float(np.mean(sig[0] == sig[1]))
+        exact = jaccard(a, b)
+        sd = max(np.sqrt(exact * (1 - exact) / 256), 0.01)
+        assert abs(estimate - exact) < 4 * sd, (rate, estimate, exact)
+        errors.append(abs(estimate - exact))
+    assert np.mean(errors) < 0.03
+
+
+def test_signatures_equal_datasketch_for_equal_shingle_hashes() -> None:
+    datasketch = pytest.importorskip("datasketch", reason="datasketch not installed")
+    words = T.words("The quick brown fox jumps over the lazy dog, again and again and again.")
+    grams = [" ".join(words[i : i + 5]).encode() for i in range(len(words) - 4)]
+    peer = datasketch.MinHash(num_perm=112)
+    peer.update_batch(grams)
+    values = np.array(
+        [struct.unpack("<I", hashlib.sha1(g).digest()[:4])[0] for g in grams], np.uint32
+    )
+    sig, has = MinHasher(num_perm=112).signatures_from_hashes([values])
+    assert has[0] and np.array_equal(sig[0], peer.hashvalues)
+
+
+def test_signatures_do_not_depend_on_the_batch() -> None:
+    rng = np.random.default_rng(1)
+    texts = [" ".join(random_words(rng, int(n))) for n in rng.integers(0, 40, 30)] + ["one", ""]
+    hasher = MinHasher()
+    together, has = hasher.signatures(texts)
+    for i, text in enumerate(texts):
+        alone, has_alone = hasher.signatures([text])
+        assert np.array_equal(alone[0], together[i]) and has_alone[0] == has[i]
+    assert not has[-1] and has[-2]  # no words: no signature; one word: one shingle
+
+
+def test_candidate_probability_s_curve() -> None:
+    assert candidate_probability(0.8, 14, 8) == pytest.approx(0.924, abs=0.002)
+    assert candidate_probability(0.5, 14, 8) < 0.06
+
+
+def docs_with_planted_duplicates(
+    n_base: int = 40, n_dup: int = 12
+) -> tuple[list[Document], set[str]]:
+    rng = np.random.default_rng(3)
+    bases = [random_words(rng, int(rng.integers(80, 300))) for _ in range(n_base)]
+    docs = [Document(" ".join(w), "t", f"base-{i}") for i, w in enumerate(bases)]
+    planted = set()
+    for k, i in enumerate(rng.choice(n_base, n_dup, replace=False)):
+        near = edit(bases[i], 0.02, rng)
+        # Punctuation and case edits do not matter to the shingles.
+        text = " ".join(near).capitalize().replace(" ", ", ", 3) + "."
+        after = [d.doc_id for d in docs].index(f"base-{i}") + 1
+        docs.insert(int(rng.integers(after, len(docs) + 1)), Document(text, "t", f"dup-{k}-of-{i}"))
+        planted.add(f"dup-{k}-of-{i}")
+    return docs, planted
+
+
+def test_fuzzy_dedup_finds_planted_near_duplicates_and_keeps_distinct_documents() -> None:
+    docs, planted = docs_with_planted_duplicates()
+    block = FuzzyDedup(batch=7, keep_examples=20)
+    kept = [d.doc_id for d in block.process(docs)]
+    dropped = {e.doc_id for e in block.examples["near_duplicate"]}
+    assert dropped == planted
+    assert kept == [d.doc_id for d in docs if d.doc_id not in planted]  # order kept
+    report = block.report()
+    assert report["clusters"] == len(planted) and report["dropped"] == {
+        "near_duplicate": len(planted)
+    }
+    # The explanation names the kept original (first seen of the cluster).
+    for e in block.examples["near_duplicate"]:
+        assert e.detail.endswith("base-" + e.doc_id.rsplit("-", 1)[1])
+
+
+def test_fuzzy_dedup_results_do_not_depend_on_the_batch_size() -> None:
+    docs, _ = docs_with_planted_duplicates()
+    runs = [[d.doc_id for d in FuzzyDedup(batch=b).process(docs)] for b in (1, 5, 256)]
+    assert runs[0] == runs[1] == runs[2]
+
+
+def test_lsh_index_keeps_the_first_and_merges_clusters() -> None:
+    index = LSHIndex(bands=2)
+    assert index.add([1, 2]) is None  # doc 0
+    assert index.add([3, 4]) is None  # doc 1: new
+    assert index.add([1, 9]) == 0  # doc 2 joins doc 0
+    assert index.add([5, 4]) == 1  # doc 3 joins doc 1
+    assert index.clusters == 2
+    assert index.add([1, 4]) == 0  # doc 4 bridges both clusters; the earliest is named
+    assert index.clusters == 1 and index.cluster_sizes() == {5: 1}
+    assert len({index.find(d) for d in range(5)}) == 1
+
+
+def test_exact_dedup_keeps_the_first_copy() -> None:
+    block = ExactDedup(keep_examples=5)
+    docs = [Document(t, "t", str(i)) for i, t in enumerate(["a b", "c", "a b", "a  b", "c"])]
+    assert [d.doc_id for d in block.process(docs)] == ["0", "1", "3"]
+    assert [e.detail for e in block.examples["duplicate"]] == ["same text as 0", "same text as 1"]
+    assert block.report()["distinct"] == 3
