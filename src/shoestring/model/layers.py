@@ -132,7 +132,7 @@ class Attention(nn.Module):
         cache: KVCache | None = None,
     ) -> Tensor:
         """``mask``: bool, True = may attend, broadcastable to (B, heads, T, keys)."""
-        B, T, H = x.shape
+        B, T, _ = x.shape
         q, k, v = self.Wqkv(x).split(
             [self.num_heads * self.head_dim, self.kv_heads * self.head_dim,
              self.kv_heads * self.head_dim], dim=-1)
@@ -147,7 +147,8 @@ class Attention(nn.Module):
             q, k, v, attn_mask=mask, is_causal=causal and mask is None,
             enable_gqa=self.kv_heads != self.num_heads,
         )
-        return self.Wo(y.transpose(1, 2).reshape(B, T, H))
+        # -1, not hidden_size: under tensor parallelism a rank holds num_heads/tp heads.
+        return self.Wo(y.transpose(1, 2).reshape(B, T, -1))
 
 
 class FeedForward(nn.Module):

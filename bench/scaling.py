@@ -1,0 +1,137 @@
+"""Data-parallel scaling: shoestring's distributed trainer on 1 vs N processes, and a plain
+PyTorch DDP loop (the peer) on the same model, batch and process count, in one run.
+
+    python bench/scaling.py --data DATA_DIR [--procs 2] [--steps 12] [--preset small]
+
+Prints steady-state tokens/s (steps after the first two), the scaling efficiency
+tps(N) / (N · tps(1)) and the ratio shoestring / peer at N processes. Every process runs one
+thread (torchrun's default), so 1 process = 1 core. On CUDA the same script runs one process
+per GPU (NCCL). The machine may be shared: the load average is printed next to the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+PEER = textwrap.dedent('''
+    import json, os, sys, time, torch, torch.distributed as dist, torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from shoestring.config import load_config
+    from shoestring.data.datadir import DataDir
+    from shoestring.data.loader import BatchLoader
+    from shoestring.model import build_model
+    from shoestring.train.objective import objective_for
+    cfg = load_config(None, json.loads(sys.argv[2])); data = DataDir(sys.argv[1])
+    steps = int(sys.argv[3]); out = sys.argv[4]
+    cuda = torch.cuda.is_available()
+    dist.init_process_group("nccl" if cuda else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dev = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.device("cpu")
+    torch.manual_seed(0)
+    model = build_model(cfg.model, data.vocab_size).to(dev)
+    ddp = DDP(model) if world > 1 else model
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    obj = objective_for(cfg.model.objective, data.seq_len, data.vocab_size, data.special_ids,
+                        cfg.train.mask_rate, cfg.model.sparse_prediction)
+    loader = BatchLoader(data.split("train", verify=False), cfg.train.batch_size, 0,
+                         rank=rank, world=world, prefetch=0)
+    gen = torch.Generator().manual_seed(rank)
+    times = []
+    for step in range(steps):
+        t = time.perf_counter()
+        batch = tuple(x.to(dev) for x in obj.make_batch(next(loader), gen))
+        loss = obj.loss(ddp, batch); loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        opt.step(); opt.zero_grad(set_to_none=True)
+        if cuda: torch.cuda.synchronize()
+        dist.barrier(); times.append(time.perf_counter() - t)
+    if rank == 0:
+        json.dump({"step_times": times}, open(out, "w"))
+    dist.destroy_process_group()
+''')
+
+
+def _torchrun(nproc: int, argv: list[str], timeout: float) -> None:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={nproc}", *argv]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if p.returncode:
+        raise SystemExit(f"failed: {' '.join(argv[:3])}\n{p.stderr[-3000:]}")
+
+
+def ours(data: str, nproc: int, parallel: str, zero: int, sets: list[str], tmp: Path,
+         timeout: float) -> float:
+    run = tmp / f"ours-{parallel}-z{zero}"
+    case = [{"output": str(run), "parallel": parallel, "zero": zero}]
+    driver = Path(__file__).resolve().parents[1] / "tests" / "dist_driver.py"
+    _torchrun(nproc, [str(driver), json.dumps(case),
+                      json.dumps({"data": data, "sets": sets, "overwrite": True,
+                                  "checkpoint_every": 10**9})], timeout)
+    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    a, b = recs[1], recs[-1]  # skip the first two steps (warm-up)
+    return (b["tokens"] - a["tokens"]) / (b["elapsed_s"] - a["elapsed_s"])
+
+
+def peer(data: str, nproc: int, sets: list[str], steps: int, seq_tokens: int, tmp: Path,
+         timeout: float) -> float:
+    script, out = tmp / "peer.py", tmp / f"peer-{nproc}.json"
+    script.write_text(PEER)
+    _torchrun(nproc, [str(script), data, json.dumps(sets), str(steps), str(out)], timeout)
+    times = json.loads(out.read_text())["step_times"][2:]
+    return seq_tokens * len(times) / sum(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--procs", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--preset", default=None, help="model preset (default: hidden 256, 4 layers)")
+    ap.add_argument("--timeout", type=float, default=900)
+    a = ap.parse_args()
+    from shoestring.data.datadir import DataDir
+
+    seq = DataDir(a.data).seq_len
+    model = [f"model.preset={a.preset}"] if a.preset else [
+        "model.hidden_size=256", "model.num_layers=4", "model.num_heads=4",
+        "model.intermediate_size=768"]
+    sets = [*model, f"train.steps={a.steps}", f"train.batch_size={a.batch_size}",
+            "train.log_every=1", "train.precision=fp32", "train.threads=1"]
+    n = a.procs
+    load = os.getloadavg()
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        rows = {
+            "shoestring 1 proc": ours(a.data, 1, "dp=1", 0, sets, tmp, a.timeout),
+            f"shoestring dp={n} (DDP)": ours(a.data, n, f"dp={n}", 0, sets, tmp, a.timeout),
+            f"shoestring dp={n} ZeRO-2 (FSDP2)": ours(a.data, n, f"dp={n}", 2, sets, tmp,
+                                                     a.timeout),
+            "peer: plain PyTorch 1 proc": peer(a.data, 1, sets, a.steps, a.batch_size * seq,
+                                               tmp, a.timeout),
+            f"peer: plain PyTorch DDP {n} procs": peer(a.data, n, sets, a.steps,
+                                                       a.batch_size * seq, tmp, a.timeout),
+        }
+    load_after = os.getloadavg()
+    print(f"global batch {a.batch_size} × {seq} tokens, {a.steps} steps (first 2 skipped), "
+          f"fp32, 1 thread per process; load average before {load[0]:.1f}, after "
+          f"{load_after[0]:.1f}")
+    for k, v in rows.items():
+        print(f"  {k:<36} {v:>10,.0f} tokens/s")
+    one, many = rows["shoestring 1 proc"], rows[f"shoestring dp={n} (DDP)"]
+    peer1, peern = rows["peer: plain PyTorch 1 proc"], rows[f"peer: plain PyTorch DDP {n} procs"]
+    print(f"scaling efficiency shoestring dp={n}: {many / (n * one):.2f}  "
+          f"(peer: {peern / (n * peer1):.2f})")
+    print(f"ratio shoestring / peer at {n} procs: {many / peern:.2f}; at 1 proc: {one / peer1:.2f}")
+
+
+if __name__ == "__main__":
+    main()
