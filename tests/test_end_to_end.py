@@ -42,14 +42,18 @@ def test_run_dir_artifacts(trained: Path) -> None:
     assert summary["mfu"] == pytest.approx(
         summary["tokens_per_s"] * summary["flops_per_token"] / summary["peak_flops"]
     )
-    records = [json.loads(line) for line in (trained / "metrics.jsonl").read_text().splitlines()]
+    lines = (trained / "metrics.jsonl").read_text().splitlines()
+    records = [r for r in map(json.loads, lines) if "loss" in r]  # training records
     assert [r["step"] for r in records] == list(range(10, 151, 10))
+    val = [r for r in map(json.loads, lines) if "val_loss" in r]
+    assert val and val[-1]["step"] == 150 and val[-1]["val_loss"] == summary["val_loss_subset"]
     assert records[-1]["progress"] == 1.0 and records[-1]["tokens"] == summary["tokens"]
     for r in records:  # the lr of the record's last step: one-cycle at that step's midpoint
         assert r["lr"] == pytest.approx(3e-3 * one_cycle((r["step"] - 0.5) / 150, 0.75))
     cfg = yaml.safe_load((trained / "config.yaml").read_text())
     assert cfg["train"]["steps"] == 150
     assert {p.name for p in (trained / "final").iterdir()} == {"model.safetensors", "config.json", "tokenizer.json"}
+    assert [p.name for p in (trained / "checkpoints").iterdir()] == ["step_00000150"]
 
 
 def test_final_model_reloads_identically(trained: Path) -> None:
@@ -67,8 +71,11 @@ def test_step_budget_runs_are_reproducible(pydocs_dir: Path, tmp_path: Path) -> 
     cfg = tiny_config(steps=6, batch_size=8, precision="fp32")
     s1 = train(cfg, pydocs_dir, tmp_path / "a")
     s2 = train(cfg, pydocs_dir, tmp_path / "b")
-    l1 = [json.loads(x)["loss"] for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
-    l2 = [json.loads(x)["loss"] for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    def losses(run: Path) -> list[float]:
+        return [json.loads(x).get("loss", json.loads(x).get("val_loss"))
+                for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+    l1, l2 = losses(tmp_path / "a"), losses(tmp_path / "b")
     assert l1 == l2 and s1["final_train_loss"] == s2["final_train_loss"]
 
 

@@ -69,3 +69,88 @@ def test_ids_are_in_canonical_order(texts: list[str]) -> None:
     by_id = sorted(vocab, key=vocab.get)
     assert by_id[:NUM_SPECIAL] == SPECIAL_TOKENS
     assert by_id[NUM_SPECIAL:] == sorted(by_id[NUM_SPECIAL:])
+
+
+# --- kinds, objectives, loading ----------------------------------------------------------
+
+from shoestring.data.tokenizer import (
+    CLM_SPECIAL_TOKENS,
+    EOT,
+    load_for_objective,
+    tokenizer_kind,
+    train_tokenizer,
+)
+
+
+@pytest.fixture(scope="module")
+def short_texts(texts: list[str]) -> list[str]:
+    return [t[:3000] for t in texts[:80]]
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "bpe", "unigram"])
+@pytest.mark.parametrize("objective", ["mlm", "clm"])
+def test_every_kind_gets_the_objective_layout(short_texts: list[str], kind: str, objective: str) -> None:
+    tok = train_tokenizer(short_texts, kind, objective, vocab_size=600, lowercase=False)
+    assert tokenizer_kind(tok) == kind
+    ids = special_ids(tok, objective)
+    if objective == "mlm":
+        assert ids == {t: i for i, t in enumerate(SPECIAL_TOKENS)}
+        assert tok.encode("Return it.").tokens[0] == "[CLS]"
+    else:
+        assert ids[EOT] == 0 and ids["<|pad|>"] == 1
+        assert list(ids)[:2] == CLM_SPECIAL_TOKENS
+        assert tok.encode("Return it.").ids == tok.encode("Return it.", add_special_tokens=False).ids
+    sample = "Return the number of items in a container."
+    enc = tok.encode(sample, add_special_tokens=False)
+    assert all(i >= len(ids) for i in enc.ids)
+    if kind != "wordpiece":  # byte-level BPE and Unigram (no lowercasing) decode losslessly
+        assert tok.decode(enc.ids) == sample
+
+
+def test_byte_level_bpe_has_no_unknowns(short_texts: list[str]) -> None:
+    tok = train_tokenizer(short_texts, "bpe", "clm", vocab_size=600, lowercase=False)
+    text = "naïve 日本語 🙂 \x7f"
+    enc = tok.encode(text)
+    assert tok.decode(enc.ids) == text
+    assert tok.get_vocab_size() >= 256 + 2
+
+
+def test_bpe_vocab_too_small_for_bytes(short_texts: list[str]) -> None:
+    with pytest.raises(ShoestringError, match="256"):
+        train_tokenizer(short_texts, "bpe", "clm", vocab_size=200, lowercase=False)
+
+
+def test_bpe_training_is_reproducible(short_texts: list[str]) -> None:
+    a = train_tokenizer(short_texts, "bpe", "clm", vocab_size=600, lowercase=False)
+    b = train_tokenizer(short_texts, "bpe", "clm", vocab_size=600, lowercase=False)
+    assert a.to_str() == b.to_str()
+
+
+def test_loading_a_foreign_tokenizer_lays_specials_out(short_texts: list[str], tmp_path: Path) -> None:
+    """A GPT-2-like tokenizer (end-of-text at the end, no pad) gets the CLM layout."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    foreign = Tokenizer(models.BPE())
+    foreign.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    foreign.decoder = decoders.ByteLevel()
+    foreign.train_from_iterator(short_texts, trainers.BpeTrainer(
+        vocab_size=500, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    foreign.add_special_tokens([EOT])
+    assert foreign.token_to_id(EOT) == foreign.get_vocab_size() - 1
+    path = tmp_path / "foreign.json"
+    foreign.save(str(path))
+
+    tok = load_for_objective(path, "clm")
+    assert special_ids(tok, "clm") == {EOT: 0, "<|pad|>": 1}
+    sample = short_texts[5][:400]
+    assert tok.encode(sample).tokens == foreign.encode(sample).tokens  # same segmentation
+    assert tok.decode(tok.encode(sample).ids) == sample
+    mlm = load_for_objective(path, "mlm")
+    assert special_ids(mlm) == {t: i for i, t in enumerate(SPECIAL_TOKENS)}
+    assert mlm.encode("hi").tokens[0] == "[CLS]"
+
+
+def test_loading_an_already_laid_out_tokenizer_keeps_it(short_texts: list[str], tmp_path: Path) -> None:
+    tok = train_tokenizer(short_texts, "wordpiece", "mlm", vocab_size=600, lowercase=True)
+    tok.save(str(tmp_path / "t.json"))
+    assert load_for_objective(tmp_path / "t.json", "mlm").get_vocab() == tok.get_vocab()

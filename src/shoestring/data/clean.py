@@ -24,7 +24,11 @@ _LINE_BREAKS = str.maketrans(
         "\u2029": "\n\n",
     }
 )
-_SPACES = re.compile(r"[^\S\n]+")
+# Runs of whitespace other than newlines become one space. A lone " " already is one, so the
+# pattern skips it (every space of the text would otherwise be a substitution: 1.5x slower).
+_SPACES = re.compile(r"[^\S\n]{2,}|[^\S \n]")
+# The invisible characters an ASCII text can hold (the full class is slow to scan).
+_ASCII_INVISIBLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 _TRAILING_SPACES = re.compile(r" +\n")
 _BLANK_LINES = re.compile(r"\n{3,}")
 _KEPT_CONTROLS = frozenset("\n\t")
@@ -40,7 +44,7 @@ def clean_text(text: str) -> str:
     if not unicodedata.is_normalized("NFKC", text):
         text = unicodedata.normalize("NFKC", text)
     text = text.replace("\r\n", "\n").translate(_LINE_BREAKS)
-    text = _invisible().sub("", text)
+    text = (_ASCII_INVISIBLE if text.isascii() else _invisible()).sub("", text)
     text = _SPACES.sub(" ", text)
     text = _TRAILING_SPACES.sub("\n", text)
     text = _BLANK_LINES.sub("\n\n", text)

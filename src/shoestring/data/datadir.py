@@ -59,6 +59,11 @@ class DataDir:
             )
 
     @property
+    def objective(self) -> str:
+        """``mlm`` or ``clm`` (data dirs from before CLM support are MLM)."""
+        return str(self.manifest.get("objective", "mlm"))
+
+    @property
     def seq_len(self) -> int:
         return int(self.manifest["seq_len"])
 
@@ -77,7 +82,9 @@ class DataDir:
     def tokenizer(self) -> Tokenizer:
         return load_tokenizer(self.tokenizer_path)
 
-    def split(self, name: str, verify: bool = False) -> PackedSplit:
+    def split(self, name: str, verify: bool | str = "size") -> PackedSplit:
+        """The packed sequences of ``name``; ``verify``: ``"size"`` (or False) checks every
+        shard's size against the manifest, ``"sha256"`` (or True) its checksum too."""
         info = self.manifest["splits"].get(name)
         if not info or info["sequences"] == 0:
             raise ShoestringError(

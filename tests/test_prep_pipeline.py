@@ -1,0 +1,254 @@
+"""prep as a pipeline: CLM and MLM packing, document offsets, ordering, workers, resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import run_cli
+
+from shoestring.config import DataConfig
+from shoestring.data.datadir import DataDir
+from shoestring.data.loader import BatchLoader
+from shoestring.data.prep import is_validation, prep, unigram_sort_order
+from shoestring.data.shards import read_index
+from shoestring.data.tokenizer import EOT, SEP, train_tokenizer
+from shoestring.errors import ShoestringError
+
+N_DOCS = 160
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """160 real documents (pydocs, cut to 1,500 characters) as JSON lines."""
+    from shoestring.data.builtin import iter_pydocs
+
+    path = tmp_path_factory.mktemp("corpus") / "docs.jsonl"
+    with path.open("w", encoding="utf-8") as f:
+        for _, doc in zip(range(N_DOCS), iter_pydocs()):
+            f.write(json.dumps({"text": doc.text[:1500]}) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def bpe_path(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tokenizer given to prep as a file, so runs compare byte for byte."""
+    texts = [json.loads(line)["text"] for line in corpus.read_text(encoding="utf-8").splitlines()]
+    tok = train_tokenizer(texts, "bpe", "clm", vocab_size=700, lowercase=False)
+    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
+    tok.save(str(path))
+    return path
+
+
+def _cfg(**kw: object) -> DataConfig:
+    base = {"vocab_size": 700, "seq_len": 32, "shard_tokens": 1024, "val_fraction": 0.1}
+    return DataConfig(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def _shards(out: Path) -> dict[str, list[tuple[str, str]]]:
+    m = json.loads((out / "manifest.json").read_text())
+    return {s: [(sh["sha256_bin"], sh["sha256_idx"]) for sh in m["splits"][s]["shards"]]
+            for s in ("train", "val")}
+
+
+def _train_texts(corpus: Path, frac: float = 0.1) -> list[str]:
+    from shoestring.data.clean import clean_text
+
+    texts = [clean_text(json.loads(line)["text"]) for line in corpus.read_text().splitlines()]
+    return [t for t in texts if len(t) >= 16 and not is_validation(t, frac)]
+
+
+def _all_rows(data: DataDir, split: str = "train") -> np.ndarray:
+    s = data.split(split, verify="sha256")
+    return s.take(np.arange(len(s)))
+
+
+def test_clm_rows_are_the_document_stream_joined_by_endoftext(corpus: Path, tmp_path: Path) -> None:
+    m = prep([str(corpus)], tmp_path / "d", _cfg(objective="clm"))
+    data = DataDir(tmp_path / "d")
+    assert m["objective"] == "clm" and data.objective == "clm"
+    assert m["tokenizer"]["kind"] == "bpe" and data.special_ids == {EOT: 0, "<|pad|>": 1}
+    tok = data.tokenizer()
+    texts = _train_texts(corpus)
+    assert len(texts) == m["documents"]["train"]
+    stream = np.concatenate([np.array(e.ids + [0]) for e in
+                             tok.encode_batch(texts, add_special_tokens=False)])
+    rows = _all_rows(data)
+    assert rows.shape[1] == 32 and (rows != 1).all()  # no padding anywhere
+    np.testing.assert_array_equal(rows.ravel(), stream[: rows.size])
+    assert m["splits"]["train"]["dropped_tail_tokens"] == len(stream) - rows.size < 32
+    # the index: every document start inside the shards, at its first token
+    starts = np.concatenate([[0], np.cumsum([len(e.ids) + 1 for e in tok.encode_batch(
+        texts, add_special_tokens=False)])[:-1]])
+    found = []
+    base = 0
+    for sh in m["splits"]["train"]["shards"]:
+        offsets, doc_starts = read_index(tmp_path / "d" / sh["idx"], sh["sequences"])
+        np.testing.assert_array_equal(offsets, np.arange(sh["sequences"] + 1) * 32)
+        assert len(doc_starts) == sh["doc_starts"]
+        found.extend(base + doc_starts.astype(np.int64))
+        base += sh["tokens"]
+    np.testing.assert_array_equal(found, starts[starts < rows.size])
+
+
+def test_mlm_index_points_at_document_starts(corpus: Path, tmp_path: Path) -> None:
+    m = prep([str(corpus)], tmp_path / "d", _cfg())
+    data = DataDir(tmp_path / "d")
+    sep = data.special_ids[SEP]
+    for sh in m["splits"]["train"]["shards"]:
+        tokens = np.fromfile(tmp_path / "d" / sh["bin"], dtype=m["dtype"])
+        _, doc_starts = read_index(tmp_path / "d" / sh["idx"], sh["sequences"])
+        assert len(doc_starts) > 0
+        for off in doc_starts.astype(np.int64):
+            col = off % 32
+            assert 1 <= col <= 30  # inside the body, never on [CLS]/[SEP]
+            if off == 1:
+                continue  # the previous body token is in the previous shard
+            prev = tokens[off - 1] if col > 1 else tokens[off - 3]  # skip [SEP] [CLS] at a row edge
+            assert prev == sep  # the previous body token ended a document
+
+
+def test_sort_order_is_cramming_unigram_ascending(corpus: Path, tmp_path: Path) -> None:
+    plain = prep([str(corpus)], tmp_path / "plain", _cfg(tokenizer="wordpiece"))
+    tok_path = tmp_path / "plain" / "tokenizer.json"
+    sorted_m = prep([str(corpus)], tmp_path / "sorted", _cfg(order="sort", tokenizer=str(tok_path)))
+    assert sorted_m["splits"]["train"]["order"] == "sort" and sorted_m["splits"]["val"]["order"] == "none"
+    a = _all_rows(DataDir(tmp_path / "plain"))
+    sorted_data = DataDir(tmp_path / "sorted")
+    b = _all_rows(sorted_data)
+    assert sorted(map(tuple, a)) == sorted(map(tuple, b))  # same sequences, reordered
+    np.testing.assert_array_equal(b, a[unigram_sort_order(a[:, 1:-1], sorted_data.vocab_size)])
+    counts = np.bincount(a[:, 1:-1].ravel(), minlength=sorted_data.vocab_size)
+    logp = np.log2((counts + 1) / (counts.sum() + sorted_data.vocab_size))
+    scores = logp[b[:, 1:-1]].mean(axis=1)
+    assert (np.diff(scores) >= 0).all() and scores[0] < scores[-1]
+    split = sorted_data.split("train")
+    assert split.ordered
+    loader = BatchLoader(split, 4, seed=0)
+    np.testing.assert_array_equal(next(loader).numpy(), b[:4])  # epoch 0 in stored order
+    loader.close()
+    assert plain["order"] == "none"
+
+
+def test_workers_give_identical_output(corpus: Path, bpe_path: Path, tmp_path: Path) -> None:
+    one = prep([str(corpus)], tmp_path / "w1", _cfg(objective="clm", tokenizer=str(bpe_path)))
+    two = prep([str(corpus)], tmp_path / "w2",
+               _cfg(objective="clm", tokenizer=str(bpe_path), workers=2))
+    assert _shards(tmp_path / "w1") == _shards(tmp_path / "w2")
+    assert len(one["splits"]["train"]["shards"]) > 3
+    assert one["documents"] == two["documents"] and one["fingerprint"] == two["fingerprint"]
+    assert one["tokenizer"]["sha256"] == two["tokenizer"]["sha256"]
+
+
+def _killed_prep(corpus: Path, out: Path, fault: str, cfg_args: list[str],
+                 encode_batch: int = 1024) -> subprocess.CompletedProcess:
+    """A real prep process that dies like `kill -9` at the fault point."""
+    code = (
+        "import sys; import shoestring.data.prep as p; from shoestring.config import load_config;"
+        f"p.ENCODE_BATCH = {encode_batch}; p.CHECKPOINT_CHARS = 1;"
+        f"p.prep([{str(corpus)!r}], {str(out)!r}, load_config(None, sys.argv[1:]).data)"
+    )
+    env = {**os.environ, "SHOESTRING_PREP_FAULT": fault}
+    return subprocess.run([sys.executable, "-c", code, *cfg_args], env=env, timeout=300, check=False,
+                          capture_output=True, text=True)
+
+
+def _args(bpe_path: Path) -> list[str]:
+    return ["data.objective=clm", f"data.tokenizer={bpe_path}", "data.seq_len=32",
+            "data.shard_tokens=1024", "data.val_fraction=0.1", "data.vocab_size=700"]
+
+
+@pytest.fixture(scope="module")
+def reference(corpus: Path, bpe_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("ref") / "d"
+    prep([str(corpus)], out, _cfg(objective="clm", tokenizer=str(bpe_path)))
+    return out
+
+
+def test_resume_after_a_kill_while_packing_keeps_verified_shards(
+    corpus: Path, bpe_path: Path, reference: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "d"
+    proc = _killed_prep(corpus, out, "pack.train:3", _args(bpe_path))
+    assert proc.returncode == 137, proc.stderr
+    partial = tmp_path / ".d.partial"
+    assert not out.exists() and (partial / "journal.json").is_file()
+    kept = sorted((partial / "train").glob("*.bin"))
+    assert len(kept) == 3
+    mtimes = [p.stat().st_mtime_ns for p in kept]
+    # damage one finished shard: resume must notice (sha256) and rewrite only that one
+    damaged = bytearray(kept[1].read_bytes())
+    damaged[0] ^= 1
+    kept[1].write_bytes(bytes(damaged))
+
+    m = prep([str(corpus)], out, _cfg(objective="clm", tokenizer=str(bpe_path)))
+    assert m["resumed"] == {"stages": ["read", "tokenizer", "encode.train"], "kept_shards": 2}
+    assert _shards(out) == _shards(reference)
+    assert (out / "train" / "00000.bin").stat().st_mtime_ns == mtimes[0]  # not rewritten
+    assert (out / "train" / "00002.bin").stat().st_mtime_ns == mtimes[2]
+    assert not partial.exists() and not (out / "journal.json").exists()
+    assert not list(out.glob("stream-*")) and not list(out.glob("spool-*"))
+
+
+def test_resume_after_a_kill_while_tokenizing(
+    corpus: Path, bpe_path: Path, reference: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "d"
+    proc = _killed_prep(corpus, out, "encode.train:2", _args(bpe_path), encode_batch=40)
+    assert proc.returncode == 137, proc.stderr
+    journal = json.loads((tmp_path / ".d.partial" / "journal.json").read_text())
+    assert journal["stages"]["encode.train"]["documents"] == 80
+    m = prep([str(corpus)], out, _cfg(objective="clm", tokenizer=str(bpe_path)))
+    assert "encode.train" in m["resumed"]["stages"]
+    assert _shards(out) == _shards(reference)
+
+
+def test_other_settings_discard_an_interrupted_build(
+    corpus: Path, bpe_path: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "d"
+    assert _killed_prep(corpus, out, "pack.train:1", _args(bpe_path)).returncode == 137
+    m = prep([str(corpus)], out, _cfg(objective="clm", tokenizer=str(bpe_path), seq_len=48))
+    assert m["resumed"] == {"stages": [], "kept_shards": 0}
+    assert DataDir(out).seq_len == 48
+
+
+def test_bad_input_discards_the_build_and_skip_counts(tmp_path: Path, corpus: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(corpus.read_text().splitlines()[0] + "\n{oops\n", encoding="utf-8")
+    with pytest.raises(ShoestringError) as info:
+        prep([str(corpus), str(bad)], tmp_path / "d", _cfg())
+    assert info.value.where == f"{bad}:2"
+    assert not (tmp_path / ".d.partial").exists()
+    m = prep([str(corpus), str(bad)], tmp_path / "d", _cfg(on_error="skip"))
+    assert m["documents"]["skipped_bad_input"] == 1
+    assert m["skipped_examples"][0].startswith(f"{bad}:2: malformed JSON")
+    assert m["blocks"][0] == {"block": "read", "documents_out": N_DOCS + 1,
+                              "dropped": {"bad_input": 1}}
+
+
+def test_corpus_that_filters_to_nothing_names_the_block(tmp_path: Path) -> None:
+    path = tmp_path / "tiny.jsonl"
+    path.write_text('{"text": "hi"}\n{"text": "   "}\n', encoding="utf-8")
+    with pytest.raises(ShoestringError, match=r"clean dropped 2 too_short"):
+        prep([str(path)], tmp_path / "d", _cfg())
+
+
+def test_missing_tokenizer_file_fails_before_reading(tmp_path: Path, corpus: Path) -> None:
+    with pytest.raises(ShoestringError, match="neither a kind nor an existing file"):
+        prep([str(corpus)], tmp_path / "d", _cfg(tokenizer=str(tmp_path / "nope.json")))
+
+
+def test_cli_prep_clm_with_workers(corpus: Path, tmp_path: Path) -> None:
+    out = tmp_path / "d"
+    proc = run_cli("prep", str(corpus), "-o", str(out), "--objective", "clm", "--workers", "2",
+                   "--set", "data.seq_len=32", "--set", "data.vocab_size=700")
+    assert proc.returncode == 0, proc.stderr
+    assert "bpe (clm)" in proc.stdout and "documents read" in proc.stdout
+    assert "clean (documents)" in proc.stdout
+    assert DataDir(out).manifest["config"]["workers"] == 2
