@@ -94,3 +94,37 @@ def test_bad_decontam_path_fails_before_any_work(tmp_path: Path) -> None:
     assert r.returncode == 2
     assert "curate.decontam" in r.stderr and "nope.tsv" in r.stderr
     assert not (tmp_path / "d").exists()
+
+
+def test_compressibility_filter_drops_documents_by_token_ratio(tmp_path: Path) -> None:
+    """Cramming's filter runs on the trained tokenizer's counts and is reported in the manifest."""
+    import numpy as np
+    from rich.console import Console
+
+    from conftest import SMALL_DATA
+    from shoestring.config import CurateConfig
+    from shoestring.data.prep import prep
+    from shoestring.data.tokenizer import load_tokenizer
+
+    corpus = write_jsonl_corpus(tmp_path / "c.jsonl", 300)
+    quiet = Console(stderr=True, quiet=True)
+    data = SMALL_DATA.model_copy(update={"vocab_size": 500})
+    off = {k: None for k, f in CurateConfig.model_fields.items()
+           if k.startswith(("gopher_", "rep_")) and "None" in str(f.annotation)}
+
+    def run(ratio: float, out: str, tokenizer: str = "auto") -> dict:
+        cfg = data.model_copy(update={"tokenizer": tokenizer})
+        return prep([str(corpus)], tmp_path / out, cfg, console=quiet,
+                    curate=CurateConfig(filters="gopher", compress_max_ratio=ratio, **off))
+
+    loose = run(10.0, "loose")
+    block = next(b for b in loose["blocks"] if b["block"] == "compressibility")
+    assert block["documents_in"] == block["documents_out"] > 0
+    tok = load_tokenizer(tmp_path / "loose" / "tokenizer.json")
+    texts = [json.loads(line)["text"] for line in corpus.read_text().splitlines()]
+    ratios = [len(tok.encode(t, add_special_tokens=False).ids) / max(len(t), 1) for t in texts]
+    tight = run(float(np.percentile(ratios, 30)), "tight", str(tmp_path / "loose" / "tokenizer.json"))
+    block = next(b for b in tight["blocks"] if b["block"] == "compressibility")
+    assert 0 < block["dropped"]["ratio_too_high"] < block["documents_in"]
+    assert block["documents_out"] == block["documents_in"] - block["dropped"]["ratio_too_high"]
+    assert tight["splits"]["train"]["tokens"] < loose["splits"]["train"]["tokens"]

@@ -248,6 +248,12 @@ class _Pipeline:
         self.console, self.journal, self.pool = console, journal, pool
         self.seconds: dict[str, float] = {}
         self.kept_shards = 0
+        self.encoded: dict[str, dict] = {}
+        self._compress = None
+        if curate is not None:
+            from shoestring.data.curate.compress import Compressibility
+
+            self._compress = Compressibility.from_config(curate)
 
     def run(self) -> dict:
         t0 = time.perf_counter()
@@ -261,6 +267,7 @@ class _Pipeline:
             enc = self.journal.get(f"encode.{split}")
             if not (enc and enc["done"]):
                 enc = self._timed("encode", self._encode, split, tok, ids, read["documents"][split])
+            self.encoded[split] = enc
             splits[split] = self._timed("pack", self._pack, split, enc, dtype, ids,
                                         tok.get_vocab_size())
         self._check_val(splits["val"], read)
@@ -484,7 +491,9 @@ class _Pipeline:
         """Hook for checks that need token counts (Cramming's compressibility filter):
         a boolean keep-mask over the batch's documents, or None to keep all. Runs in order in
         the main process; dropped documents leave no tokens in the stream."""
-        return None
+        if self._compress is None:
+            return None
+        return self._compress.check_batch(lengths, [len(t) for t in texts])
 
     # --- pack: token stream → shards ----------------------------------------------------
 
@@ -553,11 +562,17 @@ class _Pipeline:
                   splits: dict[str, dict], seconds: float) -> dict:
         cfg = self.cfg
         tokens_out = sum(s["tokens"] for s in splits.values())
+        seen = sum(e["documents"] for e in self.encoded.values())
+        kept = sum(e["kept_documents"] for e in self.encoded.values())
+        compress = [] if self._compress is None else [
+            {"block": "compressibility", "documents_in": seen, "documents_out": kept,
+             "dropped": {"ratio_too_high": seen - kept}}]
         blocks = [
             *read["blocks"],
             {"block": "tokenize", "documents_in": read["documents"]["kept"],
              "documents_out": read["documents"]["kept"],
              "tokens": sum(s["document_tokens"] for s in splits.values())},
+            *compress,
             {"block": "pack", "sequences": sum(s["sequences"] for s in splits.values()),
              "tokens": tokens_out,
              "dropped": {"tail_tokens": sum(s["dropped_tail_tokens"] for s in splits.values())}},
