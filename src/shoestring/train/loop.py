@@ -283,102 +283,105 @@ def train(
     window = {"start": budget.elapsed, "tokens": 0, "loss": 0.0, "steps": 0, "wait": 0.0,
               "gnorm": 0.0}
     last_ckpt: Path | None = ckpt.path if ckpt else None
-    with _signals_caught() as caught, _progress(console) as bar:
-        task = bar.add_task("train", total=1.0, budget=budget.describe(), loss=float("nan"),
-                            tps=0.0, mfu=0.0, left="?")
-        ema: float | None = None
-        while True:  # at least one step, however small the budget
-            p_now = budget.progress(s.step, s.tokens)
-            bsz = batch_at(tc, p_now)
-            accum = bsz // tc.micro_batch
-            lr = tc.lr * lr_factor(tc, budget.progress(s.step + 0.5, s.tokens + bsz * seq_len / 2))
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            t0 = time.perf_counter()
-            ids = torch.cat([next(loader) for _ in range(accum)]).to(dev.device, non_blocking=True)
-            window["wait"] += time.perf_counter() - t0
-            batch = objective.make_batch(ids, gen)
-            total = 0.0
-            for i in range(accum):
-                micro = tuple(t[i * tc.micro_batch:(i + 1) * tc.micro_batch] for t in batch)
-                with dev.autocast():
-                    loss = objective.loss(step_model, micro) / accum
-                (scaler.scale(loss) if scaler else loss).backward()
-                total += loss.item()
-            if scaler:
-                scaler.unscale_(optimizer)
-            gnorm = torch.nn.utils.clip_grad_norm_(
-                model.parameters(), tc.grad_clip if tc.grad_clip > 0 else float("inf")).item()
-            if not (math.isfinite(total) and math.isfinite(gnorm)):
-                optimizer.zero_grad(set_to_none=True)
+    try:
+        with _signals_caught() as caught, _progress(console) as bar:
+            task = bar.add_task("train", total=1.0, budget=budget.describe(), loss=float("nan"),
+                                tps=0.0, mfu=0.0, left="?")
+            ema: float | None = None
+            while True:  # at least one step, however small the budget
+                p_now = budget.progress(s.step, s.tokens)
+                bsz = batch_at(tc, p_now)
+                accum = bsz // tc.micro_batch
+                lr = tc.lr * lr_factor(tc, budget.progress(s.step + 0.5, s.tokens + bsz * seq_len / 2))
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                t0 = time.perf_counter()
+                ids = torch.cat([next(loader) for _ in range(accum)]).to(dev.device, non_blocking=True)
+                window["wait"] += time.perf_counter() - t0
+                batch = objective.make_batch(ids, gen)
+                total = 0.0
+                for i in range(accum):
+                    micro = tuple(t[i * tc.micro_batch:(i + 1) * tc.micro_batch] for t in batch)
+                    with dev.autocast():
+                        loss = objective.loss(step_model, micro) / accum
+                    (scaler.scale(loss) if scaler else loss).backward()
+                    total += loss.item()
                 if scaler:
+                    scaler.unscale_(optimizer)
+                gnorm = torch.nn.utils.clip_grad_norm_(
+                    model.parameters(), tc.grad_clip if tc.grad_clip > 0 else float("inf")).item()
+                if not (math.isfinite(total) and math.isfinite(gnorm)):
+                    optimizer.zero_grad(set_to_none=True)
+                    if scaler:
+                        scaler.update()
+                    s.skipped += 1
+                    s.bad_in_a_row += 1
+                    if s.bad_in_a_row >= tc.max_nonfinite:
+                        metrics.close()
+                        kept = f"; the last good checkpoint is {last_ckpt}" if last_ckpt else ""
+                        raise ShoestringError(
+                            f"the loss was non-finite ({total}) {s.bad_in_a_row} steps in a row, "
+                            f"at step {s.step}{kept}",
+                            where=str(run_dir),
+                            fix="lower train.lr, raise train.warmup, or --set train.precision=fp32",
+                        )
+                    continue
+                s.bad_in_a_row = 0
+                if scaler:
+                    scaler.step(optimizer)
                     scaler.update()
-                s.skipped += 1
-                s.bad_in_a_row += 1
-                if s.bad_in_a_row >= tc.max_nonfinite:
-                    metrics.close()
-                    kept = f"; the last good checkpoint is {last_ckpt}" if last_ckpt else ""
-                    raise ShoestringError(
-                        f"the loss was non-finite ({total}) {s.bad_in_a_row} steps in a row, "
-                        f"at step {s.step}{kept}",
-                        where=str(run_dir),
-                        fix="lower train.lr, raise train.warmup, or --set train.precision=fp32",
-                    )
-                continue
-            s.bad_in_a_row = 0
-            if scaler:
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            s.step += 1
-            s.tokens += bsz * seq_len
-            s.losses.append(total)
-            s.first_loss = total if s.first_loss is None else s.first_loss
-            ema = total if ema is None else 0.95 * ema + 0.05 * total
-            for k, v in (("tokens", bsz * seq_len), ("loss", total), ("steps", 1), ("gnorm", gnorm)):
-                window[k] += v
-            done = budget.exhausted(s.step, s.tokens)
-            p = budget.progress(s.step, s.tokens)
-            if s.step % tc.log_every == 0 or done:
-                now = budget.elapsed
-                span = max(now - window["start"], 1e-9)
-                tps = window["tokens"] / span
-                record = {
-                    "step": s.step, "progress": round(p, 5),
-                    "loss": window["loss"] / window["steps"], "lr": lr, "batch_size": bsz,
-                    "tokens": s.tokens, "flops": s.tokens * flops_per_token,
-                    "tokens_per_s": tps, "mfu": tps * flops_per_token / dev.peak_flops,
-                    "grad_norm": window["gnorm"] / window["steps"],
-                    "data_wait": min(1.0, window["wait"] / span), "skipped": s.skipped,
-                    "elapsed_s": now,
-                }
-                metrics.write(record)
-                window = {"start": now, "tokens": 0, "loss": 0.0, "steps": 0, "wait": 0.0,
-                          "gnorm": 0.0}
-                left = (now / p - now) if p > 0 else float("inf")
-                bar.update(task, completed=p, loss=ema, tps=tps, mfu=record["mfu"],
-                           left=format_duration(left))
-            if val_batch is not None and (p >= s.next_val) and not done:
-                with budget.pause():
-                    metrics.write({"step": s.step, "progress": round(p, 5), "tokens": s.tokens,
-                                   "flops": s.tokens * flops_per_token, "elapsed_s": budget.elapsed,
-                                   "val_loss": _val_loss(model, val_batch, objective, dev)})
-                while s.next_val <= p:
-                    s.next_val += tc.val_every
-            if interval is not None and not done:
-                kind, every = interval
-                due = (s.step % int(every) == 0) if kind == "steps" else (
-                    budget.elapsed - s.last_ckpt_time >= every)
-                if due:
+                else:
+                    optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                s.step += 1
+                s.tokens += bsz * seq_len
+                s.losses.append(total)
+                s.first_loss = total if s.first_loss is None else s.first_loss
+                ema = total if ema is None else 0.95 * ema + 0.05 * total
+                for k, v in (("tokens", bsz * seq_len), ("loss", total), ("steps", 1), ("gnorm", gnorm)):
+                    window[k] += v
+                done = budget.exhausted(s.step, s.tokens)
+                p = budget.progress(s.step, s.tokens)
+                if s.step % tc.log_every == 0 or done:
+                    now = budget.elapsed
+                    span = max(now - window["start"], 1e-9)
+                    tps = window["tokens"] / span
+                    record = {
+                        "step": s.step, "progress": round(p, 5),
+                        "loss": window["loss"] / window["steps"], "lr": lr, "batch_size": bsz,
+                        "tokens": s.tokens, "flops": s.tokens * flops_per_token,
+                        "tokens_per_s": tps, "mfu": tps * flops_per_token / dev.peak_flops,
+                        "grad_norm": window["gnorm"] / window["steps"],
+                        "data_wait": min(1.0, window["wait"] / span), "skipped": s.skipped,
+                        "elapsed_s": now,
+                    }
+                    metrics.write(record)
+                    window = {"start": now, "tokens": 0, "loss": 0.0, "steps": 0, "wait": 0.0,
+                              "gnorm": 0.0}
+                    left = (now / p - now) if p > 0 else float("inf")
+                    bar.update(task, completed=p, loss=ema, tps=tps, mfu=record["mfu"],
+                               left=format_duration(left))
+                if val_batch is not None and (p >= s.next_val) and not done:
+                    with budget.pause():
+                        metrics.write({"step": s.step, "progress": round(p, 5), "tokens": s.tokens,
+                                       "flops": s.tokens * flops_per_token, "elapsed_s": budget.elapsed,
+                                       "val_loss": _val_loss(model, val_batch, objective, dev)})
+                    while s.next_val <= p:
+                        s.next_val += tc.val_every
+                if interval is not None and not done:
+                    kind, every = interval
+                    due = (s.step % int(every) == 0) if kind == "steps" else (
+                        budget.elapsed - s.last_ckpt_time >= every)
+                    if due:
+                        last_ckpt = checkpoint()
+                if caught:
                     last_ckpt = checkpoint()
-            if caught:
-                last_ckpt = checkpoint()
-                metrics.close()
-                raise TrainingInterrupted(caught[0], last_ckpt, s.step)
-            if done:
-                break
+                    metrics.close()
+                    raise TrainingInterrupted(caught[0], last_ckpt, s.step)
+                if done:
+                    break
+    finally:
+        loader.close()
     train_seconds = budget.elapsed
 
     save_start = time.perf_counter()
