@@ -20,7 +20,7 @@ from shoestring.errors import ShoestringError
 app = typer.Typer(
     name="shoestring",
     help="Train the best language model a compute budget allows: "
-    "prep raw text, pretrain within a budget, evaluate.",
+    "plan → prep → train → eval → export → serve.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_show_locals=False,
@@ -40,7 +40,7 @@ SetOpt = Annotated[
     typer.Option("--set", help="Override one setting: section.key=value (repeatable).", metavar="KEY=VALUE"),
 ]
 BudgetOpt = Annotated[
-    Optional[str], typer.Option("--budget", "-b", help="Wall-clock budget for training: 90s, 5m, 2h.")
+    Optional[str], typer.Option("--budget", "-b", help="Training budget: 90s/5m/2h wall clock, 3e15flops, 20Mtok or 500steps.")
 ]
 StepsOpt = Annotated[
     Optional[int],
@@ -71,12 +71,12 @@ def _config(config: Path | None, sets: list[str] | None, extra: list[str] | None
 
 
 def _budget_overrides(budget: str | None, steps: int | None) -> list[str]:
-    from shoestring.train.budget import parse_duration
+    from shoestring.train.budget import parse_budget
 
     extra = []
     if budget is not None:
         try:
-            parse_duration(budget)
+            parse_budget(budget)
         except ShoestringError as e:
             raise ShoestringError(e.what, where="--budget", fix=e.fix) from None
         extra += [f"train.budget={budget}", "train.steps=null"]
@@ -161,7 +161,8 @@ def _print_prep(manifest: dict, output: Path) -> None:
         shown = f"{block['documents_in']:,} → " if "documents_in" in block else ""
         dropped = ", ".join(f"{n:,} {why.replace('_', ' ')}"
                             for why, n in block.get("dropped", {}).items() if n)
-        t.add_row(f"{block['block']} (documents)",
+        label = "documents read" if block["block"] == "read" else f"{block['block']} (documents)"
+        t.add_row(label,
                   f"{shown}{block['documents_out']:,}" + (f" (dropped {dropped})" if dropped else ""))
     t.add_row("kept (train / val)", f"{docs['kept']:,} ({docs['train']:,} / {docs['val']:,})")
     tok = manifest["tokenizer"]
@@ -196,6 +197,14 @@ def train(
     init_from: Annotated[
         Optional[Path], typer.Option("--init-from", help="Start from these weights: a Hugging Face folder or run dir.")
     ] = None,
+    parallel: Annotated[
+        Optional[str], typer.Option("--parallel", help="Distributed layout under torchrun: dp=D,tp=T,pp=P (or dp_replicate/dp_shard); see docs/distributed.md.", metavar="LAYOUT")
+    ] = None,
+    zero: Annotated[int, typer.Option("--zero", help="With --parallel: ZeRO stage 0-3 (DDP, sharded optimizer, FSDP2 without/with reshard).")] = 0,
+    offload: Annotated[Optional[str], typer.Option("--offload", help="With --parallel: 'cpu' offloads sharded state (ZeRO 2/3, CUDA).")] = None,
+    ac: Annotated[str, typer.Option("--ac", help="With --parallel: activation checkpointing none|selective|full.")] = "none",
+    pp_schedule: Annotated[str, typer.Option("--pp-schedule", help="With --parallel: gpipe|1f1b|interleaved.")] = "1f1b",
+    microbatches: Annotated[Optional[int], typer.Option("--microbatches", help="With --parallel and pp > 1: microbatches per step (default: stages).")] = None,
 ) -> None:
     """Pretrain an encoder (masked LM) or decoder (causal LM) on a data dir within a budget."""
     from shoestring.train.loop import train as run_train
@@ -213,6 +222,15 @@ def train(
                                   fix="train without --resume to start a run here")
         config = saved
     cfg = _config(config, sets, extra, plan=plan)
+    if parallel is not None:
+        from shoestring.dist.launch import train_from_cli
+
+        summary = train_from_cli(cfg, data, output, parallel, zero=zero, offload=offload, ac=ac,
+                                 pp_schedule=pp_schedule, microbatches=microbatches,
+                                 overwrite=overwrite, resume=resume)
+        out.print(f"trained {output}: {summary['steps']:,} steps on {summary['layout']}, "
+                  f"loss {summary['final_train_loss']:.3f}")
+        return
     summary = run_train(cfg, data, output, overwrite=overwrite, console=err, resume=resume)
     _print_train(summary, output)
 
@@ -349,6 +367,9 @@ def serve(
                      "Prefer the environment variable: options show in the process list."),
     ] = None,
     precision: Annotated[str, typer.Option(help="fp32, bf16 (autocast), or auto (bf16 where faster).")] = "fp32",
+    threads: Annotated[
+        Optional[int], typer.Option(help="torch threads for inference (default: one per core).")
+    ] = None,
 ) -> None:
     """Serve a trained model over HTTP with dynamic micro-batching (docs/serving.md)."""
     from shoestring.serve.server import serve as run_serve
@@ -359,12 +380,13 @@ def serve(
         max_queue=max_queue, max_length=max_length, truncate=truncate, max_inputs=max_inputs,
         max_body_bytes=max_body_bytes, max_new_tokens=max_new_tokens,
         request_timeout_s=request_timeout, shutdown_timeout_s=shutdown_timeout, api_key=api_key,
-        precision=precision,
+        precision=precision, threads=threads,
     )
     if not settings.loopback and settings.api_key is None:
         err.print(f"[yellow]warning:[/] listening on {host} without --api-key: anyone who can "
                   "reach this machine can use the model")
-    run_serve(model, settings, announce=lambda msg: err.print(msg, markup=False, highlight=False))
+    run_serve(model, settings,
+              announce=lambda msg: err.print(msg, markup=False, highlight=False, soft_wrap=True))
 
 
 @app.command()
@@ -447,6 +469,27 @@ def sweep(
                        parse_floats(sizes, "--sizes"), law, config, sets, eval_sequences, console=err)
     out.print(points_table(points))
     out.print(f"fit a law to it: shoestring plan --fit {output}")
+
+
+@app.command()
+def report(
+    runs: Annotated[
+        list[Path],
+        typer.Argument(help="Run dirs written by `shoestring train` (overlaid in the plots).",
+                       show_default=False, metavar="RUN_DIR..."),
+    ],
+    output: Annotated[
+        Optional[Path],
+        typer.Option("--output", "-o", help="Folder to write (default: RUN_DIR/report for one run, "
+                     "./report for several)."),
+    ] = None,
+) -> None:
+    """PNG plots (loss vs wall clock, tokens, FLOPs; LR and batch schedules) and one HTML page."""
+    from shoestring.report import write_report
+
+    target = output or (runs[0] / "report" if len(runs) == 1 else Path("report"))
+    path = write_report(runs, target)
+    out.print(f"wrote {path / 'index.html'} ({len(runs)} run(s)) and its plots")
 
 
 @config_app.command("show")
