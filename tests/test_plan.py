@@ -1,0 +1,236 @@
+"""The planner's math and decisions: laws, compute-optimal sizes, the fit, hardware, memory."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import yaml
+
+from shoestring.config import Config, ModelConfig
+from shoestring.errors import ShoestringError
+from shoestring.plan import fit as F
+from shoestring.plan.hardware import HARDWARE, get_hardware, lookup
+from shoestring.plan.laws import (
+    CHINCHILLA_2022,
+    EPOCH_2024,
+    PF_DAY,
+    Law,
+    law_to_yaml,
+    load_law,
+    pf_days,
+    training_flops,
+)
+from shoestring.plan.memory import plan_layout
+from shoestring.plan.planner import PlanRequest, make_plan, parse_budget, plan_to_yaml
+from shoestring.plan.shapes import candidates, count_params, flops_per_token, make_config
+
+
+def test_six_n_d_and_pf_days() -> None:
+    assert training_flops(70e9, 1.4e12) == pytest.approx(5.88e23)
+    assert PF_DAY == 8.64e19
+    assert pf_days(8.64e19) == pytest.approx(1.0)
+    assert pf_days(5.76e23) == pytest.approx(5.76e23 / 8.64e19)
+
+
+def test_default_law_reproduces_chinchilla_70b() -> None:
+    """Chinchilla: 70B parameters on 1.4T tokens at 5.76e23 FLOPs."""
+    n, d = EPOCH_2024.optimal(5.76e23)
+    assert n == pytest.approx(70e9, rel=0.10)
+    assert d == pytest.approx(1.4e12, rel=0.10)
+    assert training_flops(n, d) == pytest.approx(5.76e23)
+    # the closed form is the minimum of the law along C = 6ND
+    for f in (0.8, 1.25):
+        assert EPOCH_2024.loss(n * f, 5.76e23 / (6 * n * f)) > EPOCH_2024.loss(n, d)
+    # the original constants famously do not (they give roughly half the size)
+    n_c, _ = CHINCHILLA_2022.optimal(5.76e23)
+    assert n_c < 0.6 * 70e9
+
+
+def test_law_file_round_trip(tmp_path) -> None:
+    path = tmp_path / "law.yaml"
+    path.write_text(law_to_yaml(EPOCH_2024, {"fit": {"points": 3}}))
+    law = load_law(str(path))
+    assert (law.E, law.A, law.B, law.alpha, law.beta) == (
+        EPOCH_2024.E, EPOCH_2024.A, EPOCH_2024.B, EPOCH_2024.alpha, EPOCH_2024.beta)
+    assert load_law("chinchilla") is CHINCHILLA_2022
+    with pytest.raises(ShoestringError, match="unknown law"):
+        load_law(str(tmp_path / "nope.yaml"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("law: {E: 1.0, A: 2.0, B: x, alpha: 0.3, beta: 0.3}\n")
+    with pytest.raises(ShoestringError, match="law.B"):
+        load_law(str(bad))
+
+
+def _synthetic(law: Law, noise: float, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    n, d, loss = [], [], []
+    for c in np.geomspace(1e17, 3e19, 6):
+        n0, _ = law.optimal(c)
+        for f in (1 / 8, 1 / 4, 1 / 2, 1, 2, 4, 8):
+            n.append(n0 * f)
+            d.append(c / (6 * n0 * f))
+            loss.append(law.loss(n[-1], d[-1]) * math.exp(rng.normal(0, noise)))
+    return n, d, loss
+
+
+def test_fit_recovers_known_constants_from_noisy_losses() -> None:
+    truth = Law("truth", E=1.9, A=400.0, B=1500.0, alpha=0.33, beta=0.37)
+    n, d, loss = _synthetic(truth, noise=0.005)
+    got = F.fit_law(n, d, loss).law
+    assert got.alpha == pytest.approx(truth.alpha, abs=0.03)
+    assert got.beta == pytest.approx(truth.beta, abs=0.03)
+    assert got.E == pytest.approx(truth.E, rel=0.05)
+    # what matters for planning: the compute-optimal size over the fitted range, and losses
+    for c in (1e17, 1e18, 1e19):
+        assert got.optimal(c)[0] == pytest.approx(truth.optimal(c)[0], rel=0.25)
+    for ni, di in zip(n, d):
+        assert got.loss(ni, di) == pytest.approx(truth.loss(ni, di), rel=0.01)
+
+
+def test_fit_needs_enough_points() -> None:
+    with pytest.raises(ShoestringError, match="5 constants"):
+        F.fit_law([1e6, 2e6], [1e7, 2e7], [3.0, 2.9])
+
+
+def test_isoflop_parabola_minimum() -> None:
+    # exact parabola in ln N with its minimum at N = 1e6 on each budget
+    pts = []
+    for c, n_star in ((1e15, 1e6), (1e16, 4e6)):
+        for f in (0.25, 0.5, 1, 2, 4):
+            x = math.log(n_star * f)
+            pts.append({"budget_flops": c, "params_non_embedding": n_star * f,
+                        "val_loss": 3.0 + 0.1 * (x - math.log(n_star)) ** 2})
+    minima = F.isoflop_minima(pts)
+    assert [m.params for m in minima] == pytest.approx([1e6, 4e6], rel=1e-6)
+    k, a = F.power_law([m.flops for m in minima], [m.params for m in minima])
+    assert a == pytest.approx(math.log(4) / math.log(10))
+
+
+def test_hardware_table_and_lookup() -> None:
+    for name in ("v100", "t4", "rtx2080ti", "rtx3090", "rtx4090", "a100-40gb", "a100", "a6000",
+                 "l4", "l40s", "h100", "h100-pcie", "h200", "b200", "mi300x"):
+        hw = HARDWARE[name]
+        assert hw.source.startswith("https://")
+        assert hw.fp32 > 0 and hw.memory_gb > 0
+        peak, dtype = hw.peak()
+        assert peak >= hw.fp32
+    assert lookup("H100_SXM").name == "h100"
+    assert lookup("RTX 4090").name == "rtx4090"
+    assert HARDWARE["h100"].peak()[0] == pytest.approx(989.4e12)
+    assert HARDWARE["v100"].peak() == (125e12, "fp16")  # no bf16 on Volta
+    with pytest.raises(ShoestringError, match="unknown hardware") as e:
+        get_hardware("tpu-v9000")
+    assert "h100" in e.value.message
+
+
+def test_auto_hardware_is_measured_here() -> None:
+    hw = get_hardware("auto")
+    assert hw.measured and hw.fp32 > 1e9 and hw.memory_gb > 0
+
+
+def test_parse_budget() -> None:
+    assert parse_budget("24h") == (86400.0, None)
+    assert parse_budget("3e18flops") == (None, 3e18)
+    assert parse_budget("2 PF-days") == (None, 2 * 8.64e19)
+    with pytest.raises(ShoestringError, match="neither"):
+        parse_budget("lots")
+
+
+def test_shapes_counts_are_the_real_models() -> None:
+    import torch
+
+    from shoestring.model import build_model
+
+    for objective in ("mlm", "clm"):
+        cfg = make_config(objective, 192, 3)
+        model = build_model(cfg, 1000)
+        assert count_params(cfg, 1000) == (model.num_params(), model.num_params(non_embedding=True))
+        assert cfg.hidden_size % 64 == 0 and cfg.hidden_size % cfg.num_heads == 0
+    shapes = candidates("clm", 32768, 2048, max_params=2e10)
+    for s in shapes:
+        if s.model.hidden_size >= 1024:
+            assert s.model.num_heads % 8 == 0, s.label  # tensor parallel 2/4/8 divides heads
+    assert torch.get_default_device().type == "cpu"  # meta building leaves no trace
+
+
+def test_plan_h100_node_day() -> None:
+    tree = make_plan(PlanRequest(hardware="h100", devices=8, budget="24h", mfu=0.4,
+                                 objective="clm"))
+    p = tree["plan"]
+    assert p["budget"]["flops"] == pytest.approx(989.4e12 * 8 * 86400 * 0.4)
+    assert p["budget"]["pf_days"] == pytest.approx(p["budget"]["flops"] / 8.64e19)
+    assert p["budget"]["wall_clock_s"] == pytest.approx(86400)
+    n_opt = p["optimum"]["params"]
+    assert p["model"]["params_non_embedding"] == pytest.approx(n_opt, rel=0.5)
+    assert tree["model"]["hidden_size"] % 64 == 0
+    assert tree["model"]["num_heads"] % 8 == 0
+    # tokens are what the budget buys for this exact model
+    spent = p["model"]["tokens"] * p["model"]["flops_per_token"]
+    assert spent == pytest.approx(p["budget"]["flops"])
+    assert p["layout"]["fits"] and p["layout"]["memory_gb"] < 80
+    assert any("different scales" in n for n in p["notes"])
+    # the sections are a valid config as they stand
+    cfg = Config.model_validate({k: tree[k] for k in ("model", "train", "data")})
+    assert cfg.model.objective == "clm"
+    text = plan_to_yaml(tree)
+    assert yaml.safe_load(text)["plan"]["hardware"]["name"] == "h100"
+
+
+def test_bigger_budget_bigger_model_and_layout() -> None:
+    small = make_plan(PlanRequest(hardware="rtx4090", devices=1, budget="1h", objective="mlm"))
+    big = make_plan(PlanRequest(hardware="a100", devices=512, budget="30d", objective="clm"))
+    assert big["plan"]["model"]["params"] > 100 * small["plan"]["model"]["params"]
+    assert small["plan"]["layout"]["kind"] == "one device"
+    assert big["plan"]["layout"]["zero"] == 3 or big["plan"]["layout"]["tp"] > 1
+
+
+def test_layout_escalates_when_memory_runs_out() -> None:
+    kw = dict(layers=80, hidden=8192, heads=64, vocab=32768, seq_len=2048, global_batch=512,
+              head_fraction=1.0, devices=64, devices_per_node=8, memory_gb=80)
+    assert plan_layout(params=100_000_000, **kw).zero == 0  # DDP: fits replicated
+    big = plan_layout(params=70_000_000_000, **kw)
+    assert big.fits and (big.zero == 3 or big.tp > 1)
+    assert big.micro_batch * big.grad_accum * big.dp == 512
+    one = plan_layout(params=70_000_000_000, **{**kw, "devices": 1, "devices_per_node": 1})
+    assert not one.fits
+
+
+def test_impossible_requests() -> None:
+    with pytest.raises(ShoestringError, match="devices"):
+        make_plan(PlanRequest(hardware="h100", devices=0, budget="1h"))
+    with pytest.raises(ShoestringError, match="unknown hardware"):
+        make_plan(PlanRequest(hardware="quantum-9", budget="1h"))
+    with pytest.raises(ShoestringError, match="budget too small"):
+        make_plan(PlanRequest(hardware="t4", budget="1e9flops"))
+    with pytest.raises(ShoestringError, match="--mfu"):
+        make_plan(PlanRequest(hardware="t4", budget="1h", mfu=1.5))
+    with pytest.raises(ShoestringError, match="--measure"):
+        make_plan(PlanRequest(hardware="t4", budget="1h", measure=True))
+
+
+def test_data_dir_gives_epochs_and_repeat_warning(pydocs_dir) -> None:
+    from shoestring.data.datadir import DataDir
+
+    d = DataDir(pydocs_dir)
+    train_tokens = d.manifest["splits"]["train"]["tokens"]
+    few = make_plan(PlanRequest(hardware="t4", budget="3e12flops", data=str(pydocs_dir)))
+    many = make_plan(PlanRequest(hardware="t4", budget="1e15flops", data=str(pydocs_dir)))
+    assert few["data"]["seq_len"] == d.seq_len and few["data"]["vocab_size"] == d.vocab_size
+    assert few["plan"]["data"]["epochs"] == pytest.approx(
+        few["plan"]["model"]["tokens"] / train_tokens, rel=1e-3)
+    assert "warning" not in few["plan"]["data"] or few["plan"]["data"]["epochs"] > 4
+    assert many["plan"]["data"]["epochs"] > 4
+    assert "repeats the data" in many["plan"]["data"]["warning"]
+
+
+def test_measured_mfu_is_a_fraction() -> None:
+    from shoestring.plan.hardware import measure_this_device
+    from shoestring.plan.measure import measure_mfu
+
+    hw = measure_this_device()
+    mfu = measure_mfu(ModelConfig(hidden_size=64, num_layers=2, num_heads=1,
+                                  intermediate_size=192), 2000, 64, 8, hw, seconds=0.3)
+    assert 0.0 < mfu < 1.5  # a loaded machine can beat its own noisy peak measurement a bit
+    assert flops_per_token(make_config("mlm", 64, 2), 2000, 64) > 0

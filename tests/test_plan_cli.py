@@ -1,0 +1,130 @@
+"""`shoestring plan`, `train --plan`, `sweep` and `plan --fit` through the real CLI and library."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import run_cli
+from shoestring.errors import ShoestringError
+
+
+def _fails(result, *needles: str) -> None:
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "error:" in result.stderr
+    for needle in needles:
+        assert needle in result.stderr, (needle, result.stderr)
+
+
+def test_plan_cli_writes_yaml(tmp_path: Path) -> None:
+    out = tmp_path / "plan.yaml"
+    r = run_cli("plan", "--hardware", "h100", "--devices", "8", "--budget", "24h",
+                "--objective", "mlm", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "PF/s-days" in r.stdout and "compute-optimal" in r.stdout
+    tree = yaml.safe_load(out.read_text())
+    assert set(tree) == {"model", "train", "data", "plan"}
+    assert tree["plan"]["hardware"]["devices"] == 8
+    assert tree["plan"]["hardware"]["source"].startswith("https://")
+
+
+def test_plan_cli_impossible_requests(tmp_path: Path) -> None:
+    _fails(run_cli("plan", "--hardware", "h100", "--devices", "0", "--budget", "1h"), "--devices")
+    _fails(run_cli("plan", "--hardware", "tpu-v9000", "--budget", "1h"),
+           "unknown hardware", "h100")
+    _fails(run_cli("plan", "--hardware", "t4", "--budget", "1e9flops"), "budget too small",
+           "at least")
+    _fails(run_cli("plan", "--hardware", "t4", "--budget", "soon"), "--budget")
+    _fails(run_cli("plan", "--hardware", "t4", "--law", str(tmp_path / "none.yaml")), "--law")
+    _fails(run_cli("plan", "--fit", str(tmp_path / "no-sweep")), "sweep dir not found")
+    bad = tmp_path / "plan.yaml"
+    bad.write_text("model: {hidden_size: 64}\n")  # a config file, not a plan
+    _fails(run_cli("train", "--data", str(tmp_path), "--plan", str(bad), "-o",
+                   str(tmp_path / "r")), "not a shoestring plan")
+
+
+def test_plan_round_trips_through_train(tmp_path: Path, pydocs_dir: Path) -> None:
+    """plan → YAML → `train --plan`: the run trains exactly the planned model and compute."""
+    plan_file = tmp_path / "plan.yaml"
+    r = run_cli("plan", "--hardware", "t4", "--budget", "6e10flops", "--data", str(pydocs_dir),
+                "-o", str(plan_file))
+    assert r.returncode == 0, r.stderr
+    tree = yaml.safe_load(plan_file.read_text())
+    r = run_cli("train", "--data", str(pydocs_dir), "--plan", str(plan_file), "-o",
+                str(tmp_path / "run"), "--set", "train.val_every=0", timeout=600)
+    assert r.returncode == 0, r.stderr
+    resolved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    for key, value in tree["model"].items():
+        assert resolved["model"][key] == value, key
+    assert resolved["train"]["batch_size"] == tree["train"]["batch_size"]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["flops_per_token"] == pytest.approx(tree["plan"]["model"]["flops_per_token"])
+    planned = tree["plan"]["budget"]["flops"]
+    step_flops = tree["plan"]["batch"]["tokens_per_step"] * summary["flops_per_token"]
+    assert abs(summary["total_flops"] - planned) <= step_flops  # within one step of the plan
+
+
+def test_sweep_trains_to_budget_and_resumes(tmp_path: Path, pydocs_dir: Path) -> None:
+    from rich.console import Console
+
+    from shoestring.plan.sweep import read_points, run_sweep
+
+    quiet = Console(file=open(tmp_path / "log.txt", "w"), width=120)
+    sweep = tmp_path / "sweep"
+    kw = {"eval_sequences": 8, "console": quiet,
+          "overrides": ["train.val_every=0", "train.tensorboard=false"]}
+    points = run_sweep(pydocs_dir, sweep, [4e10], factors=[1], **kw)
+    assert len(points) == 1 and points[0]["val_loss"] > 0 and points[0]["is_pick"]
+    first = {p["id"]: p["run"] for p in points}
+    stamps = {pid: (Path(run) / "summary.json").stat().st_mtime_ns for pid, run in first.items()}
+    # re-run with one more size: the finished point is not trained again
+    points = run_sweep(pydocs_dir, sweep, [4e10], factors=[1, 2], **kw)
+    assert len(points) == 2 and len({p["id"] for p in points}) == 2
+    assert sum(p["is_pick"] for p in points) == 1
+    for pid, run in first.items():
+        assert (Path(run) / "summary.json").stat().st_mtime_ns == stamps[pid]
+    for p in read_points(sweep):
+        # every point spent its budget, to within one step
+        step = p["flops_per_token"] * p["batch_size"] * p["seq_len"]
+        assert abs(p["flops"] - p["budget_flops"]) <= step
+        summary = json.loads((Path(p["run"]) / "summary.json").read_text())
+        assert summary["total_flops"] == pytest.approx(p["flops"])
+    # different settings are refused rather than mixed into the same sweep
+    with pytest.raises(ShoestringError, match="started with"):
+        run_sweep(pydocs_dir, sweep, [4e10], factors=[1], law="chinchilla", **kw)
+
+
+def test_fit_cli_writes_law_and_plots(tmp_path: Path, pydocs_dir: Path) -> None:
+    """`plan --fit` on a sweep dir (points from a known law, as a sweep writes them)."""
+    from shoestring.plan.laws import Law, load_law
+
+    truth = Law("truth", E=2.0, A=300.0, B=900.0, alpha=0.35, beta=0.33)
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "sweep.json").write_text(json.dumps({"format": "shoestring-sweep/1",
+                                                  "objective": "mlm", "data_dir": "x"}))
+    with open(sweep / "points.jsonl", "w") as f:
+        for c in (1e12, 1e13, 1e14):
+            n0, _ = truth.optimal(c)
+            for k in (0.25, 0.5, 1, 2, 4):
+                n, d = n0 * k, c / (6 * n0 * k)
+                f.write(json.dumps({"id": f"{c}-{k}", "budget_flops": c,
+                                    "model": {"objective": "mlm"},
+                                    "params_non_embedding": n, "tokens": d,
+                                    "val_loss": truth.loss(n, d), "shape": "x"}) + "\n")
+        f.write('{"id": "torn li')  # a crash mid-write leaves a torn last line: ignored
+    r = run_cli("plan", "--fit", str(sweep))
+    assert r.returncode == 0, r.stderr
+    law = load_law(str(sweep / "law.yaml"))
+    assert law.alpha == pytest.approx(0.35, abs=0.02) and law.beta == pytest.approx(0.33, abs=0.02)
+    for png in ("isoflops.png", "frontier.png", "predicted_vs_observed.png"):
+        data = (sweep / "plots" / png).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+    r = run_cli("plan", "--hardware", "t4", "--budget", "1e12flops", "--law",
+                str(sweep / "law.yaml"), "--data", str(pydocs_dir))
+    assert r.returncode == 0, r.stderr
+    assert "fit:sweep" in r.stdout
