@@ -102,7 +102,7 @@ def main() -> None:
     if noise is not None:
         print(f"seed-to-seed difference of the pick at C={budgets[0]:.3g}: {noise:.4f} nats")
     print(f"refitted law: E={law.E:.3g} A={law.A:.3g} B={law.B:.3g} α={law.alpha:.3f} "
-          f"β={law.beta:.3f} (6 points for 5 constants: indicative only)")
+          f"β={law.beta:.3f} ({len(points)} points for 5 constants: indicative only)")
     print(f"load average before: {load_before}; after: {load_after}; wall {result['wall_s']}s")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
