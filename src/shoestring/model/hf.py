@@ -147,19 +147,35 @@ def _layers(n: int) -> dict[str, Any]:
             "global_attn_every_n_layers": 1}
 
 
-def _only(option: str, allowed: Any, why: str) -> Callable[[Any], dict[str, Any]]:
-    """An option ModernBERT has no switch for: exportable only at the value it hard-codes."""
+def only(option: str, allowed: Any, why: str, target: str = "ModernBERT"
+         ) -> Callable[[Any], dict[str, Any]]:
+    """An option ``target`` has no switch for: exportable only at the value it hard-codes."""
 
     def check(value: Any) -> dict[str, Any]:
         if value != allowed:
             raise ShoestringError(
-                f"model option '{option}' = {value!r} has no exact ModernBERT equivalent ({why})",
+                f"model option '{option}' = {value!r} has no exact {target} equivalent ({why})",
                 fix=f"only models trained with model.{option}={allowed!r} can be exported "
-                "to ModernBERT; the run's own final/ weights still work with eval and serve",
+                f"to {target}; the run's own final/ weights still work with eval and serve",
             )
         return {}
 
     return check
+
+
+def map_options(cfg: ModelConfig, table: dict[str, Callable[[Any], dict[str, Any]]],
+                target: str) -> dict[str, Any]:
+    """Every ModelConfig field through ``table`` into HF config fields; a field missing from the
+    table refuses the export by name, so a new option cannot be exported by silent accident."""
+    fields: dict[str, Any] = {}
+    for name, value in cfg.model_dump(mode="json").items():
+        if name not in table:
+            raise ShoestringError(
+                f"model option '{name}' (= {value!r}) has no exact {target} equivalent",
+                fix="this model cannot be exported to Hugging Face format",
+            )
+        fields.update(table[name](value))
+    return fields
 
 
 def _bias(value: bool) -> dict[str, Any]:
@@ -172,7 +188,7 @@ _ACTIVATIONS = {"geglu": "gelu", "swiglu": "silu"}  # ModernBERT's MLP is always
 
 def _ffn(value: str) -> dict[str, Any]:
     if value not in _ACTIVATIONS:
-        _only("ffn", "geglu", "ModernBERT's feed-forward is always gated")(value)
+        only("ffn", "geglu", "ModernBERT's feed-forward is always gated")(value)
     return {"hidden_activation": _ACTIVATIONS[value]}
 
 
@@ -183,20 +199,20 @@ def _no_gqa(value: int | None) -> dict[str, Any]:
 
 _EXPORT_OPTIONS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "preset": lambda v: {},  # a name for the sizes below, which are exported themselves
-    "objective": _only("objective", "mlm", "ModernBERT is an encoder"),
+    "objective": only("objective", "mlm", "ModernBERT is an encoder"),
     "hidden_size": lambda v: {"hidden_size": v},
     "num_layers": _layers,
     "num_heads": lambda v: {"num_attention_heads": v},
     "num_kv_heads": _no_gqa,
     "intermediate_size": lambda v: {"intermediate_size": v},
-    "norm": _only("norm", "layernorm", "ModernBERT uses LayerNorm"),
-    "norm_position": _only("norm_position", "pre", "ModernBERT is a pre-norm model"),
+    "norm": only("norm", "layernorm", "ModernBERT uses LayerNorm"),
+    "norm_position": only("norm_position", "pre", "ModernBERT is a pre-norm model"),
     "bias": _bias,
     "ffn": _ffn,
-    "positions": _only("positions", "rotary", "ModernBERT uses rotary positions"),
+    "positions": only("positions", "rotary", "ModernBERT uses rotary positions"),
     "max_positions": lambda v: {},  # only used by learned/sinusoidal positions
-    "tie_embeddings": _only("tie_embeddings", True, "ModernBERT ties its decoder"),
-    "embedding_norm": _only("embedding_norm", True, "ModernBERT always normalizes embeddings"),
+    "tie_embeddings": only("tie_embeddings", True, "ModernBERT ties its decoder"),
+    "embedding_norm": only("embedding_norm", True, "ModernBERT always normalizes embeddings"),
     "sparse_prediction": lambda v: {},  # which positions training scores, not the function
     "norm_eps": lambda v: {"norm_eps": v},
     "rope_theta": _rope,
@@ -222,13 +238,7 @@ _FIXED: dict[str, Any] = {
 def hf_config(model_cfg: ModelConfig, vocab_size: int, seq_len: int, ids: dict[str, int]) -> dict:
     """The ModernBERT ``config.json`` for one of our models; refuses options it cannot map."""
     fields: dict[str, Any] = {"architectures": [HF_ARCHITECTURE], "model_type": MODEL_TYPE}
-    for name, value in model_cfg.model_dump(mode="json").items():
-        if name not in _EXPORT_OPTIONS:
-            raise ShoestringError(
-                f"model option '{name}' (= {value!r}) has no exact ModernBERT equivalent",
-                fix="this model cannot be exported to Hugging Face format",
-            )
-        fields.update(_EXPORT_OPTIONS[name](value))
+    fields.update(map_options(model_cfg, _EXPORT_OPTIONS, "ModernBERT"))
     fields.update(_FIXED)
     fields.update(
         vocab_size=vocab_size,

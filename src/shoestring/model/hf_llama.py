@@ -26,6 +26,7 @@ from shoestring.config import ModelConfig
 from shoestring.errors import ShoestringError
 from shoestring.fsutil import building_dir, check_output_dir, write_json_atomic, write_text_atomic
 from shoestring.model.decoder import CausalLM
+from shoestring.model.hf import map_options, only
 
 EXPORT_MARKER = ".shoestring-export"
 HF_ARCHITECTURE = "LlamaForCausalLM"
@@ -34,16 +35,7 @@ WEIGHTS = "model.safetensors"
 
 
 def _only(option: str, allowed: Any, why: str) -> Callable[[Any], dict[str, Any]]:
-    def check(value: Any) -> dict[str, Any]:
-        if value != allowed:
-            raise ShoestringError(
-                f"model option '{option}' = {value!r} has no exact Llama equivalent ({why})",
-                fix=f"only decoders trained with model.{option}={allowed!r} can be exported "
-                "to Llama; the run's own final/ weights still work with eval and serve",
-            )
-        return {}
-
-    return check
+    return only(option, allowed, why, target="Llama")
 
 
 _EXPORT_OPTIONS: dict[str, Callable[[Any], dict[str, Any]]] = {
@@ -73,13 +65,7 @@ _EXPORT_OPTIONS: dict[str, Callable[[Any], dict[str, Any]]] = {
 def hf_config(cfg: ModelConfig, vocab_size: int, seq_len: int, ids: dict[str, int]) -> dict:
     """The Llama ``config.json`` for one of our decoders; refuses options it cannot map."""
     fields: dict[str, Any] = {"architectures": [HF_ARCHITECTURE], "model_type": MODEL_TYPE}
-    for name, value in cfg.model_dump(mode="json").items():
-        if name not in _EXPORT_OPTIONS:
-            raise ShoestringError(
-                f"model option '{name}' (= {value!r}) has no exact Llama equivalent",
-                fix="this model cannot be exported to Hugging Face format",
-            )
-        fields.update(_EXPORT_OPTIONS[name](value))
+    fields.update(map_options(cfg, _EXPORT_OPTIONS, "Llama"))
     eos = ids.get("<|endoftext|>")
     fields.update(
         num_key_value_heads=cfg.kv_heads,
