@@ -127,17 +127,10 @@ def read_choices(path: str | Path) -> list[dict[str, Any]]:
     path = Path(path)
     if not path.is_file():
         raise ShoestringError("file not found", where=str(path), fix="check the path")
+    from shoestring.eval.tasks import iter_json_objects
+
     items = []
-    for n, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), 1):
-        if not line.strip():
-            continue
-        where = f"{path}:{n}"
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ShoestringError(f"not valid JSON ({e.msg})", where=where) from None
-        if not isinstance(obj, dict):
-            raise ShoestringError("each line must be a JSON object", where=where)
+    for where, obj in iter_json_objects(path.read_text(encoding="utf-8-sig"), path):
         for key in ("context", "choices", "answer"):
             if key not in obj:
                 raise ShoestringError(

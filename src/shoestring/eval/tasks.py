@@ -32,6 +32,7 @@ import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any, Literal
 
 import yaml
@@ -318,9 +319,8 @@ def _read_examples(task: CustomTask, path: Path) -> list[Example]:
     return out
 
 
-def _read_jsonl(task: CustomTask, path: Path) -> list[Example]:
-    text = _open_text(path)
-    out = []
+def iter_json_objects(text: str, path: Path) -> Iterator[tuple[str, dict]]:
+    """(``file:line``, object) for each non-blank JSON-lines row; bad rows name their line."""
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
@@ -331,6 +331,12 @@ def _read_jsonl(task: CustomTask, path: Path) -> list[Example]:
             raise ShoestringError(f"not valid JSON ({e.msg}, column {e.colno})", where=where) from None
         if not isinstance(obj, dict):
             raise ShoestringError("each line must be a JSON object", where=where)
+        yield where, obj
+
+
+def _read_jsonl(task: CustomTask, path: Path) -> list[Example]:
+    out = []
+    for where, obj in iter_json_objects(_open_text(path), path):
         vals = []
         for key in (task.text, task.text_pair, task.label):
             if key is None:

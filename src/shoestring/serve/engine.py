@@ -15,6 +15,7 @@ ModernBERT) folder, and a fine-tuned classifier folder.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import json
 from pathlib import Path
@@ -41,7 +42,7 @@ def input_loc(index: int, many: bool) -> tuple[str | int, ...]:
     return ("body", "inputs", index) if many else ("body", "inputs")
 
 
-class Engine:
+class Engine(abc.ABC):
     """A loaded model with its tokenizer; subclasses serve some of `TASKS`."""
 
     kind = ""
@@ -122,26 +123,15 @@ class Engine:
         """Whether inputs of different lengths may share a call (the model masks padding)."""
         return True
 
+    @abc.abstractmethod
     def run(self, key: tuple, payloads: list[Any]) -> list[Any]:
-        raise NotImplementedError
+        """Run one batch of prepared payloads sharing ``key``; one result per payload."""
 
     def warmup(self) -> None:
         """One tiny batch per task, so the first request does not pay for lazy init."""
 
-    # One ``prepare_*`` per task in `tasks`; the app only calls those of served tasks.
-    def prepare_fill_mask(self, texts: list[str], top_k: int, many: bool) -> list[Any]:
-        raise NotImplementedError
-
-    def prepare_embed(
-        self, texts: list[str], pooling: str, normalize: bool, many: bool
-    ) -> list[Any]:
-        raise NotImplementedError
-
-    def prepare_classify(self, texts: list[str], pairs: list[str] | None, many: bool) -> list[Any]:
-        raise NotImplementedError
-
-    def prepare_generate(self, texts: list[str], many: bool) -> list[Any]:
-        raise NotImplementedError
+    # Each subclass defines one ``prepare_*`` per task in its `tasks` (prepare_fill_mask,
+    # prepare_embed, prepare_classify, prepare_generate); the app calls only served tasks'.
 
 
 def _tokenize(tokenizer: Any, texts: list[str]) -> list[list[int]]:

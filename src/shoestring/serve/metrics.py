@@ -9,6 +9,7 @@ both record.
 
 from __future__ import annotations
 
+import abc
 import math
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -38,7 +39,7 @@ def _num(x: float) -> str:
     return repr(float(x)) if not float(x).is_integer() else str(int(x))
 
 
-class _Metric:
+class _Metric(abc.ABC):
     kind = ""
 
     def __init__(self, name: str, help: str, labelnames: Sequence[str] = ()) -> None:
@@ -53,8 +54,9 @@ class _Metric:
     def header(self) -> list[str]:
         return [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} {self.kind}"]
 
+    @abc.abstractmethod
     def samples(self) -> list[str]:
-        raise NotImplementedError
+        """The metric's sample lines in Prometheus text format."""
 
 
 class Counter(_Metric):

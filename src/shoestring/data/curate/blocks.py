@@ -102,8 +102,12 @@ class Block:
         self.examples: dict[str, list[Example]] = {}
 
     def apply(self, doc: Document) -> Document | Drop:
-        """Judge one document: return it (maybe changed) or a ``Drop``."""
-        raise NotImplementedError
+        """Judge one document: return it (maybe changed) or a ``Drop``.
+
+        The default ``process`` calls this per document; blocks that judge whole streams
+        (fuzzy dedup, decontamination) override ``process`` instead and never reach here.
+        """
+        raise TypeError(f"{type(self).__name__} must define apply() or override process()")
 
     def process(self, docs: Iterable[Document]) -> Iterator[Document]:
         """Yield the documents this block keeps, counting everything."""
