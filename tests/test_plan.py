@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+import torch
 import yaml
 
 from shoestring.config import Config, ModelConfig
@@ -123,6 +124,29 @@ def test_hardware_table_and_lookup() -> None:
     with pytest.raises(ShoestringError, match="unknown hardware") as e:
         get_hardware("tpu-v9000")
     assert "h100" in e.value.message
+
+
+def test_gpu_names_as_torch_reports_them_find_their_datasheet_row() -> None:
+    from shoestring.plan.hardware import from_device_name
+    from shoestring.train.device import _datasheet
+
+    seen = {
+        "NVIDIA H100 80GB HBM3": "h100", "NVIDIA H100 PCIe": "h100-pcie",
+        "NVIDIA A100-SXM4-40GB": "a100-40gb", "NVIDIA A100-SXM4-80GB": "a100",
+        "NVIDIA A100 80GB PCIe": "a100", "Tesla V100-SXM2-16GB": "v100-16gb",
+        "Tesla V100-SXM2-32GB": "v100", "Tesla T4": "t4", "NVIDIA L4": "l4",
+        "NVIDIA L40S": "l40s", "NVIDIA RTX A6000": "a6000", "NVIDIA GeForce RTX 4090": "rtx4090",
+        "NVIDIA H200": "h200", "AMD Instinct MI300X": "mi300x",
+    }
+    for device_name, row in seen.items():
+        assert from_device_name(device_name).name == row, device_name
+    # variants the table has no row for, and CPUs, have no datasheet peak (never a wrong one)
+    for device_name in ("NVIDIA H100 NVL", "NVIDIA A10G", "cpu (x86_64, 2 threads)"):
+        assert from_device_name(device_name) is None
+    assert _datasheet("NVIDIA H100 80GB HBM3", torch.bfloat16) == (989.4e12, "h100")
+    assert _datasheet("Tesla V100-SXM2-32GB", torch.bfloat16) == (None, None)  # no bf16 units
+    assert _datasheet("Tesla V100-SXM2-32GB", torch.float16) == (125e12, "v100")
+    assert _datasheet("cpu (x86_64, 2 threads)", torch.bfloat16) == (None, None)
 
 
 def test_auto_hardware_is_measured_here() -> None:

@@ -134,6 +134,34 @@ def lookup(name: str) -> Hardware:
     )
 
 
+# What `torch.cuda.get_device_name` reports, matched in order (most specific first), e.g.
+# "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB", "Tesla V100-SXM2-16GB", "AMD Instinct MI300X".
+_DEVICE_NAME_PATTERNS: list[tuple[str, str | None]] = [
+    (r"h100.*nvl", None), (r"a10g", None),  # variants the table has no row for
+    (r"h100.*pcie", "h100-pcie"), (r"h100", "h100"), (r"h200", "h200"), (r"b200", "b200"),
+    (r"a100.*40g", "a100-40gb"), (r"a100", "a100"), (r"l40s", "l40s"), (r"\bl4\b", "l4"),
+    (r"rtx a6000", "a6000"), (r"\ba10\b", "a10"), (r"rtx 4090", "rtx4090"),
+    (r"rtx 3090", "rtx3090"), (r"rtx 2080 ti", "rtx2080ti"), (r"v100.*16g", "v100-16gb"),
+    (r"v100", "v100"), (r"\bt4\b", "t4"), (r"p100", "p100"), (r"mi300x", "mi300x"),
+    (r"mi250x", "mi250x"),
+]
+
+
+def from_device_name(device_name: str) -> Hardware | None:
+    """The table row for a CUDA/ROCm device name as torch reports it, or None when unknown.
+
+    Used for MFU against the datasheet peak beside the measured one; unknown devices (and
+    every CPU) simply have no datasheet figure.
+    """
+    import re
+
+    name = device_name.lower()
+    for pattern, key in _DEVICE_NAME_PATTERNS:
+        if re.search(pattern, name):
+            return HARDWARE[key] if key else None
+    return None
+
+
 def measure_this_device(precision: str = "auto") -> Hardware:
     """``auto``: this machine's measured dense matmul peak (CPU included), per dtype.
 

@@ -22,6 +22,9 @@ class DeviceInfo:
     dtype: torch.dtype  # autocast dtype; float32 means no autocast
     peak_flops: float  # measured dense matmul FLOP/s in that dtype
     name: str
+    # The vendor's dense peak for this device and dtype (plan.hardware table), when known.
+    datasheet_flops: float | None = None
+    datasheet_name: str | None = None
 
     def autocast(self) -> contextlib.AbstractContextManager:
         if self.dtype == torch.float32:
@@ -89,4 +92,17 @@ def select_device(precision: str = "auto", measure_peak: bool = True) -> DeviceI
         bf16 = measure_matmul_flops("cpu", torch.bfloat16)
         dtype = torch.bfloat16 if bf16 > 1.3 * fp32 else torch.float32
     peak = measure_matmul_flops(device.type, dtype) if measure_peak else 0.0
-    return DeviceInfo(device, dtype, peak, _device_name(device))
+    name = _device_name(device)
+    return DeviceInfo(device, dtype, peak, name, *_datasheet(name, dtype))
+
+
+def _datasheet(device_name: str, dtype: torch.dtype) -> tuple[float | None, str | None]:
+    """(dense peak FLOP/s, table name) from the datasheet table for a known GPU, else Nones."""
+    from shoestring.plan.hardware import from_device_name
+
+    hw = from_device_name(device_name)
+    if hw is None:
+        return None, None
+    key = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
+    flops = getattr(hw, key)
+    return (flops, hw.name) if flops else (None, None)

@@ -260,7 +260,9 @@ def train(
         f"model: {cfg.model.objective} {model.num_params() / 1e6:.2f}M parameters "
         f"({model.num_params(non_embedding=True) / 1e6:.2f}M non-embedding), "
         f"{flops_per_token / 1e6:.1f} MFLOP/token; device: {dev.name}, "
-        f"{str(dev.dtype).removeprefix('torch.')}, measured peak {dev.peak_flops / 1e9:.0f} GFLOP/s; "
+        f"{str(dev.dtype).removeprefix('torch.')}, measured peak {dev.peak_flops / 1e9:.0f} GFLOP/s"
+        + (f" (datasheet {dev.datasheet_name}: {dev.datasheet_flops / 1e12:.0f} TFLOP/s)"
+           if dev.datasheet_flops else "") + "; "
         f"budget: {budget.describe()}"
         + (f"; resuming at step {s.step}" if ckpt else "")
     )
@@ -355,6 +357,8 @@ def train(
                         "data_wait": min(1.0, window["wait"] / span), "skipped": s.skipped,
                         "elapsed_s": now,
                     }
+                    if dev.datasheet_flops:
+                        record["mfu_datasheet"] = tps * flops_per_token / dev.datasheet_flops
                     metrics.write(record)
                     window = {"start": now, "tokens": 0, "loss": 0.0, "steps": 0, "wait": 0.0,
                               "gnorm": 0.0}
@@ -411,6 +415,10 @@ def train(
         "total_flops": flops_per_token * s.tokens,
         "mfu": tps * flops_per_token / dev.peak_flops,
         "peak_flops": dev.peak_flops,
+        # Against the vendor's datasheet peak on a known GPU (plan.hardware); else null.
+        "mfu_datasheet": tps * flops_per_token / dev.datasheet_flops if dev.datasheet_flops else None,
+        "datasheet_peak_flops": dev.datasheet_flops,
+        "datasheet_device": dev.datasheet_name,
         "device": dev.name,
         "dtype": str(dev.dtype).removeprefix("torch."),
         "params": model.num_params(),
