@@ -180,3 +180,16 @@ def test_memory_falls_with_zero_stage_tp_and_checkpointing() -> None:
                                                             microbatches=16))
     f1b = memory_per_rank(cfg, 32768, 512, 1, make_layout("pp=4", microbatches=16))
     assert gpipe["activations"] > 3 * f1b["activations"]
+
+
+@pytest.mark.parametrize("sets, needle", [
+    (["train.batch_ramp=0.6"], "train.batch_ramp=0.6 is not supported with --parallel"),
+    (["model.bias=true"], "model.bias=true with tp > 1 is not supported"),
+])
+def test_trainer_options_the_parallel_path_lacks_are_refused_up_front(sets, needle) -> None:
+    from shoestring.config import load_config
+    from shoestring.dist.trainer import check_layout
+
+    cfg = load_config(None, ["train.steps=2", "train.batch_size=8", *sets])
+    with pytest.raises(ShoestringError, match=needle):
+        check_layout(cfg, make_layout("dp=1,tp=2"), 512, 2, "cpu")
