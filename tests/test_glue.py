@@ -303,3 +303,43 @@ def test_markdown_keeps_references_apart_and_chart_is_a_png() -> None:
     assert "arXiv:2212.14034" in refs and "glue9" in refs
     png = render_chart(results)
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+
+
+def test_hub_layout_datasets_convert_like_the_glue_files() -> None:
+    """`--glue hf` needs a network; what it does with the hub's data is tested here on real
+    `datasets` objects built with the hub's ``glue`` features (names and ClassLabels)."""
+    import datasets
+
+    from shoestring.eval.glue import from_hf_dataset
+
+    cola = datasets.DatasetDict({
+        split: datasets.Dataset.from_dict(
+            {"sentence": ["Bill sang.", "Sang Bill the."], "label": [1, 0], "idx": [0, 1]},
+            features=datasets.Features({
+                "sentence": datasets.Value("string"),
+                "label": datasets.ClassLabel(names=["unacceptable", "acceptable"]),
+                "idx": datasets.Value("int32")}))
+        for split in ("train", "validation")})
+    data = from_hf_dataset(GLUE_TASKS["cola"], cola)
+    assert [(e.a, e.label) for e in data.train] == [("Bill sang.", "1"), ("Sang Bill the.", "0")]
+    assert data.label_ids(data.evals["dev"]) == [1, 0]  # index order, as the files give it
+
+    nli = datasets.Features({"premise": datasets.Value("string"),
+                             "hypothesis": datasets.Value("string"),
+                             "label": datasets.ClassLabel(
+                                 names=["entailment", "neutral", "contradiction"])})
+    mnli = datasets.DatasetDict({
+        split: datasets.Dataset.from_dict(
+            {"premise": ["A man sleeps.", "A dog runs."], "hypothesis": ["He naps.", "A cat."],
+             "label": [0, 2]}, features=nli)
+        for split in ("train", "validation_matched", "validation_mismatched")})
+    data = from_hf_dataset(GLUE_TASKS["mnli"], mnli, max_train=1)
+    assert len(data.train) == 1 and data.train[0].b == "He naps."
+    assert set(data.evals) == {"dev_matched", "dev_mismatched"}
+    assert [e.label for e in data.evals["dev_matched"]] == ["entailment", "contradiction"]
+
+    stsb = datasets.DatasetDict({
+        split: datasets.Dataset.from_dict(
+            {"sentence1": ["a"], "sentence2": ["b"], "label": [3.8]}) for split in ("train", "validation")})
+    data = from_hf_dataset(GLUE_TASKS["stsb"], stsb)
+    assert data.train[0].label == pytest.approx(3.8) and data.evals["dev"][0].b == "b"

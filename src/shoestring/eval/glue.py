@@ -35,12 +35,14 @@ Pearson and Spearman (STS-B); a task's score is the mean of its metrics.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 from pathlib import Path
 
 from shoestring.errors import ShoestringError
 from shoestring.eval.tasks import Example, Problem, TaskData, TaskSpec, read_table
 
-__all__ = ["GLUE_TASKS", "SCORE_COLUMNS", "GlueTask", "load_glue_task", "parse_task_list"]
+__all__ = ["GLUE_TASKS", "SCORE_COLUMNS", "GlueTask", "from_hf_dataset", "load_glue_task",
+           "parse_task_list"]
 
 
 @dataclass(frozen=True)
@@ -268,9 +270,19 @@ def _load_hf(task: GlueTask, max_train: int | None) -> TaskData:
             where="--glue hf",
             fix="check the network, or download GLUE and pass --glue DIR",
         ) from None
+    return from_hf_dataset(task, ds, max_train)
+
+
+def from_hf_dataset(task: GlueTask, ds: Any, max_train: int | None = None) -> TaskData:
+    """A task from a `datasets.DatasetDict` laid out like the hub's ``glue`` config.
+
+    Class labels map by name where the hub's ``ClassLabel`` names are ours (MNLI, QNLI, RTE,
+    WNLI: "entailment", ...), else by index (CoLA, SST-2, MRPC, QQP: "0"/"1"), so a model
+    fine-tuned from the hub and one from the GLUE files share one label order.
+    """
     fa, fb = task.hf_fields
 
-    def convert(split: str, hf_split: str, limit: int | None) -> list[Example]:
+    def convert(hf_split: str, limit: int | None) -> list[Example]:
         rows = ds[hf_split]
         names = getattr(rows.features["label"], "names", None)
         out = []
@@ -285,6 +297,6 @@ def _load_hf(task: GlueTask, max_train: int | None) -> TaskData:
             out.append(Example(r[fa], r[fb] if fb else None, value, f"hf:glue/{task.hf_name}/{hf_split}#{i}"))
         return out
 
-    train = convert("train", "train", max_train)
-    evals = {split: convert(split, hf_split, None) for split, hf_split in task.hf_evals}
+    train = convert("train", max_train)
+    evals = {split: convert(hf_split, None) for split, hf_split in task.hf_evals}
     return TaskData(task.spec, train, evals, source=f"hf:glue/{task.hf_name}")
