@@ -278,6 +278,11 @@ def main() -> None:
         model, info = train_hf(cfg, data, seconds, args.hf_lr, args.hf_warmup, cfg.train.seed)
         results["hf"] = {"load_average_before": load, "load_average_after": load_average(), **info}
         trained["hf"] = model
+        # Saved so the downstream benchmark (bench/glue_after_pretrain.py) can fine-tune it.
+        hf_dir = args.work / "hf"
+        model.save_pretrained(hf_dir)
+        hf_tokenizer(data).save_pretrained(hf_dir)
+        results["hf"]["saved_to"] = str(hf_dir)
 
     for fn in ((run_ours, run_hf) if args.order == "ours-first" else (run_hf, run_ours)):
         fn()
