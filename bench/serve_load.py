@@ -8,6 +8,7 @@ Reports throughput and p50/p99 latency per server and concurrency, and the ratio
 
     python bench/serve_load.py                     # builds the `cram`-size model if needed
     python bench/serve_load.py --model RUN_DIR --requests 600 --concurrency 1 8 32
+    python bench/serve_load.py --preset base       # a BERT-base-size encoder (110M)
 
 The peer is what a user would write: FastAPI + `pipeline("fill-mask", model=EXPORT_DIR)` in a
 sync endpoint (FastAPI runs it in its thread pool). Same model weights (our export), same
@@ -70,16 +71,21 @@ def loadavg() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def build_model(work: Path) -> Path:
-    """The `cram` model size (256 hidden, 4 layers, 8k vocab), briefly trained on pydocs."""
-    from shoestring.config import Config, TrainConfig
+def build_model(work: Path, preset: str | None) -> Path:
+    """The `cram` model size (256 hidden, 4 layers, 8k vocab) or a named encoder preset,
+    briefly trained on pydocs (serving speed does not depend on the weights' quality)."""
+    from shoestring.config import load_config
     from shoestring.data.prep import prep
     from shoestring.train.loop import train
 
-    run = work / "run"
+    run = work / (f"run-{preset}" if preset else "run")
     if (run / "final" / "model.safetensors").is_file():
         return run
-    cfg = Config(train=TrainConfig(budget=None, steps=10))
+    sets = ["train.budget=null", "train.steps=10"]
+    if preset:
+        sets = ["train.budget=null", "train.steps=2", "train.batch_size=8",
+                f"model.preset={preset}"]
+    cfg = load_config(None, sets)
     if not (work / "data" / "manifest.json").is_file():
         prep(["builtin:pydocs"], work / "data", cfg.data)
     train(cfg, work / "data", run, overwrite=True)
@@ -240,6 +246,7 @@ def main() -> None:
     ap.add_argument(
         "--model", type=Path, help="run dir to serve (default: build the cram-size model)"
     )
+    ap.add_argument("--preset", help="build this encoder preset instead (e.g. base)")
     ap.add_argument(
         "--work", type=Path, default=Path(tempfile.gettempdir()) / "shoestring-serve-bench"
     )
@@ -263,7 +270,7 @@ def main() -> None:
     if args.threads:  # inherited by the server processes, ours and the peer alike
         os.environ["OMP_NUM_THREADS"] = str(args.threads)
     args.work.mkdir(parents=True, exist_ok=True)
-    run = args.model or build_model(args.work)
+    run = args.model or build_model(args.work, args.preset)
     hf = export_encoder(run, args.work / "hf", overwrite=True)
     texts = make_texts(max(args.requests, 200))
     print(
