@@ -124,3 +124,37 @@ def test_cancelled_jobs_never_run_and_close_drains_the_rest() -> None:
     assert asyncio.run(main()) == "kept"
     assert ran == ["kept"]
     assert metrics.dropped.value(reason="disconnected") == 1
+
+
+def test_the_group_holding_the_oldest_job_runs_first() -> None:
+    # A long input queued before four short ones lands in the same batch but in its own length
+    # group; shortest-first would run it last, behind inputs that arrived after it.
+    release = threading.Event()
+    calls: list[list[str]] = []
+
+    def run(key: tuple, payloads: list[str]) -> list[str]:
+        if payloads == ["blocker"]:
+            release.wait(10)
+        calls.append(list(payloads))
+        return payloads
+
+    b = MicroBatcher(run, max_batch_size=8, max_wait_s=0.0)
+    b.start()
+
+    async def main() -> None:
+        first = b.submit([Job(("t",), 1, "blocker")])  # holds the worker while the rest queue
+        while b.in_flight == 0:
+            await asyncio.sleep(0.001)
+        long = b.submit([Job(("t",), 500, "long")])
+        short = b.submit([Job(("t",), 10, f"short{i}") for i in range(4)])
+        release.set()
+        await asyncio.gather(*first, *long, *short)
+
+    try:
+        asyncio.run(main())
+    finally:
+        release.set()
+        b.close()
+    assert calls[0] == ["blocker"]
+    assert calls[1] == ["long"]  # split off (padding 4 inputs to 500 costs more than a call)
+    assert sorted(calls[2]) == [f"short{i}" for i in range(4)]

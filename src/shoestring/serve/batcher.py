@@ -13,7 +13,8 @@ and one worker thread that repeatedly:
 2. if more jobs are queued than fit, picks the ``max_batch_size`` jobs of the nearest lengths
    around the oldest one (the oldest is always served, so nothing starves);
 3. splits that batch into length groups so short inputs are not padded to the longest
-   (`plan_groups`, an exact dynamic program over the sorted lengths);
+   (`plan_groups`, an exact dynamic program over the sorted lengths), and runs the group
+   holding the oldest job first, then the rest by their oldest job;
 4. runs each group; if a group's call raises, runs its jobs one by one, so one bad input
    fails only its own request.
 
@@ -277,8 +278,12 @@ class MicroBatcher:
         while (batch := self._next_batch()) is not None:
             key = batch[0].key
             lengths = [j.length for j in batch]
+            groups = plan_groups(lengths, self.group_overhead_tokens, self._pad(key))
+            # Oldest first: shortest-first would leave a long input that has already waited
+            # behind every short group of each batch, which is what stretches the tail.
+            groups.sort(key=lambda g: min(batch[i].enqueued for i in g))
             try:
-                for group in plan_groups(lengths, self.group_overhead_tokens, self._pad(key)):
+                for group in groups:
                     self._run_group(key, [batch[i] for i in group])
             finally:
                 with self._cv:
