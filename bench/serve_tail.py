@@ -1,0 +1,127 @@
+"""Server-side latency of `shoestring serve` under closed-loop load: where the tail comes from.
+
+`bench/serve_load.py` measures latency at the client, which on a small machine also contains
+the load generator's own scheduling. This script runs the real server (`ServerThread`, the
+same app `shoestring serve` runs) in this process and records, for every /v1/fill-mask
+request, its duration inside the server (the app's own latency measurement, before it is
+folded into coarse histogram buckets) and, for every job, the time from entering the queue to
+its result being handed back. The load generator is a separate process (32 keep-alive
+clients by default, the benchmark's sentences), so the client-side figures are printed beside
+the server's.
+
+    python bench/serve_tail.py                              # the serve_load `cram` model
+    python bench/serve_tail.py --max-batch-size 1 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from shoestring.serve import batcher as batcher_module
+from shoestring.serve.metrics import Histogram
+from shoestring.serve.server import ServerThread, load
+from shoestring.serve.settings import make_settings
+
+HERE = Path(__file__).resolve().parent
+CLIENT = """
+import asyncio, json, sys, time
+import httpx
+sys.path.insert(0, {here!r})
+from serve_load import make_texts
+url, warmup, n, c = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+texts = make_texts(300)
+async def run(count, lat):
+    limits = httpx.Limits(max_connections=c, max_keepalive_connections=c)
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as cl:
+        sem = asyncio.Semaphore(c)
+        async def one(i):
+            async with sem:
+                t = time.perf_counter()
+                r = await cl.post("/v1/fill-mask", json={{"inputs": texts[i % 300], "top_k": 5}})
+                r.raise_for_status()
+                lat.append(time.perf_counter() - t)
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one(i) for i in range(count)))
+        return time.perf_counter() - t0
+asyncio.run(run(warmup, []))
+lat = []
+wall = asyncio.run(run(n, lat))
+print(json.dumps({{"latencies": lat, "wall_s": wall}}))
+"""
+
+
+def quantile(xs: list[float], q: float) -> float:
+    return statistics.quantiles(xs, n=100, method="inclusive")[round(q * 100) - 1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", type=Path,
+                    default=Path(tempfile.gettempdir()) / "shoestring-serve-bench" / "run",
+                    help="run dir to serve (default: the model bench/serve_load.py builds)")
+    ap.add_argument("--max-batch-size", type=int, default=32)
+    ap.add_argument("--requests", type=int, default=1200)
+    ap.add_argument("--warmup", type=int, default=200)
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--port", type=int, default=8765)
+    ap.add_argument("--switch-interval", type=float,
+                    help="sys.setswitchinterval for the server process, in seconds (default 0.005)")
+    args = ap.parse_args()
+    if args.switch_interval:
+        sys.setswitchinterval(args.switch_interval)
+    if not (args.model / "final").is_dir():
+        sys.exit(f"error: {args.model}: no trained run here; run bench/serve_load.py once "
+                 "(it builds one) or pass --model RUN_DIR")
+
+    server_s: list[float] = []
+    queue_s: list[float] = []
+    observe = Histogram.observe
+
+    def capture(self: Histogram, value: float, **labels: str) -> None:
+        if labels.get("endpoint") == "/v1/fill-mask":
+            server_s.append(value)
+        observe(self, value, **labels)
+
+    deliver = batcher_module._deliver
+
+    def timed_deliver(jobs: list, results: list) -> None:
+        now = batcher_module.time.monotonic()
+        queue_s.extend(now - j.enqueued for j in jobs)
+        deliver(jobs, results)
+
+    Histogram.observe = capture  # type: ignore[method-assign]
+    batcher_module._deliver = timed_deliver
+
+    settings = make_settings(port=args.port, max_batch_size=args.max_batch_size)
+    print(f"model {args.model}, --max-batch-size {args.max_batch_size}, {args.concurrency} "
+          f"clients, {args.requests} requests after {args.warmup} warm-up; load "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    with ServerThread(load(args.model, settings), settings) as server:
+        for r in range(args.repeats):
+            server_s.clear()
+            queue_s.clear()
+            out = subprocess.run(
+                [sys.executable, "-c", CLIENT.format(here=str(HERE)), server.url,
+                 str(args.warmup), str(args.requests), str(args.concurrency)],
+                check=True, capture_output=True, text=True,
+            )
+            client = json.loads(out.stdout)
+            timed = server_s[-args.requests:]
+            print(f"run {r + 1}: {args.requests / client['wall_s']:.1f} req/s; p50 / p99 ms: "
+                  f"client {quantile(client['latencies'], .5) * 1e3:.1f} / "
+                  f"{quantile(client['latencies'], .99) * 1e3:.1f}, "
+                  f"server {quantile(timed, .5) * 1e3:.1f} / {quantile(timed, .99) * 1e3:.1f}, "
+                  f"queue→result {quantile(queue_s[-args.requests:], .5) * 1e3:.1f} / "
+                  f"{quantile(queue_s[-args.requests:], .99) * 1e3:.1f}")
+
+
+if __name__ == "__main__":
+    main()
