@@ -1,7 +1,11 @@
 """The headline comparison: shoestring's default recipe vs a standard Hugging Face MLM recipe.
 
 Same tokenizer, same packed data (the same sequences in the same order), same wall-clock
-budget, same model dimensions (hidden, layers, heads, intermediate), bf16 autocast for both:
+budget, same model dimensions (hidden, layers, heads, and the feed-forward's input projection
+width, which Cramming calls the intermediate size: our GeGLU halves its 2·intermediate_size
+projection, so BERT gets ``intermediate_size`` = 2 × ours = 4·hidden, BERT's own proportion),
+the same precision for both (``--precision auto``: whatever shoestring's device check picks on
+this machine — bf16 autocast where it beats fp32, else fp32):
 
 - **shoestring**: `shoestring.train.loop.train` with the default config (Cramming-style
   encoder, sparse prediction head, one-cycle LR keyed to the budget, 25% masking), budget
@@ -11,7 +15,7 @@ budget, same model dimensions (hidden, layers, heads, intermediate), bf16 autoca
   (dropout 0.1, learned positions, biases, dense MLM head), ``DataCollatorForLanguageModeling``
   (mlm_probability 0.15, 80/10/10), ``torch.optim.AdamW`` (lr ``--hf-lr``, weight decay 0.01),
   ``get_linear_schedule_with_warmup`` (warmup ``--hf-warmup`` of the steps), gradient clipping
-  at 1.0 (the Trainer's default), a plain loop under ``torch.autocast(bfloat16)``. The step
+  at 1.0 (the Trainer's default), a plain loop under the same autocast as ours. The step
   count for the schedule is estimated from a short timing of a few steps on a throwaway copy
   of the model before the clock starts; training stops at the budget or at that step count,
   whichever comes first.
@@ -51,15 +55,13 @@ from shoestring.data.tokenizer import MASK
 from shoestring.eval.mlm import evaluate_run, fixed_masks
 from shoestring.fsutil import write_json_atomic
 from shoestring.train.budget import parse_duration
-from shoestring.train.device import select_device
+from shoestring.train.device import DeviceInfo, select_device
 from shoestring.train.loop import train
 from shoestring.train.rundir import load_final
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT.parent / "shared" / "data" / "corpora" / "mixed-en.jsonl"
 console = Console(stderr=True)
-# The device shoestring's loop picks (CUDA when present, else CPU); the HF recipe runs there too.
-DEVICE = select_device("bf16", measure_peak=False)
 
 
 def load_average() -> str:
@@ -94,6 +96,12 @@ def hf_tokenizer(data: DataDir):
     )
 
 
+def ffn_input_width(cfg: Config) -> int:
+    """The feed-forward's first projection width: 2·intermediate_size for a gated FFN."""
+    m = cfg.model
+    return 2 * m.intermediate_size if m.ffn != "gelu" else m.intermediate_size
+
+
 def hf_model(cfg: Config, data: DataDir):
     """BertForMaskedLM of the same dimensions, the library's defaults otherwise."""
     from transformers import BertConfig, BertForMaskedLM
@@ -101,19 +109,19 @@ def hf_model(cfg: Config, data: DataDir):
     m = cfg.model
     config = BertConfig(
         vocab_size=data.vocab_size, hidden_size=m.hidden_size, num_hidden_layers=m.num_layers,
-        num_attention_heads=m.num_heads, intermediate_size=m.intermediate_size,
+        num_attention_heads=m.num_heads, intermediate_size=ffn_input_width(cfg),
         max_position_embeddings=max(512, data.seq_len), pad_token_id=data.special_ids["[PAD]"],
     )
     return BertForMaskedLM(config)
 
 
 def train_hf(cfg: Config, data: DataDir, seconds: float, lr: float, warmup: float,
-             seed: int) -> tuple[torch.nn.Module, dict]:
+             seed: int, device_info: DeviceInfo) -> tuple[torch.nn.Module, dict]:
     """A plain PyTorch loop over the same batches, under the same wall-clock budget."""
     from transformers import DataCollatorForLanguageModeling, get_linear_schedule_with_warmup
 
     torch.manual_seed(seed)
-    device = DEVICE.device
+    device = device_info.device
     model = hf_model(cfg, data).to(device)
     tokenizer = hf_tokenizer(data)
     collator = DataCollatorForLanguageModeling(tokenizer, mlm=True, mlm_probability=0.15,
@@ -125,7 +133,7 @@ def train_hf(cfg: Config, data: DataDir, seconds: float, lr: float, warmup: floa
         return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
     def step(m, opt, sched, batch) -> float:
-        with torch.autocast(device.type, dtype=torch.bfloat16):
+        with device_info.autocast():
             loss = m(**batch).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
@@ -171,7 +179,8 @@ def train_hf(cfg: Config, data: DataDir, seconds: float, lr: float, warmup: floa
     return model.eval(), {
         "recipe": "BertForMaskedLM + DataCollatorForLanguageModeling(0.15, 80/10/10), AdamW "
                   f"(lr {lr}, wd 0.01), linear warmup {warmup:.0%} / decay, clip 1.0, "
-                  "bf16 autocast, plain loop",
+                  f"{device_info.dtype} compute, plain loop",
+        "intermediate_size": model.config.intermediate_size,
         "params": sum(p.numel() for p in model.parameters()),
         "attention": model.config._attn_implementation,
         "estimated_step_seconds": step_seconds,
@@ -191,9 +200,9 @@ def train_hf(cfg: Config, data: DataDir, seconds: float, lr: float, warmup: floa
 
 @torch.no_grad()
 def score_both(ours: torch.nn.Module, theirs: torch.nn.Module, data: DataDir, cfg: Config,
-               max_sequences: int) -> dict:
-    """MLM loss of both models on the same fixed-mask validation batches (bf16 autocast)."""
-    device = DEVICE.device
+               max_sequences: int, device_info: DeviceInfo) -> dict:
+    """MLM loss of both models on the same fixed-mask validation batches (the run's autocast)."""
+    device = device_info.device
     ours = ours.to(device)
     val = data.split("val", verify=True)
     n = min(len(val), max_sequences)
@@ -207,7 +216,7 @@ def score_both(ours: torch.nn.Module, theirs: torch.nn.Module, data: DataDir, cf
         batch = fixed_masks(ids, start, ev, mask_id, vocab)
         targets = batch.targets.flatten()
         inputs, positions = batch.inputs.to(device), batch.positions.to(device)
-        with torch.autocast(device.type, dtype=torch.bfloat16):
+        with device_info.autocast():
             ours_logits = ours(inputs, positions)
             hf_all = theirs(input_ids=inputs).logits  # (B, T, V)
         hf_logits = hf_all.gather(1, positions[..., None].expand(-1, -1, hf_all.shape[-1])).cpu()
@@ -237,22 +246,29 @@ def main() -> None:
     ap.add_argument("--hf-lr", type=float, default=5e-4)
     ap.add_argument("--hf-warmup", type=float, default=0.06, help="warmup fraction of the steps")
     ap.add_argument("--order", choices=["ours-first", "hf-first"], default="ours-first")
+    ap.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
+                    help="compute precision for BOTH recipes (auto: shoestring's measured choice)")
     ap.add_argument("--set", dest="sets", action="append", default=[],
                     help="override shoestring's config (section.key=value), e.g. model dims")
     args = ap.parse_args()
 
     seconds = parse_duration(args.budget)
-    # bf16 autocast for both, stated (train.precision=auto picks it on a CPU with bf16 units).
+    # One precision for both: resolved once here (auto measures fp32 vs bf16 matmuls), then
+    # pinned in our config so our loop cannot choose differently.
+    device_info = select_device(args.precision, measure_peak=False)
+    precision = {torch.bfloat16: "bf16", torch.float32: "fp32"}[device_info.dtype]
     cfg = load_config(None, [f"train.budget={args.budget}", "train.steps=null",
-                             "train.precision=bf16", *args.sets])
+                             f"train.precision={precision}", *args.sets])
     data = ensure_data(args.data, args.corpus, cfg)
     results: dict = {
         "budget": args.budget, "budget_seconds": seconds,
         "data_dir": str(args.data.resolve()), "seq_len": data.seq_len, "vocab": data.vocab_size,
-        "model_dims": {k: getattr(cfg.model, k) for k in
-                       ("hidden_size", "num_layers", "num_heads", "intermediate_size")},
-        "batch_size": cfg.train.batch_size, "precision": "bf16 autocast (both)",
-        "machine": {"device": DEVICE.name, "cpu": platform.processor() or platform.machine(),
+        "model_dims": {**{k: getattr(cfg.model, k) for k in
+                          ("hidden_size", "num_layers", "num_heads", "intermediate_size", "ffn")},
+                       "ffn_input_width": ffn_input_width(cfg)},
+        "batch_size": cfg.train.batch_size,
+        "precision": f"{precision} for both ({args.precision} requested)",
+        "machine": {"device": device_info.name, "cpu": platform.processor() or platform.machine(),
                     "threads": torch.get_num_threads(), "torch": torch.__version__,
                     "python": sys.version.split()[0], "load_average_start": load_average()},
     }
@@ -275,7 +291,8 @@ def main() -> None:
 
     def run_hf() -> None:
         load = load_average()
-        model, info = train_hf(cfg, data, seconds, args.hf_lr, args.hf_warmup, cfg.train.seed)
+        model, info = train_hf(cfg, data, seconds, args.hf_lr, args.hf_warmup, cfg.train.seed,
+                               device_info)
         results["hf"] = {"load_average_before": load, "load_average_after": load_average(), **info}
         trained["hf"] = model
         # Saved so the downstream benchmark (bench/glue_after_pretrain.py) can fine-tune it.
@@ -289,7 +306,7 @@ def main() -> None:
 
     ours, _ = load_final(args.work / "shoestring")
     console.print(f"scoring both on up to {args.eval_sequences} validation sequences")
-    scores = score_both(ours, trained["hf"], data, cfg, args.eval_sequences)
+    scores = score_both(ours, trained["hf"], data, cfg, args.eval_sequences, device_info)
     official = evaluate_run(args.work / "shoestring", args.data, console=console,
                             overrides=[f"eval.max_sequences={args.eval_sequences}"])
     results["heldout"] = {**scores, "shoestring_eval_cli_loss": official["mlm_loss"],
@@ -305,7 +322,7 @@ def main() -> None:
 
     s, h = results["shoestring"], results["hf"]
     machine = results["machine"]
-    print(f"budget {args.budget} each on {machine['device']}; load average start "
+    print(f"budget {args.budget} each on {machine['device']}, {precision}; load average start "
           f"{machine['load_average_start']}, end {machine['load_average_end']}")
     print(f"{'':12} {'params':>8} {'steps':>6} {'tokens':>10} {'tok/s':>8} {'held-out loss':>14}")
     rows = (("shoestring", s, scores["shoestring_loss"]), ("HF BERT", h, scores["hf_loss"]))

@@ -5,10 +5,11 @@ Both models compute the same function family (ModernBERT layout: pre-LN without 
 rotary, tied embeddings); the difference under test is the implementation — chiefly our
 sparse prediction head (logits only at the 25% masked positions) against HF's default dense
 head, as a user of `ModernBertForMaskedLM(labels=...)` would run it. Same batch, sequence
-length, bf16 autocast (where the CPU has bf16 units), AdamW, gradient clipping.
+length, precision (`train.precision=auto`'s choice: bf16 autocast where it measurably beats
+fp32 on this machine, else fp32), AdamW, gradient clipping.
 
     python bench/model_step.py                 # CPU defaults: the `cram` model, batch 32 x 128
-    python bench/model_step.py --hidden 512 --layers 8 --heads 8 --intermediate 1536
+    python bench/model_step.py --hidden 512 --layers 8 --heads 8 --intermediate 1024
     python bench/model_step.py --objective clm --intermediate 704   # decoder vs LlamaForCausalLM
 
 Prints tokens/s for each (median of --repeats timed blocks, interleaved) and the ratio.
@@ -62,7 +63,8 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--intermediate", type=int, default=768)
+    ap.add_argument("--intermediate", type=int, default=ModelConfig().intermediate_size,
+                    help="FFN width after the gate (default: the `tiny` encoder's)")
     ap.add_argument("--vocab", type=int, default=8192)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--seq-len", type=int, default=128)

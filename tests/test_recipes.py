@@ -13,6 +13,7 @@ from shoestring.config import ModelConfig, load_config
 from shoestring.errors import ShoestringError
 from shoestring.model import build_model
 from shoestring.model.flops import forward_flops_per_token
+from shoestring.model.layers import FeedForward
 from shoestring.model.presets import PRESET_NAMES, presets
 
 VOCAB = 300
@@ -88,6 +89,11 @@ def test_presets_are_tensor_parallel_friendly_and_overridable() -> None:
         assert cfg.hidden_size % 64 == 0, name
         assert cfg.num_heads % 2 == 0 and cfg.kv_heads % 2 == 0, name
     assert table["gpt2-small"].objective == "clm" and table["base"].objective == "mlm"
+    # Encoders follow Cramming's GLU convention: the first FFN projection is BERT's 4·hidden
+    # wide and the gate halves it, so the width after the gate is 2·hidden.
+    for name, cfg in table.items():
+        if cfg.objective == "mlm":
+            assert FeedForward(cfg).Wi.out_features == 4 * cfg.hidden_size, name
     cfg = load_config(None, ["model.preset=mini", "model.num_layers=2"]).model
     assert (cfg.hidden_size, cfg.num_layers) == (512, 2)
     # GPT-2 small with GPT-2's vocabulary and tied embeddings has ~124M parameters.

@@ -90,7 +90,9 @@ class ModelConfig(_Section):
     num_kv_heads: int | None = Field(
         None, ge=1, description="key/value heads for grouped-query attention (decoders; null = num_heads)"
     )
-    intermediate_size: int = Field(768, ge=16, description="feed-forward inner width")
+    intermediate_size: int = Field(
+        512, ge=16, description="feed-forward inner width (after the gate for GeGLU/SwiGLU)"
+    )
     norm: Literal["layernorm", "rmsnorm"] = Field("layernorm", description="normalization layer")
     norm_position: Literal["pre", "post"] = Field(
         "pre", description="pre-norm (norm inside the residual branch) or post-norm (original BERT)"

@@ -1,8 +1,10 @@
 """Named model sizes: encoders for a CPU up to BERT-large, decoders from a CPU toy up to ~1B.
 
 Hidden sizes are multiples of 64 and head counts are powers of two or 12/20 so that tensor
-parallelism of 2 or 4 divides them. Encoders use a GLU inner width of 3·hidden (the Cramming
-proportion); decoders use Llama's 8/3·hidden rounded up to a multiple of 64.
+parallelism of 2 or 4 divides them. Encoders use a GLU inner width of 2·hidden, Cramming's
+proportion: its crammed BERT projects 768 → 3072 and the GLU halves that to 1536 before the
+output projection (``intermediate_size`` here is the width after the gate, as in ModernBERT and
+Llama). Decoders use Llama's 8/3·hidden rounded up to a multiple of 64.
 """
 
 from __future__ import annotations
@@ -11,11 +13,11 @@ from typing import Any
 
 # name → (objective, hidden, layers, heads, kv_heads or None, intermediate, what it is)
 _TABLE: dict[str, tuple[str, int, int, int, int | None, int, str]] = {
-    "tiny": ("mlm", 256, 4, 4, None, 768, "CPU minutes (the demo)"),
-    "mini": ("mlm", 512, 4, 8, None, 1536, "CPU hour / small GPU"),
-    "small": ("mlm", 512, 8, 8, None, 1536, "BERT-medium size"),
-    "base": ("mlm", 768, 12, 12, None, 2304, "BERT-base size (Cramming's 24h-GPU model)"),
-    "large": ("mlm", 1024, 24, 16, None, 3072, "BERT-large size"),
+    "tiny": ("mlm", 256, 4, 4, None, 512, "CPU minutes (the demo)"),
+    "mini": ("mlm", 512, 4, 8, None, 1024, "CPU hour / small GPU"),
+    "small": ("mlm", 512, 8, 8, None, 1024, "BERT-medium size"),
+    "base": ("mlm", 768, 12, 12, None, 1536, "BERT-base size (Cramming's 24h-GPU model)"),
+    "large": ("mlm", 1024, 24, 16, None, 2048, "BERT-large size"),
     "clm-tiny": ("clm", 256, 4, 4, None, 704, "CPU minutes"),
     "clm-mini": ("clm", 512, 8, 8, None, 1408, "CPU hour / small GPU"),
     "gpt2-small": ("clm", 768, 12, 12, None, 2048, "GPT-2 small size (124M with its vocab)"),
