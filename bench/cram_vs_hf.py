@@ -55,7 +55,7 @@ from shoestring.data.tokenizer import MASK
 from shoestring.eval.mlm import evaluate_run, fixed_masks
 from shoestring.fsutil import write_json_atomic
 from shoestring.train.budget import parse_duration
-from shoestring.train.device import DeviceInfo, select_device
+from shoestring.train.device import DeviceInfo, precision_name, select_device
 from shoestring.train.loop import train
 from shoestring.train.rundir import load_final
 
@@ -96,12 +96,6 @@ def hf_tokenizer(data: DataDir):
     )
 
 
-def ffn_input_width(cfg: Config) -> int:
-    """The feed-forward's first projection width: 2·intermediate_size for a gated FFN."""
-    m = cfg.model
-    return 2 * m.intermediate_size if m.ffn != "gelu" else m.intermediate_size
-
-
 def hf_model(cfg: Config, data: DataDir):
     """BertForMaskedLM of the same dimensions, the library's defaults otherwise."""
     from transformers import BertConfig, BertForMaskedLM
@@ -109,7 +103,7 @@ def hf_model(cfg: Config, data: DataDir):
     m = cfg.model
     config = BertConfig(
         vocab_size=data.vocab_size, hidden_size=m.hidden_size, num_hidden_layers=m.num_layers,
-        num_attention_heads=m.num_heads, intermediate_size=ffn_input_width(cfg),
+        num_attention_heads=m.num_heads, intermediate_size=m.ffn_input_width,
         max_position_embeddings=max(512, data.seq_len), pad_token_id=data.special_ids["[PAD]"],
     )
     return BertForMaskedLM(config)
@@ -256,7 +250,7 @@ def main() -> None:
     # One precision for both: resolved once here (auto measures fp32 vs bf16 matmuls), then
     # pinned in our config so our loop cannot choose differently.
     device_info = select_device(args.precision, measure_peak=False)
-    precision = {torch.bfloat16: "bf16", torch.float32: "fp32"}[device_info.dtype]
+    precision = precision_name(device_info.dtype)
     cfg = load_config(None, [f"train.budget={args.budget}", "train.steps=null",
                              f"train.precision={precision}", *args.sets])
     data = ensure_data(args.data, args.corpus, cfg)
@@ -265,7 +259,7 @@ def main() -> None:
         "data_dir": str(args.data.resolve()), "seq_len": data.seq_len, "vocab": data.vocab_size,
         "model_dims": {**{k: getattr(cfg.model, k) for k in
                           ("hidden_size", "num_layers", "num_heads", "intermediate_size", "ffn")},
-                       "ffn_input_width": ffn_input_width(cfg)},
+                       "ffn_input_width": cfg.model.ffn_input_width},
         "batch_size": cfg.train.batch_size,
         "precision": f"{precision} for both ({args.precision} requested)",
         "machine": {"device": device_info.name, "cpu": platform.processor() or platform.machine(),

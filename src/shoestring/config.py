@@ -158,6 +158,12 @@ class ModelConfig(_Section):
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
 
+    @property
+    def ffn_input_width(self) -> int:
+        """Width of the feed-forward's first projection: a gated FFN computes the value and
+        the gate in one matrix, so 2·intermediate_size (what Cramming calls intermed_size)."""
+        return 2 * self.intermediate_size if self.ffn != "gelu" else self.intermediate_size
+
 
 # Each objective's recipe: Cramming/ModernBERT for the masked-LM encoder, Llama for the
 # causal-LM decoder. A recipe field the user does not set takes its objective's value, so

@@ -158,8 +158,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.gated = cfg.ffn != "gelu"
         self.act = F.silu if cfg.ffn == "swiglu" else F.gelu
-        width = 2 * cfg.intermediate_size if self.gated else cfg.intermediate_size
-        self.Wi = nn.Linear(cfg.hidden_size, width, bias=cfg.bias)
+        self.Wi = nn.Linear(cfg.hidden_size, cfg.ffn_input_width, bias=cfg.bias)
         self.Wo = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.bias)
 
     def forward(self, x: Tensor) -> Tensor:

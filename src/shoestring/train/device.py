@@ -96,6 +96,11 @@ def select_device(precision: str = "auto", measure_peak: bool = True) -> DeviceI
     return DeviceInfo(device, dtype, peak, name, *_datasheet(name, dtype))
 
 
+def precision_name(dtype: torch.dtype) -> str:
+    """The ``train.precision`` value that selects ``dtype`` (bf16, fp16 or fp32)."""
+    return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
+
+
 def _datasheet(device_name: str, dtype: torch.dtype) -> tuple[float | None, str | None]:
     """(dense peak FLOP/s, table name) from the datasheet table for a known GPU, else Nones."""
     from shoestring.plan.hardware import from_device_name
@@ -103,6 +108,5 @@ def _datasheet(device_name: str, dtype: torch.dtype) -> tuple[float | None, str 
     hw = from_device_name(device_name)
     if hw is None:
         return None, None
-    key = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
-    flops = getattr(hw, key)
+    flops = getattr(hw, precision_name(dtype))
     return (flops, hw.name) if flops else (None, None)
