@@ -1,12 +1,20 @@
-"""Data-parallel scaling: shoestring's distributed trainer on 1 vs N processes, and a plain
-PyTorch DDP loop (the peer) on the same model, batch and process count, in one run.
+"""Data-parallel scaling of the one trainer, and the cost of its parallelism seam.
 
     python bench/scaling.py --data DATA_DIR [--procs 2] [--steps 12] [--preset small]
+                            [--baseline-ref GIT_REF] [--repeats 3]
 
-Prints steady-state tokens/s (steps after the first two), the scaling efficiency
-tps(N) / (N · tps(1)) and the ratio shoestring / peer at N processes. Every process runs one
-thread (torchrun's default), so 1 process = 1 core. On CUDA the same script runs one process
-per GPU (NCCL). The machine may be shared: the load average is printed next to the numbers.
+Part 1 — scaling: shoestring on 1 vs N processes (dp=N with DDP and with ZeRO-2), and a plain
+PyTorch DDP loop (the peer) on the same model, batch and process count, in one run. Prints
+steady-state tokens/s (steps after the first two), the scaling efficiency
+tps(N) / (N · tps(1)) and the ratio shoestring / peer. Every process runs one thread
+(torchrun's default), so 1 process = 1 core. On CUDA the same script runs one process per GPU
+(NCCL).
+
+Part 2 — the seam's overhead in one process (``--baseline-ref``): the same one-process
+training with today's trainer and with the trainer of an earlier commit (checked out into a
+temporary git worktree and imported from there), alternating A/B ``--repeats`` times; prints
+the median step time of each and the overhead. The machine may be shared: the load average
+is printed next to the numbers.
 """
 
 from __future__ import annotations
@@ -73,11 +81,58 @@ def ours(data: str, nproc: int, parallel: str, zero: int, sets: list[str], tmp: 
     case = [{"output": str(run), "parallel": parallel, "zero": zero}]
     driver = Path(__file__).resolve().parents[1] / "tests" / "dist_driver.py"
     _torchrun(nproc, [str(driver), json.dumps(case),
-                      json.dumps({"data": data, "sets": sets, "overwrite": True,
-                                  "checkpoint_every": 10**9})], timeout)
+                      json.dumps({"data": data, "overwrite": True,
+                                  "sets": [*sets, "train.checkpoint_every=null"]})], timeout)
+    return steady_tps(run)
+
+
+def steady_tps(run: Path) -> float:
+    """tokens/s between the 2nd and the last training record (warm-up steps left out)."""
     recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    a, b = recs[1], recs[-1]  # skip the first two steps (warm-up)
+    recs = [r for r in recs if "loss" in r]
+    a, b = recs[1], recs[-1]
     return (b["tokens"] - a["tokens"]) / (b["elapsed_s"] - a["elapsed_s"])
+
+
+ONE_PROCESS = textwrap.dedent('''
+    import json, sys
+    from rich.console import Console
+    from shoestring.config import load_config
+    from shoestring.train.loop import train
+    cfg = load_config(None, json.loads(sys.argv[2]))
+    train(cfg, sys.argv[1], sys.argv[3], overwrite=True, console=Console(quiet=True))
+''')
+
+
+def one_process(data: str, sets: list[str], run: Path, src: Path, timeout: float) -> float:
+    """A one-process run of the trainer whose sources are in ``src`` (this tree, or an
+    earlier commit's worktree), in a fresh interpreter."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(src)}
+    p = subprocess.run([sys.executable, "-c", ONE_PROCESS, data,
+                        json.dumps([*sets, "train.checkpoint_every=null", "train.val_every=0",
+                                    "train.tensorboard=false"]), str(run)],
+                       capture_output=True, text=True, timeout=timeout, env=env)
+    if p.returncode:
+        raise SystemExit(f"failed: one process from {src}\n{p.stderr[-3000:]}")
+    return steady_tps(run)
+
+
+def seam_overhead(data: str, sets: list[str], ref: str, repeats: int, tmp: Path,
+                  timeout: float) -> tuple[list[float], list[float]]:
+    """tokens/s of today's trainer and of the one at ``ref``, alternated ``repeats`` times."""
+    root = Path(__file__).resolve().parents[1]
+    old = tmp / "baseline"
+    subprocess.run(["git", "-C", str(root), "worktree", "add", "--detach", str(old), ref],
+                   check=True, capture_output=True)
+    try:
+        now, then = [], []
+        for i in range(repeats):
+            now.append(one_process(data, sets, tmp / f"now-{i}", root / "src", timeout))
+            then.append(one_process(data, sets, tmp / f"then-{i}", old / "src", timeout))
+        return now, then
+    finally:
+        subprocess.run(["git", "-C", str(root), "worktree", "remove", "--force", str(old)],
+                       capture_output=True)
 
 
 def peer(data: str, nproc: int, sets: list[str], steps: int, seq_tokens: int, tmp: Path,
@@ -97,6 +152,10 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--preset", default=None, help="model preset (default: hidden 256, 4 layers)")
     ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--baseline-ref", default=None,
+                    help="also measure one-process tokens/s against the trainer of this commit")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--skip-scaling", action="store_true", help="only the seam overhead")
     a = ap.parse_args()
     from shoestring.data.datadir import DataDir
 
@@ -108,6 +167,26 @@ def main() -> None:
             "train.log_every=1", "train.precision=fp32", "train.threads=1"]
     n = a.procs
     load = os.getloadavg()
+    import platform
+
+    import torch
+
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+          f"torch {torch.__version__}; precision fp32")
+    if a.baseline_ref:
+        with tempfile.TemporaryDirectory() as d:
+            now, then = seam_overhead(a.data, sets, a.baseline_ref, a.repeats, Path(d),
+                                      a.timeout)
+        med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+        print(f"one process, 1 thread, {a.steps} steps × {a.batch_size} × {seq} tokens, "
+              f"{a.repeats} alternating runs each; load average {os.getloadavg()[0]:.1f}")
+        print(f"  trainer now            {', '.join(f'{x:,.0f}' for x in now)} tokens/s "
+              f"(median {med(now):,.0f})")
+        print(f"  trainer at {a.baseline_ref:<11} {', '.join(f'{x:,.0f}' for x in then)} "
+              f"tokens/s (median {med(then):,.0f})")
+        print(f"  seam overhead (step time now / then - 1): {med(then) / med(now) - 1:+.1%}")
+    if a.skip_scaling:
+        return
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         rows = {

@@ -5,15 +5,35 @@ destroyed); batching cases per launch saves the ~10 s interpreter and torch star
 process on the 2-core CI machine. argv[1]: a JSON list of {"output", "parallel", ...} dicts
 (keys as `run`'s keyword arguments); common keys in argv[2] (JSON). A `ShoestringError`
 exits 2 with the message, like the CLI.
+
+Fault injection (a case key, not a trainer option): ``"nan_loss": [rank, call]`` makes that
+rank's ``call``-th micro-batch loss NaN, as a numerical blow-up on one device would.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+
+import torch
 
 from shoestring.dist.launch import run
 from shoestring.errors import ShoestringError
+from shoestring.train.objective import Objective
+
+
+def _inject_nan(rank: int, call: int) -> None:
+    if int(os.environ.get("RANK", 0)) != rank:
+        return
+    real, calls = Objective.loss, [0]
+
+    def loss(self, model, batch):  # noqa: ANN001, ANN202
+        calls[0] += 1
+        out = real(self, model, batch)
+        return out * torch.tensor(float("nan")) if calls[0] == call else out
+
+    Objective.loss = loss  # type: ignore[method-assign]
 
 
 def main() -> None:
@@ -21,11 +41,16 @@ def main() -> None:
     common = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
     for case in cases:
         kw = {**common, **case}
+        real = Objective.loss
+        if "nan_loss" in kw:
+            _inject_nan(*kw.pop("nan_loss"))
         try:
             run(kw.pop("data"), kw.pop("output"), kw.pop("parallel"), **kw)
         except ShoestringError as e:
             print(f"error: {e.message}", file=sys.stderr, flush=True)
             sys.exit(2)
+        finally:
+            Objective.loss = real  # type: ignore[method-assign]
 
 
 if __name__ == "__main__":

@@ -77,6 +77,7 @@ def test_valid_layouts_pass() -> None:
     (("dp=3",), 3, {}, "batch_size (8) must be divisible by dp (3)"),
     (("pp=2", 3), 2, {}, "ZeRO-3 reshards parameters after every forward"),
     (("tp=2", 1), 2, {}, "ZeRO-1 (ZeroRedundancyOptimizer) shards plain tensors"),
+    (("dp=2,pp=2", 1), 4, {}, "ZeroRedundancyOptimizer) beside pipeline parallelism is not"),
     (("dp=2",), 2, {"microbatches": 2}, "only applies with pipeline parallelism"),
 ])
 def test_invalid_layouts_rejected_before_any_process_group(layout, world, over, needle) -> None:
@@ -182,14 +183,21 @@ def test_memory_falls_with_zero_stage_tp_and_checkpointing() -> None:
     assert gpipe["activations"] > 3 * f1b["activations"]
 
 
-@pytest.mark.parametrize("sets, needle", [
-    (["train.batch_ramp=0.6"], "train.batch_ramp=0.6 is not supported with --parallel"),
-    (["model.bias=true"], "model.bias=true with tp > 1 is not supported"),
+@pytest.mark.parametrize("layout, sets, needle", [
+    ("dp=1,tp=2", ["model.bias=true"], "model.bias=true with tp > 1 is not supported"),
+    ("pp=2", ["train.compile=true"], "train.compile with pp > 1 is not supported"),
+    ("dp=2", ["train.micro_batch_size=4", "train.batch_size=12"],
+     "batch_size \\(12\\) is not a whole number of micro-steps of dp × micro_batch_size = 2 × 4"),
+    ("pp=2", ["train.micro_batch_size=3", "train.batch_size=12"],
+     "micro-batch \\(3 sequences\\) does not split into 2 equal microbatches"),
 ])
-def test_trainer_options_the_parallel_path_lacks_are_refused_up_front(sets, needle) -> None:
+def test_layout_and_trainer_settings_that_cannot_work_are_refused_up_front(layout, sets,
+                                                                          needle) -> None:
+    """Checked from numbers alone, before any process group (batch ramp and accumulation
+    themselves work under every layout: tests/test_dist_parity.py)."""
     from shoestring.config import load_config
-    from shoestring.dist.trainer import check_layout
+    from shoestring.dist.parallelism import check_layout
 
     cfg = load_config(None, ["train.steps=2", "train.batch_size=8", *sets])
     with pytest.raises(ShoestringError, match=needle):
-        check_layout(cfg, make_layout("dp=1,tp=2"), 512, 2, "cpu")
+        check_layout(cfg, make_layout(layout), 512, 2, "cpu")

@@ -1,16 +1,23 @@
-"""Multi-process tests of shoestring.dist on CPU/gloo: every layout computes the
-single-process losses, and a 3D checkpoint resumes on another layout.
+"""Multi-process tests of the one trainer on CPU/gloo: every layout computes the one-process
+losses with gradient accumulation and batch ramp on, validation and MFU are recorded under
+every layout, checkpoints resume on another layout, a non-finite loss on one rank is skipped
+on all, SIGTERM checkpoints every rank, and a plan for two devices trains as printed.
 
 Each torchrun launch runs several cases (tests/dist_driver.py) inside an outer subprocess
-timeout. Tolerance: fp32, |Δloss| ≤ 1e-4 per step (observed ≤ 2e-6: only the order of
-floating-point reductions differs between layouts).
+timeout. Tolerance (docs/distributed.md): fp32, |Δloss| ≤ 1e-4 per step (observed ≤ 1e-5:
+only the order of floating-point reductions differs between layouts).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
+import shutil
+import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,23 +28,41 @@ from shoestring.dist.launch import torchrun_command
 
 DRIVER = str(Path(__file__).with_name("dist_driver.py"))
 STEPS = 4
-SETS = ["model.hidden_size=64", "model.num_layers=4", "model.num_heads=4",
-        "model.intermediate_size=128", f"train.steps={STEPS}", "train.batch_size=8",
-        "train.precision=fp32", "train.log_every=1", "train.lr=1e-3", "train.threads=1"]
+MODEL = ["model.hidden_size=64", "model.num_layers=4", "model.num_heads=4",
+         "model.intermediate_size=128"]
+TRAIN = [f"train.steps={STEPS}", "train.batch_size=8", "train.precision=fp32",
+         "train.log_every=1", "train.lr=1e-3", "train.threads=1", "train.tensorboard=false",
+         "train.checkpoint_every=null"]
+PLAIN = [*MODEL, *TRAIN, "train.val_every=0"]
+# Gradient accumulation and batch ramp on: a micro-step is 4 sequences in every layout (one
+# process: 1 × 4; dp=2: 2 × 2), so the ramp runs 4, 4, 8, 8 sequences with 1, 1, 2, 2
+# micro-steps; validation at half the budget and at the end.
+SETS = [*MODEL, *TRAIN, "train.batch_ramp=0.5", "train.val_every=0.5", "train.val_sequences=16"]
+CLM_SETS = [*SETS, "model.objective=clm", "model.num_kv_heads=2"]  # Llama-style, GQA
 TOL = 1e-4
 
 
-CLM_SETS = [*SETS, "model.objective=clm", "model.num_kv_heads=2"]  # Llama-style, GQA
+def micro(dp: int) -> list[str]:
+    return [f"train.micro_batch_size={4 // dp}"]
 
 
-def reference_losses(data_dir: Path, steps: int = STEPS, sets: list[str] = SETS) -> list[float]:
-    """One process, plain PyTorch: the loop's math (same seed, batch order, masking, LR)."""
+@pytest.fixture(autouse=True)
+def _keep_threads():  # noqa: ANN202
+    """In-process runs set train.threads=1; give the rest of the suite its threads back."""
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+def plain_pytorch_losses(data_dir: Path, sets: list[str]) -> list[float]:
+    """One process, plain PyTorch: the loop's math (same seed, batch order, masking, LR),
+    written out independently of the trainer."""
     from shoestring.data.datadir import DataDir
     from shoestring.data.loader import BatchLoader
-    from shoestring.dist.trainer import _lr_factor, global_batch
     from shoestring.model import build_model
     from shoestring.train.objective import objective_for
     from shoestring.train.optim import build_optimizer
+    from shoestring.train.schedule import lr_factor
 
     cfg = load_config(None, sets)
     data = DataDir(data_dir)
@@ -50,9 +75,9 @@ def reference_losses(data_dir: Path, steps: int = STEPS, sets: list[str] = SETS)
                         cfg.train.mask_rate, cfg.model.sparse_prediction)
     gen = torch.Generator().manual_seed(cfg.train.seed)
     out = []
-    for step in range(steps):
-        lr = cfg.train.lr * _lr_factor(cfg, (step + 0.5) / cfg.train.steps)
-        loss = obj.loss(model, global_batch(next(loader), obj, gen, 0, 1))
+    for step in range(cfg.train.steps):
+        lr = cfg.train.lr * lr_factor(cfg.train, (step + 0.5) / cfg.train.steps)
+        loss = obj.loss(model, obj.make_batch(next(loader), gen))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
         for g in opt.param_groups:
@@ -63,6 +88,13 @@ def reference_losses(data_dir: Path, steps: int = STEPS, sets: list[str] = SETS)
     return out
 
 
+def one_process(data_dir: Path, run: Path, sets: list[str]) -> Path:
+    from shoestring.train.loop import train
+
+    train(load_config(None, sets), data_dir, run)
+    return run
+
+
 def launch(nproc: int, cases: list[dict], common: dict, timeout: float
            ) -> subprocess.CompletedProcess:
     cmd = torchrun_command(nproc, [json.dumps(cases), json.dumps(common)], script=DRIVER)
@@ -70,14 +102,37 @@ def launch(nproc: int, cases: list[dict], common: dict, timeout: float
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
+def records(run: Path) -> list[dict]:
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
 def losses_of(run: Path) -> list[float]:
-    return json.loads((run / "summary.json").read_text())["losses"]
+    return [r["loss"] for r in records(run) if "loss" in r]
+
+
+def val_losses_of(run: Path) -> list[float]:
+    return [r["val_loss"] for r in records(run) if "val_loss" in r]
 
 
 def assert_close(got: list[float], want: list[float], what: str) -> None:
     assert len(got) == len(want), (what, got, want)
     diffs = [abs(a - b) for a, b in zip(got, want)]
-    assert max(diffs) <= TOL, f"{what}: {got} vs single-process {want} (max Δ {max(diffs):.2e})"
+    assert max(diffs) <= TOL, f"{what}: {got} vs one process {want} (max Δ {max(diffs):.2e})"
+
+
+def assert_same_run(run: Path, ref: Path, what: str) -> None:
+    """Same training and validation losses as the one-process run, with the batch ramp's
+    sizes, MFU and the layout in the records and one summary schema."""
+    assert_close(losses_of(run), losses_of(ref), what)
+    assert_close(val_losses_of(run), val_losses_of(ref), f"{what} (validation)")
+    train_recs = [r for r in records(run) if "loss" in r]
+    assert [r["batch_size"] for r in train_recs] == [4, 4, 8, 8], what
+    assert all(0 < r["mfu"] < 1 and r["tokens_per_s"] > 0 for r in train_recs), what
+    summary = json.loads((run / "summary.json").read_text())
+    want_keys = set(json.loads((ref / "summary.json").read_text()))
+    assert set(summary) == want_keys, (what, want_keys ^ set(summary))
+    assert summary["world_size"] > 1 and len(summary["mfu_per_device"]) == summary["world_size"]
+    assert (run / "final" / "model.safetensors").is_file()
 
 
 def check_memory_model(run: Path, data_dir: Path, case: dict) -> None:
@@ -94,7 +149,7 @@ def check_memory_model(run: Path, data_dir: Path, case: dict) -> None:
     lay = make_layout(case["parallel"], zero=case.get("zero", 0), ac=case.get("ac", "none"),
                       pp_schedule=case.get("pp_schedule", "1f1b"),
                       microbatches=case.get("microbatches"))
-    want = memory_per_rank(cfg.model, data.vocab_size, data.seq_len, 8 // lay.dp, lay,
+    want = memory_per_rank(cfg.model, data.vocab_size, data.seq_len, 4 // lay.dp, lay,
                            param_dtype="fp32")
     assert got["params"] == want["params"], (run.name, got, want)
     assert got["grads"] == want["grads"], (run.name, got, want)
@@ -106,8 +161,14 @@ def check_memory_model(run: Path, data_dir: Path, case: dict) -> None:
 
 
 @pytest.fixture(scope="module")
-def reference(pydocs_dir: Path) -> list[float]:
-    return reference_losses(pydocs_dir)
+def reference(pydocs_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The one-process run with accumulation and ramp: what every layout must reproduce."""
+    return one_process(pydocs_dir, tmp_path_factory.mktemp("ref") / "one", [*SETS, *micro(1)])
+
+
+def test_one_process_trainer_is_plain_pytorch(pydocs_dir: Path, tmp_path: Path) -> None:
+    run = one_process(pydocs_dir, tmp_path / "plain", PLAIN)
+    assert_close(losses_of(run), plain_pytorch_losses(pydocs_dir, PLAIN), "one-process trainer")
 
 
 CASES_2 = [
@@ -122,39 +183,68 @@ CASES_2 = [
 ]
 
 
-def test_two_process_layouts_match_single_process(pydocs_dir: Path, tmp_path: Path,
-                                                  reference: list[float]) -> None:
-    cases = [{"output": str(tmp_path / name), **kw} for name, kw in CASES_2]
-    proc = launch(2, cases, {"data": str(pydocs_dir), "sets": SETS}, timeout=420)
+def _dp(parallel: str) -> int:
+    from shoestring.dist.layout import make_layout
+
+    return make_layout(parallel).dp
+
+
+def test_two_process_layouts_match_one_process(pydocs_dir: Path, tmp_path: Path,
+                                               reference: Path) -> None:
+    cases = [{"output": str(tmp_path / name), **kw, "sets": [*SETS, *micro(_dp(kw["parallel"]))]}
+             for name, kw in CASES_2]
+    # a NaN loss on rank 1 only, in the first micro-batch of step 3 (loss calls: step 1, step
+    # 2, the validation after step 2, then step 3): every rank skips step 3
+    cases.append({"output": str(tmp_path / "nan"), "parallel": "dp=2",
+                  "sets": [*SETS, *micro(2)], "nan_loss": [1, 4]})
+    proc = launch(2, cases, {"data": str(pydocs_dir)}, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     for name, kw in CASES_2:
-        assert_close(losses_of(tmp_path / name), reference, name)
+        assert_same_run(tmp_path / name, reference, name)
         check_memory_model(tmp_path / name, pydocs_dir, kw)
+    nan = json.loads((tmp_path / "nan" / "summary.json").read_text())  # rank 0 writes it
+    assert nan["skipped_steps"] == 1 and nan["steps"] == STEPS
+    recs = [r for r in records(tmp_path / "nan") if "loss" in r]
+    assert [r["skipped"] for r in recs] == [0, 0, 1, 1]
+    # the steps before the bad one are the reference's
+    assert_close(losses_of(tmp_path / "nan")[:2], losses_of(reference)[:2], "before the NaN")
+
+
+def test_dp2_x_pp2_matches_one_process(pydocs_dir: Path, tmp_path: Path,
+                                       reference: Path) -> None:
+    case = {"parallel": "dp=2,pp=2"}
+    proc = launch(4, [{"output": str(tmp_path / "dp2pp2"), **case, "sets": [*SETS, *micro(2)]}],
+                  {"data": str(pydocs_dir)}, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert_same_run(tmp_path / "dp2pp2", reference, "dp=2,pp=2")
+    check_memory_model(tmp_path / "dp2pp2", pydocs_dir, case)
 
 
 def test_3d_layout_matches_and_its_checkpoint_resumes_on_dp2(pydocs_dir: Path, tmp_path: Path,
-                                                            reference: list[float]) -> None:
+                                                            reference: Path) -> None:
     run3d = tmp_path / "3d"
+    sets = [*SETS, *micro(2), "train.checkpoint_every=2steps", "train.keep_checkpoints=5"]
     proc = launch(8, [{"output": str(run3d), "parallel": "dp=2,tp=2,pp=2", "zero": 2,
-                       "checkpoint_every": 2}],
-                  {"data": str(pydocs_dir), "sets": SETS}, timeout=500)
+                       "sets": sets}], {"data": str(pydocs_dir)}, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert_close(losses_of(run3d), reference, "dp=2,tp=2,pp=2 zero 2")
+    assert_same_run(run3d, reference, "dp=2,tp=2,pp=2 zero 2")
     check_memory_model(run3d, pydocs_dir, {"parallel": "dp=2,tp=2,pp=2", "zero": 2})
-    ck = run3d / "dist_checkpoints" / "step_0000002"
-    assert (ck / ".metadata").is_file() and (ck / "trainer.json").is_file()
-    # the consolidated final/ is the single-device format (loads without any process group)
+    ck = run3d / "checkpoints" / "step_00000002"
+    assert (ck / ".metadata").is_file() and (ck / "state.json").is_file()
     from shoestring.train.rundir import load_final
 
-    model, meta = load_final(run3d)
-    assert meta["vocab_size"] > 0 and sum(p.numel() for p in model.parameters()) > 0
-
+    # roll a copy back to step 2, as if the job had died there, and resume it on dp=2
     resumed = tmp_path / "resumed"
-    proc = launch(2, [{"output": str(resumed), "parallel": "dp=2", "resume": str(ck)}],
-                  {"data": str(pydocs_dir), "sets": SETS}, timeout=300)
+    shutil.copytree(run3d, resumed)
+    for p in (resumed / "checkpoints").iterdir():
+        if p.name != ck.name:
+            shutil.rmtree(p)
+    shutil.rmtree(resumed / "final")
+    proc = launch(2, [{"output": str(resumed), "parallel": "dp=2", "resume": True,
+                       "sets": sets}], {"data": str(pydocs_dir)}, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert_close(losses_of(resumed), reference[2:], "3D step 2 → resumed on dp=2")
-    # and the two runs end with the same weights (up to reduction order)
+    assert_close(losses_of(resumed), losses_of(reference), "3D → step 2 → resumed on dp=2")
+    assert_close(val_losses_of(resumed), val_losses_of(reference), "validation after resume")
     a, _ = load_final(run3d)
     b, _ = load_final(resumed)
     for (name, p), q in zip(a.state_dict().items(), b.state_dict().values()):
@@ -165,7 +255,7 @@ def test_bad_layout_fails_on_every_rank_before_any_collective(pydocs_dir: Path,
                                                              tmp_path: Path) -> None:
     proc = launch(2, [{"output": str(tmp_path / "bad"), "parallel": "tp=2",
                        "sets": [*SETS, "model.num_heads=1"]}],
-                  {"data": str(pydocs_dir), "sets": SETS}, timeout=120)
+                  {"data": str(pydocs_dir)}, timeout=120)
     assert proc.returncode != 0
     # both ranks report the same clear error
     assert proc.stderr.count("tp=2 must divide model num_heads (1)") == 2, proc.stderr[-3000:]
@@ -184,37 +274,138 @@ def clm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def test_decoder_tp_pp_zero3_match_single_process(clm_dir: Path, tmp_path: Path) -> None:
+def test_decoder_tp_pp_zero3_match_one_process(clm_dir: Path, tmp_path: Path) -> None:
     """The Llama-style decoder (grouped-query attention, SwiGLU, RMSNorm) under TP=2 (GQA
-    heads split), PP=2 and ZeRO-3."""
-    want = reference_losses(clm_dir, sets=CLM_SETS)
+    heads split), PP=2 and ZeRO-3, with accumulation and ramp."""
+    ref = one_process(clm_dir, tmp_path / "one", [*CLM_SETS, *micro(1)])
     cases = [("tp2", {"parallel": "tp=2"}), ("pp2", {"parallel": "pp=2"}),
              ("zero3", {"parallel": "dp=2", "zero": 3})]
-    proc = launch(2, [{"output": str(tmp_path / n), **kw} for n, kw in cases],
-                  {"data": str(clm_dir), "sets": CLM_SETS}, timeout=400)
+    proc = launch(2, [{"output": str(tmp_path / n), **kw,
+                       "sets": [*CLM_SETS, *micro(_dp(kw["parallel"]))]} for n, kw in cases],
+                  {"data": str(clm_dir)}, timeout=400)
     assert proc.returncode == 0, proc.stderr[-4000:]
     for name, _ in cases:
-        assert_close(losses_of(tmp_path / name), want, f"decoder {name}")
+        assert_same_run(tmp_path / name, ref, f"decoder {name}")
 
 
-def test_cli_train_parallel_then_resume(pydocs_dir: Path, tmp_path: Path) -> None:
+def _cli_sets(sets: list[str]) -> list[str]:
+    return [x for s in sets if not s.startswith("train.steps") for x in ("--set", s)]
+
+
+def test_cli_train_parallel_then_resume_on_another_layout(pydocs_dir: Path,
+                                                          tmp_path: Path) -> None:
     """`torchrun -m shoestring train --parallel ...`, then `--resume` with a larger budget on
-    another layout: the newest distributed checkpoint is picked up."""
+    another layout: the newest checkpoint is picked up, whatever layout wrote it."""
     run = tmp_path / "run"
-    common = ["-d", str(pydocs_dir), "-o", str(run),
-              *[x for s in SETS if not s.startswith("train.steps") for x in ("--set", s)]]
+    common = ["-d", str(pydocs_dir), "-o", str(run), *_cli_sets([*PLAIN, *micro(1)])]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
     first = subprocess.run(
         torchrun_command(2, ["train", *common, "--steps", "2", "--parallel", "pp=2"],
                          module="shoestring"), capture_output=True, text=True, timeout=300, env=env)
     assert first.returncode == 0, first.stderr[-3000:]
-    assert "2 steps on" in first.stdout
-    assert (run / "dist_checkpoints" / "step_0000002" / ".metadata").is_file()
+    assert "trained" in first.stdout and first.stdout.count("trained") == 1  # rank 0 prints
+    assert (run / "checkpoints" / "step_00000002" / ".metadata").is_file()
     second = subprocess.run(
         torchrun_command(2, ["train", *common, "--steps", "4", "--parallel", "dp=2",
                              "--resume"], module="shoestring"),
         capture_output=True, text=True, timeout=300, env=env)
     assert second.returncode == 0, second.stderr[-3000:]
-    steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in records(run)]
     assert steps == [1, 2, 3, 4]
     assert (run / "final" / "model.safetensors").is_file()
+
+
+def test_sigterm_checkpoints_every_rank_and_resumes_in_one_process(pydocs_dir: Path,
+                                                                   tmp_path: Path) -> None:
+    """SIGTERM to torchrun mid-run: every rank stops at the same step, one checkpoint is
+    written, the job exits 128+15; `--resume` in ONE process (another layout) finishes with
+    the losses of an uninterrupted run."""
+    steps = 120
+    sets = [*PLAIN, *micro(2), "train.checkpoint_every=null"]
+    run = tmp_path / "run"
+    args = ["train", "-d", str(pydocs_dir), "-o", str(run), *_cli_sets(sets),
+            "--steps", str(steps), "--parallel", "dp=2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
+    proc = subprocess.Popen(torchrun_command(2, args, module="shoestring"), env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline:
+            m = run / "metrics.jsonl"
+            if m.is_file() and len(m.read_text().splitlines()) >= 3:
+                break
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode != 0
+    assert stderr.count("interrupted by SIGTERM") == 2, stderr[-3000:]  # both ranks, one step
+    from shoestring.train.checkpoint import latest_checkpoint
+
+    ck = latest_checkpoint(run)
+    assert ck is not None and 3 <= ck.step < steps, stderr[-2000:]
+    assert ck.state["world_size"] == 2
+    r = subprocess.run([sys.executable, "-m", "shoestring", "train", "-d", str(pydocs_dir),
+                        "-o", str(run), "--resume"], capture_output=True, text=True,
+                       timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    whole = one_process(pydocs_dir, tmp_path / "whole", [*sets[:-1], f"train.steps={steps}",
+                                                        "train.checkpoint_every=null"])
+    got, want = losses_of(run), losses_of(whole)
+    assert len(got) == steps
+    assert abs(got[-1] - want[-1]) < 1e-3, (got[-5:], want[-5:])
+
+
+def test_a_plan_for_two_devices_trains_with_its_printed_torchrun_line(pydocs_dir: Path,
+                                                                      tmp_path: Path) -> None:
+    plan = tmp_path / "plan.yaml"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "400"}
+    p = subprocess.run([sys.executable, "-m", "shoestring", "plan", "--hardware", "auto",
+                        "--devices", "2", "--budget", "5s", "--data", str(pydocs_dir),
+                        "-o", str(plan)], capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    line = next(x for x in p.stdout.splitlines() if "torchrun" in x and "train it with" in x)
+    cmd = shlex.split(line.split("train it with:", 1)[1].strip())
+    assert cmd[0] == "torchrun" and "--nproc-per-node" in " ".join(cmd)
+    cmd = [sys.executable, "-m", "torch.distributed.run", *cmd[1:]]
+    cmd = [str(pydocs_dir) if c == "DATA_DIR" else str(tmp_path / "run") if c == "RUN_DIR"
+           else c for c in cmd]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["steps"] >= 1
+    assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
+
+
+def _roll_back(src: Path, dst: Path, step: int) -> Path:
+    """A copy of run ``src`` as if it had died right after its step-``step`` checkpoint."""
+    shutil.copytree(src, dst)
+    for p in (dst / "checkpoints").iterdir():
+        if int(p.name.removeprefix("step_")) > step:
+            shutil.rmtree(p)
+    shutil.rmtree(dst / "final")
+    (dst / "summary.json").unlink()
+    return dst
+
+
+def test_one_process_to_dp2_to_tp2_resumes_without_a_skipped_or_repeated_batch(
+        pydocs_dir: Path, tmp_path: Path) -> None:
+    """A one-process run's step-2 checkpoint resumed on dp=2, whose step-4 checkpoint is
+    resumed on tp=2: the losses are the uninterrupted run's, step for step."""
+    sets = [*PLAIN, "train.steps=6", *micro(1), "train.checkpoint_every=2steps",
+            "train.keep_checkpoints=5"]
+    whole = one_process(pydocs_dir, tmp_path / "whole", sets)
+    a = _roll_back(whole, tmp_path / "a", 2)
+    proc = launch(2, [{"output": str(a), "parallel": "dp=2", "resume": True,
+                       "sets": [*sets[:-3], *micro(2), *sets[-2:]]}],
+                  {"data": str(pydocs_dir)}, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert_close(losses_of(a), losses_of(whole), "one process → dp=2")
+    b = _roll_back(a, tmp_path / "b", 4)
+    proc = launch(2, [{"output": str(b), "parallel": "tp=2", "resume": True, "sets": sets}],
+                  {"data": str(pydocs_dir)}, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert_close(losses_of(b), losses_of(whole), "one process → dp=2 → tp=2")
+    assert [r["step"] for r in records(b)] == [1, 2, 3, 4, 5, 6]
+    assert json.loads((b / "summary.json").read_text())["world_size"] == 2

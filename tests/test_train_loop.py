@@ -105,16 +105,20 @@ def test_a_failed_checkpoint_write_leaves_the_previous_one(pydocs_dir: Path, tmp
     before = latest_checkpoint(run)
     import shoestring.train.checkpoint as ck
 
-    def broken_save(*args, **kwargs):
+    def broken_write(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(ck, "save_file", broken_save)
-    with pytest.raises(OSError):
-        ck.save_checkpoint(run, torch.nn.Linear(2, 2), torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), 0.1),
-                           {"step": 99}, keep=2)
+    # the shards are written, then the state file (the completion mark) fails
+    monkeypatch.setattr(ck, "write_json_atomic", broken_write)
+    with pytest.raises(OSError, match="disk full"):
+        train(tiny_config(steps=6, checkpoint_every="2steps"), pydocs_dir, run, resume=True)
     after = latest_checkpoint(run)
     assert after.step == before.step == 4
+    # no half-written folder is left behind, and the kept checkpoint still loads
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [p.name for p in list_checkpoints(run)]
+    monkeypatch.undo()
+    summary = train(tiny_config(steps=6, checkpoint_every="2steps"), pydocs_dir, run, resume=True)
+    assert summary["steps"] == 6 and summary["resumed"]
 
 
 def test_nonfinite_losses_are_skipped_then_stop_with_a_clear_error(pydocs_dir: Path, tmp_path: Path) -> None:
@@ -172,3 +176,68 @@ def test_objective_mismatch_is_refused(pydocs_dir: Path, tmp_path: Path) -> None
     cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"objective": "clm"})})
     with pytest.raises(ShoestringError, match="prepared for objective 'mlm'"):
         train(cfg, pydocs_dir, tmp_path / "x")
+
+
+def _write_old_format_checkpoint(run: Path, step: int) -> None:
+    """A checkpoint as shoestring wrote them before the one trainer: model.safetensors,
+    a positional optimizer.pt and state.json (the writer was these three calls)."""
+    from safetensors.torch import save_file
+
+    from shoestring.train.checkpoint import consolidate
+    from shoestring.train.rundir import load_final
+
+    new = latest_checkpoint(run)
+    model, _ = load_final(run)
+    model = consolidate(new.path, model)
+    from shoestring.train.optim import build_optimizer
+
+    opt = build_optimizer(model, tiny_config(steps=2).train)
+    old = run / "checkpoints" / f"step_{step:08d}"
+    shutil.rmtree(run / "checkpoints")
+    old.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()},
+              str(old / "model.safetensors"))
+    torch.save(opt.state_dict(), old / "optimizer.pt")
+    state = {k: v for k, v in new.state.items() if k not in ("format", "layout", "world_size")}
+    (old / "state.json").write_text(json.dumps(state))
+
+
+def test_old_format_checkpoints_are_refused_with_the_command_that_converts_them(
+        pydocs_dir: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    train(tiny_config(steps=2, checkpoint_every="2steps"), pydocs_dir, run)
+    _write_old_format_checkpoint(run, 2)
+    args = ["train", "--data", str(pydocs_dir), "-o", str(run), "--resume",
+            "--set", "train.steps=4"]
+    r = run_cli(*args)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert f"python -m shoestring.train.checkpoint upgrade {run}" in r.stderr.replace("\n", " ")
+    up = subprocess.run([sys.executable, "-m", "shoestring.train.checkpoint", "upgrade", str(run)],
+                        capture_output=True, text=True, timeout=120)
+    assert up.returncode == 0, up.stderr
+    ck = latest_checkpoint(run)
+    assert ck.step == 2 and ck.state["format"] == 2 and (ck.path / ".metadata").is_file()
+    r = run_cli(*args)
+    assert r.returncode == 0, r.stderr
+    assert json.loads((run / "summary.json").read_text())["steps"] == 4
+
+
+def test_resume_on_a_finished_budget_says_so(pydocs_dir: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    train(tiny_config(steps=2), pydocs_dir, run)
+    with pytest.raises(ShoestringError, match="nothing to resume: the checkpoint at step 2 has "
+                       "used the whole budget"):
+        train(tiny_config(steps=2), pydocs_dir, run, resume=True)
+    assert train(tiny_config(steps=3), pydocs_dir, run, resume=True)["steps"] == 3
+
+
+@pytest.mark.slow
+def test_compile_trains_the_same_losses(pydocs_dir: Path, tmp_path: Path) -> None:
+    """`train.compile` (the one torch.compile test: ~40 s on a CPU) runs through the same
+    parallelism seam and gives the eager run's losses."""
+    kw = dict(steps=3, precision="fp32", log_every=1, micro_batch_size=16)
+    train(tiny_config(**kw), pydocs_dir, tmp_path / "eager")
+    train(tiny_config(**kw, compile=True), pydocs_dir, tmp_path / "compiled")
+    for a, b in zip(_losses(tmp_path / "eager"), _losses(tmp_path / "compiled")):
+        assert a == pytest.approx(b, abs=1e-3)
+    assert len(_losses(tmp_path / "compiled")) == 3

@@ -6,6 +6,7 @@ no traceback. Any other exception is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -222,17 +223,16 @@ def train(
                                   fix="train without --resume to start a run here")
         config = saved
     cfg = _config(config, sets, extra, plan=plan)
+    layout = None
     if parallel is not None:
-        from shoestring.dist.launch import train_from_cli
+        from shoestring.dist.layout import make_layout
 
-        summary = train_from_cli(cfg, data, output, parallel, zero=zero, offload=offload, ac=ac,
-                                 pp_schedule=pp_schedule, microbatches=microbatches,
-                                 overwrite=overwrite, resume=resume)
-        out.print(f"trained {output}: {summary['steps']:,} steps on {summary['layout']}, "
-                  f"loss {summary['final_train_loss']:.3f}")
-        return
-    summary = run_train(cfg, data, output, overwrite=overwrite, console=err, resume=resume)
-    _print_train(summary, output)
+        layout = make_layout(parallel, zero=zero, offload=offload, ac=ac,
+                             pp_schedule=pp_schedule, microbatches=microbatches)
+    summary = run_train(cfg, data, output, overwrite=overwrite, console=err, resume=resume,
+                        layout=layout)
+    if int(os.environ.get("RANK", "0")) == 0:
+        _print_train(summary, output)
 
 
 def _print_train(summary: dict, output: Path) -> None:
@@ -440,15 +440,15 @@ def plan(
 
         out.print(fit_table(fit_sweep(fit, output)))
         return
-    from shoestring.plan.planner import PlanRequest, make_plan, plan_table, write_plan
+    from shoestring.plan.planner import PlanRequest, launch_line, make_plan, plan_table, write_plan
 
     req = PlanRequest(hardware=hardware, devices=devices, budget=budget, mfu=mfu, measure=measure,
                       objective=objective, law=law, data=str(data) if data else None)
     tree = make_plan(req, console=err)
     out.print(plan_table(tree))
     if output is not None:
-        out.print(f"wrote {write_plan(tree, output)}; train it with: shoestring train "
-                  f"--data DATA_DIR --plan {output} -o RUN_DIR")
+        out.print(f"wrote {write_plan(tree, output)}; train it with: "
+                  f"{launch_line(tree, str(output))}", soft_wrap=True)
 
 
 @app.command()

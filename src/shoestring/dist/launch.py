@@ -32,41 +32,20 @@ def run(
     config: str | Path | None = None,
     sets: list[str] | None = None,
     overwrite: bool = False,
-    resume: str | Path | None = None,
-    checkpoint_every: int | None = None,
-    stop_after: int | None = None,
+    resume: bool = False,
 ) -> dict:
-    """Validate, then train this rank's share (see `trainer.train_distributed`)."""
+    """Validate, then train this rank's share with the one trainer (`shoestring.train.loop`)."""
+    from rich.console import Console
+
     from shoestring.config import load_config
     from shoestring.dist.layout import make_layout
-    from shoestring.dist.trainer import train_distributed
+    from shoestring.train.loop import train
 
     layout = make_layout(parallel, zero=zero, offload=offload, ac=ac, pp_schedule=pp_schedule,
                          microbatches=microbatches)
     cfg = load_config(config, sets)
-    return train_distributed(cfg, layout, data, output, overwrite=overwrite, resume=resume,
-                             checkpoint_every=checkpoint_every, stop_after=stop_after)
-
-
-def train_from_cli(cfg, data: Path, output: Path, parallel: str, *, zero: int = 0,  # noqa: ANN001
-                   offload: str | None = None, ac: str = "none", pp_schedule: str = "1f1b",
-                   microbatches: int | None = None, overwrite: bool = False,
-                   resume: bool = False) -> dict:
-    """`shoestring train --parallel ...` (under torchrun): ``resume`` continues the run dir's
-    newest distributed checkpoint, whatever layout wrote it."""
-    from shoestring.dist.layout import make_layout
-    from shoestring.dist.trainer import latest_checkpoint, train_distributed
-
-    layout = make_layout(parallel, zero=zero, offload=offload, ac=ac, pp_schedule=pp_schedule,
-                         microbatches=microbatches)
-    checkpoint = None
-    if resume:
-        checkpoint = latest_checkpoint(output)
-        if checkpoint is None:
-            raise ShoestringError("no distributed checkpoint to resume from",
-                                  where=str(output / "dist_checkpoints"),
-                                  fix="train without --resume to start the run")
-    return train_distributed(cfg, layout, data, output, overwrite=overwrite, resume=checkpoint)
+    return train(cfg, data, output, overwrite=overwrite, resume=resume, layout=layout,
+                 console=Console(stderr=True, quiet=True))
 
 
 def torchrun_command(nproc: int, args: list[str], *, module: str = "shoestring.dist.launch",
@@ -95,9 +74,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--config", "-c", default=None)
     p.add_argument("--set", dest="sets", action="append", default=[])
     p.add_argument("--overwrite", action="store_true")
-    p.add_argument("--resume", default=None)
-    p.add_argument("--checkpoint-every", type=int, default=None)
-    p.add_argument("--stop-after", type=int, default=None)
+    p.add_argument("--resume", action="store_true")
     return p
 
 
@@ -106,8 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         run(a.data, a.output, a.parallel, zero=a.zero, offload=a.offload, ac=a.ac,
             pp_schedule=a.pp_schedule, microbatches=a.microbatches, config=a.config,
-            sets=a.sets, overwrite=a.overwrite, resume=a.resume,
-            checkpoint_every=a.checkpoint_every, stop_after=a.stop_after)
+            sets=a.sets, overwrite=a.overwrite, resume=a.resume)
     except ShoestringError as e:
         rank = os.environ.get("RANK", "0")
         print(f"error (rank {rank}): {e.message}", file=sys.stderr, flush=True)

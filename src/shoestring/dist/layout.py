@@ -61,8 +61,12 @@ class Layout:
 
     @property
     def fsdp(self) -> bool:
-        """Parameters are managed by FSDP2 (``fully_shard``) rather than DDP."""
-        return self.zero >= 2 or (self.zero == 0 and self.tp > 1 and self.dp > 1)
+        """Parameters are managed by FSDP2 (``fully_shard``) rather than DDP: ZeRO 2/3, and
+        ZeRO-0 data parallelism beside tensor or pipeline parallelism (FSDP2 on a replicate
+        mesh: DDP takes no DTensor parameters, and its reducer fails when a pipeline schedule
+        runs several times before one optimizer step, as gradient accumulation does)."""
+        return self.zero >= 2 or (self.zero == 0 and (self.tp > 1 or self.pp > 1)
+                                  and self.dp > 1)
 
     def describe(self) -> str:
         dp = (f"dp={self.dp}" if self.dp_replicate == 1 or self.dp_shard == 1
@@ -186,11 +190,14 @@ def validate(
     batch_size: int,
     num_kv_heads: int | None = None,
     device_type: str = "cpu",
+    micro_batch: int | None = None,
 ) -> Layout:
     """Every check that can be made before a process group exists (see the module docstring).
 
-    Returns the layout unchanged so it can be used inline; raises `ShoestringError` naming the
-    degree, the number it must divide or match, and what to change.
+    ``micro_batch``: sequences per data-parallel rank per forward/backward (gradients
+    accumulate over ``batch_size / (dp × micro_batch)`` of them); default: the rank's whole
+    share of the batch. Returns the layout unchanged so it can be used inline; raises
+    `ShoestringError` naming the degree, the number it must divide or match, and what to change.
     """
     L = layout
     if L.world_size != world_size:
@@ -240,12 +247,21 @@ def validate(
         _fail(f"batch_size ({batch_size}) must be divisible by dp ({L.dp}): each data-parallel "
               "rank takes an equal slice of every global batch",
               fix=f"use a batch_size that is a multiple of {L.dp}")
-    local = batch_size // L.dp
-    if L.pp > 1 and local % L.n_microbatches:
-        _fail(f"the per-rank batch ({batch_size}/dp={local}) does not split into "
-              f"{L.n_microbatches} equal microbatches",
-              fix=f"use a batch_size that is a multiple of dp×microbatches = "
-              f"{L.dp * L.n_microbatches}")
+    micro = micro_batch or batch_size // L.dp
+    if batch_size % (L.dp * micro):
+        _fail(f"batch_size ({batch_size}) is not a whole number of micro-steps of dp × "
+              f"micro_batch_size = {L.dp} × {micro} sequences",
+              fix=f"use a batch_size that is a multiple of {L.dp * micro}, or a "
+              "train.micro_batch_size that divides batch_size / dp")
+    if L.pp > 1 and micro % L.n_microbatches:
+        _fail(f"the per-rank micro-batch ({micro} sequences) does not split into "
+              f"{L.n_microbatches} equal microbatches for the pipeline",
+              fix=f"use a train.micro_batch_size (or batch_size / dp) that is a multiple of "
+              f"{L.n_microbatches}, or change --microbatches")
+    if L.zero == 1 and L.pp > 1 and L.dp > 1:
+        _fail("ZeRO-1 (DDP + ZeroRedundancyOptimizer) beside pipeline parallelism is not "
+              "supported: DDP's reducer fails when the schedule runs several times per step",
+              fix="use --zero 2 (gradients and optimizer state sharded) or --zero 0")
     if L.zero == 1 and L.tp > 1:
         _fail("ZeRO-1 (ZeroRedundancyOptimizer) shards plain tensors; with tp > 1 the "
               "parameters are DTensors",

@@ -185,3 +185,53 @@ def format_bytes(n: int) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024  # type: ignore[assignment]
     return str(n)
+
+
+def available_bytes(device_type: str, local_rank: int = 0) -> int | None:
+    """Memory one rank can use: the GPU's total memory on CUDA; on a CPU, the host's
+    available memory (MemAvailable; all local ranks share it). None when unknown."""
+    if device_type == "cuda":
+        import torch
+
+        return int(torch.cuda.mem_get_info(local_rank)[1])
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import os
+
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_fits(model_cfg: Any, vocab_size: int, seq_len: int, micro_batch: int, layout: Any,
+               precision: str, device_type: str, local_ranks: int = 1,
+               headroom: float = 0.9) -> dict[str, int]:
+    """Refuse, before any work, a run whose busiest rank needs more memory than this machine
+    has (``headroom`` of it), with the numbers. On a CPU the ``local_ranks`` processes of
+    this node share the host's memory. Returns the estimate."""
+    from shoestring.errors import ShoestringError
+
+    act = "bf16" if precision in ("bf16", "fp16") else "fp32"  # auto: the larger, to be safe
+    est = memory_per_rank(model_cfg, vocab_size, seq_len, micro_batch, layout, param_dtype=act)
+    need = est["total"] + (est["host"] if device_type == "cuda" else 0)
+    sharers = local_ranks if device_type != "cuda" else 1
+    have = available_bytes(device_type)
+    if have is not None and need * sharers > headroom * have:
+        per = f" per process × {sharers} processes" if sharers > 1 else ""
+        raise ShoestringError(
+            f"this run needs about {format_bytes(need)}{per} (weights "
+            f"{format_bytes(est['params'])}, gradients {format_bytes(est['grads'])}, AdamW "
+            f"{format_bytes(est['optimizer'])}, activations {format_bytes(est['activations'])} "
+            f"at micro-batch {micro_batch}) but this {device_type.upper()} has "
+            f"{format_bytes(have)} {'available' if device_type != 'cuda' else 'in all'}",
+            where="model / train.micro_batch_size",
+            fix="choose a smaller model (model.preset), a smaller train.micro_batch_size "
+            "(gradients accumulate to the same batch), more devices with --parallel and "
+            "--zero 3, or plan for this machine: shoestring plan --hardware auto")
+    return est

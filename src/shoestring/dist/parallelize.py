@@ -11,7 +11,7 @@ column split of a fused matrix would give rank 0 all of q and half of k; tensor 
 needs every rank to hold *its heads* of q, k and v. `PackedColwiseParallel` therefore
 reorders the rows so that rank r's contiguous block is [q_r; k_r; v_r] before sharding — the
 model's own ``.view(..., 3, heads, head_dim)`` then sees exactly its heads. Because that packed
-order depends on ``tp``, checkpoints never store it: `shoestring.dist.checkpoint` saves each
+order depends on ``tp``, checkpoints never store it: `shoestring.train.checkpoint` saves each
 fused matrix as its parts (``...Wqkv.weight.part0`` = q, ...), which are plain row blocks in
 every layout; under FSDP those matrices are sharded along their input dimension
 (``Shard(1)``) so the split stays a local view. Export concatenates the parts back.
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
@@ -38,6 +38,9 @@ from torch.distributed.tensor.parallel import (
 from shoestring.dist.layout import Layout
 from shoestring.dist.mesh import Meshes
 from shoestring.errors import ShoestringError
+
+if TYPE_CHECKING:
+    from shoestring.dist.parallelism import Parallelism
 
 _WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "module.", "_orig_mod.",
                      "_fsdp_wrapped_module.")
@@ -280,21 +283,6 @@ def apply_ddp(model: nn.Module, meshes: Meshes) -> nn.Module:
     return DistributedDataParallel(model, process_group=meshes.dp.get_group())
 
 
-@dataclass
-class ParallelModel:
-    """The module(s) this rank trains: one per local pipeline stage (one without PP)."""
-
-    parts: list[nn.Module]
-    stage_ids: list[int]
-    fused: dict[str, list[int]]
-    meshes: Meshes
-    ddp: bool = False
-    # parameters that are copies of another stage's (the tied embedding on the last stage):
-    tied_copies: list[nn.Parameter] = field(default_factory=list)
-    tied_owners: list[nn.Parameter] = field(default_factory=list)
-    embedding_group: object = None  # process group of the first and last stage ranks
-
-
 def parallelize(part: nn.Module, meshes: Meshes, layout: Layout, fused: dict[str, list[int]],
                 *, kind: str = "mlm", last: bool = True) -> nn.Module:
     """TP → AC → FSDP/DDP on one model (or pipeline stage) module. Returns the module to run."""
@@ -316,7 +304,7 @@ def build_optimizers(parts: list[nn.Module], train_cfg, layout: Layout, meshes: 
     """AdamW per model part (the lead's param groups); ZeRO-1 shards its state across DP."""
     from shoestring.train.optim import build_optimizer, param_groups
 
-    if layout.zero != 1 or meshes.dp is None:
+    if layout.zero != 1 or meshes is None or meshes.dp is None:
         return [build_optimizer(p, train_cfg) for p in parts]
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
@@ -338,22 +326,6 @@ def build_optimizers(parts: list[nn.Module], train_cfg, layout: Layout, meshes: 
 # --------------------------------------------------------------------------- gradients
 
 
-def sync_tied_grads(pm: ParallelModel) -> None:
-    """Sum the tied embedding's gradient between the first and last pipeline stage
-    (Megatron's embedding group): each holds a copy, both must take the same step."""
-    if pm.meshes.pp is None:
-        return
-    import torch.distributed as dist
-
-    mine = pm.tied_owners + pm.tied_copies
-    if not mine or pm.embedding_group is None:  # middle stages hold no copy
-        return
-    for p in mine:
-        g = p.grad
-        local = g.to_local() if isinstance(g, DTensor) else g
-        dist.all_reduce(local, group=pm.embedding_group)
-
-
 def _norm_sq(grads: list[Tensor]) -> Tensor:
     """Global squared L2 norm of a list of (possibly DTensor) gradients."""
     total = torch.zeros((), dtype=torch.float32)
@@ -369,7 +341,7 @@ def _norm_sq(grads: list[Tensor]) -> Tensor:
     return total
 
 
-def clip_grad_norm_(pm: ParallelModel, max_norm: float) -> float:
+def clip_grad_norm_(pm: Parallelism, max_norm: float) -> float:
     """Clip by the norm over *all* parameters of the model, across TP/FSDP shards (DTensor
     norms) and pipeline stages (a sum over the pp group), counting the tied copy once."""
     import torch.distributed as dist

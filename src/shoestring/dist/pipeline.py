@@ -104,7 +104,11 @@ def split_model(model: nn.Module, layout: Layout, pp_rank: int, tp: int, kind: s
 
 def build_schedule(stage_modules: list[tuple[int, nn.Module]], layout: Layout, pp_group,
                    device: torch.device, loss_fn):  # noqa: ANN001, ANN201
-    """`PipelineStage`s over the (already parallelized) stage modules and the schedule."""
+    """`PipelineStage`s over the (already parallelized) stage modules and the schedule.
+
+    The schedule's own gradient scaling (÷ microbatches after each step) is off: it would
+    divide gradients accumulated over several steps again; ``loss_fn`` divides instead
+    (`shoestring.dist.parallelism`)."""
     from torch.distributed.pipelining import (
         PipelineStage,
         Schedule1F1B,
@@ -116,6 +120,7 @@ def build_schedule(stage_modules: list[tuple[int, nn.Module]], layout: Layout, p
               for s, mod in stage_modules]
     m = layout.n_microbatches
     if layout.pp_schedule == "interleaved":
-        return ScheduleInterleaved1F1B(stages, n_microbatches=m, loss_fn=loss_fn)
+        return ScheduleInterleaved1F1B(stages, n_microbatches=m, loss_fn=loss_fn,
+                                       scale_grads=False)
     cls = ScheduleGPipe if layout.pp_schedule == "gpipe" else Schedule1F1B
-    return cls(stages[0], n_microbatches=m, loss_fn=loss_fn)
+    return cls(stages[0], n_microbatches=m, loss_fn=loss_fn, scale_grads=False)

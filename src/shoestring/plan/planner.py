@@ -248,7 +248,7 @@ def make_plan(req: PlanRequest, console: Console | None = None) -> dict[str, Any
             f"--objective {req.objective} but the data dir was prepared for {data['objective']}",
             where=str(req.data), fix="drop --objective, or prep the data for that objective",
         )
-    devices_per_node = req.devices_per_node or (1 if hw.name == "auto" else min(req.devices, 8))
+    devices_per_node = req.devices_per_node or _devices_per_node(hw.name, req.devices)
     mask_rate = TrainConfig().mask_rate
     mfu = req.mfu if req.mfu is not None else DEFAULT_MFU
     mfu_source = "given" if req.mfu is not None else "default (pass --mfu or --measure)"
@@ -361,10 +361,34 @@ def make_plan(req: PlanRequest, console: Console | None = None) -> dict[str, Any
     }
 
 
+def _devices_per_node(hardware: str, devices: int) -> int:
+    """Devices one node holds: this machine's GPUs for ``auto`` (on a CPU-only machine, one
+    process per device on this machine), else up to 8 (a DGX-style node)."""
+    if hardware == "auto":
+        import torch
+
+        return min(devices, torch.cuda.device_count() or devices)
+    return min(devices, 8)
+
+
+def launch_line(tree: dict[str, Any], plan: str = "PLAN") -> str:
+    """The command that trains this plan as written: `shoestring train` on one device; the
+    torchrun line with the plan's layout flags on more."""
+    lay, hw = tree["plan"]["layout"], tree["plan"]["hardware"]
+    args = f"train --data DATA_DIR --plan {plan} -o RUN_DIR"
+    if not lay.get("launch"):
+        return f"shoestring {args}"
+    per_node = min(hw["devices"], hw["devices_per_node"])
+    nodes = max(1, hw["devices"] // per_node)
+    where = (f"--nnodes {nodes} --rdzv-backend c10d --rdzv-endpoint HEAD_NODE:29400"
+             if nodes > 1 else "--standalone")
+    return f"torchrun {where} --nproc-per-node {per_node} -m shoestring {args} {lay['launch']}"
+
+
 def plan_to_yaml(tree: dict[str, Any]) -> str:
     head = (
         "# shoestring plan: train it with\n"
-        "#   shoestring train --data DATA_DIR --plan THIS_FILE -o RUN_DIR\n"
+        f"#   {launch_line(tree, 'THIS_FILE')}\n"
         "# model/train/data are config sections; plan: records how they were chosen.\n"
     )
     ordered = {k: tree[k] for k in ("model", "train", "data", "plan")}
@@ -417,11 +441,7 @@ def plan_table(tree: dict[str, Any]) -> Table:
     t.add_row("layout", f"{lay['kind']}; micro-batch {lay['micro_batch']} × "
               f"{lay['grad_accum']} accumulation{ckpt}")
     if lay.get("launch"):
-        per_node = min(hw["devices"], hw["devices_per_node"])
-        nodes = max(1, hw["devices"] // per_node)
-        t.add_row("launch", f"torchrun {f'--nnodes {nodes} ' if nodes > 1 else ''}"
-                  f"--nproc-per-node {per_node} -m shoestring train --plan PLAN --data DATA "
-                  f"-o RUN {lay['launch']}")
+        t.add_row("launch", launch_line(tree))
     t.add_row("memory / device", f"{lay['memory_gb']:.2f} GB of {hw['memory_gb']:g} GB "
               f"({'fits' if lay['fits'] else 'DOES NOT FIT'}; {lay['model']})")
     if p["data"]:

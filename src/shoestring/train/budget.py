@@ -122,11 +122,12 @@ class Budget:
     def elapsed(self) -> float:
         return self.elapsed_before + time.perf_counter() - self._start - self._paused
 
-    def progress(self, step: float, tokens: float = 0.0) -> float:
-        """Fraction used after ``step`` steps and ``tokens`` tokens, in [0, 1]."""
+    def progress(self, step: float, tokens: float = 0.0, elapsed: float | None = None) -> float:
+        """Fraction used after ``step`` steps, ``tokens`` tokens and ``elapsed`` seconds
+        (default: this process's clock), in [0, 1]."""
         fractions = [0.0]
         if self.seconds is not None:
-            fractions.append(self.elapsed / self.seconds)
+            fractions.append((self.elapsed if elapsed is None else elapsed) / self.seconds)
         if self.steps is not None:
             fractions.append(step / self.steps)
         if self.tokens is not None:

@@ -1,30 +1,59 @@
-"""Training checkpoints: complete or absent, the last K kept, enough state to resume exactly.
+"""Checkpoints: one format for every layout, complete or absent, resumable on another layout.
 
-A checkpoint is a folder ``RUN_DIR/checkpoints/step_00001234/`` holding the model
-(safetensors), the optimizer state (torch.save), and ``state.json``: step, tokens, budget
-used, the data cursor, the RNG states (torch CPU, CUDA, masking generator) and the metrics
-file's length at that step. It is written into a hidden temporary folder and renamed into
-place (fsutil.building_dir), so a kill at any moment leaves either the new checkpoint or none,
-never a half-written one, and the previous checkpoints stay usable. Old ones are deleted only
-after the new one is in place.
+A checkpoint is a folder ``RUN_DIR/checkpoints/step_00001234/`` written with
+torch.distributed.checkpoint (DCP) — by one process or by every rank of a job, each writing
+only its shards — plus ``state.json`` (written last, by rank 0): step, tokens, budget used,
+the data cursor, the RNG streams, the metrics file's length, the layout that wrote it.
+
+DCP's metadata records each tensor's global shape and every chunk's offsets, so a checkpoint
+written by one layout (one process, dp=2 with ZeRO-3, dp=2·tp=2·pp=2, ...) loads into any
+other: each rank reads its chunks of the global tensors. Model and optimizer state use the
+canonical model's parameter names and the optimizer state is flattened per parameter
+(``state.<name>.exp_avg``), so pipeline stages and ZeRO-1 partitions merge by name. Fused
+projections (q/k/v, the GLU's input and gate) are stored as their parts
+(``...Wqkv.weight.part0`` = q): tensor parallelism packs them in a tp-dependent row order
+(`shoestring.dist.parallelize`), their parts are plain row blocks in every layout.
+
+The folder is built under a hidden temporary name and renamed into place, so a kill at any
+moment leaves either the new checkpoint or none; older ones are pruned only after the new one
+is in place. Run dirs written before this format (``model.safetensors`` + ``optimizer.pt``
+checkpoints, or ``dist_checkpoints/``) are converted by `upgrade_run` (``shoestring train
+--resume`` says so when it meets one).
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from safetensors.torch import load_file, save_file
+import torch.distributed.checkpoint as dcp
+from torch import Tensor, nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.tensor import DTensor
 
 from shoestring.errors import ShoestringError
-from shoestring.fsutil import building_dir, write_json_atomic
+from shoestring.fsutil import swap_in_dir, write_json_atomic
+
+if TYPE_CHECKING:
+    from shoestring.dist.parallelism import Parallelism
 
 DIR = "checkpoints"
 PREFIX = "step_"
+STATE = "state.json"
+FORMAT = 2
+PART = ".part"
+_OPTS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
 @dataclass
@@ -37,16 +66,15 @@ class Checkpoint:
         return int(self.state["step"])
 
 
-def _rng_bytes(t: torch.Tensor) -> list[int]:
-    return t.tolist()
+# --------------------------------------------------------------------------- RNG streams
 
 
 def capture_rng(gen: torch.Generator) -> dict[str, Any]:
     """Every random stream training draws from, as JSON-able lists."""
-    state: dict[str, Any] = {"torch": _rng_bytes(torch.get_rng_state()),
-                             "masking": _rng_bytes(gen.get_state())}
+    state: dict[str, Any] = {"torch": torch.get_rng_state().tolist(),
+                             "masking": gen.get_state().tolist()}
     if torch.cuda.is_available():
-        state["cuda"] = [_rng_bytes(s) for s in torch.cuda.get_rng_state_all()]
+        state["cuda"] = [s.tolist() for s in torch.cuda.get_rng_state_all()]
     return state
 
 
@@ -57,55 +85,305 @@ def restore_rng(state: dict[str, Any], gen: torch.Generator) -> None:
         torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]])
 
 
-def save_checkpoint(run_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                    state: dict[str, Any], keep: int) -> Path:
-    """Write ``checkpoints/step_N`` atomically, then prune to the newest ``keep``."""
-    root = run_dir / DIR
-    root.mkdir(parents=True, exist_ok=True)
+# --------------------------------------------------------------------------- fused parts
+
+
+def _split(t: Tensor, sizes: list[int]) -> list[Tensor]:
+    """Rows of a (possibly TP-packed, possibly sharded) fused tensor → its parts, as views."""
+    if not isinstance(t, DTensor):
+        return list(t.split(sizes, dim=0))
+    n = 1
+    for dim, p in enumerate(t.placements):
+        if p.is_shard(0):
+            n *= t.device_mesh.size(dim)
+    local = t.to_local()
+    cols = t.shape[1:]
+    out = []
+    for size, piece in zip(sizes, local.split([s // n for s in sizes], dim=0)):
+        shape = torch.Size((size, *cols))
+        stride = torch.empty(shape, device="meta").stride()
+        out.append(DTensor.from_local(piece, t.device_mesh, t.placements, run_check=False,
+                                      shape=shape, stride=stride))
+    return out
+
+
+def _merge(like: Tensor, parts: list[Tensor]) -> Tensor:
+    if not isinstance(like, DTensor):
+        return torch.cat(parts, dim=0)
+    local = torch.cat([p.to_local() for p in parts], dim=0)
+    return DTensor.from_local(local, like.device_mesh, like.placements, run_check=False,
+                              shape=like.shape, stride=like.stride())
+
+
+def _fused_of(key: str, fused: dict[str, list[int]]) -> list[int] | None:
+    """The part sizes when ``key`` (model name or flat optimizer key) is a fused tensor."""
+    if key in fused:
+        return fused[key]
+    if key.startswith("state."):
+        name = key[len("state."):].rsplit(".", 1)[0]
+        return fused.get(name) if not key.endswith(".step") else None
+    return None
+
+
+def split_fused(sd: dict[str, Any], fused: dict[str, list[int]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in sd.items():
+        sizes = _fused_of(k, fused)
+        if sizes is not None and isinstance(v, Tensor) and v.dim() >= 2:
+            for i, part in enumerate(_split(v, sizes)):
+                out[f"{k}{PART}{i}"] = part
+        else:
+            out[k] = v
+    return out
+
+
+def merge_fused(split: dict[str, Any], like: dict[str, Any], fused: dict[str, list[int]]
+                ) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in like.items():
+        sizes = _fused_of(k, fused)
+        if sizes is not None and isinstance(v, Tensor) and v.dim() >= 2:
+            out[k] = _merge(v, [split[f"{k}{PART}{i}"] for i in range(len(sizes))])
+        else:
+            out[k] = split[k]
+    return out
+
+
+# --------------------------------------------------------------------------- state dicts
+
+
+def _local_optim(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """ZeroRedundancyOptimizer keeps this rank's partition in ``.optim``: its parameters are
+    whole parameters of the model, so it checkpoints like any optimizer, by name."""
+    return getattr(opt, "optim", opt)
+
+
+def _state_dicts(parts: list[nn.Module], optims: list[torch.optim.Optimizer]
+                 ) -> tuple[dict[str, Any], dict[str, Any]]:
+    model: dict[str, Any] = {}
+    optim: dict[str, Any] = {}
+    for part, opt in zip(parts, optims):
+        model.update(get_model_state_dict(part))
+        optim.update(get_optimizer_state_dict(part, _local_optim(opt), options=_OPTS))
+    return model, optim
+
+
+def _dcp(fn, state: dict[str, Any], path: Path, no_dist: bool) -> None:  # noqa: ANN001
+    with warnings.catch_warnings():  # one process: DCP says it assumes so; that is the intent
+        warnings.filterwarnings("ignore", message=".*assuming the intent is to")
+        fn(state, checkpoint_id=str(path), no_dist=no_dist)
+
+
+# --------------------------------------------------------------------------- save / load
+
+
+def save_checkpoint(run_dir: Path, parallel: Parallelism, state: dict[str, Any], keep: int
+                    ) -> Path:
+    """Write ``checkpoints/step_N`` collectively (every rank calls this), atomically, then
+    prune to the newest ``keep``."""
+    root = Path(run_dir) / DIR
     path = root / f"{PREFIX}{state['step']:08d}"
-    weights = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
-    with building_dir(path) as tmp:
-        save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-        write_json_atomic(tmp / "state.json", state)
-    for old in list_checkpoints(run_dir)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    build = root / f".{path.name}.partial"
+    if parallel.is_main:
+        if build.exists():
+            shutil.rmtree(build)
+        build.mkdir(parents=True)
+    parallel.barrier()
+    model, optim = _state_dicts(parallel.parts, parallel.optimizers)
+    sd = {"model": split_fused(model, parallel.fused), "optim": split_fused(optim, parallel.fused)}
+    try:
+        _dcp(dcp.save, sd, build, no_dist=not parallel.distributed)
+        parallel.barrier()
+        if parallel.is_main:
+            write_json_atomic(build / STATE, {"format": FORMAT, **state})
+            swap_in_dir(build, path)
+            for old in list_checkpoints(run_dir)[:-keep]:
+                shutil.rmtree(old, ignore_errors=True)
+    finally:
+        if parallel.is_main and build.exists():
+            shutil.rmtree(build, ignore_errors=True)
+    parallel.barrier()
     return path
+
+
+def load_checkpoint(ckpt: Checkpoint, parallel: Parallelism) -> None:
+    """Load a checkpoint of any layout into this layout's parts and optimizers (resharding
+    as needed)."""
+    parts, optims, fused = parallel.parts, parallel.optimizers, parallel.fused
+    try:
+        model_like, optim_like = _state_dicts(parts, optims)
+        sd = {"model": split_fused(model_like, fused), "optim": split_fused(optim_like, fused)}
+        _dcp(dcp.load, sd, ckpt.path, no_dist=not parallel.distributed)
+        model_sd = merge_fused(sd["model"], model_like, fused)
+        optim_sd = merge_fused(sd["optim"], optim_like, fused)
+        for part, opt in zip(parts, optims):
+            set_model_state_dict(part, model_sd, options=StateDictOptions(strict=False))
+            set_optimizer_state_dict(part, _local_optim(opt), optim_sd, options=_OPTS)
+    except (OSError, RuntimeError, ValueError, KeyError) as e:
+        raise ShoestringError(
+            f"cannot restore the checkpoint ({type(e).__name__}: {str(e)[:300]})",
+            where=str(ckpt.path),
+            fix="the config must describe the run's model (same sizes); or delete this "
+            "checkpoint folder to resume from the one before",
+        ) from None
+
+
+def consolidate(path: str | Path, model: nn.Module) -> nn.Module:
+    """Load the model weights of a checkpoint of any layout into a plain single-process
+    ``model`` (whose architecture matches), without any process group: what ``final/`` is
+    written from."""
+    from shoestring.dist.parallelize import fused_params
+
+    fused = fused_params(model)
+    like = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    split = split_fused(like, fused)
+    _dcp(dcp.load, {"model": split}, Path(path), no_dist=True)
+    model.load_state_dict(merge_fused(split, like, fused))
+    return model
+
+
+# --------------------------------------------------------------------------- listing
+
+
+def _complete(p: Path) -> bool:
+    return p.is_dir() and p.name.startswith(PREFIX) and (p / STATE).is_file() \
+        and (p / ".metadata").is_file()
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
     """Complete checkpoints, oldest first (temporary build folders are hidden and skipped)."""
-    root = run_dir / DIR
+    root = Path(run_dir) / DIR
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir()
-             if p.is_dir() and p.name.startswith(PREFIX) and (p / "state.json").is_file()]
-    return sorted(found, key=lambda p: p.name)
+    return sorted((p for p in root.iterdir() if _complete(p)), key=lambda p: p.name)
+
+
+def read_state(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads((path / STATE).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ShoestringError(f"checkpoint state is unreadable ({e})", where=str(path),
+                              fix="delete this checkpoint folder to resume from the one before"
+                              ) from None
 
 
 def latest_checkpoint(run_dir: Path) -> Checkpoint | None:
+    """The newest complete checkpoint; a run dir holding only checkpoints of the format
+    before this one is refused with the command that converts it."""
     ckpts = list_checkpoints(run_dir)
     if not ckpts:
+        if legacy_checkpoints(Path(run_dir)):
+            raise ShoestringError(
+                "this run dir's checkpoints are in the format of shoestring before the one "
+                "trainer (model.safetensors + optimizer.pt, or dist_checkpoints/)",
+                where=str(run_dir),
+                fix=f"convert them once with: python -m shoestring.train.checkpoint "
+                f"upgrade {run_dir}  (then --resume works on any layout)")
         return None
-    path = ckpts[-1]
-    try:
-        state = json.loads((path / "state.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise ShoestringError(f"checkpoint state is unreadable ({e})", where=str(path),
-                              fix="delete this checkpoint folder to resume from the one before") from None
-    return Checkpoint(path, state)
+    return Checkpoint(ckpts[-1], read_state(ckpts[-1]))
 
 
-def load_checkpoint(ckpt: Checkpoint, model: torch.nn.Module,
-                    optimizer: torch.optim.Optimizer) -> None:
-    """Restore weights and optimizer state in place (tensors land on the model's device)."""
+# --------------------------------------------------------------------------- older formats
+
+
+def legacy_checkpoints(run_dir: Path) -> list[Path]:
+    """Checkpoint folders written before format 2: one-process ones (``model.safetensors``,
+    ``optimizer.pt``, ``state.json``) and ``dist_checkpoints/step_N`` (DCP + ``trainer.json``)."""
+    found = []
+    root = run_dir / DIR
+    if root.is_dir():
+        found += [p for p in root.iterdir() if p.name.startswith(PREFIX)
+                  and (p / "model.safetensors").is_file() and (p / STATE).is_file()]
+    old_dist = run_dir / "dist_checkpoints"
+    if old_dist.is_dir():
+        found += [p for p in old_dist.iterdir() if p.name.startswith(PREFIX)
+                  and (p / "trainer.json").is_file() and (p / ".metadata").is_file()]
+    return sorted(found, key=lambda p: int(p.name[len(PREFIX):]))
+
+
+def upgrade_run(run_dir: str | Path) -> list[Path]:
+    """Convert a run dir's checkpoints of the earlier formats into format 2, in place (the
+    originals are removed once their conversion is complete). Returns the new folders."""
+    import base64
+
+    import numpy as np
+    from safetensors.torch import load_file
+
+    from shoestring.config import load_config
+    from shoestring.dist.layout import Layout
+    from shoestring.dist.parallelism import Parallelism
+    from shoestring.model import build_model
+    from shoestring.train.optim import build_optimizer
+
+    run_dir = Path(run_dir)
+    old = legacy_checkpoints(run_dir)
+    if not old:
+        raise ShoestringError("no checkpoints of an earlier format here", where=str(run_dir))
+    cfg = load_config(run_dir / "config.yaml", None)
+    done = []
+    for src in old:
+        if (src / "trainer.json").is_file():  # a DCP checkpoint already: new state file only
+            t = json.loads((src / "trainer.json").read_text(encoding="utf-8"))
+            mask = np.frombuffer(base64.b64decode(t["mask_rng"]), dtype=np.uint8).tolist()
+            state = {"format": FORMAT, "step": t["step"], "tokens": t["tokens"], "skipped": 0,
+                     "next_val": 1.0, "elapsed": t.get("elapsed_s", 0.0),
+                     "cursor": t["cursor"], "rng": {"torch": torch.get_rng_state().tolist(),
+                                                    "masking": mask},
+                     "metrics_lines": _count_lines(run_dir / "metrics.jsonl"),
+                     "layout": t.get("layout"), "world_size": t.get("world_size")}
+            dst = run_dir / DIR / f"{PREFIX}{t['step']:08d}"
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copytree(src, dst.parent / f".{dst.name}.partial")
+            build = dst.parent / f".{dst.name}.partial"
+            (build / "trainer.json").unlink()
+            write_json_atomic(build / STATE, state)
+            swap_in_dir(build, dst)
+        else:  # one process: safetensors + a positional optimizer state
+            weights = load_file(str(src / "model.safetensors"))
+            vocab = next(v.shape[0] for k, v in weights.items() if k.endswith("tok_embeddings.weight"))
+            model = build_model(cfg.model, vocab)
+            model.load_state_dict(weights)
+            opt = build_optimizer(model, cfg.train)
+            opt.load_state_dict(torch.load(src / "optimizer.pt", weights_only=True))
+            state = json.loads((src / STATE).read_text(encoding="utf-8"))
+            parallel = Parallelism(layout=Layout(), device=torch.device("cpu"))
+            from shoestring.dist.parallelize import fused_params
+
+            parallel.parts, parallel.optimizers = [model], [opt]
+            parallel.fused = fused_params(model)
+            tmp = run_dir / ".upgrade"
+            dst_state = {**state, "layout": Layout().to_dict(), "world_size": 1}
+            written = save_checkpoint(tmp, parallel, dst_state, keep=1)
+            shutil.rmtree(src)
+            dst = run_dir / DIR / written.name
+            written.rename(dst)
+            shutil.rmtree(tmp, ignore_errors=True)
+        done.append(dst)
+    old_dist = run_dir / "dist_checkpoints"
+    if old_dist.is_dir():
+        shutil.rmtree(old_dist)
+    return sorted(done)
+
+
+def _count_lines(path: Path) -> int:
+    return len(path.read_text(encoding="utf-8").splitlines()) if path.is_file() else 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m shoestring.train.checkpoint upgrade RUN_DIR``: convert older checkpoints."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2 or args[0] != "upgrade":
+        print("usage: python -m shoestring.train.checkpoint upgrade RUN_DIR", file=sys.stderr)
+        sys.exit(2)
     try:
-        device = next(model.parameters()).device
-        model.load_state_dict(load_file(str(ckpt.path / "model.safetensors"), device=str(device)))
-        optimizer.load_state_dict(
-            torch.load(ckpt.path / "optimizer.pt", map_location=device, weights_only=True))
-    except (OSError, RuntimeError, ValueError, KeyError) as e:
-        raise ShoestringError(
-            f"cannot restore the checkpoint ({type(e).__name__}: {e})", where=str(ckpt.path),
-            fix="the config must match the run's (same model); or delete this checkpoint",
-        ) from None
+        for p in upgrade_run(args[1]):
+            print(f"converted {p}")
+    except ShoestringError as e:
+        print(f"error: {e.message}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

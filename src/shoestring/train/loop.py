@@ -29,13 +29,17 @@ from shoestring import __version__
 from shoestring.config import Config
 from shoestring.data.datadir import DataDir
 from shoestring.data.loader import BatchLoader, Cursor
+from shoestring.dist.layout import Layout, make_layout
+from shoestring.dist.parallelism import Parallelism, micro_batch_of, world_from_env
 from shoestring.errors import ShoestringError
-from shoestring.fsutil import write_json_atomic, write_text_atomic
+from shoestring.fsutil import check_output_dir, write_json_atomic, write_text_atomic
 from shoestring.model import build_model
 from shoestring.model.flops import train_flops_per_token
 from shoestring.train.budget import Budget, format_duration, parse_budget
 from shoestring.train.checkpoint import (
+    Checkpoint,
     capture_rng,
+    consolidate,
     latest_checkpoint,
     load_checkpoint,
     restore_rng,
@@ -44,7 +48,6 @@ from shoestring.train.checkpoint import (
 from shoestring.train.device import DeviceInfo, select_device
 from shoestring.train.metrics import MetricsLog
 from shoestring.train.objective import Objective, objective_for
-from shoestring.train.optim import build_optimizer
 from shoestring.train.rundir import MARKER, model_meta, prepare_run_dir, save_final
 from shoestring.train.schedule import batch_at, lr_factor
 
@@ -69,7 +72,7 @@ class _State:
     losses: list[float] = field(default_factory=list)
 
 
-def _progress(console: Console) -> Progress:
+def _progress(console: Console, show: bool = True) -> Progress:
     return Progress(
         TextColumn("[bold]training"),
         BarColumn(),
@@ -79,6 +82,7 @@ def _progress(console: Console) -> Progress:
         TextColumn("MFU {task.fields[mfu]:.1%}"),
         TextColumn("left {task.fields[left]}"),
         console=console,
+        disable=not show,
     )
 
 
@@ -159,34 +163,21 @@ def _val_batch(data: DataDir, cfg: Config, objective: Objective) -> tuple[torch.
     return (b.inputs, b.positions, b.targets)
 
 
-@torch.no_grad()
-def _val_loss(model: torch.nn.Module, batch: tuple[torch.Tensor, ...], objective: Objective,
-              dev: DeviceInfo, size: int = 64) -> float:
-    import torch.nn.functional as F
-
-    model.eval()
-    total, count = 0.0, 0
-    for start in range(0, len(batch[0]), size):
-        part = [t[start:start + size].to(dev.device) for t in batch]
-        with dev.autocast():
-            if objective.kind == "clm":
-                logits = model(part[0])[:, :-1]
-                targets = part[0][:, 1:]
-            else:
-                logits = model(part[0], part[1])
-                targets = part[2]
-        total += F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(),
-                                 reduction="sum").item()
-        count += targets.numel()
-    model.train()
-    return total / max(count, 1)
-
-
 def _ckpt_interval(text: str | None) -> tuple[str, float] | None:
     if text is None:
         return None
     spec = parse_budget(text)
     return spec.kind, spec.amount
+
+
+def _select_device(tc, parallel: Parallelism) -> DeviceInfo:  # noqa: ANN001
+    """This rank's device at the precision every rank agrees on (rank 0's choice under
+    ``auto``), with its own measured peak."""
+    dev = select_device(tc.precision)
+    (wanted,) = parallel.broadcast([float(dev.dtype == torch.bfloat16)])
+    if tc.precision == "auto" and (wanted == 1.0) != (dev.dtype == torch.bfloat16):
+        dev = select_device("bf16" if wanted == 1.0 else "fp32")
+    return dev
 
 
 def train(
@@ -196,18 +187,20 @@ def train(
     overwrite: bool = False,
     console: Console | None = None,
     resume: bool = False,
+    layout: Layout | None = None,
 ) -> dict:
     """Pretrain on ``data_dir`` into ``run_dir``; returns the summary (also summary.json).
 
-    ``resume`` continues from the run dir's newest checkpoint (the config must describe the
-    same model; the budget may be extended).
+    ``layout``: how to spread the model over the processes of a torchrun job (default: data
+    parallel over all of them; one process without torchrun). ``resume`` continues from the
+    run dir's newest checkpoint, whatever layout wrote it (the config must describe the same
+    model; the budget may be extended). Every check that can fail is made on every rank before
+    any process group exists.
     """
     console = console or Console(stderr=True)
     data = DataDir(data_dir)
     _check_data(cfg, data)
-    train_split = data.split("train", verify=False)
     run_dir = Path(run_dir)
-    tc = cfg.train
     ckpt = None
     if resume:
         if not (run_dir / MARKER).is_file():
@@ -219,107 +212,156 @@ def train(
                                   where=str(run_dir / "checkpoints"),
                                   fix="train again with --overwrite to start over")
     else:
-        prepare_run_dir(run_dir, overwrite)
-    write_text_atomic(run_dir / "config.yaml", cfg.to_yaml())
+        check_output_dir(run_dir, "run dir", owned=(run_dir / MARKER).is_file(),
+                         overwrite=overwrite)
+    if layout is None:
+        layout = make_layout({"dp": world_from_env()[1]})
+    parallel = Parallelism.start(cfg, layout, data.vocab_size)
+    try:
+        return _train(cfg, data, run_dir, parallel, console, ckpt)
+    finally:
+        parallel.close()
 
+
+def _train(cfg: Config, data: DataDir, run_dir: Path, parallel: Parallelism, console: Console,
+           ckpt: Checkpoint | None) -> dict:
+    """The loop (see `train`); ``parallel`` holds everything that depends on the layout."""
+    tc = cfg.train
+    main = parallel.is_main
+    if main:
+        if ckpt is None:
+            prepare_run_dir(run_dir, overwrite=True)
+        write_text_atomic(run_dir / "config.yaml", cfg.to_yaml())
     if tc.threads:
         torch.set_num_threads(tc.threads)
-    dev: DeviceInfo = select_device(tc.precision)
-    torch.manual_seed(tc.seed)
+    dev = _select_device(tc, parallel)
+    peaks = parallel.gather(dev.peak_flops)  # FLOP/s of every device of the job
     vocab, seq_len = data.vocab_size, data.seq_len
+    torch.manual_seed(tc.seed)
     model = build_model(cfg.model, vocab)
+    n_params, n_params_ne = model.num_params(), model.num_params(non_embedding=True)
     if tc.init_from and ckpt is None:
         _init_from(model, tc.init_from, cfg, data)
-    model = model.to(dev.device)
-    optimizer = build_optimizer(model, tc)
+    parallel.apply(model, cfg)
+    del model
     objective = objective_for(cfg.model.objective, seq_len, vocab, data.special_ids,
                               tc.mask_rate, cfg.model.sparse_prediction)
-    step_model = torch.compile(model) if tc.compile else model
     scaler = torch.amp.GradScaler("cuda") if dev.dtype == torch.float16 else None
 
     flops_per_token = train_flops_per_token(cfg.model, vocab, seq_len, objective.head_fraction)
     spec = parse_budget(tc.budget) if tc.budget is not None else None
     budget = Budget.from_spec(spec, tc.steps, flops_per_token)
-    gen = torch.Generator(device=dev.device).manual_seed(tc.seed)
+    gen = torch.Generator().manual_seed(tc.seed)
     s = _State(next_val=tc.val_every)
     cursor = Cursor()
     if ckpt is not None:
-        load_checkpoint(ckpt, model, optimizer)
+        load_checkpoint(ckpt, parallel)
         st = ckpt.state
         restore_rng(st["rng"], gen)
         cursor = Cursor(**st["cursor"])
         s = _State(step=st["step"], tokens=st["tokens"], skipped=st["skipped"],
                    next_val=st["next_val"], last_ckpt_time=st["elapsed"],
                    first_loss=st.get("first_loss"), losses=list(st.get("recent_losses", [])))
-    loader = BatchLoader(train_split, tc.micro_batch, tc.seed, cursor)
+        if budget.progress(s.step, s.tokens, elapsed=st["elapsed"]) >= 1.0:
+            raise ShoestringError(
+                f"nothing to resume: the checkpoint at step {s.step} has used the whole "
+                f"budget ({budget.describe()})", where=str(ckpt.path),
+                fix="extend the budget (--set train.steps=... / train.budget=...) to go on")
+        if scaler is not None and "scaler" in st:
+            scaler.load_state_dict(st["scaler"])
+    micro = micro_batch_of(cfg, parallel.layout)
+    quantum = parallel.dp * micro  # sequences of one micro-step over all data-parallel ranks
+    loader = BatchLoader(data.split("train", verify=False), quantum, tc.seed, cursor)
     val_batch = _val_batch(data, cfg, objective) if tc.val_every > 0 else None
     interval = _ckpt_interval(tc.checkpoint_every)
-    metrics = MetricsLog(run_dir, tc.tensorboard, keep_lines=ckpt.state["metrics_lines"] if ckpt else 0)
+    metrics = MetricsLog(run_dir, tc.tensorboard, keep_lines=ckpt.state["metrics_lines"] if ckpt else 0) \
+        if main else None
+    job_peak = sum(peaks)
 
-    console.print(
-        f"model: {cfg.model.objective} {model.num_params() / 1e6:.2f}M parameters "
-        f"({model.num_params(non_embedding=True) / 1e6:.2f}M non-embedding), "
-        f"{flops_per_token / 1e6:.1f} MFLOP/token; device: {dev.name}, "
-        f"{str(dev.dtype).removeprefix('torch.')}, measured peak {dev.peak_flops / 1e9:.0f} GFLOP/s"
-        + (f" (datasheet {dev.datasheet_name}: {dev.datasheet_flops / 1e12:.0f} TFLOP/s)"
-           if dev.datasheet_flops else "") + "; "
-        f"budget: {budget.describe()}"
-        + (f"; resuming at step {s.step}" if ckpt else "")
-    )
+    def log(record: dict) -> None:
+        if metrics is not None:
+            metrics.write(record)
+
+    if main:
+        console.print(
+            f"model: {cfg.model.objective} {n_params / 1e6:.2f}M parameters "
+            f"({n_params_ne / 1e6:.2f}M non-embedding), "
+            f"{flops_per_token / 1e6:.1f} MFLOP/token; device: {dev.name}, "
+            f"{str(dev.dtype).removeprefix('torch.')}, measured peak {dev.peak_flops / 1e9:.0f} GFLOP/s"
+            + (f" (datasheet {dev.datasheet_name}: {dev.datasheet_flops / 1e12:.0f} TFLOP/s)"
+               if dev.datasheet_flops else "")
+            + (f"; layout {parallel.layout.describe()}" if parallel.distributed else "")
+            + f"; budget: {budget.describe()}"
+            + (f"; resuming at step {s.step}" if ckpt else "")
+        )
 
     def checkpoint() -> Path:
         with budget.pause():
             state = {
                 "step": s.step, "tokens": s.tokens, "skipped": s.skipped, "next_val": s.next_val,
-                "elapsed": budget.elapsed, "cursor": {"epoch": loader.cursor.epoch,
-                                                      "offset": loader.cursor.offset},
-                "rng": capture_rng(gen), "metrics_lines": metrics.lines,
+                "elapsed": t_agreed, "cursor": loader.cursor.to_dict(),
+                "rng": capture_rng(gen), "metrics_lines": metrics.lines if metrics else 0,
                 "first_loss": s.first_loss, "recent_losses": s.losses[-200:],
+                "layout": parallel.layout.to_dict(), "world_size": parallel.world,
             }
-            path = save_checkpoint(run_dir, model, optimizer, state, tc.keep_checkpoints)
-            s.last_ckpt_time = budget.elapsed
+            if scaler is not None:
+                state["scaler"] = scaler.state_dict()
+            path = save_checkpoint(run_dir, parallel, state, tc.keep_checkpoints)
+            s.last_ckpt_time = t_agreed
             return path
 
-    model.train()
-    budget.restart(elapsed_before=ckpt.state["elapsed"] if ckpt else 0.0)
-    window = {"start": budget.elapsed, "tokens": 0, "loss": 0.0, "steps": 0, "wait": 0.0,
-              "gnorm": 0.0}
+    parallel.train_mode(True)
+    elapsed_before = ckpt.state["elapsed"] if ckpt else 0.0
+    budget.restart(elapsed_before=elapsed_before)
+    # Wall-clock decisions (LR, validation, checkpoint, stop) use the elapsed time every rank
+    # agreed on at the end of the previous step, so that all ranks take them together.
+    t_agreed, step_time = elapsed_before, 0.0
+    window = {"start": t_agreed, "tokens": 0, "loss": 0.0, "steps": 0, "wait": 0.0, "gnorm": 0.0}
     last_ckpt: Path | None = ckpt.path if ckpt else None
+    memory: dict[str, int] | None = None
     try:
-        with _signals_caught() as caught, _progress(console) as bar:
+        with _signals_caught() as caught, _progress(console, main) as bar:
             task = bar.add_task("train", total=1.0, budget=budget.describe(), loss=float("nan"),
                                 tps=0.0, mfu=0.0, left="?")
             ema: float | None = None
             while True:  # at least one step, however small the budget
-                p_now = budget.progress(s.step, s.tokens)
-                bsz = batch_at(tc, p_now)
-                accum = bsz // tc.micro_batch
-                lr = tc.lr * lr_factor(tc, budget.progress(s.step + 0.5, s.tokens + bsz * seq_len / 2))
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
+                p_now = budget.progress(s.step, s.tokens, elapsed=t_agreed)
+                bsz = batch_at(tc, p_now, quantum)
+                accum = bsz // quantum
+                lr = tc.lr * lr_factor(tc, budget.progress(
+                    s.step + 0.5, s.tokens + bsz * seq_len / 2, elapsed=t_agreed + step_time / 2))
                 t0 = time.perf_counter()
-                ids = torch.cat([next(loader) for _ in range(accum)]).to(dev.device, non_blocking=True)
+                ids = torch.cat([next(loader) for _ in range(accum)])
                 window["wait"] += time.perf_counter() - t0
                 batch = objective.make_batch(ids, gen)
-                total = 0.0
-                for i in range(accum):
-                    micro = tuple(t[i * tc.micro_batch:(i + 1) * tc.micro_batch] for t in batch)
-                    with dev.autocast():
-                        loss = objective.loss(step_model, micro) / accum
-                    (scaler.scale(loss) if scaler else loss).backward()
-                    total += loss.item()
-                if scaler:
-                    scaler.unscale_(optimizer)
-                gnorm = torch.nn.utils.clip_grad_norm_(
-                    model.parameters(), tc.grad_clip if tc.grad_clip > 0 else float("inf")).item()
-                if not (math.isfinite(total) and math.isfinite(gnorm)):
-                    optimizer.zero_grad(set_to_none=True)
-                    if scaler:
-                        scaler.update()
+                local = parallel.forward_backward(objective, parallel.local_rows(batch, accum),
+                                                  dev.autocast, scaler)
+                parallel.unscale(scaler)
+                gnorm = parallel.clip(tc.grad_clip)
+                total = parallel.reduce_loss(local)
+                if math.isfinite(total) and math.isfinite(gnorm):
+                    grad_bytes = parallel.grad_bytes() if memory is None else 0
+                    parallel.step(lr, scaler)
+                    if memory is None:
+                        memory = parallel.measured_memory(grad_bytes)
+                    s.bad_in_a_row = 0
+                    s.step += 1
+                    s.tokens += bsz * seq_len
+                    s.losses.append(total)
+                    s.first_loss = total if s.first_loss is None else s.first_loss
+                    ema = total if ema is None else 0.95 * ema + 0.05 * total
+                    for k, v in (("tokens", bsz * seq_len), ("loss", total), ("steps", 1),
+                                 ("gnorm", gnorm)):
+                        window[k] += v
+                else:  # every rank sees the same reduced loss and global norm: all skip
+                    parallel.zero_grad()
+                    if scaler is not None:
+                        scaler.update(scaler.get_scale() * scaler.get_backoff_factor())
                     s.skipped += 1
                     s.bad_in_a_row += 1
                     if s.bad_in_a_row >= tc.max_nonfinite:
-                        metrics.close()
+                        if metrics is not None:
+                            metrics.close()
                         kept = f"; the last good checkpoint is {last_ckpt}" if last_ckpt else ""
                         raise ShoestringError(
                             f"the loss was non-finite ({total}) {s.bad_in_a_row} steps in a row, "
@@ -327,83 +369,78 @@ def train(
                             where=str(run_dir),
                             fix="lower train.lr, raise train.warmup, or --set train.precision=fp32",
                         )
+                now, signum = parallel.agree([budget.elapsed, float(caught[0] if caught else 0)])
+                step_time, t_agreed = now - t_agreed, now
+                if s.bad_in_a_row and not signum:
                     continue
-                s.bad_in_a_row = 0
-                if scaler:
-                    scaler.step(optimizer)
-                    scaler.update()
-                else:
-                    optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                s.step += 1
-                s.tokens += bsz * seq_len
-                s.losses.append(total)
-                s.first_loss = total if s.first_loss is None else s.first_loss
-                ema = total if ema is None else 0.95 * ema + 0.05 * total
-                for k, v in (("tokens", bsz * seq_len), ("loss", total), ("steps", 1), ("gnorm", gnorm)):
-                    window[k] += v
-                done = budget.exhausted(s.step, s.tokens)
-                p = budget.progress(s.step, s.tokens)
-                if s.step % tc.log_every == 0 or done:
-                    now = budget.elapsed
-                    span = max(now - window["start"], 1e-9)
+                p = budget.progress(s.step, s.tokens, elapsed=t_agreed)
+                done = p >= 1.0
+                if (s.step % tc.log_every == 0 or done) and window["steps"]:
+                    span = max(t_agreed - window["start"], 1e-9)
                     tps = window["tokens"] / span
                     record = {
                         "step": s.step, "progress": round(p, 5),
                         "loss": window["loss"] / window["steps"], "lr": lr, "batch_size": bsz,
                         "tokens": s.tokens, "flops": s.tokens * flops_per_token,
-                        "tokens_per_s": tps, "mfu": tps * flops_per_token / dev.peak_flops,
+                        "tokens_per_s": tps, "mfu": tps * flops_per_token / job_peak,
                         "grad_norm": window["gnorm"] / window["steps"],
                         "data_wait": min(1.0, window["wait"] / span), "skipped": s.skipped,
-                        "elapsed_s": now,
+                        "elapsed_s": t_agreed,
                     }
+                    if parallel.distributed:
+                        record["world_size"] = parallel.world
                     if dev.datasheet_flops:
-                        record["mfu_datasheet"] = tps * flops_per_token / dev.datasheet_flops
-                    metrics.write(record)
-                    window = {"start": now, "tokens": 0, "loss": 0.0, "steps": 0, "wait": 0.0,
-                              "gnorm": 0.0}
-                    left = (now / p - now) if p > 0 else float("inf")
+                        record["mfu_datasheet"] = tps * flops_per_token / (
+                            dev.datasheet_flops * parallel.world)
+                    log(record)
+                    window = {"start": t_agreed, "tokens": 0, "loss": 0.0, "steps": 0,
+                              "wait": 0.0, "gnorm": 0.0}
+                    left = (t_agreed / p - t_agreed) if p > 0 else float("inf")
                     bar.update(task, completed=p, loss=ema, tps=tps, mfu=record["mfu"],
                                left=format_duration(left))
                 if val_batch is not None and (p >= s.next_val) and not done:
                     with budget.pause():
-                        metrics.write({"step": s.step, "progress": round(p, 5), "tokens": s.tokens,
-                                       "flops": s.tokens * flops_per_token, "elapsed_s": budget.elapsed,
-                                       "val_loss": _val_loss(model, val_batch, objective, dev)})
+                        log({"step": s.step, "progress": round(p, 5), "tokens": s.tokens,
+                             "flops": s.tokens * flops_per_token, "elapsed_s": t_agreed,
+                             "val_loss": parallel.eval_loss(objective, val_batch, dev.autocast)})
                     while s.next_val <= p:
                         s.next_val += tc.val_every
                 if interval is not None and not done:
                     kind, every = interval
                     due = (s.step % int(every) == 0) if kind == "steps" else (
-                        budget.elapsed - s.last_ckpt_time >= every)
+                        t_agreed - s.last_ckpt_time >= every)
                     if due:
                         last_ckpt = checkpoint()
-                if caught:
+                if signum:
                     last_ckpt = checkpoint()
-                    metrics.close()
-                    raise TrainingInterrupted(caught[0], last_ckpt, s.step)
+                    if metrics is not None:
+                        metrics.close()
+                    raise TrainingInterrupted(int(signum), last_ckpt, s.step)
                 if done:
                     break
     finally:
         loader.close()
-    train_seconds = budget.elapsed
+    train_seconds = t_agreed  # the budget's seconds, before a resume included
 
     save_start = time.perf_counter()
-    checkpoint()
-    meta = model_meta(cfg, vocab, seq_len, data.special_ids)
-    save_final(run_dir, model, meta, data.tokenizer_path)
-    save_seconds = time.perf_counter() - save_start
+    final_ckpt = checkpoint()
     val_loss = None
     if val_batch is not None:
-        val_loss = _val_loss(model, val_batch, objective, dev)
-        metrics.write({"step": s.step, "progress": 1.0, "tokens": s.tokens,
-                       "flops": s.tokens * flops_per_token, "elapsed_s": train_seconds,
-                       "val_loss": val_loss})
-    metrics.close()
+        val_loss = parallel.eval_loss(objective, val_batch, dev.autocast)
+        log({"step": s.step, "progress": 1.0, "tokens": s.tokens,
+             "flops": s.tokens * flops_per_token, "elapsed_s": t_agreed, "val_loss": val_loss})
+    if main:
+        final = consolidate(final_ckpt, build_model(cfg.model, vocab))
+        save_final(run_dir, final, model_meta(cfg, vocab, seq_len, data.special_ids),
+                   data.tokenizer_path)
+    save_seconds = time.perf_counter() - save_start
+    if metrics is not None:
+        metrics.close()
     tail = s.losses[-max(1, len(s.losses) // 20):] or [float("nan")]
     tps = s.tokens / max(train_seconds, 1e-9)
+    achieved = tps * flops_per_token  # FLOP/s of the job
     summary = {
-        "data_dir": str(Path(data_dir).resolve()),
+        "data_dir": str(data.path.resolve()),
         "objective": cfg.model.objective,
         "steps": s.step,
         "tokens": s.tokens,
@@ -411,18 +448,27 @@ def train(
         "train_seconds": round(train_seconds, 3),
         "save_seconds": round(save_seconds, 3),
         "tokens_per_s": tps,
+        "tokens_per_s_per_device": tps / parallel.world,
         "flops_per_token": flops_per_token,
         "total_flops": flops_per_token * s.tokens,
-        "mfu": tps * flops_per_token / dev.peak_flops,
+        # achieved FLOP/s over the sum of the devices' measured peaks (= per-device MFU when
+        # the devices are alike); per device: its share of the work over its own peak
+        "mfu": achieved / job_peak,
+        "mfu_per_device": [achieved / parallel.world / pk for pk in peaks],
         "peak_flops": dev.peak_flops,
         # Against the vendor's datasheet peak on a known GPU (plan.hardware); else null.
-        "mfu_datasheet": tps * flops_per_token / dev.datasheet_flops if dev.datasheet_flops else None,
+        "mfu_datasheet": achieved / (dev.datasheet_flops * parallel.world)
+        if dev.datasheet_flops else None,
         "datasheet_peak_flops": dev.datasheet_flops,
         "datasheet_device": dev.datasheet_name,
         "device": dev.name,
         "dtype": str(dev.dtype).removeprefix("torch."),
-        "params": model.num_params(),
-        "params_non_embedding": model.num_params(non_embedding=True),
+        "layout": parallel.layout.describe(),
+        "world_size": parallel.world,
+        "micro_batch": micro,
+        "params": n_params,
+        "params_non_embedding": n_params_ne,
+        "memory_measured": memory,
         "first_loss": s.first_loss,
         "final_train_loss": sum(tail) / len(tail),
         "val_loss_subset": val_loss,
@@ -435,5 +481,7 @@ def train(
             "platform": platform.platform(),
         },
     }
-    write_json_atomic(run_dir / "summary.json", summary)
+    if main:
+        write_json_atomic(run_dir / "summary.json", summary)
+    parallel.barrier()
     return summary

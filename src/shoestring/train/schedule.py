@@ -74,11 +74,15 @@ def lr_factor(cfg: TrainConfig, progress: float) -> float:
     return constant(progress, cfg.warmup)
 
 
-def batch_at(cfg: TrainConfig, progress: float) -> int:
-    """Sequences in the step at ``progress``: Cramming's linear ramp from one micro-batch to
-    ``batch_size`` by ``batch_ramp`` of the budget, in whole micro-batches; flat if no ramp."""
-    micro = cfg.micro_batch
+def batch_at(cfg: TrainConfig, progress: float, quantum: int | None = None) -> int:
+    """Sequences in the step at ``progress``: Cramming's linear ramp from one micro-step to
+    ``batch_size`` by ``batch_ramp`` of the budget, in whole micro-steps; flat if no ramp.
+
+    A micro-step is ``quantum`` sequences: one micro-batch on every data-parallel rank
+    (``dp × micro_batch``); one micro-batch in one process.
+    """
+    step = quantum or cfg.micro_batch
     if cfg.batch_ramp <= 0 or progress >= cfg.batch_ramp:
         return cfg.batch_size
     target = cfg.batch_size * progress / cfg.batch_ramp
-    return max(micro, min(cfg.batch_size, int(round(target / micro)) * micro))
+    return max(step, min(cfg.batch_size, int(round(target / step)) * step))
