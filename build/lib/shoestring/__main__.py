@@ -1,0 +1,3 @@
+from shoestring.cli import main
+
+main()

@@ -1,0 +1,514 @@
+"""The `shoestring` command. Subcommands are thin: parse, call the library, print.
+
+Bad input raises ShoestringError anywhere below; `main` prints its message and exits 2 with
+no traceback. Any other exception is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from shoestring import __version__
+from shoestring.errors import ShoestringError
+
+app = typer.Typer(
+    name="shoestring",
+    help="Train the best language model a compute budget allows: "
+    "plan → prep → train → eval → export → serve.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+    rich_markup_mode=None,
+)
+config_app = typer.Typer(help="Inspect the configuration.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
+
+out = Console()
+err = Console(stderr=True)
+
+ConfigOpt = Annotated[
+    Optional[Path], typer.Option("--config", "-c", help="YAML file with data/model/train/eval sections.")
+]
+SetOpt = Annotated[
+    Optional[list[str]],
+    typer.Option("--set", help="Override one setting: section.key=value (repeatable).", metavar="KEY=VALUE"),
+]
+BudgetOpt = Annotated[
+    Optional[str], typer.Option("--budget", "-b", help="Training budget: 90s/5m/2h wall clock, 3e15flops, 20Mtok or 500steps.")
+]
+StepsOpt = Annotated[
+    Optional[int],
+    typer.Option("--steps", min=1, help="Train for exactly N optimizer steps instead of a time budget."),
+]
+
+
+def _version(value: bool) -> None:
+    if value:
+        out.print(f"shoestring {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
+    ] = False,
+) -> None:
+    """shoestring: plan → prep → train → eval on any budget, from a laptop CPU up."""
+
+
+def _config(config: Path | None, sets: list[str] | None, extra: list[str] | None = None,
+            plan: Path | None = None):
+    from shoestring.config import load_config
+
+    return load_config(config, [*(extra or []), *(sets or [])], plan=plan)
+
+
+def _budget_overrides(budget: str | None, steps: int | None) -> list[str]:
+    from shoestring.train.budget import parse_budget
+
+    extra = []
+    if budget is not None:
+        try:
+            parse_budget(budget)
+        except ShoestringError as e:
+            raise ShoestringError(e.what, where="--budget", fix=e.fix) from None
+        extra += [f"train.budget={budget}", "train.steps=null"]
+    if steps is not None:
+        extra += [f"train.steps={steps}", "train.budget=null"]
+    return extra
+
+
+@app.command()
+def prep(
+    sources: Annotated[
+        list[str],
+        typer.Argument(
+            help="Files (.txt .jsonl .json .parquet .csv .tsv, optionally .gz/.zst/.bz2), "
+            "folders, globs, hf:NAME[:CONFIG][:SPLIT], or builtin:pydocs.",
+            show_default=False,
+            metavar="SOURCES",
+        ),
+    ],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Data dir to write.")],
+    config: ConfigOpt = None,
+    sets: SetOpt = None,
+    objective: Annotated[
+        Optional[str], typer.Option("--objective", help="mlm (encoder) or clm (decoder) packing.")
+    ] = None,
+    tokenizer: Annotated[
+        Optional[str],
+        typer.Option("--tokenizer", help="auto, wordpiece, bpe, unigram, or a tokenizer.json path."),
+    ] = None,
+    text_field: Annotated[
+        Optional[str], typer.Option("--text-field", help="JSON field / column with the text.")
+    ] = None,
+    split_on: Annotated[
+        Optional[str], typer.Option("--split-on", help=".txt: 'file' (default) or 'blank-lines'.")
+    ] = None,
+    on_error: Annotated[
+        Optional[str], typer.Option("--on-error", help="Bad records: 'raise' (default) or 'skip'.")
+    ] = None,
+    workers: Annotated[
+        Optional[int], typer.Option("--workers", "-j", min=1, help="Processes for cleaning/tokenizing.")
+    ] = None,
+    filters: Annotated[
+        Optional[str], typer.Option("--filters", help="Quality filters: 'gopher' or 'none' (default).")
+    ] = None,
+    dedup: Annotated[
+        Optional[str],
+        typer.Option("--dedup", help="'none', 'exact' (default) or 'fuzzy' (exact + MinHash LSH)."),
+    ] = None,
+    decontam: Annotated[
+        Optional[list[str]],
+        typer.Option("--decontam", help="Evaluation file/folder whose 13-grams are removed (repeatable).",
+                     metavar="PATH"),
+    ] = None,
+    explain: Annotated[
+        Optional[int], typer.Option("--explain", min=0, help="Print N dropped documents per reason.")
+    ] = None,
+) -> None:
+    """Clean, split, train a tokenizer, tokenize and pack SOURCES into a data dir.
+
+    An interrupted prep resumes when re-run with the same inputs and settings.
+    """
+    from shoestring.data.prep import prep as run_prep
+
+    flags = {"objective": objective, "tokenizer": tokenizer, "text_field": text_field,
+             "split_on": split_on, "on_error": on_error, "workers": workers}
+    extra = [f"data.{k}={v}" for k, v in flags.items() if v is not None]
+    curate = {"filters": filters, "dedup": dedup, "explain": explain}
+    extra += [f"curate.{k}={v}" for k, v in curate.items() if v is not None]
+    cfg = _config(config, sets, extra)
+    if decontam:
+        cfg.curate.decontam = [*cfg.curate.decontam, *decontam]
+    manifest = run_prep(sources, output, cfg.data, console=err, curate=cfg.curate)
+    _print_prep(manifest, output)
+
+
+def _print_prep(manifest: dict, output: Path) -> None:
+    docs, splits = manifest["documents"], manifest["splits"]
+    t = Table(title=f"prepared {output}", show_header=False)
+    for block in manifest.get("blocks", []):
+        if "documents_out" not in block:
+            continue
+        shown = f"{block['documents_in']:,} → " if "documents_in" in block else ""
+        dropped = ", ".join(f"{n:,} {why.replace('_', ' ')}"
+                            for why, n in block.get("dropped", {}).items() if n)
+        label = "documents read" if block["block"] == "read" else f"{block['block']} (documents)"
+        t.add_row(label,
+                  f"{shown}{block['documents_out']:,}" + (f" (dropped {dropped})" if dropped else ""))
+    t.add_row("kept (train / val)", f"{docs['kept']:,} ({docs['train']:,} / {docs['val']:,})")
+    tok = manifest["tokenizer"]
+    t.add_row("vocabulary", f"{tok['vocab_size']:,} {tok.get('kind', 'wordpiece')} "
+              f"({manifest.get('objective', 'mlm')})")
+    for name in ("train", "val"):
+        s = splits[name]
+        t.add_row(f"{name} sequences × {manifest['seq_len']}", f"{s['sequences']:,} ({s['tokens']:,} tokens)")
+    resumed = manifest.get("resumed") or {}
+    if resumed.get("stages") or resumed.get("kept_shards"):
+        t.add_row("resumed", f"stages {', '.join(resumed['stages']) or '-'}; "
+                  f"{resumed['kept_shards']} shards kept (checksums verified)")
+    t.add_row("time", f"{manifest['seconds']:.1f}s")
+    out.print(t)
+
+
+@app.command()
+def train(
+    data: Annotated[Path, typer.Option("--data", "-d", help="Data dir written by `shoestring prep`.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Run dir to write.")],
+    budget: BudgetOpt = None,
+    steps: StepsOpt = None,
+    config: ConfigOpt = None,
+    sets: SetOpt = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing run dir.")] = False,
+    plan: Annotated[
+        Optional[Path], typer.Option("--plan", help="Plan file from `shoestring plan` (base config).")
+    ] = None,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue the run dir's newest checkpoint (its config.yaml + --set).")
+    ] = False,
+    init_from: Annotated[
+        Optional[Path], typer.Option("--init-from", help="Start from these weights: a Hugging Face folder or run dir.")
+    ] = None,
+    parallel: Annotated[
+        Optional[str], typer.Option("--parallel", help="Distributed layout under torchrun: dp=D,tp=T,pp=P (or dp_replicate/dp_shard); see docs/distributed.md.", metavar="LAYOUT")
+    ] = None,
+    zero: Annotated[int, typer.Option("--zero", help="With --parallel: ZeRO stage 0-3 (DDP, sharded optimizer, FSDP2 without/with reshard).")] = 0,
+    offload: Annotated[Optional[str], typer.Option("--offload", help="With --parallel: 'cpu' offloads sharded state (ZeRO 2/3, CUDA).")] = None,
+    ac: Annotated[str, typer.Option("--ac", help="With --parallel: activation checkpointing none|selective|full.")] = "none",
+    pp_schedule: Annotated[str, typer.Option("--pp-schedule", help="With --parallel: gpipe|1f1b|interleaved.")] = "1f1b",
+    microbatches: Annotated[Optional[int], typer.Option("--microbatches", help="With --parallel and pp > 1: microbatches per step (default: stages).")] = None,
+) -> None:
+    """Pretrain an encoder (masked LM) or decoder (causal LM) on a data dir within a budget."""
+    from shoestring.train.loop import train as run_train
+
+    extra = _budget_overrides(budget, steps)
+    if init_from is not None:
+        extra.append(f"train.init_from={init_from}")
+    if resume:
+        if config is not None or plan is not None:
+            raise ShoestringError("--resume uses the run's own config.yaml", where="--config/--plan",
+                                  fix="drop --config/--plan; change settings with --set")
+        saved = output / "config.yaml"
+        if not saved.is_file():
+            raise ShoestringError("nothing to resume: no config.yaml", where=str(output),
+                                  fix="train without --resume to start a run here")
+        config = saved
+    cfg = _config(config, sets, extra, plan=plan)
+    if parallel is not None:
+        from shoestring.dist.launch import train_from_cli
+
+        summary = train_from_cli(cfg, data, output, parallel, zero=zero, offload=offload, ac=ac,
+                                 pp_schedule=pp_schedule, microbatches=microbatches,
+                                 overwrite=overwrite, resume=resume)
+        out.print(f"trained {output}: {summary['steps']:,} steps on {summary['layout']}, "
+                  f"loss {summary['final_train_loss']:.3f}")
+        return
+    summary = run_train(cfg, data, output, overwrite=overwrite, console=err, resume=resume)
+    _print_train(summary, output)
+
+
+def _print_train(summary: dict, output: Path) -> None:
+    t = Table(title=f"trained {output}", show_header=False)
+    t.add_row("steps / tokens", f"{summary['steps']:,} / {summary['tokens']:,}")
+    t.add_row("time", f"{summary['train_seconds']:.1f}s (+{summary['save_seconds']:.1f}s save)")
+    t.add_row("tokens/s", f"{summary['tokens_per_s']:,.0f}")
+    t.add_row("MFU", f"{summary['mfu']:.1%} of {summary['peak_flops'] / 1e9:,.0f} GFLOP/s measured ({summary['dtype']})")
+    t.add_row("train loss", f"{summary['first_loss']:.3f} → {summary['final_train_loss']:.3f}")
+    if summary.get("val_loss_subset") is not None:
+        t.add_row("validation loss (subset)", f"{summary['val_loss_subset']:.3f}")
+    if summary.get("skipped_steps"):
+        t.add_row("skipped (non-finite)", f"{summary['skipped_steps']:,} steps")
+    out.print(t)
+
+
+@app.command("eval")
+def eval_(
+    run: Annotated[Path, typer.Argument(help="Run dir written by `shoestring train`.", show_default=False, metavar="RUN_DIR")],
+    data: Annotated[
+        Optional[Path], typer.Option("--data", "-d", help="Data dir (default: the one the run trained on).")
+    ] = None,
+    sets: SetOpt = None,
+    glue: Annotated[Optional[str], typer.Option("--glue", help="GLUE folder (official layout), or 'hf' to download.", metavar="DIR")] = None,
+    tasks: Annotated[Optional[str], typer.Option("--tasks", help="GLUE tasks: cola,sst2,mrpc,stsb,qqp,mnli,qnli,rte,wnli (or all/glue).")] = None,
+    task: Annotated[Optional[list[str]], typer.Option("--task", help="Own task: YAML file, or train=..,dev=..,text=..,label=.. (repeatable).", metavar="SPEC")] = None,
+    protocol: Annotated[str, typer.Option("--protocol", help="sane (Cramming: one setting for all tasks) or sweep (small per-task grid).")] = "sane",
+    seeds: Annotated[int, typer.Option("--seeds", min=1, help="Fine-tuning seeds per task (median and spread).")] = 3,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Output folder (default: RUN_DIR/downstream).")] = None,
+    max_train: Annotated[Optional[int], typer.Option("--max-train", min=1, help="Use only the first N training examples (a quick look, not the protocol).")] = None,
+    precision: Annotated[str, typer.Option("--precision", help="auto, bf16 or fp32.")] = "auto",
+    text: Annotated[Optional[Path], typer.Option("--text", help="Decoders: held-out .txt/.jsonl for perplexity (default: the run's val split).")] = None,
+    choices: Annotated[Optional[Path], typer.Option("--choices", help="Decoders: JSONL of context/choices/answer, scored zero-shot.")] = None,
+    samples: Annotated[int, typer.Option("--samples", min=0, help="Decoders: greedy samples to show.")] = 3,
+    prompt: Annotated[Optional[list[str]], typer.Option("--prompt", help="Decoders: prompt for samples (repeatable).")] = None,
+) -> None:
+    """Evaluate a run: held-out MLM loss, fine-tuning on GLUE / own tasks, or decoder evals."""
+    from shoestring.eval.cli_helpers import run_eval
+
+    run_eval(run, data=data, sets=sets, glue=glue, tasks=tasks, task=task, protocol=protocol,
+             seeds=seeds, output=output, max_train=max_train, precision=precision, text=text,
+             choices=choices, samples=samples, prompt=prompt, out=out, err=err,
+             print_mlm=_print_eval)
+
+
+def _print_eval(result: dict, run: Path) -> None:
+    t = Table(title=f"evaluated {run}", show_header=False)
+    t.add_row("validation MLM loss", f"{result['mlm_loss']:.3f} (perplexity {result['perplexity']:.1f}, "
+              f"{result['mask_rate']:.0%} masked)")
+    t.add_row("unigram baseline", f"{result['unigram_loss']:.3f}")
+    t.add_row("masked-token accuracy", f"{result['accuracy']:.1%}")
+    t.add_row("scored", f"{result['masked_tokens']:,} masked tokens in {result['sequences']:,} sequences")
+    out.print(t)
+
+
+@app.command()
+def export(
+    run: Annotated[Path, typer.Argument(help="Run dir written by `shoestring train`.", show_default=False, metavar="RUN_DIR")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Folder to write (Hugging Face format).")],
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a previous export.")] = False,
+) -> None:
+    """Export a trained run in Hugging Face format: encoders as ModernBERT, decoders as Llama."""
+    from shoestring.model.hub import export_run
+
+    path = export_run(run, output, overwrite=overwrite)
+    _print_export(path)
+
+
+def _print_export(path: Path) -> None:
+    import json
+
+    cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    t = Table(title=f"exported {path}", show_header=False)
+    t.add_row("architecture", f"{cfg['architectures'][0]} (model_type {cfg['model_type']})")
+    t.add_row("size", f"{cfg['num_hidden_layers']} layers × {cfg['hidden_size']} hidden, "
+              f"{cfg['num_attention_heads']} heads, {cfg['intermediate_size']} GLU")
+    t.add_row("vocabulary", f"{cfg['vocab_size']:,}")
+    auto = "AutoModelForCausalLM" if cfg["model_type"] == "llama" else "AutoModelForMaskedLM"
+    t.add_row("load with", f"{auto}.from_pretrained({str(path)!r})")
+    out.print(t)
+
+
+@app.command()
+def cram(
+    sources: Annotated[
+        Optional[list[str]],
+        typer.Argument(
+            help="Corpus to use (default: builtin:pydocs, shipped with Python).",
+            show_default=False,
+            metavar="SOURCES",
+        ),
+    ] = None,
+    output: Annotated[Path, typer.Option("--output", "-o", help="Folder for data/ and run/.")] = Path("runs/cram"),
+    budget: BudgetOpt = None,
+    steps: StepsOpt = None,
+    config: ConfigOpt = None,
+    sets: SetOpt = None,
+) -> None:
+    """Everything on the built-in corpus: prep → train (3 minutes) → eval → results table."""
+    from shoestring.cram import cram as run_cram
+
+    cfg = _config(config, sets, _budget_overrides(budget, steps))
+    result = run_cram(sources or ["builtin:pydocs"], output, cfg, console=err)
+    out.print(result.table())
+
+
+@app.command()
+def serve(
+    model: Annotated[
+        Path,
+        typer.Argument(help="Run dir, `shoestring export` folder, or fine-tuned classifier folder.",
+                       show_default=False, metavar="RUN_DIR|HF_DIR"),
+    ],
+    host: Annotated[str, typer.Option(help="Address to listen on (loopback: this machine only).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port (0: any free port, printed at start).")] = 8000,
+    max_batch_size: Annotated[int, typer.Option(help="Inputs per model call at most.")] = 32,
+    max_wait_ms: Annotated[float, typer.Option(help="How long the oldest input waits for batch-mates.")] = 5.0,
+    max_queue: Annotated[int, typer.Option(help="Queued inputs before answering 503 + Retry-After.")] = 1024,
+    max_length: Annotated[int, typer.Option(help="Tokens per input, special tokens included.")] = 512,
+    truncate: Annotated[
+        bool, typer.Option("--truncate/--reject", help="Over-long input: cut it to --max-length, or answer 422.")
+    ] = False,
+    max_inputs: Annotated[int, typer.Option(help="Texts in one request at most.")] = 64,
+    max_body_bytes: Annotated[int, typer.Option(help="Request body size limit (413 above it).")] = 1 << 20,
+    max_new_tokens: Annotated[int, typer.Option(help="Generation: the most new tokens one request may ask.")] = 256,
+    request_timeout: Annotated[float, typer.Option(help="Seconds before an unanswered request gets 504.")] = 30.0,
+    shutdown_timeout: Annotated[float, typer.Option(help="On Ctrl-C/SIGTERM, seconds to let in-flight requests finish.")] = 30.0,
+    api_key: Annotated[
+        Optional[str],
+        typer.Option(envvar="SHOESTRING_API_KEY", show_envvar=True,
+                     help="Require this key on /v1 and /metrics (Authorization: Bearer KEY or X-API-Key). "
+                     "Prefer the environment variable: options show in the process list."),
+    ] = None,
+    precision: Annotated[str, typer.Option(help="fp32, bf16 (autocast), or auto (bf16 where faster).")] = "fp32",
+    threads: Annotated[
+        Optional[int], typer.Option(help="torch threads for inference (default: one per core).")
+    ] = None,
+) -> None:
+    """Serve a trained model over HTTP with dynamic micro-batching (docs/serving.md)."""
+    from shoestring.serve.server import serve as run_serve
+    from shoestring.serve.settings import make_settings
+
+    settings = make_settings(
+        host=host, port=port, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms,
+        max_queue=max_queue, max_length=max_length, truncate=truncate, max_inputs=max_inputs,
+        max_body_bytes=max_body_bytes, max_new_tokens=max_new_tokens,
+        request_timeout_s=request_timeout, shutdown_timeout_s=shutdown_timeout, api_key=api_key,
+        precision=precision, threads=threads,
+    )
+    if not settings.loopback and settings.api_key is None:
+        err.print(f"[yellow]warning:[/] listening on {host} without --api-key: anyone who can "
+                  "reach this machine can use the model")
+    run_serve(model, settings,
+              announce=lambda msg: err.print(msg, markup=False, highlight=False, soft_wrap=True))
+
+
+@app.command()
+def models(
+    vocab: Annotated[int, typer.Option("--vocab", help="Vocabulary size for the counts.")] = 32768,
+    seq_len: Annotated[int, typer.Option("--seq-len", help="Sequence length for FLOPs/token.")] = 512,
+) -> None:
+    """List the model presets with parameter counts and training FLOPs per token."""
+    import torch
+
+    from shoestring.model import build_model
+    from shoestring.model.flops import train_flops_per_token
+    from shoestring.model.presets import preset_description, presets
+
+    t = Table(title=f"model presets (vocabulary {vocab:,}, sequence {seq_len})")
+    for col in ("preset", "objective", "layers × hidden", "heads", "FFN", "params",
+                "non-embedding", "train FLOPs/token", "for"):
+        t.add_column(col, justify="right" if col in ("params", "non-embedding", "train FLOPs/token") else "left")
+    for name, cfg in presets().items():
+        with torch.device("meta"):  # exact counts without allocating the weights
+            model = build_model(cfg, vocab)
+        fraction = 0.25 if cfg.objective == "mlm" and cfg.sparse_prediction else 1.0
+        flops = train_flops_per_token(cfg, vocab, seq_len, fraction)
+        heads = f"{cfg.num_heads}" + (f" (kv {cfg.kv_heads})" if cfg.kv_heads != cfg.num_heads else "")
+        t.add_row(name, cfg.objective, f"{cfg.num_layers} × {cfg.hidden_size}", heads,
+                  f"{cfg.ffn} {cfg.intermediate_size}", f"{model.num_params() / 1e6:,.1f}M",
+                  f"{model.num_params(non_embedding=True) / 1e6:,.1f}M", f"{flops / 1e9:,.2f} G",
+                  preset_description(name))
+    out.print(t)
+    out.print("use one with --set model.preset=NAME (sizes given alongside it win); "
+              "MLM FLOPs assume the sparse head at 25% of positions")
+
+
+@app.command()
+def plan(
+    hardware: Annotated[str, typer.Option("--hardware", help="auto (measure this machine) or a "
+                                          "name: h100, a100, rtx4090, mi300x, ... (see docs/planning.md)")] = "auto",
+    devices: Annotated[int, typer.Option("--devices", help="Number of accelerators.")] = 1,
+    budget: Annotated[str, typer.Option("--budget", "-b", help="Wall clock (24h, 90m) or FLOPs (3e18flops).")] = "1h",
+    mfu: Annotated[Optional[float], typer.Option("--mfu", help="Fraction of peak a run reaches (default 0.4).")] = None,
+    measure: Annotated[bool, typer.Option("--measure", help="Measure MFU with a short training burst here.")] = False,
+    objective: Annotated[Optional[str], typer.Option("--objective", help="mlm (encoder) or clm (decoder).")] = None,
+    law: Annotated[str, typer.Option("--law", help="epoch, chinchilla, or a law file from --fit.")] = "epoch",
+    data: Annotated[Optional[Path], typer.Option("--data", "-d", help="Prepared data dir: epochs, seq len, vocab.")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the plan (YAML) here.")] = None,
+    fit: Annotated[Optional[Path], typer.Option("--fit", help="Fit a law to this sweep dir instead.", metavar="SWEEP_DIR")] = None,
+) -> None:
+    """How big a model, on how many tokens, for a compute budget (or --fit a law to a sweep)."""
+    if fit is not None:
+        from shoestring.plan.sweep import fit_sweep, fit_table
+
+        out.print(fit_table(fit_sweep(fit, output)))
+        return
+    from shoestring.plan.planner import PlanRequest, make_plan, plan_table, write_plan
+
+    req = PlanRequest(hardware=hardware, devices=devices, budget=budget, mfu=mfu, measure=measure,
+                      objective=objective, law=law, data=str(data) if data else None)
+    tree = make_plan(req, console=err)
+    out.print(plan_table(tree))
+    if output is not None:
+        out.print(f"wrote {write_plan(tree, output)}; train it with: shoestring train "
+                  f"--data DATA_DIR --plan {output} -o RUN_DIR")
+
+
+@app.command()
+def sweep(
+    data: Annotated[Path, typer.Option("--data", "-d", help="Data dir written by `shoestring prep`.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Sweep dir (resumable).")],
+    budgets: Annotated[str, typer.Option("--budgets", help="FLOP budgets, comma-separated: 1e13,4e13.")],
+    sizes: Annotated[str, typer.Option("--sizes", help="Sizes as factors of the law's pick.")] = "0.25,0.5,1,2,4",
+    law: Annotated[str, typer.Option("--law", help="Law that centres the sizes.")] = "epoch",
+    eval_sequences: Annotated[int, typer.Option("--eval-sequences", min=1, help="Validation sequences per point.")] = 4096,
+    config: ConfigOpt = None,
+    sets: SetOpt = None,
+) -> None:
+    """IsoFLOP sweep: train several sizes to each FLOP budget; `plan --fit` fits the law."""
+    from shoestring.plan.sweep import parse_floats, points_table, run_sweep
+
+    points = run_sweep(data, output, parse_floats(budgets, "--budgets"),
+                       parse_floats(sizes, "--sizes"), law, config, sets, eval_sequences, console=err)
+    out.print(points_table(points))
+    out.print(f"fit a law to it: shoestring plan --fit {output}")
+
+
+@app.command()
+def report(
+    runs: Annotated[
+        list[Path],
+        typer.Argument(help="Run dirs written by `shoestring train` (overlaid in the plots).",
+                       show_default=False, metavar="RUN_DIR..."),
+    ],
+    output: Annotated[
+        Optional[Path],
+        typer.Option("--output", "-o", help="Folder to write (default: RUN_DIR/report for one run, "
+                     "./report for several)."),
+    ] = None,
+) -> None:
+    """PNG plots (loss vs wall clock, tokens, FLOPs; LR and batch schedules) and one HTML page."""
+    from shoestring.report import write_report
+
+    target = output or (runs[0] / "report" if len(runs) == 1 else Path("report"))
+    path = write_report(runs, target)
+    out.print(f"wrote {path / 'index.html'} ({len(runs)} run(s)) and its plots")
+
+
+@config_app.command("show")
+def config_show(config: ConfigOpt = None, sets: SetOpt = None) -> None:
+    """Print the fully resolved configuration as YAML."""
+    out.print(_config(config, sets).to_yaml(), end="", markup=False, highlight=False)
+
+
+def main() -> None:
+    """Console entry point: bad input → message on stderr, exit code 2, no traceback."""
+    from shoestring.train.loop import TrainingInterrupted
+
+    try:
+        app()
+    except ShoestringError as e:
+        err.print("[bold red]error:[/] ", end="")
+        err.print(e.message, markup=False, highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except TrainingInterrupted as e:
+        err.print(f"{e}: checkpoint saved to {e.checkpoint}; continue with --resume",
+                  markup=False, highlight=False)
+        sys.exit(128 + e.signum)

@@ -1,0 +1,534 @@
+"""Typed configuration for every stage, as data.
+
+One root object (`Config`) with a section per stage. It comes from defaults, then an optional
+YAML file, then ``--set section.key=value`` overrides, and is validated up front so a wrong
+key or value is reported with its full dotted name and the allowed values before any work.
+Every recipe choice is a named field with the published default (the Cramming style), so an
+ablation is one ``--set``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from shoestring.errors import ShoestringError
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DataConfig(_Section):
+    """How `prep` turns raw text into packed token shards (see docs/data.md)."""
+
+    text_field: str = Field(
+        "text", description="field/column holding a document's text (.jsonl, .parquet, .csv, hf:)"
+    )
+    split_on: Literal["file", "blank-lines"] = Field(
+        "file", description=".txt files: one document per file, or one per blank-line-separated block"
+    )
+    on_error: Literal["raise", "skip"] = Field(
+        "raise", description="bad records/files: stop with an error, or skip and count them"
+    )
+    min_chars: int = Field(16, ge=1, description="drop documents shorter than this after cleaning")
+    objective: Literal["mlm", "clm"] = Field(
+        "mlm", description="mlm: [CLS] … [SEP] rows for encoders; clm: <|endoftext|>-joined stream"
+    )
+    tokenizer: str = Field(
+        "auto",
+        description="auto (WordPiece for mlm, byte-level BPE for clm), wordpiece, bpe, unigram, "
+        "or the path of an existing tokenizer.json",
+    )
+    vocab_size: int = Field(8192, ge=128, le=1 << 20, description="vocabulary size when training")
+    lowercase: bool | None = Field(
+        None, description="lowercase (and strip accents for WordPiece); default: yes for mlm, no for clm"
+    )
+    seq_len: int = Field(128, ge=8, le=65536, description="tokens per packed sequence")
+    val_fraction: float = Field(
+        0.05, gt=0.0, lt=0.5, description="fraction of documents held out (by document hash)"
+    )
+    shard_tokens: int = Field(1 << 24, ge=1024, description="max tokens per shard file")
+    order: Literal["none", "sort"] = Field(
+        "none",
+        description="train sequence order: none (stream order, loader shuffles) or sort "
+        "(Cramming: ascending mean unigram log-probability, read in that order)",
+    )
+    workers: int = Field(1, ge=1, le=256, description="processes for cleaning and tokenizing")
+
+    @property
+    def lowercase_resolved(self) -> bool:
+        """`lowercase`, with the per-objective default filled in."""
+        return self.objective == "mlm" if self.lowercase is None else self.lowercase
+
+
+class ModelConfig(_Section):
+    """The network: an encoder (masked LM) or a decoder (causal LM), see docs/models.md.
+
+    ``preset`` fills the size fields from a named preset (`shoestring models` lists them);
+    fields given alongside it win. Recipe fields left unset take the objective's recipe.
+    """
+
+    preset: str | None = Field(None, description="named size (tiny, mini, small, base, ...)")
+    objective: Literal["mlm", "clm"] = Field(
+        "mlm", description="mlm = BERT-style encoder, clm = GPT/Llama-style decoder"
+    )
+    hidden_size: int = Field(256, ge=16, description="model width")
+    num_layers: int = Field(4, ge=1, description="transformer blocks")
+    num_heads: int = Field(4, ge=1, description="attention heads (must divide hidden_size)")
+    num_kv_heads: int | None = Field(
+        None, ge=1, description="key/value heads for grouped-query attention (decoders; null = num_heads)"
+    )
+    intermediate_size: int = Field(
+        512, ge=16, description="feed-forward inner width (after the gate for GeGLU/SwiGLU)"
+    )
+    norm: Literal["layernorm", "rmsnorm"] = Field("layernorm", description="normalization layer")
+    norm_position: Literal["pre", "post"] = Field(
+        "pre", description="pre-norm (norm inside the residual branch) or post-norm (original BERT)"
+    )
+    bias: bool = Field(False, description="biases in linear layers and norms")
+    ffn: Literal["geglu", "swiglu", "gelu"] = Field(
+        "geglu", description="feed-forward: gated GELU, gated SiLU, or plain GELU MLP"
+    )
+    positions: Literal["rotary", "learned", "sinusoidal"] = Field(
+        "rotary", description="position information: rotary in attention, or added embeddings"
+    )
+    max_positions: int = Field(
+        2048, ge=8, description="longest sequence for learned/sinusoidal positions"
+    )
+    tie_embeddings: bool = Field(True, description="output projection shares the input embedding")
+    embedding_norm: bool = Field(True, description="normalize the embeddings (encoder recipe)")
+    sparse_prediction: bool = Field(
+        True, description="MLM head only at masked positions (Cramming); false = all positions"
+    )
+    norm_eps: float = Field(1e-5, gt=0.0)
+    rope_theta: float = Field(10000.0, gt=0.0, description="rotary position base")
+    init_std: float = Field(0.02, gt=0.0, description="std of the normal weight init")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset_and_recipe(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        base: dict[str, Any] = {}
+        if data.get("preset") is not None:
+            from shoestring.model.presets import preset_fields
+
+            base = preset_fields(str(data["preset"]))  # ValueError names the known presets
+        objective = data.get("objective", base.get("objective", "mlm"))
+        recipe = MODEL_RECIPES.get(objective, {})
+        return {**recipe, **base, **data}
+
+    @model_validator(mode="after")
+    def _shapes_fit(self) -> ModelConfig:
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"num_heads ({self.num_heads}) must divide hidden_size ({self.hidden_size})"
+            )
+        if self.positions == "rotary" and (self.hidden_size // self.num_heads) % 2:
+            raise ValueError("hidden_size / num_heads must be even (rotary embeddings)")
+        if self.num_kv_heads is not None and self.num_kv_heads != self.num_heads:
+            if self.objective != "clm":
+                raise ValueError(
+                    "num_kv_heads (grouped-query attention) is for decoders (objective clm); "
+                    "encoders use num_heads for keys and values"
+                )
+            if self.num_heads % self.num_kv_heads:
+                raise ValueError(
+                    f"num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads})"
+                )
+        return self
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def ffn_input_width(self) -> int:
+        """Width of the feed-forward's first projection: a gated FFN computes the value and
+        the gate in one matrix, so 2·intermediate_size (what Cramming calls intermed_size)."""
+        return 2 * self.intermediate_size if self.ffn != "gelu" else self.intermediate_size
+
+
+# Each objective's recipe: Cramming/ModernBERT for the masked-LM encoder, Llama for the
+# causal-LM decoder. A recipe field the user does not set takes its objective's value, so
+# `--set model.objective=clm` alone gives a Llama-style decoder.
+MODEL_RECIPES: dict[str, dict[str, Any]] = {
+    "mlm": {"norm": "layernorm", "norm_position": "pre", "bias": False, "ffn": "geglu",
+            "positions": "rotary", "tie_embeddings": True, "embedding_norm": True},
+    "clm": {"norm": "rmsnorm", "norm_position": "pre", "bias": False, "ffn": "swiglu",
+            "positions": "rotary", "tie_embeddings": True, "embedding_norm": False},
+}
+
+
+class TrainConfig(_Section):
+    """The pretraining loop: budget, batch, optimizer, schedule, masking, precision, checkpoints."""
+
+    budget: str | None = Field(
+        "3m", description="90s / 10m / 24h wall clock, 3e15flops, 20Mtok tokens or 500steps"
+    )
+    steps: int | None = Field(None, ge=1, description="step budget (deterministic; with budget, first wins)")
+    batch_size: int = Field(32, ge=1, description="sequences per optimizer step (the recipe's batch)")
+    micro_batch_size: int | None = Field(
+        None, ge=1, description="sequences per forward/backward (what fits in memory; "
+        "gradients accumulate up to batch_size); null = batch_size"
+    )
+    batch_ramp: float = Field(
+        0.0, ge=0.0, le=1.0, description="grow the batch linearly from one micro-batch to "
+        "batch_size over this fraction of the budget (Cramming: 0.6); 0 = off"
+    )
+    optimizer: Literal["adamw"] = Field("adamw", description="optimizer (see docs/training.md)")
+    lr: float = Field(2e-3, gt=0.0, description="peak learning rate")
+    schedule: Literal["one-cycle", "wsd", "cosine", "linear", "constant"] = Field(
+        "one-cycle", description="LR shape over budget progress (docs/training.md)"
+    )
+    lr_peak_at: float = Field(
+        0.75, ge=0.0, le=1.0, description="one-cycle: fraction of the budget where the LR peaks"
+    )
+    warmup: float = Field(
+        0.05, ge=0.0, lt=1.0, description="wsd/cosine/linear/constant: warmup fraction of the budget"
+    )
+    decay: float = Field(0.2, gt=0.0, le=1.0, description="wsd: final fraction spent cooling down (1-sqrt)")
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="cosine/wsd/linear: final LR / peak")
+    weight_decay: float = Field(0.01, ge=0.0)
+    beta1: float = Field(0.9, ge=0.0, lt=1.0)
+    beta2: float = Field(0.98, ge=0.0, lt=1.0)
+    eps: float = Field(1e-12, gt=0.0)
+    grad_clip: float = Field(0.5, ge=0.0, description="max global grad norm (0 = off)")
+    mask_rate: float = Field(0.25, gt=0.0, lt=1.0, description="fraction of tokens masked (mlm)")
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = Field(
+        "auto", description="auto = bf16 autocast where the device runs it fast, else fp32; "
+        "fp16 = autocast with loss scaling (CUDA without bf16)"
+    )
+    compile: bool = Field(False, description="torch.compile the model (~40 s to start on CPU)")
+    seed: int = Field(0, ge=0)
+    log_every: int = Field(10, ge=1, description="steps between metrics.jsonl records")
+    val_every: float = Field(
+        0.1, ge=0.0, le=1.0, description="validate on a fixed subset every this fraction of the "
+        "budget (0 = only at the end)"
+    )
+    val_sequences: int = Field(128, ge=1, description="size of the periodic validation subset")
+    checkpoint_every: str | None = Field(
+        "30m", description="interval between checkpoints: wall clock (30m) or steps (500steps); "
+        "null = only at the end"
+    )
+    keep_checkpoints: int = Field(2, ge=1, description="checkpoints kept (oldest deleted)")
+    max_nonfinite: int = Field(
+        5, ge=1, description="stop after this many non-finite losses in a row (each is skipped)"
+    )
+    tensorboard: bool = Field(True, description="write TensorBoard events to RUN_DIR/tb")
+    init_from: str | None = Field(
+        None, description="start from these weights: a Hugging Face folder or a run dir"
+    )
+    threads: int | None = Field(None, ge=1, description="CPU threads (default: torch's choice)")
+
+    @field_validator("budget")
+    @classmethod
+    def _is_budget(cls, value: str | None) -> str | None:
+        if value is not None:
+            from shoestring.train.budget import parse_budget
+
+            try:
+                parse_budget(value)
+            except ShoestringError as e:
+                raise ValueError(f"{e.what}; {e.fix}") from None
+        return value
+
+    @field_validator("checkpoint_every")
+    @classmethod
+    def _is_interval(cls, value: str | None) -> str | None:
+        if value is not None:
+            from shoestring.train.budget import parse_budget
+
+            try:
+                kind = parse_budget(value).kind
+            except ShoestringError:
+                kind = ""
+            if kind not in ("seconds", "steps"):
+                raise ValueError(f"'{value}' is not an interval; use 30m, 2h or 500steps")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrainConfig:
+        if self.budget is None and self.steps is None:
+            raise ValueError("set a budget (train.budget, e.g. 5m) or a step count (train.steps)")
+        micro = self.micro_batch_size or self.batch_size
+        if micro > self.batch_size:
+            raise ValueError(
+                f"micro_batch_size ({micro}) cannot exceed batch_size ({self.batch_size})"
+            )
+        if self.batch_size % micro:
+            raise ValueError(
+                f"batch_size ({self.batch_size}) must be a multiple of micro_batch_size ({micro})"
+            )
+        return self
+
+    @property
+    def micro_batch(self) -> int:
+        return self.micro_batch_size or self.batch_size
+
+
+class EvalConfig(_Section):
+    """Held-out evaluation."""
+
+    max_sequences: int = Field(4096, ge=1, description="validation sequences to score (cap)")
+    batch_size: int = Field(64, ge=1)
+    seed: int = Field(1234, ge=0, description="seed of the fixed evaluation masking")
+    mask_rate: float = Field(
+        0.25, gt=0.0, lt=1.0, description="masking rate when scoring (fixed, so runs compare)"
+    )
+
+
+class CurateConfig(_Section):
+    """Curation blocks `prep` runs between reading and tokenizing (see docs/data.md).
+
+    Order (after prep's cleaning and data.min_chars): length → Gopher quality → Gopher
+    repetition → exact dedup → fuzzy dedup → decontamination; the compressibility filter
+    runs while tokenizing. Thresholds are the published defaults (Gopher, Cramming,
+    MT-NLG); ``null`` turns a rule off.
+    """
+
+    max_chars: int | None = Field(None, ge=1, description="drop documents longer than this")
+    filters: Literal["gopher", "none"] = Field(
+        "none", description="gopher = Gopher quality + repetition rules and the compressibility filter"
+    )
+    dedup: Literal["none", "exact", "fuzzy"] = Field(
+        "exact", description="exact = same normalized text; fuzzy = exact + MinHash LSH near-duplicates"
+    )
+    decontam: list[str] = Field(
+        default_factory=list, description="evaluation files/folders whose n-grams are removed"
+    )
+    explain: int = Field(0, ge=0, description="dropped documents kept per reason for --explain")
+
+    gopher_min_words: int | None = Field(50, ge=0, description="fewer words: drop")
+    gopher_max_words: int | None = Field(
+        100_000, ge=1, validate_default=True, description="more words: drop"
+    )
+    gopher_min_mean_word_len: float | None = Field(3.0, ge=0.0, description="shorter mean word: drop")
+    gopher_max_mean_word_len: float | None = Field(
+        10.0, ge=0.0, validate_default=True, description="longer mean word: drop"
+    )
+    gopher_max_symbol_word_ratio: float | None = Field(
+        0.1, ge=0.0, description="'#' or ellipses per word above this: drop"
+    )
+    gopher_max_bullet_lines: float | None = Field(
+        0.9, ge=0.0, le=1.0, description="fraction of lines starting with a bullet above this: drop"
+    )
+    gopher_max_ellipsis_lines: float | None = Field(
+        0.3, ge=0.0, le=1.0, description="fraction of lines ending with an ellipsis above this: drop"
+    )
+    gopher_min_alpha_words: float | None = Field(
+        0.8, ge=0.0, le=1.0, description="fraction of words with a letter below this: drop"
+    )
+    gopher_min_stop_words: int | None = Field(2, ge=0, description="fewer stop-word occurrences: drop")
+    gopher_stop_words: list[str] = Field(
+        default_factory=lambda: ["the", "be", "to", "of", "and", "that", "have", "with"],
+        description="the stop words counted by gopher_min_stop_words",
+    )
+    rep_max_dup_line_frac: float | None = Field(0.30, ge=0.0, le=1.0, description="repeated lines")
+    rep_max_dup_para_frac: float | None = Field(0.30, ge=0.0, le=1.0, description="repeated paragraphs")
+    rep_max_dup_line_char_frac: float | None = Field(
+        0.20, ge=0.0, le=1.0, description="characters in repeated lines"
+    )
+    rep_max_dup_para_char_frac: float | None = Field(
+        0.20, ge=0.0, le=1.0, description="characters in repeated paragraphs"
+    )
+    rep_max_top_ngram_frac: dict[int, float] = Field(
+        default_factory=lambda: {2: 0.20, 3: 0.18, 4: 0.16},
+        description="n → max fraction of characters in the most frequent word n-gram",
+    )
+    rep_max_dup_ngram_frac: dict[int, float] = Field(
+        default_factory=lambda: {5: 0.15, 6: 0.14, 7: 0.13, 8: 0.12, 9: 0.11, 10: 0.10},
+        description="n → max fraction of characters in repeated word n-grams",
+    )
+    compress_max_ratio: float | None = Field(
+        0.3, gt=0.0, description="Cramming: tokens/characters above this: drop (with filters=gopher)"
+    )
+
+    minhash_ngram: int = Field(5, ge=1, le=64, description="fuzzy dedup shingles: word n-grams")
+    minhash_bands: int = Field(14, ge=1, le=512, description="LSH bands")
+    minhash_rows: int = Field(8, ge=1, le=64, description="MinHash values per band")
+    minhash_seed: int = Field(1, ge=0, description="seed of the MinHash permutations")
+
+    decontam_mode: Literal["cut", "drop"] = Field(
+        "cut", description="cut the overlapping span (MT-NLG) or drop the whole document"
+    )
+    decontam_ngram: int = Field(13, ge=1, le=64, description="word n-gram length matched")
+    decontam_min_words: int = Field(
+        8, ge=1, le=64, validate_default=True,
+        description="shorter evaluation segments (≥ this) are matched whole",
+    )
+    decontam_margin_chars: int = Field(200, ge=0, description="characters cut on each side of a match")
+    decontam_max_pieces: int = Field(10, ge=1, description="more pieces after cutting: drop")
+    decontam_min_piece_chars: int = Field(200, ge=1, description="shorter pieces after cutting: drop")
+
+    @field_validator("rep_max_top_ngram_frac", "rep_max_dup_ngram_frac")
+    @classmethod
+    def _ngram_fracs(cls, value: dict[int, float]) -> dict[int, float]:
+        for n, frac in value.items():
+            if not 1 <= n <= 64:
+                raise ValueError(f"n-gram length {n} must be between 1 and 64")
+            if not 0.0 <= frac <= 1.0:
+                raise ValueError(f"fraction {frac} for {n}-grams must be between 0 and 1")
+        return value
+
+    @field_validator("gopher_max_words", "gopher_max_mean_word_len", "decontam_min_words")
+    @classmethod
+    def _not_below(cls, value: Any, info: ValidationInfo) -> Any:
+        lower, upper = {
+            "gopher_max_words": ("gopher_min_words", None),
+            "gopher_max_mean_word_len": ("gopher_min_mean_word_len", None),
+            "decontam_min_words": (None, "decontam_ngram"),
+        }[info.field_name]
+        if lower is not None and value is not None and info.data.get(lower) is not None:
+            if value < info.data[lower]:
+                raise ValueError(f"must be at least {lower} ({info.data[lower]})")
+        if upper is not None and info.data.get(upper) is not None and value > info.data[upper]:
+            raise ValueError(f"must not exceed {upper} ({info.data[upper]})")
+        return value
+
+
+class Config(_Section):
+    """Every stage's settings; `config.yaml` in a run dir is this, fully resolved."""
+
+    data: DataConfig = Field(default_factory=DataConfig)
+    curate: CurateConfig = Field(default_factory=CurateConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+def _describe(model: type[BaseModel]) -> str:
+    """Allowed keys of a section, for error messages."""
+    return ", ".join(sorted(model.model_fields))
+
+
+def _format_validation_error(err: ValidationError, source: str) -> ShoestringError:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"])
+        value = e.get("input")
+        shown = "" if isinstance(value, dict) else f" (got {value!r})"
+        if e["type"] == "extra_forbidden":
+            section_path = [str(p) for p in e["loc"][:-1]]
+            section: type[BaseModel] = Config
+            for p in section_path:
+                section = section.model_fields[p].annotation  # type: ignore[assignment]
+            lines.append(
+                f"unknown key '{loc}'; allowed keys here: {_describe(section)}"
+            )
+        elif e["type"] == "literal_error":
+            lines.append(f"{loc}: {e['msg']}{shown}")
+        else:
+            msg = e["msg"].removeprefix("Value error, ")
+            lines.append(f"{loc or 'config'}: {msg}{shown}")
+    return ShoestringError(
+        "invalid configuration:\n  " + "\n  ".join(lines),
+        where=source,
+        fix="see `shoestring config show` for every key and its default",
+    )
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any, source: str) -> None:
+    parts = dotted.split(".")
+    if len(parts) != 2 or not all(parts):
+        raise ShoestringError(
+            f"override key '{dotted}' must look like section.key",
+            where=source,
+            fix=f"sections: {', '.join(Config.model_fields)}; e.g. --set train.lr=1e-3",
+        )
+    section, key = parts
+    if section not in Config.model_fields:
+        raise ShoestringError(
+            f"unknown section '{section}' in '{dotted}'",
+            where=source,
+            fix=f"sections are: {', '.join(Config.model_fields)}",
+        )
+    tree.setdefault(section, {})[key] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Split ``a.b=value``; the value is parsed as YAML (so 1e-3, true, null work)."""
+    if "=" not in text:
+        raise ShoestringError(
+            f"override '{text}' has no '='",
+            where="--set",
+            fix="write it as section.key=value, e.g. --set train.lr=1e-3",
+        )
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    # YAML reads 1e-3 as a string (it wants 1.0e-3); numbers are what users mean.
+    if isinstance(value, str):
+        try:
+            value = float(value) if any(c in value for c in ".eE") else int(value)
+        except ValueError:
+            pass
+    return key.strip(), value
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    plan: str | Path | None = None,
+) -> Config:
+    """Defaults ← plan (``shoestring plan`` output) ← YAML file ← ``--set`` overrides, validated."""
+    tree: dict[str, Any] = {}
+    source = "config"
+    if plan is not None:  # a plan's model/train/data sections; its `plan:` metadata is dropped
+        from shoestring.plan.planner import read_plan_sections
+
+        for section, values in read_plan_sections(plan).items():
+            if not isinstance(values, dict):
+                raise ShoestringError(f"section '{section}' must be a mapping", where=str(plan))
+            tree.setdefault(section, {}).update(values)
+        source = str(plan)
+    if path is not None:
+        p = Path(path)
+        source = str(p)
+        if not p.is_file():
+            raise ShoestringError("config file not found", where=source, fix="check the path")
+        try:
+            loaded = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+        except (OSError, UnicodeDecodeError) as e:
+            raise ShoestringError(f"cannot read config file ({e})", where=source) from None
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f"{source}:{mark.line + 1}" if mark else source
+            raise ShoestringError(f"not valid YAML ({e})", where=where) from None
+        if not isinstance(loaded, dict):
+            raise ShoestringError("a config file must be a mapping of sections", where=source)
+        for section, values in loaded.items():
+            if not isinstance(values, dict):
+                raise ShoestringError(
+                    f"section '{section}' must be a mapping of keys to values", where=source
+                )
+            tree.setdefault(section, {}).update(values)
+    for item in overrides or []:
+        key, value = parse_override(item)
+        _set_dotted(tree, key, value, "--set")
+        source = "--set" if path is None else f"{path} + --set"
+    try:
+        return Config.model_validate(tree)
+    except ValidationError as e:
+        raise _format_validation_error(e, source) from None

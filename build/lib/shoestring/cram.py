@@ -1,0 +1,78 @@
+"""`shoestring cram`: the whole pipeline on one corpus, ending in a results table.
+
+The data dir is reused when it was built from the same sources and data settings (its
+manifest's fingerprint matches), so a second `make demo` spends its time training, not
+re-tokenizing. The run dir is replaced each time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from shoestring.config import Config
+from shoestring.data.datadir import DataDir
+from shoestring.data.prep import data_fingerprint, prep
+from shoestring.errors import ShoestringError
+from shoestring.eval.mlm import evaluate_run
+from shoestring.train.loop import train
+
+
+@dataclass
+class CramResult:
+    manifest: dict
+    summary: dict
+    evaluation: dict
+    data_dir: Path
+    run_dir: Path
+
+    def table(self) -> Table:
+        m, s, e = self.manifest, self.summary, self.evaluation
+        docs, tr = m["documents"], m["splits"]["train"]
+        t = Table(title="shoestring cram: results", show_header=False)
+        t.add_row("corpus", f"{', '.join(m['sources'])}: {docs['kept']:,} documents, "
+                  f"{docs['characters'] / 1e6:.1f}M characters")
+        t.add_row("training data", f"{tr['tokens']:,} tokens in {tr['sequences']:,} sequences of {m['seq_len']}")
+        t.add_row("model", f"{s['params'] / 1e6:.2f}M parameters ({s['params_non_embedding'] / 1e6:.2f}M non-embedding)")
+        t.add_row("tokens seen", f"{s['tokens']:,} in {s['steps']:,} steps, {s['train_seconds']:.0f}s "
+                  f"({s['tokens'] / max(tr['tokens'], 1):.1f} epochs)")
+        t.add_row("throughput", f"{s['tokens_per_s']:,.0f} tokens/s on {s['device']} ({s['dtype']})")
+        t.add_row("MFU", f"{s['mfu']:.1%} of a measured {s['peak_flops'] / 1e9:,.0f} GFLOP/s")
+        t.add_row("validation MLM loss", f"{e['mlm_loss']:.3f} (perplexity {e['perplexity']:.1f}, "
+                  f"accuracy {e['accuracy']:.1%})")
+        t.add_row("unigram baseline", f"{e['unigram_loss']:.3f} "
+                  f"(the model is {e['unigram_loss'] - e['mlm_loss']:.2f} nats/token better)")
+        t.add_row("artifacts", f"data: {self.data_dir}\nrun:  {self.run_dir}")
+        return t
+
+
+def _reusable_manifest(data_dir: Path, fingerprint: str) -> dict | None:
+    """The existing data dir's manifest if it was built from the same inputs and is intact."""
+    if not (data_dir / "manifest.json").is_file():
+        return None
+    try:
+        data = DataDir(data_dir)
+        if data.manifest.get("fingerprint") != fingerprint:
+            return None
+        data.split("train", verify=True)
+        data.split("val", verify=True)
+    except ShoestringError:
+        return None
+    return data.manifest
+
+
+def cram(sources: list[str], output: str | Path, cfg: Config, console: Console | None = None) -> CramResult:
+    console = console or Console(stderr=True)
+    output = Path(output)
+    data_dir, run_dir = output / "data", output / "run"
+    manifest = _reusable_manifest(data_dir, data_fingerprint(sources, cfg.data))
+    if manifest is not None:
+        console.print(f"reusing prepared data in {data_dir} (same sources and settings)")
+    else:
+        manifest = prep(sources, data_dir, cfg.data, console=console)
+    summary = train(cfg, data_dir, run_dir, overwrite=True, console=console)
+    evaluation = evaluate_run(run_dir, data_dir, console=console)
+    return CramResult(manifest, summary, evaluation, data_dir, run_dir)

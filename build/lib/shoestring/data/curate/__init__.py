@@ -1,0 +1,20 @@
+"""Curation blocks for `prep`: normalize, filter, dedup, decontaminate (see docs/data.md).
+
+``Curator`` (in ``pipeline``) is the one entry point ``prep`` uses; each block module can be
+used and tested on its own.
+"""
+
+from __future__ import annotations
+
+from shoestring.data.curate.blocks import Block, BlockStats, Drop, Example
+from shoestring.data.curate.pipeline import Curator, curation_table, empty_corpus_error
+
+__all__ = [
+    "Block",
+    "BlockStats",
+    "Curator",
+    "Drop",
+    "Example",
+    "curation_table",
+    "empty_corpus_error",
+]

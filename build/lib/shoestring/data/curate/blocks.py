@@ -1,0 +1,147 @@
+"""The block protocol: one small, separately testable step of curation (datatrove style).
+
+A block takes a stream of documents and yields the ones it keeps (possibly changed, or,
+for decontamination's cut mode, split into pieces). Every block counts documents in and
+out and drops per reason, and remembers the first ``keep_examples`` dropped documents per
+reason so ``--explain N`` can show a user what a rule removes.
+
+Most blocks judge one document at a time: they implement ``apply(doc)``, returning the
+document (the same or changed) or a ``Drop(reason, detail)``. Blocks that need to see many
+documents at once (fuzzy dedup hashes a batch together) or emit several documents per
+input override ``process`` instead and keep the same counters.
+
+Stateless blocks (``stateful = False``) can run in several worker processes and have their
+counts merged (``BlockStats.merge``); dedup blocks hold an index of what they have seen
+and must see the whole stream in one process.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from shoestring.data.sources import Document
+
+EXCERPT_CHARS = 600
+
+
+@dataclass(frozen=True)
+class Drop:
+    """Why a block removed a document: a short ``reason`` key and a human ``detail``."""
+
+    reason: str
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Example:
+    """A dropped document kept for ``--explain``: where it came from, why, and its start."""
+
+    doc_id: str
+    reason: str
+    detail: str
+    excerpt: str
+    chars: int
+
+
+@dataclass
+class BlockStats:
+    """Counts of one block; ``to_dict`` is what the manifest records.
+
+    The record's keys (``block``, ``documents_in``, ``documents_out``, ``dropped``: reason →
+    count) are the ones every prep stage uses in ``manifest["blocks"]``.
+    """
+
+    name: str
+    docs_in: int = 0
+    docs_out: int = 0
+    dropped: Counter[str] = field(default_factory=Counter)
+    changed: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "block": self.name,
+            "documents_in": self.docs_in,
+            "documents_out": self.docs_out,
+            "dropped": dict(sorted(self.dropped.items(), key=lambda kv: (-kv[1], kv[0]))),
+        }
+        if self.changed:
+            out["changed"] = self.changed
+        out.update(self.extra)
+        return out
+
+    def merge(self, other: dict[str, Any]) -> None:
+        """Add another worker's counts (a ``to_dict`` of the same block) to these."""
+        self.docs_in += other["documents_in"]
+        self.docs_out += other["documents_out"]
+        self.dropped.update(other["dropped"])
+        self.changed += other.get("changed", 0)
+        for key, value in other.items():
+            if key not in (
+                "block",
+                "documents_in",
+                "documents_out",
+                "dropped",
+                "changed",
+            ) and isinstance(value, int):
+                self.extra[key] = self.extra.get(key, 0) + value
+
+
+class Block:
+    """Base class: counters, examples, and a ``process`` built on ``apply``."""
+
+    name: ClassVar[str] = "block"
+    stateful: ClassVar[bool] = False
+
+    def __init__(self, keep_examples: int = 0) -> None:
+        self.keep_examples = keep_examples
+        self.stats = BlockStats(self.name)
+        self.examples: dict[str, list[Example]] = {}
+
+    def apply(self, doc: Document) -> Document | Drop:
+        """Judge one document: return it (maybe changed) or a ``Drop``.
+
+        The default ``process`` calls this per document; blocks that judge whole streams
+        (fuzzy dedup, decontamination) override ``process`` instead and never reach here.
+        """
+        raise TypeError(f"{type(self).__name__} must define apply() or override process()")
+
+    def process(self, docs: Iterable[Document]) -> Iterator[Document]:
+        """Yield the documents this block keeps, counting everything."""
+        stats = self.stats
+        for doc in docs:
+            stats.docs_in += 1
+            result = self.apply(doc)
+            if isinstance(result, Drop):
+                self.record_drop(doc, result)
+                continue
+            if result is not doc and result.text != doc.text:
+                stats.changed += 1
+            stats.docs_out += 1
+            yield result
+
+    def __call__(self, docs: Iterable[Document]) -> Iterator[Document]:
+        return self.process(docs)
+
+    def record_drop(self, doc: Document, drop: Drop) -> None:
+        """Count a drop, and keep the document as an example while there is room."""
+        self.stats.dropped[drop.reason] += 1
+        if self.keep_examples:
+            kept = self.examples.setdefault(drop.reason, [])
+            if len(kept) < self.keep_examples:
+                kept.append(
+                    Example(
+                        doc_id=doc.doc_id,
+                        reason=drop.reason,
+                        detail=drop.detail,
+                        excerpt=doc.text[:EXCERPT_CHARS],
+                        chars=len(doc.text),
+                    )
+                )
+
+    def report(self) -> dict[str, Any]:
+        """This block's manifest entry (subclasses add figures such as cluster counts)."""
+        return self.stats.to_dict()

@@ -1,0 +1,103 @@
+"""The data dir that `prep` writes and `train`/`eval` read (see docs/artifacts.md)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from shoestring.data.shards import PackedSplit
+from shoestring.data.tokenizer import file_sha256, load_tokenizer
+from shoestring.errors import ShoestringError
+
+FORMAT = "shoestring-data/1"
+
+
+class DataDir:
+    """A prepared data dir: manifest, tokenizer and packed splits, checked on open."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        manifest = self.path / "manifest.json"
+        if not self.path.is_dir():
+            raise ShoestringError(
+                "data dir not found", where=str(self.path), fix="run shoestring prep first"
+            )
+        if not manifest.is_file():
+            raise ShoestringError(
+                "not a shoestring data dir (no manifest.json)",
+                where=str(self.path),
+                fix="point --data at a folder written by shoestring prep",
+            )
+        try:
+            self.manifest = json.loads(manifest.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            raise ShoestringError(f"manifest is not valid JSON ({e})", where=str(manifest)) from None
+        if not isinstance(self.manifest, dict) or self.manifest.get("format") != FORMAT:
+            found = self.manifest.get("format") if isinstance(self.manifest, dict) else None
+            raise ShoestringError(
+                f"unknown data format {found!r} (expected {FORMAT})",
+                where=str(manifest),
+                fix="re-run shoestring prep with this version",
+            )
+        missing = [k for k in ("tokenizer", "seq_len", "dtype", "splits") if k not in self.manifest]
+        if missing:
+            raise ShoestringError(
+                f"manifest lacks {', '.join(missing)}: it is damaged",
+                where=str(manifest),
+                fix="re-run shoestring prep",
+            )
+        tok_info = self.manifest["tokenizer"]
+        tok_path = self.path / tok_info["file"]
+        if not tok_path.is_file() or file_sha256(tok_path) != tok_info["sha256"]:
+            raise ShoestringError(
+                "tokenizer.json is missing or does not match the manifest's hash",
+                where=str(tok_path),
+                fix="re-run shoestring prep",
+            )
+
+    @property
+    def objective(self) -> str:
+        """``mlm`` or ``clm`` (data dirs from before CLM support are MLM)."""
+        return str(self.manifest.get("objective", "mlm"))
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.manifest["seq_len"])
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.manifest["tokenizer"]["vocab_size"])
+
+    @property
+    def special_ids(self) -> dict[str, int]:
+        return dict(self.manifest["tokenizer"]["special_ids"])
+
+    @property
+    def tokenizer_path(self) -> Path:
+        return self.path / self.manifest["tokenizer"]["file"]
+
+    def tokenizer(self) -> Tokenizer:
+        return load_tokenizer(self.tokenizer_path)
+
+    def split(self, name: str, verify: bool | str = "size") -> PackedSplit:
+        """The packed sequences of ``name``; ``verify``: ``"size"`` (or False) checks every
+        shard's size against the manifest, ``"sha256"`` (or True) its checksum too."""
+        info = self.manifest["splits"].get(name)
+        if not info or info["sequences"] == 0:
+            raise ShoestringError(
+                f"the data dir has no '{name}' sequences", where=str(self.path),
+                fix="prep a larger corpus (or raise data.val_fraction for the val split)",
+            )
+        return PackedSplit(self.path, info, self.seq_len, self.manifest["dtype"], verify)
+
+    def unigram_logprobs(self) -> np.ndarray:
+        """log p(token) from training-token frequencies (add-one smoothed, specials excluded)."""
+        counts = self.split("train").token_counts(self.vocab_size).astype(np.float64)
+        n_special = len(self.special_ids)
+        counts[:n_special] = 0.0
+        counts[n_special:] += 1.0
+        with np.errstate(divide="ignore"):
+            return np.log(counts / counts.sum())

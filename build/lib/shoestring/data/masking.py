@@ -1,0 +1,59 @@
+"""Masked-language-model corruption, on the fly and vectorized.
+
+Every sequence of a batch gets the same number of masked positions, so the sparse prediction
+head sees a static (batch, k) shape; positions are drawn uniformly among non-special tokens
+(k is capped by the row with the fewest of them, which never binds for packed sequences).
+The chosen tokens become [MASK] 80% of the time, a random non-special token 10%, and stay
+unchanged 10% (BERT's recipe).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class MaskedBatch:
+    inputs: Tensor  # (B, T) corrupted token ids
+    positions: Tensor  # (B, k) masked positions, ascending
+    targets: Tensor  # (B, k) original ids at those positions
+
+
+def num_masked(seq_len: int, rate: float) -> int:
+    """Masked positions per packed sequence ([CLS] and the final [SEP] are never masked)."""
+    return max(1, round(rate * (seq_len - 2)))
+
+
+def mask_tokens(
+    ids: Tensor,
+    rate: float,
+    num_special: int,
+    mask_id: int,
+    vocab_size: int,
+    generator: torch.Generator | None = None,
+) -> MaskedBatch:
+    """Corrupt ``ids`` (B, T); ids below ``num_special`` are special and never chosen."""
+    B, T = ids.shape
+    eligible = int((ids >= num_special).sum(dim=1).min())
+    if eligible == 0:
+        raise ValueError("a sequence has no maskable (non-special) token")
+    k = min(num_masked(T, rate), eligible)
+    scores = torch.rand(B, T, generator=generator, device=ids.device)
+    scores.masked_fill_(ids < num_special, 2.0)
+    positions = scores.topk(k, dim=1, largest=False).indices.sort(dim=1).values
+    targets = ids.gather(1, positions)
+    action = torch.rand(B, k, generator=generator, device=ids.device)
+    random_tokens = torch.randint(
+        num_special, vocab_size, (B, k), generator=generator, device=ids.device
+    )
+    replacement = torch.where(
+        action < 0.8,
+        torch.full_like(targets, mask_id),
+        torch.where(action < 0.9, random_tokens, targets),
+    )
+    inputs = ids.clone()
+    inputs.scatter_(1, positions, replacement)
+    return MaskedBatch(inputs=inputs, positions=positions, targets=targets)

@@ -1,0 +1,608 @@
+"""`shoestring prep`: sources → clean → curate → split → tokenizer → encode → pack → shards.
+
+The data dir is built in ``.DATA.partial`` beside ``DATA`` and swapped in only when complete,
+so an existing data dir is never left half-written. Each stage leaves its output in the build
+folder and records it in ``journal.json`` there:
+
+=========  ===========================================================  =====================
+stage      output                                                       resumes
+=========  ===========================================================  =====================
+read       ``spool-{train,val}.jsonl``: cleaned, kept documents         from the start
+tokenizer  ``tokenizer.json``                                           kept when finished
+encode     ``stream-{split}.bin`` (token ids; each document followed    from the last batch
+           by [SEP] / <|endoftext|>), ``docs-{split}.bin`` (its ends)   written
+pack       ``{split}/NNNNN.bin`` + ``.idx`` shards                      shard by shard; kept
+                                                                        shards re-verified
+                                                                        by sha256
+=========  ===========================================================  =====================
+
+A re-run with the same inputs and settings (the journal's fingerprint) after an interruption
+(Ctrl-C, a crash, a kill) continues from there and produces the same bytes as an
+uninterrupted run. A run with other inputs, or a bad-input error, discards the build folder.
+
+Streaming: memory holds a bounded number of document batches, never the corpus (the sort
+order holds one float per sequence). ``data.workers`` > 1 spreads cleaning and tokenizing
+over processes; results are consumed in order, so the output is identical to 1 worker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+
+from shoestring import __version__
+from shoestring.config import CurateConfig, DataConfig
+from shoestring.data.datadir import FORMAT
+from shoestring.data.packing import doc_offsets, pack_clm, pack_mlm, unigram_sort_order
+from shoestring.data.shards import shard_intact, token_dtype, write_shard
+from shoestring.data.sources import Document, ReadStats, iter_documents, resolve_sources
+from shoestring.data.tokenizer import (
+    CLS,
+    EOT,
+    KINDS,
+    SEP,
+    default_kind,
+    file_sha256,
+    load_for_objective,
+    load_tokenizer,
+    special_ids,
+    tokenizer_kind,
+    train_tokenizer,
+)
+from shoestring.data.workers import WorkerPool, batched, clean_texts, encode_texts
+from shoestring.errors import ShoestringError
+from shoestring.fsutil import (
+    check_output_dir,
+    recover_interrupted_swap,
+    swap_in_dir,
+    write_json_atomic,
+)
+from shoestring.progress import progress_bar
+
+CLEAN_BATCH = 256
+ENCODE_BATCH = 1024
+# Encodings cost ~150 bytes per token until converted: cap a batch at ~512K characters.
+ENCODE_CHARS = 1 << 19
+# Tokenizing is journaled (resumable) after about this many characters.
+CHECKPOINT_CHARS = 1 << 23
+_JOURNAL = "journal.json"
+_STAGES = ("read", "tokenizer", "encode.train", "pack.train", "encode.val", "pack.val")
+_FAULT_ENV = "SHOESTRING_PREP_FAULT"  # tests: "STAGE:N" hard-exits after N steps of STAGE
+__all__ = ["data_fingerprint", "is_validation", "pack_clm", "pack_mlm", "prep",
+           "unigram_sort_order"]
+
+
+def is_validation(text: str, val_fraction: float) -> bool:
+    """Deterministic split by the document's content hash (duplicates share a split)."""
+    h = int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little")
+    return h / 2**64 < val_fraction
+
+
+def _fingerprint(specs: list[str], files: list[str], cfg: DataConfig) -> str:
+    """What the output depends on: specs, files (size, mtime), settings (not ``workers``)."""
+    h = hashlib.sha256()
+    settings = cfg.model_dump(mode="json", exclude={"workers"})
+    h.update(json.dumps({"specs": specs, "cfg": settings}, sort_keys=True).encode())
+    paths = list(files)
+    if _tokenizer_path(cfg) is not None:
+        paths.append(cfg.tokenizer)
+    for f in paths:
+        p = Path(f)
+        if p.is_file():
+            st = p.stat()
+            h.update(f"{p.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode())
+        else:
+            h.update(f.encode())
+    return h.hexdigest()
+
+
+def data_fingerprint(specs: list[str], cfg: DataConfig) -> str:
+    """What a data dir was built from; `cram` reuses a data dir whose fingerprint matches."""
+    return _fingerprint(specs, resolve_sources(specs), cfg)
+
+
+def _is_data_dir(path: Path) -> bool:
+    try:
+        return json.loads((path / "manifest.json").read_text(encoding="utf-8")).get("format") == FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _tokenizer_path(cfg: DataConfig) -> str | None:
+    return None if cfg.tokenizer in ("auto", *KINDS) else cfg.tokenizer
+
+
+def _check_settings(cfg: DataConfig) -> None:
+    """Problems with the settings, found before any reading."""
+    path = _tokenizer_path(cfg)
+    if path is not None and not Path(path).is_file():
+        raise ShoestringError(
+            f"data.tokenizer is neither a kind nor an existing file: {path!r}",
+            where="data.tokenizer",
+            fix=f"use auto, {', '.join(KINDS)}, or the path of a tokenizer.json",
+        )
+    kind = default_kind(cfg.objective) if cfg.tokenizer == "auto" else cfg.tokenizer
+    if kind == "bpe" and cfg.vocab_size < 256 + 8:
+        raise ShoestringError(
+            f"byte-level BPE needs data.vocab_size above 256 (the bytes), got {cfg.vocab_size}",
+            where="data.vocab_size", fix="raise data.vocab_size (e.g. 8192)",
+        )
+    if cfg.objective == "mlm" and cfg.seq_len < 3:
+        raise ShoestringError("data.seq_len must leave room for [CLS] and [SEP]",
+                              where="data.seq_len")
+
+
+# --- the journal -----------------------------------------------------------------------
+
+
+class Journal:
+    """Finished stages of one build folder, keyed by the inputs' fingerprint."""
+
+    def __init__(self, build: Path, fingerprint: str) -> None:
+        self.path = build / _JOURNAL
+        self.fingerprint = fingerprint
+        self.stages: dict[str, Any] = {}
+        self.resumed: list[str] = []
+
+    @classmethod
+    def open(cls, build: Path, fingerprint: str) -> Journal:
+        """Resume the build folder when its journal matches; otherwise start it afresh."""
+        journal = cls(build, fingerprint)
+        try:
+            data = json.loads(journal.path.read_text(encoding="utf-8"))
+            if data.get("fingerprint") == fingerprint:
+                journal.stages = dict(data["stages"])
+                journal.resumed = list(journal.stages)
+                return journal
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        if build.exists():
+            shutil.rmtree(build)
+        build.mkdir(parents=True)
+        journal._save()
+        return journal
+
+    def get(self, stage: str) -> Any:
+        return self.stages.get(stage)
+
+    def put(self, stage: str, value: Any) -> None:
+        self.stages[stage] = value
+        self._save()
+
+    def restart(self, stage: str) -> None:
+        """Forget ``stage`` and every later one (their inputs are about to change)."""
+        for name in _STAGES[_STAGES.index(stage) :]:
+            self.stages.pop(name, None)
+        self._save()
+
+    def _save(self) -> None:
+        write_json_atomic(self.path, {"fingerprint": self.fingerprint, "stages": self.stages})
+
+
+def _fault_point(stage: str, count: int) -> None:
+    """Test hook: die like a killed process (no cleanup) after ``count`` steps of ``stage``."""
+    spec = os.environ.get(_FAULT_ENV)
+    if spec and spec == f"{stage}:{count}":
+        os._exit(137)
+
+
+# --- the pipeline ----------------------------------------------------------------------
+
+
+def prep(
+    specs: list[str], out: str | Path, cfg: DataConfig, console: Console | None = None,
+    curate: CurateConfig | None = None,
+) -> dict:
+    """Build a data dir at ``out`` from source specs; returns the manifest.
+
+    Resumes an interrupted build of the same inputs (see the module docstring).
+    ``curate`` adds the curation blocks (filters, dedup, decontamination; see
+    ``shoestring.data.curate``); None runs none of them.
+    """
+    console = console or Console(stderr=True)
+    out = Path(out)
+    recover_interrupted_swap(out)
+    check_output_dir(out, "data dir", owned=_is_data_dir(out), overwrite=True)
+    _check_settings(cfg)
+    files = resolve_sources(specs)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    build = out.parent / f".{out.name}.partial"
+    fingerprint = _fingerprint(specs, files, cfg)
+    if curate is not None:  # curation changes the output: part of what a resume must match
+        settings = json.dumps(curate.model_dump(mode="json", exclude={"explain"}), sort_keys=True)
+        fingerprint = hashlib.sha256(f"{fingerprint}:{settings}".encode()).hexdigest()
+    journal = Journal.open(build, fingerprint)
+    if journal.resumed:
+        console.print(f"resuming an interrupted prep in {build} "
+                      f"(finished: {', '.join(journal.resumed)})")
+    try:
+        with WorkerPool(cfg.workers).start() as pool:
+            manifest = _Pipeline(specs, files, build, cfg, console, journal, pool, curate).run()
+    except ShoestringError:
+        shutil.rmtree(build, ignore_errors=True)  # bad input: a re-run would fail the same way
+        raise
+    # Anything else (Ctrl-C, a crash) keeps the build folder, so a re-run resumes.
+    for name in os.listdir(build):
+        if name.startswith(("spool-", "stream-", "docs-")) or name == _JOURNAL:
+            (build / name).unlink()
+    swap_in_dir(build, out)
+    return manifest
+
+
+class _Pipeline:
+    def __init__(self, specs: list[str], files: list[str], build: Path, cfg: DataConfig,
+                 console: Console, journal: Journal, pool: WorkerPool,
+                 curate: CurateConfig | None = None) -> None:
+        self.specs, self.files, self.build, self.cfg = specs, files, build, cfg
+        self.curate_cfg = curate
+        self.console, self.journal, self.pool = console, journal, pool
+        self.seconds: dict[str, float] = {}
+        self.kept_shards = 0
+        self.encoded: dict[str, dict] = {}
+        self._compress = None
+        if curate is not None:
+            from shoestring.data.curate.compress import Compressibility
+
+            self._compress = Compressibility.from_config(curate)
+
+    def run(self) -> dict:
+        t0 = time.perf_counter()
+        read = self.journal.get("read") or self._timed("read", self._read)
+        tok_info = self.journal.get("tokenizer") or self._timed("tokenizer", self._tokenizer)
+        tok = load_tokenizer(self.build / "tokenizer.json")
+        ids = special_ids(tok, self.cfg.objective)
+        dtype = token_dtype(tok.get_vocab_size())
+        splits: dict[str, dict] = {}
+        for split in ("train", "val"):
+            enc = self.journal.get(f"encode.{split}")
+            if not (enc and enc["done"]):
+                enc = self._timed("encode", self._encode, split, tok, ids, read["documents"][split])
+            self.encoded[split] = enc
+            splits[split] = self._timed("pack", self._pack, split, enc, dtype, ids,
+                                        tok.get_vocab_size())
+        self._check_val(splits["val"], read)
+        manifest = self._manifest(read, tok_info, ids, dtype, splits, time.perf_counter() - t0)
+        write_json_atomic(self.build / "manifest.json", manifest)
+        return manifest
+
+    def _timed(self, name: str, fn: Any, *args: Any) -> Any:
+        t = time.perf_counter()
+        result = fn(*args)
+        self.seconds[name] = round(self.seconds.get(name, 0.0) + time.perf_counter() - t, 3)
+        return result
+
+    # --- read: sources → clean → curate → split → spools --------------------------------
+
+    def _read(self) -> dict:
+        cfg = self.cfg
+        self.journal.restart("read")
+        stats = ReadStats()
+        counts = {"read": 0, "too_short": 0, "kept": 0, "train": 0, "val": 0, "chars": 0}
+        self.blocks: list[dict] = []
+        spools = {s: self.build / f"spool-{s}.jsonl" for s in ("train", "val")}
+        docs = iter_documents(self.specs, text_field=cfg.text_field, on_error=cfg.on_error,
+                              stats=stats, split_on=cfg.split_on)
+        with progress_bar(self.console) as bar, open(spools["train"], "w", encoding="utf-8") as ftr, \
+                open(spools["val"], "w", encoding="utf-8") as fva:
+            task = bar.add_task("read + clean", total=None, unit="docs")
+
+            def counted(stream: Iterator[Document]) -> Iterator[Document]:
+                for doc in stream:
+                    counts["read"] += 1
+                    bar.update(task, advance=1)
+                    yield doc
+
+            cleaned = self._clean(counted(docs), counts)
+            for doc in self._curate(cleaned):
+                split = "val" if is_validation(doc.text, cfg.val_fraction) else "train"
+                counts[split] += 1
+                counts["kept"] += 1
+                counts["chars"] += len(doc.text)
+                (fva if split == "val" else ftr).write(json.dumps(doc.text, ensure_ascii=False) + "\n")
+        self.blocks = [
+            {"block": "read", "documents_out": counts["read"],
+             "dropped": {"bad_input": len(stats.skipped)}},
+            {"block": "clean", "documents_in": counts["read"],
+             "documents_out": counts["read"] - counts["too_short"],
+             "dropped": {"too_short": counts["too_short"]}},
+            *self.blocks,
+            {"block": "split", "documents_in": counts["kept"], "documents_out": counts["kept"],
+             "train": counts["train"], "val": counts["val"]},
+        ]
+        self._check_read(counts, stats)
+        result = {
+            "files": stats.files,
+            "documents": {
+                "read": counts["read"],
+                "skipped_bad_input": len(stats.skipped),
+                "dropped_too_short": counts["too_short"],
+                "kept": counts["kept"],
+                "train": counts["train"],
+                "val": counts["val"],
+                "characters": counts["chars"],
+            },
+            "skipped_examples": stats.skipped[:20],
+            "blocks": self.blocks,
+        }
+        self.journal.put("read", result)
+        return result
+
+    def _clean(self, docs: Iterator[Document], counts: dict[str, int]) -> Iterator[Document]:
+        """Block ``clean``: normalize (in the workers) and drop documents under min_chars."""
+        min_chars = self.cfg.min_chars
+        batches = batched(docs, CLEAN_BATCH)
+        pending: list[list[Document]] = []
+
+        def texts() -> Iterator[list[str]]:
+            for batch in batches:
+                pending.append(batch)
+                yield [d.text for d in batch]
+
+        for cleaned in self.pool.map(clean_texts, texts()):
+            batch = pending.pop(0)
+            for doc, text in zip(batch, cleaned):
+                if len(text) < min_chars:
+                    counts["too_short"] += 1
+                else:
+                    yield Document(text, doc.source, doc.doc_id)
+
+    def _curate(self, docs: Iterator[Document]) -> Iterator[Document]:
+        """The curation hook: cleaned documents in, kept documents out, in order.
+
+        Curation blocks (quality filters, dedup, decontamination) go here and append one
+        record per block to ``self.blocks`` (``block``, ``documents_in``,
+        ``documents_out``, ``dropped``: reason → count).
+        """
+        if self.curate_cfg is None:
+            yield from docs
+            return
+        from shoestring.data.curate import Curator
+
+        # Cleaning and data.min_chars already ran in _clean (in the workers).
+        curator = Curator.from_config(self.curate_cfg, clean=False)
+        yield from curator.run(docs)
+        self.blocks.extend(b for b in curator.stats()["blocks"] if b["block"] != "compressibility")
+        if self.curate_cfg.explain:
+            self.console.print(curator.explain(self.curate_cfg.explain), markup=False,
+                               highlight=False)
+
+    def _check_read(self, counts: dict[str, int], stats: ReadStats) -> None:
+        if counts["kept"] == 0:
+            dropped = "; ".join(
+                f"{b['block']} dropped " + ", ".join(f"{v:,} {k}" for k, v in b["dropped"].items())
+                for b in self.blocks if any(b.get("dropped", {}).values())
+            )
+            raise ShoestringError(
+                f"the corpus is empty after cleaning: {counts['read']} documents read"
+                + (f"; {dropped}" if dropped else "")
+                + f" (data.min_chars={self.cfg.min_chars})",
+                where=", ".join(self.specs),
+                fix="check the sources (and data.text_field for JSON lines, CSV and Parquet)",
+            )
+        if counts["train"] == 0:
+            raise ShoestringError(
+                f"all {counts['kept']} documents fell into the validation split",
+                where=", ".join(self.specs),
+                fix="add more documents or lower data.val_fraction",
+            )
+
+    # --- tokenizer ----------------------------------------------------------------------
+
+    def _tokenizer(self) -> dict:
+        cfg = self.cfg
+        self.journal.restart("tokenizer")
+        path = _tokenizer_path(cfg)
+        if path is not None:
+            tok = load_for_objective(path, cfg.objective)
+            source = str(Path(path).resolve())
+        else:
+            kind = default_kind(cfg.objective) if cfg.tokenizer == "auto" else cfg.tokenizer
+            n_train = self.journal.get("read")["documents"]["train"]
+            with self.console.status(f"training the {kind} tokenizer on {n_train:,} documents"):
+                tok = train_tokenizer(
+                    _read_spool(self.build / "spool-train.jsonl"), kind, cfg.objective,
+                    cfg.vocab_size, cfg.lowercase_resolved, length=n_train,
+                )
+            source = "trained"
+        tok.save(str(self.build / "tokenizer.json"))
+        info = {
+            "file": "tokenizer.json",
+            "kind": tokenizer_kind(tok),
+            "source": source,
+            "vocab_size": tok.get_vocab_size(),
+            "sha256": file_sha256(self.build / "tokenizer.json"),
+        }
+        self.journal.put("tokenizer", info)
+        return info
+
+    # --- encode: spool → token stream ---------------------------------------------------
+
+    def _encode(self, split: str, tok: Any, ids: dict[str, int], n_docs: int) -> dict:
+        sep = ids[SEP] if self.cfg.objective == "mlm" else ids[EOT]
+        state = self.journal.get(f"encode.{split}") or {
+            "documents": 0, "kept_documents": 0, "tokens": 0, "document_tokens": 0, "done": False}
+        self.journal.restart(f"pack.{split}")
+        stream_path = self.build / f"stream-{split}.bin"
+        docs_path = self.build / f"docs-{split}.bin"
+        dtype = token_dtype(tok.get_vocab_size())
+        for path, size in ((stream_path, state["tokens"] * dtype.itemsize),
+                           (docs_path, state["kept_documents"] * 8)):
+            with open(path, "ab") as f:
+                f.truncate(size)
+        texts = _read_spool(self.build / f"spool-{split}.jsonl")
+        for _ in range(state["documents"]):
+            next(texts)
+        tokenizer: Any = tok if self.pool.workers <= 1 else str(self.build / "tokenizer.json")
+        pending: list[list[str]] = []
+
+        def batches() -> Iterator[list[str]]:
+            for batch in batched(texts, ENCODE_BATCH, ENCODE_CHARS):
+                pending.append(batch)
+                yield batch
+
+        steps = 0
+        with progress_bar(self.console) as bar, open(stream_path, "ab") as fs, \
+                open(docs_path, "ab") as fd:
+            task = bar.add_task(f"tokenize {split}", total=n_docs, unit="docs",
+                                completed=state["documents"])
+            unsaved = 0
+
+            def checkpoint(done: bool) -> None:
+                for f in (fs, fd):  # the data is on disk before the journal says so
+                    f.flush()
+                    os.fsync(f.fileno())
+                self.journal.put(f"encode.{split}", {**state, "done": done})
+
+            for flat, lengths in self.pool.map(encode_texts, batches(), tokenizer, sep):
+                batch = pending.pop(0)
+                keep = self._keep_encoded(batch, lengths)
+                if keep is not None and not keep.all():
+                    flat = flat[np.repeat(keep, lengths + 1)]
+                    lengths = lengths[keep]
+                ends = state["tokens"] + np.cumsum(lengths + 1, dtype=np.int64)
+                fs.write(flat.astype(dtype, copy=False).tobytes())
+                fd.write(ends.astype("<u8").tobytes())
+                state = {"documents": state["documents"] + len(batch),
+                         "kept_documents": state["kept_documents"] + len(lengths),
+                         "tokens": int(state["tokens"] + flat.size),
+                         "document_tokens": int(state["document_tokens"] + lengths.sum()),
+                         "done": False}
+                bar.update(task, advance=len(batch))
+                unsaved += sum(len(t) for t in batch)
+                if unsaved >= CHECKPOINT_CHARS:
+                    checkpoint(done=False)
+                    unsaved = 0
+                    steps += 1
+                    _fault_point(f"encode.{split}", steps)
+            checkpoint(done=True)
+        return {**state, "done": True}
+
+    def _keep_encoded(self, texts: list[str], lengths: np.ndarray) -> np.ndarray | None:
+        """Hook for checks that need token counts (Cramming's compressibility filter):
+        a boolean keep-mask over the batch's documents, or None to keep all. Runs in order in
+        the main process; dropped documents leave no tokens in the stream."""
+        if self._compress is None:
+            return None
+        return self._compress.check_batch(lengths, [len(t) for t in texts])
+
+    # --- pack: token stream → shards ----------------------------------------------------
+
+    def _pack(self, split: str, enc: dict, dtype: np.dtype, ids: dict[str, int],
+              vocab: int) -> dict:
+        cfg = self.cfg
+        mlm = cfg.objective == "mlm"
+        body = cfg.seq_len - 2 if mlm else cfg.seq_len
+        stream_path = self.build / f"stream-{split}.bin"
+        stream = (np.memmap(stream_path, dtype=dtype, mode="r") if enc["tokens"]
+                  else np.zeros(0, dtype=dtype))
+        doc_ends = np.fromfile(self.build / f"docs-{split}.bin", dtype="<u8").astype(np.int64)
+        doc_starts = np.concatenate([np.zeros(min(1, len(doc_ends)), np.int64), doc_ends[:-1]])
+        n = len(stream) // body
+        bodies = stream[: n * body].reshape(n, body)
+        ordered = cfg.order == "sort" and split == "train"
+        order = unigram_sort_order(bodies, vocab) if ordered and n else None
+        per_shard = max(1, cfg.shard_tokens // cfg.seq_len)
+        n_shards = -(-n // per_shard)
+        previous = (self.journal.get(f"pack.{split}") or {}).get("shards", [])
+        shards: list[dict] = []
+        with progress_bar(self.console) as bar:
+            task = bar.add_task(f"pack {split}", total=n_shards, unit="shards")
+            for k in range(n_shards):
+                lo, hi = k * per_shard, min(n, (k + 1) * per_shard)
+                if k < len(previous) and shard_intact(self.build, previous[k]):
+                    shards.append(previous[k])
+                    self.kept_shards += 1
+                    bar.update(task, advance=1)
+                    continue
+                src = np.arange(lo, hi) if order is None else order[lo:hi]
+                chunk = bodies[lo:hi] if order is None else bodies[src]
+                if mlm:
+                    rows = np.empty((len(src), cfg.seq_len), dtype=dtype)
+                    rows[:, 0], rows[:, -1] = ids[CLS], ids[SEP]
+                    rows[:, 1:-1] = chunk
+                else:
+                    rows = np.asarray(chunk)
+                starts = doc_offsets(doc_starts, src, body, cfg.seq_len, 1 if mlm else 0)
+                shards.append(asdict(write_shard(self.build, split, k, rows, dtype, starts)))
+                self.journal.put(f"pack.{split}", {"shards": shards})
+                bar.update(task, advance=1)
+                _fault_point(f"pack.{split}", k + 1)
+        del bodies, stream
+        return {
+            "sequences": n,
+            "tokens": n * cfg.seq_len,
+            "documents": len(doc_ends),
+            "document_tokens": int(enc["document_tokens"]),
+            "dropped_tail_tokens": int(enc["tokens"] - n * body),
+            "order": "sort" if ordered else "none",
+            "shards": shards,
+        }
+
+    def _check_val(self, val: dict, read: dict) -> None:
+        if val["sequences"] == 0:
+            raise ShoestringError(
+                f"the validation split has no complete sequence: {read['documents']['val']} "
+                f"documents with {val['document_tokens']} tokens, fewer than one sequence of "
+                f"{self.cfg.seq_len}",
+                where=", ".join(self.specs),
+                fix="add more text, raise data.val_fraction, or lower data.seq_len",
+            )
+
+    def _manifest(self, read: dict, tok_info: dict, ids: dict[str, int], dtype: np.dtype,
+                  splits: dict[str, dict], seconds: float) -> dict:
+        cfg = self.cfg
+        tokens_out = sum(s["tokens"] for s in splits.values())
+        seen = sum(e["documents"] for e in self.encoded.values())
+        kept = sum(e["kept_documents"] for e in self.encoded.values())
+        compress = [] if self._compress is None else [
+            {"block": "compressibility", "documents_in": seen, "documents_out": kept,
+             "dropped": {"ratio_too_high": seen - kept}}]
+        blocks = [
+            *read["blocks"],
+            {"block": "tokenize", "documents_in": read["documents"]["kept"],
+             "documents_out": read["documents"]["kept"],
+             "tokens": sum(s["document_tokens"] for s in splits.values())},
+            *compress,
+            {"block": "pack", "sequences": sum(s["sequences"] for s in splits.values()),
+             "tokens": tokens_out,
+             "dropped": {"tail_tokens": sum(s["dropped_tail_tokens"] for s in splits.values())}},
+        ]
+        return {
+            "format": FORMAT,
+            "shoestring_version": __version__,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "sources": self.specs,
+            "files": len(self.files),
+            "fingerprint": self.journal.fingerprint,
+            "config": cfg.model_dump(mode="json"),
+            **({"curate": self.curate_cfg.model_dump(mode="json")} if self.curate_cfg else {}),
+            "documents": read["documents"],
+            "skipped_examples": read["skipped_examples"],
+            "blocks": blocks,
+            "tokenizer": {**tok_info, "special_ids": ids},
+            "objective": cfg.objective,
+            "seq_len": cfg.seq_len,
+            "dtype": dtype.str,
+            "order": cfg.order,
+            "splits": splits,
+            "resumed": {"stages": [s for s in self.journal.resumed if not s.startswith("pack")],
+                        "kept_shards": self.kept_shards},
+            "stage_seconds": self.seconds,
+            "seconds": round(seconds, 3),
+        }
+
+
+def _read_spool(path: Path) -> Iterator[str]:
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            yield json.loads(line)

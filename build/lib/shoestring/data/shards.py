@@ -1,0 +1,196 @@
+"""Packed token shards: flat little-endian token arrays plus offset indexes.
+
+A split (``train/``, ``val/``) is a list of shards. Each shard is two files:
+
+- ``NNNNN.bin``: the tokens of its sequences back to back (uint16 when the vocabulary fits in
+  16 bits, else uint32), opened with ``numpy.memmap`` without parsing;
+- ``NNNNN.idx``: little-endian uint64 values: the offset of each sequence's start in the
+  ``.bin`` plus a final end offset (n + 1 values), so variable-length sequences need no other
+  format; then the offset of every document start that falls in the shard (``doc_starts``
+  values, counted in the manifest), so document boundaries survive packing.
+
+Files are written to a temporary name and renamed, so a shard is complete or absent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from shoestring.data.tokenizer import file_sha256
+from shoestring.errors import ShoestringError
+from shoestring.fsutil import write_bytes_atomic
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype("<u2") if vocab_size <= 1 << 16 else np.dtype("<u4")
+
+
+VERIFY_MODES = ("size", "sha256")
+
+
+@dataclass
+class ShardInfo:
+    bin: str
+    idx: str
+    sequences: int
+    tokens: int
+    doc_starts: int
+    sha256_bin: str
+    sha256_idx: str
+
+
+def write_shard(
+    root: Path, split: str, index: int, rows: np.ndarray, dtype: np.dtype,
+    doc_starts: np.ndarray | None = None,
+) -> ShardInfo:
+    """Write rows (n, seq_len) as shard ``index`` of ``split``; returns its manifest entry."""
+    rows = np.asarray(rows)
+    n, seq_len = rows.shape
+    starts = np.zeros(0, dtype="<u8") if doc_starts is None else np.asarray(doc_starts, "<u8")
+    offsets = np.arange(n + 1, dtype="<u8") * np.uint64(seq_len)
+    rel_bin, rel_idx = f"{split}/{index:05d}.bin", f"{split}/{index:05d}.idx"
+    (root / split).mkdir(parents=True, exist_ok=True)
+    data = np.ascontiguousarray(rows.astype(dtype, copy=False)).tobytes()
+    index_bytes = offsets.tobytes() + starts.tobytes()
+    write_bytes_atomic(root / rel_bin, data)
+    write_bytes_atomic(root / rel_idx, index_bytes)
+    return ShardInfo(
+        bin=rel_bin, idx=rel_idx, sequences=n, tokens=n * seq_len, doc_starts=int(starts.size),
+        sha256_bin=hashlib.sha256(data).hexdigest(),
+        sha256_idx=hashlib.sha256(index_bytes).hexdigest(),
+    )
+
+
+def read_index(path: str | Path, sequences: int) -> tuple[np.ndarray, np.ndarray]:
+    """(sequence offsets (n + 1), document start offsets) of a shard's ``.idx`` file."""
+    values = np.fromfile(path, dtype="<u8")
+    return values[: sequences + 1], values[sequences + 1 :]
+
+
+def shard_intact(root: Path, info: dict) -> bool:
+    """Both files of a shard exist and match their manifest checksums (used by resume)."""
+    for key in ("bin", "idx"):
+        path = root / info[key]
+        if not path.is_file() or file_sha256(path) != info[f"sha256_{key}"]:
+            return False
+    return True
+
+
+class ShardWriter:
+    """Accumulates fixed- or variable-length sequences and writes bounded-size shards."""
+
+    def __init__(self, root: Path, split: str, dtype: np.dtype, shard_tokens: int) -> None:
+        self.root = root
+        self.split = split
+        self.dtype = dtype
+        self.shard_tokens = shard_tokens
+        (root / split).mkdir(parents=True, exist_ok=True)
+        self.shards: list[ShardInfo] = []
+        self._pending: list[np.ndarray] = []
+        self._pending_tokens = 0
+
+    def add(self, sequences: np.ndarray) -> None:
+        """Add a (n, seq_len) block of sequences."""
+        for row in sequences:
+            if self._pending_tokens + len(row) > self.shard_tokens and self._pending:
+                self._flush()
+            self._pending.append(row)
+            self._pending_tokens += len(row)
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        rows = np.stack(self._pending)
+        self.shards.append(write_shard(self.root, self.split, len(self.shards), rows, self.dtype))
+        self._pending, self._pending_tokens = [], 0
+
+    def close(self) -> dict:
+        self._flush()
+        return {
+            "sequences": sum(s.sequences for s in self.shards),
+            "tokens": sum(s.tokens for s in self.shards),
+            "shards": [asdict(s) for s in self.shards],
+        }
+
+
+class PackedSplit:
+    """Read side: all sequences of one split as a (n, seq_len) view over memmapped shards.
+
+    Opening checks every shard against the manifest: ``verify="size"`` (or False) compares
+    file sizes (instant; catches truncation), ``verify="sha256"`` (or True) also hashes every
+    byte (catches corruption; about 1 s per GB). A bad shard is refused with its file named.
+    """
+
+    def __init__(
+        self, root: Path, split_info: dict, seq_len: int, dtype: str, verify: bool | str = "size"
+    ) -> None:
+        mode = _verify_mode(verify)
+        self.seq_len = seq_len
+        self.ordered = split_info.get("order", "none") != "none"
+        self._parts: list[np.ndarray] = []
+        itemsize = np.dtype(dtype).itemsize
+        for shard in split_info["shards"]:
+            bin_path, idx_path = root / shard["bin"], root / shard["idx"]
+            idx_values = shard["sequences"] + 1 + shard.get("doc_starts", 0)
+            for path, expected in ((bin_path, shard["tokens"] * itemsize),
+                                   (idx_path, idx_values * 8)):
+                if not path.is_file():
+                    raise ShoestringError(
+                        "shard file is missing", where=str(path), fix="re-run shoestring prep"
+                    )
+                if path.stat().st_size != expected:
+                    raise ShoestringError(
+                        f"shard has {path.stat().st_size} bytes, the manifest says {expected}: "
+                        "it is truncated or corrupted",
+                        where=str(path),
+                        fix="re-run shoestring prep to rebuild the data dir",
+                    )
+            if mode == "sha256":
+                for path, key in ((bin_path, "sha256_bin"), (idx_path, "sha256_idx")):
+                    if file_sha256(path) != shard[key]:
+                        raise ShoestringError(
+                            "shard checksum does not match the manifest: the file is corrupted",
+                            where=str(path),
+                            fix="re-run shoestring prep to rebuild the data dir",
+                        )
+            if shard["tokens"] != shard["sequences"] * seq_len:
+                raise ShoestringError(
+                    "shard does not hold fixed-length sequences", where=str(bin_path)
+                )
+            if shard["sequences"] == 0:
+                continue
+            tokens = np.memmap(bin_path, dtype=dtype, mode="r")
+            self._parts.append(tokens.reshape(shard["sequences"], seq_len))
+        self._starts = np.cumsum([0] + [len(p) for p in self._parts])
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def take(self, indices: np.ndarray) -> np.ndarray:
+        """Rows ``indices`` as an int64 (len(indices), seq_len) array."""
+        out = np.empty((len(indices), self.seq_len), dtype=np.int64)
+        shard_of = np.searchsorted(self._starts, indices, side="right") - 1
+        for s in np.unique(shard_of):
+            sel = shard_of == s
+            out[sel] = self._parts[s][indices[sel] - self._starts[s]]
+        return out
+
+    def token_counts(self, vocab_size: int) -> np.ndarray:
+        counts = np.zeros(vocab_size, dtype=np.int64)
+        for part in self._parts:
+            counts += np.bincount(np.asarray(part).ravel(), minlength=vocab_size)[:vocab_size]
+        return counts
+
+
+def _verify_mode(verify: bool | str) -> str:
+    if verify is True:
+        return "sha256"
+    if verify is False:
+        return "size"
+    if verify not in VERIFY_MODES:
+        raise ShoestringError(f"unknown shard verification {verify!r}",
+                              fix=f"use one of: {', '.join(VERIFY_MODES)}")
+    return str(verify)

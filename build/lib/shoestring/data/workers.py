@@ -1,0 +1,148 @@
+"""Worker processes for prep: an order-preserving, bounded parallel map, and the work itself.
+
+Output must not depend on the number of workers, so results are consumed strictly in
+submission order (a slow batch holds back later ones rather than letting them overtake it).
+At most ``ahead`` batches are in flight, so memory stays bounded however long the input is
+(``multiprocessing.Pool.imap`` would read the whole input into its task queue).
+
+On Linux workers are forked (started at once, before prep starts its progress threads):
+spawning would re-import the caller's ``__main__``, which breaks scripts without a
+``__main__`` guard and ``python -`` (stdin) sessions. Each worker runs `tokenizers`
+single-threaded (``TOKENIZERS_PARALLELISM=false``), which is also what keeps a forked child
+of a process whose `tokenizers` thread pool already ran from deadlocking. Elsewhere workers
+are spawned.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
+
+import numpy as np
+
+from shoestring.data.clean import clean_text
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class WorkerPool:
+    """``workers`` processes (or none: with 1 worker everything runs inline)."""
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+        self._pool: Any = None
+
+    def start(self) -> WorkerPool:
+        """Start the worker processes now (with 1 worker: nothing to start)."""
+        if self.workers > 1:
+            self._get()
+        return self
+
+    def _get(self) -> Any:
+        if self._pool is None:
+            method = "fork" if sys.platform == "linux" else "spawn"
+            ctx = multiprocessing.get_context(method)
+            # Set while forking, so `tokenizers` in the child starts single-threaded (and does
+            # not warn that it had to disable the parent's thread pool).
+            saved = os.environ.get(_PARALLELISM)
+            os.environ[_PARALLELISM] = "false"
+            try:
+                self._pool = ctx.Pool(self.workers, initializer=_init_worker)
+            finally:
+                if saved is None:
+                    del os.environ[_PARALLELISM]
+                else:
+                    os.environ[_PARALLELISM] = saved
+        return self._pool
+
+    def map(self, fn: Callable[..., R], items: Iterable[Any], *args: Any) -> Iterator[R]:
+        """``fn(item, *args)`` for each item, in order; parallel when workers > 1."""
+        if self.workers <= 1:
+            for item in items:
+                yield fn(item, *args)
+            return
+        pool = self._get()
+        pending: deque = deque()
+        ahead = 2 * self.workers
+        for item in items:
+            pending.append(pool.apply_async(fn, (item, *args)))
+            if len(pending) >= ahead:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.terminate()
+            self._pool.join()
+            self._pool = None
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+_PARALLELISM = "TOKENIZERS_PARALLELISM"
+
+
+def _init_worker() -> None:
+    # One thread per worker: the workers are the parallelism (no oversubscription).
+    os.environ[_PARALLELISM] = "false"
+    os.environ["RAYON_NUM_THREADS"] = "1"
+
+
+def batched(items: Iterable[T], size: int, max_chars: int | None = None) -> Iterator[list[T]]:
+    """Lists of up to ``size`` items, and (for strings) up to about ``max_chars`` characters:
+    a batch of long documents is cut early, so memory does not depend on document lengths."""
+    batch: list[T] = []
+    chars = 0
+    for item in items:
+        batch.append(item)
+        if max_chars is not None:
+            chars += len(item)  # type: ignore[arg-type]
+        if len(batch) == size or (max_chars is not None and chars >= max_chars):
+            yield batch
+            batch, chars = [], 0
+    if batch:
+        yield batch
+
+
+# --- the work --------------------------------------------------------------------------
+
+
+def clean_texts(texts: list[str]) -> list[str]:
+    return [clean_text(t) for t in texts]
+
+
+_TOKENIZERS: dict[str, Any] = {}
+
+
+def encode_texts(texts: list[str], tokenizer: Any, sep_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids of ``texts``, each followed by ``sep_id``, as one uint32 array; and the number
+    of tokens of each text (without the separator).
+
+    ``tokenizer`` is a `tokenizers.Tokenizer` (inline) or the path of its JSON (in a worker,
+    loaded once per process).
+    """
+    if isinstance(tokenizer, str):
+        if tokenizer not in _TOKENIZERS:
+            from tokenizers import Tokenizer
+
+            _TOKENIZERS.clear()
+            _TOKENIZERS[tokenizer] = Tokenizer.from_file(tokenizer)
+        tokenizer = _TOKENIZERS[tokenizer]
+    encodings = tokenizer.encode_batch_fast(texts, add_special_tokens=False) if hasattr(
+        tokenizer, "encode_batch_fast") else tokenizer.encode_batch(texts, add_special_tokens=False)
+    lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(texts))
+    flat: list[int] = []
+    for enc in encodings:
+        flat.extend(enc.ids)
+        flat.append(sep_id)
+    return np.array(flat, dtype=np.uint32), lengths

@@ -1,0 +1,187 @@
+"""Bytes per rank: parameters, gradients, optimizer state and activations for a layout.
+
+What `shoestring plan` needs to pick a layout that fits, and what a user needs to see why one
+does not. The accounting, per rank of the *most loaded* pipeline stage:
+
+* **parameters** — fp32 master weights (the trainer keeps fp32 parameters and autocasts),
+  split by ``tp`` (matmuls, embeddings; norms are replicated) and ``pp`` (blocks; the first
+  stage has the embedding, the last the head and, when tied, a copy of the embedding), and by
+  ``dp_shard`` under ZeRO-3 / ZeRO-2 (FSDP2 keeps them sharded at rest). ``params_transient``
+  is what FSDP unshards while computing: the whole stage under ZeRO-2 (no reshard after
+  forward), about two blocks under ZeRO-3 (the current one and the prefetched next).
+* **gradients** — fp32, one per parameter; sharded by ``dp_shard`` under ZeRO-2/3.
+* **optimizer** — AdamW's two fp32 moments (8 bytes/param); sharded across all data-parallel
+  ranks under ZeRO-1 (ZeroRedundancyOptimizer) and across ``dp_shard`` under ZeRO-2/3.
+  ``--offload cpu`` moves sharded parameters, gradients and optimizer state to host memory
+  (reported under ``host``).
+* **activations** — per layer and sequence, after Korthikanti et al. 2022 ("Reducing
+  Activation Recomputation in Large Transformer Models") with attention through fused SDPA
+  (no s² score matrix stored) and the GLU's wider input: attention ≈ 2·s·(h + h + q+k+v + h)
+  bytes at 16 bits, feed-forward ≈ 2·s·(2h + 4I) gated / 2·s·(2h + 2I) plain; everything
+  divided by ``tp`` (sequence parallelism shards the rest). ``selective`` checkpointing drops
+  the norm and activation-function outputs; ``full`` keeps only each block's input (plus one
+  block recomputed at a time). Microbatches in flight: all of them under GPipe, ``pp`` under
+  1F1B/interleaved (first stage). Plus the fp32 logits for the loss.
+
+Validated against tensor sizes measured in real runs (tests/test_dist_parity.py checks the
+parameter, gradient and optimizer bytes of every rank exactly); activation figures are the
+model above and on GPU should be checked against ``torch.cuda.max_memory_allocated``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2}
+
+
+def _layout(layout: Any, zero: int | None, ac: str | None):  # noqa: ANN202
+    from dataclasses import replace
+
+    from shoestring.dist.layout import Layout, make_layout
+
+    if layout is None:
+        layout = Layout()
+    elif isinstance(layout, (str, dict)):
+        layout = make_layout(layout, zero=zero if zero is not None else 0,
+                             ac=ac if ac is not None else "none")
+    changes: dict[str, Any] = {}
+    if zero is not None and zero != layout.zero:
+        changes["zero"] = zero
+    if ac is not None and ac != layout.ac:
+        changes["ac"] = ac
+    return replace(layout, **changes) if changes else layout
+
+
+def param_counts(cfg: Any, vocab_size: int) -> dict[str, int]:
+    """Parameter counts of the pieces of a `ModelConfig`'s model (matches the real model)."""
+    H, I, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers
+    hd = H // cfg.num_heads
+    kv = getattr(cfg, "num_kv_heads", None) or cfg.num_heads
+    bias = bool(getattr(cfg, "bias", False))
+    rms = getattr(cfg, "norm", "layernorm") == "rmsnorm"
+    norm = H if (rms or not bias) else 2 * H
+    gated = getattr(cfg, "ffn", "geglu") != "gelu"
+    qkv = (cfg.num_heads + 2 * kv) * hd
+    attn = H * qkv + H * H + (qkv + H if bias else 0)
+    mlp = H * (2 * I if gated else I) + I * H + ((2 * I if gated else I) + H if bias else 0)
+    pre = getattr(cfg, "norm_position", "pre") == "pre"
+    emb_norm = bool(getattr(cfg, "embedding_norm", True))
+    first_attn_norm_skipped = pre and emb_norm
+    block_norms = 2 * norm
+    matmul_per_block = attn + mlp - ((qkv + H) if bias else 0) - (
+        ((2 * I if gated else I) + H) if bias else 0)
+    tied = bool(getattr(cfg, "tie_embeddings", True))
+    mlm = getattr(cfg, "objective", "mlm") == "mlm"
+    head = 0
+    if mlm:
+        head = H * H + (H if bias else 0) + norm + (vocab_size if bias else 0)
+    positions = getattr(cfg, "positions", "rotary")
+    return {
+        "embedding": vocab_size * H,
+        "positions": getattr(cfg, "max_positions", 0) * H if positions == "learned" else 0,
+        "emb_norm": norm if emb_norm else 0,
+        "block": attn + mlp + block_norms,
+        "block_matmul": matmul_per_block,
+        "blocks": L * (attn + mlp + block_norms) - (norm if first_attn_norm_skipped else 0),
+        "final_norm": norm if pre else 0,
+        "head": head,
+        "untied_output": 0 if tied else vocab_size * H,
+        "tied": int(tied),
+    }
+
+
+def memory_per_rank(
+    model_cfg: Any,
+    vocab_size: int,
+    seq_len: int,
+    micro_batch: int,
+    layout: Any = None,
+    zero: int | None = None,
+    ac: str | None = None,
+    param_dtype: str = "bf16",
+) -> dict[str, int]:
+    """Bytes on the busiest rank (see module docstring). ``layout``: a `Layout`, a
+    ``"dp=..,tp=..,pp=.."`` string or None (one device); ``zero``/``ac`` override it;
+    ``param_dtype``: the compute dtype (activations, FSDP's unsharded working copies);
+    ``micro_batch``: sequences per forward (per microbatch under pipeline parallelism)."""
+    L_ = _layout(layout, zero, ac)
+    c = param_counts(model_cfg, vocab_size)
+    tp, pp, z = L_.tp, L_.pp, L_.zero
+    H, I, T = model_cfg.hidden_size, model_cfg.intermediate_size, seq_len
+    act_bytes = _DTYPE_BYTES[param_dtype]
+    stages = L_.num_stages
+    # the busiest stage: ceil, so an uneven cut (which `layout.validate` rejects) is not hidden
+    blocks_per_rank = -(-model_cfg.num_layers // stages) * L_.stages_per_rank
+    block_norm = c["block"] - c["block_matmul"]
+    block_local = c["block_matmul"] // tp + block_norm
+    pre = getattr(model_cfg, "norm_position", "pre") == "pre"
+    skipped = block_norm // 2 if pre and c["emb_norm"] else 0  # block 0 has no attention norm
+    emb_local = c["embedding"] // tp + c["positions"] + c["emb_norm"] - skipped
+    head_local = (c["final_norm"] + c["head"] + c["untied_output"] // tp
+                  + (c["embedding"] // tp if c["tied"] and pp > 1 else 0))
+    if pp == 1:
+        params = emb_local + blocks_per_rank * block_local + head_local
+    else:
+        first = emb_local + blocks_per_rank * block_local
+        last = blocks_per_rank * block_local + head_local
+        params = max(first, last)
+    shard = L_.dp_shard if L_.fsdp and z >= 2 else 1
+    p_rest = params // shard
+    out: dict[str, int] = {}
+    host = 0
+    weights = 4 * p_rest
+    grads = 4 * (params // shard if z >= 2 else params)
+    if z == 0:
+        optim = 8 * params
+    elif z == 1:
+        optim = 8 * params // L_.dp
+    else:
+        optim = 8 * params // shard
+    if L_.offload:
+        host = weights + grads + optim
+        weights = grads = optim = 0
+    transient = 0
+    if z == 2 and shard > 1:
+        transient = params * act_bytes
+    elif z == 3 and shard > 1:
+        transient = 2 * block_local * act_bytes
+    # activations
+    kvh = getattr(model_cfg, "num_kv_heads", None) or model_cfg.num_heads
+    hd = H // model_cfg.num_heads
+    qkv = (model_cfg.num_heads + 2 * kvh) * hd
+    gated = getattr(model_cfg, "ffn", "geglu") != "gelu"
+    attn_elems = T * (H + H + qkv + H)  # norm in, qkv in, q/k/v, sdpa out (= Wo in)
+    mlp_elems = T * (2 * H + (4 * I if gated else 2 * I))
+    per_layer = (attn_elems + mlp_elems) * act_bytes
+    if L_.ac == "selective":
+        per_layer -= (2 * T * H + T * I) * act_bytes  # norm outputs, activation output
+    elif L_.ac == "full":
+        per_layer = T * H * act_bytes
+    per_layer = per_layer // tp
+    if pp == 1:
+        in_flight = 1
+    elif L_.pp_schedule == "gpipe":
+        in_flight = L_.n_microbatches
+    else:
+        in_flight = min(L_.n_microbatches, pp)
+    activations = per_layer * blocks_per_rank * in_flight * micro_batch
+    if L_.ac == "full":  # one block recomputed with its full activations during backward
+        activations += (attn_elems + mlp_elems) * act_bytes // tp * micro_batch
+    mlm = getattr(model_cfg, "objective", "mlm") == "mlm"
+    sparse = getattr(model_cfg, "sparse_prediction", True)
+    scored = max(1, round(0.25 * (T - 2))) if mlm and sparse else T
+    logits = micro_batch * scored * vocab_size * (act_bytes + 4) // tp
+    activations += logits
+    out.update(params=weights, params_transient=transient, grads=grads, optimizer=optim,
+               activations=activations, host=host, params_per_rank=params)
+    out["total"] = weights + transient + grads + optim + activations
+    return out
+
+
+def format_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)

@@ -1,0 +1,28 @@
+"""The one error type users see.
+
+A ``ShoestringError`` is a mistake in what the user asked for (a path, a value, a file's
+contents), not a bug. The CLI prints its message and exits with code 2 and no traceback;
+anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class ShoestringError(Exception):
+    """Bad input: says what went wrong, where, and what to do about it."""
+
+    def __init__(self, what: str, *, where: str | None = None, fix: str | None = None) -> None:
+        self.what = what
+        self.where = where
+        self.fix = fix
+        super().__init__(self.message)
+
+    @property
+    def message(self) -> str:
+        parts = [f"{self.where}: {self.what}" if self.where else self.what]
+        if self.fix:
+            parts.append(f"  → {self.fix}")
+        return "\n".join(parts)
+
+    def __str__(self) -> str:
+        return self.message

@@ -1,0 +1,121 @@
+"""The body of `shoestring eval`: pick the evaluation the flags ask for and print its table.
+
+- ``--glue`` / ``--tasks`` / ``--task``: fine-tune on tasks (eval/downstream.py);
+- a decoder run, or ``--text`` / ``--choices`` / ``--prompt``: decoder evals (eval/decoder.py);
+- otherwise: the held-out masked-LM loss (eval/mlm.py), as before.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from shoestring.errors import ShoestringError
+
+
+def _architecture(run: Path) -> str | None:
+    try:
+        return json.loads((run / "final" / "config.json").read_text(encoding="utf-8")).get("architecture")
+    except (OSError, ValueError, AttributeError):
+        return None  # load_final reports a missing or damaged run with a clear error
+
+
+def run_eval(
+    run: Path,
+    *,
+    data: Path | None,
+    sets: list[str] | None,
+    glue: str | None,
+    tasks: str | None,
+    task: list[str] | None,
+    protocol: str,
+    seeds: int,
+    output: Path | None,
+    max_train: int | None,
+    precision: str,
+    text: Path | None,
+    choices: Path | None,
+    samples: int,
+    prompt: list[str] | None,
+    out: Console,
+    err: Console,
+    print_mlm: Callable[[dict, Path], None],
+) -> None:
+    if precision not in ("auto", "bf16", "fp32"):
+        raise ShoestringError(f"unknown precision {precision!r}", where="--precision",
+                              fix="choose auto, bf16 or fp32")
+    downstream = glue is not None or tasks is not None or bool(task)
+    decoder_flags = text is not None or choices is not None or bool(prompt)
+    if downstream:
+        if decoder_flags:
+            raise ShoestringError(
+                "--text/--choices/--prompt are decoder evals; --glue/--tasks/--task fine-tune "
+                "an encoder", where="shoestring eval", fix="run them separately",
+            )
+        from shoestring.eval.downstream import evaluate_downstream
+        from shoestring.eval.tasks import parse_task_arg
+
+        custom = [parse_task_arg(t) for t in task or []]
+        results = evaluate_downstream(run, glue=glue, tasks=tasks, custom=custom,
+                                      protocol=protocol, seeds=seeds, out=output,
+                                      max_train=max_train, precision=precision, console=err)
+        print_downstream(results, out, output or run / "downstream")
+        return
+    if decoder_flags or _architecture(run) == "shoestring-clm":
+        from shoestring.eval.decoder import evaluate_decoder
+
+        result = evaluate_decoder(run, text=text, choices=choices, samples=samples, prompts=prompt,
+                                  precision=precision, out=output, console=err)
+        print_decoder(result, out)
+        return
+    from shoestring.eval.mlm import evaluate_run
+
+    print_mlm(evaluate_run(run, data, overrides=sets, console=err), run)
+
+
+def print_downstream(results: dict[str, Any], out: Console, folder: Path) -> None:
+    seeds = len(results["seeds"])
+    t = Table(title=f"fine-tuned {results['run']} ({results['protocol']['name']} protocol, "
+              f"{seeds} seed{'s' if seeds > 1 else ''})")
+    t.add_column("task")
+    t.add_column("split")
+    t.add_column("metric")
+    t.add_column("median ×100", justify="right")
+    t.add_column("min–max", justify="right")
+    t.add_column("s/seed", justify="right")
+    for c in results["columns"]:
+        res = results["tasks"][c["task"]]
+        secs = sum(s["train_seconds"] + s["eval_seconds"] for s in res["seeds"]) / len(res["seeds"])
+        t.add_row(c["column"], c["split"], c["metric"], f"{c['median']:.1f}",
+                  f"{c['min']:.1f}–{c['max']:.1f}", f"{secs:.0f}")
+    out.print(t)
+    avg = results["glue_average"] or {}
+    if avg.get("complete"):
+        out.print(f"GLUE average {avg['glue9']:.1f} (glue9: {avg['conventions']['glue9']}); "
+                  f"glue8 {avg['glue8']:.1f}")
+    elif avg.get("partial_mean") is not None:
+        out.print(f"partial mean {avg['partial_mean']:.1f}: {avg['partial_note']}")
+    out.print(f"report: {folder}/results.md, results.json, results.png; "
+              f"classifiers in {folder}/classifiers/ (wall {results['wall_seconds']:.0f}s)")
+
+
+def print_decoder(result: dict[str, Any], out: Console) -> None:
+    t = Table(title=f"evaluated {result['run']} (decoder)", show_header=False)
+    p = result["perplexity"]
+    line = f"{p['loss']:.3f} nats/token, perplexity {p['perplexity']:.1f} ({p['tokens']:,} tokens)"
+    if p.get("bits_per_byte") is not None:
+        line += f", {p['bits_per_byte']:.3f} bits/byte"
+    t.add_row(f"held-out loss ({p['source']})", line)
+    if "multiple_choice" in result:
+        m = result["multiple_choice"]
+        t.add_row("multiple choice", f"accuracy {m['accuracy']:.1%}, per-byte normalized "
+                  f"{m['accuracy_norm']:.1%} (chance {m['chance']:.1%}, {m['items']} items)")
+    for s in result.get("samples", []):
+        t.add_row(f"sample: {s['prompt']!r}", s["continuation"].replace("\n", " ⏎ "))
+    out.print(t)
+    out.print(f"written: {result['written']}")

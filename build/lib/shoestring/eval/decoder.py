@@ -1,0 +1,326 @@
+"""Evaluations for decoders (causal LMs): perplexity, zero-shot multiple choice, samples.
+
+- **Perplexity** on held-out text: documents are tokenized, joined with ``<|endoftext|>`` the
+  way CLM pretraining packs them, cut into windows of the model's sequence length, and every
+  next-token prediction is scored. Besides the per-token loss, bits per byte (total nats /
+  ln 2 / UTF-8 bytes) is reported: it does not depend on the tokenizer, so models with
+  different vocabularies compare. Without a text file, the run's own validation split is used.
+- **Multiple choice** by log-likelihood, zero-shot (the lm-evaluation-harness method): each
+  JSONL line holds ``{"context": str, "choices": [str, ...], "answer": int | str}``; every
+  choice is scored as the sum of log p(choice tokens | context); ``accuracy`` picks the highest
+  sum, ``accuracy_norm`` the highest per-byte log-likelihood (which removes the bias toward
+  short choices). Chance level is reported beside them.
+- **Samples**: a few greedy continuations of prompts, for a human look.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from rich.console import Console
+
+from shoestring.errors import ShoestringError
+from shoestring.progress import progress_bar
+from shoestring.train.device import DeviceInfo, select_device
+
+EOS = "<|endoftext|>"
+DEFAULT_PROMPTS = ["The", "In the beginning", "Once upon a time", "The president said"]
+
+__all__ = ["evaluate_decoder", "greedy_samples", "multiple_choice", "perplexity",
+           "read_choices", "read_documents"]
+
+
+def read_documents(path: str | Path, text_field: str = "text") -> list[str]:
+    """Documents of a .txt file (the whole file is one document) or a .jsonl file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ShoestringError("file not found", where=str(path), fix="check the path")
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ShoestringError(f"not UTF-8 text ({e.reason})", where=str(path)) from None
+    if path.suffix.lower() not in (".jsonl", ".ndjson"):
+        docs = [text] if text.strip() else []
+    else:
+        docs = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ShoestringError(f"not valid JSON ({e.msg})", where=f"{path}:{n}") from None
+            if not isinstance(obj, dict) or not isinstance(obj.get(text_field), str):
+                raise ShoestringError(f"expected an object with a string field {text_field!r}",
+                                      where=f"{path}:{n}")
+            docs.append(obj[text_field])
+    if not docs:
+        raise ShoestringError("no text to score (the file is empty)", where=str(path))
+    return docs
+
+
+@torch.no_grad()
+def perplexity(
+    model: torch.nn.Module, tokenizer: Any, docs: list[str], seq_len: int, eos_id: int | None,
+    device: DeviceInfo, batch_size: int = 8, max_tokens: int | None = None,
+    console: Console | None = None,
+) -> dict[str, Any]:
+    """Mean next-token loss, perplexity and bits per byte of ``docs``."""
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    stream: list[int] = []
+    n_bytes = 0
+    cut = False
+    for enc, doc in zip(tokenizer.encode_batch(docs, add_special_tokens=False), docs):
+        stream += enc.ids
+        if eos_id is not None:
+            stream.append(eos_id)
+        n_bytes += len(doc.encode("utf-8"))
+        if max_tokens is not None and len(stream) >= max_tokens + 1:
+            cut = len(stream) > max_tokens + 1
+            stream = stream[: max_tokens + 1]
+            break
+    if len(stream) < 2:
+        raise ShoestringError("the text is too short to score (fewer than 2 tokens)")
+    ids = torch.tensor(stream, dtype=torch.long)
+    # Windows of seq_len inputs, each predicting the next token: all full but maybe the last.
+    n_pred = len(ids) - 1
+    full, tail = divmod(n_pred, seq_len)
+    groups = [list(range(i, min(i + batch_size, full))) for i in range(0, full, batch_size)]
+    if tail:
+        groups.append([full])
+    total_nll, count = 0.0, 0
+    model.to(device.device).eval()
+    console = console or Console(stderr=True)
+    with progress_bar(console) as bar:
+        task = bar.add_task("perplexity", total=full + (1 if tail else 0), unit="windows")
+        for group in groups:
+            w = seq_len if group[0] < full else tail
+            x = torch.stack([ids[k * seq_len : k * seq_len + w] for k in group])
+            y = torch.stack([ids[k * seq_len + 1 : k * seq_len + 1 + w] for k in group])
+            with device.autocast():
+                logits = model(x.to(device.device))
+            total_nll += F.cross_entropy(logits.float().flatten(0, 1), y.flatten().to(device.device),
+                                         reduction="sum").item()
+            count += y.numel()
+            bar.update(task, advance=len(group))
+    loss = total_nll / count
+    return {
+        "loss": loss,
+        "perplexity": float(math.exp(min(loss, 50.0))),
+        # Tokenizer-independent; None when --max-tokens cut the text (bytes would not match).
+        "bits_per_byte": total_nll / math.log(2) / max(1, n_bytes) if not cut else None,
+        "tokens": count,
+        "documents": len(docs),
+        "bytes": n_bytes,
+    }
+
+
+def read_choices(path: str | Path) -> list[dict[str, Any]]:
+    """Multiple-choice items from JSONL: context, choices, answer (index or choice text)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ShoestringError("file not found", where=str(path), fix="check the path")
+    from shoestring.eval.tasks import iter_json_objects
+
+    items = []
+    for where, obj in iter_json_objects(path.read_text(encoding="utf-8-sig"), path):
+        for key in ("context", "choices", "answer"):
+            if key not in obj:
+                raise ShoestringError(
+                    f"missing field {key!r}", where=where,
+                    fix='each line: {"context": "...", "choices": ["...", "..."], "answer": 0}',
+                )
+        ctx, choices, ans = obj["context"], obj["choices"], obj["answer"]
+        if not isinstance(ctx, str):
+            raise ShoestringError("context must be a string", where=where)
+        if (not isinstance(choices, list) or len(choices) < 2
+                or not all(isinstance(c, str) and c for c in choices)):
+            raise ShoestringError("choices must be a list of at least two non-empty strings",
+                                  where=where)
+        if isinstance(ans, str):
+            if ans not in choices:
+                raise ShoestringError(f"answer {ans!r} is not one of the choices", where=where)
+            ans = choices.index(ans)
+        if isinstance(ans, bool) or not isinstance(ans, int) or not 0 <= ans < len(choices):
+            raise ShoestringError(
+                f"answer must be a choice index 0..{len(choices) - 1} or a choice's text",
+                where=where,
+            )
+        items.append({"context": ctx, "choices": choices, "answer": ans, "where": where})
+    if not items:
+        raise ShoestringError("no multiple-choice items (the file is empty)", where=str(path))
+    return items
+
+
+@torch.no_grad()
+def multiple_choice(
+    model: torch.nn.Module, tokenizer: Any, items: list[dict[str, Any]], seq_len: int,
+    device: DeviceInfo, bos_id: int | None = None, console: Console | None = None,
+) -> dict[str, Any]:
+    """Zero-shot accuracy by log-likelihood (sum and per-byte normalized)."""
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    model.to(device.device).eval()
+    correct = correct_norm = 0
+    chance = 0.0
+    console = console or Console(stderr=True)
+    with progress_bar(console) as bar:
+        task = bar.add_task("multiple choice", total=len(items), unit="items")
+        for item in items:
+            ctx = tokenizer.encode(item["context"], add_special_tokens=False).ids
+            if bos_id is not None:
+                ctx = [bos_id, *ctx]
+            rows, spans = [], []
+            for choice in item["choices"]:
+                text = choice
+                if item["context"] and not item["context"][-1].isspace() and not choice[0].isspace():
+                    text = " " + choice
+                cont = tokenizer.encode(text, add_special_tokens=False).ids or [0]
+                seq = (ctx + cont)[-(seq_len + 1):]
+                n_cont = min(len(cont), len(seq) - 1)
+                rows.append(seq)
+                spans.append((n_cont, len(text.encode("utf-8"))))
+            width = max(len(r) for r in rows) - 1
+            x = torch.zeros(len(rows), width, dtype=torch.long)
+            mask = torch.zeros(len(rows), width, dtype=torch.bool)
+            for i, r in enumerate(rows):  # right-padded: real tokens first
+                x[i, : len(r) - 1] = torch.tensor(r[:-1])
+                mask[i, : len(r) - 1] = True
+            with device.autocast():
+                logits = model(x.to(device.device), mask.to(device.device))
+            logp = logits.float().log_softmax(-1).cpu()
+            scores, norm = [], []
+            for i, r in enumerate(rows):
+                n_cont, n_bytes = spans[i]
+                targets = torch.tensor(r[-n_cont:])
+                pos = torch.arange(len(r) - 1 - n_cont, len(r) - 1)
+                ll = logp[i, pos, targets].sum().item()
+                scores.append(ll)
+                norm.append(ll / max(1, n_bytes))
+            correct += int(int(np.argmax(scores)) == item["answer"])
+            correct_norm += int(int(np.argmax(norm)) == item["answer"])
+            chance += 1.0 / len(item["choices"])
+            bar.update(task, advance=1)
+    n = len(items)
+    return {"accuracy": correct / n, "accuracy_norm": correct_norm / n, "chance": chance / n,
+            "items": n}
+
+
+@torch.no_grad()
+def greedy_samples(
+    model: torch.nn.Module, tokenizer: Any, prompts: list[str], max_new_tokens: int,
+    eos_id: int | None, device: DeviceInfo, bos_id: int | None = None,
+) -> list[dict[str, str]]:
+    """Greedy continuations (temperature 0) of each prompt, decoded."""
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    model.to(device.device).eval()
+    out = []
+    for prompt in prompts:
+        ids = tokenizer.encode(prompt, add_special_tokens=False).ids
+        if bos_id is not None:
+            ids = [bos_id, *ids]
+        if not ids:
+            continue
+        x = torch.tensor([ids], device=device.device)
+        with device.autocast():
+            y = model.generate(x, max_new_tokens, temperature=0.0, eos_id=eos_id)
+        new = y[0, len(ids):].tolist()
+        if eos_id is not None and eos_id in new:
+            new = new[: new.index(eos_id)]
+        out.append({"prompt": prompt, "continuation": tokenizer.decode(new)})
+    return out
+
+
+def evaluate_decoder(
+    run_dir: str | Path,
+    text: str | Path | None = None,
+    choices: str | Path | None = None,
+    samples: int = 3,
+    prompts: list[str] | None = None,
+    max_new_tokens: int = 48,
+    max_tokens: int | None = None,
+    precision: str = "auto",
+    out: str | Path | None = None,
+    console: Console | None = None,
+) -> dict[str, Any]:
+    """Perplexity (on ``text`` or the run's validation split), multiple choice (``choices``)
+    and ``samples`` greedy samples of a decoder run; writes ``decoder_eval.json``."""
+    from shoestring.data.tokenizer import load_tokenizer
+    from shoestring.fsutil import write_json_atomic
+    from shoestring.train.rundir import load_final
+
+    run_dir = Path(run_dir)
+    model, meta = load_final(run_dir)
+    if not hasattr(model, "generate"):
+        raise ShoestringError(
+            f"decoder evals need a causal LM; this run is {meta.get('architecture')!r}",
+            where=str(run_dir),
+            fix="for encoder runs use --glue/--task (fine-tuning) or plain eval (MLM loss)",
+        )
+    console = console or Console(stderr=True)
+    tokenizer = load_tokenizer(run_dir / "final" / "tokenizer.json")
+    special = meta.get("special_ids", {})
+    eos_id = special.get(EOS)
+    seq_len = int(meta.get("seq_len", 512))
+    device = select_device(precision, measure_peak=False)
+    result: dict[str, Any] = {"run": str(run_dir), "architecture": meta.get("architecture"),
+                              "device": device.name, "dtype": str(device.dtype).removeprefix("torch.")}
+    if text is not None:
+        docs = read_documents(text)
+        result["perplexity"] = {"source": str(text), **perplexity(
+            model, tokenizer, docs, seq_len, eos_id, device, max_tokens=max_tokens, console=console)}
+    else:
+        result["perplexity"] = {"source": "run validation split",
+                                **_val_split_perplexity(model, run_dir, device, max_tokens, console)}
+    if choices is not None:
+        items = read_choices(choices)
+        result["multiple_choice"] = {"source": str(choices), **multiple_choice(
+            model, tokenizer, items, seq_len, device, bos_id=eos_id, console=console)}
+    if samples > 0:
+        use = (prompts or DEFAULT_PROMPTS)[:samples] if prompts else DEFAULT_PROMPTS[:samples]
+        result["samples"] = greedy_samples(model, tokenizer, use, max_new_tokens, eos_id, device,
+                                           bos_id=eos_id)
+    target = Path(out) / "decoder_eval.json" if out is not None else run_dir / "decoder_eval.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(target, result)
+    result["written"] = str(target)
+    return result
+
+
+@torch.no_grad()
+def _val_split_perplexity(
+    model: torch.nn.Module, run_dir: Path, device: DeviceInfo, max_tokens: int | None,
+    console: Console, batch_size: int = 8,
+) -> dict[str, Any]:
+    """Next-token loss on the packed validation windows of the run's own data dir."""
+    from shoestring.data.datadir import DataDir
+    from shoestring.eval.mlm import _run_data_dir
+
+    data = DataDir(_run_data_dir(run_dir))
+    val = data.split("val", verify=True)
+    n = len(val)
+    if max_tokens is not None:
+        n = max(1, min(n, max_tokens // data.seq_len))
+    total, count = 0.0, 0
+    model.to(device.device).eval()
+    with progress_bar(console) as bar:
+        task = bar.add_task("perplexity (val)", total=n, unit="seqs")
+        for start in range(0, n, batch_size):
+            ids = torch.from_numpy(val.take(np.arange(start, min(start + batch_size, n))).astype(np.int64))
+            with device.autocast():
+                logits = model(ids[:, :-1].to(device.device))
+            total += F.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten().to(device.device),
+                                     reduction="sum").item()
+            count += ids[:, 1:].numel()
+            bar.update(task, advance=len(ids))
+    loss = total / count
+    return {"loss": loss, "perplexity": float(math.exp(min(loss, 50.0))), "tokens": count,
+            "sequences": n}

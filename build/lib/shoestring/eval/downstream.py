@@ -1,0 +1,200 @@
+"""`shoestring eval RUN --glue DIR / --task SPEC`: fine-tune on tasks and write the report.
+
+Everything is read and checked before any training (every task file parsed, every label
+known), so a typo in the last task fails in seconds, not after an hour of fine-tuning. The
+output folder gets ``results.json`` (rewritten after each task, so a long run shows its
+progress and keeps what finished), ``results.md``, ``results.png`` and
+``classifiers/TASK/`` (the median seed's classifier, loadable by `serve`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from shoestring.errors import ShoestringError
+from shoestring.eval.finetune import PROTOCOLS, SWEEP_GRID, run_task
+from shoestring.eval.glue import GLUE_TASKS, load_glue_task, parse_task_list
+from shoestring.eval.report import (
+    REFERENCES,
+    glue_averages,
+    render_chart,
+    render_markdown,
+    score_columns,
+)
+from shoestring.eval.tasks import CustomTask, TaskData, load_custom_task
+from shoestring.fsutil import (
+    check_output_dir,
+    write_bytes_atomic,
+    write_json_atomic,
+    write_text_atomic,
+)
+
+FORMAT = "shoestring-downstream/1"
+MARKER = ".shoestring-eval"
+
+__all__ = ["evaluate_downstream", "glue_tasks_in"]
+
+
+def glue_tasks_in(root: str | Path) -> list[str]:
+    """GLUE tasks whose folder exists under ``root`` (all but WNLI for "hf")."""
+    if str(root) == "hf":
+        return [k for k in GLUE_TASKS if k != "wnli"]
+    root = Path(root)
+    if not root.is_dir():
+        raise ShoestringError("GLUE directory not found", where=str(root), fix="check --glue")
+    found = [k for k, t in GLUE_TASKS.items()
+             if any((root / n).is_dir() for n in (t.folder, t.folder.lower(), t.name))]
+    if not found:
+        raise ShoestringError(
+            "no GLUE task folders here (CoLA/, SST-2/, MRPC/, ...)",
+            where=str(root),
+            fix="point --glue at the folder that holds the task folders (official layout)",
+        )
+    return found
+
+
+def _load_tasks(
+    glue: str | Path | None, tasks: list[str] | None, custom: list[CustomTask], max_train: int | None
+) -> list[TaskData]:
+    names = tasks if tasks is not None else (glue_tasks_in(glue) if glue is not None else [])
+    if names and glue is None:
+        raise ShoestringError(
+            "--tasks names GLUE tasks but no GLUE data was given",
+            where="--tasks",
+            fix="add --glue DIR (official GLUE layout) or --glue hf (needs a network)",
+        )
+    loaded = [load_glue_task(glue, n, max_train) for n in names]  # type: ignore[arg-type]
+    for spec in custom:
+        data = load_custom_task(spec)
+        if max_train is not None:
+            data.train = data.train[:max_train]
+        loaded.append(data)
+    seen: set[str] = set()
+    for d in loaded:
+        if d.spec.name in seen:
+            raise ShoestringError(
+                f"two tasks are named {d.spec.name!r}",
+                where="--task",
+                fix="give custom tasks distinct names (name=...)",
+            )
+        seen.add(d.spec.name)
+    if not loaded:
+        raise ShoestringError("no tasks to evaluate", fix="pass --glue DIR and/or --task SPEC")
+    return loaded
+
+
+def _prepare_out(out: Path) -> None:
+    check_output_dir(out, "evaluation folder", owned=(out / MARKER).is_file(), overwrite=True)
+    if out.is_dir() and (out / MARKER).is_file():
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MARKER).write_text("shoestring downstream evaluation\n", encoding="utf-8")
+
+
+def _loadavg() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def evaluate_downstream(
+    run_dir: str | Path,
+    glue: str | Path | None = None,
+    tasks: list[str] | str | None = None,
+    custom: list[CustomTask] | None = None,
+    protocol: str = "sane",
+    seeds: int = 3,
+    out: str | Path | None = None,
+    max_train: int | None = None,
+    precision: str = "auto",
+    overrides: dict[str, Any] | None = None,
+    console: Console | None = None,
+) -> dict[str, Any]:
+    """Fine-tune a trained encoder run on GLUE and/or custom tasks; write and return results."""
+    from shoestring.data.tokenizer import load_tokenizer
+    from shoestring.model.encoder import MaskedLM
+    from shoestring.train.rundir import load_final
+
+    console = console or Console(stderr=True)
+    if protocol not in PROTOCOLS:
+        raise ShoestringError(f"unknown protocol {protocol!r}", where="--protocol",
+                              fix=f"choose one of {', '.join(PROTOCOLS)}")
+    if seeds < 1:
+        raise ShoestringError("need at least one seed", where="--seeds")
+    if isinstance(tasks, str):
+        tasks = parse_task_list(tasks)
+    run_dir = Path(run_dir)
+    base, meta = load_final(run_dir)
+    if not isinstance(base, MaskedLM):
+        raise ShoestringError(
+            f"fine-tuning on tasks needs an encoder (masked LM); this run is "
+            f"{meta.get('architecture')!r}",
+            where=str(run_dir),
+            fix="for decoder runs use --text (perplexity), --choices (multiple choice), --samples",
+        )
+    data = _load_tasks(glue, tasks, custom or [], max_train)
+    proto = replace(PROTOCOLS[protocol], **(overrides or {}))
+    out = Path(out) if out is not None else run_dir / "downstream"
+    _prepare_out(out)
+    tok_path = run_dir / "final" / "tokenizer.json"
+    tokenizer = load_tokenizer(tok_path)
+    seed_list = list(range(seeds))
+    results: dict[str, Any] = {
+        "format": FORMAT,
+        "run": str(run_dir),
+        "run_name": run_dir.resolve().name,
+        "base": {"architecture": meta.get("architecture"), "model": meta.get("model"),
+                 "vocab_size": meta.get("vocab_size"),
+                 "params": sum(p.numel() for p in base.parameters())},
+        "protocol": asdict(proto),
+        "sweep_grid": SWEEP_GRID if protocol == "sweep" else None,
+        "seeds": seed_list,
+        "max_train": max_train,
+        "tasks": {},
+        "columns": [],
+        "glue_average": None,
+        "references": REFERENCES,
+        "machine": {"load_average_start": _loadavg()},
+        "wall_seconds": 0.0,
+    }
+    t0 = time.perf_counter()
+    for d in data:
+        console.print(f"[bold]{d.spec.name}[/]: {len(d.train):,} train, "
+                      + ", ".join(f"{len(v):,} {k}" for k, v in d.evals.items())
+                      + (f" (skipped malformed rows: {d.skipped})" if d.skipped else ""))
+        res = run_task(base, meta, tokenizer, tok_path, d, proto, seed_list,
+                       out_dir=out / "classifiers", precision=precision,
+                       grid=SWEEP_GRID if protocol == "sweep" else None, console=console)
+        results["tasks"][d.spec.name] = res
+        results["machine"].update(device=res["device"], dtype=res["dtype"],
+                                  threads=_threads())
+        _write(out, results, t0, final=False)
+    _write(out, results, t0, final=True)
+    return results
+
+
+def _threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def _write(out: Path, results: dict[str, Any], t0: float, final: bool) -> None:
+    results["wall_seconds"] = time.perf_counter() - t0
+    results["columns"] = score_columns(results["tasks"])
+    results["glue_average"] = glue_averages(results["columns"])
+    results["complete"] = final
+    if final:
+        results["machine"]["load_average_end"] = _loadavg()
+    write_json_atomic(out / "results.json", results)
+    if final:
+        write_text_atomic(out / "results.md", render_markdown(results))
+        write_bytes_atomic(out / "results.png", render_chart(results))

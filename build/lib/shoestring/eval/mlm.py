@@ -1,0 +1,126 @@
+"""Held-out masked-LM loss, beside the unigram baseline.
+
+The baseline is the cross-entropy of a model that knows only the training-token frequencies,
+scored on exactly the same masked positions: how far below it the model gets is how much it
+learned from context.
+
+Masks are drawn on the CPU from (``eval.seed``, sequence index) at a fixed rate
+(``eval.mask_rate``, 0.25 by default, whatever rate the run trained with), so every model
+evaluated on the same data dir is scored on the same positions and targets, whatever the
+batch size or device.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from rich.console import Console
+
+from shoestring.config import EvalConfig, load_config
+from shoestring.data.datadir import DataDir
+from shoestring.data.masking import MaskedBatch, mask_tokens
+from shoestring.data.tokenizer import MASK, NUM_SPECIAL, file_sha256
+from shoestring.errors import ShoestringError
+from shoestring.fsutil import write_json_atomic
+from shoestring.model.encoder import MaskedLM
+from shoestring.progress import progress_bar
+from shoestring.train.device import select_device
+from shoestring.train.rundir import load_final
+
+
+def fixed_masks(ids: torch.Tensor, first_index: int, cfg: EvalConfig, mask_id: int, vocab: int) -> MaskedBatch:
+    """Masks for rows ``first_index …``, each from its own (seed, index) generator."""
+    rows = [
+        mask_tokens(ids[i : i + 1], cfg.mask_rate, NUM_SPECIAL, mask_id, vocab,
+                    torch.Generator().manual_seed(cfg.seed * 1_000_003 + first_index + i))
+        for i in range(len(ids))
+    ]
+    return MaskedBatch(
+        inputs=torch.cat([r.inputs for r in rows]),
+        positions=torch.cat([r.positions for r in rows]),
+        targets=torch.cat([r.targets for r in rows]),
+    )
+
+
+@torch.no_grad()
+def evaluate_mlm(
+    model: MaskedLM,
+    data: DataDir,
+    cfg: EvalConfig,
+    precision: str = "auto",
+    console: Console | None = None,
+) -> dict:
+    """Masked-token cross-entropy, accuracy and the unigram baseline on the val split."""
+    console = console or Console(stderr=True)
+    dev = select_device(precision, measure_peak=False)
+    model = model.to(dev.device).eval()
+    val = data.split("val", verify=True)
+    unigram = torch.from_numpy(data.unigram_logprobs())
+    n = min(len(val), cfg.max_sequences)
+    mask_id, vocab = data.special_ids[MASK], data.vocab_size
+    total_nll = total_uni = 0.0
+    correct = count = 0
+    with progress_bar(console) as bar:
+        task = bar.add_task("evaluating", total=n, unit="seqs")
+        for start in range(0, n, cfg.batch_size):
+            ids = torch.from_numpy(val.take(np.arange(start, min(start + cfg.batch_size, n))))
+            batch = fixed_masks(ids, start, cfg, mask_id, vocab)
+            with dev.autocast():
+                logits = model(batch.inputs.to(dev.device), batch.positions.to(dev.device))
+            logits = logits.float().flatten(0, 1).cpu()
+            targets = batch.targets.flatten()
+            total_nll += F.cross_entropy(logits, targets, reduction="sum").item()
+            total_uni += -unigram[targets].sum().item()
+            correct += (logits.argmax(-1) == targets).sum().item()
+            count += targets.numel()
+            bar.update(task, advance=len(ids))
+    loss = total_nll / count
+    return {
+        "mlm_loss": loss,
+        "perplexity": float(np.exp(loss)),
+        "accuracy": correct / count,
+        "unigram_loss": total_uni / count,
+        "sequences": int(n),
+        "masked_tokens": int(count),
+        "mask_rate": cfg.mask_rate,
+    }
+
+
+def _run_data_dir(run_dir: Path) -> str:
+    path = run_dir / "summary.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))["data_dir"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ShoestringError(
+            "cannot read the run's data dir from summary.json (missing or damaged)",
+            where=str(path),
+            fix="pass --data DATA_DIR",
+        ) from None
+
+
+def evaluate_run(
+    run_dir: str | Path,
+    data_dir: str | Path | None = None,
+    overrides: list[str] | None = None,
+    console: Console | None = None,
+) -> dict:
+    """Evaluate a finished run on its data dir's val split (or another data dir prepared with
+    the same tokenizer); writes ``eval.json`` in the run dir and returns it."""
+    run_dir = Path(run_dir)
+    model, meta = load_final(run_dir)
+    cfg = load_config(run_dir / "config.yaml", overrides)
+    data = DataDir(data_dir if data_dir is not None else _run_data_dir(run_dir))
+    if file_sha256(run_dir / "final" / "tokenizer.json") != data.manifest["tokenizer"]["sha256"]:
+        raise ShoestringError(
+            "this data dir was tokenized with a different tokenizer than the model's",
+            where=str(data.path),
+            fix="evaluate on data prepared with the run's tokenizer (the run's own data dir)",
+        )
+    result = evaluate_mlm(model, data, cfg.eval, cfg.train.precision, console)
+    result["data_dir"] = str(data.path.resolve())
+    write_json_atomic(run_dir / "eval.json", result)
+    return result

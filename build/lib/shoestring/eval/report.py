@@ -1,0 +1,255 @@
+"""Reports of a downstream evaluation: results.json, a markdown table and a PNG chart.
+
+Measured rows and literature rows never share a table. The literature rows are labelled
+external references with their source, split and protocol, because the numbers are not
+comparable by default: our runs are small CPU models; BERT's paper reports the GLUE *test*
+server; Cramming reports dev medians under the same ``sane`` protocol we run.
+
+GLUE average conventions differ between papers, so the one used is always stated:
+
+- ``glue9``: the mean of the 9 numbers MNLI-m, MNLI-mm, QQP, QNLI, SST-2, CoLA, STS-B, MRPC,
+  RTE — WNLI excluded (BERT, Devlin et al. 2019, Table 1; Cramming, Geiping & Goldstein 2023).
+- ``glue8``: the mean over the 8 tasks, MNLI counted once as the mean of m and mm.
+
+Both need every one of those tasks; with fewer, a *partial* mean over the columns run is
+shown, labelled as such, and never put beside a published average.
+A task's number is the mean of its metrics (GLUE leaderboard convention: MRPC and QQP =
+mean of F1 and accuracy, STS-B = mean of Pearson and Spearman), × 100.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import numpy as np
+
+from shoestring.eval.glue import SCORE_COLUMNS
+
+__all__ = ["REFERENCES", "glue_averages", "render_chart", "render_markdown", "score_columns"]
+
+GLUE9 = ["MNLI-m", "MNLI-mm", "QQP", "QNLI", "SST-2", "CoLA", "STS-B", "MRPC", "RTE"]
+
+# How the Cramming rows were checked: the PDF is not in this workspace, so their 20 numbers (9
+# scores and the average, per row) were compared with an independent transcription of the same
+# table (the blog post "Why pretrain your own language model?", 2023-01-19): all agree.
+_CHECKED = ("numbers agree with an independent transcription of that table; not re-read from "
+            "the PDF")
+
+# Published numbers, copied with their source; never measured here.
+REFERENCES: list[dict[str, Any]] = [
+    {
+        "name": "BERT-base (fully trained), Cramming's re-evaluation",
+        "source": "Geiping & Goldstein, Cramming: Training a Language Model on a Single GPU in "
+        "One Day (arXiv:2212.14034, ICML 2023), final GLUE-dev table; " + _CHECKED,
+        "split": "dev",
+        "protocol": "GLUE-sane (lr 4e-5, batch 16, 5 epochs), median of 5 trials",
+        "scores": {"MNLI-m": 83.2, "MNLI-mm": 83.4, "QQP": 87.7, "QNLI": 90.6, "SST-2": 91.9,
+                   "CoLA": 56.5, "STS-B": 86.7, "MRPC": 89.3, "RTE": 59.2},
+        "average": 80.9,
+        "average_convention": "glue9",
+    },
+    {
+        "name": "crammed BERT (1 day, one A6000 GPU)",
+        "source": "Geiping & Goldstein, Cramming (arXiv:2212.14034), final GLUE-dev table; "
+        + _CHECKED,
+        "split": "dev",
+        "protocol": "GLUE-sane (lr 4e-5, batch 16, 5 epochs), median of 5 trials",
+        "scores": {"MNLI-m": 83.9, "MNLI-mm": 84.1, "QQP": 87.3, "QNLI": 89.5, "SST-2": 92.2,
+                   "CoLA": 44.5, "STS-B": 84.6, "MRPC": 87.5, "RTE": 53.8},
+        "average": 78.6,
+        "average_convention": "glue9",
+    },
+    {
+        "name": "BERT-base (original paper)",
+        "source": "Devlin et al., BERT (NAACL 2019), Table 1",
+        "split": "test (GLUE server)",
+        "protocol": "best of lr {5,4,3,2}e-5 on dev, batch 32, 3 epochs; QQP/MRPC F1, "
+        "STS-B Spearman",
+        "scores": {"MNLI-m": 84.6, "MNLI-mm": 83.4, "QQP": 71.2, "QNLI": 90.5, "SST-2": 93.5,
+                   "CoLA": 52.1, "STS-B": 85.8, "MRPC": 88.9, "RTE": 66.4},
+        "average": 79.6,
+        "average_convention": "glue9",
+    },
+]
+
+CONVENTIONS = {
+    "glue9": "mean of the 9 numbers MNLI-m, MNLI-mm, QQP, QNLI, SST-2, CoLA, STS-B, MRPC, RTE "
+    "(WNLI excluded), as BERT and Cramming report it",
+    "glue8": "mean over the 8 tasks without WNLI, MNLI counted once (mean of m and mm)",
+}
+
+
+def score_columns(tasks: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One column per reported number: GLUE columns in the usual order, then custom tasks.
+    Values × 100: the median over seeds, its min/max/std, and the seed count."""
+    cols = []
+    seen = set()
+    for column, task, split in SCORE_COLUMNS:
+        if task in tasks and split in tasks[task]["summary"]:
+            cols.append(_column(column, task, split, tasks[task]))
+            seen.add(task)
+    for name, res in tasks.items():
+        if name in seen:
+            continue
+        for split in res["summary"]:
+            label = name if len(res["summary"]) == 1 else f"{name} ({split})"
+            cols.append(_column(label, name, split, res))
+    return cols
+
+
+def _column(column: str, task: str, split: str, res: dict[str, Any]) -> dict[str, Any]:
+    s = res["summary"][split]["score"]
+    return {"column": column, "task": task, "split": split,
+            "metric": "+".join(res["metrics"]),
+            "median": 100 * s["median"], "min": 100 * s["min"], "max": 100 * s["max"],
+            "std": 100 * s["std"], "seeds": len(res["seeds"])}
+
+
+def glue_averages(columns: list[dict[str, Any]]) -> dict[str, Any]:
+    """The GLUE averages, or a labelled partial mean when tasks are missing."""
+    by = {c["column"]: c["median"] for c in columns if c["column"] in GLUE9 or c["column"] == "WNLI"}
+    present = [c for c in GLUE9 if c in by]
+    out: dict[str, Any] = {"conventions": CONVENTIONS, "columns_present": present}
+    if len(present) == len(GLUE9):
+        out["glue9"] = float(np.mean([by[c] for c in GLUE9]))
+        mnli = (by["MNLI-m"] + by["MNLI-mm"]) / 2
+        rest = [by[c] for c in GLUE9 if not c.startswith("MNLI")]
+        out["glue8"] = float(np.mean([mnli, *rest]))
+        out["complete"] = True
+    else:
+        out["complete"] = False
+        out["missing"] = [c for c in GLUE9 if c not in by]
+        if present:
+            out["partial_mean"] = float(np.mean([by[c] for c in present]))
+            out["partial_note"] = (
+                f"mean over the {len(present)} of 9 GLUE columns run ({', '.join(present)}); "
+                "not a GLUE score and not comparable to published averages"
+            )
+    return out
+
+
+def _fmt(c: dict[str, Any]) -> str:
+    if c["seeds"] > 1:
+        return f"{c['median']:.1f} [{c['min']:.1f}–{c['max']:.1f}]"
+    return f"{c['median']:.1f}"
+
+
+def render_markdown(results: dict[str, Any]) -> str:
+    """The report as markdown: measured table, then the external references, then details."""
+    cols = results["columns"]
+    proto = results["protocol"]
+    seeds = results["seeds"]
+    lines = [f"# Downstream evaluation of `{results['run']}`", ""]
+    lines.append(
+        f"Protocol **{proto['name']}**: lr {proto['lr']:g}, batch {proto['batch_size']}, "
+        f"{proto['epochs']:g} epochs, {proto['warmup']:.0%} warmup then cosine decay, "
+        f"max length {proto['max_length']}, AdamW β=({proto['beta1']}, {proto['beta2']}), "
+        f"weight decay {proto['weight_decay']:g}; final model scored (no early stopping). "
+        f"Seeds: {', '.join(map(str, seeds))}."
+    )
+    if proto["name"] == "sweep":
+        lines.append("")
+        lines.append("Sweep: each task keeps the (lr, batch) with the best median dev score, so "
+                     "these scores are selected on dev and optimistic.")
+    if results.get("max_train"):
+        lines.append("")
+        lines.append(f"**Not the full protocol:** training sets cut to the first "
+                     f"{results['max_train']:,} examples (--max-train).")
+    lines += ["", "Cells: the task's score × 100 (mean of its metrics), median over seeds "
+              "[min–max]." if len(seeds) > 1 else "Cells: the task's score × 100 (mean of its "
+              "metrics), one seed.", ""]
+    avg = results.get("glue_average") or {}
+    avg_head = []
+    if avg.get("complete"):
+        avg_head = ["GLUE avg (glue9)"]
+    elif avg.get("partial_mean") is not None:
+        avg_head = ["partial mean"]
+    head = ["model", *[c["column"] for c in cols], *avg_head]
+    lines.append("| " + " | ".join(head) + " |")
+    lines.append("|" + "---|" * len(head))
+    row = [f"measured: {results['run_name']}", *[_fmt(c) for c in cols]]
+    if avg.get("complete"):
+        row.append(f"{avg['glue9']:.1f}")
+    elif avg.get("partial_mean") is not None:
+        row.append(f"{avg['partial_mean']:.1f}*")
+    lines.append("| " + " | ".join(row) + " |")
+    lines.append("")
+    if avg.get("complete"):
+        lines.append(f"GLUE average: glue9 = {avg['glue9']:.1f} ({CONVENTIONS['glue9']}); "
+                     f"glue8 = {avg['glue8']:.1f} ({CONVENTIONS['glue8']}).")
+    elif avg.get("partial_mean") is not None:
+        lines.append(f"\\* {avg['partial_note']}. Missing for a GLUE average: "
+                     f"{', '.join(avg['missing'])}.")
+    glue_cols = [c["column"] for c in cols if c["column"] in GLUE9]
+    if glue_cols:
+        lines += ["", "## External references (published numbers, not measured here)", ""]
+        head = ["reference", "split", *GLUE9, "avg"]
+        lines.append("| " + " | ".join(head) + " |")
+        lines.append("|" + "---|" * len(head))
+        for ref in REFERENCES:
+            vals = [f"{ref['scores'][c]:.1f}" if c in ref["scores"] else "–" for c in GLUE9]
+            lines.append(f"| {ref['name']} | {ref['split']} | " + " | ".join(vals)
+                         + f" | {ref['average']:.1f} |")
+        lines.append("")
+        for ref in REFERENCES:
+            lines.append(f"- *{ref['name']}*: {ref['source']}; {ref['protocol']}; "
+                         f"average = {ref['average_convention']}.")
+        lines.append("- References are full-size models pretrained for days on GPUs/TPUs; "
+                     "compare them with care (and test-server numbers are not dev numbers).")
+    lines += ["", "## Details", ""]
+    lines.append("| task | split | metrics (median) | std of score | train examples | "
+                 "fine-tune s/seed | classifier |")
+    lines.append("|---|---|---|---|---|---|---|")
+    for name, res in results["tasks"].items():
+        secs = np.median([s["train_seconds"] + s["eval_seconds"] for s in res["seeds"]])
+        for split, summ in res["summary"].items():
+            metrics = ", ".join(f"{m} {100 * summ[m]['median']:.1f}" for m in res["metrics"])
+            lines.append(f"| {name} | {split} | {metrics} | {100 * summ['score']['std']:.1f} | "
+                         f"{res['train_examples']:,} | {secs:.0f} | {res.get('classifier', '–')} |")
+    m = results.get("machine", {})
+    lines += ["", (f"Wall time {results['wall_seconds']:.0f}s on {m.get('device', '?')} "
+                   f"({m.get('dtype', '?')}); load average at start "
+                   f"{m.get('load_average_start', '?')}, at end {m.get('load_average_end', '?')}."),
+              ""]
+    return "\n".join(lines)
+
+
+def render_chart(results: dict[str, Any]) -> bytes:
+    """PNG bar chart: measured medians with min–max whiskers; references as hollow markers."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = results["columns"]
+    names = [c["column"] for c in cols]
+    x = np.arange(len(cols))
+    med = np.array([c["median"] for c in cols])
+    lo = med - np.array([c["min"] for c in cols])
+    hi = np.array([c["max"] for c in cols]) - med
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * len(cols) + 2), 4.2), dpi=120)
+    ax.bar(x, med, width=0.55, color="#4c72b0", label=f"measured: {results['run_name']} "
+           f"(median of {len(results['seeds'])} seed{'s' if len(results['seeds']) > 1 else ''})")
+    if len(results["seeds"]) > 1:
+        ax.errorbar(x, med, yerr=[lo, hi], fmt="none", ecolor="black", capsize=4, lw=1)
+    markers = ["D", "o", "s", "^"]
+    for k, ref in enumerate(REFERENCES):
+        pts = [(i, ref["scores"][n]) for i, n in enumerate(names) if n in ref["scores"]]
+        if pts:
+            xi, yi = zip(*pts)
+            ax.scatter(xi, yi, marker=markers[k % len(markers)], facecolors="none",
+                       edgecolors=f"C{k + 1}", s=45, zorder=3,
+                       label=f"reference: {ref['name']} ({ref['split']})")
+    ax.set_xticks(x, names, rotation=30 if len(names) > 6 else 0)
+    ax.set_ylabel("score × 100 (task's metric mean)")
+    low = min(0.0, float(med.min()) - 5)
+    ax.set_ylim(low, 100)
+    ax.axhline(0, color="grey", lw=0.6)
+    ax.set_title(f"{results['protocol']['name']} fine-tuning of {results['run_name']}", fontsize=10)
+    ax.legend(fontsize=7, loc="lower left", framealpha=0.9)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()

@@ -1,0 +1,110 @@
+"""Atomic writes: a file or folder is complete or absent, never half-written.
+
+Write to a temporary sibling, flush it to disk, then rename over the target (rename is atomic
+on POSIX filesystems); folders are built beside their target and swapped in. Outputs are only
+ever replaced when they are shoestring's own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from shoestring.errors import ShoestringError
+
+
+def write_bytes_atomic(path: str | Path, data: bytes) -> None:
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_json_atomic(path: str | Path, obj: Any) -> None:
+    write_text_atomic(path, json.dumps(obj, indent=2, allow_nan=False) + "\n")
+
+
+def recover_interrupted_swap(out: str | Path) -> None:
+    """A process killed between the two renames of `swap_in_dir` leaves the previous folder
+    in ``.NAME.old``: put it back (or drop it, when the new folder did land)."""
+    out = Path(out)
+    old = out.parent / f".{out.name}.old"
+    if old.is_dir() and not out.exists():
+        old.rename(out)
+    elif old.is_dir():
+        shutil.rmtree(old)
+
+
+def swap_in_dir(build: str | Path, out: str | Path) -> None:
+    """Replace folder ``out`` with the finished folder ``build``.
+
+    The previous ``out`` survives (as ``.NAME.old``) until the new one is in place, and is
+    put back if the final rename fails.
+    """
+    build, out = Path(build), Path(out)
+    recover_interrupted_swap(out)
+    old = out.parent / f".{out.name}.old"
+    if out.exists():
+        out.rename(old)
+    try:
+        build.rename(out)
+    except BaseException:
+        if old.exists() and not out.exists():
+            old.rename(out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+@contextmanager
+def building_dir(out: str | Path) -> Iterator[Path]:
+    """Build a folder beside ``out`` and swap it in only if the block finishes.
+
+    Yields the empty build folder (``.NAME.partial``); on success it replaces ``out`` via
+    `swap_in_dir`, on any failure it is removed and ``out`` is left as it was.
+    """
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    build = out.parent / f".{out.name}.partial"
+    if build.exists():
+        shutil.rmtree(build)
+    build.mkdir()
+    try:
+        yield build
+        swap_in_dir(build, out)
+    except BaseException:
+        shutil.rmtree(build, ignore_errors=True)
+        raise
+
+
+def check_output_dir(out: str | Path, kind: str, owned: bool, overwrite: bool) -> None:
+    """Refuse to write into a non-empty folder unless it is one of ours (``owned``, e.g. it
+    carries our marker) and replacing it was asked for (``overwrite``)."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ShoestringError("output path exists and is not a folder", where=str(out))
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    if not owned:
+        raise ShoestringError(
+            f"output folder exists, is not empty and is not a shoestring {kind}",
+            where=str(out),
+            fix="choose another -o; shoestring only replaces folders it wrote itself",
+        )
+    if not overwrite:
+        raise ShoestringError(
+            f"{kind} already exists",
+            where=str(out),
+            fix="choose another -o, or pass --overwrite to replace it",
+        )

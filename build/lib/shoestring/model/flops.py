@@ -1,0 +1,37 @@
+"""Exact FLOP accounting for both model families, used for MFU, budgets and the planner.
+
+Counts the multiply-adds of every matmul (2 FLOPs each) and nothing else: norms, GELU,
+softmax and the embedding lookup are a rounding error next to them. Training costs three
+forward passes (forward + backward for activations and for weights), which is where the
+familiar 6·N comes from.
+"""
+
+from __future__ import annotations
+
+from shoestring.config import ModelConfig
+
+
+def forward_flops_per_token(
+    cfg: ModelConfig, vocab_size: int, seq_len: int, head_fraction: float
+) -> float:
+    """Forward FLOPs per input token.
+
+    ``head_fraction`` is the fraction of positions at which the vocabulary head runs (the mask
+    rate for the sparse MLM head, 1.0 for a dense head).
+    """
+    H, I, L, T, V = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers, seq_len, vocab_size
+    qkv = H * (cfg.num_heads + 2 * cfg.kv_heads) * cfg.head_dim
+    ffn = (3 if cfg.ffn != "gelu" else 2) * H * I  # gated: Wi is 2I wide
+    block_matmul_params = qkv + H * H + ffn
+    # QK^T and AV over all T keys (causal masking is not subtracted, the PaLM/Megatron
+    # convention, and what SDPA's FLOP counter reports).
+    attention = 4 * T * H
+    head = H * V if cfg.objective == "clm" else H * H + H * V  # MLM head: dense + decoder
+    return L * (2 * block_matmul_params + attention) + head_fraction * 2 * head
+
+
+def train_flops_per_token(
+    cfg: ModelConfig, vocab_size: int, seq_len: int, head_fraction: float
+) -> float:
+    """Forward + backward FLOPs per token: 3x the forward."""
+    return 3.0 * forward_flops_per_token(cfg, vocab_size, seq_len, head_fraction)

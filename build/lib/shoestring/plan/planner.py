@@ -1,0 +1,466 @@
+"""`shoestring plan`: a compute budget → model size, token count, batch, memory, layout.
+
+The budget is FLOPs = device peak × devices × seconds × MFU (or given in FLOPs directly). The
+scaling law gives the textbook compute-optimal split of C = 6·N·D in closed form; the concrete
+model is then the shape (from `shoestring.plan.shapes`) that minimizes the law's predicted
+loss when the budget is spent with *exact* FLOP accounting — D = C / (FLOPs per token of that
+model), attention and the output head included — which is what `train` will actually spend.
+At large scale the two agree; at CPU scale the head and attention are a large share of the
+FLOPs and the exact accounting moves the pick.
+
+N in the law is the non-embedding parameter count (Kaplan et al. 2020 show it is the count
+that gives clean power laws for small models; at the scale the published laws were fitted on
+the embeddings are a few percent, so the constants carry over).
+
+The output is a YAML file with `model:`, `train:` and `data:` sections that
+`shoestring train --plan plan.yaml` uses as its base config, plus a `plan:` section that
+records how they were chosen (train ignores it).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from pydantic import ValidationError
+
+from shoestring.config import DataConfig, TrainConfig
+from shoestring.errors import ShoestringError
+from shoestring.plan.hardware import Hardware, get_hardware
+from shoestring.plan.laws import Law, load_law, pf_days, training_flops
+from shoestring.plan.memory import Layout, layout_for
+from shoestring.plan.shapes import Shape, candidates
+
+DEFAULT_MFU = 0.4
+REPEAT_WARN_EPOCHS = 4.0
+
+_FLOPS = re.compile(r"^\s*(\d+(?:\.\d+)?(?:e[+-]?\d+)?)\s*(flops?|pf-?days?|pfs-?days?)\s*$", re.I)
+
+
+@dataclass
+class PlanRequest:
+    """What the user asked for (the CLI's options, as data)."""
+
+    hardware: str = "auto"
+    devices: int = 1
+    budget: str = "1h"
+    mfu: float | None = None
+    measure: bool = False
+    objective: str | None = None  # None: the data dir's, else mlm
+    law: str = "epoch"
+    data: str | None = None
+    devices_per_node: int | None = None
+    precision: str = "auto"
+
+
+def parse_budget(text: str) -> tuple[float | None, float | None]:
+    """``24h``/``90m`` → (seconds, None); ``3e18flops`` / ``2pf-days`` → (None, FLOPs)."""
+    m = _FLOPS.match(str(text))
+    if m:
+        value = float(m.group(1))
+        unit = m.group(2).lower()
+        flops = value if unit.startswith("flop") else value * 8.64e19
+        if flops <= 0:
+            raise ShoestringError(f"budget '{text}' must be positive", where="--budget")
+        return None, flops
+    from shoestring.train.budget import parse_duration
+
+    try:
+        return parse_duration(text), None
+    except ShoestringError:
+        raise ShoestringError(
+            f"budget '{text}' is neither a duration nor a FLOP count",
+            where="--budget",
+            fix="use a duration (90s, 5m, 24h, 2d) or FLOPs (3e18flops, 2pf-days)",
+        ) from None
+
+
+def global_batch_tokens(flops: float) -> float:
+    """Compute-optimal batch in tokens: B = 0.292·C^0.3271 (DeepSeek-AI 2024, 'DeepSeek LLM',
+    arXiv:2401.02954, §3.1, fitted on C = non-embedding FLOPs × tokens)."""
+    return 0.292 * flops**0.3271
+
+
+def peak_lr(flops: float) -> float:
+    """Compute-optimal AdamW peak LR: η = 0.3118·C^-0.125 (same source)."""
+    return 0.3118 * flops**-0.125
+
+
+def default_seq_len(objective: str, params: float) -> int:
+    """Sequence length by scale when no data dir fixes it: Cramming's 128 for small encoders."""
+    if objective == "mlm":
+        return 128 if params < 1e8 else 512
+    if params < 1e7:
+        return 256
+    return 1024 if params < 1e9 else 2048
+
+
+def _round_batch(batch: int, devices: int) -> int:
+    """Round the per-device batch to a number with small divisors (micro-batches that divide it):
+    a multiple of 8 from 16 up, of 4 from 4 up."""
+    per = max(1, batch // devices)
+    step = 8 if per >= 16 else 4 if per >= 4 else 1
+    per = max(step, int(round(per / step)) * step)
+    return per * devices
+
+
+def _choose(shapes: list[Shape], law: Law, flops: float) -> tuple[Shape, float, float]:
+    """The shape with the lowest predicted loss when the budget buys C / FLOPs-per-token tokens."""
+    best: tuple[float, Shape, float] | None = None
+    for s in shapes:
+        tokens = flops / s.flops_per_token
+        n = s.params if law.params == "total" else s.params_non_embedding
+        loss = law.loss(n, tokens)
+        if best is None or loss < best[0]:
+            best = (loss, s, tokens)
+    assert best is not None
+    return best[1], best[2], best[0]
+
+
+def _data_info(path: str) -> dict[str, Any]:
+    from shoestring.data.datadir import DataDir
+
+    d = DataDir(path)
+    splits = d.manifest.get("splits", {})
+    return {
+        "dir": str(Path(path).resolve()),
+        "seq_len": d.seq_len,
+        "vocab_size": d.vocab_size,
+        "objective": d.manifest.get("objective", "mlm"),
+        "train_tokens": int(splits.get("train", {}).get("tokens", 0)),
+    }
+
+
+def _measure_mfu(shape: Shape, vocab: int, seq_len: int, micro_batch: int, hw: Hardware,
+                 precision: str, console: Console | None) -> float:
+    from shoestring.plan.measure import measure_mfu
+
+    if console:
+        console.print(f"measuring MFU: a short training burst of the {shape.label} model …")
+    return measure_mfu(shape.model, vocab, seq_len, micro_batch, hw, precision)
+
+
+@dataclass
+class Sizing:
+    """The law's answer for one FLOP budget: closed-form optimum, the chosen shape, batch."""
+
+    flops: float
+    n_opt: float
+    d_opt: float
+    seq_len: int
+    vocab: int
+    shapes: list[Shape]
+    pick: Shape
+    tokens: float
+    loss: float
+    batch: int
+    steps: int
+    lr: float
+
+
+def size_for_flops(
+    total_flops: float,
+    objective: str,
+    law: Law,
+    data: dict[str, Any] | None = None,
+    devices: int = 1,
+    mask_rate: float = 0.25,
+    flops_per_second: float | None = None,
+) -> Sizing:
+    """Model shape, tokens, batch and steps for a FLOP budget (what `plan` and `sweep` share)."""
+    n_opt, d_opt = law.optimal(total_flops)
+    seq_len = data["seq_len"] if data else default_seq_len(objective, n_opt)
+    vocab = data["vocab_size"] if data else (DataConfig().vocab_size if n_opt < 1e8 else 32768)
+    shapes = candidates(objective, vocab, seq_len, mask_rate, max_params=max(64 * n_opt, 2e6))
+    smallest = shapes[0]
+    min_tokens = smallest.params_non_embedding  # one token per parameter
+    if total_flops < min_tokens * smallest.flops_per_token:
+        need = min_tokens * smallest.flops_per_token
+        raise ShoestringError(
+            f"budget too small: {total_flops:.3g} FLOPs trains even the smallest model "
+            f"({smallest.label}, {smallest.params_non_embedding:,} non-embedding parameters) "
+            f"on fewer tokens than it has parameters",
+            where="--budget",
+            fix=f"give at least {need:.2g} FLOPs"
+            + (f" (≈{need / flops_per_second:.0f} s of this hardware at the planned MFU)"
+               if flops_per_second else ""),
+        )
+    pick, tokens, loss = _choose(shapes, law, total_flops)
+    batch = max(8, int(round(global_batch_tokens(total_flops) / seq_len)))
+    batch = max(devices, int(math.ceil(batch / devices)) * devices)
+    batch = _round_batch(batch, devices)
+    steps = max(1, int(round(tokens / (batch * seq_len))))
+    lr = min(TrainConfig().lr, peak_lr(total_flops))
+    return Sizing(total_flops, n_opt, d_opt, seq_len, vocab, shapes, pick, tokens, loss, batch,
+                  steps, float(f"{lr:.3g}"))
+
+
+def _train_section(flops: float, steps: int, batch: int, micro: int, lr: float) -> dict[str, Any]:
+    """The plan's `train:` section: a FLOP budget where the trainer takes one (so a changed
+    batch size keeps the compute), else the equivalent step count."""
+    fields = TrainConfig.model_fields
+    section: dict[str, Any] = {"budget": None, "steps": steps, "batch_size": batch, "lr": lr}
+    try:
+        TrainConfig(budget=f"{flops:.4g}flops", steps=None)
+        section.update(budget=f"{flops:.4g}flops", steps=None)
+    except ValidationError:  # this trainer has no FLOP budgets yet: steps are the same compute
+        pass
+    if "micro_batch_size" in fields and micro < batch:
+        section["micro_batch_size"] = micro
+    return section
+
+
+def make_plan(req: PlanRequest, console: Console | None = None) -> dict[str, Any]:
+    """The whole plan as a YAML-ready tree (model/train/data sections + plan metadata)."""
+    if req.devices < 1:
+        raise ShoestringError(
+            f"--devices must be at least 1 (got {req.devices})", where="--devices",
+            fix="pass the number of accelerators (or 1 for this machine)",
+        )
+    if req.mfu is not None and not 0 < req.mfu <= 1:
+        raise ShoestringError(
+            f"--mfu must be in (0, 1] (got {req.mfu})", where="--mfu",
+            fix="a fraction of the peak, e.g. 0.4 (typical for a well-tuned GPU run)",
+        )
+    seconds, flops = parse_budget(req.budget)
+    hw = get_hardware(req.hardware, req.precision)
+    if req.measure and not hw.measured:
+        raise ShoestringError(
+            "--measure times a training burst on this machine, so it needs --hardware auto",
+            where="--measure", fix="drop --measure and pass --mfu, or use --hardware auto",
+        )
+    peak, dtype = hw.peak("auto" if req.precision == "auto" else req.precision)
+    law = load_law(req.law)
+    data = _data_info(req.data) if req.data else None
+    objective = req.objective or (data["objective"] if data else "mlm")
+    if objective not in ("mlm", "clm"):
+        raise ShoestringError(f"unknown objective {objective!r}", where="--objective",
+                              fix="use mlm (encoder) or clm (decoder)")
+    if data and req.objective and req.objective != data["objective"]:
+        raise ShoestringError(
+            f"--objective {req.objective} but the data dir was prepared for {data['objective']}",
+            where=str(req.data), fix="drop --objective, or prep the data for that objective",
+        )
+    devices_per_node = req.devices_per_node or (1 if hw.name == "auto" else min(req.devices, 8))
+    mask_rate = TrainConfig().mask_rate
+    mfu = req.mfu if req.mfu is not None else DEFAULT_MFU
+    mfu_source = "given" if req.mfu is not None else "default (pass --mfu or --measure)"
+
+    for attempt in range(3 if req.measure else 1):
+        total_flops = flops if flops is not None else peak * req.devices * seconds * mfu
+        core = size_for_flops(total_flops, objective, law, data, req.devices, mask_rate,
+                              flops_per_second=peak * req.devices * mfu)
+        n_opt, d_opt, seq_len, vocab = core.n_opt, core.d_opt, core.seq_len, core.vocab
+        pick, tokens, loss, smallest = core.pick, core.tokens, core.loss, core.shapes[0]
+        batch, steps = core.batch, core.steps
+        head_fraction = mask_rate if objective == "mlm" and pick.model.sparse_prediction else 1.0
+        layout: Layout = layout_for(
+            pick.model, params=pick.params, layers=pick.model.num_layers, hidden=pick.model.hidden_size,
+            heads=pick.model.num_heads, vocab=vocab, seq_len=seq_len, global_batch=batch,
+            head_fraction=head_fraction, devices=req.devices,
+            devices_per_node=devices_per_node, memory_gb=hw.memory_gb,
+            is_cpu=hw.measured and "cpu" in hw.description,
+        )
+        if not req.measure or attempt == 2:
+            break
+        measured = _measure_mfu(pick, vocab, seq_len, layout.micro_batch, hw, req.precision,
+                                console)
+        mfu_source = f"measured ({pick.label} model, micro-batch {layout.micro_batch})"
+        if flops is not None or abs(measured - mfu) < 0.02 * mfu:
+            mfu = measured
+            break
+        mfu = measured
+
+    wall = total_flops / (peak * req.devices * mfu)
+    notes: list[str] = []
+    if pick is smallest and law.optimal(total_flops)[0] < smallest.params_non_embedding:
+        notes.append(
+            f"the compute-optimal size ({n_opt:,.0f} non-embedding parameters) is below the "
+            f"smallest shape; the plan trains {smallest.label} on fewer tokens per parameter "
+            "than optimal"
+        )
+    notes.append(
+        f"predicted losses are on the scale of the '{law.name}' law's data "
+        f"({law.objective.upper()}, its tokenizer); MLM and CLM losses, and losses on other "
+        "tokenizers and corpora, are on different scales. The N:D split transfers better "
+        "than the loss value: fit a law on your own objective and data with `shoestring "
+        "sweep` + `shoestring plan --fit`, then plan with --law FILE"
+    )
+    if law.objective != objective:
+        notes.append(f"this law was fitted on {law.objective.upper()} losses; you plan "
+                     f"{objective.upper()}")
+    if not layout.fits:
+        notes.append(
+            f"does not fit: the estimate is {layout.memory_gb:.1f} GB per device against "
+            f"{hw.memory_gb:.0f} GB even at micro-batch 1 with checkpointing; add devices or "
+            "plan a smaller model"
+        )
+    data_out: dict[str, Any] | None = None
+    if data:
+        epochs = tokens / data["train_tokens"] if data["train_tokens"] else float("inf")
+        data_out = {**data, "epochs": round(epochs, 3)}
+        if epochs > REPEAT_WARN_EPOCHS:
+            warning = (
+                f"the plan repeats the data {epochs:.1f} times; past ~4 epochs repeated tokens "
+                "are worth much less than fresh ones (Muennighoff et al. 2023, 'Scaling "
+                "Data-Constrained Language Models'): add data, or plan a smaller budget"
+            )
+            data_out["warning"] = warning
+            notes.append(warning)
+
+    train_section = _train_section(total_flops, steps, batch, layout.micro_batch, core.lr)
+    model_section = {
+        "objective": objective,
+        "hidden_size": pick.model.hidden_size,
+        "num_layers": pick.model.num_layers,
+        "num_heads": pick.model.num_heads,
+        "intermediate_size": pick.model.intermediate_size,
+    }
+    meta = {
+        "version": 1,
+        "objective": objective,
+        "hardware": {
+            "name": hw.name, "description": hw.description, "dtype": dtype,
+            "peak_flops": peak, "memory_gb": hw.memory_gb, "source": hw.source,
+            "devices": req.devices, "devices_per_node": devices_per_node,
+        },
+        "budget": {
+            "input": req.budget, "flops": total_flops, "pf_days": pf_days(total_flops),
+            "mfu": round(mfu, 4), "mfu_source": mfu_source, "wall_clock_s": round(wall, 1),
+        },
+        "law": law.to_dict(),
+        "optimum": {  # the closed form on C = 6ND
+            "params": n_opt, "tokens": d_opt, "tokens_per_param": d_opt / n_opt,
+            "loss": law.loss(n_opt, d_opt),
+        },
+        "model": {
+            "shape": pick.label, "params": pick.params,
+            "params_non_embedding": pick.params_non_embedding,
+            "flops_per_token": pick.flops_per_token, "tokens": tokens,
+            "tokens_per_param": tokens / pick.params_non_embedding, "predicted_loss": loss,
+            "six_n_d_flops": training_flops(pick.params_non_embedding, tokens),
+        },
+        "batch": {"global_sequences": batch, "seq_len": seq_len,
+                  "tokens_per_step": batch * seq_len, "steps": steps},
+        "layout": layout.to_dict(),
+        "data": data_out,
+        "notes": notes,
+    }
+    return {
+        "plan": meta,
+        "model": model_section,
+        "train": train_section,
+        "data": {"seq_len": seq_len, "vocab_size": vocab},
+    }
+
+
+def plan_to_yaml(tree: dict[str, Any]) -> str:
+    head = (
+        "# shoestring plan: train it with\n"
+        "#   shoestring train --data DATA_DIR --plan THIS_FILE -o RUN_DIR\n"
+        "# model/train/data are config sections; plan: records how they were chosen.\n"
+    )
+    ordered = {k: tree[k] for k in ("model", "train", "data", "plan")}
+    return head + yaml.safe_dump(_plain(ordered), sort_keys=False, width=100, allow_unicode=True)
+
+
+def _plain(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {k: _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    if isinstance(x, float):
+        return float(f"{x:.6g}")
+    return x
+
+
+def _si(x: float) -> str:
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g}{unit}"
+    return f"{x:.3g}"
+
+
+def plan_table(tree: dict[str, Any]) -> Table:
+    """The plan for people."""
+    p = tree["plan"]
+    hw, b, m, o, lay = p["hardware"], p["budget"], p["model"], p["optimum"], p["layout"]
+    t = Table(title="shoestring plan", show_header=False)
+    t.add_row("hardware", f"{p['hardware']['devices']} × {hw['description']}, "
+              f"{hw['peak_flops'] / 1e12:,.3g} TFLOP/s {hw['dtype']} peak each")
+    t.add_row("compute", f"{b['flops']:.3g} FLOPs = {b['pf_days']:.3g} PF/s-days "
+              f"(MFU {b['mfu']:.0%}, {b['mfu_source']})")
+    t.add_row("wall clock", _duration(b["wall_clock_s"]))
+    t.add_row("law", f"{p['law']['name']}: L = {p['law']['E']:.4g} + {p['law']['A']:.4g}/N^"
+              f"{p['law']['alpha']:.4g} + {p['law']['B']:.4g}/D^{p['law']['beta']:.4g}")
+    t.add_row("compute-optimal (6ND)", f"N {_si(o['params'])} params, D {_si(o['tokens'])} "
+              f"tokens ({o['tokens_per_param']:.1f} tokens/param), loss {o['loss']:.3f}")
+    mc = tree["model"]
+    t.add_row("model", f"{mc['objective']}: {mc['num_layers']} layers × {mc['hidden_size']} "
+              f"hidden, {mc['num_heads']} heads, {mc['intermediate_size']} FFN")
+    t.add_row("parameters", f"{_si(m['params_non_embedding'])} non-embedding "
+              f"({_si(m['params'])} with embeddings)")
+    t.add_row("tokens", f"{_si(m['tokens'])} ({m['tokens_per_param']:.1f} per parameter), "
+              f"{m['flops_per_token'] / 1e6:,.3g} MFLOP/token; predicted loss "
+              f"{m['predicted_loss']:.3f}")
+    bt = p["batch"]
+    t.add_row("batch", f"{bt['global_sequences']} × {bt['seq_len']} tokens, {bt['steps']:,} "
+              f"steps, peak lr {tree['train']['lr']:g}")
+    ckpt = ", checkpointing" if lay["checkpointing"] else ""
+    t.add_row("layout", f"{lay['kind']}; micro-batch {lay['micro_batch']} × "
+              f"{lay['grad_accum']} accumulation{ckpt}")
+    if lay.get("launch"):
+        per_node = min(hw["devices"], hw["devices_per_node"])
+        nodes = max(1, hw["devices"] // per_node)
+        t.add_row("launch", f"torchrun {f'--nnodes {nodes} ' if nodes > 1 else ''}"
+                  f"--nproc-per-node {per_node} -m shoestring train --plan PLAN --data DATA "
+                  f"-o RUN {lay['launch']}")
+    t.add_row("memory / device", f"{lay['memory_gb']:.2f} GB of {hw['memory_gb']:g} GB "
+              f"({'fits' if lay['fits'] else 'DOES NOT FIT'}; {lay['model']})")
+    if p["data"]:
+        t.add_row("data", f"{_si(p['data']['train_tokens'])} train tokens → "
+                  f"{p['data']['epochs']:.2f} epochs")
+    for note in p["notes"]:
+        t.add_row("note", note)
+    return t
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
+
+
+def write_plan(tree: dict[str, Any], path: str | Path) -> Path:
+    from shoestring.fsutil import write_text_atomic
+
+    path = Path(path)
+    write_text_atomic(path, plan_to_yaml(tree))
+    return path
+
+
+def read_plan_sections(path: str | Path) -> dict[str, Any]:
+    """A plan file's config sections (``plan:`` dropped), for `train --plan`."""
+    p = Path(path)
+    if not p.is_file():
+        raise ShoestringError("plan file not found", where=str(p),
+                              fix="write one with `shoestring plan ... -o plan.yaml`")
+    try:
+        tree = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise ShoestringError(f"cannot read the plan ({e})", where=str(p)) from None
+    if not isinstance(tree, dict) or "plan" not in tree:
+        raise ShoestringError("not a shoestring plan (no 'plan:' section)", where=str(p),
+                              fix="write one with `shoestring plan ... -o plan.yaml`")
+    return {k: v for k, v in tree.items() if k != "plan"}

@@ -1,0 +1,305 @@
+"""`shoestring sweep`: an IsoFLOP sweep on your own data, resumable.
+
+For each FLOP budget C, several model sizes around the law's pick for C (factors of its
+non-embedding parameter count: ¼×, ½×, 1×, 2×, 4× by default) are each trained to exactly C
+FLOPs (a step count: steps × batch × seq_len × FLOPs-per-token ≈ C) on the prepared corpus,
+and scored on its validation split. All sizes at one budget share batch size and learning
+rate, so only N:D changes along an IsoFLOP curve.
+
+Bookkeeping, so a sweep can be stopped and re-run:
+
+- ``SWEEP_DIR/sweep.json``: the data dir, objective and base settings; a re-run must match it
+  (budgets and sizes may be added);
+- ``SWEEP_DIR/points.jsonl``: one line per *finished* point (appended, flushed and fsynced
+  after the point's run and evaluation complete); a point already there is not rerun;
+- ``SWEEP_DIR/runs/<point>/``: each point's run dir; an interrupted point (run dir but no
+  line) is trained again from scratch.
+
+`shoestring plan --fit SWEEP_DIR` fits the law to points.jsonl (`shoestring.plan.fit`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from shoestring.errors import ShoestringError
+from shoestring.fsutil import write_json_atomic
+from shoestring.plan.laws import load_law
+from shoestring.plan.planner import _data_info, size_for_flops
+from shoestring.plan.shapes import Shape
+
+DEFAULT_FACTORS = (0.25, 0.5, 1.0, 2.0, 4.0)
+FORMAT = "shoestring-sweep/1"
+
+
+def parse_floats(text: str, where: str) -> list[float]:
+    """``'1e13,4e13'`` → [1e13, 4e13] (positive numbers; a 'flops' suffix is allowed)."""
+    out = []
+    for part in str(text).split(","):
+        part = part.strip().lower().removesuffix("flops").removesuffix("flop").strip()
+        try:
+            value = float(part)
+        except ValueError:
+            raise ShoestringError(f"'{part}' is not a number", where=where,
+                                  fix="a comma-separated list, e.g. 1e13,4e13") from None
+        if not math.isfinite(value) or value <= 0:
+            raise ShoestringError(f"{part} must be a positive number", where=where)
+        out.append(value)
+    if not out:
+        raise ShoestringError("empty list", where=where)
+    return out
+
+
+def point_id(flops: float, shape: Shape) -> str:
+    return f"C{flops:.3g}-{shape.model.num_layers}x{shape.model.hidden_size}".replace("+", "")
+
+
+def nearest_shape(shapes: list[Shape], target: float) -> Shape:
+    """The family member whose non-embedding parameter count is nearest ``target`` in log."""
+    return min(shapes, key=lambda s: abs(math.log(s.params_non_embedding / target)))
+
+
+def read_points(sweep_dir: str | Path) -> list[dict[str, Any]]:
+    """Finished points of a sweep dir (a torn last line, from a crash mid-write, is ignored)."""
+    path = Path(sweep_dir) / "points.jsonl"
+    if not Path(sweep_dir).is_dir():
+        raise ShoestringError("sweep dir not found", where=str(sweep_dir),
+                              fix="run `shoestring sweep --data DATA -o SWEEP_DIR` first")
+    if not path.is_file():
+        return []
+    points = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            points.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return points
+
+
+def _append_point(sweep_dir: Path, point: dict[str, Any]) -> None:
+    with open(sweep_dir / "points.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps(point) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _val_loss(run_dir: Path, objective: str, max_sequences: int, seq_len: int,
+              console: Console) -> float:
+    if objective == "clm":
+        from shoestring.eval.decoder import evaluate_decoder
+
+        result = evaluate_decoder(run_dir, samples=0, max_tokens=max_sequences * seq_len,
+                                  console=console)
+        return float(result["perplexity"]["loss"])
+    from shoestring.eval.mlm import evaluate_run
+
+    result = evaluate_run(run_dir, overrides=[f"eval.max_sequences={max_sequences}"],
+                          console=console)
+    return float(result["mlm_loss"])
+
+
+def plan_points(
+    data_dir: str | Path,
+    budgets: list[float],
+    factors: list[float] | tuple[float, ...] = DEFAULT_FACTORS,
+    law: str = "epoch",
+) -> list[dict[str, Any]]:
+    """The sweep's points (no training): per budget, the shapes nearest factor × the pick."""
+    data = _data_info(str(data_dir))
+    the_law = load_law(law)
+    points = []
+    for c in budgets:
+        sizing = size_for_flops(c, data["objective"], the_law, data)
+        seen: set[str] = set()
+        for f in sorted(factors):
+            shape = nearest_shape(sizing.shapes, f * sizing.pick.params_non_embedding)
+            pid = point_id(c, shape)
+            if pid in seen:
+                continue
+            seen.add(pid)
+            steps = max(1, int(round(c / (shape.flops_per_token * sizing.batch * sizing.seq_len))))
+            tokens = steps * sizing.batch * sizing.seq_len
+            points.append({
+                "id": pid,
+                "budget_flops": c,
+                "factor": f,
+                "is_pick": shape is sizing.pick,
+                "shape": shape.label,
+                "model": {
+                    "objective": data["objective"],
+                    "hidden_size": shape.model.hidden_size,
+                    "num_layers": shape.model.num_layers,
+                    "num_heads": shape.model.num_heads,
+                    "intermediate_size": shape.model.intermediate_size,
+                },
+                "params": shape.params,
+                "params_non_embedding": shape.params_non_embedding,
+                "flops_per_token": shape.flops_per_token,
+                "batch_size": sizing.batch,
+                "lr": sizing.lr,
+                "seq_len": sizing.seq_len,
+                "steps": steps,
+                "tokens": tokens,
+                "flops": tokens * shape.flops_per_token,
+            })
+    return points
+
+
+def _check_spec(sweep_dir: Path, spec: dict[str, Any]) -> None:
+    path = sweep_dir / "sweep.json"
+    if path.is_file():
+        old = json.loads(path.read_text(encoding="utf-8"))
+        for key in ("data_dir", "objective", "law", "overrides"):
+            if old.get(key) != spec.get(key):
+                raise ShoestringError(
+                    f"this sweep dir was started with {key} = {old.get(key)!r}, "
+                    f"not {spec.get(key)!r}",
+                    where=str(path),
+                    fix="re-run with the same settings to resume, or use another -o",
+                )
+    elif sweep_dir.is_dir() and any(sweep_dir.iterdir()):
+        raise ShoestringError("output folder exists and is not a shoestring sweep",
+                              where=str(sweep_dir), fix="choose another -o")
+
+
+def run_sweep(
+    data_dir: str | Path,
+    sweep_dir: str | Path,
+    budgets: list[float],
+    factors: list[float] | tuple[float, ...] = DEFAULT_FACTORS,
+    law: str = "epoch",
+    config: str | Path | None = None,
+    overrides: list[str] | None = None,
+    eval_sequences: int = 4096,
+    console: Console | None = None,
+) -> list[dict[str, Any]]:
+    """Train and score every point not yet finished; returns all finished points."""
+    from shoestring.config import load_config
+    from shoestring.train.loop import train
+
+    console = console or Console(stderr=True)
+    sweep_dir = Path(sweep_dir)
+    data = _data_info(str(data_dir))
+    spec = {"format": FORMAT, "data_dir": data["dir"], "objective": data["objective"],
+            "law": law, "overrides": list(overrides or []),
+            "config": str(Path(config).resolve()) if config else None}
+    _check_spec(sweep_dir, spec)
+    todo = plan_points(data_dir, budgets, factors, law)
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    spec_path = sweep_dir / "sweep.json"
+    old = json.loads(spec_path.read_text(encoding="utf-8")) if spec_path.is_file() else {}
+    spec["budgets"] = sorted(set(old.get("budgets", [])) | set(budgets))
+    spec["factors"] = sorted(set(old.get("factors", [])) | set(factors))
+    write_json_atomic(sweep_dir / "sweep.json", spec)
+
+    done = {p["id"] for p in read_points(sweep_dir)}
+    for i, point in enumerate(todo, 1):
+        if point["id"] in done:
+            console.print(f"[{i}/{len(todo)}] {point['id']}: done already, skipped")
+            continue
+        console.print(
+            f"[{i}/{len(todo)}] {point['id']}: {point['params_non_embedding']:,} non-embedding "
+            f"params, {point['steps']:,} steps × {point['batch_size']} × {point['seq_len']} "
+            f"= {point['tokens']:,} tokens, {point['flops']:.3g} FLOPs"
+        )
+        sets = [f"model.{k}={v}" for k, v in point["model"].items()]
+        sets += [f"train.steps={point['steps']}", "train.budget=null",
+                 f"train.batch_size={point['batch_size']}", f"train.lr={point['lr']}"]
+        cfg = load_config(config, [*sets, *(overrides or [])])
+        run_dir = sweep_dir / "runs" / point["id"]
+        summary = train(cfg, data["dir"], run_dir, overwrite=True, console=console)
+        loss = _val_loss(run_dir, data["objective"], eval_sequences, point["seq_len"], console)
+        record = {**point, "val_loss": loss, "final_train_loss": summary.get("final_train_loss"),
+                  "train_seconds": summary.get("train_seconds"), "mfu": summary.get("mfu"),
+                  "tokens": summary.get("tokens", point["tokens"]), "run": str(run_dir)}
+        _append_point(sweep_dir, record)
+        console.print(f"    validation loss {loss:.4f} ({summary.get('train_seconds', 0):.0f}s)")
+    return read_points(sweep_dir)
+
+
+def fit_sweep(sweep_dir: str | Path, out: str | Path | None = None,
+              plots: bool = True) -> dict[str, Any]:
+    """Fit the law to a sweep's finished points; write the law file and the PNG plots."""
+    from shoestring.fsutil import write_text_atomic
+    from shoestring.plan import fit
+    from shoestring.plan.laws import LAWS, law_to_yaml
+
+    sweep_dir = Path(sweep_dir)
+    points = read_points(sweep_dir)
+    spec_path = sweep_dir / "sweep.json"
+    spec = json.loads(spec_path.read_text(encoding="utf-8")) if spec_path.is_file() else {}
+    objective = spec.get("objective") or (points[0]["model"]["objective"] if points else "mlm")
+    result = fit.fit_law(
+        [p["params_non_embedding"] for p in points], [p["tokens"] for p in points],
+        [p["val_loss"] for p in points], name=f"fit:{sweep_dir.name}", objective=objective,
+        source=f"shoestring plan --fit {sweep_dir} ({len(points)} points, data "
+        f"{spec.get('data_dir', '?')})",
+    )
+    minima = fit.isoflop_minima(points)
+    frontier = fit.power_law([m.flops for m in minima], [m.params for m in minima])
+    law = result.law
+    extra = {
+        "fit": {
+            "points": result.points, "huber": result.huber, "rmse_log_loss": result.rmse_log,
+            "n_opt_exponent": law.beta / (law.alpha + law.beta),
+            "isoflop_minima": [{"flops": m.flops, "params": m.params, "loss": m.loss}
+                               for m in minima],
+            "isoflop_exponent": frontier[1] if frontier else None,
+        }
+    }
+    out_path = Path(out) if out is not None else sweep_dir / "law.yaml"
+    write_text_atomic(out_path, law_to_yaml(law, extra))
+    written = [out_path]
+    if plots:
+        from shoestring.plan import plots as P
+
+        pdir = sweep_dir / "plots"
+        budgets = [float(p["budget_flops"]) for p in points]
+        written += [
+            P.plot_isoflops(points, minima, law, pdir / "isoflops.png"),
+            P.plot_frontier(minima, law, list(LAWS.values()), (min(budgets), max(budgets)),
+                            pdir / "frontier.png"),
+            P.plot_predicted(points, law, pdir / "predicted_vs_observed.png"),
+        ]
+    return {"law": law, "fit": extra["fit"], "written": [str(p) for p in written]}
+
+
+def fit_table(result: dict[str, Any]):
+    """The fitted law for people."""
+    from rich.table import Table
+
+    law, f = result["law"], result["fit"]
+    t = Table(title=f"fitted law ({f['points']} points)", show_header=False)
+    t.add_row("L(N, D)",
+              f"{law.E:.4g} + {law.A:.4g}/N^{law.alpha:.4f} + {law.B:.4g}/D^{law.beta:.4f}")
+    t.add_row("fit quality", f"RMSE of log-loss {f['rmse_log_loss']:.4f} (Huber {f['huber']:.3g})")
+    t.add_row("N_opt ∝ C^a", f"a = {f['n_opt_exponent']:.3f} from the law"
+              + (f", {f['isoflop_exponent']:.3f} from the IsoFLOP minima"
+                 if f["isoflop_exponent"] is not None else ""))
+    for m in f["isoflop_minima"]:
+        t.add_row(f"IsoFLOP minimum at {m['flops']:.3g}",
+                  f"N = {m['params']:,.0f}, loss {m['loss']:.4f}")
+    t.add_row("written", "\n".join(result["written"]))
+    t.add_row("use it", f"shoestring plan ... --law {result['written'][0]}")
+    return t
+
+
+def points_table(points: list[dict[str, Any]]):
+    """Finished sweep points for people, pick marked."""
+    from rich.table import Table
+
+    t = Table(title="IsoFLOP sweep")
+    for col in ("budget FLOPs", "shape", "non-emb params", "tokens", "tokens/param", "val loss",
+                ""):
+        t.add_column(col)
+    for p in sorted(points, key=lambda p: (p["budget_flops"], p["params_non_embedding"])):
+        t.add_row(f"{p['budget_flops']:.3g}", p["shape"], f"{p['params_non_embedding']:,}",
+                  f"{p['tokens']:,}", f"{p['tokens'] / p['params_non_embedding']:.1f}",
+                  f"{p['val_loss']:.4f}", "planner's pick" if p.get("is_pick") else "")
+    return t

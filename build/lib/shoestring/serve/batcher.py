@@ -1,0 +1,369 @@
+"""Dynamic micro-batching: many small requests become few model calls, off the event loop.
+
+A model call costs a fixed overhead plus a cost per token position, so one call on 32 inputs
+is far cheaper than 32 calls on one; that is the whole throughput gain of a model server
+(BentoML's "adaptive batching"). The batcher keeps a bounded queue of *jobs* (one input each)
+and one worker thread that repeatedly:
+
+1. takes the oldest job and waits until ``max_batch_size`` jobs with the same key are queued
+   or the oldest has waited ``max_wait``, whichever comes first (a busy server never waits:
+   jobs pile up while the previous batch runs). It waits at all only while requests arrive
+   more often than once per ``max_wait`` on average, so a lightly loaded server adds no
+   latency;
+2. if more jobs are queued than fit, picks the ``max_batch_size`` jobs of the nearest lengths
+   around the oldest one (the oldest is always served, so nothing starves);
+3. splits that batch into length groups so short inputs are not padded to the longest
+   (`plan_groups`, an exact dynamic program over the sorted lengths), and runs the group
+   holding the oldest job first, then the rest by their oldest job;
+4. runs each group; if a group's call raises, runs its jobs one by one, so one bad input
+   fails only its own request.
+
+The event loop only enqueues and awaits futures; results come back through
+``loop.call_soon_threadsafe``. A full queue raises `QueueFull` at once (the HTTP layer answers
+503 + Retry-After): memory stays bounded under any load. Jobs whose client went away or whose
+time ran out are removed with `cancel` before they cost any compute. `close` drains: it stops
+accepting, lets the worker finish everything queued, then joins it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from shoestring.serve.metrics import ServeMetrics
+
+RunFn = Callable[[tuple, list[Any]], list[Any]]
+
+# A model call's fixed cost (Python dispatch, kernel launches, the tokenizer-side work around
+# it) expressed in token positions: a length group is only split off when that saves more
+# padded positions than this. Measured on CPU for small encoders it is tens to a few hundred
+# positions; the plan is not sensitive to the exact value.
+GROUP_OVERHEAD_TOKENS = 64
+
+
+class QueueFull(Exception):
+    """The queue has no room for the request's inputs: shed load now, retry later."""
+
+    def __init__(self, depth: int, capacity: int) -> None:
+        super().__init__(f"the request queue is full ({depth} of {capacity} inputs waiting)")
+        self.depth, self.capacity = depth, capacity
+
+
+class BatcherClosed(Exception):
+    """The server is shutting down and accepts no new work."""
+
+
+@dataclass(eq=False)
+class Job:
+    """One input waiting for the model. Jobs with equal ``key`` may share a model call."""
+
+    key: tuple  # (task, *options that must be equal inside one call)
+    length: int  # token positions: the cost that padding grows
+    payload: Any
+    future: asyncio.Future | None = None
+    loop: asyncio.AbstractEventLoop | None = None
+    enqueued: float = 0.0
+    cancelled: str | None = None  # why it was dropped (disconnected, timeout), if it was
+    done: bool = field(default=False)
+
+
+def choose_batch(candidates: Sequence[Job], max_batch_size: int) -> list[Job]:
+    """Up to ``max_batch_size`` jobs: the oldest (``candidates[0]``) and those nearest its length.
+
+    Among all windows of ``max_batch_size`` consecutive jobs in length order that contain the
+    oldest job, the one with the smallest length spread wins: the least padding that still
+    serves the job that has waited longest.
+    """
+    if len(candidates) <= max_batch_size:
+        return list(candidates)
+    oldest = candidates[0]
+    by_length = sorted(candidates, key=lambda j: j.length)  # stable: ties keep arrival order
+    i = next(k for k, j in enumerate(by_length) if j is oldest)
+    lo = max(0, i - max_batch_size + 1)
+    hi = min(i, len(by_length) - max_batch_size)
+    start = min(
+        range(lo, hi + 1),
+        key=lambda s: by_length[s + max_batch_size - 1].length - by_length[s].length,
+    )
+    return by_length[start : start + max_batch_size]
+
+
+def plan_groups(
+    lengths: Sequence[int], overhead: float = GROUP_OVERHEAD_TOKENS, pad: bool = True
+) -> list[list[int]]:
+    """Split a batch into model calls that minimise padded positions plus per-call overhead.
+
+    Returns lists of indices into ``lengths``. With ``pad`` each call pads its inputs to its
+    longest one, costing ``n · max_len + overhead``; sorted by length, the best split is
+    contiguous, so an O(n²) dynamic program finds the exact optimum (n ≤ the batch size).
+    Without ``pad`` (a model that cannot mask padding) each call holds equal lengths only.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    if not order:
+        return []
+    if not pad:
+        groups: list[list[int]] = []
+        for i in order:
+            if groups and lengths[groups[-1][0]] == lengths[i]:
+                groups[-1].append(i)
+            else:
+                groups.append([i])
+        return groups
+    sorted_len = [lengths[i] for i in order]
+    n = len(order)
+    best = [0.0] + [float("inf")] * n
+    cut = [0] * (n + 1)
+    for j in range(1, n + 1):
+        for i in range(j):
+            cost = best[i] + (j - i) * sorted_len[j - 1] + overhead
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    bounds, j = [], n
+    while j > 0:
+        bounds.append((cut[j], j))
+        j = cut[j]
+    return [order[a:b] for a, b in reversed(bounds)]
+
+
+class MicroBatcher:
+    """A bounded queue of jobs and the worker thread that batches them through ``run``.
+
+    ``run(key, payloads)`` is called on the worker thread and returns one result per payload;
+    a result that is an ``Exception`` instance fails only that job. ``pad=False`` groups only
+    equal lengths (for models that cannot mask padding).
+    """
+
+    def __init__(
+        self,
+        run: RunFn,
+        *,
+        max_batch_size: int = 32,
+        max_wait_s: float = 0.005,
+        max_queue: int = 1024,
+        pad: bool | Callable[[tuple], bool] = True,
+        metrics: ServeMetrics | None = None,
+        group_overhead_tokens: float = GROUP_OVERHEAD_TOKENS,
+    ) -> None:
+        if max_batch_size < 1 or max_queue < 1 or max_wait_s < 0:
+            raise ValueError("max_batch_size and max_queue must be ≥ 1, max_wait_s ≥ 0")
+        self._run = run
+        self.max_batch_size = max_batch_size
+        self.max_wait_s = max_wait_s
+        self.max_queue = max_queue
+        self._pad = pad if callable(pad) else (lambda key, _p=pad: _p)
+        self.metrics = metrics
+        self.group_overhead_tokens = group_overhead_tokens
+        self._pending: list[Job] = []  # arrival order
+        self._cv = threading.Condition()
+        self._closing = False
+        # Mean time between requests (exponential moving average), starting as "busy".
+        self._gap = 0.0
+        self._last_arrival: float | None = None
+        self._in_flight = 0
+        self._thread: threading.Thread | None = None
+
+    # --- event-loop side -------------------------------------------------------------------
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._pending)
+
+    @property
+    def in_flight(self) -> int:
+        """Jobs taken by the worker and not finished yet."""
+        return self._in_flight
+
+    @property
+    def accepting(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._closing
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._worker, name="shoestring-batcher", daemon=True
+            )
+            self._thread.start()
+
+    def submit(self, jobs: Sequence[Job]) -> list[asyncio.Future]:
+        """Queue ``jobs`` (all or none) and return their futures; call from the event loop.
+
+        Raises `QueueFull` when they do not all fit and `BatcherClosed` after `close`.
+        """
+        loop = asyncio.get_running_loop()
+        now = time.monotonic()
+        with self._cv:
+            if not self.accepting:
+                raise BatcherClosed("the server is shutting down")
+            if len(self._pending) + len(jobs) > self.max_queue:
+                raise QueueFull(len(self._pending), self.max_queue)
+            was_empty = not self._pending
+            if self._last_arrival is not None:
+                # Capped, so one idle spell does not make the server slow to see a burst.
+                gap = min(now - self._last_arrival, 2 * self.max_wait_s)
+                self._gap = 0.8 * self._gap + 0.2 * gap
+            self._last_arrival = now
+            for job in jobs:
+                job.future, job.loop, job.enqueued = loop.create_future(), loop, now
+                self._pending.append(job)
+            # Wake the worker only when it has something new to decide: the first job starts
+            # a gathering window, a full batch ends it. In between it sleeps until the window
+            # closes; waking it on every arrival would only trade the GIL back and forth with
+            # the event loop, which is busy receiving the very requests it is waiting for.
+            if was_empty or len(self._pending) >= self.max_batch_size:
+                self._cv.notify()
+        return [job.future for job in jobs]  # type: ignore[misc]
+
+    def cancel(self, jobs: Sequence[Job], reason: str) -> int:
+        """Drop ``jobs`` that have not run yet (client gone, time up); returns how many."""
+        dropped = 0
+        with self._cv:
+            for job in jobs:
+                if job.done or job.cancelled:
+                    continue
+                job.cancelled = reason
+                try:
+                    self._pending.remove(job)
+                    dropped += 1
+                except ValueError:
+                    pass  # already taken by the worker: it skips cancelled jobs before running
+            self._cv.notify()
+        if dropped and self.metrics:
+            self.metrics.dropped.inc(dropped, reason=reason)
+        return dropped
+
+    def close(self, drain: bool = True, timeout: float | None = None) -> None:
+        """Stop accepting; with ``drain`` finish every queued job first, else fail them."""
+        with self._cv:
+            self._closing = True
+            if not drain:
+                for job in self._pending:
+                    _deliver_one(job, BatcherClosed("the server shut down before this input ran"))
+                self._pending.clear()
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    # --- worker side -------------------------------------------------------------------------
+
+    def _next_batch(self) -> list[Job] | None:
+        """Block until a batch is due; None once closing with nothing left."""
+        with self._cv:
+            while True:
+                if not self._pending:
+                    if self._closing:
+                        return None
+                    self._cv.wait()
+                    continue
+                oldest = self._pending[0]
+                same = [j for j in self._pending if j.key == oldest.key]
+                wait = oldest.enqueued + self.max_wait_s - time.monotonic()
+                # Wait for batch-mates only while requests arrive often enough to bring some
+                # in time (on average, or right now: mates are already queued); at low load
+                # (one client, say) waiting would add latency for nothing.
+                busy = self._gap < self.max_wait_s or len(same) > 1
+                if len(same) < self.max_batch_size and wait > 0 and busy and not self._closing:
+                    self._cv.wait(wait)
+                    continue
+                batch = choose_batch(same, self.max_batch_size)
+                taken = set(map(id, batch))
+                self._pending = [j for j in self._pending if id(j) not in taken]
+                self._in_flight += len(batch)
+                return batch
+
+    def _worker(self) -> None:
+        while (batch := self._next_batch()) is not None:
+            key = batch[0].key
+            lengths = [j.length for j in batch]
+            groups = plan_groups(lengths, self.group_overhead_tokens, self._pad(key))
+            # Oldest first: shortest-first would leave a long input that has already waited
+            # behind every short group of each batch, which is what stretches the tail.
+            groups.sort(key=lambda g: min(batch[i].enqueued for i in g))
+            try:
+                for group in groups:
+                    self._run_group(key, [batch[i] for i in group])
+            finally:
+                with self._cv:
+                    self._in_flight -= len(batch)
+
+    def _run_group(self, key: tuple, jobs: list[Job]) -> None:
+        live = [j for j in jobs if not j.cancelled]
+        skipped = len(jobs) - len(live)
+        if skipped and self.metrics:
+            for j in jobs:
+                if j.cancelled:
+                    self.metrics.dropped.inc(reason=j.cancelled)
+        if not live:
+            return
+        results = self._call(key, live)
+        if isinstance(results, BaseException) and len(live) > 1:
+            # Find the culprit: each input alone, so its batch-mates still get answers.
+            results = [self._call(key, [j]) for j in live]
+            results = [r if isinstance(r, BaseException) else r[0] for r in results]
+        elif isinstance(results, BaseException):
+            results = [results]
+        if self.metrics:
+            failed = sum(isinstance(r, BaseException) for r in results)
+            if failed:
+                self.metrics.failed.inc(failed, task=str(key[0]))
+        for job, result in zip(live, results):
+            job.done = True
+        _deliver(live, results)
+
+    def _call(self, key: tuple, jobs: list[Job]) -> list[Any] | BaseException:
+        t = time.perf_counter()
+        try:
+            results = self._run(key, [j.payload for j in jobs])
+            if len(results) != len(jobs):
+                raise RuntimeError(
+                    f"the engine returned {len(results)} results for {len(jobs)} inputs"
+                )
+        except Exception as e:  # noqa: BLE001 - reported to the requests, never kills the worker
+            return e
+        if self.metrics:
+            task = str(key[0])
+            lengths = [j.length for j in jobs]
+            padded = max(lengths) * len(lengths) if self._pad(key) else sum(lengths)
+            self.metrics.batch_size.observe(len(jobs), task=task)
+            self.metrics.batch_seconds.observe(time.perf_counter() - t, task=task)
+            self.metrics.tokens.inc(sum(lengths), task=task, kind="real")
+            self.metrics.tokens.inc(padded - sum(lengths), task=task, kind="padding")
+        return results
+
+
+def _set(future: asyncio.Future, result: Any) -> None:
+    if future.done():
+        return
+    if isinstance(result, BaseException):
+        future.set_exception(result)
+    else:
+        future.set_result(result)
+
+
+def _deliver_batch(pairs: list[tuple[asyncio.Future, Any]]) -> None:
+    for future, result in pairs:
+        _set(future, result)
+
+
+def _deliver(jobs: Sequence[Job], results: Sequence[Any]) -> None:
+    """Hand results to their event loops: one wake-up per loop, not one per job."""
+    by_loop: dict[int, tuple[asyncio.AbstractEventLoop, list]] = {}
+    for job, result in zip(jobs, results):
+        if job.loop is None or job.future is None:
+            continue
+        by_loop.setdefault(id(job.loop), (job.loop, []))[1].append((job.future, result))
+    for loop, pairs in by_loop.values():
+        try:
+            loop.call_soon_threadsafe(_deliver_batch, pairs)
+        except RuntimeError:  # the loop is closed: nobody is waiting any more
+            pass
+
+
+def _deliver_one(job: Job, result: Any) -> None:
+    _deliver([job], [result])
+
+
+__all__ = ["BatcherClosed", "Job", "MicroBatcher", "QueueFull", "choose_batch", "plan_groups"]

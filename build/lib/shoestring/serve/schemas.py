@@ -1,0 +1,153 @@
+"""Request and response bodies of the HTTP API, as typed pydantic models.
+
+Requests are strict (a number where text belongs is a 422, not silently converted) and
+closed (an unknown field is a 422 naming it, so a typo like ``topk`` is not ignored). Every
+endpoint takes ``inputs``: one text, or a list of texts answered in order.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
+
+
+def _encodable(text: str, where: str) -> None:
+    """JSON may carry lone surrogates (``"\\ud800"``), which are not text: refuse them here
+    (422), before the tokenizer fails on them."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise PydanticCustomError(
+            "invalid_unicode",
+            "{where} has a lone surrogate (U+{code:04X}) at character {pos}: send valid "
+            "Unicode text",
+            {"where": where, "code": ord(text[e.start]), "pos": e.start},
+        ) from None
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    inputs: str | list[str] = Field(description="one text, or a list of texts")
+
+    @field_validator("inputs")
+    @classmethod
+    def _not_empty(cls, v: str | list[str]) -> str | list[str]:
+        if isinstance(v, list):
+            if not v:
+                raise PydanticCustomError(
+                    "empty_inputs", "inputs is an empty list: send at least one text"
+                )
+            for i, t in enumerate(v):
+                if not t.strip():
+                    raise PydanticCustomError(
+                        "empty_text",
+                        "inputs[{i}] is empty: every text needs some content",
+                        {"i": i},
+                    )
+                _encodable(t, f"inputs[{i}]")
+        elif not v.strip():
+            raise PydanticCustomError("empty_text", "the text is empty: send some content")
+        else:
+            _encodable(v, "the text")
+        return v
+
+    @property
+    def many(self) -> bool:
+        return isinstance(self.inputs, list)
+
+    @property
+    def texts(self) -> list[str]:
+        return list(self.inputs) if isinstance(self.inputs, list) else [self.inputs]
+
+
+class FillMaskRequest(_Request):
+    """Predict the token at each ``[MASK]`` in each text."""
+
+    top_k: Annotated[int, Field(ge=1, le=100)] = Field(5, description="candidates per mask")
+
+
+class EmbedRequest(_Request):
+    """One vector per text from the encoder's last hidden states."""
+
+    pooling: Literal["mean", "cls"] = Field("mean", description="mean over tokens, or [CLS]")
+    normalize: bool = Field(True, description="scale each vector to unit length")
+
+
+class ClassifyRequest(_Request):
+    """Labels (or a value, for regression) from a fine-tuned classifier."""
+
+    pairs: list[str] | None = Field(
+        None, description="second texts, one per input, for pair tasks (e.g. paraphrase)"
+    )
+
+    @field_validator("pairs")
+    @classmethod
+    def _pairs_encodable(cls, v: list[str] | None) -> list[str] | None:
+        for i, t in enumerate(v or []):
+            _encodable(t, f"pairs[{i}]")
+        return v
+
+
+class GenerateRequest(_Request):
+    """Continue each prompt with a decoder."""
+
+    max_new_tokens: Annotated[int, Field(ge=1)] = Field(32, description="tokens to add at most")
+    temperature: Annotated[float, Field(ge=0.0, le=10.0)] = Field(
+        1.0, description="0 = greedy; higher = more random"
+    )
+    top_k: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="sample from the k likeliest"
+    )
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = Field(
+        None, description="sample from the smallest set with this much probability"
+    )
+    seed: Annotated[int, Field(ge=0, lt=1 << 63)] | None = Field(
+        None, description="make sampling repeatable (such a request runs in its own batch)"
+    )
+
+
+# --- responses --------------------------------------------------------------------------------
+
+
+class Candidate(BaseModel):
+    token: str
+    id: int
+    score: float
+
+
+class MaskPrediction(BaseModel):
+    position: int = Field(description="token index of the mask in the tokenized input")
+    candidates: list[Candidate]
+
+
+class FillMaskResponse(BaseModel):
+    results: list[list[MaskPrediction]] = Field(description="per input, per mask")
+
+
+class EmbedResponse(BaseModel):
+    embeddings: list[list[float]]
+    dimensions: int
+
+
+class Classification(BaseModel):
+    label: str | None = None
+    score: float | None = None
+    scores: dict[str, float] | None = None
+    value: float | None = None
+
+
+class ClassifyResponse(BaseModel):
+    results: list[Classification]
+
+
+class Generation(BaseModel):
+    text: str
+    tokens: int
+    finish_reason: Literal["stop", "length"]
+
+
+class GenerateResponse(BaseModel):
+    results: list[Generation]

@@ -1,0 +1,88 @@
+"""The server's settings, validated up front: every limit that bounds memory and latency.
+
+Each field is one `shoestring serve` flag (``max_batch_size`` ↔ ``--max-batch-size``); a bad
+value is reported with the flag's name before any model is loaded.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+
+from shoestring.errors import ShoestringError
+
+MIN_API_KEY_CHARS = 16
+
+
+class ServeSettings(BaseModel):
+    """How `shoestring serve` listens, batches, and protects itself."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str = Field("127.0.0.1", description="address to listen on (loopback by default)")
+    port: int = Field(8000, ge=0, le=65535, description="TCP port (0 = any free port)")
+    max_batch_size: int = Field(32, ge=1, le=4096, description="inputs per model call at most")
+    max_wait_ms: float = Field(
+        5.0, ge=0.0, le=10_000.0, description="how long the oldest input waits for batch-mates"
+    )
+    max_queue: int = Field(1024, ge=1, description="queued inputs before answering 503")
+    max_length: int = Field(512, ge=4, description="tokens per input, special tokens included")
+    truncate: bool = Field(
+        False, description="cut over-long inputs to max_length instead of answering 422"
+    )
+    max_inputs: int = Field(64, ge=1, description="texts in one request at most")
+    max_body_bytes: int = Field(1 << 20, ge=256, description="request body size limit (413)")
+    request_timeout_s: float = Field(
+        30.0, gt=0.0, description="a request still unanswered after this gets 504"
+    )
+    shutdown_timeout_s: float = Field(
+        30.0, ge=0.0, description="on shutdown, wait this long for in-flight requests"
+    )
+    max_new_tokens: int = Field(
+        256, ge=1, description="generation: the most tokens one request may ask"
+    )
+    api_key: SecretStr | None = Field(
+        None,
+        description="require this key (Authorization: Bearer … or X-API-Key) on /v1 and /metrics",
+    )
+    threads: int | None = Field(
+        None, ge=1, description="torch threads for inference (default: torch's, one per core)"
+    )
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        "fp32",
+        description="inference precision: fp32, bf16 autocast, or auto (bf16 where it is faster)",
+    )
+
+    @field_validator("api_key")
+    @classmethod
+    def _long_enough(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None and len(v.get_secret_value()) < MIN_API_KEY_CHARS:
+            raise ValueError(
+                f"the API key must be at least {MIN_API_KEY_CHARS} characters; generate one with "
+                "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+            )
+        return v
+
+    @property
+    def loopback(self) -> bool:
+        """Whether only this machine can connect."""
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
+
+def make_settings(**values: object) -> ServeSettings:
+    """`ServeSettings` from CLI values; a bad one is a ShoestringError naming its flag."""
+    try:
+        return ServeSettings(**{k: v for k, v in values.items() if v is not None})
+    except ValidationError as e:
+        first = e.errors()[0]
+        name = str(first["loc"][0]) if first["loc"] else "?"
+        flag = "--" + name.removesuffix("_s").replace("_", "-")
+        value = "***" if name == "api_key" else first.get("input")
+        raise ShoestringError(f"{value!r} is not allowed: {first['msg']}", where=flag) from None

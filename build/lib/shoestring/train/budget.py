@@ -1,0 +1,162 @@
+"""Budgets: how much training a run may spend, and how much of it is used.
+
+Progress is the fraction of the budget used, in [0, 1]. Schedules are keyed to progress,
+not to step counts, so a wall-clock budget gets a complete schedule however fast the
+machine turns out to be (Cramming's budget-aware schedules).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+
+from shoestring.errors import ShoestringError
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
+
+
+def parse_duration(text: str) -> float:
+    """``'90s'``, ``'5m'``, ``'2h'``, ``'1.5d'`` → seconds."""
+    m = _DURATION.match(str(text))
+    if not m or float(m.group(1)) <= 0:
+        raise ShoestringError(
+            f"budget '{text}' is not a duration",
+            where="budget",
+            fix="use a positive number with a unit: 90s, 5m, 2h or 1d",
+        )
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def format_duration(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 90:
+        return f"{seconds:.0f}s"
+    if seconds < 5400:
+        return f"{seconds / 60:.1f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+_SUFFIX = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+_AMOUNT = re.compile(
+    r"^\s*(\d+(?:\.\d+)?(?:e[+-]?\d+)?)\s*([kmbgt]?)\s*(flops?|tok|tokens|steps?)?\s*$", re.I
+)
+
+
+@dataclass(frozen=True)
+class BudgetSpec:
+    """What a budget string asks for: one of seconds, FLOPs, tokens or steps."""
+
+    kind: str  # "seconds" | "flops" | "tokens" | "steps"
+    amount: float
+
+
+def parse_budget(text: str) -> BudgetSpec:
+    """``'90s'``/``'5m'``/``'24h'`` wall clock; ``'3e15'``/``'3e15flops'``/``'30Tflops'`` FLOPs;
+    ``'20Mtok'``/``'2e7 tokens'`` tokens; ``'500steps'`` steps.
+
+    A bare number is FLOPs (the planner's unit) when it is at least 1e9; smaller bare numbers
+    are refused, since "100" is far more likely a missing unit than a 100-FLOP budget.
+    """
+    value = str(text).strip()
+    if _DURATION.match(value):
+        return BudgetSpec("seconds", parse_duration(value))
+    m = _AMOUNT.match(value)
+    if m:
+        amount = float(m.group(1)) * _SUFFIX[m.group(2).lower()]
+        unit = (m.group(3) or "").lower()
+        kind = ("flops" if unit.startswith("flop") or not unit else
+                "tokens" if unit.startswith("tok") else "steps")
+        if amount > 0 and (unit or amount >= 1e9):
+            return BudgetSpec(kind, amount)
+    raise ShoestringError(
+        f"budget '{text}' is not a duration, FLOP, token or step count",
+        where="budget",
+        fix="use 90s / 10m / 24h (wall clock), 3e15flops (compute), 20Mtok (tokens) "
+        "or 1000steps",
+    )
+
+
+@dataclass
+class Budget:
+    """How much training a run may spend; whichever limit runs out first ends training.
+
+    ``seconds`` is wall clock of the training loop itself (model building, the peak
+    measurement, validation and saving are not charged); ``flops`` is charged at the model's
+    exact training FLOPs per token. ``elapsed_before`` carries time used before a resume.
+    """
+
+    seconds: float | None = None
+    steps: int | None = None
+    tokens: float | None = None
+    flops: float | None = None
+    flops_per_token: float = 0.0
+    elapsed_before: float = 0.0
+    _start: float = field(default_factory=time.perf_counter, repr=False)
+    _paused: float = field(default=0.0, repr=False)
+
+    def __post_init__(self) -> None:
+        if all(v is None for v in (self.seconds, self.steps, self.tokens, self.flops)):
+            raise ShoestringError("no budget given", fix="pass --budget 5m or --steps N")
+
+    @classmethod
+    def from_spec(cls, spec: BudgetSpec | None, steps: int | None, flops_per_token: float) -> Budget:
+        kw: dict = {"steps": steps, "flops_per_token": flops_per_token}
+        if spec is not None:
+            kw[spec.kind] = int(spec.amount) if spec.kind == "steps" else spec.amount
+            if spec.kind == "steps" and steps is not None:
+                kw["steps"] = min(steps, int(spec.amount))
+        return cls(**kw)
+
+    def restart(self, elapsed_before: float = 0.0) -> None:
+        self._start = time.perf_counter()
+        self._paused = 0.0
+        self.elapsed_before = elapsed_before
+
+    def pause(self) -> _Pause:
+        """``with budget.pause():`` — time inside (validation, checkpoints) is not charged."""
+        return _Pause(self)
+
+    @property
+    def elapsed(self) -> float:
+        return self.elapsed_before + time.perf_counter() - self._start - self._paused
+
+    def progress(self, step: float, tokens: float = 0.0) -> float:
+        """Fraction used after ``step`` steps and ``tokens`` tokens, in [0, 1]."""
+        fractions = [0.0]
+        if self.seconds is not None:
+            fractions.append(self.elapsed / self.seconds)
+        if self.steps is not None:
+            fractions.append(step / self.steps)
+        if self.tokens is not None:
+            fractions.append(tokens / self.tokens)
+        if self.flops is not None:
+            fractions.append(tokens * self.flops_per_token / self.flops)
+        return min(1.0, max(fractions))
+
+    def exhausted(self, step: float, tokens: float = 0.0) -> bool:
+        return self.progress(step, tokens) >= 1.0
+
+    def describe(self) -> str:
+        parts = []
+        if self.seconds is not None:
+            parts.append(format_duration(self.seconds))
+        if self.flops is not None:
+            parts.append(f"{self.flops:.3g} FLOPs")
+        if self.tokens is not None:
+            parts.append(f"{self.tokens:,.0f} tokens")
+        if self.steps is not None:
+            parts.append(f"{self.steps} steps")
+        return " or ".join(parts)
+
+
+class _Pause:
+    def __init__(self, budget: Budget) -> None:
+        self.budget = budget
+
+    def __enter__(self) -> None:
+        self._t = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        self.budget._paused += time.perf_counter() - self._t
