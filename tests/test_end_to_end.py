@@ -174,7 +174,7 @@ def test_failed_prep_keeps_the_previous_data_dir(tmp_path: Path) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "ok"}\n{oops\n')
     with pytest.raises(ShoestringError, match="bad.jsonl:2"):
-        prep([str(good), str(bad)], out, cfg)
+        prep([str(good), str(bad)], out, cfg, overwrite=True)
     assert (out / "manifest.json").read_bytes() == before
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
@@ -204,12 +204,21 @@ def test_prep_refuses_a_foreign_folder_with_a_manifest(tmp_path: Path) -> None:
     assert (site / "index.html").is_file()
 
 
-def test_prep_needs_a_validation_sequence(tmp_path: Path) -> None:
+def test_prep_needs_a_validation_sequence_and_every_hint_works(tmp_path: Path) -> None:
+    import re
+
     one = tmp_path / "one.txt"
     one.write_text("Only one document here, with a handful of words in it. " * 20)
-    with pytest.raises(ShoestringError, match="validation split has no complete sequence"):
+    with pytest.raises(ShoestringError, match=r"validation split \(the end of the text.*"
+                       "has no complete sequence") as info:
         prep([str(one)], tmp_path / "d", SMALL_DATA)
     assert not (tmp_path / "d").exists()
+    hints = re.findall(r"--set data\.(\w+)=(\S+)", info.value.fix or "")
+    assert {key for key, _ in hints} == {"val_fraction", "seq_len"}
+    for i, (key, value) in enumerate(hints):
+        m = prep([str(one)], tmp_path / f"d{i}", SMALL_DATA.model_copy(update={key: float(value)
+                 if key == "val_fraction" else int(value)}))
+        assert m["splits"]["val"]["sequences"] > 0 and m["split"]["method"] == "position"
 
 
 def test_prep_refuses_a_foreign_folder(tmp_path: Path) -> None:

@@ -282,7 +282,7 @@ def test_failed_export_keeps_the_previous_one(
     def broken(*args: object, **kwargs: object) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr(hf, "save_file", broken)
+    monkeypatch.setattr(hf, "save_safetensors", broken)
     with pytest.raises(OSError, match="disk full"):
         export_encoder(run, target, overwrite=True)
     assert (target / "model.safetensors").read_bytes() == before

@@ -168,6 +168,47 @@ def test_malformed_json_and_oversized_body(client: httpx.Client) -> None:
     assert r.status_code == 413 and "limit" in r.json()["detail"]
 
 
+@pytest.mark.parametrize("content_type", ["application/x-www-form-urlencoded", "text/plain", None])
+def test_a_json_body_is_json_whatever_its_content_type(
+    client: httpx.Client, content_type: str | None
+) -> None:
+    # What `curl -d '{...}'` sends (a form content type), and no header at all.
+    body = b'{"inputs": "the [MASK] of a list", "top_k": 2}'
+    headers = {"content-type": content_type} if content_type else {}
+    r = client.post("/v1/fill-mask", content=body, headers=headers)
+    assert r.status_code == 200, r.text
+    assert len(r.json()["results"][0][0]["candidates"]) == 2
+
+
+def test_curl_example_from_the_docs_works(server: ServerThread) -> None:
+    import shutil
+
+    if shutil.which("curl") is None:
+        pytest.skip("curl is not installed")
+    r = subprocess.run(
+        ["curl", "-s", "-w", "\n%{http_code}", f"{server.url}/v1/fill-mask",
+         "-d", '{"inputs": "the [MASK] of a list", "top_k": 2}'],
+        capture_output=True, text=True, timeout=60,
+    )
+    body, code = r.stdout.rsplit("\n", 1)
+    assert code == "200", body
+    assert len(json.loads(body)["results"][0][0]["candidates"]) == 2
+
+
+@pytest.mark.parametrize("path", ["/v1/fill-mask", "/v1/embed"])
+def test_a_lone_surrogate_is_a_422_and_the_connection_lives_on(
+    client: httpx.Client, path: str
+) -> None:
+    for inputs in ('"\\ud800 [MASK]"', '["a [MASK]", "\\udfff [MASK]"]'):
+        raw = ('{"inputs": ' + inputs + "}").encode()
+        r = client.post(path, content=raw, headers={"content-type": "application/json"})
+        assert r.status_code == 422, r.text
+        assert "lone surrogate (U+D" in r.text
+    # The same keep-alive connection answers the next request.
+    ok = client.post(path, json={"inputs": "a [MASK] list"})
+    assert ok.status_code == 200, ok.text
+
+
 def test_concurrent_requests_share_batches(server: ServerThread, client: httpx.Client) -> None:
     before = client.get("/metrics").text
     n = 16

@@ -32,11 +32,11 @@ def _error(specs: list[str], **kwargs: object) -> str:
 # --- formats ---------------------------------------------------------------------------
 
 
-def test_txt_is_one_document(tmp_path: Path) -> None:
+def test_txt_split_on_none_is_one_document(tmp_path: Path) -> None:
     path = tmp_path / "a.txt"
     path.write_text("first line\n\nsecond paragraph\n", encoding="utf-8")
     stats = ReadStats()
-    docs = _read([str(path)], stats=stats)
+    docs = _read([str(path)], stats=stats, split_on="none")
     assert docs == [Document("first line\n\nsecond paragraph\n", str(path), str(path))]
     assert (stats.files, stats.documents, stats.skipped) == (1, 1, [])
 
@@ -325,7 +325,7 @@ def test_skip_mode_counts_bad_records_and_keeps_good_ones(tmp_path: Path) -> Non
     docs = _read([str(tmp_path)], on_error="skip", stats=stats)
 
     assert [d.text for d in docs] == ["fine text", "one", "two"]
-    assert [d.doc_id for d in docs] == [str(good), f"{mixed}:1", f"{mixed}:7"]
+    assert [d.doc_id for d in docs] == [f"{good}:1", f"{mixed}:1", f"{mixed}:7"]
     assert stats.documents == 3
     assert stats.files == 4
     assert len(stats.skipped) == 7
@@ -393,12 +393,20 @@ def test_pydocs_order_is_deterministic(
 # --- more formats: .txt blocks, Parquet, CSV/TSV, compression, hf: ----------------------
 
 
-def test_txt_split_on_blank_lines(tmp_path: Path) -> None:
+def test_txt_is_split_on_blank_lines_by_default(tmp_path: Path) -> None:
     path = tmp_path / "a.txt"
     path.write_text("first doc\nstill first\n\n\n  \nsecond doc\n\nthird\n", encoding="utf-8")
-    docs = _read([str(path)], split_on="blank-lines")
+    docs = _read([str(path)])
     assert [d.text for d in docs] == ["first doc\nstill first", "second doc", "third"]
     assert [d.doc_id for d in docs] == [f"{path}:1", f"{path}:6", f"{path}:8"]
+
+
+def test_txt_split_on_lines(tmp_path: Path) -> None:
+    path = tmp_path / "a.txt"
+    path.write_text(" = Title = \n \n first paragraph \nsecond\n\nthird", encoding="utf-8")
+    docs = _read([str(path)], split_on="lines")
+    assert [d.text for d in docs] == [" = Title = ", " first paragraph ", "second", "third"]
+    assert [d.doc_id for d in docs] == [f"{path}:1", f"{path}:3", f"{path}:4", f"{path}:6"]
 
 
 def test_bad_split_on_value(tmp_path: Path) -> None:
@@ -494,7 +502,7 @@ def test_compressed_jsonl_txt_csv(tmp_path: Path, kind: str) -> None:
     (tmp_path / f"b.txt.{kind}").write_bytes(_compress(b"whole file\n\nstill", kind))
     (tmp_path / f"c.csv.{kind}").write_bytes(_compress(b"text\nthree\n", kind))
     docs = _read([str(tmp_path)])
-    assert [d.text for d in docs] == ["one", "two", "whole file\n\nstill", "three"]
+    assert [d.text for d in docs] == ["one", "two", "whole file", "still", "three"]
     assert docs[1].doc_id == f"{tmp_path / f'a.jsonl.{kind}'}:2"
 
 

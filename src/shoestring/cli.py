@@ -11,14 +11,40 @@ import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
+import click
 import typer
 from rich.console import Console
 from rich.table import Table
+from typer.core import TyperArgument, TyperGroup
 
 from shoestring import __version__
 from shoestring.errors import ShoestringError
 
+class _Argument(TyperArgument):
+    """A positional argument shown by its metavar alone: ``SOURCES...`` in the usage line,
+    not typer's ``{SOURCES}...`` and ``<list[str]>``."""
+
+    def display_type_rich(self, ctx: click.Context) -> str | None:
+        return None if self.metavar else super().display_type_rich(ctx)
+
+    def _usage_display_name(self) -> str:
+        name = self.display_name_raw
+        if self.nargs != 1 and not name.endswith("..."):
+            name += "..."
+        return name if self.required else f"[{name}]"
+
+
+class _Group(TyperGroup):
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        command = super().get_command(ctx, name)
+        for param in getattr(command, "params", []):
+            if type(param) is TyperArgument:
+                param.__class__ = _Argument
+        return command
+
+
 app = typer.Typer(
+    cls=_Group,
     name="shoestring",
     help="Train the best language model a compute budget allows: "
     "plan → prep → train → eval → export → serve.",
@@ -65,10 +91,12 @@ def _root(
 
 
 def _config(config: Path | None, sets: list[str] | None, extra: list[str] | None = None,
-            plan: Path | None = None):
+            plan: Path | None = None, flags: dict[str, tuple[str, object]] | None = None):
+    """``flags``: option name → (dotted key, value) for the options given (None: not given)."""
     from shoestring.config import load_config
 
-    return load_config(config, [*(extra or []), *(sets or [])], plan=plan)
+    given = {name: kv for name, kv in (flags or {}).items() if kv[1] is not None}
+    return load_config(config, [*(extra or []), *(sets or [])], plan=plan, flags=given)
 
 
 def _budget_overrides(budget: str | None, steps: int | None) -> list[str]:
@@ -111,7 +139,9 @@ def prep(
         Optional[str], typer.Option("--text-field", help="JSON field / column with the text.")
     ] = None,
     split_on: Annotated[
-        Optional[str], typer.Option("--split-on", help=".txt: 'file' (default) or 'blank-lines'.")
+        Optional[str], typer.Option("--split-on", metavar="blank|lines|none",
+                                    help=".txt files: a document per paragraph between blank lines "
+                                    "(default), per line (WikiText-style files), or per file.")
     ] = None,
     on_error: Annotated[
         Optional[str], typer.Option("--on-error", help="Bad records: 'raise' (default) or 'skip'.")
@@ -134,22 +164,29 @@ def prep(
     explain: Annotated[
         Optional[int], typer.Option("--explain", min=0, help="Print N dropped documents per reason.")
     ] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing data dir.")] = False,
 ) -> None:
     """Clean, split, train a tokenizer, tokenize and pack SOURCES into a data dir.
 
     An interrupted prep resumes when re-run with the same inputs and settings.
     """
-    from shoestring.data.prep import prep as run_prep
+    from shoestring.data.prep import build_dir, prep as run_prep
 
-    flags = {"objective": objective, "tokenizer": tokenizer, "text_field": text_field,
-             "split_on": split_on, "on_error": on_error, "workers": workers}
-    extra = [f"data.{k}={v}" for k, v in flags.items() if v is not None]
-    curate = {"filters": filters, "dedup": dedup, "explain": explain}
-    extra += [f"curate.{k}={v}" for k, v in curate.items() if v is not None]
-    cfg = _config(config, sets, extra)
+    options = {"--objective": ("data.objective", objective), "--tokenizer": ("data.tokenizer", tokenizer),
+               "--text-field": ("data.text_field", text_field), "--split-on": ("data.split_on", split_on),
+               "--on-error": ("data.on_error", on_error), "--workers": ("data.workers", workers),
+               "--filters": ("curate.filters", filters), "--dedup": ("curate.dedup", dedup),
+               "--explain": ("curate.explain", explain)}
+    cfg = _config(config, sets, flags=options)
     if decontam:
         cfg.curate.decontam = [*cfg.curate.decontam, *decontam]
-    manifest = run_prep(sources, output, cfg.data, console=err, curate=cfg.curate)
+    try:
+        manifest = run_prep(sources, output, cfg.data, console=err, curate=cfg.curate,
+                            overwrite=overwrite)
+    except KeyboardInterrupt:
+        err.print(f"interrupted: finished stages are kept in {build_dir(output)}; "
+                  "run the same command again to resume", markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(130) from None
     _print_prep(manifest, output)
 
 
@@ -166,6 +203,10 @@ def _print_prep(manifest: dict, output: Path) -> None:
         t.add_row(label,
                   f"{shown}{block['documents_out']:,}" + (f" (dropped {dropped})" if dropped else ""))
     t.add_row("kept (train / val)", f"{docs['kept']:,} ({docs['train']:,} / {docs['val']:,})")
+    split = manifest.get("split") or {}
+    if split.get("method") == "position":
+        t.add_row("validation", f"the last {split['val_fraction']:.0%} of the text "
+                  "(too few documents to hold out whole ones)")
     tok = manifest["tokenizer"]
     t.add_row("vocabulary", f"{tok['vocab_size']:,} {tok.get('kind', 'wordpiece')} "
               f"({manifest.get('objective', 'mlm')})")
@@ -223,6 +264,8 @@ def train(
                                   fix="train without --resume to start a run here")
         config = saved
     cfg = _config(config, sets, extra, plan=plan)
+    from shoestring.data.datadir import check_data_settings  # data.* as given (not a plan's)
+    check_data_settings(_config(None if resume else config, sets), data)
     layout = None
     if parallel is not None:
         from shoestring.dist.layout import make_layout
@@ -267,7 +310,7 @@ def eval_(
     text: Annotated[Optional[Path], typer.Option("--text", help="Decoders: held-out .txt/.jsonl for perplexity (default: the run's val split).")] = None,
     choices: Annotated[Optional[Path], typer.Option("--choices", help="Decoders: JSONL of context/choices/answer, scored zero-shot.")] = None,
     samples: Annotated[int, typer.Option("--samples", min=0, help="Decoders: greedy samples to show.")] = 3,
-    prompt: Annotated[Optional[list[str]], typer.Option("--prompt", help="Decoders: prompt for samples (repeatable).")] = None,
+    prompt: Annotated[Optional[list[str]], typer.Option("--prompt", help="Decoders: prompt for samples (repeatable).", metavar="TEXT")] = None,
 ) -> None:
     """Evaluate a run: held-out MLM loss, fine-tuning on GLUE / own tasks, or decoder evals."""
     from shoestring.eval.cli_helpers import run_eval
@@ -401,23 +444,35 @@ def models(
     from shoestring.model.flops import train_flops_per_token
     from shoestring.model.presets import preset_description, presets
 
-    t = Table(title=f"model presets (vocabulary {vocab:,}, sequence {seq_len})")
-    for col in ("preset", "objective", "layers × hidden", "heads", "FFN", "params",
-                "non-embedding", "train FLOPs/token", "for"):
-        t.add_column(col, justify="right" if col in ("params", "non-embedding", "train FLOPs/token") else "left")
+    # Under 120 columns (a pipe, a small terminal) the descriptions go in a second table,
+    # so the numbers stay on one line each.
+    wide = out.width >= 120
+    cols = ("preset", "obj", "shape", "heads", "FFN", "params", "non-emb", "GFLOP/tok")
+    t = Table(title=f"model presets (vocabulary {vocab:,}, sequence {seq_len})",
+              box=None, pad_edge=False, header_style="bold")
+    about = Table(box=None, pad_edge=False, header_style="bold")
+    for col in cols + (("for",) if wide else ()):
+        t.add_column(col, justify="right" if col in cols[5:] else "left", no_wrap=col != "for")
+    about.add_column("preset", no_wrap=True)
+    about.add_column("for")
     for name, cfg in presets().items():
         with torch.device("meta"):  # exact counts without allocating the weights
             model = build_model(cfg, vocab)
         fraction = 0.25 if cfg.objective == "mlm" and cfg.sparse_prediction else 1.0
         flops = train_flops_per_token(cfg, vocab, seq_len, fraction)
-        heads = f"{cfg.num_heads}" + (f" (kv {cfg.kv_heads})" if cfg.kv_heads != cfg.num_heads else "")
-        t.add_row(name, cfg.objective, f"{cfg.num_layers} × {cfg.hidden_size}", heads,
+        heads = f"{cfg.num_heads}" + (f"/{cfg.kv_heads}" if cfg.kv_heads != cfg.num_heads else "")
+        t.add_row(name, cfg.objective, f"{cfg.num_layers}×{cfg.hidden_size}", heads,
                   f"{cfg.ffn} {cfg.intermediate_size}", f"{model.num_params() / 1e6:,.1f}M",
-                  f"{model.num_params(non_embedding=True) / 1e6:,.1f}M", f"{flops / 1e9:,.2f} G",
-                  preset_description(name))
+                  f"{model.num_params(non_embedding=True) / 1e6:,.1f}M", f"{flops / 1e9:,.2f}",
+                  *((preset_description(name),) if wide else ()))
+        about.add_row(name, preset_description(name))
     out.print(t)
-    out.print("use one with --set model.preset=NAME (sizes given alongside it win); "
-              "MLM FLOPs assume the sparse head at 25% of positions")
+    if not wide:
+        out.print()
+        out.print(about)
+    out.print("shape: layers × hidden; heads: query/key-value heads; FLOPs: training, per token (MLM: the sparse head at "
+              "25% of positions). Use one with --set model.preset=NAME (sizes given alongside "
+              "it win)")
 
 
 @app.command()

@@ -36,8 +36,9 @@ class DataConfig(_Section):
     text_field: str = Field(
         "text", description="field/column holding a document's text (.jsonl, .parquet, .csv, hf:)"
     )
-    split_on: Literal["file", "blank-lines"] = Field(
-        "file", description=".txt files: one document per file, or one per blank-line-separated block"
+    split_on: Literal["blank", "lines", "none"] = Field(
+        "blank", description=".txt files: a document per block between blank lines (blank), "
+        "per line (lines: WikiText, line-per-document dumps), or per file (none)"
     )
     on_error: Literal["raise", "skip"] = Field(
         "raise", description="bad records/files: stop with an error, or skip and count them"
@@ -57,7 +58,8 @@ class DataConfig(_Section):
     )
     seq_len: int = Field(128, ge=8, le=65536, description="tokens per packed sequence")
     val_fraction: float = Field(
-        0.05, gt=0.0, lt=0.5, description="fraction of documents held out (by document hash)"
+        0.05, gt=0.0, lt=0.5, description="fraction held out: of the documents (by content "
+        "hash), or of the text at the end when there are too few documents (docs/data.md)"
     )
     shard_tokens: int = Field(1 << 24, ge=1024, description="max tokens per shard file")
     order: Literal["none", "sort"] = Field(
@@ -66,6 +68,11 @@ class DataConfig(_Section):
         "(Cramming: ascending mean unigram log-probability, read in that order)",
     )
     workers: int = Field(1, ge=1, le=256, description="processes for cleaning and tokenizing")
+
+    @field_validator("split_on", mode="before")
+    @classmethod
+    def _old_split_names(cls, value: Any) -> Any:
+        return {"file": "none", "blank-lines": "blank"}.get(value, value)  # the older names
 
     @property
     def lowercase_resolved(self) -> bool:
@@ -421,10 +428,17 @@ def _describe(model: type[BaseModel]) -> str:
     return ", ".join(sorted(model.model_fields))
 
 
-def _format_validation_error(err: ValidationError, source: str) -> ShoestringError:
-    lines = []
+def _format_validation_error(
+    err: ValidationError, source: str, flags: dict[str, str] | None = None
+) -> ShoestringError:
+    """One line per problem; a key set by a command-line option is named by that option."""
+    flags = flags or {}
+    lines, named = [], set()
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"])
+        if loc in flags:
+            named.add(flags[loc])
+            loc = flags[loc]
         value = e.get("input")
         shown = "" if isinstance(value, dict) else f" (got {value!r})"
         if e["type"] == "extra_forbidden":
@@ -440,6 +454,10 @@ def _format_validation_error(err: ValidationError, source: str) -> ShoestringErr
         else:
             msg = e["msg"].removeprefix("Value error, ")
             lines.append(f"{loc or 'config'}: {msg}{shown}")
+    if len(lines) == 1 and named:  # one bad option: name it, as the user typed it
+        option = named.pop()
+        return ShoestringError(lines[0].removeprefix(f"{option}: "), where=option,
+                               fix=f"see {option} in --help")
     return ShoestringError(
         "invalid configuration:\n  " + "\n  ".join(lines),
         where=source,
@@ -491,8 +509,10 @@ def load_config(
     path: str | Path | None = None,
     overrides: list[str] | None = None,
     plan: str | Path | None = None,
+    flags: dict[str, Any] | None = None,
 ) -> Config:
-    """Defaults ← plan (``shoestring plan`` output) ← YAML file ← ``--set`` overrides, validated."""
+    """Defaults ← plan (``shoestring plan`` output) ← YAML file ← command-line options
+    (``flags``: option name → ``(dotted key, value)``) ← ``--set`` overrides, validated."""
     tree: dict[str, Any] = {}
     source = "config"
     if plan is not None:  # a plan's model/train/data sections; its `plan:` metadata is dropped
@@ -524,11 +544,16 @@ def load_config(
                     f"section '{section}' must be a mapping of keys to values", where=source
                 )
             tree.setdefault(section, {}).update(values)
+    named = {}
+    for option, (key, value) in (flags or {}).items():
+        _set_dotted(tree, key, value, option)
+        named[key] = option
     for item in overrides or []:
         key, value = parse_override(item)
         _set_dotted(tree, key, value, "--set")
+        named.pop(key, None)  # --set wins, and is what a problem is then reported as
         source = "--set" if path is None else f"{path} + --set"
     try:
         return Config.model_validate(tree)
     except ValidationError as e:
-        raise _format_validation_error(e, source) from None
+        raise _format_validation_error(e, source, named) from None

@@ -72,7 +72,7 @@ def cram(sources: list[str], output: str | Path, cfg: Config, console: Console |
     if manifest is not None:
         console.print(f"reusing prepared data in {data_dir} (same sources and settings)")
     else:
-        manifest = prep(sources, data_dir, cfg.data, console=console)
+        manifest = prep(sources, data_dir, cfg.data, console=console, overwrite=True)
     summary = train(cfg, data_dir, run_dir, overwrite=True, console=console)
     evaluation = evaluate_run(run_dir, data_dir, console=console)
     return CramResult(manifest, summary, evaluation, data_dir, run_dir)

@@ -36,6 +36,16 @@ def write_json_atomic(path: str | Path, obj: Any) -> None:
     write_text_atomic(path, json.dumps(obj, indent=2, allow_nan=False) + "\n")
 
 
+def save_safetensors(tensors: dict, path: str | Path, metadata: dict[str, str] | None = None) -> None:
+    """``safetensors.torch.save_file``, then the mode any other file gets (it writes 0600)."""
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(path), metadata=metadata)
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(path, 0o666 & ~mask)
+
+
 def recover_interrupted_swap(out: str | Path) -> None:
     """A process killed between the two renames of `swap_in_dir` leaves the previous folder
     in ``.NAME.old``: put it back (or drop it, when the new folder did land)."""

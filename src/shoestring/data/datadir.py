@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -101,3 +102,29 @@ class DataDir:
         counts[n_special:] += 1.0
         with np.errstate(divide="ignore"):
             return np.log(counts / counts.sum())
+
+
+def check_data_settings(cfg: Any, data_dir: str | Path) -> None:
+    """Refuse ``data.*`` settings (those set explicitly in ``cfg``, a `Config`) that disagree
+    with what the data dir was prepared with: training reads the data as it is, so such a
+    setting would be silently ignored (and wrongly recorded in the run's config.yaml)."""
+    from pydantic import ValidationError
+
+    from shoestring.config import DataConfig
+
+    data = DataDir(data_dir)
+    recorded = data.manifest.get("config") or {}
+    try:  # normalized (older names of values), when the manifest's settings still validate
+        recorded = DataConfig.model_validate(recorded).model_dump(mode="json")
+    except ValidationError:
+        pass
+    recorded = {**recorded, "seq_len": data.seq_len, "objective": data.objective}
+    given = cfg.data.model_dump(mode="json")
+    for key in sorted(cfg.data.model_fields_set - {"workers"}):
+        if key in recorded and given[key] != recorded[key]:
+            raise ShoestringError(
+                f"data.{key}={given[key]!r} disagrees with the data dir, prepared with "
+                f"{key}={recorded[key]!r} (manifest.json); training reads the data as prepared",
+                where=str(data.path),
+                fix=f"drop data.{key} from --set/--config, or re-run shoestring prep with it",
+            )

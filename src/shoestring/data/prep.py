@@ -76,6 +76,8 @@ ENCODE_CHARS = 1 << 19
 # Tokenizing is journaled (resumable) after about this many characters.
 CHECKPOINT_CHARS = 1 << 23
 _JOURNAL = "journal.json"
+# Fewer validation documents than this: validation is the end of the text instead.
+MIN_VAL_DOCUMENTS = 5
 _STAGES = ("read", "tokenizer", "encode.train", "pack.train", "encode.val", "pack.val")
 _FAULT_ENV = "SHOESTRING_PREP_FAULT"  # tests: "STAGE:N" hard-exits after N steps of STAGE
 __all__ = ["data_fingerprint", "is_validation", "pack_clm", "pack_mlm", "prep",
@@ -109,6 +111,11 @@ def _fingerprint(specs: list[str], files: list[str], cfg: DataConfig) -> str:
 def data_fingerprint(specs: list[str], cfg: DataConfig) -> str:
     """What a data dir was built from; `cram` reuses a data dir whose fingerprint matches."""
     return _fingerprint(specs, resolve_sources(specs), cfg)
+
+
+def build_dir(out: Path) -> Path:
+    """Where prep builds (and an interrupted prep keeps) the data dir ``out``."""
+    return out.parent / f".{out.name}.partial"
 
 
 def _is_data_dir(path: Path) -> bool:
@@ -166,6 +173,10 @@ class Journal:
                 return journal
         except (OSError, ValueError, KeyError, TypeError):
             pass
+        if build.is_dir() and any(build.iterdir()) and not journal.path.is_file():
+            raise ShoestringError(
+                "folder exists and is not an interrupted shoestring prep", where=str(build),
+                fix="move it away: prep builds its data dir there")
         if build.exists():
             shutil.rmtree(build)
         build.mkdir(parents=True)
@@ -201,9 +212,12 @@ def _fault_point(stage: str, count: int) -> None:
 
 def prep(
     specs: list[str], out: str | Path, cfg: DataConfig, console: Console | None = None,
-    curate: CurateConfig | None = None,
+    curate: CurateConfig | None = None, overwrite: bool = False,
 ) -> dict:
     """Build a data dir at ``out`` from source specs; returns the manifest.
+
+    An existing data dir at ``out`` is replaced only with ``overwrite`` (and only when it is
+    a shoestring data dir).
 
     Resumes an interrupted build of the same inputs (see the module docstring).
     ``curate`` adds the curation blocks (filters, dedup, decontamination; see
@@ -212,11 +226,11 @@ def prep(
     console = console or Console(stderr=True)
     out = Path(out)
     recover_interrupted_swap(out)
-    check_output_dir(out, "data dir", owned=_is_data_dir(out), overwrite=True)
+    check_output_dir(out, "data dir", owned=_is_data_dir(out), overwrite=overwrite)
     _check_settings(cfg)
     files = resolve_sources(specs)
     out.parent.mkdir(parents=True, exist_ok=True)
-    build = out.parent / f".{out.name}.partial"
+    build = build_dir(out)
     fingerprint = _fingerprint(specs, files, cfg)
     if curate is not None:  # curation changes the output: part of what a resume must match
         settings = json.dumps(curate.model_dump(mode="json", exclude={"explain"}), sort_keys=True)
@@ -289,11 +303,10 @@ class _Pipeline:
         stats = ReadStats()
         counts = {"read": 0, "too_short": 0, "kept": 0, "train": 0, "val": 0, "chars": 0}
         self.blocks: list[dict] = []
-        spools = {s: self.build / f"spool-{s}.jsonl" for s in ("train", "val")}
         docs = iter_documents(self.specs, text_field=cfg.text_field, on_error=cfg.on_error,
                               stats=stats, split_on=cfg.split_on)
-        with progress_bar(self.console) as bar, open(spools["train"], "w", encoding="utf-8") as ftr, \
-                open(spools["val"], "w", encoding="utf-8") as fva:
+        kept = self.build / "spool-all.jsonl"
+        with progress_bar(self.console) as bar, open(kept, "w", encoding="utf-8") as f:
             task = bar.add_task("read + clean", total=None, unit="docs")
 
             def counted(stream: Iterator[Document]) -> Iterator[Document]:
@@ -304,11 +317,11 @@ class _Pipeline:
 
             cleaned = self._clean(counted(docs), counts)
             for doc in self._curate(cleaned):
-                split = "val" if is_validation(doc.text, cfg.val_fraction) else "train"
-                counts[split] += 1
+                counts["val"] += is_validation(doc.text, cfg.val_fraction)
                 counts["kept"] += 1
                 counts["chars"] += len(doc.text)
-                (fva if split == "val" else ftr).write(json.dumps(doc.text, ensure_ascii=False) + "\n")
+                f.write(json.dumps(doc.text, ensure_ascii=False) + "\n")
+        split = self._split(kept, counts)
         self.blocks = [
             {"block": "read", "documents_out": counts["read"],
              "dropped": {"bad_input": len(stats.skipped)}},
@@ -316,8 +329,9 @@ class _Pipeline:
              "documents_out": counts["read"] - counts["too_short"],
              "dropped": {"too_short": counts["too_short"]}},
             *self.blocks,
-            {"block": "split", "documents_in": counts["kept"], "documents_out": counts["kept"],
-             "train": counts["train"], "val": counts["val"]},
+            {"block": "split", "documents_in": counts["kept"],
+             "documents_out": counts["train"] + counts["val"],
+             "train": counts["train"], "val": counts["val"], **split},
         ]
         self._check_read(counts, stats)
         result = {
@@ -333,9 +347,45 @@ class _Pipeline:
             },
             "skipped_examples": stats.skipped[:20],
             "blocks": self.blocks,
+            "split": split,
         }
         self.journal.put("read", result)
         return result
+
+    def _split(self, kept: Path, counts: dict[str, int]) -> dict:
+        """Spool the kept documents into train and val; returns how (for the manifest).
+
+        By document (content hash) when that holds out at least ``MIN_VAL_DOCUMENTS``;
+        otherwise (one file, a few documents) the last ``val_fraction`` of the text, as
+        nanoGPT does, cutting the document at the boundary at a line break."""
+        fraction = self.cfg.val_fraction
+        by_position = counts["val"] < MIN_VAL_DOCUMENTS
+        cut = round(counts["chars"] * (1 - fraction))
+        counts["train"] = counts["val"] = 0
+        position = 0
+        with open(self.build / "spool-train.jsonl", "w", encoding="utf-8") as ftr, \
+                open(self.build / "spool-val.jsonl", "w", encoding="utf-8") as fva:
+            def write(split: str, text: str) -> None:
+                if text:
+                    counts[split] += 1
+                    (fva if split == "val" else ftr).write(json.dumps(text, ensure_ascii=False) + "\n")
+
+            for text in _read_spool(kept):
+                if not by_position:
+                    write("val" if is_validation(text, fraction) else "train", text)
+                    continue
+                at = min(max(cut - position, 0), len(text))
+                if 0 < at < len(text):
+                    at = _line_break_near(text, at)
+                write("train", text[:at].strip())
+                write("val", text[at:].strip())
+                position += len(text)
+        kept.unlink()
+        if not by_position:
+            return {"method": "document", "val_fraction": fraction}
+        return {"method": "position", "val_fraction": fraction,
+                "reason": f"{counts['kept']:,} document(s) kept: fewer than "
+                f"{MIN_VAL_DOCUMENTS} would be held out by document"}
 
     def _clean(self, docs: Iterator[Document], counts: dict[str, int]) -> Iterator[Document]:
         """Block ``clean``: normalize (in the workers) and drop documents under min_chars."""
@@ -393,7 +443,7 @@ class _Pipeline:
             raise ShoestringError(
                 f"all {counts['kept']} documents fell into the validation split",
                 where=", ".join(self.specs),
-                fix="add more documents or lower data.val_fraction",
+                fix="add more text",
             )
 
     # --- tokenizer ----------------------------------------------------------------------
@@ -549,14 +599,28 @@ class _Pipeline:
         }
 
     def _check_val(self, val: dict, read: dict) -> None:
-        if val["sequences"] == 0:
-            raise ShoestringError(
-                f"the validation split has no complete sequence: {read['documents']['val']} "
-                f"documents with {val['document_tokens']} tokens, fewer than one sequence of "
-                f"{self.cfg.seq_len}",
-                where=", ".join(self.specs),
-                fix="add more text, raise data.val_fraction, or lower data.seq_len",
-            )
+        if val["sequences"] > 0:
+            return
+        cfg = self.cfg
+        have = self.encoded["val"]["tokens"]  # the stream packing cuts into sequences
+        need = cfg.seq_len - 2 if cfg.objective == "mlm" else cfg.seq_len
+        fixes = ["add more text"]
+        if have > 0:  # held-out text grows about in proportion to val_fraction
+            fraction = round(cfg.val_fraction * need / have * 1.2 + 0.005, 2)
+            if fraction < 0.5:
+                fixes.append(f"--set data.val_fraction={fraction}")
+        longest = 1 << max(0, (have + cfg.seq_len - need).bit_length() - 1)
+        if have and longest >= 8:
+            fixes.append(f"--set data.seq_len={longest}")
+        how = ("by document" if read["split"]["method"] == "document"
+               else "the end of the text")
+        raise ShoestringError(
+            f"the validation split ({how}, data.val_fraction={cfg.val_fraction}) has no "
+            f"complete sequence: {val['documents']} documents with {have} tokens, fewer "
+            f"than one sequence of {cfg.seq_len}",
+            where=", ".join(self.specs),
+            fix=" or ".join(fixes),
+        )
 
     def _manifest(self, read: dict, tok_info: dict, ids: dict[str, int], dtype: np.dtype,
                   splits: dict[str, dict], seconds: float) -> dict:
@@ -569,8 +633,7 @@ class _Pipeline:
              "dropped": {"ratio_too_high": seen - kept}}]
         blocks = [
             *read["blocks"],
-            {"block": "tokenize", "documents_in": read["documents"]["kept"],
-             "documents_out": read["documents"]["kept"],
+            {"block": "tokenize", "documents_in": seen, "documents_out": seen,
              "tokens": sum(s["document_tokens"] for s in splits.values())},
             *compress,
             {"block": "pack", "sequences": sum(s["sequences"] for s in splits.values()),
@@ -586,7 +649,10 @@ class _Pipeline:
             "fingerprint": self.journal.fingerprint,
             "config": cfg.model_dump(mode="json"),
             **({"curate": self.curate_cfg.model_dump(mode="json")} if self.curate_cfg else {}),
-            "documents": read["documents"],
+            # One source for the counts: what is in the shards (after every block).
+            "documents": {**read["documents"], "kept": kept,
+                          **{name: splits[name]["documents"] for name in ("train", "val")}},
+            "split": read["split"],
             "skipped_examples": read["skipped_examples"],
             "blocks": blocks,
             "tokenizer": {**tok_info, "special_ids": ids},
@@ -600,6 +666,14 @@ class _Pipeline:
             "stage_seconds": self.seconds,
             "seconds": round(seconds, 3),
         }
+
+
+def _line_break_near(text: str, at: int) -> int:
+    """A cut point near ``at``: the next line break, else the previous, else the next space."""
+    for found in (text.find("\n", at), text.rfind("\n", 0, at), text.find(" ", at)):
+        if 0 < found < len(text):
+            return found
+    return at
 
 
 def _read_spool(path: Path) -> Iterator[str]:

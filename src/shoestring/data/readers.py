@@ -2,8 +2,9 @@
 
 Formats (chosen by extension; compression by magic bytes, see `compression`):
 
-* ``.txt``: the whole file is one document, or with ``split_on="blank-lines"`` each block of
-  non-blank lines is one (its id is ``path:LINE`` of its first line).
+* ``.txt``: ``split_on="blank"`` (the default): each block of non-blank lines (a paragraph)
+  is one document, its id ``path:LINE`` of its first line; ``"lines"``: each non-blank line
+  (WikiText, line-per-document dumps); ``"none"``: the whole file.
 * ``.jsonl`` / ``.json``: JSON lines, one object per line, text in ``obj[text_field]``.
   ``.json`` is read as JSON lines too, because that is what most corpus dumps named ``.json``
   are; a pretty-printed JSON array fails on its first line with a hint saying so.
@@ -73,7 +74,7 @@ Report = Callable[[ShoestringError], None]
 @dataclass(frozen=True)
 class ReadOptions:
     text_field: str = "text"
-    split_on: str = "file"
+    split_on: str = "blank"
 
 
 # --- opening ---------------------------------------------------------------------------
@@ -125,8 +126,8 @@ def read_txt(path: str, opts: ReadOptions, report: Report, stats: ReadStats) -> 
     if stream is None:
         return
     with stream:
-        if opts.split_on == "blank-lines":
-            yield from _txt_blocks(path, stream, report)
+        if opts.split_on != "none":
+            yield from _txt_blocks(path, stream, report, per_line=opts.split_on == "lines")
             return
         try:
             data = stream.read()
@@ -142,8 +143,11 @@ def read_txt(path: str, opts: ReadOptions, report: Report, stats: ReadStats) -> 
     yield Document(text=text.removeprefix("\ufeff"), source=path, doc_id=path)
 
 
-def _txt_blocks(path: str, stream: BinaryIO, report: Report) -> Iterator[Document]:
-    """Blocks of non-blank lines; a bad line makes the file unusable (like a whole .txt)."""
+def _txt_blocks(
+    path: str, stream: BinaryIO, report: Report, per_line: bool = False
+) -> Iterator[Document]:
+    """Blocks of non-blank lines (each line alone with ``per_line``); a bad line makes the
+    file unusable (like a whole .txt)."""
     block: list[str] = []
     start = 0
     for lineno, offset, raw in _lines(path, stream, report):
@@ -158,7 +162,9 @@ def _txt_blocks(path: str, stream: BinaryIO, report: Report) -> Iterator[Documen
             if not block:
                 start = lineno
             block.append(line)
-        elif block:
+            if not per_line:
+                continue
+        if block:
             yield Document("".join(block).rstrip("\r\n"), path, f"{path}:{start}")
             block = []
     if block:

@@ -33,7 +33,7 @@ __all__ = [
 ]
 
 BUILTINS = {"pydocs": "Python's help topics and standard-library docstrings (offline)"}
-SPLIT_ON = ("file", "blank-lines")
+SPLIT_ON = ("blank", "lines", "none")
 
 _BUILTIN_PREFIX = "builtin:"
 _GLOB_CHARS = frozenset("*?[")
@@ -68,7 +68,7 @@ def iter_documents(
     text_field: str = "text",
     on_error: str = "raise",
     stats: ReadStats | None = None,
-    split_on: str = "file",
+    split_on: str = "blank",
 ) -> Iterator[Document]:
     """Yield every document of every source, in order; see `readers` for formats and errors."""
     if on_error not in ("raise", "skip"):

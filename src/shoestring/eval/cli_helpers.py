@@ -49,6 +49,9 @@ def run_eval(
     if precision not in ("auto", "bf16", "fp32"):
         raise ShoestringError(f"unknown precision {precision!r}", where="--precision",
                               fix="choose auto, bf16 or fp32")
+    from shoestring.model.hub import check_run_dir
+
+    check_run_dir(run, "eval")
     downstream = glue is not None or tasks is not None or bool(task)
     decoder_flags = text is not None or choices is not None or bool(prompt)
     if downstream:

@@ -22,7 +22,6 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 from shoestring import __version__
 from shoestring.config import ModelConfig
@@ -38,7 +37,13 @@ from shoestring.data.tokenizer import (
     special_ids,
 )
 from shoestring.errors import ShoestringError
-from shoestring.fsutil import building_dir, check_output_dir, write_json_atomic, write_text_atomic
+from shoestring.fsutil import (
+    building_dir,
+    check_output_dir,
+    save_safetensors,
+    write_json_atomic,
+    write_text_atomic,
+)
 from shoestring.model.encoder import MaskedLM
 from shoestring.train.rundir import ARCHITECTURE, load_final
 
@@ -298,7 +303,7 @@ def export_encoder(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool 
     special_ids(load_tokenizer(tokenizer_json))  # the fixed special-token layout, checked
 
     with building_dir(out) as build:
-        save_file(state, str(build / WEIGHTS), metadata={"format": "pt"})
+        save_safetensors(state, build / WEIGHTS, metadata={"format": "pt"})
         write_json_atomic(build / "config.json", config)
         shutil.copyfile(tokenizer_json, build / "tokenizer.json")
         tok_config = _tokenizer_config(tokenizer_json, meta["seq_len"])

@@ -19,12 +19,17 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 from shoestring import __version__
 from shoestring.config import ModelConfig
 from shoestring.errors import ShoestringError
-from shoestring.fsutil import building_dir, check_output_dir, write_json_atomic, write_text_atomic
+from shoestring.fsutil import (
+    building_dir,
+    check_output_dir,
+    save_safetensors,
+    write_json_atomic,
+    write_text_atomic,
+)
 from shoestring.model.decoder import CausalLM
 from shoestring.model.hf import map_options, only
 
@@ -202,7 +207,7 @@ def export_decoder(run_dir: Path, out: Path, model: CausalLM, meta: dict,
     state = hf_state_dict(model)
     tokenizer_json = run_dir / "final" / "tokenizer.json"
     with building_dir(out) as build:
-        save_file(state, str(build / WEIGHTS), metadata={"format": "pt"})
+        save_safetensors(state, build / WEIGHTS, metadata={"format": "pt"})
         write_json_atomic(build / "config.json", config)
         write_json_atomic(build / "generation_config.json", {
             "bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"],

@@ -15,9 +15,30 @@ from shoestring.errors import ShoestringError
 from shoestring.train.rundir import load_final
 
 
+def check_run_dir(path: str | Path, command: str) -> None:
+    """Say what ``path`` is when it is not a trained run dir (missing, an export, a data dir)."""
+    path = Path(path)
+    if not path.exists():
+        raise ShoestringError("not found", where=str(path),
+                              fix="check the path: a run dir written by shoestring train")
+    if (path / "final").is_dir():
+        return
+    if (path / "config.json").is_file() and (path / "model.safetensors").is_file():
+        raise ShoestringError(
+            "this is a Hugging Face export (config.json + model.safetensors), not a run dir",
+            where=str(path),
+            fix=f"use the run dir it was exported from with shoestring {command}; an export "
+            "loads with transformers' Auto classes or serves with shoestring serve",
+        )
+    if (path / "manifest.json").is_file() and (path / "tokenizer.json").is_file():
+        raise ShoestringError("this is a data dir (written by shoestring prep), not a run dir",
+                              where=str(path), fix="pass a run dir written by shoestring train")
+
+
 def export_run(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = False) -> Path:
     """Export a trained run to ``out_dir``; returns it (complete or absent, see fsutil)."""
     run_dir, out = Path(run_dir), Path(out_dir)
+    check_run_dir(run_dir, "export")
     model, meta = load_final(run_dir)
     if meta["architecture"] == "shoestring-clm":
         from shoestring.model.hf_llama import export_decoder

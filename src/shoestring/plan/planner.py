@@ -293,6 +293,14 @@ def make_plan(req: PlanRequest, console: Console | None = None) -> dict[str, Any
         "than the loss value: fit a law on your own objective and data with `shoestring "
         "sweep` + `shoestring plan --fit`, then plan with --law FILE"
     )
+    ceiling = math.log(vocab)  # the loss of a uniform guess over the vocabulary
+    if loss > ceiling:
+        notes.append(
+            f"the law predicts a loss of {loss:.2f}, above ln(vocabulary) = {ceiling:.2f} (a "
+            "uniform guess): this budget is below the range the law was fitted on, so the "
+            "predicted loss is shown clamped to that ceiling"
+        )
+        loss = ceiling
     if law.objective != objective:
         notes.append(f"this law was fitted on {law.objective.upper()} losses; you plan "
                      f"{objective.upper()}")
@@ -338,7 +346,7 @@ def make_plan(req: PlanRequest, console: Console | None = None) -> dict[str, Any
         "law": law.to_dict(),
         "optimum": {  # the closed form on C = 6ND
             "params": n_opt, "tokens": d_opt, "tokens_per_param": d_opt / n_opt,
-            "loss": law.loss(n_opt, d_opt),
+            "loss": min(law.loss(n_opt, d_opt), ceiling),
         },
         "model": {
             "shape": pick.label, "params": pick.params,

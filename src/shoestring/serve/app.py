@@ -1,6 +1,7 @@
 """The HTTP API (FastAPI): endpoints, error answers, and the request's path through the batcher.
 
-A request is validated by its pydantic model (422 on bad types or fields), tokenized and
+A request body is JSON whatever its ``Content-Type`` header says (``curl -d`` works as is).
+It is validated by its pydantic model (422 on bad types or fields), tokenized and
 checked by the engine (422 on over-length or a missing mask token), split into one batcher
 job per input and queued (503 + Retry-After at once when the queue is full). The handler
 then waits for three things at once: its results, its client disconnecting (its queued jobs
@@ -14,6 +15,7 @@ Status codes: 401 bad or missing API key · 404 an endpoint this model does not 
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import time
 from collections.abc import AsyncIterator
@@ -21,6 +23,8 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from shoestring import __version__
@@ -90,6 +94,21 @@ class _Metered:
             self.metrics.latency.observe(time.perf_counter() - start, endpoint=endpoint)
 
 
+class _JsonBody:
+    """ASGI middleware: a POST body is JSON whatever its ``Content-Type`` says, as in
+    Hugging Face's TEI. ``curl -d`` sends ``application/x-www-form-urlencoded``, which
+    FastAPI would not parse as JSON (a confusing 422 "Input should be a valid dictionary")."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope.get("method") == "POST":
+            headers = [(k, v) for k, v in scope.get("headers") or [] if k != b"content-type"]
+            scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
+        await self.app(scope, receive, send)
+
+
 def create_app(
     engine: Engine, settings: ServeSettings, metrics: ServeMetrics | None = None
 ) -> FastAPI:
@@ -154,6 +173,11 @@ def create_app(
             )
 
     # --- errors ------------------------------------------------------------------------------
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, e: RequestValidationError) -> JSONResponse:
+        # FastAPI's own answer, ASCII-escaped: an echoed lone surrogate cannot be UTF-8.
+        return _AsciiJSON({"detail": jsonable_encoder(e.errors())}, status_code=422)
 
     @app.exception_handler(InputError)
     async def _bad_input(request: Request, e: InputError) -> JSONResponse:
@@ -335,9 +359,15 @@ def create_app(
         return PlainTextResponse(metrics.render(), media_type=CONTENT_TYPE)
 
     # Outermost first: every answer is metered, including the 413s of the body limit.
+    app.add_middleware(_JsonBody)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(_Metered, metrics=metrics)
     return app
+
+
+class _AsciiJSON(JSONResponse):
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, allow_nan=False, separators=(",", ":")).encode("ascii")
 
 
 def _json(content: dict) -> JSONResponse:

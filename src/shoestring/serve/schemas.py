@@ -13,6 +13,19 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
 
+def _encodable(text: str, where: str) -> None:
+    """JSON may carry lone surrogates (``"\\ud800"``), which are not text: refuse them here
+    (422), before the tokenizer fails on them."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise PydanticCustomError(
+            "invalid_unicode",
+            "{where} has a lone surrogate (U+{code}) at character {pos}: send valid Unicode text",
+            {"where": where, "code": f"{ord(text[e.start]):04X}", "pos": e.start},
+        ) from None
+
+
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -33,8 +46,11 @@ class _Request(BaseModel):
                         "inputs[{i}] is empty: every text needs some content",
                         {"i": i},
                     )
+                _encodable(t, f"inputs[{i}]")
         elif not v.strip():
             raise PydanticCustomError("empty_text", "the text is empty: send some content")
+        else:
+            _encodable(v, "the text")
         return v
 
     @property
@@ -65,6 +81,13 @@ class ClassifyRequest(_Request):
     pairs: list[str] | None = Field(
         None, description="second texts, one per input, for pair tasks (e.g. paraphrase)"
     )
+
+    @field_validator("pairs")
+    @classmethod
+    def _pairs_encodable(cls, v: list[str] | None) -> list[str] | None:
+        for i, t in enumerate(v or []):
+            _encodable(t, f"pairs[{i}]")
+        return v
 
 
 class GenerateRequest(_Request):
