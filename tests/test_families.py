@@ -111,13 +111,15 @@ def test_no_family_string_comparisons_outside_families() -> None:
 
 
 def test_config_imports_no_stage_and_no_torch() -> None:
+    import json
     import subprocess
     import sys
 
-    code = ("import sys, shoestring.config; "
-            "print(sorted(m for m in sys.modules if m.startswith('shoestring')), 'torch' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    modules, torch_loaded = out.rsplit(" ", 1)
-    assert torch_loaded.strip() == "False"
-    stages = ("plan", "data", "model", "train", "dist", "eval", "serve")
-    assert not [m for m in eval(modules) if m.split(".")[1:2] and m.split(".")[1] in stages]
+    code = ("import json, sys, shoestring.config; "
+            "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('shoestring', 'torch'))))")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = json.loads(run.stdout)
+    assert "torch" not in loaded
+    stages = {"plan", "data", "model", "train", "dist", "eval", "serve"}
+    assert not [m for m in loaded if m.split(".")[1:2] and m.split(".")[1] in stages], loaded

@@ -34,9 +34,10 @@ def get(name: str, where: str = "model.objective") -> Family:
     try:
         return _REGISTRY[name]
     except (KeyError, TypeError):
+        choices = ", ".join(f"{f.name} ({f.description})" for f in _REGISTRY.values())
         raise ShoestringError(
             f"unknown model family {name!r} (known: {', '.join(_REGISTRY)})", where=where,
-            fix=f"use one of: {', '.join(f'{f.name} ({f.description})' for f in _REGISTRY.values())}",
+            fix=f"use one of: {choices}",
         ) from None
 
 
