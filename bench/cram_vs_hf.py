@@ -55,9 +55,9 @@ from shoestring.data.tokenizer import MASK
 from shoestring.eval.mlm import evaluate_run, fixed_masks
 from shoestring.fsutil import write_json_atomic
 from shoestring.train.budget import parse_duration
-from shoestring.train.device import DeviceInfo, precision_name, select_device
+from shoestring.device import DeviceInfo, precision_name, select_device
 from shoestring.train.loop import train
-from shoestring.train.rundir import load_final
+from shoestring.rundir import RunDir
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT.parent / "shared" / "data" / "corpora" / "mixed-en.jsonl"
@@ -298,7 +298,7 @@ def main() -> None:
     for fn in ((run_ours, run_hf) if args.order == "ours-first" else (run_hf, run_ours)):
         fn()
 
-    ours, _ = load_final(args.work / "shoestring")
+    ours, _ = RunDir(args.work / "shoestring").load_final()
     console.print(f"scoring both on up to {args.eval_sequences} validation sequences")
     scores = score_both(ours, trained["hf"], data, cfg, args.eval_sequences, device_info)
     official = evaluate_run(args.work / "shoestring", args.data, console=console,

@@ -35,7 +35,7 @@ from shoestring.eval.classifier import SequenceClassifier
 from shoestring.eval.finetune import collate, encode_examples, length_bucketed_batches
 from shoestring.eval.glue import load_glue_task
 from shoestring.model.encoder import MaskedLM
-from shoestring.train.device import select_device
+from shoestring.device import select_device
 
 GLUE = Path(__file__).resolve().parents[2] / "shared" / "data" / "glue"
 NAMES = {"CoLA": "cola", "SST-2": "sst2", "MRPC": "mrpc"}

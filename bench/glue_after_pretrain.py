@@ -32,7 +32,7 @@ from shoestring.eval.finetune import PROTOCOLS, run_task
 from shoestring.eval.glue import parse_task_list
 from shoestring.eval.report import glue_averages, score_columns
 from shoestring.fsutil import write_json_atomic
-from shoestring.train.rundir import load_final
+from shoestring.rundir import RunDir
 
 ROOT = Path(__file__).resolve().parents[1]
 WORK = ROOT / "runs" / "bench" / "cram_vs_hf"
@@ -75,7 +75,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
 
-    ours, meta = load_final(args.ours)
+    ours, meta = RunDir(args.ours).load_final()
     tok_path = args.ours / "final" / "tokenizer.json"
     tokenizer = load_tokenizer(tok_path)
     data = _load_tasks(args.glue, parse_task_list(args.tasks), [], args.max_train)

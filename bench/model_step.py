@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from shoestring.config import ModelConfig
 from shoestring.data.masking import mask_tokens
 from shoestring.model.encoder import MaskedLM
-from shoestring.train.device import select_device
+from shoestring.device import select_device
 
 
 def hf_model(cfg: ModelConfig, vocab: int, seq_len: int):

@@ -20,7 +20,7 @@ import torch
 
 from shoestring.dist.launch import run
 from shoestring.errors import ShoestringError
-from shoestring.train.objective import Objective
+from shoestring.families import Objective
 
 
 def _inject_nan(rank: int, call: int) -> None:

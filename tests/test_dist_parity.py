@@ -60,7 +60,7 @@ def plain_pytorch_losses(data_dir: Path, sets: list[str]) -> list[float]:
     from shoestring.data.datadir import DataDir
     from shoestring.data.loader import BatchLoader
     from shoestring.model import build_model
-    from shoestring.train.objective import objective_for
+    from shoestring import families
     from shoestring.train.optim import build_optimizer
     from shoestring.train.schedule import lr_factor
 
@@ -71,8 +71,9 @@ def plain_pytorch_losses(data_dir: Path, sets: list[str]) -> list[float]:
     opt = build_optimizer(model, cfg.train)
     loader = BatchLoader(data.split("train", verify=False), cfg.train.batch_size,
                          cfg.train.seed, prefetch=0)
-    obj = objective_for(cfg.model.objective, data.seq_len, data.vocab_size, data.special_ids,
-                        cfg.train.mask_rate, cfg.model.sparse_prediction)
+    obj = families.get(cfg.model.objective).objective(
+        data.seq_len, data.vocab_size, data.special_ids, cfg.train.mask_rate,
+        cfg.model.sparse_prediction)
     gen = torch.Generator().manual_seed(cfg.train.seed)
     out = []
     for step in range(cfg.train.steps):
@@ -231,7 +232,7 @@ def test_3d_layout_matches_and_its_checkpoint_resumes_on_dp2(pydocs_dir: Path, t
     check_memory_model(run3d, pydocs_dir, {"parallel": "dp=2,tp=2,pp=2", "zero": 2})
     ck = run3d / "checkpoints" / "step_00000002"
     assert (ck / ".metadata").is_file() and (ck / "state.json").is_file()
-    from shoestring.train.rundir import load_final
+    from shoestring.rundir import RunDir
 
     # roll a copy back to step 2, as if the job had died there, and resume it on dp=2
     resumed = tmp_path / "resumed"
@@ -245,8 +246,8 @@ def test_3d_layout_matches_and_its_checkpoint_resumes_on_dp2(pydocs_dir: Path, t
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert_close(losses_of(resumed), losses_of(reference), "3D → step 2 → resumed on dp=2")
     assert_close(val_losses_of(resumed), val_losses_of(reference), "validation after resume")
-    a, _ = load_final(run3d)
-    b, _ = load_final(resumed)
+    a, _ = RunDir(run3d).load_final()
+    b, _ = RunDir(resumed).load_final()
     for (name, p), q in zip(a.state_dict().items(), b.state_dict().values()):
         assert torch.allclose(p, q, atol=1e-5), name
 

@@ -13,8 +13,8 @@ from shoestring.data.prep import prep
 from shoestring.errors import ShoestringError
 from shoestring.eval.mlm import evaluate_run
 from shoestring.train.loop import train
-from shoestring.train.device import _measure
-from shoestring.train.rundir import load_final
+from shoestring.device import _measure
+from shoestring.rundir import RunDir
 from shoestring.train.schedule import one_cycle
 
 pytestmark = pytest.mark.slow
@@ -59,8 +59,8 @@ def test_run_dir_artifacts(trained: Path) -> None:
 def test_final_model_reloads_identically(trained: Path) -> None:
     import torch
 
-    a, _ = load_final(trained)
-    b, _ = load_final(trained)
+    a, _ = RunDir(trained).load_final()
+    b, _ = RunDir(trained).load_final()
     ids = torch.randint(5, 2000, (2, 64))
     with torch.no_grad():
         assert torch.equal(a(ids), b(ids))

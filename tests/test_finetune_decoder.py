@@ -16,7 +16,7 @@ from shoestring.config import ModelConfig
 from shoestring.errors import ShoestringError
 from shoestring.eval.decoder import greedy_samples, multiple_choice, perplexity, read_choices
 from shoestring.model.decoder import CausalLM
-from shoestring.train.device import select_device
+from shoestring.device import select_device
 
 TEXT = "the cat sat on the mat . the dog ran in the park . "
 EOS, PAD = "<|endoftext|>", "<|pad|>"
@@ -113,12 +113,12 @@ def test_bad_multiple_choice_files_name_the_line(tmp_path: Path) -> None:
 
 
 def test_cli_decoder_evals_on_a_decoder_run(lm, tmp_path: Path) -> None:
-    from shoestring.train.rundir import save_final
+    from shoestring.rundir import RunDir
 
     model, _, tok_path, meta = lm
     run = tmp_path / "run"
     run.mkdir()
-    save_final(run, model, meta, tok_path)
+    RunDir(run).save_final(model, meta, tok_path)
     (tmp_path / "held.txt").write_text("the dog ran in the park . the cat sat on the mat .")
     (tmp_path / "mc.jsonl").write_text(json.dumps(
         {"context": "the cat sat on the", "choices": ["park", "mat"], "answer": 1}) + "\n")

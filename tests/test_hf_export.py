@@ -21,7 +21,7 @@ from shoestring.errors import ShoestringError
 from shoestring.model import hf
 from shoestring.model.encoder import MaskedLM
 from shoestring.model.hf import EXPORT_MARKER, export_encoder, import_encoder
-from shoestring.train.rundir import load_final, model_meta, prepare_run_dir, save_final
+from shoestring.rundir import RunDir, model_meta
 
 transformers = pytest.importorskip("transformers")
 
@@ -50,9 +50,9 @@ def _run_dir(root: Path, tokenizer: Path, cfg: ModelConfig = CFG, seed: int = 0)
     torch.manual_seed(seed)
     model = MaskedLM(cfg, tok.get_vocab_size())
     run = root / f"run-{cfg.init_std}-{seed}"
-    prepare_run_dir(run, overwrite=True)
+    RunDir.create(run, overwrite=True)
     meta = model_meta(Config(model=cfg), tok.get_vocab_size(), SEQ_LEN, special_ids(tok))
-    save_final(run, model, meta, tokenizer)
+    RunDir(run).save_final(model, meta, tokenizer)
     return run
 
 
@@ -91,7 +91,7 @@ def _load_hf(path: Path):
 
 def test_transformers_logits_match_ours(exported: tuple[Path, Path]) -> None:
     run, out = exported
-    ours, meta = load_final(run)
+    ours, meta = RunDir(run).load_final()
     theirs, _ = _load_hf(out)
     assert type(theirs).__name__ == "ModernBertForMaskedLM"
     ids = torch.randint(0, meta["vocab_size"], (2, 48), generator=torch.Generator().manual_seed(0))
@@ -105,7 +105,7 @@ def test_transformers_logits_match_ours(exported: tuple[Path, Path]) -> None:
 def test_padding_mask_matches_ours(exported: tuple[Path, Path]) -> None:
     """transformers' attention_mask and our key_mask both hide padded keys, nothing else."""
     run, out = exported
-    ours, meta = load_final(run)
+    ours, meta = RunDir(run).load_final()
     theirs, _ = _load_hf(out)
     ids = torch.randint(5, meta["vocab_size"], (2, 40), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(ids, dtype=torch.bool)
@@ -161,7 +161,7 @@ def test_autotokenizer_ids_match_ours(lowercase: bool, tmp_path: Path) -> None:
 
 def test_round_trip_is_bit_identical(exported: tuple[Path, Path]) -> None:
     run, out = exported
-    ours, meta = load_final(run)
+    ours, meta = RunDir(run).load_final()
     back, back_meta = import_encoder(out)
     assert back_meta == meta
     a, b = ours.state_dict(), back.state_dict()

@@ -15,7 +15,7 @@ from shoestring.data.builtin import iter_pydocs
 from shoestring.errors import ShoestringError
 from shoestring.model import build_model
 from shoestring.model.hub import export_run, import_hf
-from shoestring.train.rundir import load_final, model_meta, prepare_run_dir, save_final
+from shoestring.rundir import RunDir, model_meta
 
 transformers = pytest.importorskip("transformers")
 
@@ -43,9 +43,9 @@ def _run(root: Path, tokenizer: Path, cfg: ModelConfig, name: str) -> Path:
     torch.manual_seed(0)
     model = build_model(cfg, vocab)
     run = root / name
-    prepare_run_dir(run, overwrite=True)
+    RunDir.create(run, overwrite=True)
     ids = SPECIALS if cfg.objective == "clm" else {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4}
-    save_final(run, model, model_meta(Config(model=cfg), vocab, 64, ids), tokenizer)
+    RunDir(run).save_final(model, model_meta(Config(model=cfg), vocab, 64, ids), tokenizer)
     return run
 
 
@@ -54,7 +54,7 @@ def _run(root: Path, tokenizer: Path, cfg: ModelConfig, name: str) -> Path:
 def test_llama_export_matches_logits_and_generation(bpe: Path, tmp_path: Path, change: dict) -> None:
     run = _run(tmp_path, bpe, DEC.model_copy(update=change), "run")
     out = export_run(run, tmp_path / "hf")
-    ours, meta = load_final(run)
+    ours, meta = RunDir(run).load_final()
     theirs = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     assert type(theirs).__name__ == "LlamaForCausalLM"
     ids = torch.randint(0, meta["vocab_size"], (2, 30), generator=torch.Generator().manual_seed(0))
@@ -107,12 +107,12 @@ def wordpiece(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_modernbert_export_of_optional_recipe_matches(wordpiece: Path, tmp_path: Path, change: dict) -> None:
     cfg = ENC.model_copy(update=change)
     run = _run(tmp_path, wordpiece, cfg, "enc")
-    ours, meta = load_final(run)
+    ours, meta = RunDir(run).load_final()
     with torch.no_grad():  # biases start at zero; make them matter
         for name, p in ours.named_parameters():
             if name.endswith("bias") or name == "decoder_bias":
                 p.normal_(0, 0.1)
-    save_final(run, ours, meta, wordpiece)
+    RunDir(run).save_final(ours, meta, wordpiece)
     out = export_run(run, tmp_path / "hf", overwrite=False)
     theirs = transformers.AutoModelForMaskedLM.from_pretrained(out).eval()
     ids = torch.randint(5, meta["vocab_size"], (2, 20), generator=torch.Generator().manual_seed(0))
@@ -136,3 +136,12 @@ def test_modernbert_export_refuses_by_option(wordpiece: Path, tmp_path: Path, ch
     with pytest.raises(ShoestringError, match="no exact ModernBERT equivalent") as e:
         export_run(run, tmp_path / "hf")
     assert named in str(e.value)
+
+
+def test_a_llama_export_is_served_as_a_decoder(bpe: Path, tmp_path: Path) -> None:
+    """`serve` picks the engine by family for exports as for run dirs."""
+    from shoestring.serve.engine import load_engine
+
+    out = export_run(_run(tmp_path, bpe, DEC, "run"), tmp_path / "hf")
+    engine = load_engine(out)
+    assert engine.kind == "decoder" and "generate" in engine.tasks

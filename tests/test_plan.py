@@ -128,7 +128,7 @@ def test_hardware_table_and_lookup() -> None:
 
 def test_gpu_names_as_torch_reports_them_find_their_datasheet_row() -> None:
     from shoestring.plan.hardware import from_device_name
-    from shoestring.train.device import _datasheet
+    from shoestring.device import _datasheet
 
     seen = {
         "NVIDIA H100 80GB HBM3": "h100", "NVIDIA H100 PCIe": "h100-pcie",

@@ -80,7 +80,7 @@ def wait_for(predicate, timeout: float = 30.0) -> None:
 def test_fill_mask_matches_the_model_run_directly(client: httpx.Client, run_dir: Path) -> None:
     from tokenizers import Tokenizer
 
-    from shoestring.train.rundir import load_final
+    from shoestring.rundir import RunDir
 
     texts = ["the [MASK] of a list", "a function returns a [MASK] value and [MASK] more words"]
     r = client.post("/v1/fill-mask", json={"inputs": texts, "top_k": 3})
@@ -88,7 +88,7 @@ def test_fill_mask_matches_the_model_run_directly(client: httpx.Client, run_dir:
     results = r.json()["results"]
     assert [len(masks) for masks in results] == [1, 2]
 
-    model, _ = load_final(run_dir)
+    model, _ = RunDir(run_dir).load_final()
     tok = Tokenizer.from_file(str(run_dir / "final" / "tokenizer.json"))
     for text, masks in zip(texts, results):
         ids = tok.encode(text).ids
@@ -292,7 +292,7 @@ def test_classify_with_a_classifier_folder(run_dir: Path, tmp_path: Path) -> Non
 def test_generate_with_a_decoder_run(run_dir: Path, tmp_path: Path) -> None:
     from shoestring.config import ModelConfig
     from shoestring.model.decoder import CausalLM
-    from shoestring.train.rundir import save_final
+    from shoestring.rundir import RunDir
 
     # A small decoder saved as a run dir, with the encoder run's tokenizer (untrained: the
     # server's job is the same).
@@ -310,7 +310,7 @@ def test_generate_with_a_decoder_run(run_dir: Path, tmp_path: Path) -> None:
         "special_ids": base["special_ids"],
     }
     run = tmp_path / "clm"
-    save_final(run, model, meta, run_dir / "final" / "tokenizer.json")
+    RunDir(run).save_final(model, meta, run_dir / "final" / "tokenizer.json")
 
     prompts = ["the list", "a function that returns a value and"]
     with start(run, max_wait_ms=50) as srv, httpx.Client(base_url=srv.url, timeout=60) as c:

@@ -91,10 +91,10 @@ def test_resume_reproduces_the_uninterrupted_losses(pydocs_dir: Path, tmp_path: 
     whole = [(r["step"], r.get("loss"), r.get("val_loss")) for r in _records(tmp_path / "whole")]
     again = [(r["step"], r.get("loss"), r.get("val_loss")) for r in _records(cut)]
     assert again == whole  # bit-for-bit, including the periodic validations
-    from shoestring.train.rundir import load_final
+    from shoestring.rundir import RunDir
 
-    a, _ = load_final(tmp_path / "whole")
-    b, _ = load_final(cut)
+    a, _ = RunDir(tmp_path / "whole").load_final()
+    b, _ = RunDir(cut).load_final()
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
 
 
@@ -183,11 +183,11 @@ def _write_old_format_checkpoint(run: Path, step: int) -> None:
     a positional optimizer.pt and state.json (the writer was these three calls)."""
     from safetensors.torch import save_file
 
+    from shoestring.rundir import RunDir
     from shoestring.train.checkpoint import consolidate
-    from shoestring.train.rundir import load_final
 
     new = latest_checkpoint(run)
-    model, _ = load_final(run)
+    model, _ = RunDir(run).load_final()
     model = consolidate(new.path, model)
     from shoestring.train.optim import build_optimizer
 

@@ -258,7 +258,9 @@ def train(
         if config is not None or plan is not None:
             raise ShoestringError("--resume uses the run's own config.yaml", where="--config/--plan",
                                   fix="drop --config/--plan; change settings with --set")
-        saved = output / "config.yaml"
+        from shoestring.rundir import RunDir
+
+        saved = RunDir(output).config_path
         if not saved.is_file():
             raise ShoestringError("nothing to resume: no config.yaml", where=str(output),
                                   fix="train without --resume to start a run here")
@@ -353,7 +355,9 @@ def _print_export(path: Path) -> None:
     t.add_row("size", f"{cfg['num_hidden_layers']} layers × {cfg['hidden_size']} hidden, "
               f"{cfg['num_attention_heads']} heads, {cfg['intermediate_size']} GLU")
     t.add_row("vocabulary", f"{cfg['vocab_size']:,}")
-    auto = "AutoModelForCausalLM" if cfg["model_type"] == "llama" else "AutoModelForMaskedLM"
+    from shoestring import families
+
+    auto = families.by_hf_model_type(cfg["model_type"], where=str(path)).hf_auto_class
     t.add_row("load with", f"{auto}.from_pretrained({str(path)!r})")
     out.print(t)
 
@@ -440,6 +444,7 @@ def models(
     """List the model presets with parameter counts and training FLOPs per token."""
     import torch
 
+    from shoestring import families
     from shoestring.model import build_model
     from shoestring.model.flops import train_flops_per_token
     from shoestring.model.presets import preset_description, presets
@@ -458,7 +463,7 @@ def models(
     for name, cfg in presets().items():
         with torch.device("meta"):  # exact counts without allocating the weights
             model = build_model(cfg, vocab)
-        fraction = 0.25 if cfg.objective == "mlm" and cfg.sparse_prediction else 1.0
+        fraction = families.get(cfg.objective).model_head_fraction(cfg, seq_len, 0.25)
         flops = train_flops_per_token(cfg, vocab, seq_len, fraction)
         heads = f"{cfg.num_heads}" + (f"/{cfg.kv_heads}" if cfg.kv_heads != cfg.num_heads else "")
         t.add_row(name, cfg.objective, f"{cfg.num_layers}×{cfg.hidden_size}", heads,

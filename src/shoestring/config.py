@@ -23,7 +23,9 @@ from pydantic import (
     model_validator,
 )
 
+from shoestring import families
 from shoestring.errors import ShoestringError
+from shoestring.units import parse_budget
 
 
 class _Section(BaseModel):
@@ -77,7 +79,9 @@ class DataConfig(_Section):
     @property
     def lowercase_resolved(self) -> bool:
         """`lowercase`, with the per-objective default filled in."""
-        return self.objective == "mlm" if self.lowercase is None else self.lowercase
+        if self.lowercase is None:
+            return families.get(self.objective, "data.objective").lowercase
+        return self.lowercase
 
 
 class ModelConfig(_Section):
@@ -130,11 +134,9 @@ class ModelConfig(_Section):
             return data
         base: dict[str, Any] = {}
         if data.get("preset") is not None:
-            from shoestring.model.presets import preset_fields
-
-            base = preset_fields(str(data["preset"]))  # ValueError names the known presets
+            base = families.preset_fields(str(data["preset"]))  # ValueError names the known presets
         objective = data.get("objective", base.get("objective", "mlm"))
-        recipe = MODEL_RECIPES.get(objective, {})
+        recipe = MODEL_RECIPES.get(objective, {})  # an unknown objective: the Literal reports it
         return {**recipe, **base, **data}
 
     @model_validator(mode="after")
@@ -146,9 +148,10 @@ class ModelConfig(_Section):
         if self.positions == "rotary" and (self.hidden_size // self.num_heads) % 2:
             raise ValueError("hidden_size / num_heads must be even (rotary embeddings)")
         if self.num_kv_heads is not None and self.num_kv_heads != self.num_heads:
-            if self.objective != "clm":
+            if not families.get(self.objective).grouped_query:
                 raise ValueError(
-                    "num_kv_heads (grouped-query attention) is for decoders (objective clm); "
+                    "num_kv_heads (grouped-query attention) is for decoders (objective "
+                    f"{', '.join(f.name for f in families.all_families() if f.grouped_query)}); "
                     "encoders use num_heads for keys and values"
                 )
             if self.num_heads % self.num_kv_heads:
@@ -172,15 +175,10 @@ class ModelConfig(_Section):
         return 2 * self.intermediate_size if self.ffn != "gelu" else self.intermediate_size
 
 
-# Each objective's recipe: Cramming/ModernBERT for the masked-LM encoder, Llama for the
-# causal-LM decoder. A recipe field the user does not set takes its objective's value, so
+# Each family's recipe (families/): Cramming/ModernBERT for the masked-LM encoder, Llama for
+# the causal-LM decoder. A recipe field the user does not set takes its objective's value, so
 # `--set model.objective=clm` alone gives a Llama-style decoder.
-MODEL_RECIPES: dict[str, dict[str, Any]] = {
-    "mlm": {"norm": "layernorm", "norm_position": "pre", "bias": False, "ffn": "geglu",
-            "positions": "rotary", "tie_embeddings": True, "embedding_norm": True},
-    "clm": {"norm": "rmsnorm", "norm_position": "pre", "bias": False, "ffn": "swiglu",
-            "positions": "rotary", "tie_embeddings": True, "embedding_norm": False},
-}
+MODEL_RECIPES: dict[str, dict[str, Any]] = {f.name: f.recipe for f in families.all_families()}
 
 
 class TrainConfig(_Section):
@@ -248,8 +246,6 @@ class TrainConfig(_Section):
     @classmethod
     def _is_budget(cls, value: str | None) -> str | None:
         if value is not None:
-            from shoestring.train.budget import parse_budget
-
             try:
                 parse_budget(value)
             except ShoestringError as e:
@@ -260,8 +256,6 @@ class TrainConfig(_Section):
     @classmethod
     def _is_interval(cls, value: str | None) -> str | None:
         if value is not None:
-            from shoestring.train.budget import parse_budget
-
             try:
                 kind = parse_budget(value).kind
             except ShoestringError:
@@ -505,6 +499,22 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
+def read_plan_sections(path: str | Path) -> dict[str, Any]:
+    """A plan file's config sections (``plan:`` dropped), for `train --plan`."""
+    p = Path(path)
+    if not p.is_file():
+        raise ShoestringError("plan file not found", where=str(p),
+                              fix="write one with `shoestring plan ... -o plan.yaml`")
+    try:
+        tree = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise ShoestringError(f"cannot read the plan ({e})", where=str(p)) from None
+    if not isinstance(tree, dict) or "plan" not in tree:
+        raise ShoestringError("not a shoestring plan (no 'plan:' section)", where=str(p),
+                              fix="write one with `shoestring plan ... -o plan.yaml`")
+    return {k: v for k, v in tree.items() if k != "plan"}
+
+
 def load_config(
     path: str | Path | None = None,
     overrides: list[str] | None = None,
@@ -516,8 +526,6 @@ def load_config(
     tree: dict[str, Any] = {}
     source = "config"
     if plan is not None:  # a plan's model/train/data sections; its `plan:` metadata is dropped
-        from shoestring.plan.planner import read_plan_sections
-
         for section, values in read_plan_sections(plan).items():
             if not isinstance(values, dict):
                 raise ShoestringError(f"section '{section}' must be a mapping", where=str(plan))

@@ -35,6 +35,7 @@ from shoestring.fsutil import (
     write_json_atomic,
     write_text_atomic,
 )
+from shoestring.rundir import RunDir, read_json_object
 
 FORMAT = "shoestring-report/1"
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
@@ -122,47 +123,24 @@ def read_metrics(path: Path) -> tuple[list[dict], list[dict], list[str]]:
     return train, val, notes
 
 
-def _read_json(path: Path) -> dict | None:
-    if not path.is_file():
-        return None
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ShoestringError(f"not valid JSON ({e})", where=str(path),
-                              fix="re-create it (train or eval the run again)") from None
-    if not isinstance(value, dict):
-        raise ShoestringError("expected a JSON object", where=str(path))
-    return value
-
-
-def _read_yaml(path: Path) -> dict | None:
-    if not path.is_file():
-        return None
-    try:
-        value = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        raise ShoestringError(f"not valid YAML ({e})", where=str(path)) from None
-    return value if isinstance(value, dict) else None
-
-
 def load_run(path: str | Path, name: str | None = None) -> RunData:
     """Read one run dir; a folder without ``metrics.jsonl`` is not a run dir."""
-    path = Path(path)
+    rd = RunDir(path)
+    path = rd.path
     if not path.is_dir():
         raise ShoestringError("run dir not found", where=str(path),
                               fix="pass folders written by `shoestring train`")
-    metrics = path / "metrics.jsonl"
-    if not metrics.is_file():
+    if not rd.metrics_path.is_file():
         raise ShoestringError(
             "not a shoestring run dir (no metrics.jsonl)",
             where=str(path),
             fix="pass folders written by `shoestring train`",
         )
-    train, val, notes = read_metrics(metrics)
+    train, val, notes = read_metrics(rd.metrics_path)
     run = RunData(path=path, name=name or path.resolve().name, train=train, val=val, notes=notes,
-                  summary=_read_json(path / "summary.json"),
-                  config=_read_yaml(path / "config.yaml"),
-                  eval=_read_json(path / "eval.json") or _read_json(path / "decoder_eval.json"))
+                  summary=read_json_object(rd.summary_path),
+                  config=rd.read_config_dict(),
+                  eval=read_json_object(rd.eval_path) or read_json_object(rd.decoder_eval_path))
     if run.summary is None:
         run.notes.append("no summary.json: the run is still going or was interrupted")
     return run

@@ -57,3 +57,20 @@ def mask_tokens(
     inputs = ids.clone()
     inputs.scatter_(1, positions, replacement)
     return MaskedBatch(inputs=inputs, positions=positions, targets=targets)
+
+
+def fixed_masks(ids: Tensor, first_index: int, rate: float, seed: int, num_special: int,
+                mask_id: int, vocab_size: int) -> MaskedBatch:
+    """Masks for rows ``first_index …``, each drawn on the CPU from its own (``seed``, row
+    index) generator: every model evaluated on the same rows is scored on the same positions
+    and targets, whatever the batch size or device (periodic validation and `eval` alike)."""
+    rows = [
+        mask_tokens(ids[i : i + 1], rate, num_special, mask_id, vocab_size,
+                    torch.Generator().manual_seed(seed * 1_000_003 + first_index + i))
+        for i in range(len(ids))
+    ]
+    return MaskedBatch(
+        inputs=torch.cat([r.inputs for r in rows]),
+        positions=torch.cat([r.positions for r in rows]),
+        targets=torch.cat([r.targets for r in rows]),
+    )

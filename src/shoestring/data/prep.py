@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 from rich.console import Console
 
-from shoestring import __version__
+from shoestring import __version__, families
 from shoestring.config import CurateConfig, DataConfig
 from shoestring.data.datadir import FORMAT
 from shoestring.data.packing import doc_offsets, pack_clm, pack_mlm, unigram_sort_order
@@ -48,7 +48,6 @@ from shoestring.data.shards import shard_intact, token_dtype, write_shard
 from shoestring.data.sources import Document, ReadStats, iter_documents, resolve_sources
 from shoestring.data.tokenizer import (
     CLS,
-    EOT,
     KINDS,
     SEP,
     default_kind,
@@ -144,7 +143,7 @@ def _check_settings(cfg: DataConfig) -> None:
             f"byte-level BPE needs data.vocab_size above 256 (the bytes), got {cfg.vocab_size}",
             where="data.vocab_size", fix="raise data.vocab_size (e.g. 8192)",
         )
-    if cfg.objective == "mlm" and cfg.seq_len < 3:
+    if cfg.seq_len <= families.get(cfg.objective, "data.objective").row_frame:
         raise ShoestringError("data.seq_len must leave room for [CLS] and [SEP]",
                               where="data.seq_len")
 
@@ -478,7 +477,7 @@ class _Pipeline:
     # --- encode: spool → token stream ---------------------------------------------------
 
     def _encode(self, split: str, tok: Any, ids: dict[str, int], n_docs: int) -> dict:
-        sep = ids[SEP] if self.cfg.objective == "mlm" else ids[EOT]
+        sep = ids[families.get(self.cfg.objective).separator_token]
         state = self.journal.get(f"encode.{split}") or {
             "documents": 0, "kept_documents": 0, "tokens": 0, "document_tokens": 0, "done": False}
         self.journal.restart(f"pack.{split}")
@@ -550,8 +549,8 @@ class _Pipeline:
     def _pack(self, split: str, enc: dict, dtype: np.dtype, ids: dict[str, int],
               vocab: int) -> dict:
         cfg = self.cfg
-        mlm = cfg.objective == "mlm"
-        body = cfg.seq_len - 2 if mlm else cfg.seq_len
+        frame = families.get(cfg.objective).row_frame
+        body = cfg.seq_len - frame
         stream_path = self.build / f"stream-{split}.bin"
         stream = (np.memmap(stream_path, dtype=dtype, mode="r") if enc["tokens"]
                   else np.zeros(0, dtype=dtype))
@@ -576,13 +575,13 @@ class _Pipeline:
                     continue
                 src = np.arange(lo, hi) if order is None else order[lo:hi]
                 chunk = bodies[lo:hi] if order is None else bodies[src]
-                if mlm:
+                if frame:  # [CLS] body [SEP]
                     rows = np.empty((len(src), cfg.seq_len), dtype=dtype)
                     rows[:, 0], rows[:, -1] = ids[CLS], ids[SEP]
                     rows[:, 1:-1] = chunk
                 else:
                     rows = np.asarray(chunk)
-                starts = doc_offsets(doc_starts, src, body, cfg.seq_len, 1 if mlm else 0)
+                starts = doc_offsets(doc_starts, src, body, cfg.seq_len, frame // 2)
                 shards.append(asdict(write_shard(self.build, split, k, rows, dtype, starts)))
                 self.journal.put(f"pack.{split}", {"shards": shards})
                 bar.update(task, advance=1)
@@ -603,7 +602,7 @@ class _Pipeline:
             return
         cfg = self.cfg
         have = self.encoded["val"]["tokens"]  # the stream packing cuts into sequences
-        need = cfg.seq_len - 2 if cfg.objective == "mlm" else cfg.seq_len
+        need = cfg.seq_len - families.get(cfg.objective).row_frame
         fixes = ["add more text"]
         if have > 0:  # held-out text grows about in proportion to val_fraction
             fraction = round(cfg.val_fraction * need / have * 1.2 + 0.005, 2)

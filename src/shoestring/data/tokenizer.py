@@ -33,6 +33,7 @@ from tokenizers import (
     trainers,
 )
 
+from shoestring import families
 from shoestring.errors import ShoestringError
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
@@ -41,20 +42,18 @@ NUM_SPECIAL = len(SPECIAL_TOKENS)
 EOT, CLM_PAD, CLM_UNK = "<|endoftext|>", "<|pad|>", "<|unk|>"
 CLM_SPECIAL_TOKENS = [EOT, CLM_PAD]
 KINDS = ("wordpiece", "bpe", "unigram")
-_NEEDS_UNK = frozenset({"wordpiece", "unigram"})
+NEEDS_UNK = frozenset({"wordpiece", "unigram"})
 _BYTE_ALPHABET = 256
 
 
 def default_kind(objective: str) -> str:
     """WordPiece for encoders (as BERT), byte-level BPE for decoders (as GPT-2)."""
-    return "wordpiece" if objective == "mlm" else "bpe"
+    return families.get(objective).tokenizer_kind
 
 
 def special_tokens(objective: str, kind: str) -> list[str]:
     """The special tokens, in id order, of a tokenizer of ``kind`` for ``objective``."""
-    if objective == "mlm":
-        return list(SPECIAL_TOKENS)
-    return CLM_SPECIAL_TOKENS + ([CLM_UNK] if kind in _NEEDS_UNK else [])
+    return families.get(objective).special_tokens(kind)
 
 
 def train_tokenizer(
@@ -70,7 +69,7 @@ def train_tokenizer(
         raise ShoestringError(f"unknown tokenizer kind {kind!r}", where="data.tokenizer",
                               fix=f"use one of: auto, {', '.join(KINDS)}, or a tokenizer.json path")
     specials = special_tokens(objective, kind)
-    unk = UNK if objective == "mlm" else CLM_UNK
+    unk = families.get(objective).unk_token
     if kind == "bpe" and vocab_size < _BYTE_ALPHABET + len(specials) + 1:
         raise ShoestringError(
             f"byte-level BPE needs a vocabulary above {_BYTE_ALPHABET + len(specials)} "
@@ -161,7 +160,7 @@ def finish(tok: Tokenizer, objective: str, kind: str, order: str | None) -> Toke
     specials = special_tokens(objective, kind)
     if order is not None:
         tok = _relayout(tok, specials, order)
-    if objective == "mlm":
+    if families.get(objective).row_frame:
         cls_id, sep_id = tok.token_to_id(CLS), tok.token_to_id(SEP)
         tok.post_processor = processors.TemplateProcessing(
             single=f"{CLS} $A {SEP}",
@@ -244,8 +243,7 @@ def tokenizer_kind(tok: Tokenizer) -> str:
 
 def special_ids(tok: Tokenizer, objective: str = "mlm") -> dict[str, int]:
     """Special token → id, checked to be the fixed layout of ``objective``."""
-    kind = tokenizer_kind(tok) if objective == "clm" else "wordpiece"
-    names = special_tokens(objective, kind)
+    names = special_tokens(objective, tokenizer_kind(tok))
     ids = {name: tok.token_to_id(name) for name in names}
     if list(ids.values()) != list(range(len(names))):
         raise ShoestringError(

@@ -32,6 +32,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from shoestring import families
+from shoestring.families import Family
+
+
+def _family(cfg: Any) -> Family:
+    """The family of a ModelConfig-like object (the masked LM when it names none)."""
+    return families.get(getattr(cfg, "objective", families.names()[0]))
+
 _DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2}
 
 
@@ -72,9 +80,8 @@ def param_counts(cfg: Any, vocab_size: int) -> dict[str, int]:
     matmul_per_block = attn + mlp - ((qkv + H) if bias else 0) - (
         ((2 * I if gated else I) + H) if bias else 0)
     tied = bool(getattr(cfg, "tie_embeddings", True))
-    mlm = getattr(cfg, "objective", "mlm") == "mlm"
     head = 0
-    if mlm:
+    if _family(cfg).head_transform:  # the MLM head's dense + norm before the vocabulary
         head = H * H + (H if bias else 0) + norm + (vocab_size if bias else 0)
     positions = getattr(cfg, "positions", "rotary")
     return {
@@ -168,9 +175,8 @@ def memory_per_rank(
     activations = per_layer * blocks_per_rank * in_flight * micro_batch
     if L_.ac == "full":  # one block recomputed with its full activations during backward
         activations += (attn_elems + mlp_elems) * act_bytes // tp * micro_batch
-    mlm = getattr(model_cfg, "objective", "mlm") == "mlm"
     sparse = getattr(model_cfg, "sparse_prediction", True)
-    scored = max(1, round(0.25 * (T - 2))) if mlm and sparse else T
+    scored = round(_family(model_cfg).head_fraction(sparse, T, 0.25) * T)
     logits = micro_batch * scored * vocab_size * (act_bytes + 4) // tp
     activations += logits
     out.update(params=weights, params_transient=transient, grads=grads, optimizer=optim,

@@ -33,9 +33,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import Tensor, nn
 
+from shoestring import families
 from shoestring.config import Config
 from shoestring.dist.layout import Layout, validate
 from shoestring.errors import ShoestringError
@@ -72,7 +72,7 @@ def check_layout(cfg: Config, layout: Layout, vocab_size: int, world_size: int,
             f"model.positions={m.positions} with tp > 1 is not supported (sequence "
             "parallelism shards the residual stream before absolute positions are added)",
             where="model.positions", fix="use rotary positions (the default) with tp > 1")
-    if layout.pp > 1 and m.objective == "mlm" and not m.sparse_prediction:
+    if layout.pp > 1 and families.get(m.objective).sparse_head and not m.sparse_prediction:
         raise ShoestringError("pipeline parallelism runs the sparse MLM head only",
                               where="model.sparse_prediction", fix="set it to true (default)")
     if layout.pp > 1 and t.compile:
@@ -124,19 +124,6 @@ def _unwrap(mod: nn.Module) -> nn.Module:
         if inner is None:
             return mod
         mod = inner
-
-
-def stage_loss_fn(kind: str) -> Callable[[Tensor, Tensor], Tensor]:
-    """The pipeline's loss on the last stage's output: MLM logits at the masked positions vs
-    their targets; CLM logits vs the row shifted by one."""
-    if kind == "clm":
-        def clm(logits: Tensor, ids: Tensor) -> Tensor:
-            return F.cross_entropy(logits[:, :-1].float().flatten(0, 1), ids[:, 1:].flatten())
-        return clm
-
-    def mlm(logits: Tensor, targets: Tensor) -> Tensor:
-        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
-    return mlm
 
 
 @dataclass
@@ -244,10 +231,10 @@ class Parallelism:
         if layout.pp > 1:
             from shoestring.dist.pipeline import build_schedule
 
-            base = stage_loss_fn(kind)
+            family = families.get(kind)
             self.schedule = build_schedule(
                 list(zip(self.stage_ids, self.parts)), layout, self.meshes.pp.get_group(),
-                self.device, lambda out, target: base(out, target) / self._loss_scale)
+                self.device, lambda out, target: family.stage_loss(out, target) / self._loss_scale)
 
     def _embedding_group(self):  # noqa: ANN202
         """Process group of the first and last stage rank that share this rank's (dp, tp)
@@ -334,12 +321,7 @@ class Parallelism:
         ranks without the last stage)."""
         first = 0 in self.stage_ids
         last = self.layout.num_stages - 1 in self.stage_ids
-        if objective.kind == "clm":
-            (ids,) = batch
-            args, target = (ids,), ids
-        else:
-            inputs, positions, target = batch
-            args = (inputs, positions.to(torch.float32))
+        args, target = objective.family.pipeline_io(batch)
         losses: list[Tensor] = []
         run(*(args if first else ()), target=target if last else None,
             losses=losses if last else None)

@@ -35,6 +35,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from shoestring import families
 from shoestring.dist.layout import Layout
 from shoestring.dist.mesh import Meshes
 from shoestring.errors import ShoestringError
@@ -205,7 +206,9 @@ def apply_tp(model: nn.Module, tp_mesh, fused: dict[str, list[int]], *, kind: st
     if gather_at is not None:
         target = model.get_submodule(gather_at)
         target._shoestring_tp_mesh = tp_mesh
-        target.register_forward_hook(_gather_hook(local=kind == "mlm"))
+        # a head at selected positions gathers them from a plain tensor; a dense vocabulary
+        # head keeps the Replicate DTensor that loss_parallel needs
+        target.register_forward_hook(_gather_hook(local=families.get(kind).sparse_head))
 
 
 def _has(model: nn.Module, name: str) -> bool:

@@ -20,6 +20,7 @@ import copy
 import torch
 from torch import Tensor, nn
 
+from shoestring import families
 from shoestring.dist.layout import Layout
 
 
@@ -47,7 +48,9 @@ class TrunkStage(nn.Module):
         super().__init__()
         self.first, self.last, self.kind, self.tp = first, last, kind, tp
         self.rotary = model.rotary
-        self._head = type(model).head if kind == "mlm" else type(model).logits
+        family = families.get(kind)
+        self.causal = family.causal
+        self._head = getattr(type(model), family.head_method)
         if first:
             self.tok_embeddings = model.tok_embeddings
             self.added_positions = model.added_positions
@@ -77,9 +80,8 @@ class TrunkStage(nn.Module):
         else:  # under sequence parallelism the residual stream arrives sequence-sharded
             seq_len = x.shape[1] * self.tp
         rope = self.rotary(seq_len, x.device) if self.rotary is not None else None
-        causal = self.kind == "clm"
         for layer in self.layers.values():
-            x = layer(x, rope, None, causal, None)
+            x = layer(x, rope, None, self.causal, None)
         if not self.last:
             return x if positions is None else (x, positions)
         hidden = self.final_norm(x) if self.final_norm is not None else x

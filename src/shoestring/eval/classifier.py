@@ -98,9 +98,9 @@ def classifier_from_run(
     run_dir: str | Path, num_labels: int, pooling: Pooling = "cls", dropout: float = 0.1
 ) -> tuple[SequenceClassifier, dict[str, Any]]:
     """A fresh classifier on a trained run's encoder, and the run's meta (``base``)."""
-    from shoestring.train.rundir import load_final
+    from shoestring.rundir import RunDir
 
-    model, meta = load_final(run_dir)
+    model, meta = RunDir(run_dir).load_final()
     if not isinstance(model, MaskedLM):
         raise ShoestringError(
             f"fine-tuning needs an encoder (masked LM) run; this one is {meta.get('architecture')!r}",

@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,13 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from shoestring.errors import ShoestringError
-
-
-def _architecture(run: Path) -> str | None:
-    try:
-        return json.loads((run / "final" / "config.json").read_text(encoding="utf-8")).get("architecture")
-    except (OSError, ValueError, AttributeError):
-        return None  # load_final reports a missing or damaged run with a clear error
+from shoestring.rundir import RunDir
 
 
 def run_eval(
@@ -67,9 +60,10 @@ def run_eval(
         results = evaluate_downstream(run, glue=glue, tasks=tasks, custom=custom,
                                       protocol=protocol, seeds=seeds, out=output,
                                       max_train=max_train, precision=precision, console=err)
-        print_downstream(results, out, output or run / "downstream")
+        print_downstream(results, out, output or RunDir(run).downstream_dir)
         return
-    if decoder_flags or _architecture(run) == "shoestring-clm":
+    family = RunDir(run).family()  # None: load_final reports a missing or damaged run
+    if decoder_flags or (family is not None and family.causal):
         from shoestring.eval.decoder import evaluate_decoder
 
         result = evaluate_decoder(run, text=text, choices=choices, samples=samples, prompts=prompt,

@@ -22,12 +22,13 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from rich.console import Console
 
+from shoestring.device import DeviceInfo, select_device
 from shoestring.errors import ShoestringError
+from shoestring.families.losses import causal_lm_loss
 from shoestring.progress import progress_bar
-from shoestring.train.device import DeviceInfo, select_device
+from shoestring.rundir import RunDir
 
 EOS = "<|endoftext|>"
 DEFAULT_PROMPTS = ["The", "In the beginning", "Once upon a time", "The president said"]
@@ -102,13 +103,12 @@ def perplexity(
         task = bar.add_task("perplexity", total=full + (1 if tail else 0), unit="windows")
         for group in groups:
             w = seq_len if group[0] < full else tail
-            x = torch.stack([ids[k * seq_len : k * seq_len + w] for k in group])
-            y = torch.stack([ids[k * seq_len + 1 : k * seq_len + 1 + w] for k in group])
+            rows = torch.stack([ids[k * seq_len : k * seq_len + w + 1] for k in group])
+            rows = rows.to(device.device)
             with device.autocast():
-                logits = model(x.to(device.device))
-            total_nll += F.cross_entropy(logits.float().flatten(0, 1), y.flatten().to(device.device),
-                                         reduction="sum").item()
-            count += y.numel()
+                logits = model(rows[:, :-1])
+            total_nll += causal_lm_loss(logits, rows, reduction="sum").item()
+            count += rows[:, 1:].numel()
             bar.update(task, advance=len(group))
     loss = total_nll / count
     return {
@@ -255,10 +255,9 @@ def evaluate_decoder(
     and ``samples`` greedy samples of a decoder run; writes ``decoder_eval.json``."""
     from shoestring.data.tokenizer import load_tokenizer
     from shoestring.fsutil import write_json_atomic
-    from shoestring.train.rundir import load_final
-
-    run_dir = Path(run_dir)
-    model, meta = load_final(run_dir)
+    run = RunDir(run_dir)
+    run_dir = run.path
+    model, meta = run.load_final()
     if not hasattr(model, "generate"):
         raise ShoestringError(
             f"decoder evals need a causal LM; this run is {meta.get('architecture')!r}",
@@ -266,7 +265,7 @@ def evaluate_decoder(
             fix="for encoder runs use --glue/--task (fine-tuning) or plain eval (MLM loss)",
         )
     console = console or Console(stderr=True)
-    tokenizer = load_tokenizer(run_dir / "final" / "tokenizer.json")
+    tokenizer = load_tokenizer(run.tokenizer_path)
     special = meta.get("special_ids", {})
     eos_id = special.get(EOS)
     seq_len = int(meta.get("seq_len", 512))
@@ -288,7 +287,7 @@ def evaluate_decoder(
         use = (prompts or DEFAULT_PROMPTS)[:samples] if prompts else DEFAULT_PROMPTS[:samples]
         result["samples"] = greedy_samples(model, tokenizer, use, max_new_tokens, eos_id, device,
                                            bos_id=eos_id)
-    target = Path(out) / "decoder_eval.json" if out is not None else run_dir / "decoder_eval.json"
+    target = Path(out) / run.decoder_eval_path.name if out is not None else run.decoder_eval_path
     target.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(target, result)
     result["written"] = str(target)
@@ -302,9 +301,7 @@ def _val_split_perplexity(
 ) -> dict[str, Any]:
     """Next-token loss on the packed validation windows of the run's own data dir."""
     from shoestring.data.datadir import DataDir
-    from shoestring.eval.mlm import _run_data_dir
-
-    data = DataDir(_run_data_dir(run_dir))
+    data = DataDir(RunDir(run_dir).data_dir())
     val = data.split("val", verify=True)
     n = len(val)
     if max_tokens is not None:
@@ -315,10 +312,10 @@ def _val_split_perplexity(
         task = bar.add_task("perplexity (val)", total=n, unit="seqs")
         for start in range(0, n, batch_size):
             ids = torch.from_numpy(val.take(np.arange(start, min(start + batch_size, n))).astype(np.int64))
+            ids = ids.to(device.device)
             with device.autocast():
-                logits = model(ids[:, :-1].to(device.device))
-            total += F.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten().to(device.device),
-                                     reduction="sum").item()
+                logits = model(ids[:, :-1])
+            total += causal_lm_loss(logits, ids, reduction="sum").item()
             count += ids[:, 1:].numel()
             bar.update(task, advance=len(ids))
     loss = total / count

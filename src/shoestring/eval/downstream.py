@@ -121,7 +121,7 @@ def evaluate_downstream(
     """Fine-tune a trained encoder run on GLUE and/or custom tasks; write and return results."""
     from shoestring.data.tokenizer import load_tokenizer
     from shoestring.model.encoder import MaskedLM
-    from shoestring.train.rundir import load_final
+    from shoestring.rundir import RunDir
 
     console = console or Console(stderr=True)
     if protocol not in PROTOCOLS:
@@ -131,8 +131,9 @@ def evaluate_downstream(
         raise ShoestringError("need at least one seed", where="--seeds")
     if isinstance(tasks, str):
         tasks = parse_task_list(tasks)
-    run_dir = Path(run_dir)
-    base, meta = load_final(run_dir)
+    run = RunDir(run_dir)
+    run_dir = run.path
+    base, meta = run.load_final()
     if not isinstance(base, MaskedLM):
         raise ShoestringError(
             f"fine-tuning on tasks needs an encoder (masked LM); this run is "
@@ -142,9 +143,9 @@ def evaluate_downstream(
         )
     data = _load_tasks(glue, tasks, custom or [], max_train)
     proto = replace(PROTOCOLS[protocol], **(overrides or {}))
-    out = Path(out) if out is not None else run_dir / "downstream"
+    out = Path(out) if out is not None else run.downstream_dir
     _prepare_out(out)
-    tok_path = run_dir / "final" / "tokenizer.json"
+    tok_path = run.tokenizer_path
     tokenizer = load_tokenizer(tok_path)
     seed_list = list(range(seeds))
     results: dict[str, Any] = {

@@ -36,7 +36,7 @@ from shoestring.eval.classifier import SequenceClassifier, save_classifier
 from shoestring.eval.metrics import compute_metrics, main_score
 from shoestring.eval.tasks import Example, TaskData
 from shoestring.progress import progress_bar
-from shoestring.train.device import DeviceInfo, select_device
+from shoestring.device import DeviceInfo, select_device
 
 __all__ = [
     "PROTOCOLS",

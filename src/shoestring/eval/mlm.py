@@ -12,38 +12,30 @@ batch size or device.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from rich.console import Console
 
-from shoestring.config import EvalConfig, load_config
+from shoestring.config import EvalConfig
+from shoestring.data import masking
 from shoestring.data.datadir import DataDir
-from shoestring.data.masking import MaskedBatch, mask_tokens
+from shoestring.data.masking import MaskedBatch
 from shoestring.data.tokenizer import MASK, NUM_SPECIAL, file_sha256
+from shoestring.device import select_device
 from shoestring.errors import ShoestringError
+from shoestring.families.losses import masked_lm_loss
 from shoestring.fsutil import write_json_atomic
 from shoestring.model.encoder import MaskedLM
 from shoestring.progress import progress_bar
-from shoestring.train.device import select_device
-from shoestring.train.rundir import load_final
+from shoestring.rundir import RunDir
 
 
 def fixed_masks(ids: torch.Tensor, first_index: int, cfg: EvalConfig, mask_id: int, vocab: int) -> MaskedBatch:
-    """Masks for rows ``first_index …``, each from its own (seed, index) generator."""
-    rows = [
-        mask_tokens(ids[i : i + 1], cfg.mask_rate, NUM_SPECIAL, mask_id, vocab,
-                    torch.Generator().manual_seed(cfg.seed * 1_000_003 + first_index + i))
-        for i in range(len(ids))
-    ]
-    return MaskedBatch(
-        inputs=torch.cat([r.inputs for r in rows]),
-        positions=torch.cat([r.positions for r in rows]),
-        targets=torch.cat([r.targets for r in rows]),
-    )
+    """``data.masking.fixed_masks`` at ``cfg``'s rate and seed (kept for older callers)."""
+    return masking.fixed_masks(ids, first_index, cfg.mask_rate, cfg.seed, NUM_SPECIAL, mask_id,
+                               vocab)
 
 
 @torch.no_grad()
@@ -71,9 +63,9 @@ def evaluate_mlm(
             batch = fixed_masks(ids, start, cfg, mask_id, vocab)
             with dev.autocast():
                 logits = model(batch.inputs.to(dev.device), batch.positions.to(dev.device))
-            logits = logits.float().flatten(0, 1).cpu()
-            targets = batch.targets.flatten()
-            total_nll += F.cross_entropy(logits, targets, reduction="sum").item()
+            logits = logits.float().cpu()
+            targets = batch.targets
+            total_nll += masked_lm_loss(logits, targets, reduction="sum").item()
             total_uni += -unigram[targets].sum().item()
             correct += (logits.argmax(-1) == targets).sum().item()
             count += targets.numel()
@@ -91,15 +83,8 @@ def evaluate_mlm(
 
 
 def _run_data_dir(run_dir: Path) -> str:
-    path = run_dir / "summary.json"
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))["data_dir"]
-    except (OSError, ValueError, KeyError, TypeError):
-        raise ShoestringError(
-            "cannot read the run's data dir from summary.json (missing or damaged)",
-            where=str(path),
-            fix="pass --data DATA_DIR",
-        ) from None
+    """The run's data dir (kept for older callers: ``RunDir(run_dir).data_dir()``)."""
+    return RunDir(run_dir).data_dir()
 
 
 def evaluate_run(
@@ -110,11 +95,11 @@ def evaluate_run(
 ) -> dict:
     """Evaluate a finished run on its data dir's val split (or another data dir prepared with
     the same tokenizer); writes ``eval.json`` in the run dir and returns it."""
-    run_dir = Path(run_dir)
-    model, meta = load_final(run_dir)
-    cfg = load_config(run_dir / "config.yaml", overrides)
-    data = DataDir(data_dir if data_dir is not None else _run_data_dir(run_dir))
-    if file_sha256(run_dir / "final" / "tokenizer.json") != data.manifest["tokenizer"]["sha256"]:
+    run = RunDir(run_dir)
+    model, meta = run.load_final()
+    cfg = run.read_config(overrides)
+    data = DataDir(data_dir if data_dir is not None else run.data_dir())
+    if file_sha256(run.tokenizer_path) != data.manifest["tokenizer"]["sha256"]:
         raise ShoestringError(
             "this data dir was tokenized with a different tokenizer than the model's",
             where=str(data.path),
@@ -122,5 +107,5 @@ def evaluate_run(
         )
     result = evaluate_mlm(model, data, cfg.eval, cfg.train.precision, console)
     result["data_dir"] = str(data.path.resolve())
-    write_json_atomic(run_dir / "eval.json", result)
+    write_json_atomic(run.eval_path, result)
     return result

@@ -4,15 +4,11 @@ from __future__ import annotations
 
 from torch import nn
 
+from shoestring import families
 from shoestring.config import ModelConfig
 
 
 def build_model(cfg: ModelConfig, vocab_size: int) -> nn.Module:
-    """The model ``cfg.objective`` names, freshly initialized from the global torch seed."""
-    if cfg.objective == "clm":
-        from shoestring.model.decoder import CausalLM
-
-        return CausalLM(cfg, vocab_size)
-    from shoestring.model.encoder import MaskedLM
-
-    return MaskedLM(cfg, vocab_size)
+    """The model of the family ``cfg.objective`` names, freshly initialized from the global
+    torch seed (``families.get(cfg.objective).build``)."""
+    return families.get(cfg.objective).build(cfg, vocab_size)

@@ -8,6 +8,7 @@ familiar 6·N comes from.
 
 from __future__ import annotations
 
+from shoestring import families
 from shoestring.config import ModelConfig
 
 
@@ -26,7 +27,7 @@ def forward_flops_per_token(
     # QK^T and AV over all T keys (causal masking is not subtracted, the PaLM/Megatron
     # convention, and what SDPA's FLOP counter reports).
     attention = 4 * T * H
-    head = H * V if cfg.objective == "clm" else H * H + H * V  # MLM head: dense + decoder
+    head = families.get(cfg.objective).head_matmul_params(H, V)
     return L * (2 * block_matmul_params + attention) + head_fraction * 2 * head
 
 

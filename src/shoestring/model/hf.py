@@ -37,6 +37,7 @@ from shoestring.data.tokenizer import (
     special_ids,
 )
 from shoestring.errors import ShoestringError
+from shoestring.families.mlm import MaskedLMFamily
 from shoestring.fsutil import (
     building_dir,
     check_output_dir,
@@ -45,13 +46,13 @@ from shoestring.fsutil import (
     write_text_atomic,
 )
 from shoestring.model.encoder import MaskedLM
-from shoestring.train.rundir import ARCHITECTURE, load_final
+from shoestring.rundir import RunDir
 
 __all__ = ["EXPORT_MARKER", "export_encoder", "hf_config", "hf_state_dict", "import_encoder"]
 
 EXPORT_MARKER = ".shoestring-export"
 HF_ARCHITECTURE = "ModernBertForMaskedLM"
-MODEL_TYPE = "modernbert"
+MODEL_TYPE = MaskedLMFamily.hf_model_type
 WEIGHTS = "model.safetensors"
 TIED_DECODER = "decoder.weight"  # ModernBertForMaskedLM ties it to the token embeddings
 
@@ -204,7 +205,7 @@ def _no_gqa(value: int | None) -> dict[str, Any]:
 
 _EXPORT_OPTIONS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "preset": lambda v: {},  # a name for the sizes below, which are exported themselves
-    "objective": only("objective", "mlm", "ModernBERT is an encoder"),
+    "objective": only("objective", MaskedLMFamily.name, "ModernBERT is an encoder"),
     "hidden_size": lambda v: {"hidden_size": v},
     "num_layers": _layers,
     "num_heads": lambda v: {"num_attention_heads": v},
@@ -296,10 +297,10 @@ def export_encoder(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool 
     """
     run_dir, out = Path(run_dir), Path(out_dir)
     check_output_dir(out, "export", owned=(out / EXPORT_MARKER).is_file(), overwrite=overwrite)
-    model, meta = load_final(run_dir)
+    model, meta = RunDir(run_dir).load_final()
     config = hf_config(model.cfg, meta["vocab_size"], meta["seq_len"], meta["special_ids"])
     state = hf_state_dict(model)
-    tokenizer_json = run_dir / "final" / "tokenizer.json"
+    tokenizer_json = RunDir(run_dir).tokenizer_path
     special_ids(load_tokenizer(tokenizer_json))  # the fixed special-token layout, checked
 
     with building_dir(out) as build:
@@ -486,7 +487,7 @@ def import_encoder(hf_dir: str | Path) -> tuple[MaskedLM, dict]:
             f"cannot import: the weights do not fit the config ({e})", where=str(hf_dir / WEIGHTS)
         ) from None
     meta = {
-        "architecture": ARCHITECTURE,
+        "architecture": MaskedLMFamily.architecture,
         "model": model_cfg.model_dump(mode="json"),
         "vocab_size": cfg["vocab_size"],
         "seq_len": _seq_len(hf_dir, cfg),

@@ -23,6 +23,7 @@ from safetensors import safe_open
 from shoestring import __version__
 from shoestring.config import ModelConfig
 from shoestring.errors import ShoestringError
+from shoestring.families.clm import CausalLMFamily
 from shoestring.fsutil import (
     building_dir,
     check_output_dir,
@@ -32,10 +33,11 @@ from shoestring.fsutil import (
 )
 from shoestring.model.decoder import CausalLM
 from shoestring.model.hf import map_options, only
+from shoestring.rundir import RunDir
 
 EXPORT_MARKER = ".shoestring-export"
 HF_ARCHITECTURE = "LlamaForCausalLM"
-MODEL_TYPE = "llama"
+MODEL_TYPE = CausalLMFamily.hf_model_type
 WEIGHTS = "model.safetensors"
 
 
@@ -45,7 +47,7 @@ def _only(option: str, allowed: Any, why: str) -> Callable[[Any], dict[str, Any]
 
 _EXPORT_OPTIONS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "preset": lambda v: {},
-    "objective": _only("objective", "clm", "Llama is a decoder"),
+    "objective": _only("objective", CausalLMFamily.name, "Llama is a decoder"),
     "hidden_size": lambda v: {"hidden_size": v},
     "num_layers": lambda v: {"num_hidden_layers": v},
     "num_heads": lambda v: {"num_attention_heads": v},
@@ -205,7 +207,7 @@ def export_decoder(run_dir: Path, out: Path, model: CausalLM, meta: dict,
     check_output_dir(out, "export", owned=(out / EXPORT_MARKER).is_file(), overwrite=overwrite)
     config = hf_config(model.cfg, meta["vocab_size"], meta["seq_len"], meta["special_ids"])
     state = hf_state_dict(model)
-    tokenizer_json = run_dir / "final" / "tokenizer.json"
+    tokenizer_json = RunDir(run_dir).tokenizer_path
     with building_dir(out) as build:
         save_safetensors(state, build / WEIGHTS, metadata={"format": "pt"})
         write_json_atomic(build / "config.json", config)
@@ -254,7 +256,7 @@ def import_decoder(hf_dir: Path, cfg: dict) -> tuple[CausalLM, dict]:
         raise _refuse(hf_dir, "head_dim", head_dim, "shoestring heads split hidden_size evenly")
     try:
         model_cfg = ModelConfig(
-            objective="clm", hidden_size=hidden, num_layers=cfg["num_hidden_layers"],
+            objective=CausalLMFamily.name, hidden_size=hidden, num_layers=cfg["num_hidden_layers"],
             num_heads=heads, num_kv_heads=cfg.get("num_key_value_heads") or heads,
             intermediate_size=cfg["intermediate_size"], norm_eps=cfg.get("rms_norm_eps", 1e-6),
             rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
@@ -280,7 +282,7 @@ def import_decoder(hf_dir: Path, cfg: dict) -> tuple[CausalLM, dict]:
                               where=str(path)) from None
     ids = _special_ids(hf_dir, cfg)
     meta = {
-        "architecture": "shoestring-clm",
+        "architecture": CausalLMFamily.architecture,
         "model": model_cfg.model_dump(mode="json"),
         "vocab_size": cfg["vocab_size"],
         "seq_len": int(cfg.get("max_position_embeddings", 2048)),

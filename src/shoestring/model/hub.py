@@ -1,7 +1,8 @@
 """One entry each way between a run dir and the Hugging Face format, whatever the model.
 
-Encoders go to and from ModernBERT (model/hf.py), decoders to and from Llama
-(model/hf_llama.py); the run's ``final/config.json`` or the folder's ``model_type`` decides.
+The family spec decides the format: encoders go to and from ModernBERT (model/hf.py),
+decoders to and from Llama (model/hf_llama.py); the run's ``final/config.json``
+"architecture" or the folder's ``model_type`` names the family.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from pathlib import Path
 
 from torch import nn
 
+from shoestring import families
 from shoestring.errors import ShoestringError
-from shoestring.train.rundir import load_final
+from shoestring.rundir import RunDir
 
 
 def check_run_dir(path: str | Path, command: str) -> None:
@@ -37,16 +39,11 @@ def check_run_dir(path: str | Path, command: str) -> None:
 
 def export_run(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = False) -> Path:
     """Export a trained run to ``out_dir``; returns it (complete or absent, see fsutil)."""
-    run_dir, out = Path(run_dir), Path(out_dir)
     check_run_dir(run_dir, "export")
-    model, meta = load_final(run_dir)
-    if meta["architecture"] == "shoestring-clm":
-        from shoestring.model.hf_llama import export_decoder
-
-        return export_decoder(run_dir, out, model, meta, overwrite=overwrite)
-    from shoestring.model.hf import export_encoder
-
-    return export_encoder(run_dir, out, overwrite=overwrite)
+    run = RunDir(run_dir)
+    model, meta = run.load_final()
+    family = families.by_architecture(meta["architecture"], where=str(run.final_dir))
+    return family.export_hf(run.path, Path(out_dir), model, meta, overwrite=overwrite)
 
 
 def import_hf(hf_dir: str | Path) -> tuple[nn.Module, dict]:
@@ -60,15 +57,12 @@ def import_hf(hf_dir: str | Path) -> tuple[nn.Module, dict]:
             fix="point at a folder written by save_pretrained or shoestring export",
         ) from None
     kind = cfg.get("model_type")
-    if kind == "llama":
-        from shoestring.model.hf_llama import import_decoder
-
-        return import_decoder(hf_dir, cfg)
-    if kind == "modernbert":
-        from shoestring.model.hf import import_encoder
-
-        return import_encoder(hf_dir)
-    raise ShoestringError(
-        f"cannot import: model_type = {json.dumps(kind)} (shoestring reads modernbert and llama)",
-        where=str(hf_dir / "config.json"),
-    )
+    try:
+        family = families.by_hf_model_type(kind)
+    except ShoestringError:
+        known = " and ".join(f.hf_model_type for f in families.all_families())
+        raise ShoestringError(
+            f"cannot import: model_type = {json.dumps(kind)} (shoestring reads {known})",
+            where=str(hf_dir / "config.json"),
+        ) from None
+    return family.import_hf(hf_dir, cfg)

@@ -165,12 +165,12 @@ def from_device_name(device_name: str) -> Hardware | None:
 def measure_this_device(precision: str = "auto") -> Hardware:
     """``auto``: this machine's measured dense matmul peak (CPU included), per dtype.
 
-    The measurement is `shoestring.train.device.measure_matmul_flops`, the same one `train`
+    The measurement is `shoestring.device.measure_matmul_flops`, the same one `train`
     uses for MFU, so a plan's MFU and a run's MFU are quoted against the same peak.
     """
     import torch
 
-    from shoestring.train.device import measure_matmul_flops, select_device
+    from shoestring.device import measure_matmul_flops, select_device
 
     dev = select_device(precision, measure_peak=False)
     kind = dev.device.type
@@ -189,7 +189,7 @@ def measure_this_device(precision: str = "auto") -> Hardware:
         fp16=fp16,
         fp32=fp32,
         memory_gb=round(memory_gb, 1),
-        source="measured by shoestring.train.device.measure_matmul_flops (dense square matmul)",
+        source="measured by shoestring.device.measure_matmul_flops (dense square matmul)",
         measured=True,
     )
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import time
 
 import torch
-import torch.nn.functional as F
 
 from shoestring.config import ModelConfig, TrainConfig
 from shoestring.plan.hardware import Hardware
@@ -29,9 +28,9 @@ def measure_mfu(
     max_batch: int = 64,
 ) -> float:
     """Fraction of ``hw``'s peak that training this model reaches on this device."""
-    from shoestring.data.masking import mask_tokens
+    from shoestring import families
+    from shoestring.device import select_device
     from shoestring.model import build_model
-    from shoestring.train.device import select_device
 
     dev = select_device(precision, measure_peak=False)
     tc = TrainConfig(budget=None, steps=1)
@@ -42,16 +41,12 @@ def measure_mfu(
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         gen = torch.Generator(device=dev.device).manual_seed(0)
         ids = torch.randint(8, vocab, (batch, seq_len), device=dev.device, generator=gen)
+        objective = families.get(model_cfg.objective).objective(
+            seq_len, vocab, {}, tc.mask_rate, model_cfg.sparse_prediction)
 
         def step() -> None:
             with dev.autocast():
-                if model_cfg.objective == "mlm":
-                    mb = mask_tokens(ids, tc.mask_rate, 8, 4, vocab, gen)
-                    logits = model(mb.inputs, mb.positions)
-                    loss = F.cross_entropy(logits.float().flatten(0, 1), mb.targets.flatten())
-                else:
-                    logits = model(ids[:, :-1])
-                    loss = F.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten())
+                loss = objective.loss(model, objective.make_batch(ids, gen))
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)

@@ -31,7 +31,8 @@ from rich.table import Table
 
 from pydantic import ValidationError
 
-from shoestring.config import DataConfig, TrainConfig
+from shoestring import families
+from shoestring.config import DataConfig, TrainConfig, read_plan_sections  # noqa: F401 (re-export)
 from shoestring.errors import ShoestringError
 from shoestring.plan.hardware import Hardware, get_hardware
 from shoestring.plan.laws import Law, load_law, pf_days, training_flops
@@ -95,11 +96,7 @@ def peak_lr(flops: float) -> float:
 
 def default_seq_len(objective: str, params: float) -> int:
     """Sequence length by scale when no data dir fixes it: Cramming's 128 for small encoders."""
-    if objective == "mlm":
-        return 128 if params < 1e8 else 512
-    if params < 1e7:
-        return 256
-    return 1024 if params < 1e9 else 2048
+    return families.get(objective).default_seq_len(params)
 
 
 def _round_batch(batch: int, devices: int) -> int:
@@ -240,9 +237,7 @@ def make_plan(req: PlanRequest, console: Console | None = None) -> dict[str, Any
     law = load_law(req.law)
     data = _data_info(req.data) if req.data else None
     objective = req.objective or (data["objective"] if data else "mlm")
-    if objective not in ("mlm", "clm"):
-        raise ShoestringError(f"unknown objective {objective!r}", where="--objective",
-                              fix="use mlm (encoder) or clm (decoder)")
+    families.get(objective, where="--objective")  # an unknown one names the known families
     if data and req.objective and req.objective != data["objective"]:
         raise ShoestringError(
             f"--objective {req.objective} but the data dir was prepared for {data['objective']}",
@@ -260,7 +255,8 @@ def make_plan(req: PlanRequest, console: Console | None = None) -> dict[str, Any
         n_opt, d_opt, seq_len, vocab = core.n_opt, core.d_opt, core.seq_len, core.vocab
         pick, tokens, loss, smallest = core.pick, core.tokens, core.loss, core.shapes[0]
         batch, steps = core.batch, core.steps
-        head_fraction = mask_rate if objective == "mlm" and pick.model.sparse_prediction else 1.0
+        sparse = families.get(objective).sparse_head and pick.model.sparse_prediction
+        head_fraction = mask_rate if sparse else 1.0
         layout: Layout = layout_for(
             pick.model, params=pick.params, layers=pick.model.num_layers, hidden=pick.model.hidden_size,
             heads=pick.model.num_heads, vocab=vocab, seq_len=seq_len, global_batch=batch,
@@ -478,17 +474,3 @@ def write_plan(tree: dict[str, Any], path: str | Path) -> Path:
     return path
 
 
-def read_plan_sections(path: str | Path) -> dict[str, Any]:
-    """A plan file's config sections (``plan:`` dropped), for `train --plan`."""
-    p = Path(path)
-    if not p.is_file():
-        raise ShoestringError("plan file not found", where=str(p),
-                              fix="write one with `shoestring plan ... -o plan.yaml`")
-    try:
-        tree = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        raise ShoestringError(f"cannot read the plan ({e})", where=str(p)) from None
-    if not isinstance(tree, dict) or "plan" not in tree:
-        raise ShoestringError("not a shoestring plan (no 'plan:' section)", where=str(p),
-                              fix="write one with `shoestring plan ... -o plan.yaml`")
-    return {k: v for k, v in tree.items() if k != "plan"}

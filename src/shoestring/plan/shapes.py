@@ -18,6 +18,7 @@ import functools
 import statistics
 from dataclasses import dataclass
 
+from shoestring import families
 from shoestring.config import ModelConfig
 
 HEAD_DIM = 64
@@ -48,7 +49,7 @@ def _preset_proportions(objective: str) -> tuple[float, float]:
     except ImportError:  # presets not available: the proportions they were written with
         rows = []
     if not rows:
-        return 64.0, 3.0 if objective == "mlm" else 8 / 3
+        return families.get(objective).shape
     per_layer = statistics.median(c.hidden_size / c.num_layers for c in rows)
     ffn = statistics.median(c.intermediate_size / c.hidden_size for c in rows)
     return float(per_layer), float(ffn)
@@ -109,11 +110,7 @@ def flops_per_token(
     """Training FLOPs per token, as `train` counts them (sparse MLM head at the masked rate)."""
     from shoestring.model import flops
 
-    head_fraction = 1.0
-    if model.objective == "mlm" and model.sparse_prediction:
-        from shoestring.data.masking import num_masked
-
-        head_fraction = num_masked(seq_len, mask_rate) / seq_len
+    head_fraction = families.get(model.objective).model_head_fraction(model, seq_len, mask_rate)
     return float(flops.train_flops_per_token(model, vocab_size, seq_len, head_fraction))
 
 

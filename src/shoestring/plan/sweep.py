@@ -28,6 +28,7 @@ from typing import Any
 
 from rich.console import Console
 
+from shoestring import families
 from shoestring.errors import ShoestringError
 from shoestring.fsutil import write_json_atomic
 from shoestring.plan.laws import load_law
@@ -91,17 +92,7 @@ def _append_point(sweep_dir: Path, point: dict[str, Any]) -> None:
 
 def _val_loss(run_dir: Path, objective: str, max_sequences: int, seq_len: int,
               console: Console) -> float:
-    if objective == "clm":
-        from shoestring.eval.decoder import evaluate_decoder
-
-        result = evaluate_decoder(run_dir, samples=0, max_tokens=max_sequences * seq_len,
-                                  console=console)
-        return float(result["perplexity"]["loss"])
-    from shoestring.eval.mlm import evaluate_run
-
-    result = evaluate_run(run_dir, overrides=[f"eval.max_sequences={max_sequences}"],
-                          console=console)
-    return float(result["mlm_loss"])
+    return families.get(objective).held_out_loss(run_dir, max_sequences, seq_len, console)
 
 
 def plan_points(

@@ -24,7 +24,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from shoestring import families
 from shoestring.errors import ShoestringError
+from shoestring.rundir import RunDir
 
 TASKS = ("fill-mask", "embed", "classify", "generate")
 
@@ -59,7 +61,7 @@ class Engine(abc.ABC):
         truncate: bool,
         precision: str = "fp32",
     ) -> None:
-        from shoestring.train.device import select_device
+        from shoestring.device import select_device
 
         info = select_device(precision, measure_peak=False)
         self.device, self.dtype = info.device, info.dtype
@@ -397,7 +399,7 @@ def load_engine(
     path: str | Path, *, max_length: int = 512, truncate: bool = False, precision: str = "fp32"
 ) -> Engine:
     """The right engine for folder ``path``: a run dir (``final/`` inside, or ``final/``
-    itself), a ModernBERT export (`shoestring export`), or a classifier folder."""
+    itself), an export (`shoestring export`: ModernBERT or Llama), or a classifier folder."""
     path = Path(path)
     kw = {"max_length": max_length, "truncate": truncate, "precision": precision}
     if path.name == "final" and (path / "config.json").is_file() and not (path / "final").is_dir():
@@ -408,14 +410,11 @@ def load_engine(
             where=str(path),
             fix="give a run dir, an export folder or a classifier folder",
         )
-    if (path / "final" / "config.json").is_file():
-        from shoestring.train.rundir import load_final
-
-        model, meta = load_final(path)
-        tok = _tokenizer(path / "final" / "tokenizer.json")
-        if meta.get("architecture") == "shoestring-clm":
-            return DecoderEngine(model, tok, meta, path, **kw)
-        return EncoderEngine(model, tok, meta, path, **kw)
+    run = RunDir(path)
+    if (run.final_dir / "config.json").is_file():
+        model, meta = run.load_final()
+        family = families.by_architecture(meta.get("architecture"), where=str(run.final_dir))
+        return family.engine(model, _tokenizer(run.tokenizer_path), meta, path, **kw)
     if (path / "config.json").is_file():
         cfg = _read_json(path / "config.json")
         if cfg.get("architecture") == "shoestring-classifier":
@@ -423,11 +422,11 @@ def load_engine(
 
             model, meta = load_classifier(path)
             return ClassifierEngine(model, _tokenizer(path / "tokenizer.json"), meta, path, **kw)
-        if cfg.get("model_type") == "modernbert":
-            from shoestring.model.hf import import_encoder
-
-            model, meta = import_encoder(path)
-            return EncoderEngine(model, _tokenizer(path / "tokenizer.json"), meta, path, **kw)
+        exported = [f for f in families.all_families() if f.hf_model_type == cfg.get("model_type")]
+        if exported:  # a `shoestring export` folder (ModernBERT or Llama)
+            family = exported[0]
+            model, meta = family.import_hf(path, cfg)
+            return family.engine(model, _tokenizer(path / "tokenizer.json"), meta, path, **kw)
         what = cfg.get("architecture") or cfg.get("model_type") or "unknown"
         raise ShoestringError(
             f"cannot serve this model (config.json says {what!r})",

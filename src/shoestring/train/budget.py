@@ -7,76 +7,13 @@ machine turns out to be (Cramming's budget-aware schedules).
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass, field
 
 from shoestring.errors import ShoestringError
+from shoestring.units import BudgetSpec, format_duration, parse_budget, parse_duration
 
-_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
-
-
-def parse_duration(text: str) -> float:
-    """``'90s'``, ``'5m'``, ``'2h'``, ``'1.5d'`` → seconds."""
-    m = _DURATION.match(str(text))
-    if not m or float(m.group(1)) <= 0:
-        raise ShoestringError(
-            f"budget '{text}' is not a duration",
-            where="budget",
-            fix="use a positive number with a unit: 90s, 5m, 2h or 1d",
-        )
-    return float(m.group(1)) * _UNITS[m.group(2)]
-
-
-def format_duration(seconds: float) -> str:
-    seconds = max(0.0, seconds)
-    if seconds < 90:
-        return f"{seconds:.0f}s"
-    if seconds < 5400:
-        return f"{seconds / 60:.1f}m"
-    return f"{seconds / 3600:.1f}h"
-
-
-_SUFFIX = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
-_AMOUNT = re.compile(
-    r"^\s*(\d+(?:\.\d+)?(?:e[+-]?\d+)?)\s*([kmbgt]?)\s*(flops?|tok|tokens|steps?)?\s*$", re.I
-)
-
-
-@dataclass(frozen=True)
-class BudgetSpec:
-    """What a budget string asks for: one of seconds, FLOPs, tokens or steps."""
-
-    kind: str  # "seconds" | "flops" | "tokens" | "steps"
-    amount: float
-
-
-def parse_budget(text: str) -> BudgetSpec:
-    """``'90s'``/``'5m'``/``'24h'`` wall clock; ``'3e15'``/``'3e15flops'``/``'30Tflops'`` FLOPs;
-    ``'20Mtok'``/``'2e7 tokens'`` tokens; ``'500steps'`` steps.
-
-    A bare number is FLOPs (the planner's unit) when it is at least 1e9; smaller bare numbers
-    are refused, since "100" is far more likely a missing unit than a 100-FLOP budget.
-    """
-    value = str(text).strip()
-    if _DURATION.match(value):
-        return BudgetSpec("seconds", parse_duration(value))
-    m = _AMOUNT.match(value)
-    if m:
-        amount = float(m.group(1)) * _SUFFIX[m.group(2).lower()]
-        unit = (m.group(3) or "").lower()
-        kind = ("flops" if unit.startswith("flop") or not unit else
-                "tokens" if unit.startswith("tok") else "steps")
-        if amount > 0 and (unit or amount >= 1e9):
-            return BudgetSpec(kind, amount)
-    raise ShoestringError(
-        f"budget '{text}' is not a duration, FLOP, token or step count",
-        where="budget",
-        fix="use 90s / 10m / 24h (wall clock), 3e15flops (compute), 20Mtok (tokens) "
-        "or 1000steps",
-    )
-
+__all__ = ["Budget", "BudgetSpec", "format_duration", "parse_budget", "parse_duration"]
 
 @dataclass
 class Budget:

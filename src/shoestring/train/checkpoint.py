@@ -44,12 +44,12 @@ from torch.distributed.tensor import DTensor
 
 from shoestring.errors import ShoestringError
 from shoestring.fsutil import swap_in_dir, write_json_atomic
+from shoestring.rundir import CHECKPOINT_PREFIX, RunDir
 
 if TYPE_CHECKING:
     from shoestring.dist.parallelism import Parallelism
 
-DIR = "checkpoints"
-PREFIX = "step_"
+PREFIX = CHECKPOINT_PREFIX
 STATE = "state.json"
 FORMAT = 2
 PART = ".part"
@@ -181,7 +181,7 @@ def save_checkpoint(run_dir: Path, parallel: Parallelism, state: dict[str, Any],
                     ) -> Path:
     """Write ``checkpoints/step_N`` collectively (every rank calls this), atomically, then
     prune to the newest ``keep``."""
-    root = Path(run_dir) / DIR
+    root = RunDir(run_dir).checkpoints_dir
     path = root / f"{PREFIX}{state['step']:08d}"
     build = root / f".{path.name}.partial"
     if parallel.is_main:
@@ -245,17 +245,9 @@ def consolidate(path: str | Path, model: nn.Module) -> nn.Module:
 # --------------------------------------------------------------------------- listing
 
 
-def _complete(p: Path) -> bool:
-    return p.is_dir() and p.name.startswith(PREFIX) and (p / STATE).is_file() \
-        and (p / ".metadata").is_file()
-
-
 def list_checkpoints(run_dir: Path) -> list[Path]:
     """Complete checkpoints, oldest first (temporary build folders are hidden and skipped)."""
-    root = Path(run_dir) / DIR
-    if not root.is_dir():
-        return []
-    return sorted((p for p in root.iterdir() if _complete(p)), key=lambda p: p.name)
+    return RunDir(run_dir).checkpoints()
 
 
 def read_state(path: Path) -> dict[str, Any]:
@@ -290,7 +282,7 @@ def legacy_checkpoints(run_dir: Path) -> list[Path]:
     """Checkpoint folders written before format 2: one-process ones (``model.safetensors``,
     ``optimizer.pt``, ``state.json``) and ``dist_checkpoints/step_N`` (DCP + ``trainer.json``)."""
     found = []
-    root = run_dir / DIR
+    root = RunDir(run_dir).checkpoints_dir
     if root.is_dir():
         found += [p for p in root.iterdir() if p.name.startswith(PREFIX)
                   and (p / "model.safetensors").is_file() and (p / STATE).is_file()]
@@ -309,7 +301,6 @@ def upgrade_run(run_dir: str | Path) -> list[Path]:
     import numpy as np
     from safetensors.torch import load_file
 
-    from shoestring.config import load_config
     from shoestring.dist.layout import Layout
     from shoestring.dist.parallelism import Parallelism
     from shoestring.model import build_model
@@ -319,7 +310,7 @@ def upgrade_run(run_dir: str | Path) -> list[Path]:
     old = legacy_checkpoints(run_dir)
     if not old:
         raise ShoestringError("no checkpoints of an earlier format here", where=str(run_dir))
-    cfg = load_config(run_dir / "config.yaml", None)
+    cfg = RunDir(run_dir).read_config()
     done = []
     for src in old:
         if (src / "trainer.json").is_file():  # a DCP checkpoint already: new state file only
@@ -329,9 +320,9 @@ def upgrade_run(run_dir: str | Path) -> list[Path]:
                      "next_val": 1.0, "elapsed": t.get("elapsed_s", 0.0),
                      "cursor": t["cursor"], "rng": {"torch": torch.get_rng_state().tolist(),
                                                     "masking": mask},
-                     "metrics_lines": _count_lines(run_dir / "metrics.jsonl"),
+                     "metrics_lines": len(RunDir(run_dir).read_metrics()),
                      "layout": t.get("layout"), "world_size": t.get("world_size")}
-            dst = run_dir / DIR / f"{PREFIX}{t['step']:08d}"
+            dst = RunDir(run_dir).checkpoints_dir / f"{PREFIX}{t['step']:08d}"
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copytree(src, dst.parent / f".{dst.name}.partial")
             build = dst.parent / f".{dst.name}.partial"
@@ -355,7 +346,7 @@ def upgrade_run(run_dir: str | Path) -> list[Path]:
             dst_state = {**state, "layout": Layout().to_dict(), "world_size": 1}
             written = save_checkpoint(tmp, parallel, dst_state, keep=1)
             shutil.rmtree(src)
-            dst = run_dir / DIR / written.name
+            dst = RunDir(run_dir).checkpoints_dir / written.name
             written.rename(dst)
             shutil.rmtree(tmp, ignore_errors=True)
         done.append(dst)
@@ -363,10 +354,6 @@ def upgrade_run(run_dir: str | Path) -> list[Path]:
     if old_dist.is_dir():
         shutil.rmtree(old_dist)
     return sorted(done)
-
-
-def _count_lines(path: Path) -> int:
-    return len(path.read_text(encoding="utf-8").splitlines()) if path.is_file() else 0
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -25,14 +25,14 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn
 
-from shoestring import __version__
+from shoestring import __version__, families
 from shoestring.config import Config
 from shoestring.data.datadir import DataDir
 from shoestring.data.loader import BatchLoader, Cursor
 from shoestring.dist.layout import Layout, make_layout
 from shoestring.dist.parallelism import Parallelism, micro_batch_of, world_from_env
 from shoestring.errors import ShoestringError
-from shoestring.fsutil import check_output_dir, write_json_atomic, write_text_atomic
+from shoestring.fsutil import check_output_dir
 from shoestring.model import build_model
 from shoestring.model.flops import train_flops_per_token
 from shoestring.train.budget import Budget, format_duration, parse_budget
@@ -45,10 +45,10 @@ from shoestring.train.checkpoint import (
     restore_rng,
     save_checkpoint,
 )
-from shoestring.train.device import DeviceInfo, select_device
+from shoestring.device import DeviceInfo, select_device
+from shoestring.families import Objective
+from shoestring.rundir import RunDir, model_meta
 from shoestring.train.metrics import MetricsLog
-from shoestring.train.objective import Objective, objective_for
-from shoestring.train.rundir import MARKER, model_meta, prepare_run_dir, save_final
 from shoestring.train.schedule import batch_at, lr_factor
 
 
@@ -106,7 +106,7 @@ def _signals_caught() -> Iterator[list[int]]:
 def _check_data(cfg: Config, data: DataDir) -> None:
     kind = data.manifest.get("objective", "mlm")
     if kind != cfg.model.objective:
-        preset = "clm-tiny" if kind == "clm" else "tiny"
+        preset = families.get(kind, where=str(data.path / "manifest.json")).default_preset
         raise ShoestringError(
             f"the data dir is prepared for objective '{kind}' but model.objective is "
             f"'{cfg.model.objective}'",
@@ -124,27 +124,37 @@ def _check_data(cfg: Config, data: DataDir) -> None:
 
 
 def _init_from(model: torch.nn.Module, source: str, cfg: Config, data: DataDir) -> None:
-    """Copy weights from a Hugging Face folder or a run dir; the architectures must agree."""
+    """Copy weights from a Hugging Face folder or a run dir; the architectures and the
+    tokenizers must agree (weights trained on other token ids start worse than random)."""
     from shoestring.model.hub import import_hf
-    from shoestring.train.rundir import load_final
 
     path = Path(source)
-    loaded, meta = load_final(path) if (path / MARKER).is_file() else import_hf(path)
+    run = RunDir(path)
+    loaded, meta = run.load_final() if run.is_run else import_hf(path)
     theirs = {k: v for k, v in meta["model"].items() if k not in ("preset", "init_std")}
     ours = {k: v for k, v in cfg.model.model_dump(mode="json").items() if k in theirs}
     diff = sorted(k for k in theirs if theirs[k] != ours.get(k))
-    if diff or meta["vocab_size"] != data.vocab_size:
-        what = ", ".join(f"model.{k}: ours {ours.get(k)!r}, theirs {theirs[k]!r}" for k in diff[:4])
-        if meta["vocab_size"] != data.vocab_size:
-            what = (what + "; " if what else "") + (
-                f"vocabulary: data {data.vocab_size}, theirs {meta['vocab_size']}")
+    problems = [f"model.{k}: ours {ours.get(k)!r}, theirs {theirs[k]!r}" for k in diff[:4]]
+    if meta["vocab_size"] != data.vocab_size:
+        problems.append(f"vocabulary: data {data.vocab_size}, theirs {meta['vocab_size']}")
+    their_tok = run.tokenizer_path if run.is_run else path / "tokenizer.json"
+    if not problems and their_tok.is_file() and _vocab(their_tok) != _vocab(data.tokenizer_path):
+        problems.append(f"tokenizer: {their_tok} and the data dir's {data.tokenizer_path} "
+                        "map tokens to different ids")
+    if problems:
         raise ShoestringError(
-            f"cannot start from these weights: {what}",
+            f"cannot start from these weights: {'; '.join(problems)}",
             where=f"train.init_from={source}",
             fix="use the same model settings as the checkpoint (e.g. --config its config) and "
-            "data prepared with its tokenizer (--set data.tokenizer=DIR/tokenizer.json)",
+            f"data prepared with its tokenizer (prep with --set data.tokenizer={their_tok})",
         )
     model.load_state_dict(loaded.state_dict())
+
+
+def _vocab(tokenizer_json: Path) -> dict[str, int]:
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(tokenizer_json)).get_vocab()
 
 
 def _val_batch(data: DataDir, cfg: Config, objective: Objective) -> tuple[torch.Tensor, ...] | None:
@@ -155,12 +165,8 @@ def _val_batch(data: DataDir, cfg: Config, objective: Objective) -> tuple[torch.
         return None
     n = min(len(val), cfg.train.val_sequences)
     ids = torch.from_numpy(val.take(np.arange(n)))
-    if objective.kind == "clm":
-        return (ids,)
-    from shoestring.eval.mlm import fixed_masks
-
-    b = fixed_masks(ids, 0, cfg.eval, objective.mask_id, objective.vocab_size)
-    return (b.inputs, b.positions, b.targets)
+    return objective.family.validation_batch(ids, 0, cfg.eval, objective.mask_id,
+                                             objective.vocab_size)
 
 
 def _ckpt_interval(text: str | None) -> tuple[str, float] | None:
@@ -203,7 +209,7 @@ def train(
     run_dir = Path(run_dir)
     ckpt = None
     if resume:
-        if not (run_dir / MARKER).is_file():
+        if not RunDir(run_dir).is_run:
             raise ShoestringError("nothing to resume: not a run dir", where=str(run_dir),
                                   fix="train without --resume to start a run here")
         ckpt = latest_checkpoint(run_dir)
@@ -212,8 +218,7 @@ def train(
                                   where=str(run_dir / "checkpoints"),
                                   fix="train again with --overwrite to start over")
     else:
-        check_output_dir(run_dir, "run dir", owned=(run_dir / MARKER).is_file(),
-                         overwrite=overwrite)
+        check_output_dir(run_dir, "run dir", owned=RunDir(run_dir).is_run, overwrite=overwrite)
     if layout is None:
         layout = make_layout({"dp": world_from_env()[1]})
     parallel = Parallelism.start(cfg, layout, data.vocab_size)
@@ -228,10 +233,11 @@ def _train(cfg: Config, data: DataDir, run_dir: Path, parallel: Parallelism, con
     """The loop (see `train`); ``parallel`` holds everything that depends on the layout."""
     tc = cfg.train
     main = parallel.is_main
+    run = RunDir(run_dir)
     if main:
         if ckpt is None:
-            prepare_run_dir(run_dir, overwrite=True)
-        write_text_atomic(run_dir / "config.yaml", cfg.to_yaml())
+            run = RunDir.create(run_dir, overwrite=True)  # refused up front unless allowed
+        run.write_config(cfg)
     if tc.threads:
         torch.set_num_threads(tc.threads)
     dev = _select_device(tc, parallel)
@@ -244,8 +250,8 @@ def _train(cfg: Config, data: DataDir, run_dir: Path, parallel: Parallelism, con
         _init_from(model, tc.init_from, cfg, data)
     parallel.apply(model, cfg)
     del model
-    objective = objective_for(cfg.model.objective, seq_len, vocab, data.special_ids,
-                              tc.mask_rate, cfg.model.sparse_prediction)
+    objective = families.get(cfg.model.objective).objective(
+        seq_len, vocab, data.special_ids, tc.mask_rate, cfg.model.sparse_prediction)
     scaler = torch.amp.GradScaler("cuda") if dev.dtype == torch.float16 else None
 
     flops_per_token = train_flops_per_token(cfg.model, vocab, seq_len, objective.head_fraction)
@@ -431,8 +437,8 @@ def _train(cfg: Config, data: DataDir, run_dir: Path, parallel: Parallelism, con
              "flops": s.tokens * flops_per_token, "elapsed_s": t_agreed, "val_loss": val_loss})
     if main:
         final = consolidate(final_ckpt, build_model(cfg.model, vocab))
-        save_final(run_dir, final, model_meta(cfg, vocab, seq_len, data.special_ids),
-                   data.tokenizer_path)
+        run.save_final(final, model_meta(cfg, vocab, seq_len, data.special_ids),
+                       data.tokenizer_path)
     save_seconds = time.perf_counter() - save_start
     if metrics is not None:
         metrics.close()
@@ -482,6 +488,6 @@ def _train(cfg: Config, data: DataDir, run_dir: Path, parallel: Parallelism, con
         },
     }
     if main:
-        write_json_atomic(run_dir / "summary.json", summary)
+        run.write_summary(summary)
     parallel.barrier()
     return summary

@@ -12,10 +12,13 @@ import os
 from pathlib import Path
 from typing import Any
 
+from shoestring.rundir import RunDir
+
 
 class MetricsLog:
     def __init__(self, run_dir: Path, tensorboard: bool, keep_lines: int = 0) -> None:
-        self.path = run_dir / "metrics.jsonl"
+        run = RunDir(run_dir)
+        self.path = run.metrics_path
         self.lines = 0
         if keep_lines and self.path.is_file():
             kept = self.path.read_text(encoding="utf-8").splitlines(keepends=True)[:keep_lines]
@@ -27,7 +30,7 @@ class MetricsLog:
             os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(str(run_dir / "tb"))
+            self._tb = SummaryWriter(str(run.tb_dir))
 
     def write(self, record: dict[str, Any]) -> None:
         self._file.write(json.dumps(record) + "\n")
