@@ -268,6 +268,12 @@ def train(
     cfg = _config(config, sets, extra, plan=plan)
     from shoestring.data.datadir import check_data_settings  # data.* as given (not a plan's)
     check_data_settings(_config(None if resume else config, sets), data)
+    if plan is not None:
+        from shoestring.plan.planner import hardware_mismatch
+
+        warning = hardware_mismatch(plan)
+        if warning and int(os.environ.get("RANK", "0")) == 0:
+            err.print(f"[yellow]warning:[/] {warning}", highlight=False)
     layout = None
     if parallel is not None:
         from shoestring.dist.layout import make_layout

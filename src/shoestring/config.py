@@ -229,8 +229,9 @@ class TrainConfig(_Section):
     )
     val_sequences: int = Field(128, ge=1, description="size of the periodic validation subset")
     checkpoint_every: str | None = Field(
-        "30m", description="interval between checkpoints: wall clock (30m) or steps (500steps); "
-        "null = only at the end"
+        "10%", description="interval between checkpoints: a fraction of the budget (10%, "
+        "capped at 30 minutes of wall clock, so every run is resumable), wall clock (30m) or "
+        "steps (500steps); null = only at the end"
     )
     keep_checkpoints: int = Field(2, ge=1, description="checkpoints kept (oldest deleted)")
     max_nonfinite: int = Field(
@@ -256,12 +257,21 @@ class TrainConfig(_Section):
     @classmethod
     def _is_interval(cls, value: str | None) -> str | None:
         if value is not None:
+            text = str(value).strip()
+            if text.endswith("%"):
+                try:
+                    ok = 0 < float(text[:-1]) <= 100
+                except ValueError:
+                    ok = False
+                if not ok:
+                    raise ValueError(f"'{value}' is not a fraction of the budget; use e.g. 10%")
+                return text
             try:
                 kind = parse_budget(value).kind
             except ShoestringError:
                 kind = ""
             if kind not in ("seconds", "steps"):
-                raise ValueError(f"'{value}' is not an interval; use 30m, 2h or 500steps")
+                raise ValueError(f"'{value}' is not an interval; use 10%, 30m, 2h or 500steps")
         return value
 
     @model_validator(mode="after")

@@ -224,6 +224,14 @@ class RunDir:
             ) from None
         return model.eval(), meta
 
+    def clear_evaluations(self) -> None:
+        """Remove what `eval` wrote about an earlier ``final/`` (a resumed run replaces it:
+        scores of the old model must not be read as the new one's)."""
+        for f in (self.eval_path, self.decoder_eval_path):
+            f.unlink(missing_ok=True)
+        if self.downstream_dir.is_dir():
+            shutil.rmtree(self.downstream_dir)
+
     # --- checkpoints -----------------------------------------------------------------
     def checkpoints(self) -> list[Path]:
         """Complete checkpoints (DCP ``.metadata`` and ``state.json``, which is written

@@ -389,6 +389,27 @@ def launch_line(tree: dict[str, Any], plan: str = "PLAN") -> str:
     return f"torchrun {where} --nproc-per-node {per_node} -m shoestring {args} {lay['launch']}"
 
 
+def hardware_mismatch(plan_path: str | Path) -> str | None:
+    """A warning when the plan was made for other hardware than this machine's (its model,
+    batch and budget fit that hardware, not this one); None when they agree or the plan was
+    made by measuring a machine (``--hardware auto``)."""
+    tree = yaml.safe_load(Path(plan_path).read_text(encoding="utf-8")) or {}
+    hw = (tree.get("plan") or {}).get("hardware") or {}
+    if hw.get("name") in (None, "auto"):
+        return None
+    import torch
+
+    from shoestring.plan.hardware import from_device_name
+
+    here = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    known = from_device_name(here) if here else None
+    if known is not None and known.name == hw["name"]:
+        return None
+    return (f"the plan was made for {hw.get('devices', 1)} × {hw['name']}; this machine has "
+            f"{here or 'no GPU (it trains on the CPU)'}, so the plan's model size, batch and "
+            "budget were chosen for other hardware (plan for this one with --hardware auto)")
+
+
 def plan_to_yaml(tree: dict[str, Any]) -> str:
     head = (
         "# shoestring plan: train it with\n"

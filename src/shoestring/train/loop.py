@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import platform
 import signal
 import sys
@@ -30,6 +31,7 @@ from shoestring.config import Config
 from shoestring.data.datadir import DataDir
 from shoestring.data.loader import BatchLoader, Cursor
 from shoestring.dist.layout import Layout, make_layout
+from shoestring.dist.memory import check_fits
 from shoestring.dist.parallelism import Parallelism, micro_batch_of, world_from_env
 from shoestring.errors import ShoestringError
 from shoestring.fsutil import check_output_dir
@@ -68,6 +70,7 @@ class _State:
     bad_in_a_row: int = 0
     next_val: float = 0.0  # progress at which the next periodic validation runs
     last_ckpt_time: float = 0.0  # budget-elapsed seconds at the last checkpoint
+    last_ckpt_progress: float = 0.0  # budget progress at the last checkpoint
     first_loss: float | None = None
     losses: list[float] = field(default_factory=list)
 
@@ -158,22 +161,40 @@ def _vocab(tokenizer_json: Path) -> dict[str, int]:
 
 
 def _val_batch(data: DataDir, cfg: Config, objective: Objective) -> tuple[torch.Tensor, ...] | None:
-    """The fixed periodic-validation subset: the first val_sequences rows, masks fixed."""
+    """The fixed periodic-validation subset: val_sequences rows spread evenly over the whole
+    validation split (the first rows would be the first few documents only), masks fixed."""
     try:
         val = data.split("val")
     except ShoestringError:
         return None
     n = min(len(val), cfg.train.val_sequences)
-    ids = torch.from_numpy(val.take(np.arange(n)))
+    ids = torch.from_numpy(val.take(np.linspace(0, len(val) - 1, n).round().astype(np.int64)))
     return objective.family.validation_batch(ids, 0, cfg.eval, objective.mask_id,
                                              objective.vocab_size)
 
 
+FRACTION_CAP_SECONDS = 1800.0  # a fractional checkpoint interval is at most 30 minutes
+
+
 def _ckpt_interval(text: str | None) -> tuple[str, float] | None:
+    """("fraction", 0.1) for "10%", ("seconds", 1800) for "30m", ("steps", 500)."""
     if text is None:
         return None
+    if str(text).endswith("%"):
+        return "fraction", float(str(text)[:-1]) / 100
     spec = parse_budget(text)
     return spec.kind, spec.amount
+
+
+def _checkpoint_due(interval: tuple[str, float], step: int, progress: float, elapsed: float,
+                    last_progress: float, last_elapsed: float) -> bool:
+    kind, every = interval
+    if kind == "steps":
+        return step % int(every) == 0
+    if kind == "seconds":
+        return elapsed - last_elapsed >= every
+    return (progress - last_progress >= every - 1e-9
+            or elapsed - last_elapsed >= FRACTION_CAP_SECONDS)
 
 
 def _select_device(tc, parallel: Parallelism) -> DeviceInfo:  # noqa: ANN001
@@ -219,13 +240,36 @@ def train(
                                   fix="train again with --overwrite to start over")
     else:
         check_output_dir(run_dir, "run dir", owned=RunDir(run_dir).is_run, overwrite=overwrite)
+        _check_writable(run_dir)
     if layout is None:
         layout = make_layout({"dp": world_from_env()[1]})
+    data.split("train", verify="sha256")  # a flipped byte must not train silently
+    check_fits(cfg.model, data.vocab_size, data.seq_len, micro_batch_of(cfg, layout), layout,
+               cfg.train.precision, "cuda" if torch.cuda.is_available() else "cpu",
+               local_ranks=int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
     parallel = Parallelism.start(cfg, layout, data.vocab_size)
     try:
         return _train(cfg, data, run_dir, parallel, console, ckpt)
     finally:
         parallel.close()
+
+
+def _tail_mean(losses: list[float]) -> float:
+    """The "train loss" of the bar and the summary: the mean over the last 5% of steps."""
+    tail = losses[-max(1, len(losses) // 20):]
+    return sum(tail) / len(tail) if tail else float("nan")
+
+
+def _check_writable(run_dir: Path) -> None:
+    """The run dir can be created and written (every rank checks, before any work)."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / f".write-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise ShoestringError(f"cannot write the run dir ({e.strerror or e})", where=str(run_dir),
+                              fix="choose a folder you can write for -o") from None
 
 
 def _train(cfg: Config, data: DataDir, run_dir: Path, parallel: Parallelism, console: Console,
@@ -267,6 +311,7 @@ def _train(cfg: Config, data: DataDir, run_dir: Path, parallel: Parallelism, con
         cursor = Cursor(**st["cursor"])
         s = _State(step=st["step"], tokens=st["tokens"], skipped=st["skipped"],
                    next_val=st["next_val"], last_ckpt_time=st["elapsed"],
+                   last_ckpt_progress=budget.progress(st["step"], st["tokens"], elapsed=st["elapsed"]),
                    first_loss=st.get("first_loss"), losses=list(st.get("recent_losses", [])))
         if budget.progress(s.step, s.tokens, elapsed=st["elapsed"]) >= 1.0:
             raise ShoestringError(
@@ -314,6 +359,7 @@ def _train(cfg: Config, data: DataDir, run_dir: Path, parallel: Parallelism, con
                 state["scaler"] = scaler.state_dict()
             path = save_checkpoint(run_dir, parallel, state, tc.keep_checkpoints)
             s.last_ckpt_time = t_agreed
+            s.last_ckpt_progress = budget.progress(s.step, s.tokens, elapsed=t_agreed)
             return path
 
     parallel.train_mode(True)
@@ -329,7 +375,6 @@ def _train(cfg: Config, data: DataDir, run_dir: Path, parallel: Parallelism, con
         with _signals_caught() as caught, _progress(console, main) as bar:
             task = bar.add_task("train", total=1.0, budget=budget.describe(), loss=float("nan"),
                                 tps=0.0, mfu=0.0, left="?")
-            ema: float | None = None
             while True:  # at least one step, however small the budget
                 p_now = budget.progress(s.step, s.tokens, elapsed=t_agreed)
                 bsz = batch_at(tc, p_now, quantum)
@@ -355,7 +400,6 @@ def _train(cfg: Config, data: DataDir, run_dir: Path, parallel: Parallelism, con
                     s.tokens += bsz * seq_len
                     s.losses.append(total)
                     s.first_loss = total if s.first_loss is None else s.first_loss
-                    ema = total if ema is None else 0.95 * ema + 0.05 * total
                     for k, v in (("tokens", bsz * seq_len), ("loss", total), ("steps", 1),
                                  ("gnorm", gnorm)):
                         window[k] += v
@@ -402,8 +446,9 @@ def _train(cfg: Config, data: DataDir, run_dir: Path, parallel: Parallelism, con
                     window = {"start": t_agreed, "tokens": 0, "loss": 0.0, "steps": 0,
                               "wait": 0.0, "gnorm": 0.0}
                     left = (t_agreed / p - t_agreed) if p > 0 else float("inf")
-                    bar.update(task, completed=p, loss=ema, tps=tps, mfu=record["mfu"],
-                               left=format_duration(left))
+                    avg = s.tokens / max(t_agreed, 1e-9)  # the summary's tokens/s and MFU
+                    bar.update(task, completed=p, loss=_tail_mean(s.losses), tps=avg,
+                               mfu=avg * flops_per_token / job_peak, left=format_duration(left))
                 if val_batch is not None and (p >= s.next_val) and not done:
                     with budget.pause():
                         log({"step": s.step, "progress": round(p, 5), "tokens": s.tokens,
@@ -411,12 +456,9 @@ def _train(cfg: Config, data: DataDir, run_dir: Path, parallel: Parallelism, con
                              "val_loss": parallel.eval_loss(objective, val_batch, dev.autocast)})
                     while s.next_val <= p:
                         s.next_val += tc.val_every
-                if interval is not None and not done:
-                    kind, every = interval
-                    due = (s.step % int(every) == 0) if kind == "steps" else (
-                        t_agreed - s.last_ckpt_time >= every)
-                    if due:
-                        last_ckpt = checkpoint()
+                if interval is not None and not done and _checkpoint_due(
+                        interval, s.step, p, t_agreed, s.last_ckpt_progress, s.last_ckpt_time):
+                    last_ckpt = checkpoint()
                 if signum:
                     last_ckpt = checkpoint()
                     if metrics is not None:
@@ -439,10 +481,10 @@ def _train(cfg: Config, data: DataDir, run_dir: Path, parallel: Parallelism, con
         final = consolidate(final_ckpt, build_model(cfg.model, vocab))
         run.save_final(final, model_meta(cfg, vocab, seq_len, data.special_ids),
                        data.tokenizer_path)
+        run.clear_evaluations()  # they scored the final/ this one replaces
     save_seconds = time.perf_counter() - save_start
     if metrics is not None:
         metrics.close()
-    tail = s.losses[-max(1, len(s.losses) // 20):] or [float("nan")]
     tps = s.tokens / max(train_seconds, 1e-9)
     achieved = tps * flops_per_token  # FLOP/s of the job
     summary = {
@@ -476,7 +518,7 @@ def _train(cfg: Config, data: DataDir, run_dir: Path, parallel: Parallelism, con
         "params_non_embedding": n_params_ne,
         "memory_measured": memory,
         "first_loss": s.first_loss,
-        "final_train_loss": sum(tail) / len(tail),
+        "final_train_loss": _tail_mean(s.losses),
         "val_loss_subset": val_loss,
         "budget": budget.describe(),
         "resumed": ckpt is not None,

@@ -1,0 +1,92 @@
+"""What a new user meets at the edges of `shoestring train` (issue 22): every check before the
+work, through the real CLI — exit code 2, a message naming what and where, nothing written."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from conftest import run_cli, tiny_config
+from shoestring.train.checkpoint import list_checkpoints
+from shoestring.train.loop import train
+
+TINY = ["--set", "model.hidden_size=64", "--set", "model.num_layers=2", "--set",
+        "model.num_heads=2", "--set", "model.intermediate_size=128"]
+
+
+def _refused(r, *needles: str) -> None:  # noqa: ANN001
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert "Traceback" not in r.stderr
+    text = " ".join(r.stderr.split())
+    for n in needles:
+        assert n in text, (n, text[-2000:])
+
+
+def test_a_corrupted_training_shard_is_refused_before_training(pydocs_dir: Path,
+                                                               tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    shutil.copytree(pydocs_dir, data)
+    shard = sorted((data / "train").glob("*.bin"))[0]
+    raw = bytearray(shard.read_bytes())
+    for i in range(100, 110):  # a few flipped bytes, the size unchanged
+        raw[i] ^= 0xFF
+    shard.write_bytes(bytes(raw))
+    r = run_cli("train", "-d", str(data), "-o", str(tmp_path / "run"), "--steps", "2", *TINY)
+    _refused(r, shard.name)
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_init_from_weights_of_another_tokenizer_is_refused(pydocs_dir: Path,
+                                                           tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    train(tiny_config(steps=1), pydocs_dir, src)
+    tok = src / "final" / "tokenizer.json"
+    spec = json.loads(tok.read_text())
+    vocab = spec["model"]["vocab"]
+    a, b = sorted(vocab, key=vocab.get)[-2:]  # same size, two tokens trade ids
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    tok.write_text(json.dumps(spec))
+    r = run_cli("train", "-d", str(pydocs_dir), "-o", str(tmp_path / "run"), "--steps", "1",
+                "--init-from", str(src), *TINY)
+    _refused(r, "map tokens to different ids", "train.init_from")
+    assert not (tmp_path / "run" / "final").exists()
+
+
+def test_a_plan_for_other_hardware_is_refused_with_the_memory_numbers(pydocs_dir: Path,
+                                                                      tmp_path: Path) -> None:
+    plan = tmp_path / "plan.yaml"
+    p = run_cli("plan", "--hardware", "h100", "--devices", "8", "--budget", "24h",
+                "-o", str(plan))
+    assert p.returncode == 0, p.stderr[-2000:]
+    r = run_cli("train", "-d", str(pydocs_dir), "-o", str(tmp_path / "run"), "--plan", str(plan))
+    _refused(r, "warning: the plan was made for 8 × h100", "this run needs about",
+             "but this CPU has", "available")
+    assert not (tmp_path / "run" / "config.yaml").exists()
+
+
+def test_an_unwritable_output_is_the_standard_error(pydocs_dir: Path) -> None:
+    r = run_cli("train", "-d", str(pydocs_dir), "-o", "/proc/shoestring-run", "--steps", "1",
+                *TINY)
+    _refused(r, "cannot write the run dir", "/proc/shoestring-run")
+
+
+def test_a_resumed_run_drops_the_evaluations_of_the_model_it_replaces(pydocs_dir: Path,
+                                                                     tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    train(tiny_config(steps=2), pydocs_dir, run)
+    (run / "eval.json").write_text("{}")
+    (run / "downstream").mkdir()
+    (run / "downstream" / "results.json").write_text("{}")
+    train(tiny_config(steps=3), pydocs_dir, run, resume=True)
+    assert not (run / "eval.json").exists() and not (run / "downstream").exists()
+    assert (run / "final" / "model.safetensors").is_file()
+
+
+def test_every_run_checkpoints_every_tenth_of_its_budget_by_default(pydocs_dir: Path,
+                                                                    tmp_path: Path) -> None:
+    cfg = tiny_config(steps=20, keep_checkpoints=20)
+    assert cfg.train.checkpoint_every == "10%"
+    train(cfg, pydocs_dir, tmp_path / "run")
+    steps = [int(p.name.removeprefix("step_")) for p in list_checkpoints(tmp_path / "run")]
+    assert steps == list(range(2, 21, 2))
