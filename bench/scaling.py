@@ -98,6 +98,8 @@ def steady_tps(run: Path) -> float:
 ONE_PROCESS = textwrap.dedent('''
     import json, sys
     from rich.console import Console
+    import shoestring
+    assert shoestring.__file__.startswith(sys.argv[4]), (shoestring.__file__, sys.argv[4])
     from shoestring.config import load_config
     from shoestring.train.loop import train
     cfg = load_config(None, json.loads(sys.argv[2]))
@@ -111,7 +113,7 @@ def one_process(data: str, sets: list[str], run: Path, src: Path, timeout: float
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(src)}
     p = subprocess.run([sys.executable, "-c", ONE_PROCESS, data,
                         json.dumps([*sets, "train.checkpoint_every=null", "train.val_every=0",
-                                    "train.tensorboard=false"]), str(run)],
+                                    "train.tensorboard=false"]), str(run), str(src)],
                        capture_output=True, text=True, timeout=timeout, env=env)
     if p.returncode:
         raise SystemExit(f"failed: one process from {src}\n{p.stderr[-3000:]}")
