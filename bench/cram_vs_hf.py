@@ -1,32 +1,39 @@
-"""The headline comparison: shoestring's default recipe vs a standard Hugging Face MLM recipe.
+"""The headline: shoestring's defaults vs two Hugging Face users, same wall clock, same data.
 
-Same tokenizer, same packed data (the same sequences in the same order), same wall-clock
-budget, same model dimensions (hidden, layers, heads, and the feed-forward's input projection
-width, which Cramming calls the intermediate size: our GeGLU halves its 2·intermediate_size
-projection, so BERT gets ``intermediate_size`` = 2 × ours = 4·hidden, BERT's own proportion),
-the same precision for both (``--precision auto``: whatever shoestring's device check picks on
-this machine — bf16 autocast where it beats fp32, else fp32):
+Same tokenizer, the same packed data (the same sequences in the same order, from
+`BatchLoader` with the run's seed), the same wall-clock budget each, the same batch size and
+one precision for all (``--precision auto``: whatever shoestring's device check picks here —
+bf16 autocast where it beats fp32, else fp32). Three contenders:
 
-- **shoestring**: `shoestring.train.loop.train` with the default config (Cramming-style
-  encoder, sparse prediction head, one-cycle LR keyed to the budget, 25% masking), budget
-  ``--budget``. Its periodic validation pauses the budget clock and is not counted.
-- **Hugging Face**: what a user writes from the transformers docs ("Training in native
-  PyTorch" + the MLM guide): ``BertForMaskedLM(BertConfig(...))`` with the library's defaults
-  (dropout 0.1, learned positions, biases, dense MLM head), ``DataCollatorForLanguageModeling``
-  (mlm_probability 0.15, 80/10/10), ``torch.optim.AdamW`` (lr ``--hf-lr``, weight decay 0.01),
-  ``get_linear_schedule_with_warmup`` (warmup ``--hf-warmup`` of the steps), gradient clipping
-  at 1.0 (the Trainer's default), a plain loop under the same autocast as ours. The step
-  count for the schedule is estimated from a short timing of a few steps on a throwaway copy
-  of the model before the clock starts; training stops at the budget or at that step count,
-  whichever comes first.
+1. **shoestring**: `shoestring.train.loop.train` with the default config (Cramming-style
+   encoder, sparse head, one-cycle LR keyed to the budget, 25% masking). Its periodic
+   validation pauses the budget clock and is not counted.
+2. **the careful HF user** (``modernbert``): transformers' `ModernBertForMaskedLM` of exactly
+   our architecture (configured by our exporter) with ModernBERT's own sparse head ON, trained
+   with OUR recipe in a plain loop: `build_optimizer`, `lr_factor` keyed to the elapsed
+   fraction of the wall clock, `batch_at`, the mlm family's masking (same seed: the same masks),
+   our gradient clipping. Only the implementation differs.
+3. **the HF-docs user** (``bert``): `BertForMaskedLM` with the library's defaults (dropout
+   0.1, learned positions, biases, dense head) and the FFN width that gives it our parameter
+   count (printed), ``DataCollatorForLanguageModeling`` (15%, 80/10/10), `torch.optim.AdamW`
+   (weight decay 0.01), linear warmup (``--bert-warmup``) then linear decay to 0 keyed to the
+   elapsed fraction of the budget (so the schedule ends exactly at the budget), clipping at
+   1.0 (the Trainer's default). Its learning rate is picked by a sweep before the clock
+   starts: each of ``--bert-sweep`` for ``--sweep-budget``, the lowest held-out loss (at its
+   15%) on ``--sweep-eval-sequences`` wins; the sweep and its cost are in the JSON.
 
-Held-out loss: both models are scored on EXACTLY the same masked validation batches, the
-fixed masks of `shoestring.eval.mlm` (drawn from (eval.seed, sequence index) at rate 0.25):
-the same input ids, masked positions and targets, cross-entropy at the masked positions.
-`shoestring eval`'s own number for our run is recorded beside it as a cross-check.
+Held-out loss: every model is scored at the mask rate it trained with AND at one common rate
+(``--common-rate``, 0.25), on exactly the same masked validation batches (fixed masks drawn
+from (eval.seed, sequence index), `shoestring.data.masking.fixed_masks`): the same input ids,
+masked positions and targets, cross-entropy at the masked positions. `shoestring eval`'s own
+number for our run is recorded as a cross-check. FLOPs per token of every model are counted by
+``FlopCounterMode`` (forward × 3); our MFU is set against a measured matmul ceiling: a loop of
+only our model's training matmuls (same shapes, same precision).
 
     python bench/cram_vs_hf.py --budget 10m --out runs/bench/cram_vs_hf.json
-    python bench/cram_vs_hf.py --budget 60s --eval-sequences 512 --out /tmp/cvh.json  # quick
+    python bench/cram_vs_hf.py --budget 10m --repeats 2 --out runs/bench/cvh2.json  # interleaved
+    python bench/cram_vs_hf.py --budget 20s --sweep-budget 10s --eval-sequences 64 \
+        --out /tmp/cvh.json                                                        # smoke test
 
 The data dir (``--data``) is prepared from ``--corpus`` with `shoestring prep` defaults the
 first time and reused after.
@@ -35,12 +42,12 @@ first time and reused after.
 from __future__ import annotations
 
 import argparse
-import copy
 import math
-import os
-import platform
+import statistics
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -48,27 +55,30 @@ import torch
 import torch.nn.functional as F
 from rich.console import Console
 
+from peers import count_params, counted_train_flops_per_token, encoder_gemms, hf_modernbert, \
+    load_average, machine_info, matmul_ceiling, mlm_labels, modernbert_setup
+from shoestring import families
 from shoestring.config import Config, load_config
 from shoestring.data.datadir import DataDir
 from shoestring.data.loader import BatchLoader
-from shoestring.data.tokenizer import MASK
-from shoestring.eval.mlm import evaluate_run, fixed_masks
-from shoestring.fsutil import write_json_atomic
-from shoestring.train.budget import parse_duration
+from shoestring.data.masking import fixed_masks, num_masked
+from shoestring.data.tokenizer import MASK, NUM_SPECIAL
 from shoestring.device import DeviceInfo, precision_name, select_device
-from shoestring.train.loop import train
+from shoestring.eval.mlm import evaluate_run
+from shoestring.fsutil import write_json_atomic
+from shoestring.model.flops import train_flops_per_token
 from shoestring.rundir import RunDir
+from shoestring.train.budget import parse_duration
+from shoestring.train.loop import train
+from shoestring.train.optim import build_optimizer
+from shoestring.train.schedule import batch_at, linear, lr_factor
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT.parent / "shared" / "data" / "corpora" / "mixed-en.jsonl"
+CONTENDERS = ("shoestring", "modernbert", "bert")
 console = Console(stderr=True)
 
-
-def load_average() -> str:
-    try:
-        return " ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "unknown"
+Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # inputs, positions, targets
 
 
 def ensure_data(data_dir: Path, corpus: Path, cfg: Config) -> DataDir:
@@ -83,254 +93,392 @@ def ensure_data(data_dir: Path, corpus: Path, cfg: Config) -> DataDir:
     return DataDir(data_dir)
 
 
-# ---------------------------------------------------------------------------- the HF recipe
+# ---------------------------------------------------------------------------- held-out scoring
 
 
-def hf_tokenizer(data: DataDir):
-    """Our tokenizer.json as a transformers fast tokenizer, with our special tokens."""
-    from transformers import PreTrainedTokenizerFast
+class HeldOut:
+    """The validation batches every model is scored on, masked once per rate and kept, so each
+    model sees exactly the same inputs, positions and targets at a given rate."""
 
-    return PreTrainedTokenizerFast(
-        tokenizer_file=str(data.tokenizer_path), unk_token="[UNK]", pad_token="[PAD]",
-        cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]",
-    )
+    def __init__(self, data: DataDir, cfg: Config, max_sequences: int) -> None:
+        self.data, self.cfg = data, cfg
+        self.val = data.split("val", verify=True)
+        self.n = min(len(self.val), max_sequences)
+        self._cache: dict[tuple[float, int], list[Batch]] = {}
+
+    def batches(self, rate: float, n: int | None = None) -> list[Batch]:
+        n = min(self.n, n or self.n)
+        key = (rate, n)
+        if key not in self._cache:
+            ev, mask_id, out = self.cfg.eval, self.data.special_ids[MASK], []
+            for start in range(0, n, ev.batch_size):
+                ids = torch.from_numpy(self.val.take(np.arange(start, min(start + ev.batch_size, n))))
+                b = fixed_masks(ids, start, rate, ev.seed, NUM_SPECIAL, mask_id, self.data.vocab_size)
+                out.append((b.inputs, b.positions, b.targets))
+            self._cache[key] = out
+        return self._cache[key]
+
+    @torch.no_grad()
+    def score(self, logits_at: Callable[[Batch], torch.Tensor], rate: float,
+              device_info: DeviceInfo, n: int | None = None) -> dict:
+        """Mean cross-entropy and accuracy at the masked positions (the run's autocast)."""
+        nll, correct, count = 0.0, 0, 0
+        for batch in self.batches(rate, n):
+            with device_info.autocast():
+                logits = logits_at(batch)
+            logits, targets = logits.float().flatten(0, 1), batch[2].flatten()
+            nll += F.cross_entropy(logits, targets, reduction="sum").item()
+            correct += (logits.argmax(-1) == targets).sum().item()
+            count += targets.numel()
+        return {"rate": rate, "loss": nll / count, "accuracy": correct / count,
+                "masked_tokens": count, "sequences": min(self.n, n or self.n)}
 
 
-def hf_model(cfg: Config, data: DataDir):
-    """BertForMaskedLM of the same dimensions, the library's defaults otherwise."""
-    from transformers import BertConfig, BertForMaskedLM
-
-    m = cfg.model
-    config = BertConfig(
-        vocab_size=data.vocab_size, hidden_size=m.hidden_size, num_hidden_layers=m.num_layers,
-        num_attention_heads=m.num_heads, intermediate_size=m.ffn_input_width,
-        max_position_embeddings=max(512, data.seq_len), pad_token_id=data.special_ids["[PAD]"],
-    )
-    return BertForMaskedLM(config)
+def ours_logits(model: torch.nn.Module) -> Callable[[Batch], torch.Tensor]:
+    return lambda b: model(b[0], b[1])
 
 
-def train_hf(cfg: Config, data: DataDir, seconds: float, lr: float, warmup: float,
-             seed: int, device_info: DeviceInfo) -> tuple[torch.nn.Module, dict]:
-    """A plain PyTorch loop over the same batches, under the same wall-clock budget."""
-    from transformers import DataCollatorForLanguageModeling, get_linear_schedule_with_warmup
+def hf_logits(model: torch.nn.Module) -> Callable[[Batch], torch.Tensor]:
+    """(B, k, V) logits at the masked positions: through ModernBERT's sparse head when it is
+    on (its rows come out in row-major order, which is our ascending positions' order), else
+    gathered from the dense (B, T, V) logits."""
+    def at(b: Batch) -> torch.Tensor:
+        inputs, positions, targets = b
+        if getattr(model.config, "sparse_prediction", False):
+            out = model(input_ids=inputs, labels=mlm_labels(inputs, positions, targets)).logits
+            return out.view(*positions.shape, -1)
+        out = model(input_ids=inputs).logits
+        return out.gather(1, positions[..., None].expand(-1, -1, out.shape[-1]))
+    return at
 
-    torch.manual_seed(seed)
-    device = device_info.device
-    model = hf_model(cfg, data).to(device)
-    tokenizer = hf_tokenizer(data)
-    collator = DataCollatorForLanguageModeling(tokenizer, mlm=True, mlm_probability=0.15,
-                                               return_tensors="pt")
-    batch_size = cfg.train.batch_size
 
-    def make_batch(ids: torch.Tensor) -> dict:
-        batch = collator([{"input_ids": row} for row in ids])
-        return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+# ---------------------------------------------------------------------------- the HF loops
 
-    def step(m, opt, sched, batch) -> float:
-        with device_info.autocast():
-            loss = m(**batch).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
-        opt.step()
-        if sched is not None:
-            sched.step()
-        opt.zero_grad(set_to_none=True)
-        return loss.item()
 
-    # Estimate the step count: time a few steps of a throwaway copy (before the clock starts).
-    probe = copy.deepcopy(model).train()
-    probe_opt = torch.optim.AdamW(probe.parameters(), lr=lr, weight_decay=0.01)
-    probe_loader = BatchLoader(data.split("train"), batch_size, seed + 1, prefetch=0)
-    for _ in range(2):
-        step(probe, probe_opt, None, make_batch(next(probe_loader)))
-    n_probe, t = 6, time.perf_counter()
-    for _ in range(n_probe):
-        step(probe, probe_opt, None, make_batch(next(probe_loader)))
-    step_seconds = (time.perf_counter() - t) / n_probe
-    del probe, probe_opt
-    max_steps = max(10, int(seconds / step_seconds))
-    console.print(f"HF: ~{step_seconds:.3f} s/step measured → schedule over {max_steps} steps")
+@dataclass
+class Recipe:
+    """One plain training loop's choices: what differs between the two HF users."""
 
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-    scheduler = get_linear_schedule_with_warmup(optimizer, int(warmup * max_steps), max_steps)
-    loader = BatchLoader(data.split("train"), batch_size, cfg.train.seed)  # our loop's order
+    optimizer: torch.optim.Optimizer
+    lr_at: Callable[[float], float]  # progress (elapsed / budget) -> learning rate
+    rows_at: Callable[[float], int]  # progress -> sequences in the step
+    make_batch: Callable[[torch.Tensor], dict]  # token rows -> the model's keyword arguments
+    clip: float
+    describe: str
+
+
+def plain_loop(model: torch.nn.Module, recipe: Recipe, data: DataDir, cfg: Config,
+               seconds: float, device_info: DeviceInfo, label: str) -> dict:
+    """The loop an HF user writes: same data order as ours (`BatchLoader`, the run's seed),
+    the LR set from the elapsed fraction of the wall clock, stop at the budget."""
+    micro = cfg.train.micro_batch
+    loader = BatchLoader(data.split("train"), micro, cfg.train.seed)
     model.train()
     steps = tokens = 0
     losses: list[float] = []
     start = time.perf_counter()
-    while steps < max_steps and time.perf_counter() - start < seconds:
-        ids = next(loader)
-        losses.append(step(model, optimizer, scheduler, make_batch(ids)))
+    while (elapsed := time.perf_counter() - start) < seconds:
+        progress = elapsed / seconds
+        for group in recipe.optimizer.param_groups:
+            group["lr"] = recipe.lr_at(progress)
+        ids = torch.cat([next(loader) for _ in range(max(1, recipe.rows_at(progress) // micro))])
+        with device_info.autocast():
+            loss = model(**recipe.make_batch(ids)).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.clip)
+        recipe.optimizer.step()
+        recipe.optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
         steps += 1
         tokens += ids.numel()
-        if steps % 20 == 0:
-            elapsed = time.perf_counter() - start
-            console.print(f"HF step {steps}/{max_steps}: loss {np.mean(losses[-20:]):.3f}, "
+        if steps % 50 == 0:
+            console.print(f"{label} step {steps}: loss {np.mean(losses[-50:]):.3f}, "
                           f"{tokens / elapsed:,.0f} tok/s, {elapsed:.0f}/{seconds:.0f} s")
     train_seconds = time.perf_counter() - start
     loader.close()
     tail = losses[-max(1, len(losses) // 20):]
-    return model.eval(), {
-        "recipe": "BertForMaskedLM + DataCollatorForLanguageModeling(0.15, 80/10/10), AdamW "
-                  f"(lr {lr}, wd 0.01), linear warmup {warmup:.0%} / decay, clip 1.0, "
-                  f"{device_info.dtype} compute, plain loop",
-        "intermediate_size": model.config.intermediate_size,
-        "params": sum(p.numel() for p in model.parameters()),
-        "attention": model.config._attn_implementation,
-        "estimated_step_seconds": step_seconds,
-        "scheduled_steps": max_steps,
-        "steps": steps,
-        "tokens": tokens,
-        "train_seconds": train_seconds,
-        "tokens_per_s": tokens / train_seconds,
-        "first_loss": losses[0],
-        "final_train_loss": float(np.mean(tail)),
-        "stopped_by": "steps" if steps >= max_steps else "budget",
-    }
+    model.eval()
+    return {"recipe": recipe.describe, "params": count_params(model),
+            "attention": model.config._attn_implementation, "steps": steps, "tokens": tokens,
+            "train_seconds": train_seconds, "tokens_per_s": tokens / train_seconds,
+            "first_loss": losses[0], "final_train_loss": float(np.mean(tail))}
 
 
-# ---------------------------------------------------------------------------- scoring
+def modernbert_recipe(model: torch.nn.Module, data: DataDir, cfg: Config) -> Recipe:
+    """Our recipe, verbatim, around transformers' model (labels → its sparse head)."""
+    tc = cfg.train
+    objective = families.get("mlm").objective(data.seq_len, data.vocab_size, data.special_ids,
+                                              tc.mask_rate, True)
+    gen = torch.Generator().manual_seed(tc.seed)  # our loop's masking stream
+
+    def make_batch(ids: torch.Tensor) -> dict:
+        inputs, positions, targets = objective.make_batch(ids, gen)
+        return {"input_ids": inputs, "labels": mlm_labels(inputs, positions, targets)}
+
+    return Recipe(build_optimizer(model, tc), lambda p: tc.lr * lr_factor(tc, p),
+                  lambda p: batch_at(tc, p, tc.micro_batch), make_batch, tc.grad_clip,
+                  f"{modernbert_setup(model)}; shoestring's recipe: AdamW lr {tc.lr} "
+                  f"({tc.schedule} keyed to wall clock), {tc.mask_rate:.0%} masking, batch "
+                  f"{tc.batch_size}, clip {tc.grad_clip}")
 
 
-@torch.no_grad()
-def score_both(ours: torch.nn.Module, theirs: torch.nn.Module, data: DataDir, cfg: Config,
-               max_sequences: int, device_info: DeviceInfo) -> dict:
-    """MLM loss of both models on the same fixed-mask validation batches (the run's autocast)."""
-    device = device_info.device
-    ours = ours.to(device)
-    val = data.split("val", verify=True)
-    n = min(len(val), max_sequences)
-    ev = cfg.eval
-    mask_id, vocab = data.special_ids[MASK], data.vocab_size
-    nll = {"shoestring": 0.0, "hf": 0.0}
-    correct = {"shoestring": 0, "hf": 0}
-    count = 0
-    for start in range(0, n, ev.batch_size):
-        ids = torch.from_numpy(val.take(np.arange(start, min(start + ev.batch_size, n))))
-        batch = fixed_masks(ids, start, ev, mask_id, vocab)
-        targets = batch.targets.flatten()
-        inputs, positions = batch.inputs.to(device), batch.positions.to(device)
-        with device_info.autocast():
-            ours_logits = ours(inputs, positions)
-            hf_all = theirs(input_ids=inputs).logits  # (B, T, V)
-        hf_logits = hf_all.gather(1, positions[..., None].expand(-1, -1, hf_all.shape[-1])).cpu()
-        ours_logits = ours_logits.cpu()
-        for name, logits in (("shoestring", ours_logits), ("hf", hf_logits)):
-            logits = logits.float().flatten(0, 1)
-            nll[name] += F.cross_entropy(logits, targets, reduction="sum").item()
-            correct[name] += (logits.argmax(-1) == targets).sum().item()
-        count += targets.numel()
-    return {
-        "sequences": n, "masked_tokens": count, "mask_rate": ev.mask_rate, "mask_seed": ev.seed,
-        **{f"{k}_loss": v / count for k, v in nll.items()},
-        **{f"{k}_accuracy": v / count for k, v in correct.items()},
-    }
+def bert_model(cfg: Config, data: DataDir, intermediate: int) -> torch.nn.Module:
+    """BertForMaskedLM of our hidden/layers/heads, the library's defaults otherwise."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    m = cfg.model
+    return BertForMaskedLM(BertConfig(
+        vocab_size=data.vocab_size, hidden_size=m.hidden_size, num_hidden_layers=m.num_layers,
+        num_attention_heads=m.num_heads, intermediate_size=intermediate,
+        max_position_embeddings=max(512, data.seq_len), pad_token_id=data.special_ids["[PAD]"]))
+
+
+def bert_width(cfg: Config, data: DataDir, target_params: int) -> int:
+    """The BERT FFN width whose parameter count is closest to ours (a multiple of 8): the
+    count is linear in the width, L·(2H+1) per unit (two matrices and a bias)."""
+    base_width = cfg.model.ffn_input_width
+    base = count_params(bert_model(cfg, data, base_width))
+    per_unit = cfg.model.num_layers * (2 * cfg.model.hidden_size + 1)
+    return max(8, 8 * round((base_width + (target_params - base) / per_unit) / 8))
+
+
+def bert_recipe(model: torch.nn.Module, data: DataDir, lr: float, warmup: float,
+                mask_rate: float, batch_size: int) -> Recipe:
+    """The transformers docs' MLM recipe, its linear schedule keyed to the wall clock."""
+    from transformers import DataCollatorForLanguageModeling, PreTrainedTokenizerFast
+
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_file=str(data.tokenizer_path), unk_token="[UNK]", pad_token="[PAD]",
+        cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
+    collator = DataCollatorForLanguageModeling(tokenizer, mlm=True, mlm_probability=mask_rate,
+                                               return_tensors="pt")
+    return Recipe(torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01),
+                  lambda p: lr * linear(p, warmup), lambda p: batch_size,
+                  lambda ids: collator([{"input_ids": row} for row in ids]), 1.0,
+                  f"transformers BertForMaskedLM (defaults: dropout 0.1, dense head, attention "
+                  f"{model.config._attn_implementation}), FFN {model.config.intermediate_size}, "
+                  f"DataCollatorForLanguageModeling {mask_rate:.0%}, AdamW lr {lr:g} (swept) "
+                  f"wd 0.01, linear warmup {warmup:.0%}/decay ending at the budget, clip 1.0, "
+                  f"batch {batch_size}")
+
+
+def train_bert(cfg: Config, data: DataDir, width: int, lr: float, args: argparse.Namespace,
+               seconds: float, device_info: DeviceInfo, label: str) -> tuple[torch.nn.Module, dict]:
+    torch.manual_seed(cfg.train.seed)  # init and the collator's masks
+    model = bert_model(cfg, data, width)
+    recipe = bert_recipe(model, data, lr, args.bert_warmup, args.bert_mask_rate,
+                         cfg.train.batch_size)
+    return model, plain_loop(model, recipe, data, cfg, seconds, device_info, label)
+
+
+def sweep_bert_lr(cfg: Config, data: DataDir, width: int, held: HeldOut, args: argparse.Namespace,
+                  device_info: DeviceInfo) -> dict:
+    """The docs user's LR sweep: short runs, lowest held-out loss at its own mask rate."""
+    seconds, t0, runs = parse_duration(args.sweep_budget), time.perf_counter(), []
+    for lr in (float(x) for x in args.bert_sweep.split(",")):
+        model, info = train_bert(cfg, data, width, lr, args, seconds, device_info, f"sweep {lr:g}")
+        score = held.score(hf_logits(model), args.bert_mask_rate, device_info,
+                           args.sweep_eval_sequences)
+        runs.append({"lr": lr, "steps": info["steps"], "tokens_per_s": info["tokens_per_s"],
+                     "heldout_loss": score["loss"]})
+        console.print(f"sweep lr {lr:g}: held-out loss {score['loss']:.3f} ({info['steps']} steps)")
+    best = min(runs, key=lambda r: r["heldout_loss"] if math.isfinite(r["heldout_loss"]) else 1e9)
+    return {"budget_each": args.sweep_budget, "eval_sequences": args.sweep_eval_sequences,
+            "mask_rate": args.bert_mask_rate, "runs": runs, "best_lr": best["lr"],
+            "cost_seconds": time.perf_counter() - t0}
+
+
+# ---------------------------------------------------------------------------- main
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--budget", default="10m", help="wall clock per recipe: 60s, 10m (default)")
+    ap.add_argument("--budget", default="10m", help="wall clock per contender: 60s, 10m (default)")
     ap.add_argument("--corpus", type=Path, default=CORPUS)
     ap.add_argument("--data", type=Path, default=ROOT / "runs" / "bench" / "mixed-en-data",
                     help="data dir to reuse (prepared from --corpus when absent)")
     ap.add_argument("--work", type=Path, default=ROOT / "runs" / "bench" / "cram_vs_hf",
-                    help="folder for our run dir")
+                    help="folder for our run dirs and the saved BERT")
     ap.add_argument("--out", type=Path, required=True, help="JSON results file to write")
     ap.add_argument("--eval-sequences", type=int, default=4096, help="validation sequences (cap)")
-    ap.add_argument("--hf-lr", type=float, default=5e-4)
-    ap.add_argument("--hf-warmup", type=float, default=0.06, help="warmup fraction of the steps")
-    ap.add_argument("--order", choices=["ours-first", "hf-first"], default="ours-first")
+    ap.add_argument("--common-rate", type=float, default=0.25,
+                    help="the one mask rate every model is also scored at")
+    ap.add_argument("--bert-sweep", default="1e-4,3e-4,1e-3,3e-3",
+                    help="BERT learning rates to sweep (comma-separated, ≥ 4 for the issue)")
+    ap.add_argument("--bert-lr", type=float, help="skip the sweep and use this BERT LR")
+    ap.add_argument("--sweep-budget", default="2m", help="wall clock per sweep run")
+    ap.add_argument("--sweep-eval-sequences", type=int, default=512)
+    ap.add_argument("--bert-warmup", type=float, default=0.06, help="warmup fraction of the budget")
+    ap.add_argument("--bert-mask-rate", type=float, default=0.15)
+    ap.add_argument("--repeats", type=int, default=1, help="rounds of all contenders")
+    ap.add_argument("--order", default=",".join(CONTENDERS),
+                    help="contender order of the first round; later rounds rotate it")
+    ap.add_argument("--ceiling-seconds", type=float, default=10.0,
+                    help="how long to measure the matmul ceiling")
     ap.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
-                    help="compute precision for BOTH recipes (auto: shoestring's measured choice)")
+                    help="compute precision for every contender (auto: shoestring's measured choice)")
     ap.add_argument("--set", dest="sets", action="append", default=[],
                     help="override shoestring's config (section.key=value), e.g. model dims")
     args = ap.parse_args()
+    order = args.order.split(",")
+    if sorted(order) != sorted(CONTENDERS):
+        sys.exit(f"--order must list each of {', '.join(CONTENDERS)} once")
 
     seconds = parse_duration(args.budget)
-    # One precision for both: resolved once here (auto measures fp32 vs bf16 matmuls), then
-    # pinned in our config so our loop cannot choose differently.
+    # One precision for all: resolved once here, then pinned in our config.
     device_info = select_device(args.precision, measure_peak=False)
     precision = precision_name(device_info.dtype)
     cfg = load_config(None, [f"train.budget={args.budget}", "train.steps=null",
                              f"train.precision={precision}", *args.sets])
     data = ensure_data(args.data, args.corpus, cfg)
+    held = HeldOut(data, cfg, args.eval_sequences)
+    ours_params = count_params(families.get("mlm").build(cfg.model, data.vocab_size))
+    width = bert_width(cfg, data, ours_params)
     results: dict = {
         "budget": args.budget, "budget_seconds": seconds,
         "data_dir": str(args.data.resolve()), "seq_len": data.seq_len, "vocab": data.vocab_size,
         "model_dims": {**{k: getattr(cfg.model, k) for k in
                           ("hidden_size", "num_layers", "num_heads", "intermediate_size", "ffn")},
                        "ffn_input_width": cfg.model.ffn_input_width},
-        "batch_size": cfg.train.batch_size,
-        "precision": f"{precision} for both ({args.precision} requested)",
-        "machine": {"device": device_info.name, "cpu": platform.processor() or platform.machine(),
-                    "threads": torch.get_num_threads(), "torch": torch.__version__,
-                    "python": sys.version.split()[0], "load_average_start": load_average()},
+        "bert_intermediate_size": width, "batch_size": cfg.train.batch_size,
+        "precision": f"{precision} for all ({args.precision} requested)",
+        "machine": machine_info(device_info.name), "rounds": [],
     }
-    import transformers
+    console.print(f"BERT FFN width {width} matches our {ours_params / 1e6:.3f}M parameters")
+    if args.bert_lr is None:
+        results["bert_sweep"] = sweep_bert_lr(cfg, data, width, held, args, device_info)
+        bert_lr = results["bert_sweep"]["best_lr"]
+    else:
+        bert_lr = args.bert_lr
+        results["bert_sweep"] = {"skipped": f"--bert-lr {bert_lr:g} given"}
+    flops_batch = held.batches(cfg.train.mask_rate)[0]  # a batch to count FLOPs on
+    tokens_counted = flops_batch[0].numel()
 
-    results["machine"]["transformers"] = transformers.__version__
+    def run_shoestring(r: int) -> dict:
+        # Round 1 at the path bench/glue_after_pretrain.py reads, beside the saved BERT.
+        run_dir = args.work / ("shoestring" if r == 0 else f"shoestring-r{r + 1}")
+        s = train(cfg, args.data, run_dir, overwrite=True, console=console)
+        model, _ = RunDir(run_dir).load_final()
+        official = evaluate_run(run_dir, args.data, console=console,
+                                overrides=[f"eval.max_sequences={args.eval_sequences}"])
+        return {"recipe": "shoestring defaults (train.loop.train)", "run_dir": str(run_dir),
+                **{k: s[k] for k in ("params", "steps", "tokens", "train_seconds", "tokens_per_s",
+                                     "mfu", "first_loss", "final_train_loss")},
+                "mask_rate": cfg.train.mask_rate, "eval_cli_loss": official["mlm_loss"],
+                "unigram_loss": official["unigram_loss"], "_model": model,
+                "_logits": ours_logits(model),
+                "_count": lambda: model(flops_batch[0], flops_batch[1])}
 
-    def run_ours() -> None:
-        load = load_average()
-        run_dir = args.work / "shoestring"
-        summary = train(cfg, args.data, run_dir, overwrite=True, console=console)
-        results["shoestring"] = {
-            "recipe": "shoestring defaults (train.loop.train)", "run_dir": str(run_dir),
-            "load_average_before": load, "load_average_after": load_average(),
-            **{k: summary[k] for k in ("params", "steps", "tokens", "train_seconds",
-                                         "tokens_per_s", "mfu", "first_loss", "final_train_loss")},
-        }
+    def run_modernbert(r: int) -> dict:
+        torch.manual_seed(cfg.train.seed)
+        model = hf_modernbert(cfg.model, data.vocab_size, data.seq_len, sparse=True,
+                              ids=data.special_ids)
+        info = plain_loop(model, modernbert_recipe(model, data, cfg), data, cfg, seconds,
+                          device_info, "ModernBERT")
+        labels = mlm_labels(*flops_batch)
+        return {**info, "mask_rate": cfg.train.mask_rate, "_model": model,
+                "_logits": hf_logits(model),
+                "_count": lambda: model(input_ids=flops_batch[0], labels=labels)}
 
-    trained: dict = {}
+    def run_bert(r: int) -> dict:
+        model, info = train_bert(cfg, data, width, bert_lr, args, seconds, device_info, "BERT")
+        if r == 0:  # for bench/glue_after_pretrain.py
+            model.save_pretrained(args.work / "hf")
+            info["saved_to"] = str(args.work / "hf")
+        return {**info, "mask_rate": args.bert_mask_rate, "intermediate_size": width,
+                "_model": model, "_logits": hf_logits(model),
+                "_count": lambda: model(input_ids=flops_batch[0])}
 
-    def run_hf() -> None:
-        load = load_average()
-        model, info = train_hf(cfg, data, seconds, args.hf_lr, args.hf_warmup, cfg.train.seed,
-                               device_info)
-        results["hf"] = {"load_average_before": load, "load_average_after": load_average(), **info}
-        trained["hf"] = model
-        # Saved so the downstream benchmark (bench/glue_after_pretrain.py) can fine-tune it.
-        hf_dir = args.work / "hf"
-        model.save_pretrained(hf_dir)
-        hf_tokenizer(data).save_pretrained(hf_dir)
-        results["hf"]["saved_to"] = str(hf_dir)
+    runners = {"shoestring": run_shoestring, "modernbert": run_modernbert, "bert": run_bert}
+    for r in range(args.repeats):
+        rnd: dict = {"order": order[r % 3:] + order[:r % 3]}
+        for name in rnd["order"]:
+            load = load_average()
+            res = runners[name](r)
+            res["load_average_before"], res["load_average_after"] = load, load_average()
+            res["train_flops_per_token_counted"] = counted_train_flops_per_token(
+                res.pop("_count"), tokens_counted)
+            logits_at = res.pop("_logits")
+            res["heldout_own_rate"] = held.score(logits_at, res["mask_rate"], device_info)
+            res["heldout_common_rate"] = held.score(logits_at, args.common_rate, device_info)
+            res.pop("_model")
+            rnd[name] = res
+        rnd["ratios"] = ratios(rnd)
+        results["rounds"].append(rnd)
 
-    for fn in ((run_ours, run_hf) if args.order == "ours-first" else (run_hf, run_ours)):
-        fn()
-
-    ours, _ = RunDir(args.work / "shoestring").load_final()
-    console.print(f"scoring both on up to {args.eval_sequences} validation sequences")
-    scores = score_both(ours, trained["hf"], data, cfg, args.eval_sequences, device_info)
-    official = evaluate_run(args.work / "shoestring", args.data, console=console,
-                            overrides=[f"eval.max_sequences={args.eval_sequences}"])
-    results["heldout"] = {**scores, "shoestring_eval_cli_loss": official["mlm_loss"],
-                          "unigram_loss": official["unigram_loss"]}
-    ours_tps, hf_tps = results["shoestring"]["tokens_per_s"], results["hf"]["tokens_per_s"]
-    results["tokens_per_s_ratio"] = ours_tps / hf_tps
-    results["loss_delta"] = scores["hf_loss"] - scores["shoestring_loss"]
-    results["targets"] = {"lower_heldout_loss": scores["shoestring_loss"] < scores["hf_loss"],
-                          "tokens_per_s_at_least_2x": ours_tps >= 2 * hf_tps}
+    # The MFU ceiling: only our model's training matmuls, same shapes and precision.
+    m = cfg.model
+    tokens = cfg.train.micro_batch * data.seq_len
+    head = cfg.train.micro_batch * num_masked(data.seq_len, cfg.train.mask_rate)
+    ceiling = matmul_ceiling(encoder_gemms(m, data.vocab_size, tokens, head), device_info.dtype,
+                             args.ceiling_seconds)
+    fpt = train_flops_per_token(m, data.vocab_size, data.seq_len, head / tokens)
+    achieved = [rnd["shoestring"]["tokens_per_s"] * fpt for rnd in results["rounds"]]
+    results["mfu_ceiling"] = {
+        "matmul_loop_flops_per_s": ceiling, "ours_flops_per_token": fpt,
+        "ours_achieved_flops_per_s": achieved, "fraction_of_ceiling": [a / ceiling for a in achieved],
+        "how": f"F.linear + the two backward matmuls for each of our GEMM shapes "
+               f"({tokens} tokens, {head} at the head), {precision}, best pass of "
+               f"{args.ceiling_seconds:g} s"}
     results["machine"]["load_average_end"] = load_average()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(args.out, results)
-
-    s, h = results["shoestring"], results["hf"]
-    machine = results["machine"]
-    print(f"budget {args.budget} each on {machine['device']}, {precision}; load average start "
-          f"{machine['load_average_start']}, end {machine['load_average_end']}")
-    print(f"{'':12} {'params':>8} {'steps':>6} {'tokens':>10} {'tok/s':>8} {'held-out loss':>14}")
-    rows = (("shoestring", s, scores["shoestring_loss"]), ("HF BERT", h, scores["hf_loss"]))
-    for name, r, loss in rows:
-        print(f"{name:12} {r['params'] / 1e6:7.2f}M {r['steps']:6d} {r['tokens']:10,d} "
-              f"{r['tokens_per_s']:8,.0f} {loss:14.3f}")
-    print(f"tokens/s ratio {results['tokens_per_s_ratio']:.2f}x; held-out loss shoestring "
-          f"{scores['shoestring_loss']:.3f} vs HF {scores['hf_loss']:.3f} on "
-          f"{scores['masked_tokens']:,} masked tokens ({scores['sequences']} sequences); "
-          f"`shoestring eval` cross-check {official['mlm_loss']:.3f}; unigram "
-          f"{official['unigram_loss']:.3f}")
+    print_table(results, args, precision)
     print(f"wrote {args.out}")
-    if not math.isfinite(scores["hf_loss"]):
-        sys.exit("HF loss is not finite")
+
+
+def ratios(rnd: dict) -> dict:
+    """Ours vs each peer: tokens/s ratio and held-out loss deltas (peer − ours)."""
+    s = rnd["shoestring"]
+    return {peer: {
+        "tokens_per_s": s["tokens_per_s"] / rnd[peer]["tokens_per_s"],
+        "loss_delta_common_rate": rnd[peer]["heldout_common_rate"]["loss"]
+        - s["heldout_common_rate"]["loss"],
+        "loss_delta_own_rates": rnd[peer]["heldout_own_rate"]["loss"] - s["heldout_own_rate"]["loss"],
+    } for peer in ("modernbert", "bert")}
+
+
+def print_table(results: dict, args: argparse.Namespace, precision: str) -> None:
+    """The table and the ratios, each with the peer's configuration beside it."""
+    mc = results["machine"]
+    print(f"budget {args.budget} each; {mc['cpu']} ({mc['cores']} cores, {mc['threads']} "
+          f"threads), torch {mc['torch']}, transformers {mc['transformers']}; {precision} for "
+          f"all; load average start {mc['load_average_start']}, end {mc['load_average_end']}")
+    sweep = results["bert_sweep"]
+    if "runs" in sweep:
+        print(f"BERT LR sweep ({sweep['budget_each']} each, held-out at "
+              f"{sweep['mask_rate']:.0%} on {sweep['eval_sequences']} sequences, "
+              f"{sweep['cost_seconds']:.0f} s in all): "
+              + ", ".join(f"{r['lr']:g} → {r['heldout_loss']:.3f}" for r in sweep["runs"])
+              + f"; picked {sweep['best_lr']:g}")
+    rate = args.common_rate
+    print(f"{'round':>5} {'contender':11} {'params':>8} {'MFLOP/tok':>9} {'steps':>6} "
+          f"{'tokens':>10} {'tok/s':>8} {'loss@own':>13} {f'loss@{rate:.0%}':>9}")
+    for i, rnd in enumerate(results["rounds"]):
+        for name in CONTENDERS:
+            r = rnd[name]
+            own = r["heldout_own_rate"]
+            print(f"{i + 1:5d} {name:11} {r['params'] / 1e6:7.2f}M "
+                  f"{r['train_flops_per_token_counted'] / 1e6:9.1f} {r['steps']:6d} "
+                  f"{r['tokens']:10,d} {r['tokens_per_s']:8,.0f} "
+                  f"{own['loss']:7.3f} @{own['rate']:.0%} {r['heldout_common_rate']['loss']:9.3f}")
+    for name in CONTENDERS:
+        print(f"  {name}: {results['rounds'][0][name]['recipe']}")
+    for peer in ("modernbert", "bert"):
+        tps = [rnd["ratios"][peer]["tokens_per_s"] for rnd in results["rounds"]]
+        dl = [rnd["ratios"][peer]["loss_delta_common_rate"] for rnd in results["rounds"]]
+        print(f"ours / {peer}: tokens/s {statistics.median(tps):.2f}x "
+              f"(rounds: {', '.join(f'{x:.2f}' for x in tps)}); held-out loss at {rate:.0%} "
+              f"{peer} − ours = {statistics.median(dl):+.3f}  "
+              f"[peer: {results['rounds'][0][peer]['recipe']}]")
+    c = results["mfu_ceiling"]
+    print(f"matmul ceiling {c['matmul_loop_flops_per_s'] / 1e9:.1f} GFLOP/s ({c['how']}); ours "
+          f"achieved {', '.join(f'{a / 1e9:.1f}' for a in c['ours_achieved_flops_per_s'])} "
+          f"GFLOP/s = {', '.join(f'{f:.0%}' for f in c['fraction_of_ceiling'])} of it")
+    s = results["rounds"][0]["shoestring"]
+    print(f"`shoestring eval` cross-check (round 1) {s['eval_cli_loss']:.3f}; unigram "
+          f"{s['unigram_loss']:.3f}; {s['heldout_common_rate']['masked_tokens']:,} masked tokens "
+          f"({s['heldout_common_rate']['sequences']} sequences) at {rate:.0%}")
 
 
 if __name__ == "__main__":

@@ -2,17 +2,22 @@
 ``--objective clm`` shoestring's decoder vs Hugging Face Llama (causal LM), same dims.
 
 Both models compute the same function family (ModernBERT layout: pre-LN without biases, GeGLU,
-rotary, tied embeddings); the difference under test is the implementation — chiefly our
-sparse prediction head (logits only at the 25% masked positions) against HF's default dense
-head, as a user of `ModernBertForMaskedLM(labels=...)` would run it. Same batch, sequence
-length, precision (`train.precision=auto`'s choice: bf16 autocast where it measurably beats
-fp32 on this machine, else fp32), AdamW, gradient clipping.
+rotary, tied embeddings), built through our exporter, so the difference under test is the
+implementation. The HF side is configured as a careful user of it would: ModernBERT's own
+sparse head ON (``sparse_prediction=True``: the decoder runs only at the labelled, masked
+positions); its dense-head row is printed too, so the head's share is visible. Our side runs
+eager and, with ``--compile``, under ``torch.compile`` (``train.compile``); compile seconds
+are reported apart from the step time. Same batch, sequence length, precision for every row
+(``--precision``, default ``train.precision=auto``'s choice: bf16 autocast where it measurably
+beats fp32 on this machine, else fp32), AdamW (foreach), gradient clipping.
 
     python bench/model_step.py                 # CPU defaults: the `cram` model, batch 32 x 128
+    python bench/model_step.py --compile       # + torch.compile rows (~40 s compile per model)
     python bench/model_step.py --hidden 512 --layers 8 --heads 8 --intermediate 1024
     python bench/model_step.py --objective clm --intermediate 704   # decoder vs LlamaForCausalLM
 
-Prints tokens/s for each (median of --repeats timed blocks, interleaved) and the ratio.
+Prints tokens/s for each row (median of --repeats timed blocks, interleaved) and each ratio
+with the peer's configuration beside it.
 """
 
 from __future__ import annotations
@@ -20,38 +25,21 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
+from peers import count_params, hf_llama, hf_modernbert, load_average, machine_info, \
+    mlm_labels, modernbert_setup
 from shoestring.config import ModelConfig
 from shoestring.data.masking import mask_tokens
+from shoestring.device import precision_name, select_device
+from shoestring.model.decoder import CausalLM
 from shoestring.model.encoder import MaskedLM
-from shoestring.device import select_device
 
 
-def hf_model(cfg: ModelConfig, vocab: int, seq_len: int):
-    """The same architecture in transformers, configured by our exporter (exact mapping)."""
-    from transformers import ModernBertConfig, ModernBertForMaskedLM
-
-    from shoestring.data.tokenizer import SPECIAL_TOKENS
-    from shoestring.model.hf import hf_config
-
-    ids = {t: i for i, t in enumerate(SPECIAL_TOKENS)}
-    return ModernBertForMaskedLM(ModernBertConfig.from_dict(hf_config(cfg, vocab, seq_len, ids)))
-
-
-def hf_llama(cfg: ModelConfig, vocab: int, seq_len: int):
-    """Our decoder's architecture as transformers' Llama, configured by our exporter."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from shoestring.model.hf_llama import hf_config as llama_config
-
-    ids = {"<|endoftext|>": 0, "<|pad|>": 1}
-    return LlamaForCausalLM(LlamaConfig.from_dict(llama_config(cfg, vocab, seq_len, ids)))
-
-
-def time_steps(step, n: int) -> float:
+def time_steps(step: Callable[[], None], n: int) -> float:
     t = time.perf_counter()
     for _ in range(n):
         step()
@@ -71,31 +59,51 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8, help="steps per timed block")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--objective", choices=["mlm", "clm"], default="mlm")
+    ap.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
+                    help="compute precision for every row (auto: shoestring's measured choice)")
+    ap.add_argument("--compile", action="store_true",
+                    help="add our model under torch.compile (train.compile; ~40 s on this CPU)")
     args = ap.parse_args()
 
     cfg = ModelConfig(objective=args.objective, hidden_size=args.hidden, num_layers=args.layers,
                       num_heads=args.heads, intermediate_size=args.intermediate)
-    dev = select_device("auto", measure_peak=False)
-    torch.manual_seed(0)
-    if args.objective == "clm":
-        from shoestring.model.decoder import CausalLM
-
-        ours, theirs = CausalLM(cfg, args.vocab), hf_llama(cfg, args.vocab, args.seq_len)
-        peer = "transformers Llama"
-    else:
-        ours, theirs = MaskedLM(cfg, args.vocab), hf_model(cfg, args.vocab, args.seq_len)
-        peer = "transformers ModernBERT"
-    print(f"device: {dev.name}, autocast {dev.dtype}; params ours {ours.num_params() / 1e6:.2f}M, "
-          f"HF {sum(p.numel() for p in theirs.parameters()) / 1e6:.2f}M; "
-          f"HF attention: {theirs.config._attn_implementation}")
-
+    dev = select_device(args.precision, measure_peak=False)
+    machine = machine_info(dev.name)
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(5, args.vocab, (args.batch, args.seq_len), generator=gen)
     ids[:, 0], ids[:, -1] = 2, 3
     batch = mask_tokens(ids, 0.25, 5, 4, args.vocab, gen)
-    labels = torch.full_like(ids, -100).scatter_(1, batch.positions, batch.targets)
+    labels = mlm_labels(batch.inputs, batch.positions, batch.targets)
 
-    def make_step(model, loss_fn):
+    # name -> (model, loss, how it is configured); every model starts from seed 0.
+    rows: dict[str, tuple[torch.nn.Module, Callable, str]] = {}
+    torch.manual_seed(0)
+    if args.objective == "clm":
+        ours = CausalLM(cfg, args.vocab)
+        ours_loss = lambda m: F.cross_entropy(  # noqa: E731
+            m(ids)[:, :-1].float().flatten(0, 1), ids[:, 1:].flatten())
+        llama = hf_llama(cfg, args.vocab, args.seq_len)
+        rows["HF Llama"] = (llama, lambda m: m(input_ids=ids, labels=ids).loss,
+                            f"transformers LlamaForCausalLM, attention "
+                            f"{llama.config._attn_implementation}")
+    else:
+        ours = MaskedLM(cfg, args.vocab)
+        ours_loss = lambda m: F.cross_entropy(  # noqa: E731
+            m(batch.inputs, batch.positions).float().flatten(0, 1), batch.targets.flatten())
+        for name, sparse in (("HF ModernBERT sparse", True), ("HF ModernBERT dense", False)):
+            torch.manual_seed(0)
+            hf = hf_modernbert(cfg, args.vocab, args.seq_len, sparse=sparse)
+            rows[name] = (hf, lambda m: m(input_ids=batch.inputs, labels=labels).loss,
+                          modernbert_setup(hf))
+    ours_rows = {"shoestring": (ours, ours_loss, "eager")}
+    if args.compile:
+        import copy
+
+        ours_rows["shoestring compiled"] = (torch.compile(copy.deepcopy(ours)), ours_loss,
+                                            "torch.compile (train.compile=true)")
+    rows = {**ours_rows, **rows}
+
+    def make_step(model: torch.nn.Module, loss_fn: Callable) -> Callable[[], None]:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
 
         def step() -> None:
@@ -108,26 +116,38 @@ def main() -> None:
 
         return step
 
-    if args.objective == "clm":
-        ours_step = make_step(ours, lambda m: F.cross_entropy(
-            m(ids)[:, :-1].float().flatten(0, 1), ids[:, 1:].flatten()))
-        hf_step = make_step(theirs, lambda m: m(input_ids=ids, labels=ids).loss)
-    else:
-        ours_step = make_step(ours, lambda m: F.cross_entropy(
-            m(batch.inputs, batch.positions).float().flatten(0, 1), batch.targets.flatten()))
-        hf_step = make_step(theirs, lambda m: m(input_ids=batch.inputs, labels=labels).loss)
+    peer = rows[list(rows)[-1]][0]
+    steps = {name: make_step(m, fn) for name, (m, fn, _) in rows.items()}
+    precision = precision_name(dev.dtype)
+    print(f"machine: {machine['cpu']} ({machine['cores']} cores, {machine['threads']} torch "
+          f"threads), torch {machine['torch']}, transformers {machine['transformers']}; "
+          f"precision {precision} for every row ({args.precision} requested); load average "
+          f"{machine['load_average_start']}")
+    print(f"dims: hidden {args.hidden}, layers {args.layers}, heads {args.heads}, intermediate "
+          f"{args.intermediate}, vocab {args.vocab}; batch {args.batch} x {args.seq_len}; "
+          f"params ours {count_params(ours) / 1e6:.2f}M, HF {count_params(peer) / 1e6:.2f}M")
 
-    for step in (ours_step, hf_step):  # warm-up: allocator, autocast caches
-        time_steps(step, 4)
+    # Warm-up: allocator, autocast caches; for a compiled model, the compilation itself.
+    warm: dict[str, float] = {name: time_steps(step, 4) for name, step in steps.items()}
     tokens = args.batch * args.seq_len * args.steps
-    rates: dict[str, list[float]] = {"shoestring": [], peer: []}
-    for _ in range(args.repeats):
-        rates["shoestring"].append(tokens / time_steps(ours_step, args.steps))
-        rates[peer].append(tokens / time_steps(hf_step, args.steps))
+    rates: dict[str, list[float]] = {name: [] for name in rows}
+    for _ in range(args.repeats):  # interleaved: drift in load hits every row alike
+        for name, step in steps.items():
+            rates[name].append(tokens / time_steps(step, args.steps))
     med = {k: statistics.median(v) for k, v in rates.items()}
     for name, r in med.items():
-        print(f"{name:>24}: {r:10,.0f} tokens/s  (blocks: {', '.join(f'{x:,.0f}' for x in rates[name])})")
-    print(f"ratio shoestring / transformers: {med['shoestring'] / med[peer]:.2f}x")
+        extra = ""
+        if "compiled" in name:  # compile time = warm-up beyond what 4 steady steps take
+            compile_s = warm[name] - 4 * args.batch * args.seq_len / r
+            extra = f"  compile {compile_s:.1f} s"
+        print(f"{name:>22}: {r:10,.0f} tokens/s  (blocks: "
+              f"{', '.join(f'{x:,.0f}' for x in rates[name])}){extra}  [{rows[name][2]}]")
+    for ours_name in ours_rows:
+        for name in rows:
+            if name not in ours_rows:
+                print(f"ratio {ours_name} / {name}: {med[ours_name] / med[name]:.2f}x  "
+                      f"(peer: {rows[name][2]}; {precision}, same dims and batch)")
+    print(f"load average at the end: {load_average()}")
 
 
 if __name__ == "__main__":
