@@ -157,7 +157,7 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--baseline-ref", default=None,
                     help="also measure one-process tokens/s against the trainer of this commit")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3, help="interleaved rounds (median)")
     ap.add_argument("--skip-scaling", action="store_true", help="only the seam overhead")
     a = ap.parse_args()
     from shoestring.data.datadir import DataDir
@@ -170,12 +170,12 @@ def main() -> None:
             "train.log_every=1", "train.precision=fp32", "train.threads=1"]
     n = a.procs
     load = os.getloadavg()
-    import platform
-
     import torch
 
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-          f"torch {torch.__version__}; precision fp32")
+    from peers import cpu_name  # bench/peers.py: the CPU's model name
+
+    print(f"machine: {cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}; "
+          "precision fp32")
     if a.baseline_ref:
         with tempfile.TemporaryDirectory() as d:
             now, then = seam_overhead(a.data, sets, a.baseline_ref, a.repeats, Path(d),
@@ -190,30 +190,40 @@ def main() -> None:
         print(f"  seam overhead (step time now / then - 1): {med(then) / med(now) - 1:+.1%}")
     if a.skip_scaling:
         return
-    with tempfile.TemporaryDirectory() as d:
-        tmp = Path(d)
-        rows = {
-            "shoestring 1 proc": ours(a.data, 1, "dp=1", 0, sets, tmp, a.timeout),
-            f"shoestring dp={n} (DDP)": ours(a.data, n, f"dp={n}", 0, sets, tmp, a.timeout),
-            f"shoestring dp={n} ZeRO-2 (FSDP2)": ours(a.data, n, f"dp={n}", 2, sets, tmp,
+    # the peer neither validates nor writes TensorBoard: the same work for ours
+    ours_sets = [*sets, "train.tensorboard=false", "train.val_every=0"]
+    runs = {
+        "shoestring 1 proc": lambda tmp: ours(a.data, 1, "dp=1", 0, ours_sets, tmp, a.timeout),
+        f"shoestring dp={n} (DDP)": lambda tmp: ours(a.data, n, f"dp={n}", 0, ours_sets, tmp,
                                                      a.timeout),
-            "peer: plain PyTorch 1 proc": peer(a.data, 1, sets, a.steps, a.batch_size * seq,
-                                               tmp, a.timeout),
-            f"peer: plain PyTorch DDP {n} procs": peer(a.data, n, sets, a.steps,
+        f"shoestring dp={n} ZeRO-2 (FSDP2)": lambda tmp: ours(a.data, n, f"dp={n}", 2, ours_sets,
+                                                             tmp, a.timeout),
+        "peer: plain PyTorch 1 proc": lambda tmp: peer(a.data, 1, sets, a.steps,
                                                        a.batch_size * seq, tmp, a.timeout),
-        }
+        f"peer: plain PyTorch DDP {n} procs": lambda tmp: peer(a.data, n, sets, a.steps,
+                                                               a.batch_size * seq, tmp,
+                                                               a.timeout),
+    }
+    rows: dict[str, list[float]] = {k: [] for k in runs}
+    for _ in range(a.repeats):  # interleaved, so a change in load hits every row alike
+        for name, run in runs.items():
+            with tempfile.TemporaryDirectory() as d:
+                rows[name].append(run(Path(d)))
     load_after = os.getloadavg()
     print(f"global batch {a.batch_size} × {seq} tokens, {a.steps} steps (first 2 skipped), "
-          f"fp32, 1 thread per process; load average before {load[0]:.1f}, after "
-          f"{load_after[0]:.1f}")
+          f"fp32, 1 thread per process, {a.repeats} interleaved rounds (median); shoestring "
+          f"without TensorBoard and periodic validation, like the peer; load average before "
+          f"{load[0]:.1f}, after {load_after[0]:.1f}")
+    med = {k: sorted(v)[len(v) // 2] for k, v in rows.items()}
     for k, v in rows.items():
-        print(f"  {k:<36} {v:>10,.0f} tokens/s")
-    one, many = rows["shoestring 1 proc"], rows[f"shoestring dp={n} (DDP)"]
-    peer1, peern = rows["peer: plain PyTorch 1 proc"], rows[f"peer: plain PyTorch DDP {n} procs"]
+        print(f"  {k:<36} {med[k]:>10,.0f} tokens/s  ({', '.join(f'{x:,.0f}' for x in v)})")
+    one, many = med["shoestring 1 proc"], med[f"shoestring dp={n} (DDP)"]
+    peer1, peern = med["peer: plain PyTorch 1 proc"], med[f"peer: plain PyTorch DDP {n} procs"]
     print(f"scaling efficiency shoestring dp={n}: {many / (n * one):.2f}  "
           f"(peer: {peern / (n * peer1):.2f})")
-    print(f"ratio shoestring / peer at {n} procs: {many / peern:.2f}; at 1 proc: {one / peer1:.2f}")
-
+    print(f"ratio shoestring / peer at {n} procs: {many / peern:.2f}; at 1 proc: {one / peer1:.2f}"
+          f"  [peer: plain PyTorch loop, DistributedDataParallel on gloo, the same model, "
+          f"AdamW foreach, clip 0.5, rank-sharded batches]")
 
 if __name__ == "__main__":
     main()

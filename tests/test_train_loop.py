@@ -241,3 +241,30 @@ def test_compile_trains_the_same_losses(pydocs_dir: Path, tmp_path: Path) -> Non
     for a, b in zip(_losses(tmp_path / "eager"), _losses(tmp_path / "compiled")):
         assert a == pytest.approx(b, abs=1e-3)
     assert len(_losses(tmp_path / "compiled")) == 3
+
+
+def test_old_distributed_checkpoints_are_converted_and_resume(pydocs_dir: Path,
+                                                              tmp_path: Path) -> None:
+    """A run dir of the earlier distributed trainer (dist_checkpoints/step_N: DCP shards,
+    which were already this format's, plus trainer.json) converts and resumes."""
+    import base64
+
+    run = tmp_path / "run"
+    train(tiny_config(steps=2, checkpoint_every="2steps"), pydocs_dir, run)
+    ck = latest_checkpoint(run)
+    old = run / "dist_checkpoints" / "step_0000002"
+    old.parent.mkdir()
+    shutil.move(str(ck.path), str(old))
+    st = ck.state
+    mask = base64.b64encode(bytes(st["rng"]["masking"])).decode("ascii")
+    (old / "trainer.json").write_text(json.dumps({
+        "step": st["step"], "tokens": st["tokens"], "elapsed_s": st["elapsed"],
+        "cursor": st["cursor"], "mask_rng": mask, "layout": st["layout"], "world_size": 2}))
+    (old / "state.json").unlink()
+    with pytest.raises(ShoestringError, match="upgrade"):
+        train(tiny_config(steps=4), pydocs_dir, run, resume=True)
+    from shoestring.train.checkpoint import upgrade_run
+
+    assert [p.name for p in upgrade_run(run)] == ["step_00000002"]
+    assert not (run / "dist_checkpoints").exists()
+    assert train(tiny_config(steps=4), pydocs_dir, run, resume=True)["steps"] == 4
