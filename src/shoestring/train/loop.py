@@ -32,7 +32,12 @@ from shoestring.data.datadir import DataDir
 from shoestring.data.loader import BatchLoader, Cursor
 from shoestring.dist.layout import Layout, make_layout
 from shoestring.dist.memory import check_fits
-from shoestring.dist.parallelism import Parallelism, micro_batch_of, world_from_env
+from shoestring.dist.parallelism import (
+    Parallelism,
+    check_layout,
+    micro_batch_of,
+    world_from_env,
+)
 from shoestring.errors import ShoestringError
 from shoestring.fsutil import check_output_dir
 from shoestring.model import build_model
@@ -240,13 +245,17 @@ def train(
                                   fix="train again with --overwrite to start over")
     else:
         check_output_dir(run_dir, "run dir", owned=RunDir(run_dir).is_run, overwrite=overwrite)
-        _check_writable(run_dir)
+    world = world_from_env()[1]
     if layout is None:
-        layout = make_layout({"dp": world_from_env()[1]})
+        layout = make_layout({"dp": world})
+    device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    check_layout(cfg, layout, data.vocab_size, world, device_type)
     data.split("train", verify="sha256")  # a flipped byte must not train silently
     check_fits(cfg.model, data.vocab_size, data.seq_len, micro_batch_of(cfg, layout), layout,
-               cfg.train.precision, "cuda" if torch.cuda.is_available() else "cpu",
+               cfg.train.precision, device_type,
                local_ranks=int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    if ckpt is None:
+        _check_writable(run_dir)  # the one check that writes (a folder), so the last
     parallel = Parallelism.start(cfg, layout, data.vocab_size)
     try:
         return _train(cfg, data, run_dir, parallel, console, ckpt)
