@@ -96,9 +96,11 @@ def one_process(data_dir: Path, run: Path, sets: list[str]) -> Path:
     return run
 
 
-def launch(nproc: int, cases: list[dict], common: dict, timeout: float
-           ) -> subprocess.CompletedProcess:
+def launch(nproc: int, cases: list[dict], common: dict, timeout: float,
+           monitor_interval: float | None = None) -> subprocess.CompletedProcess:
     cmd = torchrun_command(nproc, [json.dumps(cases), json.dumps(common)], script=DRIVER)
+    if monitor_interval is not None:  # how long torchrun waits before stopping the survivors
+        cmd.insert(3, f"--monitor-interval={monitor_interval}")
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
 
@@ -254,9 +256,11 @@ def test_3d_layout_matches_and_its_checkpoint_resumes_on_dp2(pydocs_dir: Path, t
 
 def test_bad_layout_fails_on_every_rank_before_any_collective(pydocs_dir: Path,
                                                              tmp_path: Path) -> None:
+    # torchrun stops the other ranks when the first one exits; give the slower rank (on a
+    # loaded 2-core machine, seconds slower to import torch) time to reach its own check
     proc = launch(2, [{"output": str(tmp_path / "bad"), "parallel": "tp=2",
                        "sets": [*SETS, "model.num_heads=1"]}],
-                  {"data": str(pydocs_dir)}, timeout=120)
+                  {"data": str(pydocs_dir)}, timeout=120, monitor_interval=20)
     assert proc.returncode != 0
     # both ranks report the same clear error
     assert proc.stderr.count("tp=2 must divide model num_heads (1)") == 2, proc.stderr[-3000:]
