@@ -55,3 +55,23 @@ def run_cli(*args: str, timeout: float = 300, cwd: Path | None = None) -> subpro
         cwd=cwd,
         env=env,
     )
+
+
+def sigterm_after_records(proc: subprocess.Popen, run: Path, records: int, wait: float,
+                          poll: float = 0.05) -> str:
+    """Send SIGTERM to a training process once its run's metrics.jsonl has ``records`` lines
+    (or after ``wait`` seconds), then return its stderr; the process is killed if it lingers."""
+    import signal
+    import time
+
+    try:
+        deadline = time.time() + wait
+        metrics = run / "metrics.jsonl"
+        while time.time() < deadline:
+            if metrics.is_file() and len(metrics.read_text().splitlines()) >= records:
+                break
+            time.sleep(poll)
+        proc.send_signal(signal.SIGTERM)
+        return proc.communicate(timeout=120)[1]
+    finally:
+        proc.kill()

@@ -14,15 +14,14 @@ import json
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import sigterm_after_records
 from shoestring.config import load_config
 from shoestring.dist.launch import torchrun_command
 
@@ -333,17 +332,7 @@ def test_sigterm_checkpoints_every_rank_and_resumes_in_one_process(pydocs_dir: P
     env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
     proc = subprocess.Popen(torchrun_command(2, args, module="shoestring"), env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.time() + 240
-        while time.time() < deadline:
-            m = run / "metrics.jsonl"
-            if m.is_file() and len(m.read_text().splitlines()) >= 3:
-                break
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
+    stderr = sigterm_after_records(proc, run, 3, wait=240)
     assert proc.returncode != 0
     assert stderr.count("interrupted by SIGTERM") == 2, stderr[-3000:]  # both ranks, one step
     from shoestring.train.checkpoint import latest_checkpoint

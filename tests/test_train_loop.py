@@ -9,13 +9,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import run_cli, tiny_config
+from conftest import run_cli, sigterm_after_records, tiny_config
 from shoestring.errors import ShoestringError
 from shoestring.train.checkpoint import list_checkpoints, latest_checkpoint
 from shoestring.train.loop import train
@@ -139,17 +138,7 @@ def test_sigterm_saves_a_checkpoint_and_resume_finishes(pydocs_dir: Path, tmp_pa
             "--set", "train.log_every=1", "--set", "train.tensorboard=false"]
     proc = subprocess.Popen([sys.executable, "-m", "shoestring", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "200"})
-    try:
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            metrics = run / "metrics.jsonl"
-            if metrics.is_file() and len(metrics.read_text().splitlines()) >= 3:
-                break
-            time.sleep(0.2)
-        proc.send_signal(signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
+    stderr = sigterm_after_records(proc, run, 3, wait=120)
     assert proc.returncode == 128 + signal.SIGTERM, stderr
     assert "Traceback" not in stderr and "--resume" in stderr
     ckpt = latest_checkpoint(run)

@@ -29,6 +29,7 @@ from rich.progress import BarColumn, Progress, TextColumn
 from shoestring import __version__, families
 from shoestring.config import Config
 from shoestring.data.datadir import DataDir
+from shoestring.data.shards import PackedSplit
 from shoestring.data.loader import BatchLoader, Cursor
 from shoestring.dist.layout import Layout, make_layout
 from shoestring.dist.memory import check_fits
@@ -250,7 +251,7 @@ def train(
         layout = make_layout({"dp": world})
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
     check_layout(cfg, layout, data.vocab_size, world, device_type)
-    data.split("train", verify="sha256")  # a flipped byte must not train silently
+    train_split = data.split("train", verify="sha256")  # a flipped byte must not train silently
     check_fits(cfg.model, data.vocab_size, data.seq_len, micro_batch_of(cfg, layout), layout,
                cfg.train.precision, device_type,
                local_ranks=int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
@@ -258,7 +259,7 @@ def train(
         _check_writable(run_dir)  # the one check that writes (a folder), so the last
     parallel = Parallelism.start(cfg, layout, data.vocab_size)
     try:
-        return _train(cfg, data, run_dir, parallel, console, ckpt)
+        return _train(cfg, data, train_split, run_dir, parallel, console, ckpt)
     finally:
         parallel.close()
 
@@ -281,8 +282,8 @@ def _check_writable(run_dir: Path) -> None:
                               fix="choose a folder you can write for -o") from None
 
 
-def _train(cfg: Config, data: DataDir, run_dir: Path, parallel: Parallelism, console: Console,
-           ckpt: Checkpoint | None) -> dict:
+def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
+           parallel: Parallelism, console: Console, ckpt: Checkpoint | None) -> dict:
     """The loop (see `train`); ``parallel`` holds everything that depends on the layout."""
     tc = cfg.train
     main = parallel.is_main
@@ -331,7 +332,7 @@ def _train(cfg: Config, data: DataDir, run_dir: Path, parallel: Parallelism, con
             scaler.load_state_dict(st["scaler"])
     micro = micro_batch_of(cfg, parallel.layout)
     quantum = parallel.dp * micro  # sequences of one micro-step over all data-parallel ranks
-    loader = BatchLoader(data.split("train", verify=False), quantum, tc.seed, cursor)
+    loader = BatchLoader(train_split, quantum, tc.seed, cursor)
     val_batch = _val_batch(data, cfg, objective) if tc.val_every > 0 else None
     interval = _ckpt_interval(tc.checkpoint_every)
     metrics = MetricsLog(run_dir, tc.tensorboard, keep_lines=ckpt.state["metrics_lines"] if ckpt else 0) \
