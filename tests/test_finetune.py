@@ -203,6 +203,11 @@ def test_cli_fine_tunes_a_custom_task_and_writes_the_report(tiny_run: Path, tmp_
     assert results["protocol"]["lr"] == 4e-5 and results["protocol"]["epochs"] == 5
     mood = results["tasks"]["mood"]
     assert mood["train_examples"] == 60 and [s["steps"] for s in mood["seeds"]] == [20, 20]
+    # The scratch control ran by default, with the same seeds, and is compared by seed.
+    assert [s["seed"] for s in mood["control"]["seeds"]] == [0, 1]
+    assert mood["comparison"]["dev"]["seeds"] == 2 and "scratch" in results["columns"][0]
+    assert "control: same architecture from scratch" in (out / "results.md").read_text()
+    assert "scratch median" in r.stdout
     assert results["columns"][0]["column"] == "mood"
     assert (out / "results.png").read_bytes()[:4] == b"\x89PNG"
     assert "## External references" not in (out / "results.md").read_text()  # no GLUE columns
@@ -210,9 +215,12 @@ def test_cli_fine_tunes_a_custom_task_and_writes_the_report(tiny_run: Path, tmp_
     assert meta["labels"] == ["neg", "pos"] and meta["task"] == "mood"
     # Re-running replaces our own output folder.
     r = run_cli("eval", str(tiny_run), "--task", str(tmp_path / "task.yaml"), "--seeds", "1",
-                "-o", str(out), "--max-train", "16", "--precision", "fp32", timeout=900)
+                "-o", str(out), "--max-train", "16", "--precision", "fp32", "--control", "none",
+                timeout=900)
     assert r.returncode == 0, r.stderr
-    assert json.loads((out / "results.json").read_text())["tasks"]["mood"]["train_examples"] == 16
+    again = json.loads((out / "results.json").read_text())
+    assert again["tasks"]["mood"]["train_examples"] == 16 and "control" not in again["tasks"]["mood"]
+    assert "control:" not in (out / "results.md").read_text()
 
 
 def test_cli_glue_and_bad_input_exit_2_without_traceback(tiny_run: Path, tmp_path: Path) -> None:

@@ -311,7 +311,8 @@ def eval_(
     tasks: Annotated[Optional[str], typer.Option("--tasks", help="GLUE tasks: cola,sst2,mrpc,stsb,qqp,mnli,qnli,rte,wnli (or all/glue).")] = None,
     task: Annotated[Optional[list[str]], typer.Option("--task", help="Own task: YAML file, or train=..,dev=..,text=..,label=.. (repeatable).", metavar="SPEC")] = None,
     protocol: Annotated[str, typer.Option("--protocol", help="sane (Cramming: one setting for all tasks) or sweep (small per-task grid).")] = "sane",
-    seeds: Annotated[int, typer.Option("--seeds", min=1, help="Fine-tuning seeds per task (median and spread).")] = 3,
+    seeds: Annotated[str, typer.Option("--seeds", help="Fine-tuning seeds per task (median and spread); auto: 5 for dev sets under 2,000 examples, else 3.")] = "auto",
+    control: Annotated[str, typer.Option("--control", help="scratch: also fine-tune the same architecture from random init (paired by seed); none: skip.")] = "scratch",
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Output folder (default: RUN_DIR/downstream).")] = None,
     max_train: Annotated[Optional[int], typer.Option("--max-train", min=1, help="Use only the first N training examples (a quick look, not the protocol).")] = None,
     precision: Annotated[str, typer.Option("--precision", help="auto, bf16 or fp32.")] = "auto",
@@ -324,7 +325,8 @@ def eval_(
     from shoestring.eval.cli_helpers import run_eval
 
     run_eval(run, data=data, sets=sets, glue=glue, tasks=tasks, task=task, protocol=protocol,
-             seeds=seeds, output=output, max_train=max_train, precision=precision, text=text,
+             seeds=seeds, control=control, output=output, max_train=max_train,
+             precision=precision, text=text,
              choices=choices, samples=samples, prompt=prompt, out=out, err=err,
              print_mlm=_print_eval)
 
@@ -383,12 +385,13 @@ def cram(
     steps: StepsOpt = None,
     config: ConfigOpt = None,
     sets: SetOpt = None,
+    eval_task: Annotated[Optional[str], typer.Option("--eval-task", help="Also fine-tune on one task (a GLUE task folder, or a spec as for eval --task) from the run and from scratch.", metavar="TASK")] = None,
 ) -> None:
     """Everything on the built-in corpus: prep → train (3 minutes) → eval → results table."""
     from shoestring.cram import cram as run_cram
 
     cfg = _config(config, sets, _budget_overrides(budget, steps))
-    result = run_cram(sources or ["builtin:pydocs"], output, cfg, console=err)
+    result = run_cram(sources or ["builtin:pydocs"], output, cfg, console=err, eval_task=eval_task)
     out.print(result.table())
 
 

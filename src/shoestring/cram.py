@@ -7,8 +7,9 @@ re-tokenizing. The run dir is replaced each time.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -28,6 +29,7 @@ class CramResult:
     evaluation: dict
     data_dir: Path
     run_dir: Path
+    downstream: dict[str, Any] | None = field(default=None)
 
     def table(self) -> Table:
         m, s, e = self.manifest, self.summary, self.evaluation
@@ -45,8 +47,53 @@ class CramResult:
                   f"accuracy {e['accuracy']:.1%})")
         t.add_row("unigram baseline", f"{e['unigram_loss']:.3f} "
                   f"(the model is {e['unigram_loss'] - e['mlm_loss']:.2f} nats/token better)")
+        if self.downstream is not None:
+            t.add_row(*downstream_line(self.downstream))
         t.add_row("artifacts", f"data: {self.data_dir}\nrun:  {self.run_dir}")
         return t
+
+
+# The downstream line is a quick look, so it is cut to fit a demo's minutes; the full
+# protocol is `shoestring eval RUN --task ...` (docs/eval.md).
+CRAM_TASK_SEEDS = 3
+CRAM_TASK_MAX_TRAIN = 2000
+
+
+def downstream_line(results: dict[str, Any]) -> tuple[str, str]:
+    """One table row: the task's pretrained score beside its scratch control."""
+    from shoestring.eval.report import fmt_difference
+
+    c = results["columns"][0]
+    cut = f", first {results['max_train']:,} train examples" if results.get("max_train") else ""
+    return (f"downstream: {c['column']} ({c['metric']})",
+            f"{c['median']:.1f} pretrained vs {c['scratch']['median']:.1f} from scratch "
+            f"(median of {c['seeds']} seeds{cut}); difference {fmt_difference(c['comparison'])}: "
+            f"{c['comparison']['verdict']}")
+
+
+def parse_eval_task(spec: str) -> tuple[str | None, list[str] | None, list[Any]]:
+    """``--eval-task``: a GLUE task folder (``.../glue/SST-2``) or a custom task spec as for
+    ``eval --task``; returns (glue root, GLUE task keys, custom tasks) after reading and
+    checking the files, so a bad task fails before any training."""
+    from shoestring.eval.glue import GLUE_TASKS, load_glue_task
+    from shoestring.eval.tasks import load_custom_task, parse_task_arg
+
+    path = Path(spec)
+    if path.is_dir():
+        names = {t.folder.lower(): k for k, t in GLUE_TASKS.items()} | {k: k for k in GLUE_TASKS}
+        key = names.get(path.name.lower())
+        if key is None:
+            raise ShoestringError(
+                f"{path.name!r} is not a GLUE task folder ({', '.join(t.folder for t in GLUE_TASKS.values())})",
+                where="--eval-task",
+                fix="point at one task folder of the official GLUE layout, or give a task spec "
+                "(YAML file or train=..,dev=..,text=..,label=..)",
+            )
+        load_glue_task(path.parent, key, max_train=CRAM_TASK_MAX_TRAIN)
+        return str(path.parent), [key], []
+    task = parse_task_arg(spec)
+    load_custom_task(task)
+    return None, None, [task]
 
 
 def _reusable_manifest(data_dir: Path, fingerprint: str) -> dict | None:
@@ -64,9 +111,13 @@ def _reusable_manifest(data_dir: Path, fingerprint: str) -> dict | None:
     return data.manifest
 
 
-def cram(sources: list[str], output: str | Path, cfg: Config, console: Console | None = None) -> CramResult:
+def cram(sources: list[str], output: str | Path, cfg: Config, console: Console | None = None,
+         eval_task: str | None = None) -> CramResult:
+    """prep → train → held-out MLM loss, and with ``eval_task`` one downstream task fine-tuned
+    from the run and from scratch (``CRAM_TASK_SEEDS`` seeds, ``CRAM_TASK_MAX_TRAIN`` rows)."""
     console = console or Console(stderr=True)
     output = Path(output)
+    task = parse_eval_task(eval_task) if eval_task is not None else None
     data_dir, run_dir = output / "data", output / "run"
     manifest = _reusable_manifest(data_dir, data_fingerprint(sources, cfg.data))
     if manifest is not None:
@@ -75,4 +126,12 @@ def cram(sources: list[str], output: str | Path, cfg: Config, console: Console |
         manifest = prep(sources, data_dir, cfg.data, console=console, overwrite=True)
     summary = train(cfg, data_dir, run_dir, overwrite=True, console=console)
     evaluation = evaluate_run(run_dir, data_dir, console=console)
-    return CramResult(manifest, summary, evaluation, data_dir, run_dir)
+    downstream = None
+    if task is not None:
+        from shoestring.eval.downstream import evaluate_downstream
+
+        glue, names, custom = task
+        downstream = evaluate_downstream(run_dir, glue=glue, tasks=names, custom=custom,
+                                         seeds=CRAM_TASK_SEEDS, max_train=CRAM_TASK_MAX_TRAIN,
+                                         console=console)
+    return CramResult(manifest, summary, evaluation, data_dir, run_dir, downstream)

@@ -27,7 +27,8 @@ def run_eval(
     tasks: str | None,
     task: list[str] | None,
     protocol: str,
-    seeds: int,
+    seeds: str,
+    control: str,
     output: Path | None,
     max_train: int | None,
     precision: str,
@@ -42,6 +43,7 @@ def run_eval(
     if precision not in ("auto", "bf16", "fp32"):
         raise ShoestringError(f"unknown precision {precision!r}", where="--precision",
                               fix="choose auto, bf16 or fp32")
+    seed_count = parse_seeds(seeds)
     from shoestring.model.hub import check_run_dir
 
     check_run_dir(run, "eval")
@@ -58,7 +60,8 @@ def run_eval(
 
         custom = [parse_task_arg(t) for t in task or []]
         results = evaluate_downstream(run, glue=glue, tasks=tasks, custom=custom,
-                                      protocol=protocol, seeds=seeds, out=output,
+                                      protocol=protocol, seeds=seed_count,
+                                      control=control, out=output,
                                       max_train=max_train, precision=precision, console=err)
         print_downstream(results, out, output or RunDir(run).downstream_dir)
         return
@@ -75,21 +78,42 @@ def run_eval(
     print_mlm(evaluate_run(run, data, overrides=sets, console=err), run)
 
 
+def parse_seeds(text: str) -> int | None:
+    """``--seeds``: a count of at least 1, or ``auto`` (None: the rule in eval/control.py)."""
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ShoestringError(f"--seeds must be a whole number of at least 1, or auto; got {text!r}",
+                              where="--seeds", fix="e.g. --seeds 5, or --seeds auto")
+    return n
+
+
 def print_downstream(results: dict[str, Any], out: Console, folder: Path) -> None:
-    seeds = len(results["seeds"])
-    t = Table(title=f"fine-tuned {results['run']} ({results['protocol']['name']} protocol, "
-              f"{seeds} seed{'s' if seeds > 1 else ''})")
-    t.add_column("task")
-    t.add_column("split")
-    t.add_column("metric")
+    from shoestring.eval.report import fmt_difference
+
+    t = Table(title=f"fine-tuned {results['run']} ({results['protocol']['name']} protocol)")
+    controlled = any("scratch" in c for c in results["columns"])
+    for name in ("task", "split", "metric", "seeds"):
+        t.add_column(name)
     t.add_column("median ×100", justify="right")
     t.add_column("min–max", justify="right")
+    if controlled:
+        t.add_column("scratch median", justify="right")
+        t.add_column("pretrained − scratch [95% CI]", justify="right")
     t.add_column("s/seed", justify="right")
     for c in results["columns"]:
         res = results["tasks"][c["task"]]
         secs = sum(s["train_seconds"] + s["eval_seconds"] for s in res["seeds"]) / len(res["seeds"])
-        t.add_row(c["column"], c["split"], c["metric"], f"{c['median']:.1f}",
-                  f"{c['min']:.1f}–{c['max']:.1f}", f"{secs:.0f}")
+        row = [c["column"], c["split"], c["metric"], str(c["seeds"]), f"{c['median']:.1f}",
+               f"{c['min']:.1f}–{c['max']:.1f}"]
+        if controlled:
+            row += [f"{c['scratch']['median']:.1f}", fmt_difference(c["comparison"])] \
+                if "scratch" in c else ["–", "–"]
+        t.add_row(*row, f"{secs:.0f}")
     out.print(t)
     avg = results["glue_average"] or {}
     if avg.get("complete"):
@@ -97,6 +121,9 @@ def print_downstream(results: dict[str, Any], out: Console, folder: Path) -> Non
                   f"glue8 {avg['glue8']:.1f}")
     elif avg.get("partial_mean") is not None:
         out.print(f"partial mean {avg['partial_mean']:.1f}: {avg['partial_note']}")
+    for c in results["columns"]:
+        if "comparison" in c:
+            out.print(f"{c['column']}: {c['comparison']['verdict']}")
     out.print(f"report: {folder}/results.md, results.json, results.png; "
               f"classifiers in {folder}/classifiers/ (wall {results['wall_seconds']:.0f}s)")
 

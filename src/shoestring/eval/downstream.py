@@ -19,6 +19,7 @@ from typing import Any
 from rich.console import Console
 
 from shoestring.errors import ShoestringError
+from shoestring.eval.control import compare_arms, seeds_for
 from shoestring.eval.finetune import PROTOCOLS, SWEEP_GRID, run_task
 from shoestring.eval.glue import GLUE_TASKS, load_glue_task, parse_task_list
 from shoestring.eval.report import (
@@ -36,7 +37,10 @@ from shoestring.fsutil import (
     write_text_atomic,
 )
 
-FORMAT = "shoestring-downstream/1"
+FORMAT = "shoestring-downstream/2"  # 2: per-task seeds, the scratch control, comparisons
+CONTROLS = ("scratch", "none")
+SEED_RULE = ("5 seeds when the task's first evaluation split has fewer than 2,000 examples, "
+             "else 3 (docs/eval.md)")
 MARKER = ".shoestring-eval"
 
 __all__ = ["evaluate_downstream", "glue_tasks_in"]
@@ -111,14 +115,19 @@ def evaluate_downstream(
     tasks: list[str] | str | None = None,
     custom: list[CustomTask] | None = None,
     protocol: str = "sane",
-    seeds: int = 3,
+    seeds: int | None = None,
     out: str | Path | None = None,
     max_train: int | None = None,
     precision: str = "auto",
     overrides: dict[str, Any] | None = None,
     console: Console | None = None,
+    control: str = "scratch",
 ) -> dict[str, Any]:
-    """Fine-tune a trained encoder run on GLUE and/or custom tasks; write and return results."""
+    """Fine-tune a trained encoder run on GLUE and/or custom tasks; write and return results.
+
+    ``seeds`` None picks per task by the rule in eval/control.py (5 for small dev sets, else
+    3). ``control="scratch"`` also fine-tunes the same architecture from random
+    initialization with the same seeds and reports the paired difference; "none" skips it."""
     from shoestring.data.tokenizer import load_tokenizer
     from shoestring.model.encoder import MaskedLM
     from shoestring.rundir import RunDir
@@ -127,8 +136,11 @@ def evaluate_downstream(
     if protocol not in PROTOCOLS:
         raise ShoestringError(f"unknown protocol {protocol!r}", where="--protocol",
                               fix=f"choose one of {', '.join(PROTOCOLS)}")
-    if seeds < 1:
+    if seeds is not None and seeds < 1:
         raise ShoestringError("need at least one seed", where="--seeds")
+    if control not in CONTROLS:
+        raise ShoestringError(f"unknown control {control!r}", where="--control",
+                              fix=f"choose one of {', '.join(CONTROLS)}")
     if isinstance(tasks, str):
         tasks = parse_task_list(tasks)
     run = RunDir(run_dir)
@@ -147,7 +159,6 @@ def evaluate_downstream(
     _prepare_out(out)
     tok_path = run.tokenizer_path
     tokenizer = load_tokenizer(tok_path)
-    seed_list = list(range(seeds))
     results: dict[str, Any] = {
         "format": FORMAT,
         "run": str(run_dir),
@@ -157,7 +168,9 @@ def evaluate_downstream(
                  "params": sum(p.numel() for p in base.parameters())},
         "protocol": asdict(proto),
         "sweep_grid": SWEEP_GRID if protocol == "sweep" else None,
-        "seeds": seed_list,
+        "seeds": "auto" if seeds is None else list(range(seeds)),
+        "seed_rule": SEED_RULE if seeds is None else "fixed by --seeds",
+        "control": control,
         "max_train": max_train,
         "tasks": {},
         "columns": [],
@@ -171,9 +184,19 @@ def evaluate_downstream(
         console.print(f"[bold]{d.spec.name}[/]: {len(d.train):,} train, "
                       + ", ".join(f"{len(v):,} {k}" for k, v in d.evals.items())
                       + (f" (skipped malformed rows: {d.skipped})" if d.skipped else ""))
+        first_split = next(iter(d.evals.values()))
+        seed_list = list(range(seeds if seeds is not None else seeds_for(len(first_split))))
+        grid = SWEEP_GRID if protocol == "sweep" else None
         res = run_task(base, meta, tokenizer, tok_path, d, proto, seed_list,
-                       out_dir=out / "classifiers", precision=precision,
-                       grid=SWEEP_GRID if protocol == "sweep" else None, console=console)
+                       out_dir=out / "classifiers", precision=precision, grid=grid,
+                       console=console)
+        if control == "scratch":
+            ctrl = run_task(base, meta, tokenizer, tok_path, d, proto, seed_list, out_dir=None,
+                            precision=precision, grid=grid, console=console, from_scratch=True)
+            res["control"] = {k: ctrl[k] for k in
+                              ("init", "seeds", "summary", "protocol", "wall_seconds")}
+            res["comparison"] = {split: compare_arms(res["seeds"], ctrl["seeds"], split)
+                                 for split in d.evals}
         results["tasks"][d.spec.name] = res
         results["machine"].update(device=res["device"], dtype=res["dtype"],
                                   threads=_threads())

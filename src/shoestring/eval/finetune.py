@@ -45,6 +45,7 @@ __all__ = [
     "encode_examples",
     "evaluate_classifier",
     "finetune",
+    "initial_encoder",
     "length_bucketed_batches",
     "run_task",
 ]
@@ -236,6 +237,19 @@ def evaluate_classifier(
 # A task, with seeds (and a sweep)
 
 
+def initial_encoder(base_model: torch.nn.Module, seed: int, from_scratch: bool) -> torch.nn.Module:
+    """The encoder a seed's fine-tuning starts from: a copy of the pretrained one, or (the
+    control) the same architecture re-initialized as pretraining initializes it. Either way
+    the global RNG is left seeded with ``seed``, so the classifier head built next is the
+    same draw in both arms and the arms are paired by seed."""
+    encoder = copy.deepcopy(base_model)
+    if from_scratch:
+        torch.manual_seed(seed)
+        encoder.reset_parameters()
+    torch.manual_seed(seed)
+    return encoder
+
+
 def _summary(values: list[float]) -> dict[str, float]:
     a = np.asarray(values, dtype=np.float64)
     return {
@@ -260,10 +274,14 @@ def run_task(
     grid: list[dict[str, Any]] | None = None,
     console: Console | None = None,
     notes: dict[str, Any] | None = None,
+    from_scratch: bool = False,
 ) -> dict[str, Any]:
     """Fine-tune ``base_model`` on ``data`` once per seed (per grid point for a sweep), score
     every evaluation split, save the median seed's classifier in ``out_dir``; returns the
-    task's result record (per-seed scores, median/spread per split and metric, timings)."""
+    task's result record (per-seed scores, median/spread per split and metric, timings).
+
+    ``from_scratch`` is the control arm (eval/control.py): everything identical except that
+    the encoder's weights are drawn afresh (``initial_encoder``)."""
     console = console or Console(stderr=True)
     device = select_device(precision, measure_peak=False)
     pad_id = int(base_meta.get("special_ids", {}).get("[PAD]", 0))
@@ -281,11 +299,11 @@ def run_task(
         for setting in settings:
             per_seed, states = [], []
             for seed in seeds:
-                torch.manual_seed(seed)
                 model = SequenceClassifier(
-                    copy.deepcopy(base_model), data.spec.num_labels, setting.pooling, setting.dropout
+                    initial_encoder(base_model, seed, from_scratch), data.spec.num_labels,
+                    setting.pooling, setting.dropout,
                 )
-                label = f"{data.spec.name} seed {seed}"
+                label = f"{data.spec.name}{' (scratch)' if from_scratch else ''} seed {seed}"
                 if grid:
                     label += f" lr {setting.lr:g} bs {setting.batch_size}"
                 steps = math.ceil(len(train_seqs) / setting.batch_size) * setting.epochs
@@ -341,6 +359,7 @@ def run_task(
         "seeds": per_seed,
         "summary": summary,
         "median_seed": per_seed[median_i]["seed"],
+        "init": "scratch" if from_scratch else "pretrained",
         "device": device.name,
         "dtype": str(device.dtype).removeprefix("torch."),
         "wall_seconds": time.perf_counter() - t_start,

@@ -26,7 +26,8 @@ import numpy as np
 
 from shoestring.eval.glue import SCORE_COLUMNS
 
-__all__ = ["REFERENCES", "glue_averages", "render_chart", "render_markdown", "score_columns"]
+__all__ = ["REFERENCES", "fmt_difference", "glue_averages", "render_chart", "render_markdown",
+           "score_columns"]
 
 GLUE9 = ["MNLI-m", "MNLI-mm", "QQP", "QNLI", "SST-2", "CoLA", "STS-B", "MRPC", "RTE"]
 
@@ -100,10 +101,16 @@ def score_columns(tasks: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _column(column: str, task: str, split: str, res: dict[str, Any]) -> dict[str, Any]:
     s = res["summary"][split]["score"]
-    return {"column": column, "task": task, "split": split,
-            "metric": "+".join(res["metrics"]),
-            "median": 100 * s["median"], "min": 100 * s["min"], "max": 100 * s["max"],
-            "std": 100 * s["std"], "seeds": len(res["seeds"])}
+    col = {"column": column, "task": task, "split": split,
+           "metric": "+".join(res["metrics"]),
+           "median": 100 * s["median"], "min": 100 * s["min"], "max": 100 * s["max"],
+           "std": 100 * s["std"], "seeds": len(res["seeds"])}
+    if "control" in res:
+        c = res["control"]["summary"][split]["score"]
+        col["scratch"] = {"median": 100 * c["median"], "min": 100 * c["min"],
+                          "max": 100 * c["max"], "std": 100 * c["std"]}
+        col["comparison"] = res["comparison"][split]
+    return col
 
 
 def glue_averages(columns: list[dict[str, Any]]) -> dict[str, Any]:
@@ -129,10 +136,19 @@ def glue_averages(columns: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _fmt(c: dict[str, Any]) -> str:
-    if c["seeds"] > 1:
+def _fmt(c: dict[str, Any], seeds: int) -> str:
+    if seeds > 1:
         return f"{c['median']:.1f} [{c['min']:.1f}–{c['max']:.1f}]"
     return f"{c['median']:.1f}"
+
+
+def fmt_difference(cmp: dict[str, Any]) -> str:
+    """``+3.2 [0.8, 5.6]`` (mean paired difference and its 95% CI), ``~`` when within noise."""
+    text = f"{cmp['difference_mean']:+.1f}"
+    if cmp.get("ci95"):
+        lo, hi = cmp["ci95"]
+        text += f" [{lo:+.1f}, {hi:+.1f}]"
+    return text + (" ~" if cmp["within_noise"] else "")
 
 
 def render_markdown(results: dict[str, Any]) -> str:
@@ -140,13 +156,15 @@ def render_markdown(results: dict[str, Any]) -> str:
     cols = results["columns"]
     proto = results["protocol"]
     seeds = results["seeds"]
+    seed_text = (f"Seeds: {results.get('seed_rule')}." if seeds == "auto"
+                 else f"Seeds: {', '.join(map(str, seeds))}.")
     lines = [f"# Downstream evaluation of `{results['run']}`", ""]
     lines.append(
         f"Protocol **{proto['name']}**: lr {proto['lr']:g}, batch {proto['batch_size']}, "
         f"{proto['epochs']:g} epochs, {proto['warmup']:.0%} warmup then cosine decay, "
         f"max length {proto['max_length']}, AdamW β=({proto['beta1']}, {proto['beta2']}), "
         f"weight decay {proto['weight_decay']:g}; final model scored (no early stopping). "
-        f"Seeds: {', '.join(map(str, seeds))}."
+        + seed_text
     )
     if proto["name"] == "sweep":
         lines.append("")
@@ -156,8 +174,9 @@ def render_markdown(results: dict[str, Any]) -> str:
         lines.append("")
         lines.append(f"**Not the full protocol:** training sets cut to the first "
                      f"{results['max_train']:,} examples (--max-train).")
+    many = any(c["seeds"] > 1 for c in cols)
     lines += ["", "Cells: the task's score × 100 (mean of its metrics), median over seeds "
-              "[min–max]." if len(seeds) > 1 else "Cells: the task's score × 100 (mean of its "
+              "[min–max]." if many else "Cells: the task's score × 100 (mean of its "
               "metrics), one seed.", ""]
     avg = results.get("glue_average") or {}
     avg_head = []
@@ -168,13 +187,31 @@ def render_markdown(results: dict[str, Any]) -> str:
     head = ["model", *[c["column"] for c in cols], *avg_head]
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "---|" * len(head))
-    row = [f"measured: {results['run_name']}", *[_fmt(c) for c in cols]]
+    row = [f"measured: {results['run_name']}", *[_fmt(c, c["seeds"]) for c in cols]]
     if avg.get("complete"):
         row.append(f"{avg['glue9']:.1f}")
     elif avg.get("partial_mean") is not None:
         row.append(f"{avg['partial_mean']:.1f}*")
     lines.append("| " + " | ".join(row) + " |")
+    controlled = [c for c in cols if "scratch" in c]
+    if controlled:
+        pad = ["–"] * len(avg_head)
+        scratch = [_fmt(c["scratch"], c["seeds"]) if "scratch" in c else "–" for c in cols]
+        diffs = [fmt_difference(c["comparison"]) if "comparison" in c else "–" for c in cols]
+        lines.append("| " + " | ".join(["control: same architecture from scratch", *scratch,
+                                        *pad]) + " |")
+        lines.append("| " + " | ".join(["pretrained − scratch (paired mean [95% CI])", *diffs,
+                                        *pad]) + " |")
     lines.append("")
+    if controlled:
+        lines.append("The control fine-tunes the same architecture from random initialization "
+                     "with the same protocol, seeds and code; seed s of both arms sees the same "
+                     "batches and head initialization, so differences are paired by seed. "
+                     "`~` marks a difference within noise (its 95% CI contains 0).")
+        for c in controlled:
+            cmp = c["comparison"]
+            lines.append(f"- {c['column']}: {cmp['verdict']} ({c['seeds']} seeds).")
+        lines.append("")
     if avg.get("complete"):
         lines.append(f"GLUE average: glue9 = {avg['glue9']:.1f} ({CONVENTIONS['glue9']}); "
                      f"glue8 = {avg['glue8']:.1f} ({CONVENTIONS['glue8']}).")
@@ -229,10 +266,19 @@ def render_chart(results: dict[str, Any]) -> bytes:
     lo = med - np.array([c["min"] for c in cols])
     hi = np.array([c["max"] for c in cols]) - med
     fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * len(cols) + 2), 4.2), dpi=120)
-    ax.bar(x, med, width=0.55, color="#4c72b0", label=f"measured: {results['run_name']} "
-           f"(median of {len(results['seeds'])} seed{'s' if len(results['seeds']) > 1 else ''})")
-    if len(results["seeds"]) > 1:
-        ax.errorbar(x, med, yerr=[lo, hi], fmt="none", ecolor="black", capsize=4, lw=1)
+    controlled = all("scratch" in c for c in cols)
+    width, shift = (0.38, 0.2) if controlled else (0.55, 0.0)
+    ax.bar(x - shift, med, width=width, color="#4c72b0",
+           label=f"measured: {results['run_name']} (median over seeds)")
+    ax.errorbar(x - shift, med, yerr=[lo, hi], fmt="none", ecolor="black", capsize=4, lw=1)
+    if controlled:
+        smed = np.array([c["scratch"]["median"] for c in cols])
+        slo = smed - np.array([c["scratch"]["min"] for c in cols])
+        shi = np.array([c["scratch"]["max"] for c in cols]) - smed
+        ax.bar(x + shift, smed, width=width, color="#bbbbbb",
+               label="control: same architecture from scratch")
+        ax.errorbar(x + shift, smed, yerr=[slo, shi], fmt="none", ecolor="black", capsize=4, lw=1)
+        med = np.minimum(med, smed)
     markers = ["D", "o", "s", "^"]
     for k, ref in enumerate(REFERENCES):
         pts = [(i, ref["scores"][n]) for i, n in enumerate(names) if n in ref["scores"]]
