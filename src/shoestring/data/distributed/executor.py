@@ -76,7 +76,7 @@ class RayOptions:
     part_chars: int = 64 << 20  # ... or characters, whichever comes first
     partitions: int | None = None  # shuffle partitions; default: the cluster's CPUs
     tokenizer_sample_chars: int = 1 << 30  # the tokenizer trains on at most this much text
-    fault: str | None = field(default=None, repr=False)  # tests: a stage whose task dies once
+    fault: str | None = field(default=None, repr=False)  # tests: see stages.maybe_fail
 
 
 @dataclass
@@ -169,20 +169,9 @@ class ray_session:
 
 
 def _user_error(exc: BaseException) -> ShoestringError | None:
-    """The bad-input error inside a Ray task failure, if that is what it is."""
-    seen: set[int] = set()
-    stack = [exc]
-    while stack:
-        e = stack.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        if isinstance(e, stages.RemoteUserError):
-            return e.error()
-        if isinstance(e, ShoestringError):
-            return e
-        stack += [getattr(e, "cause", None), e.__cause__, e.__context__]
-    return None
+    """The bad-input error a Ray task raised (``ray.get`` of a plain Ray task), if any."""
+    cause = getattr(exc, "cause", None)
+    return cause if isinstance(cause, ShoestringError) else None
 
 
 class RayPipeline(_Pipeline):
@@ -220,17 +209,12 @@ class RayPipeline(_Pipeline):
                     ray_remote_args_fn=lambda: retry)
         out: list[dict] = []
         t = time.perf_counter()
-        try:
-            with progress_bar(self.console) as bar:
-                task = bar.add_task(label, total=len(items), unit="tasks")
-                for row in ds.iter_rows():
-                    out.append(json.loads(row["summary"]))
-                    bar.update(task, advance=1)
-        except Exception as e:
-            user = _user_error(e)
-            if user is not None:
-                raise user from None
-            raise
+        with progress_bar(self.console) as bar:
+            task = bar.add_task(label, total=len(items), unit="tasks")
+            for row in ds.iter_rows():
+                out.append(json.loads(row["summary"]))
+                stages.raise_user_error(out[-1])
+                bar.update(task, advance=1)
         self.seconds[label] = round(time.perf_counter() - t, 3)
         return out
 

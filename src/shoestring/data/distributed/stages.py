@@ -41,34 +41,36 @@ MAX_SOURCES = 1 << (64 - 1 - DOC_BITS - PIECE_BITS)
 _CACHE: dict[str, Any] = {}
 
 
-class RemoteUserError(Exception):
-    """A ``ShoestringError`` raised in a Ray task, in a form that pickles exactly."""
-
-    def __init__(self, what: str, where: str | None, fix: str | None) -> None:
-        super().__init__(what, where, fix)
-
-    def error(self) -> ShoestringError:
-        what, where, fix = self.args
-        return ShoestringError(what, where=where, fix=fix)
-
-
 def user_errors(fn: Any) -> Any:
-    """Run ``fn`` so a bad-input error reaches the driver whole (what, where, fix)."""
+    """Run a stage function so a bad-input error reaches the driver whole (what, where,
+    fix) as its summary: Ray Data re-wraps a raised exception and loses its fields, and
+    a bad input is not a task failure to retry."""
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
         except ShoestringError as e:
-            raise RemoteUserError(e.what, e.where, e.fix) from None
+            return {"summary": json.dumps({"user_error": [e.what, e.where, e.fix]})}
     wrapped.__name__ = fn.__name__
     wrapped.__qualname__ = fn.__qualname__
     return wrapped
 
 
-def maybe_fail(fault: str | None, stage: str, marker_dir: Path) -> None:
-    """Test hook: ``fault == stage`` kills this worker process once (Ray then retries)."""
-    if fault != stage:
+def raise_user_error(summary: dict) -> None:
+    """On the driver: raise the bad-input error a stage function returned, if any."""
+    if "user_error" in summary:
+        what, where, fix = summary["user_error"]
+        raise ShoestringError(what, where=where, fix=fix)
+
+
+def maybe_fail(fault: str | None, stage: str) -> None:
+    """Test hook: ``fault`` = ``"STAGE,STAGE@FOLDER"``: the first task of each stage named
+    kills its worker process (Ray then retries the task), leaving ``FOLDER/fault-STAGE``."""
+    if not fault:
         return
-    marker = marker_dir / f"fault-{stage}"
+    names, _, folder = fault.partition("@")
+    if stage not in names.split(","):
+        return
+    marker = Path(folder) / f"fault-{stage}"
     if not marker.exists():
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.write_text("fired\n")
@@ -196,7 +198,7 @@ def read_source(item: dict, *, cfg: DataConfig, blocks: Any, work: str, part_doc
     sidecar = root / "read" / f"{index:07d}.json"
     if (found := _done(sidecar)) is not None:
         return {"summary": json.dumps(found)}
-    maybe_fail(fault, "read", root)
+    maybe_fail(fault, "read")
     from shoestring.data.workers import _init_worker
 
     _init_worker()
@@ -254,7 +256,7 @@ def apply_part(item: dict, *, blocks: Any, dropped: Any, work: str, src: str, ds
     sidecar = root / dst / f"{name}.json"
     if (found := _done(sidecar)) is not None:
         return {"summary": json.dumps(found)}
-    maybe_fail(fault, stage, root)
+    maybe_fail(fault, stage)
     mine = [fresh(b) for b in resolve(blocks)]
     part = read_part(root / src / f"{name}.parquet")
     keep = without(part["rid"], resolve(dropped))
@@ -289,7 +291,7 @@ def exact_rows(arg: tuple) -> dict[str, np.ndarray]:
     from shoestring.data.curate.dedup import text_key
 
     path, dropped, work, fault = arg
-    maybe_fail(fault, "exact", Path(work))
+    maybe_fail(fault, "exact")
     part = read_part(Path(path))
     keep = without(part["rid"], resolve(dropped))
     keys = [text_key(t) for t, k in zip(part["text"], keep) if k]
@@ -305,7 +307,7 @@ def band_rows(arg: tuple) -> dict[str, np.ndarray]:
     from shoestring.data.curate.minhash import MinHasher
 
     path, dropped, work, fault, hasher = arg
-    maybe_fail(fault, "fuzzy", Path(work))
+    maybe_fail(fault, "fuzzy")
     part = read_part(Path(path))
     keep = without(part["rid"], resolve(dropped))
     texts = [t for t, k in zip(part["text"], keep) if k]
@@ -349,7 +351,6 @@ def sample_texts(paths: list[Path], max_chars: int, total_chars: int) -> Iterato
             yield text
 
 
-@user_errors
 def train_on_sample(paths: list[str], max_chars: int, total_chars: int, kind: str,
                     objective: str, vocab_size: int, lowercase: bool) -> tuple[Any, dict]:
     """One worker streams the sample from the part files and trains the tokenizer."""
@@ -384,7 +385,7 @@ def encode_part(item: dict, *, work: str, tokenizer: str, sep_id: int, dtype: st
     sidecar = out / f"{name}.json"
     if (found := _done(sidecar)) is not None:
         return {"summary": json.dumps(found)}
-    maybe_fail(fault, "encode", root)
+    maybe_fail(fault, "encode")
     _init_worker()
     compress = None
     if curate is not None:
@@ -457,7 +458,7 @@ def pack_shard(item: dict, *, work: str, build: str, parts: list[dict], split: s
     found = _done(sidecar)
     if found is not None and shard_intact(out, found):
         return {"summary": json.dumps({**found, "kept": True})}
-    maybe_fail(fault, "pack", root)
+    maybe_fail(fault, "pack")
     body = seq_len - frame
     flat, starts = read_span(parts, root, split, dtype, lo * body, hi * body)
     chunk = flat.reshape(hi - lo, body)
