@@ -28,6 +28,8 @@ from shoestring.data.distributed import RayOptions  # noqa: E402
 from shoestring.data.distributed.shuffle import bucket_firsts, components  # noqa: E402
 
 CORPUS = SHARED_DATA / "corpora" / "mixed-en.jsonl"
+# `tokenizers` trains different vocabularies from run to run with several threads, so the
+# planted-corpus runs share a tokenizer file; the shared-corpus test compares training too.
 CFG = DataConfig(vocab_size=700, seq_len=32, shard_tokens=2048, val_fraction=0.1)
 CURATE = CurateConfig(dedup="fuzzy", filters="gopher", compress_max_ratio=0.6,
                       gopher_min_words=20)
@@ -79,7 +81,12 @@ def planted(tmp_path_factory: pytest.TempPathFactory) -> dict:
         files.append(str(path))
     evals = root / "eval.jsonl"
     evals.write_text(json.dumps({"sentence": eval_text}) + "\n", encoding="utf-8")
-    return {"files": files, "eval": str(evals), "root": root}
+    from shoestring.data.tokenizer import train_tokenizer
+
+    tok = root / "tokenizer.json"
+    train_tokenizer(iter(docs), "wordpiece", "mlm", 700, True).save(str(tok))
+    return {"files": files, "eval": str(evals), "root": root, "cfg": CFG.model_copy(
+        update={"tokenizer": str(tok)})}
 
 
 def _curate(planted: dict) -> CurateConfig:
@@ -104,7 +111,7 @@ def _same(local: dict, remote: dict) -> None:
 @pytest.fixture(scope="module")
 def local_planted(planted: dict, tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = tmp_path_factory.mktemp("local") / "d"
-    return prep(planted["files"], out, CFG, curate=_curate(planted))
+    return prep(planted["files"], out, planted["cfg"], curate=_curate(planted))
 
 
 @pytest.mark.timeout(300)
@@ -118,7 +125,7 @@ def test_ray_matches_local_on_planted_duplicates(ray_cluster, planted, local_pla
     assert blocks["decontam"]["docs_cut"] == 3
     assert sum(blocks["gopher_quality"]["dropped"].values()) > 0
     # Small parts, so duplicates sit in different parts, files and shuffle partitions.
-    remote = prep(planted["files"], tmp_path / "d", CFG, curate=_curate(planted),
+    remote = prep(planted["files"], tmp_path / "d", planted["cfg"], curate=_curate(planted),
                   executor="ray", ray_options=RayOptions(part_docs=25))
     assert remote["executor"]["parts"] >= 6
     _same(local_planted, remote)
@@ -133,7 +140,7 @@ def test_a_task_killed_once_is_retried_and_changes_nothing(ray_cluster, planted,
     """A worker dies in the read, the fuzzy-dedup map, the tokenize and the pack stage."""
     killed = ["read", "fuzzy", "encode", "pack"]
     opts = RayOptions(part_docs=40, fault=f"{','.join(killed)}@{tmp_path}")
-    remote = prep(planted["files"], tmp_path / "d", CFG, curate=_curate(planted),
+    remote = prep(planted["files"], tmp_path / "d", planted["cfg"], curate=_curate(planted),
                   executor="ray", ray_options=opts)
     assert sorted(p.name for p in tmp_path.glob("fault-*")) == sorted(f"fault-{s}" for s in killed)
     _same(local_planted, remote)
@@ -148,7 +155,8 @@ def test_killed_ray_prep_resumes_from_finished_stages(ray_cluster, planted, loca
     cmd = [sys.executable, "-m", "shoestring", "prep", *planted["files"], "-o", str(out),
            "--executor", "ray", "--ray-address", ray_cluster, "--dedup", "fuzzy",
            "--filters", "gopher", "--decontam", planted["eval"],
-           "--set", "data.vocab_size=700", "--set", "data.seq_len=32",
+           "--tokenizer", planted["cfg"].tokenizer, "--set", "data.vocab_size=700",
+           "--set", "data.seq_len=32",
            "--set", "data.shard_tokens=2048", "--set", "data.val_fraction=0.1",
            "--set", "curate.compress_max_ratio=0.6", "--set", "curate.gopher_min_words=20"]
     env = {**os.environ, "SHOESTRING_PREP_FAULT": "ray.stage1:1"}
@@ -157,8 +165,8 @@ def test_killed_ray_prep_resumes_from_finished_stages(ray_cluster, planted, loca
     journal = json.loads((build_dir(out) / "journal.json").read_text())
     assert {"read", "stage0", "stage1"} <= set(journal["stages"]["ray"])
     assert "final" not in journal["stages"]["ray"]
-    remote = prep(planted["files"], out, CFG, curate=_curate(planted), executor="ray",
-                  ray_options=RayOptions(address=ray_cluster))
+    remote = prep(planted["files"], out, planted["cfg"], curate=_curate(planted),
+                  executor="ray", ray_options=RayOptions(address=ray_cluster))
     assert remote["resumed"]["stages"] == ["ray"]
     _same(local_planted, remote)
 
@@ -234,15 +242,41 @@ def test_buckets_keep_the_first_row_of_each_key() -> None:
 @pytest.mark.skipif(not CORPUS.is_file(), reason=f"shared corpus not found at {CORPUS}")
 def test_ray_matches_local_on_the_shared_corpus(ray_cluster, tmp_path: Path) -> None:
     """The first 2,000 documents of mixed-en (a subset: the whole corpus takes minutes
-    twice over on 2 shared cores), causal-LM packing, every curation block but decontam."""
+    twice over on 2 shared cores), causal-LM packing, every curation block but decontam,
+    the tokenizer trained by each executor (local: in a process with one trainer thread,
+    as the ray executor trains, since several threads do not give the same vocabulary)."""
     subset = tmp_path / "mixed-2000.jsonl"
     with CORPUS.open(encoding="utf-8") as f, subset.open("w", encoding="utf-8") as g:
         for _, line in zip(range(2000), f):
             g.write(line)
     cfg = DataConfig(objective="clm", vocab_size=2000, seq_len=64, shard_tokens=1 << 16)
     curate = CurateConfig(dedup="fuzzy", filters="gopher")
-    local = prep([str(subset)], tmp_path / "local", cfg, curate=curate)
+    cmd = [sys.executable, "-m", "shoestring", "prep", str(subset), "-o", str(tmp_path / "local"),
+           "--objective", "clm", "--dedup", "fuzzy", "--filters", "gopher",
+           "--set", "data.vocab_size=2000", "--set", "data.seq_len=64",
+           "--set", f"data.shard_tokens={1 << 16}"]
+    env = {**os.environ, "RAYON_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    local = json.loads((tmp_path / "local" / "manifest.json").read_text())
     remote = prep([str(subset)], tmp_path / "ray", cfg, curate=curate, executor="ray",
                   ray_options=RayOptions(part_docs=500))
+    split = next(b for b in remote["blocks"] if b["block"] == "split")
+    assert remote["executor"]["tokenizer_sample"]["documents"] == split["train"]
     _same(local, remote)
     assert remote["splits"]["train"]["sequences"] > 1000
+
+
+@pytest.mark.timeout(300)
+def test_few_documents_split_by_position_as_in_local_mode(ray_cluster, planted,
+                                                          tmp_path: Path) -> None:
+    """Too few documents to hold out whole ones: the end of the text, cut on the driver."""
+    few = tmp_path / "few.jsonl"
+    lines = Path(planted["files"][0]).read_text(encoding="utf-8").splitlines()[:12]
+    few.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    cfg = planted["cfg"].model_copy(update={"val_fraction": 0.2})
+    local = prep([str(few)], tmp_path / "local", cfg)
+    remote = prep([str(few)], tmp_path / "ray", cfg, executor="ray",
+                  ray_options=RayOptions(part_docs=5))
+    assert local["split"]["method"] == "position"
+    _same(local, remote)

@@ -346,13 +346,18 @@ class _Pipeline:
                 counts["chars"] += len(doc.text)
                 f.write(json.dumps(doc.text, ensure_ascii=False) + "\n")
         split = self._split(kept, counts)
+        return self._read_result(counts, stats, split, self.blocks)
+
+    def _read_result(self, counts: dict[str, int], stats: ReadStats, split: dict,
+                     curation: list[dict]) -> dict:
+        """The read stage's journal entry (and manifest part) from its counts."""
         self.blocks = [
             {"block": "read", "documents_out": counts["read"],
              "dropped": {"bad_input": len(stats.skipped)}},
             {"block": "clean", "documents_in": counts["read"],
              "documents_out": counts["read"] - counts["too_short"],
              "dropped": {"too_short": counts["too_short"]}},
-            *self.blocks,
+            *curation,
             {"block": "split", "documents_in": counts["kept"],
              "documents_out": counts["train"] + counts["val"],
              "train": counts["train"], "val": counts["val"], **split},

@@ -328,30 +328,7 @@ class RayPipeline(_Pipeline):
         split = {"method": "document", "val_fraction": self.cfg.val_fraction}
         if 0 < counts["kept"] and counts["val"] < MIN_VAL_DOCUMENTS:
             split = self._split_by_position(read["parts"], counts)
-        self.blocks = [
-            {"block": "read", "documents_out": counts["read"],
-             "dropped": {"bad_input": len(stats.skipped)}},
-            {"block": "clean", "documents_in": counts["read"],
-             "documents_out": counts["read"] - counts["too_short"],
-             "dropped": {"too_short": counts["too_short"]}},
-            *reports,
-            {"block": "split", "documents_in": counts["kept"],
-             "documents_out": counts["train"] + counts["val"],
-             "train": counts["train"], "val": counts["val"], **split},
-        ]
-        self._check_read(counts, stats)
-        result = {
-            "files": stats.files,
-            "documents": {"read": counts["read"], "skipped_bad_input": len(stats.skipped),
-                          "dropped_too_short": counts["too_short"], "kept": counts["kept"],
-                          "train": counts["train"], "val": counts["val"],
-                          "characters": counts["chars"]},
-            "skipped_examples": stats.skipped[:20],
-            "blocks": self.blocks,
-            "split": split,
-        }
-        self.journal.put("read", result)
-        return result
+        return self._read_result(counts, stats, split, reports)
 
     def _split_by_position(self, parts: list[dict], counts: dict[str, int]) -> dict:
         """Too few validation documents: the local rule (the end of the text), on the driver;
@@ -395,7 +372,12 @@ class RayPipeline(_Pipeline):
         import ray
 
         paths = [str(self.work / "kept" / f"{n}.parquet") for n in self._kept_names()]
-        train = ray.remote(stages.train_on_sample).options(num_cpus=1, **self.retry)
+        # One thread: `tokenizers`' trainer gives different vocabularies from run to run
+        # with several threads (measured: 3 results in 3 runs on 78 documents), and one
+        # worker is the design anyway. A fresh worker process, so the setting takes.
+        single = {"env_vars": {"RAYON_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}}
+        train = ray.remote(stages.train_on_sample).options(num_cpus=1, runtime_env=single,
+                                                           **self.retry)
         tok, sample = self._core(train.remote(
             paths, self.opts.tokenizer_sample_chars, self.state["final"]["train_chars"], kind,
             self.cfg.objective, self.cfg.vocab_size, self.cfg.lowercase_resolved))
