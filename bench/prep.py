@@ -210,6 +210,12 @@ def stage_speeds(corpus: Path, tmp: Path, local: dict, mb: float, n_docs: int, n
     timed("split (final map)", kept, "documents", lambda: [
         stages.apply_part({"name": n}, blocks=[], dropped=none, work=str(work), src="parts0",
                           dst="kept", val_fraction=0.05) for n in names])
+    kept_paths = [str(work / "kept" / f"{n}.parquet") for n in names]
+    train_chars = int(sum(len(t) for p in kept_paths for t, v in zip(
+        *stages.read_part(Path(p), ["text", "val"]).values()) if not v))
+    t = time.perf_counter()
+    stages.train_on_sample(kept_paths, 1 << 30, train_chars, "wordpiece", "mlm", 8192, True)
+    train_s = time.perf_counter() - t
     tok = str(tmp / "local" / "tokenizer.json")
     sep = local["tokenizer"]["special_ids"]["[SEP]"]
     encoded = timed("tokenize (WordPiece)", kept, "documents", lambda: [
@@ -247,7 +253,13 @@ def stage_speeds(corpus: Path, tmp: Path, local: dict, mb: float, n_docs: int, n
         core_h = seconds * scale / 3600
         total += core_h
         print(f"| {name} | {core_h:,.0f} | {core_h / cores:.2f} |")
-    print(f"| total | {total:,.0f} | {total / cores:.2f} |")
+    print(f"| total of the parallel stages | {total:,.0f} | {total / cores:.2f} |")
+    sample = min(1 << 30, train_chars * scale)
+    serial_h = train_s * sample / train_chars / 3600
+    print(f"| tokenizer training: one worker, {sample / 2**30:.0f} GiB sample (measured "
+          f"{train_s:.1f} s on {train_chars / 1e6:.1f} M characters here, scaled linearly) | "
+          f"{serial_h:,.2f} | {serial_h:.2f} |")
+    print(f"| **wall time, parallel + serial** | | **{total / cores + serial_h:.2f}** |")
     lsh = band_bytes * scale
     print()
     print(f"LSH shuffle volume: {band_bytes / kept:,.0f} bytes per document (bands × (band, key, "
