@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import time
 from collections.abc import Callable
@@ -185,6 +184,7 @@ class RayPipeline(_Pipeline):
 
         self.plan, self.opts = plan, options
         self.work = build / WORK_DIR
+        # Plain Ray tasks (shuffles, tokenizer training): a dead worker or an I/O error.
         self.retry = {"max_retries": 3, "retry_exceptions": [OSError]}
         self.partitions = options.partitions or max(2, int(ray.cluster_resources().get("CPU", 2)))
         self.state: dict[str, Any] = journal.get("ray") or {}
@@ -204,9 +204,9 @@ class RayPipeline(_Pipeline):
         if not items:
             return []
         ds = ray.data.from_items(items, override_num_blocks=len(items))
-        retry = dict(self.retry)
-        ds = ds.map(fn, fn_kwargs={**kwargs, "fault": self.opts.fault}, num_cpus=1,
-                    ray_remote_args_fn=lambda: retry)
+        # Ray Data retries a task whose worker died without limit (its default); a bad
+        # input comes back as the task's summary, not as a failure to retry.
+        ds = ds.map(fn, fn_kwargs={**kwargs, "fault": self.opts.fault}, num_cpus=1)
         out: list[dict] = []
         t = time.perf_counter()
         with progress_bar(self.console) as bar:
@@ -256,6 +256,10 @@ class RayPipeline(_Pipeline):
         last = stages_.pop()[1] if stages_ and stages_[-1][0] == "map" else []
         work = str(self.work)
         if "read" not in self.state:
+            if len(self.files) > stages.MAX_SOURCES:
+                raise ShoestringError(f"{len(self.files):,} sources: the ray executor numbers "
+                                      f"at most {stages.MAX_SOURCES:,}", where=_WHERE,
+                                      fix="concatenate small files into bigger ones")
             items = [{"index": i, "source": s} for i, s in enumerate(self.files)]
             done = self._map("read + clean + filters", items, stages.read_source, cfg=self.cfg,
                              blocks=ray.put(first), work=work, part_docs=self.opts.part_docs,
