@@ -233,16 +233,22 @@ class RayPipeline(_Pipeline):
         self.console.print(f"[ray] {stage}: {docs_in:,} → {docs_out:,} documents"
                            + (f" ({note})" if note else ""), markup=False, highlight=False)
 
-    def _dropped(self) -> np.ndarray:
-        path = self.work / "dropped.npy"
-        return np.load(path) if path.is_file() else np.zeros(0, np.int64)
+    def _dropped(self, plan: list[tuple[str, list[Block]]], k: int) -> np.ndarray:
+        """Sorted positions the shuffle stages before stage ``k`` dropped, back to the last
+        map stage (which wrote new parts without them)."""
+        found = [np.zeros(0, np.int64)]
+        for j in range(k - 1, -1, -1):
+            if plan[j][0] != "shuffle":
+                break
+            found.append(np.load(self.work / f"dropped-stage{j}.npy"))
+        return np.unique(np.concatenate(found))
 
-    def _put_dropped(self, dropped: np.ndarray) -> None:
+    def _put_dropped(self, key: str, dropped: np.ndarray) -> None:
         import io
 
         buf = io.BytesIO()
         np.save(buf, np.unique(dropped).astype(np.int64))
-        write_bytes_atomic(self.work / "dropped.npy", buf.getvalue())
+        write_bytes_atomic(self.work / f"dropped-{key}.npy", buf.getvalue())
 
     # --- read + curate ------------------------------------------------------------------
 
@@ -284,24 +290,24 @@ class RayPipeline(_Pipeline):
         for k, (kind, blocks) in enumerate(stages_):
             key = f"stage{k}"
             if key not in self.state:
-                dropped_ref = ray.put(self._dropped())
+                dropped_ref = ray.put(self._dropped(stages_, k))
                 if kind == "shuffle":
                     report, dropped, info = SHUFFLES[blocks[0].name](
                         self, blocks[0], src, read["parts"], dropped_ref, rows)
-                    self._put_dropped(np.concatenate([self._dropped(), dropped]))
+                    self._put_dropped(key, dropped)
                     self._save(key, {"reports": [report], "rows": report["documents_out"],
                                      "src": src, **info})
                 else:
                     dst = f"parts{k + 1}"
                     self._save(key, self._apply(blocks, src, dst, read["parts"], dropped_ref,
                                                 None, f"blocks {k}") | {"src": dst})
-                    self._put_dropped(np.zeros(0, np.int64))  # applied: the parts are new
             st = self.state[key]
             reports += st["reports"]
             self._line(", ".join(b.name for b in blocks), rows, st["rows"])
             rows, src = st["rows"], st["src"]
         if "final" not in self.state:
-            final = self._apply(last, src, "kept", read["parts"], ray.put(self._dropped()),
+            dropped_ref = ray.put(self._dropped(stages_, len(stages_)))
+            final = self._apply(last, src, "kept", read["parts"], dropped_ref,
                                 self.cfg.val_fraction, "curate + split")
             self._save("final", final)
         final = self.state["final"]
