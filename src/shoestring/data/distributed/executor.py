@@ -382,12 +382,7 @@ class RayPipeline(_Pipeline):
         import ray
 
         paths = [str(self.work / "kept" / f"{n}.parquet") for n in self._kept_names()]
-        # One thread: `tokenizers`' trainer gives different vocabularies from run to run
-        # with several threads (measured: 3 results in 3 runs on 78 documents), and one
-        # worker is the design anyway. A fresh worker process, so the setting takes.
-        single = {"env_vars": {"RAYON_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}}
-        train = ray.remote(stages.train_on_sample).options(num_cpus=1, runtime_env=single,
-                                                           **self.retry)
+        train = ray.remote(stages.train_on_sample).options(num_cpus=1, **self.retry)
         tok, sample = self._core(train.remote(
             paths, self.opts.tokenizer_sample_chars, self.state["final"]["train_chars"], kind,
             self.cfg.objective, self.cfg.vocab_size, self.cfg.lowercase_resolved))
