@@ -279,3 +279,31 @@ def test_few_documents_split_by_position_as_in_local_mode(ray_cluster, planted,
                   ray_options=RayOptions(part_docs=5))
     assert local["split"]["method"] == "position"
     _same(local, remote)
+
+
+def test_new_blocks_plan_onto_ray_or_are_refused_by_name(monkeypatch) -> None:
+    """A stateless block added to the local pipeline joins a Ray map stage as it is; a
+    stateful one without a shuffle in SHUFFLES is refused, naming it."""
+    from shoestring.data.curate import Curator
+    from shoestring.data.curate.blocks import Block, Drop
+    from shoestring.data.curate.dedup import ExactDedup
+    from shoestring.data.distributed import plan_ray
+
+    class Shouting(Block):
+        name = "shouting"
+
+        def apply(self, doc):
+            return Drop("shouting") if doc.text.isupper() else doc
+
+    class SubstringDedup(Block):
+        name = "substring_dedup"
+        stateful = True
+
+    blocks = [Shouting(), ExactDedup(), Shouting()]
+    monkeypatch.setattr(Curator, "from_config", classmethod(lambda cls, *a, **k: cls(blocks)))
+    plan = plan_ray(CFG, CurateConfig())
+    assert [(kind, [b.name for b in bs]) for kind, bs in plan.stages] == [
+        ("map", ["shouting"]), ("shuffle", ["exact_dedup"]), ("map", ["shouting"])]
+    blocks.append(SubstringDedup())
+    with pytest.raises(ShoestringError, match="the substring_dedup block"):
+        plan_ray(CFG, CurateConfig())
