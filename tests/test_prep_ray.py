@@ -190,8 +190,7 @@ def test_ray_refuses_what_it_does_not_run(tmp_path: Path) -> None:
     src = tmp_path / "a.txt"
     src.write_text("some text here that is long enough\n")
     for args, named in ((["--workers", "2"], "--workers"),
-                        (["--explain", "3"], "--explain"),
-                        (["--set", "data.order=sort"], "data.order=sort")):
+                        (["--explain", "3"], "--explain")):
         proc = run_cli("prep", str(src), "-o", str(tmp_path / "d"), "--executor", "ray", *args,
                        timeout=120)
         assert proc.returncode == 2, proc.stderr
@@ -307,3 +306,15 @@ def test_new_blocks_plan_onto_ray_or_are_refused_by_name(monkeypatch) -> None:
     blocks.append(SubstringDedup())
     with pytest.raises(ShoestringError, match="the substring_dedup block"):
         plan_ray(CFG, CurateConfig())
+
+
+@pytest.mark.timeout(300)
+def test_sorted_order_matches_local(ray_cluster, planted, tmp_path: Path) -> None:
+    """data.order=sort (Cramming): counts and scores in tasks, one argsort, shards gathered."""
+    cfg = planted["cfg"].model_copy(update={"order": "sort"})
+    local = prep(planted["files"], tmp_path / "local", cfg)
+    remote = prep(planted["files"], tmp_path / "ray", cfg, executor="ray",
+                  ray_options=RayOptions(part_docs=40))
+    assert remote["splits"]["train"]["order"] == "sort"
+    assert len(remote["splits"]["train"]["shards"]) >= 3
+    _same(local, remote)

@@ -91,8 +91,6 @@ def plan_ray(cfg: DataConfig, curate: CurateConfig | None) -> RayPlan:
     refuse: list[tuple[str, str]] = []
     if cfg.workers != 1:
         refuse.append(("--workers / data.workers", "Ray schedules its own tasks: leave it at 1"))
-    if cfg.order != "none":
-        refuse.append(("data.order=sort", "use data.order=none (the loader shuffles)"))
     if curate is not None and curate.explain:
         refuse.append(("--explain / curate.explain", "run --explain with --executor local"))
     blocks: list[Block] = []
@@ -419,10 +417,13 @@ class RayPipeline(_Pipeline):
         per_shard = max(1, cfg.shard_tokens // cfg.seq_len)
         items = [{"index": k, "lo": k * per_shard, "hi": min(n, (k + 1) * per_shard)}
                  for k in range(-(-n // per_shard))]
+        ordered = cfg.order == "sort" and split == "train" and n > 0
+        order = self._sort_order(items, enc["parts"], split, dtype, body, vocab) if ordered \
+            else None
         done = self._map(f"pack {split}", items, stages.pack_shard, work=str(self.work),
                          build=str(self.build), parts=enc["parts"], split=split,
                          dtype=dtype.str, seq_len=cfg.seq_len, frame=frame,
-                         cls_id=ids.get(CLS, 0), sep_id=ids.get(SEP, 0))
+                         cls_id=ids.get(CLS, 0), sep_id=ids.get(SEP, 0), order=order)
         done.sort(key=lambda s: s["bin"])
         self.kept_shards += sum(s.pop("kept") for s in done)
         self.journal.put(f"pack.{split}", {"shards": done})
@@ -432,9 +433,37 @@ class RayPipeline(_Pipeline):
             "documents": enc["kept_documents"],
             "document_tokens": int(enc["document_tokens"]),
             "dropped_tail_tokens": int(enc["tokens"] - n * body),
-            "order": "none",
+            "order": "sort" if ordered else "none",
             "shards": done,
         }
+
+    def _sort_order(self, ranges: list[dict], parts: list[dict], split: str, dtype: np.dtype,
+                    body: int, vocab: int) -> str:
+        """Cramming's order over the whole split (``packing.unigram_sort_order``): token
+        counts per range of sequences (tasks), summed; scores per range (tasks), with the
+        log-probabilities broadcast; one stable argsort on the driver (8 bytes a sequence,
+        as the local packer holds). Returns the path of the saved order."""
+        import io
+
+        import ray
+
+        from shoestring.data.packing import unigram_logp
+
+        path = self.work / "sort" / "order.npy"
+        if path.is_file():
+            return str(path)
+        common = {"work": str(self.work), "parts": parts, "split": split, "dtype": dtype.str,
+                  "body": body, "vocab": vocab}
+        done = self._map("unigram counts", ranges, stages.unigram_part, **common)
+        counts = sum(np.load(s["path"]) for s in done)
+        done = self._map("unigram scores", ranges, stages.unigram_part, **common,
+                         logp=ray.put(unigram_logp(counts)))
+        done.sort(key=lambda s: s["index"])
+        scores = np.concatenate([np.load(s["path"]) for s in done])
+        buf = io.BytesIO()
+        np.save(buf, np.argsort(scores, kind="stable").astype(np.int64))
+        write_bytes_atomic(path, buf.getvalue())
+        return str(path)
 
     def _manifest(self, *args: Any) -> dict:
         import ray

@@ -442,11 +442,66 @@ def read_span(parts: list[dict], root: Path, split: str, dtype: str, t0: int,
     return flat, (np.concatenate(starts) if starts else np.zeros(0, np.int64))
 
 
+class SplitStream:
+    """The split's token stream (its parts back to back) for random access by sequence."""
+
+    def __init__(self, parts: list[dict], root: Path, split: str, dtype: str) -> None:
+        self.parts = [p for p in parts if p["tokens"]]
+        self.starts = np.array([p["offset"] for p in self.parts], dtype=np.int64)
+        self.streams = [np.memmap(root / f"encode-{split}" / f"{p['name']}.bin", dtype=dtype,
+                                  mode="r") for p in self.parts]
+        self.root, self.split, self.dtype = root, split, dtype
+
+    def tokens(self, t0: int, t1: int) -> np.ndarray:
+        k = int(np.searchsorted(self.starts, t0, side="right")) - 1
+        out = []
+        while t0 < t1:
+            lo = int(self.starts[k])
+            take = self.streams[k][t0 - lo : min(t1 - lo, len(self.streams[k]))]
+            out.append(np.asarray(take))
+            t0 += len(take)
+            k += 1
+        return out[0] if len(out) == 1 else np.concatenate(out)
+
+    def doc_starts(self) -> np.ndarray:
+        """Stream offsets of every document start of the split (8 bytes a document)."""
+        starts = []
+        for p in self.parts:
+            ends = np.fromfile(self.root / f"encode-{self.split}" / f"{p['name']}.ends",
+                               dtype="<u8").astype(np.int64)
+            starts.append(p["offset"] + np.concatenate([[0], ends[:-1]]))
+        return np.concatenate(starts) if starts else np.zeros(0, np.int64)
+
+
+@user_errors
+def unigram_part(item: dict, *, work: str, parts: list[dict], split: str, dtype: str,
+                 body: int, vocab: int, logp: Any = None, fault: str | None = None) -> dict:
+    """Sequences [lo, hi): their token counts (``logp`` None) or their unigram scores, saved
+    as ``sort/{counts,scores}-K.npy`` (the local ``unigram_sort_order``, cut into ranges)."""
+    from shoestring.data.packing import unigram_counts, unigram_scores
+
+    root = Path(work)
+    k, lo, hi = int(item["index"]), int(item["lo"]), int(item["hi"])
+    what = "counts" if logp is None else "scores"
+    path = root / "sort" / f"{what}-{k:05d}.npy"
+    if not path.is_file():
+        bodies = SplitStream(parts, root, split, dtype).tokens(lo * body, hi * body)
+        bodies = bodies.reshape(hi - lo, body)
+        value = (unigram_counts(bodies, vocab) if logp is None
+                 else unigram_scores(bodies, resolve(logp)))
+        buf = io.BytesIO()
+        np.save(buf, value)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_bytes_atomic(path, buf.getvalue())
+    return {"summary": json.dumps({"index": k, "path": str(path)})}
+
+
 @user_errors
 def pack_shard(item: dict, *, work: str, build: str, parts: list[dict], split: str,
                dtype: str, seq_len: int, frame: int, cls_id: int, sep_id: int,
-               fault: str | None = None) -> dict:
-    """Write shard ``item['index']`` (sequences [lo, hi)) exactly as the local packer does."""
+               order: str | None = None, fault: str | None = None) -> dict:
+    """Write shard ``item['index']`` (sequences [lo, hi), or with ``order`` — the path of
+    the sorted sequence order — sequences order[lo:hi]) exactly as the local packer does."""
     from dataclasses import asdict
 
     from shoestring.data.packing import doc_offsets
@@ -460,15 +515,22 @@ def pack_shard(item: dict, *, work: str, build: str, parts: list[dict], split: s
         return {"summary": json.dumps({**found, "kept": True})}
     maybe_fail(fault, "pack")
     body = seq_len - frame
-    flat, starts = read_span(parts, root, split, dtype, lo * body, hi * body)
-    chunk = flat.reshape(hi - lo, body)
+    if order is None:
+        src = np.arange(lo, hi)
+        flat, starts = read_span(parts, root, split, dtype, lo * body, hi * body)
+        chunk = flat.reshape(hi - lo, body)
+    else:  # sorted: this shard's sequences are order[lo:hi], from anywhere in the stream
+        src = np.load(order, mmap_mode="r")[lo:hi].astype(np.int64)
+        stream = SplitStream(parts, root, split, dtype)
+        chunk = np.stack([stream.tokens(s * body, (s + 1) * body) for s in src.tolist()]) \
+            if len(src) else np.zeros((0, body), dtype)
+        starts = stream.doc_starts()
     if frame:  # [CLS] body [SEP]
         rows = np.empty((hi - lo, seq_len), dtype=dtype)
         rows[:, 0], rows[:, -1] = cls_id, sep_id
         rows[:, 1:-1] = chunk
     else:
         rows = chunk
-    src = np.arange(lo, hi)
     offsets = doc_offsets(np.sort(starts), src, body, seq_len, frame // 2)
     info = asdict(write_shard(out, split, k, rows, np.dtype(dtype), offsets))
     _finish(sidecar, info)
