@@ -20,8 +20,8 @@ an edge. Exact dedup is buckets over the 128-bit text key; fuzzy dedup is bucket
 ``components``: connected components of those edges without ever holding all edges in
 one process: the Large-Star / Small-Star alternation of Kiveris et al. ("Connected
 Components in MapReduce and Beyond", SoCC 2014), each step one shuffle keyed by node, until
-an iteration leaves the edge set unchanged (O(log² n) iterations in the worst case; 2-4 on
-dedup graphs, which are unions of stars). At the fixpoint every component is a star around
+an iteration leaves the edge set unchanged (O(log² n) iterations in the worst case; 2 on the
+dedup graphs tested, which are near-stars). At the fixpoint every component is a star around
 its smallest node, so its size is its number of edges + 1.
 """
 
