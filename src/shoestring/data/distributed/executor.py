@@ -17,7 +17,8 @@ final          Ray Data map per part: drop what the dedup stages dropped, run th
 tokenizer      one task streams the training sample from the parts and trains
 encode         Ray Data map per part and split: tokenize (+ compressibility), own files
 pack           Ray Data map per shard: cut its sequences from the parts' token streams and
-               write the shard; one manifest lists every shard with its sha256
+               write the shard; one manifest lists every shard with its sha256 (with
+               ``data.order=sort``: unigram counts and scores per range first, one argsort)
 =============  ==========================================================================
 
 Same inputs → same kept documents, dedup clusters and byte-identical shards as the local
