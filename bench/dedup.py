@@ -1,4 +1,4 @@
-"""Fuzzy dedup: shoestring's MinHash LSH vs datasketch (MinHash + MinHashLSH), same settings.
+"""Fuzzy dedup: shoestring's MinHash LSH vs datasketch, rensa and datatrove, same settings.
 
 Corpus: ``../shared/data/corpora/mixed-en.jsonl`` plus a generated near-duplicate set with
 known edits (each of ``--bases`` corpus documents gets one copy with a ``--rates`` fraction of
@@ -7,9 +7,18 @@ exact Jaccard similarity of word-5-gram sets is at least ``--threshold`` (comput
 with a sparse document × shingle product, over *all* pairs, so real near-duplicates in the
 corpus count too).
 
-Both sides use the same shingles (word 5-grams of ``shoestring.data.curate.text.words``),
-112 permutations of the same family (datasketch's default ``affine32``; ours draws the
-same parameters), and 14 bands × 8 rows. Timed: text → shingles → signature → LSH query +
+Every side uses the same shingles (word 5-grams of ``shoestring.data.curate.text.words``),
+112 permutations and 14 bands × 8 rows; shoestring computes its signatures with rensa's
+R-MinHash batch API on its own shingle hashes (since this benchmark showed it faster than
+the numpy code it had; ``signature_stage`` still times both); datasketch its default
+``affine32`` family; rensa its R-MinHash through its
+batch API (``RMinHash.digest_matrix_from_token_sets`` on shingle strings, and
+``digest_matrix_from_flat_token_hashes`` on our shingle hashes, then
+``RMinHashLSH.insert_matrix_and_query_duplicate_flags``, batches of 4,096); datatrove its
+``MinhashDedupSignature`` → ``MinhashDedupBuckets`` → ``MinhashDedupCluster`` stages on one
+worker with its default hashing (xxhash 64-bit, permutations mod 2**61-1) and
+``get_shingles`` overridden to our shingles. Recall for rensa is of its signatures' band
+collisions; for datatrove of the pairs its bucket stage wrote. Timed: text → shingles → signature → LSH query +
 insert, per document in corpus order; corpus loading and the ground truth are not timed.
 Predicted pairs are the LSH candidate pairs (documents sharing at least one band).
 
@@ -184,6 +193,164 @@ def run_datasketch(
     return time.perf_counter() - t, pairs, dropped
 
 
+def _shingle_strings(text: str) -> list[str]:
+    """Word 5-grams of ``words`` as strings (all the words when fewer): our shingles."""
+    w = words(text)
+    k = min(5, len(w))
+    return sorted({" ".join(w[j : j + k]) for j in range(len(w) - k + 1)}) if k else []
+
+
+def _pairs_from_digests(rows: np.ndarray, has: np.ndarray) -> set[tuple[int, int]]:
+    """LSH candidate pairs (equal band) of any 112-value signatures, 14 bands × 8 rows."""
+    keys = MinHasher(num_perm=112, bands=14).band_keys(rows.astype(np.uint32, copy=False))
+    keys[~has] = np.arange(int((~has).sum()), dtype=np.uint64)[:, None] + np.uint64(1 << 63)
+    return pairs_from_keys(keys)
+
+
+def run_rensa(texts: list[str], seed: int = 1, prehashed: bool = False,
+              batch: int = 4096) -> tuple[float, set[tuple[int, int]], int]:
+    """rensa's batch API: a digest matrix per batch, then its LSH's matrix insert + query.
+
+    ``prehashed``: our vectorized shingle hashes go to ``digest_matrix_from_flat_token_hashes``
+    (rensa's fastest input); otherwise shingle strings go to ``digest_matrix_from_token_sets``.
+    """
+    from rensa import RMinHash, RMinHashLSH
+
+    hasher = MinHasher(num_perm=112, ngram=5, bands=14, seed=seed)
+    lsh = RMinHashLSH(threshold=0.8, num_perm=112, num_bands=14)
+    digests, masks = [], []
+    dropped = 0
+    t = time.perf_counter()
+    for i in range(0, len(texts), batch):
+        chunk = texts[i : i + batch]
+        if prehashed:
+            values, lengths = hasher.batch_shingle_hashes(chunk)
+            offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.uint64)
+            matrix = RMinHash.digest_matrix_from_flat_token_hashes(
+                values.astype(np.uint64), offsets, 112, seed)
+            has = lengths > 0
+        else:
+            sets = [_shingle_strings(t) for t in chunk]
+            matrix = RMinHash.digest_matrix_from_token_sets(sets, 112, seed)
+            has = np.array([bool(s) for s in sets])
+        flags = lsh.insert_matrix_and_query_duplicate_flags(matrix, i)
+        dropped += int(np.count_nonzero(np.asarray(flags) & has))
+        digests.append(matrix)
+        masks.append(has)
+    seconds = time.perf_counter() - t
+    rows = np.concatenate([np.asarray(m.to_rows(), dtype=np.uint64) for m in digests])
+    return seconds, _pairs_from_digests(rows, np.concatenate(masks)), dropped
+
+
+def run_datatrove(texts: list[str], seed: int = 1) -> tuple[float, set[tuple[int, int]], int]:
+    """datatrove's MinHash stages (signature → buckets → cluster), as its docs chain them,
+    on one worker; its own hashing (xxhash64, mod 2**61-1 permutations), our shingles."""
+    import struct
+    import tempfile
+
+    from datatrove.data import Document
+    from datatrove.pipeline.dedup.minhash import (
+        MinhashConfig,
+        MinhashDedupBuckets,
+        MinhashDedupCluster,
+        MinhashDedupSignature,
+    )
+
+    from datatrove.utils.word_tokenizers import WordTokenizer
+
+    class OurWords(WordTokenizer):  # datatrove's documented hook for a custom tokenizer
+        def word_tokenize(self, text: str) -> list[str]:
+            return words(text)
+
+        def sent_tokenize(self, text: str) -> list[str]:
+            return [text]
+
+        def span_tokenize(self, text: str) -> list[tuple[int, int]]:
+            return [(0, len(text))]
+
+    class SameShingles(MinhashDedupSignature):
+        def get_shingles(self, text: str) -> np.ndarray:
+            return np.fromiter((self._hash_func(g.encode()) for g in _shingle_strings(text)),
+                               dtype=np.uint64).reshape((-1, 1))
+
+    config = MinhashConfig(n_grams=5, num_buckets=14, hashes_per_bucket=8, seed=seed)
+    docs = [Document(text=t, id=str(i)) for i, t in enumerate(texts)]
+    with tempfile.TemporaryDirectory() as tmp:
+        sigs, buckets, clusters = (f"{tmp}/{name}" for name in ("sigs", "buckets", "clusters"))
+        t = time.perf_counter()
+        for _ in SameShingles(sigs, config=config, language=OurWords()).run(iter(docs)) or ():
+            pass
+        for b in range(config.num_buckets):
+            for _ in MinhashDedupBuckets(sigs, buckets, config=config).run(
+                    None, rank=b, world_size=config.num_buckets) or ():
+                pass
+        for _ in MinhashDedupCluster(buckets, clusters, config=config).run() or ():
+            pass
+        seconds = time.perf_counter() - t
+        removed = Path(clusters, "000000.remove")
+        dropped = removed.stat().st_size // 4 if removed.is_file() else 0
+        pairs: set[tuple[int, int]] = set()
+        for dups in sorted(Path(buckets).glob("*.dups")):
+            groups: dict[int, set[int]] = {}  # chains of equal signatures → groups
+            data = dups.read_bytes()
+            for a_f, a, b_f, b in struct.iter_unpack("<4I", data):
+                group = groups.get(a) or {a}
+                group.add(b)
+                groups[a] = groups[b] = group
+            for group in {id(g): g for g in groups.values()}.values():
+                members = sorted(group)
+                pairs.update((x, y) for k, x in enumerate(members) for y in members[k + 1 :])
+    return seconds, pairs, dropped
+
+
+def numpy_signatures(values: np.ndarray, lengths: np.ndarray, num_perm: int = 112,
+                     seed: int = 1, chunk: int = 4096) -> np.ndarray:
+    """The signature code shoestring had before rensa replaced it (kept here to measure
+    the choice): datasketch's affine32 permutations in numpy, reduced per document."""
+    from shoestring.data.curate.text import fmix32
+
+    gen = np.random.RandomState(seed)
+    a = (gen.randint(0, 1 << 31, num_perm, dtype=np.uint32) * np.uint32(2) + np.uint32(1))[:, None]
+    b = gen.randint(0, 1 << 32, num_perm, dtype=np.uint32)[:, None]
+    buf = np.empty((num_perm, chunk), dtype=np.uint32)
+    sig = np.full((len(lengths), num_perm), np.iinfo(np.uint32).max, dtype=np.uint32)
+    has = lengths > 0
+    values = fmix32(values)
+    docs = np.flatnonzero(has)
+    starts = np.cumsum(lengths[has]) - lengths[has]
+    for c0 in range(0, len(values), chunk):
+        c1 = min(c0 + chunk, len(values))
+        block = buf[:, : c1 - c0]
+        np.multiply(values[None, c0:c1], a, out=block)
+        block += b
+        first = np.searchsorted(starts, c0, side="right") - 1
+        last = np.searchsorted(starts, c1, side="left")
+        bounds = np.maximum(starts[first:last], c0) - c0
+        rows = docs[first:last]
+        sig[rows] = np.minimum(sig[rows], np.minimum.reduceat(block, bounds, axis=1).T)
+    return sig
+
+
+def signature_stage(texts: list[str], repeats: int) -> None:
+    """The signature step alone on the same shingle hashes: rensa (used) vs the old numpy."""
+    hasher = MinHasher(num_perm=112, ngram=5, bands=14)
+    values, lengths = hasher.batch_shingle_hashes(texts)
+    times: dict[str, list[float]] = {"rensa digest matrix (used)": [], "numpy (before)": []}
+    for _ in range(repeats):
+        t = time.perf_counter()
+        hasher._signatures(values, lengths)
+        times["rensa digest matrix (used)"].append(time.perf_counter() - t)
+        t = time.perf_counter()
+        numpy_signatures(values, lengths)
+        times["numpy (before)"].append(time.perf_counter() - t)
+    print(f"\nsignature step only, {len(values):,} shingle hashes of {len(texts):,} documents "
+          f"(112 permutations), {repeats} interleaved runs:")
+    for name, ts in times.items():
+        print(f"  {name:28} best {min(ts):.3f} s, median {float(np.median(ts)):.3f} s")
+    best = min(times["numpy (before)"]) / min(times["rensa digest matrix (used)"])
+    print(f"  rensa is {best:.1f}x faster (best of each)")
+
+
 def score(pred: set[tuple[int, int]], truth: dict[tuple[int, int], float]) -> tuple[float, float]:
     hit = len(pred & truth.keys())
     return (hit / len(pred) if pred else 1.0), (hit / len(truth) if truth else 1.0)
@@ -244,12 +411,18 @@ def main() -> None:
         sides["datasketch+xxh32"] = xxhash.xxh32_intdigest
     except ImportError:
         pass
+    peers = {"rensa (digest matrix)": lambda s: run_rensa(texts, s),
+             "rensa (prehashed)": lambda s: run_rensa(texts, s, prehashed=True),
+             "datatrove": lambda s: run_datatrove(texts, s)}
+    sides.update(dict.fromkeys(peers))
     runs: dict[str, list[dict]] = {name: [] for name in sides}
     for seed in range(1, args.repeats + 1):  # interleaved, so load changes hit both sides alike
         for name, hashfunc in sides.items():
-            if name == "shoestring":
+            if name == "shoestring":  # our shingles → rensa signatures → our LSH index
                 seconds, keys, dropped = run_ours(texts, seed)
                 pairs = pairs_from_keys(keys)
+            elif name in peers:
+                seconds, pairs, dropped = peers[name](seed)
             else:
                 seconds, pairs, dropped = run_datasketch(texts, hashfunc, seed)
             precision, recall = score(pairs, truth)
@@ -290,6 +463,8 @@ def main() -> None:
     )
     for name, r in results.items():
         print(f"recall by seed, {name}: {r['recall_by_seed']}")
+    print("(rensa's 'dropped' counts its duplicate flags, which mark both members of a pair)")
+    signature_stage(texts, max(args.repeats, 3))
     if args.json:
         results["expected_recall"] = expected  # type: ignore[assignment]
         results["index_bytes_per_doc"] = per_doc  # type: ignore[assignment]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import struct
 
 import numpy as np
 import pytest
@@ -106,17 +104,19 @@ def test_minhash_estimates_match_exact_jaccard() -> None:
     assert np.mean(errors) < 0.03
 
 
-def test_signatures_equal_datasketch_for_equal_shingle_hashes() -> None:
-    datasketch = pytest.importorskip("datasketch", reason="datasketch not installed")
+def test_signatures_are_rensas_r_minhash_of_the_shingle_hashes() -> None:
+    """The signature is rensa's R-MinHash of our shingle hashes (its one-document API
+    agrees with the batch one prep uses)."""
+    from rensa import RMinHash
+
     words = T.words("The quick brown fox jumps over the lazy dog, again and again and again.")
-    grams = [" ".join(words[i : i + 5]).encode() for i in range(len(words) - 4)]
-    peer = datasketch.MinHash(num_perm=112)
-    peer.update_batch(grams)
-    values = np.array(
-        [struct.unpack("<I", hashlib.sha1(g).digest()[:4])[0] for g in grams], np.uint32
-    )
-    sig, has = MinHasher(num_perm=112).signatures_from_hashes([values])
-    assert has[0] and np.array_equal(sig[0], peer.hashvalues)
+    hasher = MinHasher(num_perm=112, seed=3)
+    values = hasher.shingle_hashes(" ".join(words))
+    sig, has = hasher.signatures_from_hashes([values])
+    peer = RMinHash.digest_matrix_from_token_hash_sets([[int(v) for v in values]], 112, 3)
+    assert has[0] and np.array_equal(sig[0], np.asarray(peer.to_rows()[0], dtype=np.uint32))
+    other, _ = MinHasher(num_perm=112, seed=4).signatures_from_hashes([values])
+    assert not np.array_equal(sig[0], other[0])  # the seed draws the permutations
 
 
 def test_signatures_do_not_depend_on_the_batch() -> None:

@@ -165,6 +165,15 @@ def prep(
         Optional[int], typer.Option("--explain", min=0, help="Print N dropped documents per reason.")
     ] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing data dir.")] = False,
+    executor: Annotated[
+        str, typer.Option("--executor", metavar="local|ray",
+                          help="local: this machine (default); ray: a Ray cluster (docs/data.md).")
+    ] = "local",
+    ray_address: Annotated[
+        Optional[str], typer.Option("--ray-address", metavar="auto|HOST:PORT",
+                                    help="With --executor ray: the cluster to join "
+                                    "(default: start Ray on this machine).")
+    ] = None,
 ) -> None:
     """Clean, split, train a tokenizer, tokenize and pack SOURCES into a data dir.
 
@@ -180,14 +189,28 @@ def prep(
     cfg = _config(config, sets, flags=options)
     if decontam:
         cfg.curate.decontam = [*cfg.curate.decontam, *decontam]
+    ray_options = _ray_options(executor, ray_address)
     try:
         manifest = run_prep(sources, output, cfg.data, console=err, curate=cfg.curate,
-                            overwrite=overwrite)
+                            overwrite=overwrite, executor=executor, ray_options=ray_options)
     except KeyboardInterrupt:
         err.print(f"interrupted: finished stages are kept in {build_dir(output)}; "
                   "run the same command again to resume", markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(130) from None
     _print_prep(manifest, output)
+
+
+def _ray_options(executor: str, address: str | None):
+    if executor not in ("local", "ray"):
+        raise ShoestringError(f"unknown executor {executor!r}", where="--executor",
+                              fix="use local or ray")
+    if executor == "local":
+        if address is not None:
+            raise ShoestringError("--ray-address needs --executor ray", where="--ray-address")
+        return None
+    from shoestring.data.distributed import RayOptions
+
+    return RayOptions(address=address)
 
 
 def _print_prep(manifest: dict, output: Path) -> None:

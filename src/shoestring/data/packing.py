@@ -44,14 +44,30 @@ def unigram_sort_order(rows: np.ndarray, vocab_size: int, counts: np.ndarray | N
     ``_sort_tokenized_dataset_by_unigram``: the least likely (rarest-token) sequences first.
     """
     if counts is None:
-        counts = np.zeros(vocab_size, dtype=np.int64)
-        for i in range(0, len(rows), chunk):
-            counts += np.bincount(np.asarray(rows[i : i + chunk]).ravel(), minlength=vocab_size)
-    logp = np.log2((counts + 1.0) / (counts.sum() + vocab_size))
+        counts = unigram_counts(rows, vocab_size, chunk)
+    return np.argsort(unigram_scores(rows, unigram_logp(counts), chunk), kind="stable")
+
+
+def unigram_counts(rows: np.ndarray, vocab_size: int, chunk: int = 4096) -> np.ndarray:
+    """Token frequencies of ``rows`` (a sum over row ranges is the count of their union)."""
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    for i in range(0, len(rows), chunk):
+        counts += np.bincount(np.asarray(rows[i : i + chunk]).ravel(), minlength=vocab_size)
+    return counts
+
+
+def unigram_logp(counts: np.ndarray) -> np.ndarray:
+    """Add-one smoothed log2 unigram probabilities."""
+    return np.log2((counts + 1.0) / (counts.sum() + len(counts)))
+
+
+def unigram_scores(rows: np.ndarray, logp: np.ndarray, chunk: int = 4096) -> np.ndarray:
+    """Each row's mean log2 unigram probability (row by row: any split of the rows gives
+    the same values)."""
     scores = np.empty(len(rows), dtype=np.float64)
     for i in range(0, len(rows), chunk):
         scores[i : i + chunk] = logp[np.asarray(rows[i : i + chunk])].mean(axis=1)
-    return np.argsort(scores, kind="stable")
+    return scores
 
 
 def doc_offsets(doc_starts: np.ndarray, src: np.ndarray, body: int, seq_len: int,

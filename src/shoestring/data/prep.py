@@ -75,6 +75,7 @@ ENCODE_CHARS = 1 << 19
 # Tokenizing is journaled (resumable) after about this many characters.
 CHECKPOINT_CHARS = 1 << 23
 _JOURNAL = "journal.json"
+WORK_DIR = "work"  # executors' intermediate files other than the spools and streams
 # Fewer validation documents than this: validation is the end of the text instead.
 MIN_VAL_DOCUMENTS = 5
 _STAGES = ("read", "tokenizer", "encode.train", "pack.train", "encode.val", "pack.val")
@@ -211,7 +212,8 @@ def _fault_point(stage: str, count: int) -> None:
 
 def prep(
     specs: list[str], out: str | Path, cfg: DataConfig, console: Console | None = None,
-    curate: CurateConfig | None = None, overwrite: bool = False,
+    curate: CurateConfig | None = None, overwrite: bool = False, executor: str = "local",
+    ray_options: Any = None,
 ) -> dict:
     """Build a data dir at ``out`` from source specs; returns the manifest.
 
@@ -221,12 +223,24 @@ def prep(
     Resumes an interrupted build of the same inputs (see the module docstring).
     ``curate`` adds the curation blocks (filters, dedup, decontamination; see
     ``shoestring.data.curate``); None runs none of them.
+
+    ``executor="ray"`` runs the same stages as Ray Data stages on a Ray cluster
+    (``ray_options``: a ``shoestring.data.distributed.RayOptions``; see docs/data.md).
     """
     console = console or Console(stderr=True)
     out = Path(out)
     recover_interrupted_swap(out)
     check_output_dir(out, "data dir", owned=_is_data_dir(out), overwrite=overwrite)
     _check_settings(cfg)
+    ray_plan = None
+    if executor == "ray":
+        from shoestring.data.distributed import RayOptions, plan_ray
+
+        ray_options = ray_options or RayOptions()
+        ray_plan = plan_ray(cfg, curate)  # refuses what it cannot run, before any writing
+    elif executor != "local":
+        raise ShoestringError(f"unknown executor {executor!r}", where="--executor",
+                              fix="use local or ray")
     files = resolve_sources(specs)
     out.parent.mkdir(parents=True, exist_ok=True)
     build = build_dir(out)
@@ -234,13 +248,22 @@ def prep(
     if curate is not None:  # curation changes the output: part of what a resume must match
         settings = json.dumps(curate.model_dump(mode="json", exclude={"explain"}), sort_keys=True)
         fingerprint = hashlib.sha256(f"{fingerprint}:{settings}".encode()).hexdigest()
+    if executor != "local":  # its build folder holds other intermediate files
+        fingerprint = hashlib.sha256(f"{fingerprint}:{executor}".encode()).hexdigest()
     journal = Journal.open(build, fingerprint)
     if journal.resumed:
         console.print(f"resuming an interrupted prep in {build} "
                       f"(finished: {', '.join(journal.resumed)})")
     try:
-        with WorkerPool(cfg.workers).start() as pool:
-            manifest = _Pipeline(specs, files, build, cfg, console, journal, pool, curate).run()
+        if ray_plan is not None:
+            from shoestring.data.distributed import run_ray
+
+            manifest = run_ray(ray_plan, ray_options, specs, files, build, cfg, console, journal,
+                               curate)
+        else:
+            with WorkerPool(cfg.workers).start() as pool:
+                manifest = _Pipeline(specs, files, build, cfg, console, journal, pool,
+                                     curate).run()
     except ShoestringError:
         shutil.rmtree(build, ignore_errors=True)  # bad input: a re-run would fail the same way
         raise
@@ -248,6 +271,8 @@ def prep(
     for name in os.listdir(build):
         if name.startswith(("spool-", "stream-", "docs-")) or name == _JOURNAL:
             (build / name).unlink()
+        elif name == WORK_DIR:  # the ray executor's intermediate files
+            shutil.rmtree(build / name)
     swap_in_dir(build, out)
     return manifest
 
@@ -321,13 +346,18 @@ class _Pipeline:
                 counts["chars"] += len(doc.text)
                 f.write(json.dumps(doc.text, ensure_ascii=False) + "\n")
         split = self._split(kept, counts)
+        return self._read_result(counts, stats, split, self.blocks)
+
+    def _read_result(self, counts: dict[str, int], stats: ReadStats, split: dict,
+                     curation: list[dict]) -> dict:
+        """The read stage's journal entry (and manifest part) from its counts."""
         self.blocks = [
             {"block": "read", "documents_out": counts["read"],
              "dropped": {"bad_input": len(stats.skipped)}},
             {"block": "clean", "documents_in": counts["read"],
              "documents_out": counts["read"] - counts["too_short"],
              "dropped": {"too_short": counts["too_short"]}},
-            *self.blocks,
+            *curation,
             {"block": "split", "documents_in": counts["kept"],
              "documents_out": counts["train"] + counts["val"],
              "train": counts["train"], "val": counts["val"], **split},
@@ -458,10 +488,7 @@ class _Pipeline:
             kind = default_kind(cfg.objective) if cfg.tokenizer == "auto" else cfg.tokenizer
             n_train = self.journal.get("read")["documents"]["train"]
             with self.console.status(f"training the {kind} tokenizer on {n_train:,} documents"):
-                tok = train_tokenizer(
-                    _read_spool(self.build / "spool-train.jsonl"), kind, cfg.objective,
-                    cfg.vocab_size, cfg.lowercase_resolved, length=n_train,
-                )
+                tok = self._train_tokenizer(kind, n_train)
             source = "trained"
         tok.save(str(self.build / "tokenizer.json"))
         info = {
@@ -473,6 +500,12 @@ class _Pipeline:
         }
         self.journal.put("tokenizer", info)
         return info
+
+    def _train_tokenizer(self, kind: str, n_train: int) -> Any:
+        """The tokenizer trained on every training document, in order."""
+        cfg = self.cfg
+        return train_tokenizer(_read_spool(self.build / "spool-train.jsonl"), kind, cfg.objective,
+                               cfg.vocab_size, cfg.lowercase_resolved, length=n_train)
 
     # --- encode: spool → token stream ---------------------------------------------------
 

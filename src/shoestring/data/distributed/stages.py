@@ -1,0 +1,537 @@
+"""The work of each Ray task of ``prep --executor ray``: plain functions over files.
+
+Every function here runs the same code the local executor runs — `iter_documents`,
+`clean_text`, the curation blocks' own ``process``, `text_key`, `MinHasher`,
+`encode_texts`, `Compressibility`, `doc_offsets`, `write_shard` — on one *part* of the
+corpus, and writes its output next to the build folder atomically, finishing with a small
+JSON *sidecar* that says what it wrote. A task that finds its sidecar returns it without
+working again: that is how a killed prep resumes task by task, and why a retried task
+(Ray re-runs a task whose worker died) leaves the same bytes.
+
+Rows are identified by a 64-bit *rid*: source index (23 bits) · document index in the
+source (33 bits) · piece (8 bits, for decontamination's cut pieces). Sorting by rid is
+input order, so the first document of a duplicate bucket is the one the local executor
+keeps, and part files named by source and chunk list the corpus in order.
+
+Nothing here imports Ray except ``resolve`` (broadcast objects) and the fault hook.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shoestring.config import CurateConfig, DataConfig
+from shoestring.data.clean import clean_text
+from shoestring.data.curate.blocks import Block, BlockStats
+from shoestring.data.sources import Document, ReadStats, iter_documents
+from shoestring.errors import ShoestringError
+from shoestring.fsutil import write_bytes_atomic, write_text_atomic
+
+PIECE_BITS = 8
+DOC_BITS = 33
+MAX_SOURCES = 1 << (64 - 1 - DOC_BITS - PIECE_BITS)
+_CACHE: dict[str, Any] = {}
+
+
+def user_errors(fn: Any) -> Any:
+    """Run a stage function so a bad-input error reaches the driver whole (what, where,
+    fix) as its summary: Ray Data re-wraps a raised exception and loses its fields, and
+    a bad input is not a task failure to retry."""
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except ShoestringError as e:
+            return {"summary": json.dumps({"user_error": [e.what, e.where, e.fix]})}
+    wrapped.__name__ = fn.__name__
+    wrapped.__qualname__ = fn.__qualname__
+    return wrapped
+
+
+def raise_user_error(summary: dict) -> None:
+    """On the driver: raise the bad-input error a stage function returned, if any."""
+    if "user_error" in summary:
+        what, where, fix = summary["user_error"]
+        raise ShoestringError(what, where=where, fix=fix)
+
+
+def maybe_fail(fault: str | None, stage: str) -> None:
+    """Test hook: ``fault`` = ``"STAGE,STAGE@FOLDER"``: the first task of each stage named
+    kills its worker process (Ray then retries the task), leaving ``FOLDER/fault-STAGE``."""
+    if not fault:
+        return
+    names, _, folder = fault.partition("@")
+    if stage not in names.split(","):
+        return
+    marker = Path(folder) / f"fault-{stage}"
+    if not marker.exists():
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text("fired\n")
+        os._exit(1)
+
+
+def resolve(value: Any) -> Any:
+    """An ObjectRef's value, fetched once per worker process (broadcast objects)."""
+    try:
+        import ray
+    except ImportError:  # plain values when called without Ray (unit use)
+        return value
+    if not isinstance(value, ray.ObjectRef):
+        return value
+    key = value.hex()
+    if key not in _CACHE:
+        _CACHE[key] = ray.get(value)
+    return _CACHE[key]
+
+
+def make_rid(source: int, doc: int, piece: int = 0) -> int:
+    return (source << (DOC_BITS + PIECE_BITS)) | (doc << PIECE_BITS) | piece
+
+
+def without(rids: np.ndarray, dropped: np.ndarray) -> np.ndarray:
+    """Mask of ``rids`` not in the sorted array ``dropped``."""
+    if not len(dropped):
+        return np.ones(len(rids), dtype=bool)
+    at = np.minimum(np.searchsorted(dropped, rids), len(dropped) - 1)
+    return dropped[at] != rids
+
+
+# --- part files ------------------------------------------------------------------------
+
+
+def write_part(path: Path, rids: list[int] | np.ndarray, texts: list[str],
+               val: np.ndarray | None = None) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    cols = {"rid": pa.array(np.asarray(rids, dtype=np.int64)), "text": pa.array(texts, pa.string())}
+    if val is not None:
+        cols["val"] = pa.array(np.asarray(val, dtype=bool))
+    buf = io.BytesIO()
+    pq.write_table(pa.table(cols), buf)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_bytes_atomic(path, buf.getvalue())
+
+
+def read_part(path: Path, columns: list[str] | None = None) -> dict[str, Any]:
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path, columns=columns)
+    return {name: (table[name].to_pylist() if name == "text" else table[name].to_numpy())
+            for name in table.column_names}
+
+
+def _done(sidecar: Path) -> dict | None:
+    return json.loads(sidecar.read_text(encoding="utf-8")) if sidecar.is_file() else None
+
+
+def _finish(sidecar: Path, summary: dict) -> dict:
+    sidecar.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(sidecar, json.dumps(summary))
+    return {"summary": json.dumps(summary)}
+
+
+# --- blocks in tasks ---------------------------------------------------------------------
+
+
+def fresh(block: Block) -> Block:
+    """A copy of a broadcast block with counters of its own; shares its read-only indexes.
+
+    The broadcast block never processes a document, so its counters (``BlockStats`` and
+    plain ints such as decontam's ``cut_docs``) are zero; only the mutable ones need new
+    objects."""
+    twin = copy.copy(block)
+    twin.stats = BlockStats(block.name)
+    twin.examples = {}
+    return twin
+
+
+def apply_blocks(blocks: list[Block], doc: Document) -> list[Document]:
+    """What ``blocks`` keep of one document (several pieces when a block cuts it)."""
+    out = [doc]
+    for block in blocks:
+        out = list(block.process(out))
+        if not out:
+            break
+    return out
+
+
+def merge_reports(pristine: list[dict], parts: list[list[dict]]) -> list[dict]:
+    """One report per block from the reports of each task's copy of the blocks.
+
+    Counts add up; a figure that the untouched block already reports (a setting such as
+    decontam's ``eval_ngrams``) is kept as it is.
+    """
+    merged = []
+    for k, base in enumerate(pristine):
+        out = dict(base)
+        out["dropped"] = dict(base["dropped"])
+        for reports in parts:
+            rep = reports[k]
+            for key, value in rep.items():
+                if key == "dropped":
+                    for reason, n in value.items():
+                        out["dropped"][reason] = out["dropped"].get(reason, 0) + n
+                elif isinstance(value, int) and not isinstance(value, bool) and not base.get(key):
+                    out[key] = out.get(key, 0) + value
+        out["dropped"] = dict(sorted(out["dropped"].items(), key=lambda kv: (-kv[1], kv[0])))
+        merged.append(out)
+    return merged
+
+
+# --- stage: read + clean + the first stateless blocks ----------------------------------
+
+
+@user_errors
+def read_source(item: dict, *, cfg: DataConfig, blocks: Any, work: str, part_docs: int,
+                part_chars: int, fault: str | None = None) -> dict:
+    """Read one source, clean it, run ``blocks``; write parts ``parts0/SSSSSSS-CCCCC``."""
+    index, source = int(item["index"]), item["source"]
+    root = Path(work)
+    sidecar = root / "read" / f"{index:07d}.json"
+    if (found := _done(sidecar)) is not None:
+        return {"summary": json.dumps(found)}
+    maybe_fail(fault, "read")
+    from shoestring.data.workers import _init_worker
+
+    _init_worker()
+    mine = [fresh(b) for b in resolve(blocks)]
+    stats = ReadStats()
+    counts = {"read": 0, "too_short": 0}
+    parts: list[dict] = []
+    rids: list[int] = []
+    texts: list[str] = []
+    chars = 0
+
+    def flush() -> None:
+        nonlocal rids, texts, chars
+        if not texts and parts:
+            return
+        name = f"{index:07d}-{len(parts):05d}"
+        write_part(root / "parts0" / f"{name}.parquet", rids, texts)
+        parts.append({"name": name, "rows": len(texts)})
+        rids, texts, chars = [], [], 0
+
+    docs = iter_documents([source], text_field=cfg.text_field, on_error=cfg.on_error,
+                          stats=stats, split_on=cfg.split_on)
+    for i, doc in enumerate(docs):
+        counts["read"] += 1
+        text = clean_text(doc.text)
+        if len(text) < cfg.min_chars:
+            counts["too_short"] += 1
+            continue
+        for piece, kept in enumerate(apply_blocks(mine, Document(text, doc.source, doc.doc_id))):
+            rids.append(make_rid(index, i, piece))
+            texts.append(kept.text)
+            chars += len(kept.text)
+        if len(texts) >= part_docs or chars >= part_chars:
+            flush()
+    if texts or not parts:
+        flush()
+    summary = {"index": index, "parts": parts, **counts, "files": stats.files,
+               "skipped": stats.skipped, "reports": [b.report() for b in mine]}
+    return _finish(sidecar, summary)
+
+
+# --- stages between and after the stateful blocks -------------------------------------
+
+
+@user_errors
+def apply_part(item: dict, *, blocks: Any, dropped: Any, work: str, src: str, dst: str,
+               val_fraction: float | None, fault: str | None = None,
+               stage: str = "final") -> dict:
+    """Drop the rows of ``dropped``, run ``blocks``; with ``val_fraction``, mark the
+    validation rows (by content hash, as the local executor does)."""
+    from shoestring.data.prep import is_validation
+
+    root = Path(work)
+    name = item["name"]
+    sidecar = root / dst / f"{name}.json"
+    if (found := _done(sidecar)) is not None:
+        return {"summary": json.dumps(found)}
+    maybe_fail(fault, stage)
+    mine = [fresh(b) for b in resolve(blocks)]
+    part = read_part(root / src / f"{name}.parquet")
+    keep = without(part["rid"], resolve(dropped))
+    rids: list[int] = []
+    texts: list[str] = []
+    for rid, text in zip(part["rid"][keep].tolist(), (t for t, k in zip(part["text"], keep) if k)):
+        pieces = apply_blocks(mine, Document(text, "", str(rid)))
+        if len(pieces) > 1 and (rid & ((1 << PIECE_BITS) - 1)) + len(pieces) > 1 << PIECE_BITS:
+            raise ShoestringError(f"a document was cut into {len(pieces)} pieces, more than "
+                                  f"the ray executor numbers ({1 << PIECE_BITS})",
+                                  where="curate.decontam_max_pieces", fix="lower it")
+        for k, doc in enumerate(pieces):
+            rids.append(rid + k)
+            texts.append(doc.text)
+    val = None
+    if val_fraction is not None:
+        val = np.array([is_validation(t, val_fraction) for t in texts], dtype=bool)
+    write_part(root / dst / f"{name}.parquet", rids, texts, val)
+    summary = {"name": name, "rows_in": int(keep.sum()), "rows": len(texts),
+               "val": int(val.sum()) if val is not None else 0,
+               "chars": sum(len(t) for t in texts),
+               "val_chars": sum(len(t) for t, v in zip(texts, val) if v) if val is not None else 0,
+               "reports": [b.report() for b in mine]}
+    return _finish(sidecar, summary)
+
+
+# --- shuffle inputs (map side of the dedup shuffles) -----------------------------------
+
+
+def exact_rows(arg: tuple) -> dict[str, np.ndarray]:
+    """(k0, k1) = the 128-bit text key of exact dedup, per row not yet dropped."""
+    from shoestring.data.curate.dedup import text_key
+
+    path, dropped, work, fault = arg
+    maybe_fail(fault, "exact")
+    part = read_part(Path(path))
+    keep = without(part["rid"], resolve(dropped))
+    keys = [text_key(t) for t, k in zip(part["text"], keep) if k]
+    mask = (1 << 64) - 1
+    return {"k0": np.array([k & mask for k in keys], dtype=np.uint64),
+            "k1": np.array([k >> 64 for k in keys], dtype=np.uint64),
+            "order": part["rid"][keep].astype(np.int64)}
+
+
+def band_rows(arg: tuple) -> dict[str, np.ndarray]:
+    """(k0, k1) = (band, LSH band key) of every band of every row with a word; ``hasher``:
+    the fuzzy dedup block's `MinHasher` arguments (num_perm, ngram, seed, bands)."""
+    from shoestring.data.curate.minhash import MinHasher
+
+    path, dropped, work, fault, hasher = arg
+    maybe_fail(fault, "fuzzy")
+    part = read_part(Path(path))
+    keep = without(part["rid"], resolve(dropped))
+    texts = [t for t, k in zip(part["text"], keep) if k]
+    rids = part["rid"][keep].astype(np.int64)
+    hasher = MinHasher(*hasher)  # its own scratch buffer (a broadcast one is read-only)
+    bands = hasher.bands
+    out_k0, out_k1, out_rid = [], [], []
+    for i in range(0, len(texts), 256):  # FuzzyDedup's batch: same signatures, bounded memory
+        sig, has = hasher.signatures(texts[i : i + 256])
+        keys = hasher.band_keys(sig[has])
+        n = int(has.sum())
+        out_k0.append(np.tile(np.arange(bands, dtype=np.uint64), n))
+        out_k1.append(keys.reshape(-1))
+        out_rid.append(np.repeat(rids[i : i + 256][has], bands))
+    if not out_rid:
+        z = np.zeros(0, np.uint64)
+        return {"k0": z, "k1": z, "order": np.zeros(0, np.int64)}
+    return {"k0": np.concatenate(out_k0), "k1": np.concatenate(out_k1),
+            "order": np.concatenate(out_rid)}
+
+
+# --- tokenizer sample -------------------------------------------------------------------
+
+
+def sample_texts(paths: list[Path], max_chars: int, total_chars: int) -> Iterator[str]:
+    """The training texts, in order: all of them when they fit ``max_chars``, otherwise
+    the ones whose content hash falls in the first ``max_chars / total_chars`` of the
+    range (a uniform sample that does not depend on the order or the parts)."""
+    import hashlib
+
+    fraction = 1.0 if total_chars <= max_chars else max_chars / total_chars
+    for path in paths:
+        part = read_part(path, ["text", "val"])
+        for text, val in zip(part["text"], part["val"].tolist()):
+            if val:
+                continue
+            if fraction < 1.0:
+                h = hashlib.blake2b(text.encode("utf-8"), digest_size=8, person=b"tok-sample")
+                if int.from_bytes(h.digest(), "little") / 2**64 >= fraction:
+                    continue
+            yield text
+
+
+def train_on_sample(paths: list[str], max_chars: int, total_chars: int, kind: str,
+                    objective: str, vocab_size: int, lowercase: bool) -> tuple[Any, dict]:
+    """One worker streams the sample from the part files and trains the tokenizer."""
+    from shoestring.data.tokenizer import train_tokenizer
+
+    seen = {"documents": 0, "characters": 0}
+
+    def counted() -> Iterator[str]:
+        for text in sample_texts([Path(p) for p in paths], max_chars, total_chars):
+            seen["documents"] += 1
+            seen["characters"] += len(text)
+            yield text
+
+    tok = train_tokenizer(counted(), kind, objective, vocab_size, lowercase)
+    return tok, {**seen, "max_characters": max_chars, "of_characters": total_chars}
+
+
+# --- stage: tokenize --------------------------------------------------------------------
+
+
+@user_errors
+def encode_part(item: dict, *, work: str, tokenizer: str, sep_id: int, dtype: str,
+                curate: CurateConfig | None, fault: str | None = None) -> dict:
+    """Tokenize one part's documents of one split; write ``encode-SPLIT/NAME.bin``
+    (tokens, each document followed by ``sep_id``) and ``.ends`` (document ends)."""
+    from shoestring.data.prep import ENCODE_BATCH, ENCODE_CHARS
+    from shoestring.data.workers import _init_worker, batched, encode_texts
+
+    root = Path(work)
+    name, split = item["name"], item["split"]
+    out = root / f"encode-{split}"
+    sidecar = out / f"{name}.json"
+    if (found := _done(sidecar)) is not None:
+        return {"summary": json.dumps(found)}
+    maybe_fail(fault, "encode")
+    _init_worker()
+    compress = None
+    if curate is not None:
+        from shoestring.data.curate.compress import Compressibility
+
+        compress = Compressibility.from_config(curate)
+    part = read_part(root / "kept" / f"{name}.parquet", ["text", "val"])
+    want = split == "val"
+    texts = [t for t, v in zip(part["text"], part["val"].tolist()) if v == want]
+    streams: list[np.ndarray] = []
+    ends: list[np.ndarray] = []
+    tokens = kept = document_tokens = 0
+    for batch in batched(iter(texts), ENCODE_BATCH, ENCODE_CHARS):
+        flat, lengths = encode_texts(batch, tokenizer, sep_id)
+        if compress is not None:
+            keep = compress.check_batch(lengths, [len(t) for t in batch])
+            if not keep.all():
+                flat = flat[np.repeat(keep, lengths + 1)]
+                lengths = lengths[keep]
+        ends.append(tokens + np.cumsum(lengths + 1, dtype=np.int64))
+        streams.append(flat.astype(dtype, copy=False))
+        tokens += int(flat.size)
+        kept += len(lengths)
+        document_tokens += int(lengths.sum())
+    out.mkdir(parents=True, exist_ok=True)
+    stream = np.concatenate(streams) if streams else np.zeros(0, dtype)
+    doc_ends = np.concatenate(ends) if ends else np.zeros(0, np.int64)
+    write_bytes_atomic(out / f"{name}.bin", stream.astype(dtype, copy=False).tobytes())
+    write_bytes_atomic(out / f"{name}.ends", doc_ends.astype("<u8").tobytes())
+    summary = {"name": name, "documents": len(texts), "kept_documents": kept, "tokens": tokens,
+               "document_tokens": document_tokens}
+    return _finish(sidecar, summary)
+
+
+# --- stage: pack ------------------------------------------------------------------------
+
+
+def read_span(parts: list[dict], root: Path, split: str, dtype: str, t0: int,
+              t1: int) -> tuple[np.ndarray, np.ndarray]:
+    """Tokens [t0, t1) of the split's stream (parts back to back), and the stream offsets
+    of the document starts in that range."""
+    tokens: list[np.ndarray] = []
+    starts: list[np.ndarray] = []
+    for p in parts:
+        lo, hi = p["offset"], p["offset"] + p["tokens"]
+        if hi <= t0 or lo >= t1 or not p["tokens"]:
+            continue
+        stream = np.memmap(root / f"encode-{split}" / f"{p['name']}.bin", dtype=dtype, mode="r")
+        tokens.append(np.asarray(stream[max(t0 - lo, 0) : min(t1, hi) - lo]))
+        ends = np.fromfile(root / f"encode-{split}" / f"{p['name']}.ends", dtype="<u8")
+        doc_starts = lo + np.concatenate([[0], ends[:-1].astype(np.int64)])
+        starts.append(doc_starts[(doc_starts >= t0) & (doc_starts < t1)])
+    flat = np.concatenate(tokens) if tokens else np.zeros(0, dtype)
+    return flat, (np.concatenate(starts) if starts else np.zeros(0, np.int64))
+
+
+class SplitStream:
+    """The split's token stream (its parts back to back) for random access by sequence."""
+
+    def __init__(self, parts: list[dict], root: Path, split: str, dtype: str) -> None:
+        self.parts = [p for p in parts if p["tokens"]]
+        self.starts = np.array([p["offset"] for p in self.parts], dtype=np.int64)
+        self.streams = [np.memmap(root / f"encode-{split}" / f"{p['name']}.bin", dtype=dtype,
+                                  mode="r") for p in self.parts]
+        self.root, self.split, self.dtype = root, split, dtype
+
+    def tokens(self, t0: int, t1: int) -> np.ndarray:
+        k = int(np.searchsorted(self.starts, t0, side="right")) - 1
+        out = []
+        while t0 < t1:
+            lo = int(self.starts[k])
+            take = self.streams[k][t0 - lo : min(t1 - lo, len(self.streams[k]))]
+            out.append(np.asarray(take))
+            t0 += len(take)
+            k += 1
+        return out[0] if len(out) == 1 else np.concatenate(out)
+
+    def doc_starts(self) -> np.ndarray:
+        """Stream offsets of every document start of the split (8 bytes a document)."""
+        starts = []
+        for p in self.parts:
+            ends = np.fromfile(self.root / f"encode-{self.split}" / f"{p['name']}.ends",
+                               dtype="<u8").astype(np.int64)
+            starts.append(p["offset"] + np.concatenate([[0], ends[:-1]]))
+        return np.concatenate(starts) if starts else np.zeros(0, np.int64)
+
+
+@user_errors
+def unigram_part(item: dict, *, work: str, parts: list[dict], split: str, dtype: str,
+                 body: int, vocab: int, logp: Any = None, fault: str | None = None) -> dict:
+    """Sequences [lo, hi): their token counts (``logp`` None) or their unigram scores, saved
+    as ``sort/{counts,scores}-K.npy`` (the local ``unigram_sort_order``, cut into ranges)."""
+    from shoestring.data.packing import unigram_counts, unigram_scores
+
+    root = Path(work)
+    k, lo, hi = int(item["index"]), int(item["lo"]), int(item["hi"])
+    what = "counts" if logp is None else "scores"
+    path = root / "sort" / f"{what}-{k:05d}.npy"
+    if not path.is_file():
+        bodies = SplitStream(parts, root, split, dtype).tokens(lo * body, hi * body)
+        bodies = bodies.reshape(hi - lo, body)
+        value = (unigram_counts(bodies, vocab) if logp is None
+                 else unigram_scores(bodies, resolve(logp)))
+        buf = io.BytesIO()
+        np.save(buf, value)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_bytes_atomic(path, buf.getvalue())
+    return {"summary": json.dumps({"index": k, "path": str(path)})}
+
+
+@user_errors
+def pack_shard(item: dict, *, work: str, build: str, parts: list[dict], split: str,
+               dtype: str, seq_len: int, frame: int, cls_id: int, sep_id: int,
+               order: str | None = None, fault: str | None = None) -> dict:
+    """Write shard ``item['index']`` (sequences [lo, hi), or with ``order`` — the path of
+    the sorted sequence order — sequences order[lo:hi]) exactly as the local packer does."""
+    from dataclasses import asdict
+
+    from shoestring.data.packing import doc_offsets
+    from shoestring.data.shards import shard_intact, write_shard
+
+    root, out = Path(work), Path(build)
+    k, lo, hi = int(item["index"]), int(item["lo"]), int(item["hi"])
+    sidecar = root / f"pack-{split}" / f"{k:05d}.json"
+    found = _done(sidecar)
+    if found is not None and shard_intact(out, found):
+        return {"summary": json.dumps({**found, "kept": True})}
+    maybe_fail(fault, "pack")
+    body = seq_len - frame
+    if order is None:
+        src = np.arange(lo, hi)
+        flat, starts = read_span(parts, root, split, dtype, lo * body, hi * body)
+        chunk = flat.reshape(hi - lo, body)
+    else:  # sorted: this shard's sequences are order[lo:hi], from anywhere in the stream
+        src = np.load(order, mmap_mode="r")[lo:hi].astype(np.int64)
+        stream = SplitStream(parts, root, split, dtype)
+        chunk = np.stack([stream.tokens(s * body, (s + 1) * body) for s in src.tolist()]) \
+            if len(src) else np.zeros((0, body), dtype)
+        starts = stream.doc_starts()
+    if frame:  # [CLS] body [SEP]
+        rows = np.empty((hi - lo, seq_len), dtype=dtype)
+        rows[:, 0], rows[:, -1] = cls_id, sep_id
+        rows[:, 1:-1] = chunk
+    else:
+        rows = chunk
+    offsets = doc_offsets(np.sort(starts), src, body, seq_len, frame // 2)
+    info = asdict(write_shard(out, split, k, rows, np.dtype(dtype), offsets))
+    _finish(sidecar, info)
+    return {"summary": json.dumps({**info, "kept": False})}

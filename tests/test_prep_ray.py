@@ -1,0 +1,320 @@
+"""prep --executor ray against --executor local: same documents, clusters and shard bytes.
+
+One Ray instance (2 CPUs, no dashboard) serves the whole module; every test that runs Ray
+has a timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import SHARED_DATA, run_cli
+
+from shoestring.config import CurateConfig, DataConfig
+from shoestring.data.datadir import DataDir
+from shoestring.data.prep import build_dir, prep
+from shoestring.errors import ShoestringError
+
+ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install '.[ray]')")
+
+from shoestring.data.distributed import RayOptions  # noqa: E402
+from shoestring.data.distributed.shuffle import bucket_firsts, components  # noqa: E402
+
+CORPUS = SHARED_DATA / "corpora" / "mixed-en.jsonl"
+# `tokenizers`' WordPiece trainer breaks ties differently from process to process, so the
+# planted-corpus runs share a tokenizer file; the shared-corpus test compares (BPE) training.
+CFG = DataConfig(vocab_size=700, seq_len=32, shard_tokens=2048, val_fraction=0.1)
+CURATE = CurateConfig(dedup="fuzzy", filters="gopher", compress_max_ratio=0.6,
+                      gopher_min_words=20)
+PLANTED_EXACT = 12
+PLANTED_NEAR = 12
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A local Ray instance with 2 CPUs for the module; stopped at the end."""
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()
+
+
+def _words(rng: random.Random, vocab: list[str], n: int) -> str:
+    return " ".join(rng.choice(vocab) for _ in range(n))
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Two JSON-lines files of real text (pydocs) with planted duplicates across files:
+    exact copies, copies with one word changed (near duplicates), and an evaluation file
+    whose 13-gram occurs in three documents."""
+    from shoestring.data.builtin import iter_pydocs
+
+    rng = random.Random(7)
+    base = [d.text[:1800] for _, d in zip(range(400), iter_pydocs())
+            if len(d.text.split()) >= 80][:160]
+    docs = list(base)
+    for i in range(PLANTED_EXACT):
+        docs.append(base[3 * i])
+    for i in range(PLANTED_NEAR):
+        words = base[3 * i + 1].split()
+        words[len(words) // 2] = "zebra"
+        docs.append(" ".join(words))
+    vocab = sorted({w for t in base[:40] for w in t.split() if w.isalpha()})
+    eval_text = _words(rng, vocab, 16)
+    for i in (5, 50, 150):
+        docs[i] = docs[i] + "\n\n" + eval_text + "\n\n" + base[i + 1][:600]
+    rng.shuffle(docs)
+    root = tmp_path_factory.mktemp("planted")
+    files = []
+    for k, chunk in enumerate((docs[: len(docs) // 2], docs[len(docs) // 2 :])):
+        path = root / f"part{k}.jsonl"
+        path.write_text("".join(json.dumps({"text": t}) + "\n" for t in chunk), encoding="utf-8")
+        files.append(str(path))
+    evals = root / "eval.jsonl"
+    evals.write_text(json.dumps({"sentence": eval_text}) + "\n", encoding="utf-8")
+    from shoestring.data.tokenizer import train_tokenizer
+
+    tok = root / "tokenizer.json"
+    train_tokenizer(iter(docs), "wordpiece", "mlm", 700, True).save(str(tok))
+    return {"files": files, "eval": str(evals), "root": root, "cfg": CFG.model_copy(
+        update={"tokenizer": str(tok)})}
+
+
+def _curate(planted: dict) -> CurateConfig:
+    return CURATE.model_copy(update={"decontam": [planted["eval"]]})
+
+
+def _same(local: dict, remote: dict) -> None:
+    """Same kept documents (counts per block and split), clusters, tokenizer, shard bytes."""
+    assert remote["executor"]["name"] == "ray"
+    assert remote["blocks"] == local["blocks"]
+    assert remote["documents"] == local["documents"]
+    assert remote["tokenizer"]["sha256"] == local["tokenizer"]["sha256"]
+    for split in ("train", "val"):
+        mine = [(s["bin"], s["sha256_bin"], s["sha256_idx"]) for s in remote["splits"][split]["shards"]]
+        theirs = [(s["bin"], s["sha256_bin"], s["sha256_idx"])
+                  for s in local["splits"][split]["shards"]]
+        assert mine == theirs, split
+        assert {k: v for k, v in remote["splits"][split].items() if k != "shards"} == \
+            {k: v for k, v in local["splits"][split].items() if k != "shards"}
+
+
+@pytest.fixture(scope="module")
+def local_planted(planted: dict, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    out = tmp_path_factory.mktemp("local") / "d"
+    return prep(planted["files"], out, planted["cfg"], curate=_curate(planted))
+
+
+@pytest.mark.timeout(300)
+def test_ray_matches_local_on_planted_duplicates(ray_cluster, planted, local_planted,
+                                                 tmp_path: Path) -> None:
+    blocks = {b["block"]: b for b in local_planted["blocks"]}
+    # The planted duplicates are found (so the comparison below compares real work).
+    assert blocks["exact_dedup"]["dropped"]["duplicate"] >= PLANTED_EXACT
+    assert blocks["fuzzy_dedup"]["dropped"]["near_duplicate"] >= PLANTED_NEAR - 2
+    assert blocks["fuzzy_dedup"]["clusters"] >= PLANTED_NEAR - 2
+    assert blocks["decontam"]["docs_cut"] == 3
+    assert sum(blocks["gopher_quality"]["dropped"].values()) > 0
+    # Small parts, so duplicates sit in different parts, files and shuffle partitions.
+    remote = prep(planted["files"], tmp_path / "d", planted["cfg"], curate=_curate(planted),
+                  executor="ray", ray_options=RayOptions(part_docs=25))
+    assert remote["executor"]["parts"] >= 6
+    _same(local_planted, remote)
+    data = DataDir(tmp_path / "d")  # the loader's view is unchanged
+    assert len(data.split("train", verify="sha256")) == local_planted["splits"]["train"]["sequences"]
+    assert not build_dir(tmp_path / "d").exists()
+
+
+@pytest.mark.timeout(300)
+def test_a_task_killed_once_is_retried_and_changes_nothing(ray_cluster, planted, local_planted,
+                                                           tmp_path: Path) -> None:
+    """A worker dies in the read, the fuzzy-dedup map, the tokenize and the pack stage."""
+    killed = ["read", "fuzzy", "encode", "pack"]
+    opts = RayOptions(part_docs=40, fault=f"{','.join(killed)}@{tmp_path}")
+    remote = prep(planted["files"], tmp_path / "d", planted["cfg"], curate=_curate(planted),
+                  executor="ray", ray_options=opts)
+    assert sorted(p.name for p in tmp_path.glob("fault-*")) == sorted(f"fault-{s}" for s in killed)
+    _same(local_planted, remote)
+    assert remote["resumed"]["stages"] == []  # retried inside the run, not resumed
+
+
+@pytest.mark.timeout(400)
+def test_killed_ray_prep_resumes_from_finished_stages(ray_cluster, planted, local_planted,
+                                                      tmp_path: Path) -> None:
+    """The driver is killed (exit 137) after fuzzy dedup; the re-run resumes there."""
+    out = tmp_path / "d"
+    cmd = [sys.executable, "-m", "shoestring", "prep", *planted["files"], "-o", str(out),
+           "--executor", "ray", "--ray-address", ray_cluster, "--dedup", "fuzzy",
+           "--filters", "gopher", "--decontam", planted["eval"],
+           "--tokenizer", planted["cfg"].tokenizer, "--set", "data.vocab_size=700",
+           "--set", "data.seq_len=32",
+           "--set", "data.shard_tokens=2048", "--set", "data.val_fraction=0.1",
+           "--set", "curate.compress_max_ratio=0.6", "--set", "curate.gopher_min_words=20"]
+    env = {**os.environ, "SHOESTRING_PREP_FAULT": "ray.stage1:1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 137, proc.stderr[-2000:]
+    journal = json.loads((build_dir(out) / "journal.json").read_text())
+    assert {"read", "stage0", "stage1"} <= set(journal["stages"]["ray"])
+    assert "final" not in journal["stages"]["ray"]
+    remote = prep(planted["files"], out, planted["cfg"], curate=_curate(planted),
+                  executor="ray", ray_options=RayOptions(address=ray_cluster))
+    assert remote["resumed"]["stages"] == ["ray"]
+    _same(local_planted, remote)
+
+
+@pytest.mark.timeout(300)
+def test_bad_input_fails_as_in_local_mode(ray_cluster, planted, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "a fine first document of some length"}\n{"text": oops}\n')
+    errors = []
+    for executor in ("local", "ray"):
+        with pytest.raises(ShoestringError) as e:
+            prep([planted["files"][0], str(bad)], tmp_path / executor, CFG, executor=executor)
+        errors.append(str(e.value))
+        assert not build_dir(tmp_path / executor).exists()
+    assert errors[0] == errors[1]
+    assert f"{bad}:2" in errors[1]
+
+
+def test_ray_refuses_what_it_does_not_run(tmp_path: Path) -> None:
+    """Refused before Ray starts or anything is written, exit 2, naming the option."""
+    src = tmp_path / "a.txt"
+    src.write_text("some text here that is long enough\n")
+    for args, named in ((["--workers", "2"], "--workers"),
+                        (["--explain", "3"], "--explain")):
+        proc = run_cli("prep", str(src), "-o", str(tmp_path / "d"), "--executor", "ray", *args,
+                       timeout=120)
+        assert proc.returncode == 2, proc.stderr
+        assert "not supported by the ray executor" in proc.stderr and named in proc.stderr
+        assert "Traceback" not in proc.stderr
+        assert not (tmp_path / "d").exists() and not build_dir(tmp_path / "d").exists()
+    proc = run_cli("prep", str(src), "-o", str(tmp_path / "d"), "--ray-address", "auto")
+    assert proc.returncode == 2 and "--ray-address needs --executor ray" in proc.stderr
+
+
+@pytest.mark.timeout(300)
+def test_components_match_union_find(ray_cluster) -> None:
+    """Large-star/small-star over 3 partitions = scipy's connected components."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    rng = np.random.default_rng(3)
+    n = 3000
+    edges = rng.integers(0, n, size=(1400, 2))
+    edges = edges[edges[:, 0] != edges[:, 1]]
+    chain = np.stack([np.arange(2000, 2300), np.arange(2001, 2301)], axis=1)  # a long path
+    edges = np.concatenate([edges, chain])
+    refs = [ray.put(part) for part in np.array_split(edges, 4)]
+    got = components(refs, 3)
+    graph = coo_matrix((np.ones(len(edges)), (edges[:, 0], edges[:, 1])), shape=(n, n))
+    _, labels = connected_components(graph, directed=False)
+    touched = np.zeros(n, dtype=bool)
+    touched[edges.ravel()] = True
+    sizes = np.bincount(labels[touched])
+    sizes = sizes[sizes >= 2]
+    want = dict(zip(*np.unique(sizes, return_counts=True)))
+    assert got["cluster_sizes"] == {int(k): int(v) for k, v in want.items()}
+    assert got["clusters"] == len(sizes)
+
+
+def test_buckets_keep_the_first_row_of_each_key() -> None:
+    cols = {"k0": np.array([1, 1, 2, 1, 2, 3], np.uint64),
+            "k1": np.array([9, 9, 9, 9, 9, 9], np.uint64),
+            "order": np.array([50, 10, 7, 30, 3, 1], np.int64)}
+    summary, edges = bucket_firsts(cols)
+    assert summary["dropped"].tolist() == [7, 30, 50]
+    assert summary["buckets"] == 3 and summary["rows"] == 6
+    assert sorted(map(tuple, edges.tolist())) == [(7, 3), (30, 10), (50, 10)]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(not CORPUS.is_file(), reason=f"shared corpus not found at {CORPUS}")
+def test_ray_matches_local_on_the_shared_corpus(ray_cluster, tmp_path: Path) -> None:
+    """The first 2,000 documents of mixed-en (a subset: the whole corpus takes minutes
+    twice over on 2 shared cores), causal-LM packing, every curation block but decontam,
+    the byte-level BPE tokenizer trained by each executor (local in its own process, as a
+    user runs it)."""
+    subset = tmp_path / "mixed-2000.jsonl"
+    with CORPUS.open(encoding="utf-8") as f, subset.open("w", encoding="utf-8") as g:
+        for _, line in zip(range(2000), f):
+            g.write(line)
+    cfg = DataConfig(objective="clm", vocab_size=2000, seq_len=64, shard_tokens=1 << 16)
+    curate = CurateConfig(dedup="fuzzy", filters="gopher")
+    cmd = [sys.executable, "-m", "shoestring", "prep", str(subset), "-o", str(tmp_path / "local"),
+           "--objective", "clm", "--dedup", "fuzzy", "--filters", "gopher",
+           "--set", "data.vocab_size=2000", "--set", "data.seq_len=64",
+           "--set", f"data.shard_tokens={1 << 16}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    local = json.loads((tmp_path / "local" / "manifest.json").read_text())
+    remote = prep([str(subset)], tmp_path / "ray", cfg, curate=curate, executor="ray",
+                  ray_options=RayOptions(part_docs=500))
+    split = next(b for b in remote["blocks"] if b["block"] == "split")
+    assert remote["executor"]["tokenizer_sample"]["documents"] == split["train"]
+    _same(local, remote)
+    assert remote["splits"]["train"]["sequences"] > 1000
+
+
+@pytest.mark.timeout(300)
+def test_few_documents_split_by_position_as_in_local_mode(ray_cluster, planted,
+                                                          tmp_path: Path) -> None:
+    """Too few documents to hold out whole ones: the end of the text, cut on the driver."""
+    few = tmp_path / "few.jsonl"
+    lines = Path(planted["files"][0]).read_text(encoding="utf-8").splitlines()[:12]
+    few.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    cfg = planted["cfg"].model_copy(update={"val_fraction": 0.2})
+    local = prep([str(few)], tmp_path / "local", cfg)
+    remote = prep([str(few)], tmp_path / "ray", cfg, executor="ray",
+                  ray_options=RayOptions(part_docs=5))
+    assert local["split"]["method"] == "position"
+    _same(local, remote)
+
+
+def test_new_blocks_plan_onto_ray_or_are_refused_by_name(monkeypatch) -> None:
+    """A stateless block added to the local pipeline joins a Ray map stage as it is; a
+    stateful one without a shuffle in SHUFFLES is refused, naming it."""
+    from shoestring.data.curate import Curator
+    from shoestring.data.curate.blocks import Block, Drop
+    from shoestring.data.curate.dedup import ExactDedup
+    from shoestring.data.distributed import plan_ray
+
+    class Shouting(Block):
+        name = "shouting"
+
+        def apply(self, doc):
+            return Drop("shouting") if doc.text.isupper() else doc
+
+    class SubstringDedup(Block):
+        name = "substring_dedup"
+        stateful = True
+
+    blocks = [Shouting(), ExactDedup(), Shouting()]
+    monkeypatch.setattr(Curator, "from_config", classmethod(lambda cls, *a, **k: cls(blocks)))
+    plan = plan_ray(CFG, CurateConfig())
+    assert [(kind, [b.name for b in bs]) for kind, bs in plan.stages] == [
+        ("map", ["shouting"]), ("shuffle", ["exact_dedup"]), ("map", ["shouting"])]
+    blocks.append(SubstringDedup())
+    with pytest.raises(ShoestringError, match="the substring_dedup block"):
+        plan_ray(CFG, CurateConfig())
+
+
+@pytest.mark.timeout(300)
+def test_sorted_order_matches_local(ray_cluster, planted, tmp_path: Path) -> None:
+    """data.order=sort (Cramming): counts and scores in tasks, one argsort, shards gathered."""
+    cfg = planted["cfg"].model_copy(update={"order": "sort"})
+    local = prep(planted["files"], tmp_path / "local", cfg)
+    remote = prep(planted["files"], tmp_path / "ray", cfg, executor="ray",
+                  ray_options=RayOptions(part_docs=40))
+    assert remote["splits"]["train"]["order"] == "sort"
+    assert len(remote["splits"]["train"]["shards"]) >= 3
+    _same(local, remote)
