@@ -45,7 +45,13 @@ class ContrastiveFamily(MaskedLMFamily):
     def build(self, cfg: ModelConfig, vocab_size: int) -> nn.Module:
         from shoestring.model.encoder import MaskedLM
 
-        return MaskedLM(cfg.model_copy(update={"objective": MaskedLMFamily.name}), vocab_size)
+        model = MaskedLM(cfg.model_copy(update={"objective": MaskedLMFamily.name}), vocab_size)
+        # The MLM head is kept (the run still fills masks) but frozen: no loss reaches it, and
+        # data-parallel gradient sync expects every trainable parameter to get a gradient.
+        for part in (model.head_dense, model.head_norm, model.decoder, model.decoder_bias):
+            if part is not None:
+                part.requires_grad_(False)
+        return model
 
     def head_matmul_params(self, hidden: int, vocab: int) -> int:
         return 0  # no vocabulary head runs
