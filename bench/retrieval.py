@@ -201,6 +201,11 @@ def main() -> None:
     ):
         if not (work / name / "final").is_dir():
             pretrain(work / data, work / name, model, budget, **extra)
+        else:  # --work kept it from an earlier invocation
+            sm = RunDir(work / name).read_summary()
+            print(f"  reused {name} from {work}: {sm['steps']} steps, {sm['tokens']:,} tokens in "
+                  f"{sm['train_seconds']:.0f}s ({sm['budget']}), loss {sm['first_loss']:.3f} → "
+                  f"{sm['final_train_loss']:.3f}")
     print(f"prep + training: {time.perf_counter() - t0:.0f}s")
 
     # --- inverse-cloze recall ---------------------------------------------------------------

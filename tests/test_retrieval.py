@@ -134,14 +134,18 @@ def test_hybrid_fusion_finds_what_each_mode_alone_ranks_second() -> None:
     assert {fused[1][0], fused[2][0]} == {3, 5}  # 1/61 + 1/70 each
 
 
-def test_hybrid_search_merges_both_modes_on_the_real_index(index: RetrievalIndex) -> None:
+def test_hybrid_search_is_the_fusion_of_both_modes_on_the_real_index(
+        index: RetrievalIndex) -> None:
+    from shoestring.retrieval.index import FUSION_DEPTH
+
     row = _unique(index, 1, seed=2)[0]
     query = " ".join(index.passages[row].text.split()[:20])
-    lexical = [h.id for h in index.search(query, 20, "bm25")]
-    dense = [h.id for h in index.search(query, 20, "dense")]
+    lexical = [h.id for h in index.search(query, FUSION_DEPTH, "bm25")]
+    dense = [h.id for h in index.search(query, FUSION_DEPTH, "dense")]
     hybrid = index.search(query, 5, "hybrid")
-    expected = reciprocal_rank_fusion([lexical + [i for i in range(0)], dense], 5)
-    assert [h.id for h in hybrid][:1] == [expected[0][0]]
+    expected = reciprocal_rank_fusion([lexical, dense], 5)
+    assert [(h.id, h.score) for h in hybrid] == expected
+    assert [h.rank for h in hybrid] == [1, 2, 3, 4, 5]
     assert hybrid[0].id == row  # BM25 finds its own passage; fusion keeps it on top
 
 
