@@ -30,8 +30,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from shoestring import __version__
 from shoestring.serve.batcher import BatcherClosed, Job, MicroBatcher, QueueFull
 from shoestring.serve.engine import Engine, InputError
-from shoestring.serve.retrieval_routes import attach_retrieval, need
 from shoestring.serve.metrics import CONTENT_TYPE, ServeMetrics
+from shoestring.serve.retrieval_routes import attach_retrieval, need
 from shoestring.serve.schemas import (
     ClassifyRequest,
     ClassifyResponse,
