@@ -329,3 +329,15 @@ def test_serve_search_and_generate_with_retrieve(work: dict[str, Path],
         assert r.status_code == 404 and "--index" in r.text
     finally:
         srv.stop()
+
+
+def test_an_exported_decoder_keeps_its_trained_context(work: dict[str, Path],
+                                                       tmp_path: Path) -> None:
+    from shoestring.retrieval.ask import decoder_context
+    from shoestring.serve.engine import load_engine
+
+    proc = run_cli("export", str(work["clm"]), "-o", str(tmp_path / "hf"))
+    assert proc.returncode == 0, proc.stderr
+    exported = load_engine(tmp_path / "hf")
+    assert exported.meta["seq_len"] >= 2048  # what the Llama config advertises
+    assert decoder_context(exported) == decoder_context(load_engine(work["clm"])) == 64

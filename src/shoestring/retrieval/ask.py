@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from shoestring.errors import ShoestringError
@@ -10,8 +12,19 @@ from shoestring.retrieval.prompt import RagPrompt, build_prompt
 
 
 def decoder_context(engine: Any) -> int:
-    """The decoder's context length: the sequence length it was trained at."""
-    return int(engine.meta["seq_len"])
+    """The decoder's context length: the sequence length it was trained at (a run's
+    ``seq_len``; for a Llama export, whose config advertises at least 2048 positions, its
+    tokenizer_config.json ``model_max_length``, which `export` sets to the trained length)."""
+    context = int(engine.meta["seq_len"])
+    tok_cfg = Path(engine.source) / "tokenizer_config.json"
+    if tok_cfg.is_file():
+        try:
+            trained = json.loads(tok_cfg.read_text(encoding="utf-8")).get("model_max_length")
+        except (OSError, ValueError, AttributeError):
+            trained = None
+        if isinstance(trained, int) and 0 < trained < context:
+            context = trained
+    return context
 
 
 def check_decoder(engine: Any, where: str) -> None:
