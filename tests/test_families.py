@@ -29,14 +29,15 @@ def _cfg(name: str) -> ModelConfig:
                        intermediate_size=96)
 
 
-def test_registry_has_both_families_and_config_accepts_exactly_them() -> None:
-    assert families.names() == ["mlm", "clm"]
+def test_registry_has_the_families_and_config_accepts_exactly_them() -> None:
+    assert families.names() == ["mlm", "clm", "contrastive"]
     literal = typing.get_args(ModelConfig.model_fields["objective"].annotation)
     assert set(literal) == set(families.names())
     for family in families.all_families():
         assert families.by_architecture(family.architecture) is family
-        assert families.by_hf_model_type(family.hf_model_type) is family
-        assert ModelConfig(preset=family.default_preset).objective == family.name
+        # the contrastive retriever is an mlm encoder: its base family's export and presets
+        assert families.by_hf_model_type(family.hf_model_type) is families.get(family.base)
+        assert ModelConfig(preset=family.default_preset).objective == family.base
 
 
 def test_unknown_family_names_the_field_and_the_known_ones() -> None:
@@ -73,7 +74,12 @@ def test_family_builds_trains_and_counts_its_flops(name: str) -> None:
     counter = FlopCounterMode(display=False)
     with counter, torch.no_grad(), sdpa_kernel(SDPBackend.MATH):
         obj.loss(model, batch)
-    expected = forward_flops_per_token(cfg, VOCAB, SEQ, obj.head_fraction) * ids.numel()
+    # a contrastive step encodes two sequences per row (query and positive), no vocab head
+    passes = batch if name == "contrastive" else (ids,)
+    expected = sum(forward_flops_per_token(cfg, VOCAB, t.shape[1], obj.head_fraction) * t.numel()
+                   for t in passes)
+    if name == "contrastive":  # + the query-by-positive similarity matmul
+        expected += 2 * len(ids) * len(ids) * cfg.hidden_size
     assert counter.get_total_flops() == pytest.approx(expected, rel=1e-6)
 
 

@@ -449,6 +449,9 @@ def serve(
     threads: Annotated[
         Optional[int], typer.Option(help="torch threads for inference (default: one per core).")
     ] = None,
+    index: Annotated[
+        Optional[Path], typer.Option("--index", help="Index dir (shoestring index): adds /v1/search and generate's retrieve option.", metavar="INDEX")
+    ] = None,
 ) -> None:
     """Serve a trained model over HTTP with dynamic micro-batching (docs/serving.md)."""
     from shoestring.serve.server import serve as run_serve
@@ -459,13 +462,115 @@ def serve(
         max_queue=max_queue, max_length=max_length, truncate=truncate, max_inputs=max_inputs,
         max_body_bytes=max_body_bytes, max_new_tokens=max_new_tokens,
         request_timeout_s=request_timeout, shutdown_timeout_s=shutdown_timeout, api_key=api_key,
-        precision=precision, threads=threads,
+        precision=precision, threads=threads, index=str(index) if index else None,
     )
     if not settings.loopback and settings.api_key is None:
         err.print(f"[yellow]warning:[/] listening on {host} without --api-key: anyone who can "
                   "reach this machine can use the model")
     run_serve(model, settings,
               announce=lambda msg: err.print(msg, markup=False, highlight=False, soft_wrap=True))
+
+
+ModeOpt = Annotated[str, typer.Option("--mode", help="bm25 (lexical), dense (encoder embeddings) or hybrid (reciprocal-rank fusion of both).")]
+
+
+@app.command()
+def index(
+    sources: Annotated[
+        list[str],
+        typer.Argument(help="Files, folders, globs, hf:NAME or builtin:pydocs (as for prep), or a "
+                       "data dir (its sources are indexed).", show_default=False,
+                       metavar="SOURCES|DATA_DIR"),
+    ],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Index dir to write.")],
+    encoder: Annotated[
+        Optional[Path], typer.Option("--encoder", help="Encoder run dir or export: adds a dense index of its embeddings.", metavar="RUN|HF_DIR")
+    ] = None,
+    passage_words: Annotated[int, typer.Option("--passage-words", min=1, help="Words per passage.")] = 100,
+    text_field: Annotated[str, typer.Option("--text-field", help="JSON field / column with the text.")] = "text",
+    split_on: Annotated[str, typer.Option("--split-on", help="Plain text: blank (paragraphs), lines, or none.")] = "blank",
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an index dir built from other sources.")] = False,
+) -> None:
+    """Split documents into passages and index them: BM25, plus dense vectors with --encoder
+    (docs/retrieval.md). Re-running with unchanged sources only redoes what changed."""
+    from shoestring.retrieval.index import build_index
+
+    manifest = build_index(sources, output, encoder=encoder, passage_words=passage_words,
+                           text_field=text_field, split_on=split_on, overwrite=overwrite,
+                           announce=lambda m: err.print(m, markup=False, highlight=False))
+    done = ", ".join(manifest["rebuilt"]) or "nothing (up to date)"
+    dense = f", dense {manifest['encoder']['dim']}-dim" if manifest["encoder"] else ""
+    out.print(f"{output}: {manifest['passages']:,} passages from {manifest['documents']:,} "
+              f"documents (BM25{dense}); built: {done}", markup=False, highlight=False)
+
+
+def _print_hits(hits: list) -> None:
+    for h in hits:
+        text = " ".join(h.passage.text.split())
+        out.print(f"{h.rank}. [{h.score:.4g}] {h.passage.cite}\n   {text[:300]}"
+                  + ("…" if len(text) > 300 else ""), markup=False, highlight=False)
+
+
+@app.command()
+def search(
+    index_dir: Annotated[Path, typer.Argument(help="Index dir (shoestring index -o).", show_default=False, metavar="INDEX")],
+    query: Annotated[str, typer.Argument(help="What to look for.", show_default=False, metavar="QUERY")],
+    k: Annotated[int, typer.Option("-k", min=1, help="Passages to return.")] = 5,
+    mode: ModeOpt = "hybrid",
+    encoder: Annotated[
+        Optional[Path], typer.Option("--encoder", help="Encoder for the query (default: the one the index was built with; must have the same weights).", metavar="RUN|HF_DIR")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the hits as JSON lines.")] = False,
+) -> None:
+    """Search an index: the k best passages for QUERY, with their sources."""
+    import json
+
+    from shoestring.retrieval.index import RetrievalIndex
+
+    idx = RetrievalIndex(index_dir, encoder=encoder)
+    mode = mode if idx.has_dense or mode != "hybrid" or encoder else "bm25"
+    hits = idx.search(query, k, mode)
+    if as_json:
+        for h in hits:
+            out.print(json.dumps(h.to_dict(), ensure_ascii=False), markup=False, highlight=False,
+                      soft_wrap=True)
+    else:
+        _print_hits(hits)
+
+
+@app.command()
+def ask(
+    run: Annotated[Path, typer.Argument(help="Decoder run dir or export (model.objective=clm).", show_default=False, metavar="RUN")],
+    question: Annotated[str, typer.Argument(help="The question.", show_default=False, metavar="QUESTION")],
+    index_dir: Annotated[Path, typer.Option("--index", help="Index dir to retrieve from.", metavar="INDEX")],
+    k: Annotated[int, typer.Option("-k", min=1, help="Passages to retrieve (fewer go in if the context is full).")] = 5,
+    mode: ModeOpt = "hybrid",
+    encoder: Annotated[Optional[Path], typer.Option("--encoder", help="Encoder for the query (default: the index's).", metavar="RUN|HF_DIR")] = None,
+    max_new_tokens: Annotated[int, typer.Option(min=1, help="Answer length at most, in tokens.")] = 64,
+    temperature: Annotated[float, typer.Option(min=0.0, help="0 = greedy.")] = 0.0,
+    seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
+) -> None:
+    """Answer QUESTION with the decoder, its context holding the passages retrieved for it."""
+    from shoestring.retrieval.ask import ask as run_ask
+    from shoestring.retrieval.ask import check_decoder
+    from shoestring.retrieval.index import RetrievalIndex
+    from shoestring.retrieval.passages import Passage
+    from shoestring.serve.engine import load_engine
+
+    engine = load_engine(run, max_length=1 << 20)
+    check_decoder(engine, str(run))
+    idx = RetrievalIndex(index_dir, encoder=encoder)
+    mode = mode if idx.has_dense or mode != "hybrid" or encoder else "bm25"
+    result = run_ask(engine, idx, question, k=k, mode=mode, max_new_tokens=max_new_tokens,
+                     temperature=temperature, seed=seed)
+    out.print(result["answer"] or "(empty answer)", markup=False, highlight=False)
+    cut = " (the last one cut to fit)" if result["truncated"] else ""
+    err.print(f"\npassages used ({len(result['passages'])} of {k} retrieved by {mode}{cut}; "
+              f"prompt {result['prompt_tokens']} of {result['context']} tokens):",
+              markup=False, highlight=False)
+    for p in result["passages"]:
+        err.print(f"{p['rank']}. {Passage(p['source'], p['doc_id'], p['offset'], '').cite}: "
+                  f"{' '.join(p['text'].split())[:200]}", markup=False, highlight=False)
 
 
 @app.command()

@@ -92,8 +92,9 @@ class ModelConfig(_Section):
     """
 
     preset: str | None = Field(None, description="named size (tiny, mini, small, base, ...)")
-    objective: Literal["mlm", "clm"] = Field(
-        "mlm", description="mlm = BERT-style encoder, clm = GPT/Llama-style decoder"
+    objective: Literal["mlm", "clm", "contrastive"] = Field(
+        "mlm", description="mlm = BERT-style encoder, clm = GPT/Llama-style decoder, "
+        "contrastive = encoder tuned for retrieval (docs/retrieval.md)"
     )
     hidden_size: int = Field(256, ge=16, description="model width")
     num_layers: int = Field(4, ge=1, description="transformer blocks")

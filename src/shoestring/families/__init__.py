@@ -1,6 +1,6 @@
 """The model-family registry: ``families.get(cfg.model.objective)`` is the spec of a family.
 
-Each family (masked LM, causal LM) is one module here; registering it is one line below.
+Each family (masked LM, causal LM, contrastive retriever) is one module here; registering it is one line below.
 See docs/models.md and ``families/base.py`` for what a spec names.
 """
 
@@ -11,12 +11,14 @@ from typing import Any
 from shoestring.errors import ShoestringError
 from shoestring.families.base import Batch, Family, Objective
 from shoestring.families.clm import CausalLMFamily
+from shoestring.families.contrastive import ContrastiveFamily
 from shoestring.families.mlm import MaskedLMFamily
 
 __all__ = ["Batch", "Family", "Objective", "all_families", "by_architecture",
            "by_hf_model_type", "get", "names", "preset_fields"]
 
-_REGISTRY: dict[str, Family] = {f.name: f for f in (MaskedLMFamily(), CausalLMFamily())}
+_REGISTRY: dict[str, Family] = {f.name: f for f in (MaskedLMFamily(), CausalLMFamily(),
+                                                    ContrastiveFamily())}
 
 
 def names() -> list[str]:

@@ -90,6 +90,12 @@ class Family(abc.ABC):
     # intermediate, what it is); `shoestring models` lists them, model.preset picks one
     presets: ClassVar[dict[str, Preset]]
 
+    @property
+    def base(self) -> str:
+        """The family whose data dirs this one trains on and whose weights it starts from
+        (itself; the contrastive family's is mlm)."""
+        return self.name
+
     # --- data ------------------------------------------------------------------------
     @abc.abstractmethod
     def special_tokens(self, tokenizer_kind: str) -> list[str]:

@@ -31,6 +31,7 @@ from shoestring import __version__
 from shoestring.serve.batcher import BatcherClosed, Job, MicroBatcher, QueueFull
 from shoestring.serve.engine import Engine, InputError
 from shoestring.serve.metrics import CONTENT_TYPE, ServeMetrics
+from shoestring.serve.retrieval_routes import attach_retrieval, need
 from shoestring.serve.schemas import (
     ClassifyRequest,
     ClassifyResponse,
@@ -161,6 +162,8 @@ def create_app(
                 "missing or wrong API key: send 'Authorization: Bearer KEY' or 'X-API-Key: KEY'",
                 headers={"WWW-Authenticate": "Bearer"},
             )
+
+    retrieval = attach_retrieval(app, engine, settings.index, authorized)  # /v1/search
 
     def require(task: str) -> None:
         if task not in engine.tasks:
@@ -312,9 +315,15 @@ def create_app(
                 f"limit of {settings.max_new_tokens} (--max-new-tokens)",
                 ("body", "max_new_tokens"),
             )
-        payloads = engine.prepare_generate(body.texts, body.many)
+        texts, passages = body.texts, None
+        if body.retrieve is not None:  # questions → prompts with retrieved passages
+            texts, passages = await need(retrieval).prompts(
+                body.texts, body.retrieve.k, body.retrieve.mode, body.max_new_tokens)
+        payloads = engine.prepare_generate(texts, body.many)
         key = ("generate", body.max_new_tokens, body.temperature, body.top_k, body.top_p, body.seed)
         out = await infer(request, key, payloads, [len(p) for p in payloads], body.many)
+        if passages is not None:
+            out = [{**o, "passages": p} for o, p in zip(out, passages)]
         return _json({"results": out})
 
     @app.get("/v1/model", dependencies=[Depends(authorized)])

@@ -90,6 +90,15 @@ class ClassifyRequest(_Request):
         return v
 
 
+class RetrieveOption(BaseModel):
+    """Generate with retrieval: each input is a question; passages go before it."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    k: Annotated[int, Field(ge=1, le=50)] = Field(5, description="passages to retrieve")
+    mode: Literal["bm25", "dense", "hybrid"] = Field("hybrid", description="retrieval mode")
+
+
 class GenerateRequest(_Request):
     """Continue each prompt with a decoder."""
 
@@ -105,6 +114,10 @@ class GenerateRequest(_Request):
     )
     seed: Annotated[int, Field(ge=0, lt=1 << 63)] | None = Field(
         None, description="make sampling repeatable (such a request runs in its own batch)"
+    )
+    retrieve: RetrieveOption | None = Field(
+        None, description="retrieve passages from the server's --index for each input "
+        "(docs/retrieval.md); each result then lists the passages used"
     )
 
 

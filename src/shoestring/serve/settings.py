@@ -50,6 +50,9 @@ class ServeSettings(BaseModel):
     threads: int | None = Field(
         None, ge=1, description="torch threads for inference (default: torch's, one per core)"
     )
+    index: str | None = Field(
+        None, description="index dir for /v1/search and generate's retrieve option (docs/retrieval.md)"
+    )
     precision: Literal["auto", "fp32", "bf16"] = Field(
         "fp32",
         description="inference precision: fp32, bf16 autocast, or auto (bf16 where it is faster)",

@@ -114,7 +114,7 @@ def _signals_caught() -> Iterator[list[int]]:
 
 def _check_data(cfg: Config, data: DataDir) -> None:
     kind = data.manifest.get("objective", "mlm")
-    if kind != cfg.model.objective:
+    if kind != families.get(cfg.model.objective).base:
         preset = families.get(kind, where=str(data.path / "manifest.json")).default_preset
         raise ShoestringError(
             f"the data dir is prepared for objective '{kind}' but model.objective is "
@@ -142,6 +142,8 @@ def _init_from(model: torch.nn.Module, source: str, cfg: Config, data: DataDir) 
     loaded, meta = run.load_final() if run.is_run else import_hf(path)
     theirs = {k: v for k, v in meta["model"].items() if k not in ("preset", "init_std")}
     ours = {k: v for k, v in cfg.model.model_dump(mode="json").items() if k in theirs}
+    for side in (theirs, ours):  # a contrastive run starts from its base (mlm) family's weights
+        side["objective"] = families.get(side.get("objective", "mlm"), where=source).base
     diff = sorted(k for k in theirs if theirs[k] != ours.get(k))
     problems = [f"model.{k}: ours {ours.get(k)!r}, theirs {theirs[k]!r}" for k in diff[:4]]
     if meta["vocab_size"] != data.vocab_size:

@@ -1,0 +1,59 @@
+"""Retrieve → prompt → generate: `shoestring ask` and serve's ``retrieve`` option."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from shoestring.errors import ShoestringError
+from shoestring.retrieval.index import RetrievalIndex
+from shoestring.retrieval.prompt import RagPrompt, build_prompt
+
+
+def decoder_context(engine: Any) -> int:
+    """The decoder's context length: the sequence length it was trained at (a run's
+    ``seq_len``; for a Llama export, whose config advertises at least 2048 positions, its
+    tokenizer_config.json ``model_max_length``, which `export` sets to the trained length)."""
+    context = int(engine.meta["seq_len"])
+    tok_cfg = Path(engine.source) / "tokenizer_config.json"
+    if tok_cfg.is_file():
+        try:
+            trained = json.loads(tok_cfg.read_text(encoding="utf-8")).get("model_max_length")
+        except (OSError, ValueError, AttributeError):
+            trained = None
+        if isinstance(trained, int) and 0 < trained < context:
+            context = trained
+    return context
+
+
+def check_decoder(engine: Any, where: str) -> None:
+    if "generate" not in engine.tasks:
+        raise ShoestringError(
+            f"this model is a {engine.kind}, which does not generate text", where=where,
+            fix="give a decoder run (model.objective=clm) to answer questions")
+
+
+def retrieve_prompt(engine: Any, index: RetrievalIndex, question: str, k: int, mode: str,
+                    max_new_tokens: int) -> RagPrompt:
+    hits = index.search(question, k, mode)
+    return build_prompt(question, hits, engine.tokenizer, decoder_context(engine), max_new_tokens)
+
+
+def generate(engine: Any, prompt: str, max_new_tokens: int, temperature: float = 0.0,
+             top_k: int | None = None, top_p: float | None = None,
+             seed: int | None = None) -> dict[str, Any]:
+    """One completion by the decoder engine (the same call serve's batcher makes)."""
+    payloads = engine.prepare_generate([prompt], many=False)
+    key = ("generate", max_new_tokens, temperature, top_k, top_p, seed)
+    return engine.run(key, payloads)[0]
+
+
+def ask(engine: Any, index: RetrievalIndex, question: str, *, k: int = 5, mode: str = "hybrid",
+        max_new_tokens: int = 64, temperature: float = 0.0, seed: int | None = 0) -> dict[str, Any]:
+    """The decoder's answer to ``question`` with retrieved passages in its context."""
+    prompt = retrieve_prompt(engine, index, question, k, mode, max_new_tokens)
+    out = generate(engine, prompt.text, max_new_tokens, temperature, seed=seed)
+    return {"answer": out["text"].strip(), "finish_reason": out["finish_reason"],
+            "prompt_tokens": prompt.tokens, "context": decoder_context(engine),
+            "truncated": prompt.truncated, "passages": [h.to_dict() for h in prompt.used]}

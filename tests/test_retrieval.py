@@ -1,0 +1,343 @@
+"""Retrieval and RAG end to end on real text with real (tiny) models trained here: passages,
+BM25, dense search, fusion, index manifests and incremental rebuilds, the contrastive
+objective, the RAG prompt's context policy, `search`/`ask` in a subprocess, and serve's
+/v1/search and generate-with-retrieve on a real loopback server."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from conftest import SMALL_DATA, run_cli, tiny_config, write_jsonl_corpus
+
+from shoestring.config import Config, DataConfig, ModelConfig, TrainConfig
+from shoestring.data.sources import iter_documents
+from shoestring.errors import ShoestringError
+from shoestring.retrieval.fusion import reciprocal_rank_fusion
+from shoestring.retrieval.index import RetrievalIndex, build_index, read_passages
+from shoestring.retrieval.passages import split_document
+from shoestring.retrieval.prompt import MIN_PASSAGE_TOKENS, build_prompt
+
+WORDS = 40  # passages of 40 words: several per document, and longer than the tiny decoder's context
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A real corpus; an mlm data dir and encoder; a contrastive encoder tuned from it; a clm
+    data dir and decoder; an index with the tuned encoder. Trained once for the module."""
+    from shoestring.data.prep import prep
+    from shoestring.train.loop import train
+
+    root = tmp_path_factory.mktemp("retrieval")
+    corpus = write_jsonl_corpus(root / "corpus.jsonl", n_docs=60)
+    prep([str(corpus)], root / "data", SMALL_DATA)
+    train(tiny_config(steps=12), root / "data", root / "mlm")
+    ict = tiny_config(steps=25, init_from=str(root / "mlm"), lr=1e-3)
+    ict = Config.model_validate({**ict.model_dump(), "model": {**ict.model.model_dump(),
+                                                               "objective": "contrastive"}})
+    train(ict, root / "data", root / "ict")
+    prep([str(corpus)], root / "data-clm", DataConfig(objective="clm", vocab_size=2000, seq_len=64))
+    decoder = Config(data=DataConfig(objective="clm", vocab_size=2000, seq_len=64),
+                     model=ModelConfig(objective="clm", hidden_size=64, num_layers=2, num_heads=2,
+                                       intermediate_size=128),
+                     train=TrainConfig(budget=None, steps=10))
+    train(decoder, root / "data-clm", root / "clm")
+    build_index([str(corpus)], root / "index", encoder=root / "ict", passage_words=WORDS)
+    return {"root": root, "corpus": corpus, "data": root / "data", "mlm": root / "mlm",
+            "ict": root / "ict", "clm": root / "clm", "index": root / "index"}
+
+
+@pytest.fixture(scope="module")
+def index(work: dict[str, Path]) -> RetrievalIndex:
+    return RetrievalIndex(work["index"])
+
+
+# --- passages ----------------------------------------------------------------------------------
+
+
+def test_passages_cover_every_document_exactly_once(work: dict[str, Path]) -> None:
+    docs = list(iter_documents([str(work["corpus"])]))
+    stored = read_passages(work["index"])
+    assert len(stored) > len(docs)  # documents were split
+    by_doc: dict[tuple[str, str], list] = {}
+    for p in stored:
+        by_doc.setdefault((p.source, p.doc_id), []).append(p)
+    assert len(by_doc) == len(docs)
+    for doc in docs:
+        parts = by_doc[(doc.source, doc.doc_id)]
+        assert "".join(p.text for p in parts) == doc.text  # every character once, in order
+        offsets = [p.offset for p in parts]
+        assert offsets[0] == 0 and offsets == sorted(offsets)
+        assert all(doc.text[p.offset:p.offset + len(p.text)] == p.text for p in parts)
+        counts = [len(p.text.split()) for p in parts]
+        assert all(c == WORDS for c in counts[:-1]) and 1 <= counts[-1] <= WORDS
+
+
+def test_passages_of_odd_documents() -> None:
+    from shoestring.data.readers import Document
+
+    assert split_document(Document("   \n\t ", "s", "1"), 5) == []
+    text = "  lead space, then\nsix words  "
+    parts = split_document(Document(text, "s", "2"), 2)
+    assert [p.text for p in parts] == ["  lead space, ", "then\nsix ", "words  "]
+    assert "".join(p.text for p in parts) == text
+
+
+# --- search ------------------------------------------------------------------------------------
+
+
+def _unique(index: RetrievalIndex, n: int, seed: int = 0) -> list[int]:
+    """``n`` passages whose text occurs once (the corpus repeats some docstrings)."""
+    counts: dict[str, int] = {}
+    for p in index.passages:
+        counts[p.text.strip()] = counts.get(p.text.strip(), 0) + 1
+    rows = [i for i, p in enumerate(index.passages)
+            if counts[p.text.strip()] == 1 and len(p.text.split()) == WORDS]
+    return random.Random(seed).sample(rows, n)
+
+
+def test_bm25_ranks_a_passage_first_for_a_query_copied_from_it(index: RetrievalIndex) -> None:
+    rows = _unique(index, 25)
+    queries = [" ".join(index.passages[r].text.split()[5:25]) for r in rows]
+    hits = index.search_many(queries, k=3, mode="bm25")
+    assert [h[0].id for h in hits] == rows
+    assert all(h[0].score > h[1].score for h in hits)
+
+
+def test_dense_top_hit_for_a_passages_own_embedding_is_that_passage(index: RetrievalIndex) -> None:
+    rows = _unique(index, 25, seed=1)
+    stored = index.embed_passages(rows)
+    assert index._dense is not None
+    top = index._dense.search(stored, 1)
+    assert [t[0][0] for t in top] == rows
+    assert np.allclose([t[0][1] for t in top], 1.0, atol=1e-4)  # normalized: cos(self) = 1
+    # the same through the query path: the passage's text, embedded afresh
+    fresh = index.search_many([index.passages[r].text for r in rows], k=1, mode="dense")
+    assert [h[0].id for h in fresh] == rows
+
+
+def test_hybrid_fusion_finds_what_each_mode_alone_ranks_second() -> None:
+    # The answer (7) is second under BM25 (a keyword-stuffed passage 3 wins) and second under
+    # dense (a topical but wrong passage 5 wins); each of those is far down the other list.
+    bm25 = [3, 7, 11, 12, 13, 14, 15, 16, 17, 5]
+    dense = [5, 7, 21, 22, 23, 24, 25, 26, 27, 3]
+    assert bm25[0] != 7 and dense[0] != 7
+    fused = reciprocal_rank_fusion([bm25, dense], k=3)
+    assert fused[0][0] == 7
+    assert fused[0][1] == pytest.approx(2 / 62)
+    assert {fused[1][0], fused[2][0]} == {3, 5}  # 1/61 + 1/70 each
+
+
+def test_hybrid_search_is_the_fusion_of_both_modes_on_the_real_index(
+        index: RetrievalIndex) -> None:
+    from shoestring.retrieval.index import FUSION_DEPTH
+
+    row = _unique(index, 1, seed=2)[0]
+    query = " ".join(index.passages[row].text.split()[:20])
+    lexical = [h.id for h in index.search(query, FUSION_DEPTH, "bm25")]
+    dense = [h.id for h in index.search(query, FUSION_DEPTH, "dense")]
+    hybrid = index.search(query, 5, "hybrid")
+    expected = reciprocal_rank_fusion([lexical, dense], 5)
+    assert [(h.id, h.score) for h in hybrid] == expected
+    assert [h.rank for h in hybrid] == [1, 2, 3, 4, 5]
+    assert hybrid[0].id == row  # BM25 finds its own passage; fusion keeps it on top
+
+
+# --- manifests and incremental rebuilds ------------------------------------------------------
+
+
+def test_index_rejects_a_mismatched_encoder(work: dict[str, Path]) -> None:
+    with pytest.raises(ShoestringError) as e:
+        RetrievalIndex(work["index"], encoder=work["mlm"])
+    assert "encoder mismatch" in e.value.what and "--encoder" in e.value.where
+    proc = run_cli("search", str(work["index"]), "list comprehension", "--mode", "dense",
+                   "--encoder", str(work["mlm"]))
+    assert proc.returncode == 2, proc.stderr
+    assert "encoder mismatch" in proc.stderr and "Traceback" not in proc.stderr
+    assert "shoestring index" in proc.stderr  # says how to fix it
+
+
+def test_rebuild_is_incremental(work: dict[str, Path], tmp_path: Path) -> None:
+    corpus, out = work["corpus"], tmp_path / "idx"
+    first = build_index([str(corpus)], out, passage_words=WORDS)
+    assert first["rebuilt"] == ["passages", "bm25"] and first["encoder"] is None
+    passages_mtime = (out / "passages.jsonl").stat().st_mtime_ns
+    assert build_index([str(corpus)], out, passage_words=WORDS)["rebuilt"] == []
+    with_dense = build_index([str(corpus)], out, passage_words=WORDS, encoder=work["ict"])
+    assert with_dense["rebuilt"] == ["dense"]
+    assert json.loads((out / "manifest.json").read_text())["encoder"]["dim"] == 64
+    assert (out / "passages.jsonl").read_bytes() == (work["index"] / "passages.jsonl").read_bytes()
+    again = build_index([str(corpus)], out, passage_words=WORDS, encoder=work["ict"])
+    assert again["rebuilt"] == []
+    assert (out / "passages.jsonl").stat().st_mtime_ns != passages_mtime  # copied forward
+    # other settings or sources: not silently replaced
+    with pytest.raises(ShoestringError, match="already exists"):
+        build_index([str(corpus)], out, passage_words=WORDS // 2)
+    os.utime(corpus, ns=(1, 1))  # the source changed (mtime): everything is rebuilt
+    rebuilt = build_index([str(corpus)], out, passage_words=WORDS, overwrite=True)
+    assert rebuilt["rebuilt"] == ["passages", "bm25"]
+
+
+def test_index_from_a_data_dir_reads_its_sources(work: dict[str, Path], tmp_path: Path) -> None:
+    manifest = build_index([str(work["data"])], tmp_path / "idx", passage_words=WORDS)
+    assert manifest["sources"] == [str(work["corpus"])]
+    assert manifest["passages"] == len(read_passages(work["index"]))
+
+
+def test_bad_index_input_is_a_clear_error(work: dict[str, Path], tmp_path: Path) -> None:
+    proc = run_cli("index", str(tmp_path / "missing.jsonl"), "-o", str(tmp_path / "i"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "missing.jsonl" in proc.stderr
+    proc = run_cli("index", str(work["corpus"]), "-o", str(tmp_path / "i"), "--encoder",
+                   str(work["clm"]))
+    assert proc.returncode == 2 and "decoder" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "i").exists()  # nothing half-written
+    proc = run_cli("search", str(tmp_path), "anything")
+    assert proc.returncode == 2 and "not an index dir" in proc.stderr
+
+
+# --- the contrastive objective ------------------------------------------------------------------
+
+
+def test_inverse_cloze_pairs_split_each_row_into_query_and_rest() -> None:
+    from shoestring.families.contrastive import inverse_cloze_pairs
+
+    ids = torch.arange(8 * 34).view(8, 34)
+    query, positive = inverse_cloze_pairs(ids, torch.Generator().manual_seed(0))
+    assert query.shape == (8, 10) and positive.shape == (8, 26)  # 8 = round(32 · 0.25)
+    for row, q, p in zip(ids.tolist(), query.tolist(), positive.tolist()):
+        assert q[0] == row[0] and q[-1] == row[-1] and p[0] == row[0] and p[-1] == row[-1]
+        span = q[1:-1]
+        start = row.index(span[0])
+        assert row[start:start + len(span)] == span  # contiguous
+        assert sorted(span + p) == row  # the span and the rest: the whole row, once
+
+
+def test_contrastive_training_improves_in_batch_retrieval(work: dict[str, Path]) -> None:
+    from shoestring.data.datadir import DataDir
+    from shoestring.families.contrastive import in_batch_loss, inverse_cloze_pairs
+    from shoestring.rundir import RunDir
+
+    meta = json.loads((work["ict"] / "final" / "config.json").read_text())
+    assert meta["architecture"] == "shoestring-contrastive"
+    val = DataDir(work["data"]).split("val")
+    rows = torch.from_numpy(val.take(np.arange(min(len(val), 16))))
+    batch = inverse_cloze_pairs(rows, torch.Generator().manual_seed(123))
+    losses = {}
+    for name in ("mlm", "ict"):
+        model, _ = RunDir(work[name]).load_final()
+        with torch.no_grad():
+            losses[name] = float(in_batch_loss(model, batch, "mean"))
+    assert losses["ict"] < losses["mlm"], losses
+
+
+def test_contrastive_needs_mlm_data(work: dict[str, Path], tmp_path: Path) -> None:
+    proc = run_cli("train", "--data", str(work["root"] / "data-clm"), "-o", str(tmp_path / "r"),
+                   "--steps", "1", "--set", "model.objective=contrastive")
+    assert proc.returncode == 2 and "objective" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# --- RAG ----------------------------------------------------------------------------------------
+
+
+def test_rag_prompt_respects_the_decoders_context(work: dict[str, Path],
+                                                  index: RetrievalIndex) -> None:
+    from shoestring.serve.engine import load_engine
+
+    engine = load_engine(work["clm"])
+    tok, context = engine.tokenizer, int(engine.meta["seq_len"])
+    assert context == 64
+    question = "What does sorted return?"
+    hits = index.search(question, 5, "bm25")
+    assert len(hits) == 5
+    for max_new in (2, 4, 8):
+        prompt = build_prompt(question, hits, tok, context, max_new)
+        ids = engine.prepare_generate([prompt.text], many=False)[0]  # what the decoder sees
+        assert len(ids) == prompt.tokens <= context - max_new
+        assert prompt.text.endswith(f"Question: {question}\nAnswer:")  # never cut
+        assert 1 <= len(prompt.used) < len(hits)  # 40-word passages: not all fit in 64
+        assert [h.id for h in prompt.used] == [h.id for h in hits[:len(prompt.used)]]  # by rank
+        first = " ".join(hits[0].passage.text.split())
+        assert prompt.truncated and first[:20] in prompt.text
+    # a roomy context takes every passage whole
+    roomy = build_prompt(question, hits, tok, 4096, 16)
+    assert len(roomy.used) == 5 and not roomy.truncated
+    # too little room for even a cut passage: dropped, the question alone goes in
+    q_only = len(tok.encode(f"Question: {question}\nAnswer:").ids) + 1
+    tight = build_prompt(question, hits, tok, q_only + 16 + MIN_PASSAGE_TOKENS - 1, 16)
+    assert tight.used == [] and tight.text.startswith("Question:")
+    with pytest.raises(ShoestringError, match="question takes"):
+        build_prompt(question * 20, hits, tok, context, 16)
+
+
+def test_search_and_ask_from_the_command_line(work: dict[str, Path]) -> None:
+    query = "sort a list"
+    proc = run_cli("search", str(work["index"]), query, "-k", "3", "--json")
+    assert proc.returncode == 0, proc.stderr
+    hits = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [h["rank"] for h in hits] == [1, 2, 3] and all("source" in h for h in hits)
+    proc = run_cli("ask", str(work["clm"]), "What does sorted() return?", "--index",
+                   str(work["index"]), "-k", "3", "--max-new-tokens", "8")
+    assert proc.returncode == 0, proc.stderr
+    assert "passages used" in proc.stderr and "of 64 tokens" in proc.stderr
+    proc = run_cli("ask", str(work["ict"]), "What?", "--index", str(work["index"]))
+    assert proc.returncode == 2 and "does not generate" in proc.stderr
+
+
+# --- serve --------------------------------------------------------------------------------------
+
+
+def test_serve_search_and_generate_with_retrieve(work: dict[str, Path],
+                                                 index: RetrievalIndex) -> None:
+    from shoestring.serve.server import ServerThread, load
+    from shoestring.serve.settings import make_settings
+
+    settings = make_settings(port=0, index=str(work["index"]), max_new_tokens=16)
+    srv = ServerThread(load(work["clm"], settings), settings).start()
+    try:
+        with httpx.Client(base_url=srv.url, timeout=60) as c:
+            query = " ".join(index.passages[_unique(index, 1, seed=3)[0]].text.split()[:15])
+            r = c.post("/v1/search", json={"query": query, "k": 4, "mode": "hybrid"})
+            assert r.status_code == 200, r.text
+            got = [h["id"] for h in r.json()["results"]]
+            assert got == [h.id for h in index.search(query, 4, "hybrid")]
+            r = c.post("/v1/generate", json={"inputs": "What does sorted() return?",
+                                             "max_new_tokens": 8, "temperature": 0.0,
+                                             "retrieve": {"k": 3, "mode": "bm25"}})
+            assert r.status_code == 200, r.text
+            result = r.json()["results"][0]
+            used = result["passages"]
+            expect = index.search("What does sorted() return?", 3, "bm25")
+            assert 1 <= len(used) <= 3 and [p["id"] for p in used] == [h.id for h in expect][:len(used)]
+            assert {"source", "doc_id", "offset", "text", "truncated"} <= set(used[0])
+            r = c.post("/v1/generate", json={"inputs": "x", "retrieve": {"k": 0}})
+            assert r.status_code == 422
+            r = c.post("/v1/search", json={"query": "x", "mode": "sparse"})
+            assert r.status_code == 422
+    finally:
+        srv.stop()
+    settings = make_settings(port=0)  # no --index: a clear 404
+    srv = ServerThread(load(work["clm"], settings), settings).start()
+    try:
+        r = httpx.post(srv.url + "/v1/search", json={"query": "x"}, timeout=60)
+        assert r.status_code == 404 and "--index" in r.text
+    finally:
+        srv.stop()
+
+
+def test_an_exported_decoder_keeps_its_trained_context(work: dict[str, Path],
+                                                       tmp_path: Path) -> None:
+    from shoestring.retrieval.ask import decoder_context
+    from shoestring.serve.engine import load_engine
+
+    proc = run_cli("export", str(work["clm"]), "-o", str(tmp_path / "hf"))
+    assert proc.returncode == 0, proc.stderr
+    exported = load_engine(tmp_path / "hf")
+    assert exported.meta["seq_len"] >= 2048  # what the Llama config advertises
+    assert decoder_context(exported) == decoder_context(load_engine(work["clm"])) == 64
