@@ -30,6 +30,9 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     inputs: str | list[str] = Field(description="one text, or a list of texts")
+    model: str | None = Field(
+        None, description="which served model answers: NAME or NAME:VERSION|TAG (default: the first)"
+    )
 
     @field_validator("inputs")
     @classmethod
@@ -105,6 +108,9 @@ class GenerateRequest(_Request):
     )
     seed: Annotated[int, Field(ge=0, lt=1 << 63)] | None = Field(
         None, description="make sampling repeatable (such a request runs in its own batch)"
+    )
+    stream: bool = Field(
+        False, description="send tokens as server-sent events as they are made (one prompt)"
     )
 
 
