@@ -315,14 +315,14 @@ def test_classify_with_a_classifier_folder(run_dir: Path, tmp_path: Path) -> Non
         assert math.isclose(g["score"], w["score"], rel_tol=1e-4)
 
 
-def test_generate_with_a_decoder_run(run_dir: Path, tmp_path: Path) -> None:
+def save_tiny_decoder(encoder_run: Path, out: Path) -> Path:
+    """A small untrained decoder saved as a run dir at ``out``, with the encoder run's
+    tokenizer (the server's job is the same as for a trained one)."""
     from shoestring.config import ModelConfig
     from shoestring.model.decoder import CausalLM
     from shoestring.rundir import RunDir
 
-    # A small decoder saved as a run dir, with the encoder run's tokenizer (untrained: the
-    # server's job is the same).
-    base = json.loads((run_dir / "final" / "config.json").read_text())
+    base = json.loads((encoder_run / "final" / "config.json").read_text())
     cfg = ModelConfig(
         objective="clm", hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128
     )
@@ -335,9 +335,25 @@ def test_generate_with_a_decoder_run(run_dir: Path, tmp_path: Path) -> None:
         "seq_len": 64,
         "special_ids": base["special_ids"],
     }
-    run = tmp_path / "clm"
-    RunDir(run).save_final(model, meta, run_dir / "final" / "tokenizer.json")
+    RunDir(out).save_final(model, meta, encoder_run / "final" / "tokenizer.json")
+    return out
 
+
+def announced(proc: subprocess.Popen, pattern: str, wait: float = 180) -> re.Match | None:
+    """The first stderr line of a starting server that matches ``pattern`` (None: none came)."""
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            return None
+        m = re.search(pattern, line)
+        if m:
+            return m
+    return None
+
+
+def test_generate_with_a_decoder_run(run_dir: Path, tmp_path: Path) -> None:
+    run = save_tiny_decoder(run_dir, tmp_path / "clm")
     prompts = ["the list", "a function that returns a value and"]
     with start(run, max_wait_ms=50) as srv, httpx.Client(base_url=srv.url, timeout=60) as c:
         both = c.post(
@@ -407,7 +423,9 @@ def test_truncate_flag_cuts_instead_of_rejecting(run_dir: Path) -> None:
 def test_full_queue_429_timeout_504_and_disconnects_are_dropped(run_dir: Path) -> None:
     # One queue slot, and a batch that waits 2 s for mates: the first request holds the slot.
     with (
-        start(run_dir, max_queue=1, max_client_batch=1, max_wait_ms=2000, request_timeout_s=1.0) as srv,
+        start(
+            run_dir, max_queue=1, max_client_batch=1, max_wait_ms=2000, request_timeout_s=1.0
+        ) as srv,
         httpx.Client(base_url=srv.url, timeout=60) as c,
     ):
         depth = lambda: metric(c.get("/metrics").text, "shoestring_queue_depth")
@@ -466,14 +484,8 @@ def test_cli_serve_drains_in_flight_requests_on_sigterm(run_dir: Path) -> None:
         env=env,
     )
     try:
-        url = None
-        deadline = time.monotonic() + 120
-        while url is None and time.monotonic() < deadline:
-            line = proc.stderr.readline()
-            if not line:
-                break
-            m = re.search(r"on (http://127\.0\.0\.1:\d+)", line)
-            url = m.group(1) if m else None
+        m = announced(proc, r"on (http://127\.0\.0\.1:\d+)")
+        url = m.group(1) if m else None
         assert url, "the server did not announce its address"
         headers = {"X-API-Key": KEY}
         with httpx.Client(base_url=url, headers=headers, timeout=60) as c:

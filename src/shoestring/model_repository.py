@@ -77,8 +77,11 @@ def _check_name(value: str, what: str) -> None:
 def _servable(source: Path) -> tuple[str, Path]:
     """(kind, folder to copy) for a run dir or an export/classifier folder; else an error."""
     if not source.is_dir():
-        raise ShoestringError("no such folder", where=str(source),
-                              fix="give a run dir (shoestring train -o) or an export folder")
+        raise ShoestringError(
+            "no such folder",
+            where=str(source),
+            fix="give a run dir (shoestring train -o) or an export folder",
+        )
     run = RunDir(source)
     if (run.final_dir / "config.json").is_file():
         return "run", run.final_dir
@@ -116,8 +119,13 @@ def _eval_metrics(source: Path, kind: str) -> dict[str, float]:
         except (OSError, ValueError):
             continue
         if isinstance(data, dict):
-            metrics.update({k: v for k, v in data.items()
-                            if isinstance(v, (int, float)) and not isinstance(v, bool)})
+            metrics.update(
+                {
+                    k: v
+                    for k, v in data.items()
+                    if isinstance(v, (int, float)) and not isinstance(v, bool)
+                }
+            )
     return metrics
 
 
@@ -139,8 +147,11 @@ class ModelRepository:
         folder = self.root / name
         if not folder.is_dir():
             return []
-        return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()
-                      and (p / "manifest.json").is_file())
+        return sorted(
+            int(p.name)
+            for p in folder.iterdir()
+            if p.name.isdigit() and (p / "manifest.json").is_file()
+        )
 
     def tags(self, name: str) -> dict[str, int]:
         path = self.root / name / "tags.json"
@@ -163,11 +174,12 @@ class ModelRepository:
 
     def versions(self, name: str | None = None) -> list[ModelVersion]:
         """Every version (of one model, or of all), oldest first."""
-        return [self.get(n, v) for n in ([name] if name else self.names())
-                for v in self._versions(n)]
+        return [
+            self.get(n, v) for n in ([name] if name else self.names()) for v in self._versions(n)
+        ]
 
     def resolve(self, ref: str) -> ModelVersion:
-        """``NAME``, ``NAME:VERSION`` or ``NAME:TAG`` → that version (an error says what exists)."""
+        """``NAME``, ``NAME:VERSION`` or ``NAME:TAG`` → that version (errors say what exists)."""
         name, sel = split_ref(ref)
         _check_name(name, "model name")
         versions = self._versions(name)
@@ -182,13 +194,15 @@ class ModelRepository:
         if sel.isdigit():
             if int(sel) not in versions:
                 raise ShoestringError(
-                    f"{name} has no version {sel} (versions: {', '.join(map(str, versions))})")
+                    f"{name} has no version {sel} (versions: {', '.join(map(str, versions))})"
+                )
             return self.get(name, int(sel))
         tags = self.tags(name)
         if sel not in tags:
             raise ShoestringError(
                 f"{name} has no tag {sel!r} (tags: {', '.join(sorted(tags)) or 'none'})",
-                fix=f"tag a version: shoestring models tag {name}:VERSION {sel}")
+                fix=f"tag a version: shoestring models tag {name}:VERSION {sel}",
+            )
         return self.get(name, tags[sel])
 
     # --- writing ---------------------------------------------------------------------------
@@ -245,8 +259,10 @@ class ModelRepository:
         """Point ``tag`` at the version ``ref`` names (moving it if it pointed elsewhere)."""
         _check_name(tag, "tag")
         if tag.isdigit() or tag == LATEST:
-            raise ShoestringError(f"tag {tag!r} is reserved (numbers are versions; "
-                                  f"{LATEST!r} is always the newest)", fix="pick another tag")
+            raise ShoestringError(
+                f"tag {tag!r} is reserved (numbers are versions; {LATEST!r} is always the newest)",
+                fix="pick another tag",
+            )
         target = self.resolve(ref)
         with self._locked(target.name) as folder:
             tags = self.tags(target.name)
@@ -256,7 +272,7 @@ class ModelRepository:
 
     def remove(self, ref: str) -> list[str]:
         """Remove ``NAME`` (every version) or ``NAME:VERSION|TAG`` (one); the refs removed."""
-        name, sel = split_ref(ref)
+        name = split_ref(ref)[0]
         whole = ":" not in ref
         targets = self.versions(name) if whole else [self.resolve(ref)]
         if not targets:

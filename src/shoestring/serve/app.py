@@ -36,6 +36,8 @@ from shoestring import __version__
 from shoestring.serve.batcher import BatcherClosed, Job, QueueFull
 from shoestring.serve.engine import Engine, InputError
 from shoestring.serve.metrics import CONTENT_TYPE, ServeMetrics
+from shoestring.serve.page import PAGE
+from shoestring.serve.routing import ModelRouter, Slot
 from shoestring.serve.schemas import (
     ClassifyRequest,
     ClassifyResponse,
@@ -46,8 +48,6 @@ from shoestring.serve.schemas import (
     GenerateRequest,
     GenerateResponse,
 )
-from shoestring.serve.page import PAGE
-from shoestring.serve.routing import ModelRouter, Slot
 from shoestring.serve.security import (
     ApiKey,
     BodyLimit,
@@ -455,8 +455,8 @@ def create_app(
 
 
 def refusal(e: Refused) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status, headers=dict(
-        (k.decode(), v.decode()) for k, v in e.headers()))
+    headers = {k.decode(): v.decode() for k, v in e.headers()}
+    return JSONResponse(e.body(), status_code=e.status, headers=headers)
 
 
 class _AsciiJSON(JSONResponse):

@@ -93,7 +93,10 @@ def choose_batch(
         return []
     budget = max_batch_tokens if max_batch_tokens is not None else float("inf")
     oldest = candidates[0]
-    if len(candidates) <= max_batch_size and padded_tokens([j.length for j in candidates]) <= budget:
+    if (
+        len(candidates) <= max_batch_size
+        and padded_tokens([j.length for j in candidates]) <= budget
+    ):
         return list(candidates)
     by_distance = sorted(candidates[1:], key=lambda j: abs(j.length - oldest.length))
     batch, longest = [oldest], oldest.length
@@ -346,7 +349,10 @@ class MicroBatcher:
         if self.metrics:
             lengths = [j.length for j in jobs]
             self.metrics.observe_batch(
-                str(key[0]), time.perf_counter() - t, lengths, padded_tokens(lengths, self._pad(key))
+                str(key[0]),
+                time.perf_counter() - t,
+                lengths,
+                padded_tokens(lengths, self._pad(key)),
             )
         return results
 
@@ -384,6 +390,11 @@ def _deliver_one(job: Job, result: Any) -> None:
 
 
 __all__ = [
-    "BatcherClosed", "Job", "MicroBatcher", "QueueFull", "choose_batch", "padded_tokens",
+    "BatcherClosed",
+    "Job",
+    "MicroBatcher",
+    "QueueFull",
+    "choose_batch",
+    "padded_tokens",
     "plan_groups",
 ]

@@ -96,8 +96,7 @@ class ServeMetrics:
         )
         self.dropped = Counter(
             "shoestring_dropped_inputs_total",
-            "Queued inputs dropped before inference, by reason "
-            "(disconnected, timeout, cancelled).",
+            "Queued inputs dropped before inference, by reason (disconnected, timeout, cancelled).",
             ("reason",),
             registry=reg,
         )

@@ -53,8 +53,11 @@ def served_from_arg(arg: str, repo: ModelRepository) -> Served:
     if path.is_dir():
         return Served(name=path.resolve().name, ref=None, path=path)
     if "/" in arg or arg.startswith("."):
-        raise ShoestringError("no such folder", where=arg,
-                              fix="give a run dir, an export folder, or a repository model NAME")
+        raise ShoestringError(
+            "no such folder",
+            where=arg,
+            fix="give a run dir, an export folder, or a repository model NAME",
+        )
     repo.resolve(arg)  # fails early, naming what exists
     return Served(name=split_ref(arg)[0], ref=arg)
 
@@ -195,9 +198,15 @@ class ModelRouter:
             else:
                 entry["ref"] = served.ref
                 entry["versions"] = [
-                    {"version": v.version, "ref": v.ref, "tags": list(v.tags),
-                     "created": v.manifest.get("created"), "sha256": v.manifest.get("sha256"),
-                     "metrics": v.manifest.get("metrics", {}), "loaded": v.ref in self.slots}
+                    {
+                        "version": v.version,
+                        "ref": v.ref,
+                        "tags": list(v.tags),
+                        "created": v.manifest.get("created"),
+                        "sha256": v.manifest.get("sha256"),
+                        "metrics": v.manifest.get("metrics", {}),
+                        "loaded": v.ref in self.slots,
+                    }
                     for v in self.repository.versions(served.name)
                 ]
             slot = self.slots.get(entry["current"] or "")

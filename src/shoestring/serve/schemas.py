@@ -31,7 +31,8 @@ class _Request(BaseModel):
 
     inputs: str | list[str] = Field(description="one text, or a list of texts")
     model: str | None = Field(
-        None, description="which served model answers: NAME or NAME:VERSION|TAG (default: the first)"
+        None,
+        description="which served model answers: NAME or NAME:VERSION|TAG (default: the first)",
     )
 
     @field_validator("inputs")

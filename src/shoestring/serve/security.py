@@ -166,9 +166,11 @@ class ConcurrencyLimit:
         self.app, self.gate = app, gate
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get("method") != "POST" or not str(
-            scope.get("path", "")
-        ).startswith("/v1/"):
+        if (
+            scope["type"] != "http"
+            or scope.get("method") != "POST"
+            or not str(scope.get("path", "")).startswith("/v1/")
+        ):
             return await self.app(scope, receive, send)
         gate = self.gate
         if gate.active >= gate.max_requests:

@@ -100,8 +100,10 @@ def load_router(
     dup = next((n for n in names if names.count(n) > 1), None)
     if dup is not None:
         raise ShoestringError(
-            f"two models are named {dup!r}", fix="serve each name once (one server may serve "
-            "several versions of a name: requests pick them with model=NAME:VERSION)")
+            f"two models are named {dup!r}",
+            fix="serve each name once (one server may serve "
+            "several versions of a name: requests pick them with model=NAME:VERSION)",
+        )
     router = ModelRouter(served, settings, ServeMetrics(), lambda p: load(p, settings), repo)
     router.load_initial()
     return router
@@ -114,9 +116,7 @@ def _describe(router: ModelRouter) -> str:
     return f"{slot.engine.kind} {slot.key}{extra} ({', '.join(sorted(slot.engine.tasks))})"
 
 
-def serve(
-    models: str | Path | list[str], settings: ServeSettings, announce: Any = print
-) -> None:
+def serve(models: str | Path | list[str], settings: ServeSettings, announce: Any = print) -> None:
     """Serve ``models`` until SIGINT/SIGTERM, then drain and return (``--workers`` > 1: in
     that many processes sharing one listening socket)."""
     models = [str(m) for m in models] if isinstance(models, list) else [str(models)]
@@ -132,7 +132,9 @@ def serve(
         sock.close()
 
 
-def _worker_main(models: list[str], settings: ServeSettings, sock: socket.socket, ready: Any) -> None:
+def _worker_main(
+    models: list[str], settings: ServeSettings, sock: socket.socket, ready: Any
+) -> None:
     """One replica: its own models, batchers and event loop on the shared socket."""
     try:
         router = load_router(models, settings)
@@ -161,8 +163,9 @@ def serve_workers(models: list[str], settings: ServeSettings, announce: Any = pr
     ctx = mp.get_context("spawn")
     ready = ctx.Queue()
     procs = [
-        ctx.Process(target=_worker_main, args=(models, settings, sock, ready),
-                    name=f"shoestring-worker-{i}")
+        ctx.Process(
+            target=_worker_main, args=(models, settings, sock, ready), name=f"shoestring-worker-{i}"
+        )
         for i in range(settings.workers)
     ]
     stopping = threading.Event()
@@ -184,9 +187,11 @@ def serve_workers(models: list[str], settings: ServeSettings, announce: Any = pr
                 forward(signal.SIGTERM, None)
                 raise ShoestringError(value)
             pids.append(value)
-        announce(f"serving {', '.join(models)} with {settings.workers} workers "
-                 f"(pids {', '.join(map(str, pids))}, {settings.threads} threads each) "
-                 f"on {url_of(sock)}")
+        announce(
+            f"serving {', '.join(models)} with {settings.workers} workers "
+            f"(pids {', '.join(map(str, pids))}, {settings.threads} threads each) "
+            f"on {url_of(sock)}"
+        )
         for p in procs:
             p.join()
     finally:

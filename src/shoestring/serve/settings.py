@@ -124,7 +124,9 @@ def make_settings(**values: object) -> ServeSettings:
             raise ShoestringError(msg, where=_flag(name)) from None
         name = str(first["loc"][0])
         value = "***" if name == "api_key" else first.get("input")
-        raise ShoestringError(f"{value!r} is not allowed: {first['msg']}", where=_flag(name)) from None
+        raise ShoestringError(
+            f"{value!r} is not allowed: {first['msg']}", where=_flag(name)
+        ) from None
 
 
 def _flag(name: str) -> str:

@@ -62,7 +62,7 @@ class TextDelta:
         text = self.decode(self.ids)
         if not text.startswith(self.sent) or text.endswith("\ufffd"):
             return ""
-        delta, self.sent = text[len(self.sent):], text
+        delta, self.sent = text[len(self.sent) :], text
         return delta
 
 
