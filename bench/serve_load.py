@@ -7,8 +7,8 @@
 3. a single request's latency (C=1) against one forward pass of the same text offline;
 4. ``--workers 2`` against ``--workers 1`` at the highest concurrency, with the core count;
 5. the peer: Infinity (``infinity-emb``, TEI's Python cousin) serving the same exported
-   model when it is installed (``--infinity PYTHON``: an interpreter that has it, since its
-   pins conflict with this project's), else a plain FastAPI server around the transformers
+   model when it is installed (``--infinity PATH/infinity_emb``: its console script in an
+   environment of its own, since its pins conflict with this project's), else a plain FastAPI server around the transformers
    model with mean pooling, as a user would write it.
 
 Every server is a real process on loopback; the load generator is this process, a minimal
@@ -17,7 +17,7 @@ HTTP/1.1 keep-alive client on raw asyncio streams (pre-encoded requests), so tha
 
     python bench/serve_load.py                                  # cram-size model, built once
     python bench/serve_load.py --requests 600 --concurrency 1 32
-    python bench/serve_load.py --infinity /tmp/infvenv/bin/python
+    python bench/serve_load.py --infinity /tmp/infvenv/bin/infinity_emb
 """
 
 from __future__ import annotations
@@ -150,7 +150,9 @@ class Server:
         health: str = "/healthz",
     ) -> None:
         self.name = name
-        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env)
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env
+        )
         if url is None:  # ours announces its port on stderr
             while line := self.proc.stderr.readline():
                 if m := re.search(r"on (http://127\.0\.0\.1:\d+)", line):
@@ -339,11 +341,11 @@ def ours_cmd(run: Path, threads: int, workers: int, extra: list[str]) -> list[st
     ]
 
 
-def infinity_cmd(python: str, hf: Path, port: int) -> list[str]:
+def infinity_cmd(exe: str, hf: Path, port: int) -> list[str]:
+    """Infinity's own CLI on our export: torch engine on CPU, fp32, batches of up to 32
+    (its default), no BetterTransformer (it needs optimum and does not know ModernBERT)."""
     return [
-        python,
-        "-m",
-        "infinity_emb.infinity_server",
+        exe,
         "v2",
         "--model-id",
         str(hf),
@@ -355,6 +357,8 @@ def infinity_cmd(python: str, hf: Path, port: int) -> list[str]:
         "torch",
         "--device",
         "cpu",
+        "--dtype",
+        "float32",
         "--no-bettertransformer",
         "--batch-size",
         "32",
@@ -396,8 +400,9 @@ def main() -> None:
     )
     ap.add_argument(
         "--infinity",
-        metavar="PYTHON",
-        help="an interpreter with infinity-emb installed (its peer replaces the transformers one)",
+        metavar="INFINITY_EMB",
+        help="the infinity_emb executable of an environment with infinity-emb[server,torch] "
+        "(its peer then replaces the transformers one)",
     )
     ap.add_argument("--no-peer", action="store_true")
     ap.add_argument("--no-workers", action="store_true", help="skip --workers 2")

@@ -12,6 +12,7 @@ the batcher's worker is drained and joined.
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import socket
 import threading
@@ -155,6 +156,9 @@ def serve_workers(models: list[str], settings: ServeSettings, announce: Any = pr
     """
     import multiprocessing as mp
 
+    repo = ModelRepository()
+    for m in models:  # a bad name or path fails here, once, before any worker starts
+        served_from_arg(m, repo)
     if settings.threads is None:  # the cores shared out, not N × all of them
         settings = settings.model_copy(
             update={"threads": max(1, (os.cpu_count() or 1) // settings.workers)}
@@ -181,8 +185,18 @@ def serve_workers(models: list[str], settings: ServeSettings, announce: Any = pr
         for p in procs:
             p.start()
         pids = []
-        for _ in procs:
-            status, value = ready.get()
+        while len(pids) < len(procs):
+            try:
+                status, value = ready.get(timeout=1.0)
+            except queue.Empty:  # a worker that died while loading never reports
+                dead = [p for p in procs if p.exitcode is not None]
+                if dead:
+                    forward(signal.SIGTERM, None)
+                    raise RuntimeError(
+                        f"worker {dead[0].name} exited with status {dead[0].exitcode} while "
+                        "loading its models (its traceback is above)"
+                    ) from None
+                continue
             if status == "error":
                 forward(signal.SIGTERM, None)
                 raise ShoestringError(value)
