@@ -276,10 +276,10 @@ def create_app(
         slot: Slot | None = None,
     ) -> list[Any]:
         jobs = [Job(key, n, p) for p, n in zip(payloads, lengths)]
-        futures = (slot or default).batcher.submit(jobs)
+        batcher = (slot or default).batcher  # no slot: the default model (the first served)
+        futures = batcher.submit(jobs)
         results = asyncio.gather(*futures, return_exceptions=True)
         gone = asyncio.ensure_future(_disconnected(request.receive))
-        batcher = (slot or default).batcher
         try:
             done, _ = await asyncio.wait(
                 {results, gone},
