@@ -71,6 +71,7 @@ def build_server(engine: Engine | ModelRouter, settings: ServeSettings) -> uvico
         # connections beyond this are answered 503 by uvicorn before any parsing.
         limit_concurrency=settings.max_concurrent_requests + 512,
         timeout_keep_alive=30,
+        proxy_headers=False,  # loopback by default; a proxy in front sets its own headers
     )
     return uvicorn.Server(config)
 
