@@ -80,6 +80,7 @@ def server(pydocs_dir: Path, tmp_path: Path):
         yield srv
 
 
+@pytest.mark.slow  # a training run, an eval and a browser, ~30 s
 def test_the_page_lists_models_and_runs_a_fill_mask_query(browser, server: ServerThread) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait

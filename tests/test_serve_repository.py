@@ -161,6 +161,7 @@ def test_one_server_routes_by_model_and_follows_a_moved_tag(
         assert pathver.status_code == 422 and "no versions or tags" in pathver.text
 
 
+@pytest.mark.slow  # two engine processes start, ~20 s
 def test_workers_share_one_port_and_drain_on_sigterm(runs: tuple[Path, Path], home: Path) -> None:
     a, _ = runs
     ModelRepository(home / "models").push(a, "bert")
