@@ -107,6 +107,25 @@ def test_push_list_tag_rm_from_the_cli(runs: tuple[Path, Path], home: Path) -> N
     assert repo.versions() == [] and not (home / "models" / "bert").exists()
 
 
+def test_an_export_folder_is_pushed_and_served_like_its_run(
+    runs: tuple[Path, Path], home: Path, tmp_path: Path
+) -> None:
+    from shoestring.model.hf import export_encoder
+    from shoestring.serve.engine import load_engine
+
+    a, _ = runs
+    hf = export_encoder(a, tmp_path / "hf")
+    repo = ModelRepository(home / "models")
+    version, new = repo.push(hf, "bert-hf")
+    assert new and version.manifest["kind"] == "folder" and version.manifest["metrics"] == {}
+    texts = ["a list of words", "the [MASK] of a list"]
+    want = load_engine(a).run(("embed",), load_engine(a).prepare_embed(texts, "mean", True, True))
+    stored = load_engine(repo.resolve("bert-hf").path)
+    got = stored.run(("embed",), stored.prepare_embed(texts, "mean", True, True))
+    for g, w in zip(got, want):
+        assert max(abs(x - y) for x, y in zip(g, w)) < 1e-4
+
+
 def test_concurrent_pushes_get_distinct_versions(runs: tuple[Path, Path], home: Path) -> None:
     repo = ModelRepository(home / "models")
     got: list[int] = []
