@@ -91,12 +91,12 @@ class ServeSettings(BaseModel):
     def _consistent(self) -> ServeSettings:
         if self.max_batch_tokens < self.max_length:
             raise ValueError(
-                f"max_batch_tokens ({self.max_batch_tokens}) must be at least max_length "
+                f"--max-batch-tokens ({self.max_batch_tokens}) must be at least --max-length "
                 f"({self.max_length}): one input of the longest length must fit a batch"
             )
         if self.max_queue < self.max_client_batch:
             raise ValueError(
-                f"max_queue ({self.max_queue}) must be at least max_client_batch "
+                f"--max-queue ({self.max_queue}) must be at least --max-client-batch "
                 f"({self.max_client_batch}): the largest request must fit the queue"
             )
         return self
@@ -118,10 +118,10 @@ def make_settings(**values: object) -> ServeSettings:
         return ServeSettings(**{k: v for k, v in values.items() if v is not None})
     except ValidationError as e:
         first = e.errors()[0]
-        if not first["loc"]:  # a rule across fields: the message names them
+        if not first["loc"]:  # a rule across fields: the message names their flags
             msg = str(first["msg"]).removeprefix("Value error, ")
-            name = msg.split(" ", 1)[0]
-            raise ShoestringError(msg, where=_flag(name)) from None
+            flag, _, rest = msg.partition(" ")
+            raise ShoestringError(rest, where=flag) from None
         name = str(first["loc"][0])
         value = "***" if name == "api_key" else first.get("input")
         raise ShoestringError(
