@@ -1,18 +1,23 @@
-"""Serving under load: `shoestring serve` micro-batched vs batch size 1 vs a plain FastAPI
-server around the `transformers` fill-mask pipeline, all real servers on loopback.
+"""Serving under load, against the yardsticks that matter on a CPU (issue 20):
 
-Each server runs in its own process; this process is the load generator: C concurrent
-clients (keep-alive connections) send a fixed number of fill-mask requests, one text each,
-texts of realistic, varied length (sentences of the built-in corpus with one word masked).
-Reports throughput and p50/p99 latency per server and concurrency, and the ratios.
+1. the engine's offline ceiling: sequences/s of the model alone (``Engine.run``, no server)
+   at its best batch, on the same texts, sorted by length (its best case);
+2. `shoestring serve` at C concurrent clients (one text per request, /v1/embed) as a
+   percentage of that ceiling;
+3. a single request's latency (C=1) against one forward pass of the same text offline;
+4. ``--workers 2`` against ``--workers 1`` at the highest concurrency, with the core count;
+5. the peer: Infinity (``infinity-emb``, TEI's Python cousin) serving the same exported
+   model when it is installed (``--infinity PATH/infinity_emb``: its console script in an
+   environment of its own, since its pins conflict with this project's), else a plain FastAPI server around the transformers
+   model with mean pooling, as a user would write it.
 
-    python bench/serve_load.py                     # builds the `cram`-size model if needed
-    python bench/serve_load.py --model RUN_DIR --requests 600 --concurrency 1 8 32
-    python bench/serve_load.py --preset base       # a BERT-base-size encoder (110M)
+Every server is a real process on loopback; the load generator is this process, a minimal
+HTTP/1.1 keep-alive client on raw asyncio streams (pre-encoded requests), so that on a
+2-core machine the clients cost the server as little CPU as possible.
 
-The peer is what a user would write: FastAPI + `pipeline("fill-mask", model=EXPORT_DIR)` in a
-sync endpoint (FastAPI runs it in its thread pool). Same model weights (our export), same
-texts, same precision (fp32), same client.
+    python bench/serve_load.py                                  # cram-size model, built once
+    python bench/serve_load.py --requests 600 --concurrency 1 32
+    python bench/serve_load.py --infinity /tmp/infvenv/bin/infinity_emb
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import argparse
 import asyncio
 import json
 import os
+import platform
 import random
 import re
 import socket
@@ -36,26 +42,33 @@ from pathlib import Path
 import httpx
 
 PEER = textwrap.dedent('''
-    """A minimal fill-mask server, as a user would write it with transformers."""
+    """A minimal embedding server, as a user would write it with transformers."""
     import sys
 
+    import torch
     import uvicorn
     from fastapi import FastAPI
     from pydantic import BaseModel
-    from transformers import pipeline
+    from transformers import AutoModel, AutoTokenizer
 
-    fill = pipeline("fill-mask", model=sys.argv[1], device="cpu")
+    tok = AutoTokenizer.from_pretrained(sys.argv[1])
+    model = AutoModel.from_pretrained(sys.argv[1]).eval()
     app = FastAPI()
 
 
     class Req(BaseModel):
-        inputs: str
-        top_k: int = 5
+        inputs: str | list[str]
 
 
-    @app.post("/v1/fill-mask")
-    def fill_mask(req: Req):
-        return fill(req.inputs, top_k=req.top_k)
+    @app.post("/v1/embed")
+    def embed(req: Req):
+        texts = [req.inputs] if isinstance(req.inputs, str) else req.inputs
+        enc = tok(texts, padding=True, return_tensors="pt")
+        with torch.inference_mode():
+            h = model(**enc).last_hidden_state
+        m = enc["attention_mask"].unsqueeze(-1).to(h.dtype)
+        v = torch.nn.functional.normalize((h * m).sum(1) / m.sum(1), dim=-1)
+        return {"embeddings": v.tolist()}
 
 
     @app.get("/healthz")
@@ -83,8 +96,12 @@ def build_model(work: Path, preset: str | None) -> Path:
         return run
     sets = ["train.budget=null", "train.steps=10"]
     if preset:
-        sets = ["train.budget=null", "train.steps=2", "train.batch_size=8",
-                f"model.preset={preset}"]
+        sets = [
+            "train.budget=null",
+            "train.steps=2",
+            "train.batch_size=8",
+            f"model.preset={preset}",
+        ]
     cfg = load_config(None, sets)
     if not (work / "data" / "manifest.json").is_file():
         prep(["builtin:pydocs"], work / "data", cfg.data)
@@ -124,9 +141,18 @@ def free_port() -> int:
 class Server:
     """A server process; ``url`` once it answers /healthz."""
 
-    def __init__(self, name: str, cmd: list[str], url: str | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        cmd: list[str],
+        url: str | None = None,
+        env: dict | None = None,
+        health: str = "/healthz",
+    ) -> None:
         self.name = name
-        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env
+        )
         if url is None:  # ours announces its port on stderr
             while line := self.proc.stderr.readline():
                 if m := re.search(r"on (http://127\.0\.0\.1:\d+)", line):
@@ -137,10 +163,10 @@ class Server:
         self.url = url
         self.log: list[str] = []  # keep draining stderr so the server never blocks on it
         threading.Thread(target=lambda: self.log.extend(self.proc.stderr), daemon=True).start()
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + 600
         while True:
             try:
-                if httpx.get(url + "/healthz", timeout=2).status_code == 200:
+                if httpx.get(url + health, timeout=2).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
@@ -156,129 +182,150 @@ class Server:
             self.proc.kill()
 
 
-async def load(url: str, texts: list[str], concurrency: int, requests: int) -> dict:
-    """``requests`` fill-mask calls from ``concurrency`` clients (after a short warm-up):
-    the latencies, the errors and the wall time."""
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
 
-        async def run(count: int) -> tuple[list[float], int, float]:
-            latencies: list[float] = []
-            errors = 0
-            next_i = 0
 
-            async def worker() -> None:
-                nonlocal next_i, errors
-                while next_i < count:
-                    i = next_i
-                    next_i += 1
-                    t = time.perf_counter()
-                    try:
-                        r = await client.post(
-                            "/v1/fill-mask", json={"inputs": texts[i % len(texts)], "top_k": 5}
-                        )
-                    except httpx.HTTPError:
-                        errors += 1
-                        continue
-                    latencies.append(time.perf_counter() - t)
-                    errors += r.status_code != 200
+class RawClient:
+    """One keep-alive HTTP/1.1 connection sending pre-encoded POSTs (a tiny ``wrk``)."""
 
-            t0 = time.perf_counter()
-            await asyncio.gather(*(worker() for _ in range(concurrency)))
-            return latencies, errors, time.perf_counter() - t0
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
 
-        await run(warmup_count(concurrency))  # connections, caches, thread pools
-        latencies, errors, wall = await run(requests)
+    async def post(self, request: bytes) -> int:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        self.writer.write(request)
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        status = int(head[9:12])
+        m = re.search(rb"(?i)content-length: *(\d+)", head)
+        if m:
+            await self.reader.readexactly(int(m.group(1)))
+        else:  # chunked (not sent by the servers here) or close: read to the end
+            await self.reader.read()
+            self.writer.close()
+            self.writer = None
+        return status
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def encode_post(host: str, port: int, path: str, body: dict) -> bytes:
+    data = json.dumps(body).encode()
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(data)}\r\n\r\n"
+    ).encode() + data
+
+
+async def load(url: str, requests_: list[bytes], concurrency: int, count: int) -> dict:
+    """``count`` requests from ``concurrency`` clients (after a warm-up): latencies, errors,
+    wall time."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+
+    async def run(n: int) -> tuple[list[float], int, float]:
+        clients = [RawClient(host, int(port)) for _ in range(concurrency)]
+        latencies: list[float] = []
+        errors = 0
+        next_i = 0
+
+        async def worker(client: RawClient) -> None:
+            nonlocal next_i, errors
+            while next_i < n:
+                i = next_i
+                next_i += 1
+                t = time.perf_counter()
+                try:
+                    status = await client.post(requests_[i % len(requests_)])
+                except (OSError, asyncio.IncompleteReadError):
+                    errors += 1
+                    client.writer = None
+                    continue
+                latencies.append(time.perf_counter() - t)
+                errors += status != 200
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker(c) for c in clients))
+        wall = time.perf_counter() - t0
+        for c in clients:
+            c.close()
+        return latencies, errors, wall
+
+    await run(max(2 * concurrency, 32))
+    latencies, errors, wall = await run(count)
     return {"latencies": latencies, "errors": errors, "wall_s": wall}
 
 
-def warmup_count(concurrency: int) -> int:
-    return max(2 * concurrency, 16)
-
-
-def summarize(parts: list[dict], requests: int) -> dict:
-    """One figure from the rounds of one server at one concurrency."""
+def summarize(parts: list[dict]) -> dict:
     latencies = sorted(x for p in parts for x in p["latencies"])
     if len(latencies) < 2:
-        raise RuntimeError(f"only {len(latencies)} of {requests} requests succeeded")
+        raise RuntimeError(f"only {len(latencies)} requests succeeded")
     q = statistics.quantiles(latencies, n=100, method="inclusive")
-    cpu = [p["cpu_s"] for p in parts]
-    served = sum(p["served"] for p in parts)
-    out = {
-        "throughput": requests / sum(p["wall_s"] for p in parts),
+    return {
+        "throughput": len(latencies) / sum(p["wall_s"] for p in parts),
         "p50_ms": q[49] * 1000,
         "p99_ms": q[98] * 1000,
         "errors": sum(p["errors"] for p in parts),
-        "cpu_ms_per_request": None if None in cpu else sum(cpu) * 1000 / served,
-        "load": [p["load"] for p in parts],
     }
-    if all("inputs" in p for p in parts):
-        out["mean_batch"] = sum(p["inputs"] for p in parts) / max(sum(p["calls"] for p in parts), 1)
-    return out
 
 
-def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU time of a process so far (Linux /proc), None elsewhere.
-
-    On a shared machine wall-clock throughput depends on the neighbours; the server's CPU
-    time per request does not, so it is reported beside it.
-    """
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def batch_totals(url: str) -> tuple[float, float]:
-    """(inputs, model calls) so far, from the server's /metrics."""
-    text = httpx.get(url + "/metrics", timeout=10).text
-    vals = dict(
-        re.findall(
-            r'^shoestring_batch_size_(sum|count)\{task="fill-mask"\} (\S+)$', text, re.MULTILINE
-        )
+def offline(run: Path, texts: list[str], batches: list[int], threads: int, seconds: float) -> dict:
+    """The engine alone, in a fresh process with the servers' thread count: sequences/s at
+    each batch size (texts sorted by length, padded per batch, the engine's best case), and
+    the latency of one forward pass of one text (tokenizing included, as a request does)."""
+    code = textwrap.dedent(f"""
+        import json, statistics, sys, time, torch
+        torch.set_num_threads({threads})
+        from shoestring.serve.engine import load_engine
+        e = load_engine({str(run)!r}, max_length=512)
+        e.warmup()
+        texts = json.loads(sys.stdin.read())
+        prep = e.prepare_embed(texts, "mean", True, True)
+        prep.sort(key=lambda p: len(p[0]))
+        out = {{"sps": {{}}}}
+        for b in {batches!r}:
+            chunks = [prep[i:i + b] for i in range(0, len(prep), b)]
+            e.run(("embed",), chunks[0])
+            n, t0 = 0, time.perf_counter()
+            while time.perf_counter() - t0 < {seconds}:
+                for c in chunks:
+                    e.run(("embed",), c)
+                    n += len(c)
+                    if time.perf_counter() - t0 >= {seconds}:
+                        break
+            out["sps"][b] = n / (time.perf_counter() - t0)
+        one = []
+        for i in range(200):
+            t = time.perf_counter()
+            e.run(("embed",), e.prepare_embed([texts[i % len(texts)]], "mean", True, False))
+            one.append(time.perf_counter() - t)
+        out["one_ms"] = statistics.median(one) * 1000
+        print(json.dumps(out))
+    """)
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        input=json.dumps(texts),
+        text=True,
+        capture_output=True,
+        check=True,
     )
-    return float(vals.get("sum", 0)), float(vals.get("count", 0))
+    data = json.loads(r.stdout.strip().splitlines()[-1])
+    data["sps"] = {int(k): v for k, v in data["sps"].items()}
+    return data
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument(
-        "--model", type=Path, help="run dir to serve (default: build the cram-size model)"
-    )
-    ap.add_argument("--preset", help="build this encoder preset instead (e.g. base)")
-    ap.add_argument(
-        "--work", type=Path, default=Path(tempfile.gettempdir()) / "shoestring-serve-bench"
-    )
-    ap.add_argument("--requests", type=int, default=400, help="timed requests per measurement")
-    ap.add_argument("--rounds", type=int, default=4, help="interleaved rounds they are split in")
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
-    ap.add_argument("--max-wait-ms", type=float, default=5.0)
-    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "auto"])
-    ap.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="torch threads in every server (OMP_NUM_THREADS); default: torch's choice",
-    )
-    ap.add_argument("--no-peer", action="store_true", help="skip the transformers pipeline server")
-    ap.add_argument("--json", type=Path, help="also write the results here")
-    args = ap.parse_args()
-
-    from shoestring.model.hf import export_encoder
-
-    if args.threads:  # inherited by the server processes, ours and the peer alike
-        os.environ["OMP_NUM_THREADS"] = str(args.threads)
-    args.work.mkdir(parents=True, exist_ok=True)
-    run = args.model or build_model(args.work, args.preset)
-    hf = export_encoder(run, args.work / "hf", overwrite=True)
-    texts = make_texts(max(args.requests, 200))
-    print(
-        f"model {run} (exported to {hf}); {len(texts)} texts; torch threads per server: "
-        f"{args.threads or 'default'}; load average {loadavg()}"
-    )
-
-    ours = [
+def ours_cmd(run: Path, threads: int, workers: int, extra: list[str]) -> list[str]:
+    return [
         sys.executable,
         "-m",
         "shoestring",
@@ -286,85 +333,204 @@ def main() -> None:
         str(run),
         "--port",
         "0",
-        "--max-wait-ms",
-        str(args.max_wait_ms),
-        "--precision",
-        args.precision,
+        "--threads",
+        str(threads),
+        "--workers",
+        str(workers),
+        *extra,
     ]
-    peer_script = args.work / "peer_server.py"
-    peer_script.write_text(PEER, encoding="utf-8")
-    servers = [
-        ("shoestring (batch 32)", ours + ["--max-batch-size", "32"], None),
-        ("shoestring (batch 1)", ours + ["--max-batch-size", "1"], None),
+
+
+def infinity_cmd(exe: str, hf: Path, port: int) -> list[str]:
+    """Infinity's own CLI on our export: torch engine on CPU, fp32, batches of up to 32
+    (its default), no BetterTransformer (it needs optimum and does not know ModernBERT)."""
+    return [
+        exe,
+        "v2",
+        "--model-id",
+        str(hf),
+        "--port",
+        str(port),
+        "--host",
+        "127.0.0.1",
+        "--engine",
+        "torch",
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        "--no-bettertransformer",
+        "--batch-size",
+        "32",
+        "--served-model-name",
+        "m",
     ]
+
+
+def measure(name: str, server: Server, requests_: list[bytes], c: int, n: int, rounds: int) -> dict:
+    parts = []
+    for _ in range(rounds):
+        parts.append(asyncio.run(load(server.url, requests_, c, -(-n // rounds))))
+    out = summarize(parts)
+    out["load"] = loadavg()
+    print(
+        f"  {name} C={c}: {out['throughput']:.1f} req/s, p50 {out['p50_ms']:.1f} ms, "
+        f"p99 {out['p99_ms']:.1f} ms, errors {out['errors']}, load {out['load']}",
+        flush=True,
+    )
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", type=Path, help="run dir (default: build the cram-size model)")
+    ap.add_argument("--preset", help="build this encoder preset instead (e.g. base)")
+    ap.add_argument(
+        "--work", type=Path, default=Path(tempfile.gettempdir()) / "shoestring-serve-bench"
+    )
+    ap.add_argument("--requests", type=int, default=600, help="timed requests per measurement")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64, 128])
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="torch threads of the engine, every server and the offline run",
+    )
+    ap.add_argument(
+        "--infinity",
+        metavar="INFINITY_EMB",
+        help="the infinity_emb executable of an environment with infinity-emb[server,torch] "
+        "(its peer then replaces the transformers one)",
+    )
+    ap.add_argument("--no-peer", action="store_true")
+    ap.add_argument("--no-workers", action="store_true", help="skip --workers 2")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+
+    from shoestring.model.hf import export_encoder
+
+    args.work.mkdir(parents=True, exist_ok=True)
+    run = args.model or build_model(args.work, args.preset)
+    hf = export_encoder(run, args.work / "hf", overwrite=True)
+    texts = make_texts(max(args.requests, 400))
+    cores = os.cpu_count()
+    print(
+        f"machine: {cpu_model()}, {cores} cores; precision fp32; torch threads "
+        f"{args.threads}; model {run} (export {hf}); {len(texts)} texts; "
+        f"load average {loadavg()}",
+        flush=True,
+    )
+
+    off = offline(run, texts, args.batches, args.threads, seconds=3.0)
+    best = max(off["sps"], key=off["sps"].get)
+    ceiling = off["sps"][best]
+    print(
+        "offline engine (sorted by length): "
+        + ", ".join(f"batch {b}: {v:.0f} seq/s" for b, v in off["sps"].items())
+    )
+    print(
+        f"ceiling {ceiling:.0f} seq/s at batch {best}; one text: {off['one_ms']:.2f} ms "
+        f"(median of 200)",
+        flush=True,
+    )
+
+    results: dict = {"offline": off, "ceiling": ceiling, "servers": {}}
+    top = max(args.concurrency)
+    servers: list[tuple[str, list[str], str | None, str]] = [
+        ("shoestring", ours_cmd(run, args.threads, 1, []), None, "ours")
+    ]
+    if not args.no_workers:
+        per = max(1, args.threads // 2)
+        servers.append(("shoestring --workers 2", ours_cmd(run, per, 2, []), None, "ours"))
     if not args.no_peer:
         port = free_port()
-        servers.append(
-            (
-                "transformers pipeline",
-                [sys.executable, str(peer_script), str(hf), str(port)],
-                f"http://127.0.0.1:{port}",
+        if args.infinity:
+            servers.append(
+                (
+                    "infinity-emb",
+                    infinity_cmd(args.infinity, hf, port),
+                    f"http://127.0.0.1:{port}",
+                    "infinity",
+                )
             )
+        else:
+            peer_script = args.work / "peer_server.py"
+            peer_script.write_text(PEER, encoding="utf-8")
+            servers.append(
+                (
+                    "transformers + FastAPI",
+                    [sys.executable, str(peer_script), str(hf), str(port)],
+                    f"http://127.0.0.1:{port}",
+                    "ours",
+                )
+            )
+    for name, cmd, url, api in servers:
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": str(args.threads),
+            "HF_HUB_OFFLINE": "1",
+            "INFINITY_ANONYMOUS_USAGE_STATS": "0",
+            "DO_NOT_TRACK": "1",
+        }
+        server = Server(
+            name, cmd, url, env=env, health="/health" if api == "infinity" else "/healthz"
         )
-
-    # All servers run at once and take turns, round by round: on a shared machine the load
-    # drifts, and interleaving spreads that drift over every server alike.
-    started: list[Server] = []
-    parts: dict[str, dict[int, list[dict]]] = {name: {} for name, _, _ in servers}
-    try:
-        for name, cmd, url in servers:
-            started.append(Server(name, cmd, url))
-        per_round = -(-args.requests // args.rounds)
-        for c in args.concurrency:
-            for rnd in range(args.rounds):
-                for server in started:
-                    ours = server.name.startswith("shoestring")
-                    totals0 = batch_totals(server.url) if ours else None
-                    cpu0 = cpu_seconds(server.proc.pid)
-                    part = asyncio.run(load(server.url, texts, c, per_round))
-                    cpu1 = cpu_seconds(server.proc.pid)
-                    part["cpu_s"] = None if cpu0 is None or cpu1 is None else cpu1 - cpu0
-                    part["served"] = per_round + warmup_count(c)  # CPU time covers the warm-up
-                    part["load"] = loadavg()
-                    if totals0 is not None:
-                        totals1 = batch_totals(server.url)
-                        part["inputs"] = totals1[0] - totals0[0]
-                        part["calls"] = totals1[1] - totals0[1]
-                    parts[server.name].setdefault(c, []).append(part)
-                print(f"C={c} round {rnd + 1}/{args.rounds} done; load {loadavg()}", flush=True)
-    finally:
-        for server in started:
+        host, port_ = server.url.removeprefix("http://").rsplit(":", 1)
+        if api == "infinity":
+            reqs = [
+                encode_post(host, int(port_), "/embeddings", {"model": "m", "input": [t]})
+                for t in texts
+            ]
+        else:
+            reqs = [encode_post(host, int(port_), "/v1/embed", {"inputs": t}) for t in texts]
+        try:
+            by_c = {}
+            for c in args.concurrency if "workers" not in name else [top]:
+                by_c[c] = measure(
+                    name, server, reqs, c, args.requests if c > 1 else 200, args.rounds
+                )
+            results["servers"][name] = by_c
+        finally:
             server.stop()
-    results = {
-        name: {c: summarize(ps, per_round * len(ps)) for c, ps in by_c.items()}
-        for name, by_c in parts.items()
-    }
 
-    print("\n| server | clients | req/s | p50 ms | p99 ms | server CPU ms/req | mean batch |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    for name, by_c in results.items():
-        for c, r in by_c.items():
-            mb = f"{r['mean_batch']:.1f}" if "mean_batch" in r else "–"
-            cpu = f"{r['cpu_ms_per_request']:.1f}" if r["cpu_ms_per_request"] is not None else "–"
-            print(
-                f"| {name} | {c} | {r['throughput']:.1f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} "
-                f"| {cpu} | {mb} |"
-            )
-    base, one = results.get("shoestring (batch 32)"), results.get("shoestring (batch 1)")
-    peer = results.get("transformers pipeline")
+    ours = results["servers"]["shoestring"]
     print()
-    for c in args.concurrency:
-        gain = base[c]["throughput"] / one[c]["throughput"]
-        line = (
-            f"C={c}: micro-batching vs batch 1: {gain:.2f}x "
-            f"throughput, p99 {base[c]['p99_ms']:.1f} vs {one[c]['p99_ms']:.1f} ms"
-        )
-        if peer:
-            line += (
-                f"; vs transformers pipeline: {base[c]['throughput'] / peer[c]['throughput']:.2f}x "
-                f"throughput, p99 {base[c]['p99_ms']:.1f} vs {peer[c]['p99_ms']:.1f} ms"
+    print("| server | clients | req/s | % of engine ceiling | p50 ms | p99 ms |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, by_c in results["servers"].items():
+        for c, r in by_c.items():
+            print(
+                f"| {name} | {c} | {r['throughput']:.0f} | {100 * r['throughput'] / ceiling:.0f}% "
+                f"| {r['p50_ms']:.1f} | {r['p99_ms']:.1f} |"
             )
-        print(line)
+    print()
+    print(
+        f"engine ceiling: {ceiling:.0f} seq/s (batch {best}); server at C={top}: "
+        f"{100 * ours[top]['throughput'] / ceiling:.0f}% of it (target >= 90%)"
+    )
+    if 1 in ours:
+        gap = ours[1]["p50_ms"] - off["one_ms"]
+        print(
+            f"single request p50 {ours[1]['p50_ms']:.2f} ms vs one forward pass "
+            f"{off['one_ms']:.2f} ms: +{gap:.2f} ms (target <= 5 ms)"
+        )
+    w2 = results["servers"].get("shoestring --workers 2")
+    if w2:
+        print(
+            f"--workers 2 ({max(1, args.threads // 2)} threads each) vs 1 ({args.threads} "
+            f"threads) on {cores} cores at C={top}: "
+            f"{w2[top]['throughput'] / ours[top]['throughput']:.2f}x throughput, "
+            f"p99 {w2[top]['p99_ms']:.1f} vs {ours[top]['p99_ms']:.1f} ms"
+        )
+    for name in ("infinity-emb", "transformers + FastAPI"):
+        peer = results["servers"].get(name)
+        if peer:
+            print(
+                f"vs {name} at C={top}: {ours[top]['throughput'] / peer[top]['throughput']:.2f}x "
+                f"throughput, p99 {ours[top]['p99_ms']:.1f} vs {peer[top]['p99_ms']:.1f} ms"
+            )
     print(f"load average at the end: {loadavg()}")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2), encoding="utf-8")

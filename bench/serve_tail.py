@@ -24,8 +24,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from prometheus_client import Histogram
+
 from shoestring.serve import batcher as batcher_module
-from shoestring.serve.metrics import Histogram
 from shoestring.serve.server import ServerThread, load
 from shoestring.serve.settings import make_settings
 
@@ -85,10 +86,13 @@ def main() -> None:
     queue_s: list[float] = []
     observe = Histogram.observe
 
-    def capture(self: Histogram, value: float, **labels: str) -> None:
-        if labels.get("endpoint") == "/v1/fill-mask":
+    def capture(self: Histogram, value: float, *args: object, **kw: object) -> None:
+        # prometheus-client: the labelled child of the request-duration histogram observes.
+        if getattr(self, "_labelvalues", ()) == ("/v1/fill-mask",) and self._name.endswith(
+            "request_duration_seconds"
+        ):
             server_s.append(value)
-        observe(self, value, **labels)
+        observe(self, value, *args, **kw)
 
     deliver = batcher_module._deliver
 

@@ -172,7 +172,7 @@ def test_help_shows_no_python_types_and_models_fits_80_columns() -> None:
         assert "list[" not in r.stdout and "{" not in r.stdout, (command, r.stdout)
     assert "prep [OPTIONS] SOURCES...\n" in run_cli("prep", "--help").stdout
     env = {**os.environ, "COLUMNS": "80"}
-    r = subprocess.run([sys.executable, "-m", "shoestring", "models"], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "shoestring", "presets"], capture_output=True,
                        text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr
     assert all(len(line) <= 80 for line in r.stdout.splitlines())

@@ -44,7 +44,8 @@ def start(path: Path, **settings: object) -> ServerThread:
 
 @pytest.fixture(scope="module")
 def server(run_dir: Path):
-    srv = start(run_dir, max_wait_ms=50, max_inputs=8, max_length=64)
+    srv = start(run_dir, max_wait_ms=50, max_client_batch=8, max_queue=64, max_length=64,
+                max_batch_tokens=64)
     yield srv
     srv.stop()
 
@@ -147,7 +148,6 @@ BAD_INPUTS = [
     ({}, "Field required"),
     ({"inputs": "there is no mask here"}, "no [MASK] token"),
     ({"inputs": "a [mask] in lower case"}, "no [MASK] token"),
-    ({"inputs": ["a [MASK]"] * 9}, "at most 8"),
     ({"inputs": "[MASK] " + "word " * 100}, "over this server's limit of 64"),
 ]
 
@@ -166,6 +166,32 @@ def test_malformed_json_and_oversized_body(client: httpx.Client) -> None:
         "/v1/embed", content=b"x" * ((1 << 20) + 1), headers={"content-type": "application/json"}
     )
     assert r.status_code == 413 and "limit" in r.json()["detail"]
+    assert r.json()["limit"] == "max_body_bytes" and r.json()["value"] == 1 << 20
+
+
+def test_a_client_batch_over_one_batch_is_split_and_over_the_limit_is_a_413(
+    client: httpx.Client,
+) -> None:
+    # 8 inputs of about 12 tokens do not fit one batch of 64 padded tokens (--max-batch-tokens).
+    texts = [f"the [MASK] number {i} in a longer list of words" for i in range(8)]
+    before = client.get("/metrics").text
+    together = client.post("/v1/fill-mask", json={"inputs": texts, "top_k": 1})
+    calls = metric(client.get("/metrics").text, "shoestring_batch_size_count", task="fill-mask")
+    assert together.status_code == 200, together.text
+    assert calls - metric(before, "shoestring_batch_size_count", task="fill-mask") >= 2
+    alone = [
+        client.post("/v1/fill-mask", json={"inputs": t, "top_k": 1}).json()["results"][0]
+        for t in texts
+    ]
+    for got, want in zip(together.json()["results"], alone):
+        assert got[0]["candidates"][0]["id"] == want[0]["candidates"][0]["id"]
+        assert math.isclose(
+            got[0]["candidates"][0]["score"], want[0]["candidates"][0]["score"], rel_tol=1e-4
+        )
+    r = client.post("/v1/fill-mask", json={"inputs": texts + ["one [MASK] more"]})
+    assert r.status_code == 413
+    assert r.json()["limit"] == "max_client_batch" and r.json()["value"] == 8
+    assert "at most 8" in r.json()["detail"]
 
 
 @pytest.mark.parametrize("content_type", ["application/x-www-form-urlencoded", "text/plain", None])
@@ -230,7 +256,7 @@ def test_concurrent_requests_share_batches(server: ServerThread, client: httpx.C
     inputs = delta("shoestring_batch_size_sum", task="embed")
     assert inputs == n
     assert batches < n  # some model calls held more than one request
-    assert delta("shoestring_batch_size_bucket", task="embed", le="1") < batches
+    assert delta("shoestring_batch_size_bucket", task="embed", le="1.0") < batches
     assert delta("shoestring_requests_total", endpoint="/v1/embed", status="200") == n
     assert metric(after, "shoestring_queue_depth") == 0
     assert metric(after, "shoestring_request_duration_seconds_count", endpoint="/v1/embed") >= n
@@ -289,14 +315,14 @@ def test_classify_with_a_classifier_folder(run_dir: Path, tmp_path: Path) -> Non
         assert math.isclose(g["score"], w["score"], rel_tol=1e-4)
 
 
-def test_generate_with_a_decoder_run(run_dir: Path, tmp_path: Path) -> None:
+def save_tiny_decoder(encoder_run: Path, out: Path) -> Path:
+    """A small untrained decoder saved as a run dir at ``out``, with the encoder run's
+    tokenizer (the server's job is the same as for a trained one)."""
     from shoestring.config import ModelConfig
     from shoestring.model.decoder import CausalLM
     from shoestring.rundir import RunDir
 
-    # A small decoder saved as a run dir, with the encoder run's tokenizer (untrained: the
-    # server's job is the same).
-    base = json.loads((run_dir / "final" / "config.json").read_text())
+    base = json.loads((encoder_run / "final" / "config.json").read_text())
     cfg = ModelConfig(
         objective="clm", hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128
     )
@@ -309,9 +335,25 @@ def test_generate_with_a_decoder_run(run_dir: Path, tmp_path: Path) -> None:
         "seq_len": 64,
         "special_ids": base["special_ids"],
     }
-    run = tmp_path / "clm"
-    RunDir(run).save_final(model, meta, run_dir / "final" / "tokenizer.json")
+    RunDir(out).save_final(model, meta, encoder_run / "final" / "tokenizer.json")
+    return out
 
+
+def announced(proc: subprocess.Popen, pattern: str, wait: float = 180) -> re.Match | None:
+    """The first stderr line of a starting server that matches ``pattern`` (None: none came)."""
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            return None
+        m = re.search(pattern, line)
+        if m:
+            return m
+    return None
+
+
+def test_generate_with_a_decoder_run(run_dir: Path, tmp_path: Path) -> None:
+    run = save_tiny_decoder(run_dir, tmp_path / "clm")
     prompts = ["the list", "a function that returns a value and"]
     with start(run, max_wait_ms=50) as srv, httpx.Client(base_url=srv.url, timeout=60) as c:
         both = c.post(
@@ -362,6 +404,11 @@ def test_settings_refuse_a_short_key_and_name_the_flag() -> None:
         make_settings(api_key="short")
     with pytest.raises(ShoestringError, match="--max-batch-size"):
         make_settings(max_batch_size=0)
+    # Limits that contradict each other name both flags' values.
+    with pytest.raises(ShoestringError, match=r"--max-batch-tokens: \(100\) .*--max-length \(512\)"):
+        make_settings(max_batch_tokens=100)
+    with pytest.raises(ShoestringError, match=r"--max-queue: \(10\) .*--max-client-batch \(1024\)"):
+        make_settings(max_queue=10)
 
 
 def test_truncate_flag_cuts_instead_of_rejecting(run_dir: Path) -> None:
@@ -378,10 +425,12 @@ def test_truncate_flag_cuts_instead_of_rejecting(run_dir: Path) -> None:
 # --- overload, timeouts, disconnects ----------------------------------------------------------
 
 
-def test_full_queue_503_timeout_504_and_disconnects_are_dropped(run_dir: Path) -> None:
+def test_full_queue_429_timeout_504_and_disconnects_are_dropped(run_dir: Path) -> None:
     # One queue slot, and a batch that waits 2 s for mates: the first request holds the slot.
     with (
-        start(run_dir, max_queue=1, max_wait_ms=2000, request_timeout_s=1.0) as srv,
+        start(
+            run_dir, max_queue=1, max_client_batch=1, max_wait_ms=2000, request_timeout_s=1.0
+        ) as srv,
         httpx.Client(base_url=srv.url, timeout=60) as c,
     ):
         depth = lambda: metric(c.get("/metrics").text, "shoestring_queue_depth")
@@ -394,8 +443,9 @@ def test_full_queue_503_timeout_504_and_disconnects_are_dropped(run_dir: Path) -
         t.start()
         wait_for(lambda: depth() == 1)
         full = c.post("/v1/embed", json={"inputs": "second"})
-        assert full.status_code == 503 and int(full.headers["retry-after"]) >= 1
+        assert full.status_code == 429 and int(full.headers["retry-after"]) >= 1
         assert "queue is full" in full.json()["detail"]
+        assert full.json()["limit"] == "max_queue" and full.json()["value"] == 1
         assert c.get("/readyz").status_code == 503
         t.join(60)
         assert first[0].status_code == 504  # its 1 s ran out before the 2 s batch window
@@ -439,14 +489,8 @@ def test_cli_serve_drains_in_flight_requests_on_sigterm(run_dir: Path) -> None:
         env=env,
     )
     try:
-        url = None
-        deadline = time.monotonic() + 120
-        while url is None and time.monotonic() < deadline:
-            line = proc.stderr.readline()
-            if not line:
-                break
-            m = re.search(r"on (http://127\.0\.0\.1:\d+)", line)
-            url = m.group(1) if m else None
+        m = announced(proc, r"on (http://127\.0\.0\.1:\d+)")
+        url = m.group(1) if m else None
         assert url, "the server did not announce its address"
         headers = {"X-API-Key": KEY}
         with httpx.Client(base_url=url, headers=headers, timeout=60) as c:

@@ -15,6 +15,10 @@ from shoestring.serve.batcher import Job, MicroBatcher, QueueFull, choose_batch,
 from shoestring.serve.metrics import ServeMetrics
 
 
+def sample(metrics: ServeMetrics, name: str, **labels: str) -> float:
+    return metrics.registry.get_sample_value(name, labels) or 0.0
+
+
 def test_plan_groups_splits_only_when_padding_costs_more_than_a_call() -> None:
     # Equal lengths: one call.
     assert plan_groups([10] * 8, overhead=64) == [list(range(8))]
@@ -39,6 +43,54 @@ def test_choose_batch_keeps_the_oldest_and_its_nearest_lengths() -> None:
     assert jobs[0] in batch  # the oldest is never passed over
     assert sorted(j.length for j in batch) == [48, 49, 50, 51]
     assert choose_batch(jobs[:3], 4) == jobs[:3]
+
+
+def test_choose_batch_fills_to_the_padded_token_budget() -> None:
+    jobs = [Job(("t",), n, i) for i, n in enumerate([50, 10, 11, 49, 51, 12, 48, 13])]
+    # 4 × 51 = 204 padded positions fit 210; a fifth input of 51 or less would not (5 × 51).
+    batch = choose_batch(jobs, 100, max_batch_tokens=210)
+    assert jobs[0] in batch and sorted(j.length for j in batch) == [48, 49, 50, 51]
+    # Short inputs are cheap: all four short ones and the oldest (padded to 50) fit 5 × 50.
+    batch = choose_batch([jobs[0], *jobs[1:3], *jobs[5:]], 100, max_batch_tokens=250)
+    assert len(batch) == 5
+    # A budget of one long input still serves the oldest, alone.
+    assert choose_batch(jobs, 100, max_batch_tokens=10) == [jobs[0]]
+    # Everything fits: every job, in arrival order.
+    assert choose_batch(jobs, 100, max_batch_tokens=8 * 51) == jobs
+
+
+def test_a_free_engine_starts_at_once_and_a_backlog_is_split_by_tokens() -> None:
+    # TEI's loop: no waiting window (max_wait 0), and what piled up while the engine was busy
+    # is taken in batches of at most max_batch_tokens padded positions.
+    release = threading.Event()
+    calls: list[list[str]] = []
+
+    def run(key: tuple, payloads: list[str]) -> list[str]:
+        if payloads == ["blocker"]:
+            release.wait(10)
+        calls.append(list(payloads))
+        return payloads
+
+    metrics = ServeMetrics()
+    b = MicroBatcher(run, max_batch_tokens=500, metrics=metrics)
+    b.start()
+
+    async def main() -> None:
+        first = b.submit([Job(("t",), 1, "blocker")])
+        while b.in_flight == 0:
+            await asyncio.sleep(0.001)
+        big = b.submit([Job(("t",), 100, f"x{i}") for i in range(12)])  # one client, 12 inputs
+        release.set()
+        assert await asyncio.gather(*first, *big) == ["blocker", *(f"x{i}" for i in range(12))]
+
+    try:
+        asyncio.run(main())
+    finally:
+        release.set()
+        b.close()
+    assert [len(c) for c in calls] == [1, 5, 5, 2]  # 5 × 100 = 500 tokens a call at most
+    assert sample(metrics, "shoestring_batch_padded_tokens_sum", task="t") == 1 + 1200
+    assert sample(metrics, "shoestring_batch_padded_tokens_bucket", task="t", le="256.0") == 2
 
 
 def _run_batcher(batcher: MicroBatcher, groups: list[list[Job]]) -> list[list[object]]:
@@ -70,7 +122,7 @@ def test_a_bad_input_fails_alone_and_batch_mates_get_answers() -> None:
     assert out[0] == [2] and out[2] == [6] and out[3] == [8]
     assert isinstance(out[1][0], ValueError)
     assert len(calls[0]) == 4  # they did form one batch first
-    assert metrics.failed.value(task="double") == 1
+    assert sample(metrics, "shoestring_failed_inputs_total", task="double") == 1
 
 
 def test_full_queue_raises_at_once_and_admits_all_or_nothing() -> None:
@@ -123,7 +175,7 @@ def test_cancelled_jobs_never_run_and_close_drains_the_rest() -> None:
 
     assert asyncio.run(main()) == "kept"
     assert ran == ["kept"]
-    assert metrics.dropped.value(reason="disconnected") == 1
+    assert sample(metrics, "shoestring_dropped_inputs_total", reason="disconnected") == 1
 
 
 def test_the_group_holding_the_oldest_job_runs_first() -> None:

@@ -420,21 +420,24 @@ def cram(
 
 @app.command()
 def serve(
-    model: Annotated[
-        Path,
-        typer.Argument(help="Run dir, `shoestring export` folder, or fine-tuned classifier folder.",
-                       show_default=False, metavar="RUN_DIR|HF_DIR"),
+    models: Annotated[
+        list[str],
+        typer.Argument(help="Run dir, `shoestring export` folder, classifier folder, or a repository "
+                       "model NAME[:VERSION|:TAG] (several: requests pick one with \"model\").",
+                       show_default=False, metavar="MODEL..."),
     ],
     host: Annotated[str, typer.Option(help="Address to listen on (loopback: this machine only).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port (0: any free port, printed at start).")] = 8000,
-    max_batch_size: Annotated[int, typer.Option(help="Inputs per model call at most.")] = 32,
-    max_wait_ms: Annotated[float, typer.Option(help="How long the oldest input waits for batch-mates.")] = 5.0,
-    max_queue: Annotated[int, typer.Option(help="Queued inputs before answering 503 + Retry-After.")] = 1024,
+    max_batch_tokens: Annotated[int, typer.Option(help="Padded tokens (inputs × longest) per model call at most.")] = 16384,
+    max_batch_size: Annotated[Optional[int], typer.Option(help="Inputs per model call at most (default: tokens decide).")] = None,
+    max_wait_ms: Annotated[float, typer.Option(help="How long the oldest input waits for batch-mates (0: start when the model is free).")] = 0.0,
+    max_queue: Annotated[int, typer.Option(help="Queued inputs before answering 429 + Retry-After.")] = 4096,
+    max_concurrent_requests: Annotated[int, typer.Option(help="Requests handled at once before answering 429 + Retry-After.")] = 512,
     max_length: Annotated[int, typer.Option(help="Tokens per input, special tokens included.")] = 512,
     truncate: Annotated[
         bool, typer.Option("--truncate/--reject", help="Over-long input: cut it to --max-length, or answer 422.")
     ] = False,
-    max_inputs: Annotated[int, typer.Option(help="Texts in one request at most.")] = 64,
+    max_client_batch: Annotated[int, typer.Option(help="Texts in one request at most (split into batches; 413 above).")] = 1024,
     max_body_bytes: Annotated[int, typer.Option(help="Request body size limit (413 above it).")] = 1 << 20,
     max_new_tokens: Annotated[int, typer.Option(help="Generation: the most new tokens one request may ask.")] = 256,
     request_timeout: Annotated[float, typer.Option(help="Seconds before an unanswered request gets 504.")] = 30.0,
@@ -447,27 +450,30 @@ def serve(
     ] = None,
     precision: Annotated[str, typer.Option(help="fp32, bf16 (autocast), or auto (bf16 where faster).")] = "fp32",
     threads: Annotated[
-        Optional[int], typer.Option(help="torch threads for inference (default: one per core).")
+        Optional[int], typer.Option(help="torch threads per worker (default: the cores shared among workers).")
     ] = None,
     index: Annotated[
         Optional[Path], typer.Option("--index", help="Index dir (shoestring index): adds /v1/search and generate's retrieve option.", metavar="INDEX")
     ] = None,
+    workers: Annotated[int, typer.Option(help="Engine processes behind the one port (replicas).")] = 1,
 ) -> None:
-    """Serve a trained model over HTTP with dynamic micro-batching (docs/serving.md)."""
+    """Serve trained models over HTTP with token-budget batching (docs/serving.md)."""
     from shoestring.serve.server import serve as run_serve
     from shoestring.serve.settings import make_settings
 
     settings = make_settings(
-        host=host, port=port, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms,
-        max_queue=max_queue, max_length=max_length, truncate=truncate, max_inputs=max_inputs,
+        host=host, port=port, max_batch_tokens=max_batch_tokens, max_batch_size=max_batch_size,
+        max_wait_ms=max_wait_ms, max_queue=max_queue, max_concurrent_requests=max_concurrent_requests,
+        max_length=max_length, truncate=truncate, max_client_batch=max_client_batch,
         max_body_bytes=max_body_bytes, max_new_tokens=max_new_tokens,
         request_timeout_s=request_timeout, shutdown_timeout_s=shutdown_timeout, api_key=api_key,
         precision=precision, threads=threads, index=str(index) if index else None,
+        workers=workers,
     )
     if not settings.loopback and settings.api_key is None:
         err.print(f"[yellow]warning:[/] listening on {host} without --api-key: anyone who can "
                   "reach this machine can use the model")
-    run_serve(model, settings,
+    run_serve(models, settings,
               announce=lambda msg: err.print(msg, markup=False, highlight=False, soft_wrap=True))
 
 
@@ -573,8 +579,80 @@ def ask(
                   f"{' '.join(p['text'].split())[:200]}", markup=False, highlight=False)
 
 
+models_app = typer.Typer(
+    help="The model repository ($SHOESTRING_HOME/models): push, list, tag, rm.",
+    no_args_is_help=True,
+)
+app.add_typer(models_app, name="models")
+
+
+@models_app.command("push")
+def models_push(
+    source: Annotated[Path, typer.Argument(help="Run dir, export folder or classifier folder.",
+                                           show_default=False, metavar="RUN|HF_DIR")],
+    name: Annotated[str, typer.Option("--name", "-n", help="Model name (lower case: a-z 0-9 . _ -).")],
+) -> None:
+    """Store a model as the next version of NAME (identical content is stored once)."""
+    from shoestring.model_repository import ModelRepository
+
+    version, new = ModelRepository().push(source, name)
+    if new:
+        out.print(f"stored {version.ref} (sha256 {version.manifest['sha256'][:12]}) in {version.path.parent}",
+                  soft_wrap=True, highlight=False)
+    else:
+        out.print(f"{source} is already stored as {version.ref}: nothing to do", highlight=False)
+
+
+@models_app.command("list")
+def models_list(
+    name: Annotated[Optional[str], typer.Argument(help="Only this model.", show_default=False)] = None,
+) -> None:
+    """The stored models and versions with their tags and eval metrics."""
+    from shoestring.model_repository import ModelRepository
+
+    repo = ModelRepository()
+    versions = repo.versions(name)
+    if not versions:
+        out.print(f"no models in {repo.root}; store one with: shoestring models push RUN --name NAME",
+                  highlight=False)
+        return
+    t = Table(box=None, pad_edge=False, header_style="bold")
+    for col in ("model", "version", "tags", "created", "kind", "metrics"):
+        t.add_column(col)
+    for v in versions:
+        metrics = " ".join(f"{k}={x:.4g}" for k, x in v.manifest.get("metrics", {}).items())
+        t.add_row(v.name, str(v.version), ",".join(v.tags), v.manifest.get("created", ""),
+                  v.manifest.get("kind", ""), metrics)
+    out.print(t)
+
+
+@models_app.command("tag")
+def models_tag(
+    ref: Annotated[str, typer.Argument(help="The version: NAME:VERSION (or NAME:TAG).", show_default=False,
+                                       metavar="NAME:VERSION")],
+    tag: Annotated[str, typer.Argument(help="Tag to point at it (moved if it exists).", show_default=False)],
+) -> None:
+    """Point a tag at a version; servers serving NAME:TAG follow it without a restart."""
+    from shoestring.model_repository import ModelRepository
+
+    v = ModelRepository().tag(ref, tag)
+    out.print(f"{v.name}:{tag} → {v.ref}", highlight=False)
+
+
+@models_app.command("rm")
+def models_rm(
+    ref: Annotated[str, typer.Argument(help="NAME (every version) or NAME:VERSION|TAG (one).",
+                                       show_default=False, metavar="NAME[:VERSION]")],
+) -> None:
+    """Remove a model, or one of its versions (and the tags that pointed at it)."""
+    from shoestring.model_repository import ModelRepository
+
+    removed = ModelRepository().remove(ref)
+    out.print(f"removed {', '.join(removed)}", highlight=False)
+
+
 @app.command()
-def models(
+def presets(
     vocab: Annotated[int, typer.Option("--vocab", help="Vocabulary size for the counts.")] = 32768,
     seq_len: Annotated[int, typer.Option("--seq-len", help="Sequence length for FLOPs/token.")] = 512,
 ) -> None:

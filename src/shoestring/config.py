@@ -87,7 +87,7 @@ class DataConfig(_Section):
 class ModelConfig(_Section):
     """The network: an encoder (masked LM) or a decoder (causal LM), see docs/models.md.
 
-    ``preset`` fills the size fields from a named preset (`shoestring models` lists them);
+    ``preset`` fills the size fields from a named preset (`shoestring presets` lists them);
     fields given alongside it win. Recipe fields left unset take the objective's recipe.
     """
 

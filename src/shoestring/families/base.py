@@ -87,7 +87,7 @@ class Family(abc.ABC):
     # planner defaults when no preset is at hand: layers per hidden unit, FFN / hidden
     shape: ClassVar[tuple[float, float]]
     # named sizes, smallest first: name → (hidden, layers, heads, kv_heads or None,
-    # intermediate, what it is); `shoestring models` lists them, model.preset picks one
+    # intermediate, what it is); `shoestring presets` lists them, model.preset picks one
     presets: ClassVar[dict[str, Preset]]
 
     @property

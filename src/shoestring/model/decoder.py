@@ -12,6 +12,8 @@ sampling is greedy (temperature 0), temperature, top-k and/or top-p.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -92,9 +94,12 @@ class CausalLM(Trunk):
         generator: torch.Generator | None = None,
         attention_mask: Tensor | None = None,
         pad_id: int | None = None,
+        on_token: Callable[[Tensor], bool] | None = None,
     ) -> Tensor:
         """Continue each prompt by up to ``max_new_tokens``; returns (B, T + new) ids.
 
+        ``on_token`` sees each step's (B,) new tokens as they are made (streaming); returning
+        False stops generation there (a streaming client went away).
         Prompts of unequal length are left-padded with ``attention_mask`` marking real tokens.
         A row that emits ``eos_id`` stops; its remaining positions hold ``pad_id`` (default
         ``eos_id``). Stops early when every row has finished.
@@ -123,6 +128,8 @@ class CausalLM(Trunk):
                 token = torch.where(done, torch.full_like(token, fill), token)
                 done |= token == eos_id
             out.append(token[:, None])
+            if on_token is not None and not on_token(token):
+                break
             if eos_id is not None and bool(done.all()):
                 break
             valid = torch.cat([valid, torch.ones(B, 1, dtype=torch.bool, device=device)], dim=1)

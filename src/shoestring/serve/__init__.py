@@ -1,7 +1,11 @@
-"""Serving: a trained model behind an HTTP API with dynamic micro-batching (docs/serving.md).
+"""Serving: trained models behind an HTTP API with token-budget batching (docs/serving.md).
 
-``batcher`` gathers requests into batches on a worker thread, ``engine`` loads a run dir, an
-export or a classifier and runs batches, ``app`` is the FastAPI app, ``server`` runs it under
-uvicorn, ``metrics`` writes Prometheus text, ``security`` holds the API key check and body
-limit, ``settings`` the validated limits.
+``batcher`` gathers inputs into batches of at most ``--max-batch-tokens`` padded tokens on a
+worker thread, ``engine`` loads a run dir, an export or a classifier and runs batches,
+``routing`` picks the loaded model version a request's ``model`` names (through the model
+repository, `shoestring.model_repository`), ``streaming`` carries generated tokens out as
+server-sent events, ``app`` is the FastAPI app, ``page`` the HTML page at ``/``, ``server``
+runs it under uvicorn (one process or ``--workers N``), ``metrics`` keeps the Prometheus
+numbers (prometheus-client), ``security`` holds the API key check and the limits that refuse
+work (413/429), ``settings`` the validated limits.
 """

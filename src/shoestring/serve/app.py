@@ -3,20 +3,26 @@
 A request body is JSON whatever its ``Content-Type`` header says (``curl -d`` works as is).
 It is validated by its pydantic model (422 on bad types or fields), tokenized and
 checked by the engine (422 on over-length or a missing mask token), split into one batcher
-job per input and queued (503 + Retry-After at once when the queue is full). The handler
+job per input and queued (429 + Retry-After at once when the queue is full; the batcher
+splits a request larger than one batch across batches). The handler
 then waits for three things at once: its results, its client disconnecting (its queued jobs
 are dropped before they cost compute), and its deadline (504). Inference itself happens on
 the batcher's worker thread, never on the event loop.
 
+A request's ``model`` field picks one of the server's models (`routing`); without it the
+first answers. ``GET /`` is a page to browse the models and try them (`page`).
+
 Status codes: 401 bad or missing API key · 404 an endpoint this model does not serve ·
-413 body too large · 422 bad input · 503 queue full or shutting down · 504 timed out.
+413 body too large or more inputs than --max-client-batch · 422 bad input · 429 at
+--max-concurrent-requests or a full queue · 503 shutting down · 504 timed out.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
-import math
+import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -25,13 +31,15 @@ from typing import Any
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 
 from shoestring import __version__
-from shoestring.serve.batcher import BatcherClosed, Job, MicroBatcher, QueueFull
+from shoestring.serve.batcher import BatcherClosed, Job, QueueFull
 from shoestring.serve.engine import Engine, InputError
 from shoestring.serve.metrics import CONTENT_TYPE, ServeMetrics
 from shoestring.serve.retrieval_routes import attach_retrieval, need
+from shoestring.serve.page import PAGE
+from shoestring.serve.routing import ModelRouter, Slot
 from shoestring.serve.schemas import (
     ClassifyRequest,
     ClassifyResponse,
@@ -42,8 +50,18 @@ from shoestring.serve.schemas import (
     GenerateRequest,
     GenerateResponse,
 )
-from shoestring.serve.security import ApiKey, BodyLimit, Receive, Scope, Send
+from shoestring.serve.security import (
+    ApiKey,
+    BodyLimit,
+    ConcurrencyLimit,
+    Receive,
+    Refused,
+    RequestGate,
+    Scope,
+    Send,
+)
 from shoestring.serve.settings import ServeSettings
+from shoestring.serve.streaming import TokenStream, events
 
 ENDPOINTS = {
     "/v1/fill-mask": "fill-mask",
@@ -51,7 +69,15 @@ ENDPOINTS = {
     "/v1/classify": "classify",
     "/v1/generate": "generate",
 }
-OTHER_PATHS = ("/healthz", "/readyz", "/metrics", "/v1/model")
+OTHER_PATHS = ("/", "/healthz", "/readyz", "/metrics", "/v1/model", "/v1/models")
+# Newer FastAPI looks up OpenTelemetry providers on every request: 0.5 ms of the event loop
+# per request under load (cProfile of `serve` at 32 clients). This server keeps its own
+# Prometheus metrics, so that check is switched off where FastAPI has it.
+_NO_TELEMETRY: dict[str, Any] = (
+    {"telemetry": {"tracing": False, "metrics": False, "logs": False}}
+    if "telemetry" in inspect.signature(FastAPI.__init__).parameters
+    else {}
+)
 CLIENT_CLOSED = 499  # nginx's code for "client closed the request"; only ever seen in metrics
 
 
@@ -91,8 +117,8 @@ class _Metered:
         try:
             await self.app(scope, receive, metered_send)
         finally:
-            self.metrics.requests.inc(endpoint=endpoint, status=str(status))
-            self.metrics.latency.observe(time.perf_counter() - start, endpoint=endpoint)
+            self.metrics.requests.labels(endpoint=endpoint, status=str(status)).inc()
+            self.metrics.latency.labels(endpoint=endpoint).observe(time.perf_counter() - start)
 
 
 class _JsonBody:
@@ -111,20 +137,20 @@ class _JsonBody:
 
 
 def create_app(
-    engine: Engine, settings: ServeSettings, metrics: ServeMetrics | None = None
+    engine: Engine | ModelRouter, settings: ServeSettings, metrics: ServeMetrics | None = None
 ) -> FastAPI:
-    """The FastAPI app serving ``engine``; the batcher starts and drains with the app's lifespan."""
-    metrics = metrics or ServeMetrics()
-    batcher = MicroBatcher(
-        engine.run,
-        max_batch_size=settings.max_batch_size,
-        max_wait_s=settings.max_wait_ms / 1000.0,
-        max_queue=settings.max_queue,
-        pad=engine.pad_batches,
-        metrics=metrics,
-    )
+    """The FastAPI app serving one ``engine`` or a `ModelRouter`'s models; their batchers
+    start and drain with the app's lifespan."""
+    if isinstance(engine, ModelRouter):
+        router = engine
+        metrics = router.metrics
+    else:
+        metrics = metrics or ServeMetrics()
+        router = ModelRouter.single(engine, settings, metrics)
+    default = router.default_slot
+    engine, batcher = default.engine, default.batcher  # the default model (routes may use them)
     metrics.add_gauge(
-        "shoestring_queue_depth", "Inputs waiting for the model.", lambda: batcher.queue_depth
+        "shoestring_queue_depth", "Inputs waiting for the model.", lambda: router.queue_depth
     )
     metrics.add_gauge(
         "shoestring_queue_capacity",
@@ -132,28 +158,41 @@ def create_app(
         lambda: settings.max_queue,
     )
     metrics.add_gauge(
-        "shoestring_inputs_in_flight", "Inputs the model is working on.", lambda: batcher.in_flight
+        "shoestring_inputs_in_flight", "Inputs the model is working on.", lambda: router.in_flight
+    )
+    metrics.add_gauge(
+        "shoestring_models_loaded", "Model versions loaded.", lambda: len(router.slots)
     )
     api_key = ApiKey(settings.api_key.get_secret_value()) if settings.api_key else None
+    gate = RequestGate(
+        settings.max_concurrent_requests,
+        lambda: metrics.refused.labels(limit="max_concurrent_requests").inc(),
+    )
+    metrics.add_gauge(
+        "shoestring_requests_in_flight",
+        "Requests being handled (429 at --max-concurrent-requests).",
+        lambda: gate.active,
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        batcher.start()
+        router.start()
         try:
             yield
         finally:
             # Uvicorn calls this after in-flight requests have finished (or its grace period
             # ran out); anything still queued is run, not dropped.
-            await asyncio.to_thread(batcher.close, True, settings.shutdown_timeout_s)
+            await asyncio.to_thread(router.close, True, settings.shutdown_timeout_s)
 
     app = FastAPI(
         title="shoestring",
         version=__version__,
         summary=f"Micro-batched inference for a shoestring {engine.kind}.",
         lifespan=lifespan,
+        **_NO_TELEMETRY,
     )
     app.state.engine, app.state.batcher, app.state.metrics = engine, batcher, metrics
-    app.state.settings = settings
+    app.state.settings, app.state.router = settings, router
 
     async def authorized(request: Request) -> None:  # async: a sync one costs a thread hop
         if api_key is not None and not api_key.check(request.headers):
@@ -163,9 +202,9 @@ def create_app(
                 headers={"WWW-Authenticate": "Bearer"},
             )
 
-    retrieval = attach_retrieval(app, engine, settings.index, authorized)  # /v1/search
+    retrieval = attach_retrieval(app, settings.index, authorized)  # /v1/search
 
-    def require(task: str) -> None:
+    def require(task: str, engine: Engine = engine) -> None:
         if task not in engine.tasks:
             served = ", ".join(f"/v1/{t}" for t in sorted(engine.tasks))
             raise HTTPException(
@@ -174,6 +213,12 @@ def create_app(
                 f"not do {task}; "
                 f"it serves {served}",
             )
+
+    async def slot_for(body: Any, task: str) -> Slot:
+        """The model ``body.model`` names (404 when it cannot do ``task``)."""
+        slot = await router.slot_for(getattr(body, "model", None))
+        require(task, slot.engine)
+        return slot
 
     # --- errors ------------------------------------------------------------------------------
 
@@ -189,15 +234,14 @@ def create_app(
             status_code=422,
         )
 
+    @app.exception_handler(Refused)
+    async def _refused(request: Request, e: Refused) -> JSONResponse:
+        return refusal(e)
+
     @app.exception_handler(QueueFull)
     async def _full(request: Request, e: QueueFull) -> JSONResponse:
-        # A rough time for the queue to move: one batch's worth of waiting, at least 1 s.
-        retry = max(1, math.ceil(settings.max_wait_ms / 1000))
-        return JSONResponse(
-            {"detail": f"{e}; retry after {retry} s"},
-            status_code=503,
-            headers={"Retry-After": str(retry)},
-        )
+        metrics.refused.labels(limit="max_queue").inc()
+        return refusal(Refused(429, f"{e}; retry after 1 s", "max_queue", e.capacity))
 
     @app.exception_handler(BatcherClosed)
     async def _closed(request: Request, e: BatcherClosed) -> JSONResponse:
@@ -224,21 +268,28 @@ def create_app(
     # --- the path through the batcher ----------------------------------------------------------
 
     def check_count(texts: list[str]) -> None:
-        # A request larger than the whole queue could never be admitted: 422, not 503.
-        limit, flag = min(
-            (settings.max_inputs, "--max-inputs"), (settings.max_queue, "--max-queue")
-        )
-        if len(texts) > limit:
-            raise InputError(
+        # More inputs than one batch holds are split across batches; above the client-batch
+        # limit the request is refused whole (TEI's 413).
+        if len(texts) > settings.max_client_batch:
+            metrics.refused.labels(limit="max_client_batch").inc()
+            raise Refused(
+                413,
                 f"{len(texts)} inputs in one request; this server takes at most "
-                f"{limit} ({flag}): split the request",
-                ("body", "inputs"),
+                f"{settings.max_client_batch} (--max-client-batch): split the request",
+                "max_client_batch",
+                settings.max_client_batch,
             )
 
     async def infer(
-        request: Request, key: tuple, payloads: list[Any], lengths: list[int], many: bool
+        request: Request,
+        key: tuple,
+        payloads: list[Any],
+        lengths: list[int],
+        many: bool,
+        slot: Slot | None = None,
     ) -> list[Any]:
         jobs = [Job(key, n, p) for p, n in zip(payloads, lengths)]
+        batcher = (slot or default).batcher  # no slot: the default model (the first served)
         futures = batcher.submit(jobs)
         results = asyncio.gather(*futures, return_exceptions=True)
         gone = asyncio.ensure_future(_disconnected(request.receive))
@@ -273,21 +324,21 @@ def create_app(
     @app.post("/v1/fill-mask", response_model=FillMaskResponse, dependencies=[Depends(authorized)])
     async def fill_mask(body: FillMaskRequest, request: Request) -> Any:
         """Top-k tokens, with probabilities, for each [MASK] in each text."""
-        require("fill-mask")
         check_count(body.texts)
-        payloads = engine.prepare_fill_mask(body.texts, body.top_k, body.many)
-        out = await infer(
-            request, ("fill-mask",), payloads, [len(p[0]) for p in payloads], body.many
-        )
+        slot = await slot_for(body, "fill-mask")
+        payloads = slot.engine.prepare_fill_mask(body.texts, body.top_k, body.many)
+        lengths = [len(p[0]) for p in payloads]
+        out = await infer(request, ("fill-mask",), payloads, lengths, body.many, slot)
         return _json({"results": out})
 
     @app.post("/v1/embed", response_model=EmbedResponse, dependencies=[Depends(authorized)])
     async def embed(body: EmbedRequest, request: Request) -> Any:
         """One pooled vector per text (mean or [CLS]; unit length unless normalize=false)."""
-        require("embed")
         check_count(body.texts)
-        payloads = engine.prepare_embed(body.texts, body.pooling, body.normalize, body.many)
-        out = await infer(request, ("embed",), payloads, [len(p[0]) for p in payloads], body.many)
+        slot = await slot_for(body, "embed")
+        payloads = slot.engine.prepare_embed(body.texts, body.pooling, body.normalize, body.many)
+        lengths = [len(p[0]) for p in payloads]
+        out = await infer(request, ("embed",), payloads, lengths, body.many, slot)
         return _json({"embeddings": out, "dimensions": len(out[0]) if out else 0})
 
     @app.post(
@@ -298,17 +349,19 @@ def create_app(
     )
     async def classify(body: ClassifyRequest, request: Request) -> Any:
         """Label probabilities (or a value) from a fine-tuned classifier."""
-        require("classify")
         check_count(body.texts)
-        payloads = engine.prepare_classify(body.texts, body.pairs, body.many)
-        out = await infer(request, ("classify",), payloads, [len(p) for p in payloads], body.many)
+        slot = await slot_for(body, "classify")
+        payloads = slot.engine.prepare_classify(body.texts, body.pairs, body.many)
+        lengths = [len(p) for p in payloads]
+        out = await infer(request, ("classify",), payloads, lengths, body.many, slot)
         return _json({"results": out})
 
     @app.post("/v1/generate", response_model=GenerateResponse, dependencies=[Depends(authorized)])
     async def generate(body: GenerateRequest, request: Request) -> Any:
-        """Continue each prompt (a decoder): up to max_new_tokens, sampled or greedy."""
-        require("generate")
+        """Continue each prompt (a decoder): up to max_new_tokens, sampled or greedy; with
+        ``stream`` one prompt's tokens as server-sent events."""
         check_count(body.texts)
+        slot = await slot_for(body, "generate")
         if body.max_new_tokens > settings.max_new_tokens:
             raise InputError(
                 f"max_new_tokens = {body.max_new_tokens} is over this server's "
@@ -318,35 +371,80 @@ def create_app(
         texts, passages = body.texts, None
         if body.retrieve is not None:  # questions → prompts with retrieved passages
             texts, passages = await need(retrieval).prompts(
-                body.texts, body.retrieve.k, body.retrieve.mode, body.max_new_tokens)
-        payloads = engine.prepare_generate(texts, body.many)
-        key = ("generate", body.max_new_tokens, body.temperature, body.top_k, body.top_p, body.seed)
-        out = await infer(request, key, payloads, [len(p) for p in payloads], body.many)
+                body.texts, body.retrieve.k, body.retrieve.mode, body.max_new_tokens, slot.engine)
+        payloads = slot.engine.prepare_generate(texts, body.many)
+        options = (body.max_new_tokens, body.temperature, body.top_k, body.top_p, body.seed)
+        if body.stream:
+            if len(payloads) != 1:
+                raise InputError(
+                    f"stream takes one prompt, got {len(payloads)}: send one per request",
+                    ("body", "inputs"),
+                )
+            return stream_generation(slot, options, payloads[0])
+        key = ("generate", *options)
+        out = await infer(request, key, payloads, [len(p) for p in payloads], body.many, slot)
         if passages is not None:
             out = [{**o, "passages": p} for o, p in zip(out, passages)]
         return _json({"results": out})
+
+    def stream_generation(slot: Slot, options: tuple, ids: list[int]) -> StreamingResponse:
+        stream = TokenStream(asyncio.get_running_loop())
+        job = Job(("generate-stream", *options, stream.id), len(ids), (ids, stream))
+        (future,) = slot.batcher.submit([job])
+
+        def record(f: asyncio.Future) -> None:
+            if not f.cancelled() and f.exception() is None:
+                result = f.result()
+                metrics.streams.labels(finish_reason=result["finish_reason"]).inc()
+                metrics.streamed_tokens.inc(result["tokens"])
+
+        future.add_done_callback(record)
+
+        async def body() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in events(stream, future):
+                    yield chunk
+            finally:
+                slot.batcher.cancel([job], "disconnected")  # if it had not started yet
+
+        return StreamingResponse(
+            body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        )
 
     @app.get("/v1/model", dependencies=[Depends(authorized)])
     async def model_info() -> dict:
         """What is loaded, what it serves, and the server's limits."""
         return {
-            **engine.describe(),
+            **router.default_slot.engine.describe(),
+            "worker": os.getpid(),
             "limits": {
+                "max_batch_tokens": settings.max_batch_tokens,
                 "max_batch_size": settings.max_batch_size,
                 "max_wait_ms": settings.max_wait_ms,
                 "max_queue": settings.max_queue,
-                "max_inputs": settings.max_inputs,
+                "max_concurrent_requests": settings.max_concurrent_requests,
+                "max_client_batch": settings.max_client_batch,
                 "max_body_bytes": settings.max_body_bytes,
                 "max_new_tokens": settings.max_new_tokens,
                 "request_timeout_s": settings.request_timeout_s,
             },
         }
 
+    @app.get("/v1/models", dependencies=[Depends(authorized)])
+    async def models() -> dict:
+        """The served models: current version, stored versions with eval metrics and tags."""
+        return {"models": await asyncio.to_thread(router.describe), "worker": os.getpid()}
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def page() -> HTMLResponse:
+        """A page to browse the models and try them (plain HTML + JS, no build step)."""
+        return HTMLResponse(PAGE)
+
     @app.get("/healthz")
     async def healthz() -> JSONResponse:
-        """Liveness: the process answers and its inference worker is alive."""
-        thread = batcher._thread
-        alive = thread is not None and thread.is_alive()
+        """Liveness: the process answers and its inference workers are alive."""
+        threads = [s.batcher._thread for s in router.slots.values()]
+        alive = all(t is not None and t.is_alive() for t in threads)
         return JSONResponse(
             {"status": "ok" if alive else "worker stopped"}, status_code=200 if alive else 500
         )
@@ -354,24 +452,30 @@ def create_app(
     @app.get("/readyz")
     async def readyz() -> JSONResponse:
         """Readiness: accepting work and the queue has room (else 503: send traffic elsewhere)."""
-        depth = batcher.queue_depth
-        ready = batcher.accepting and depth < settings.max_queue
-        state = "ready" if ready else ("shutting down" if not batcher.accepting else "queue full")
+        depth = router.queue_depth
+        ready = router.accepting and depth < settings.max_queue
+        state = "ready" if ready else ("shutting down" if not router.accepting else "queue full")
         return JSONResponse(
             {"status": state, "queue_depth": depth, "tasks": sorted(engine.tasks)},
             status_code=200 if ready else 503,
         )
 
     @app.get("/metrics", dependencies=[Depends(authorized)])
-    async def prometheus() -> PlainTextResponse:
-        """Prometheus text format: requests, latency and batch-size histograms, queue depth."""
-        return PlainTextResponse(metrics.render(), media_type=CONTENT_TYPE)
+    async def prometheus() -> Response:
+        """Prometheus text format: requests, latency, batch size and tokens, queue depth."""
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
 
     # Outermost first: every answer is metered, including the 413s of the body limit.
     app.add_middleware(_JsonBody)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(ConcurrencyLimit, gate=gate)
     app.add_middleware(_Metered, metrics=metrics)
     return app
+
+
+def refusal(e: Refused) -> JSONResponse:
+    headers = {k.decode(): v.decode() for k, v in e.headers()}
+    return JSONResponse(e.body(), status_code=e.status, headers=headers)
 
 
 class _AsciiJSON(JSONResponse):

@@ -5,13 +5,14 @@ is far cheaper than 32 calls on one; that is the whole throughput gain of a mode
 (BentoML's "adaptive batching"). The batcher keeps a bounded queue of *jobs* (one input each)
 and one worker thread that repeatedly:
 
-1. takes the oldest job and waits until ``max_batch_size`` jobs with the same key are queued
-   or the oldest has waited ``max_wait``, whichever comes first (a busy server never waits:
-   jobs pile up while the previous batch runs). It waits at all only while requests arrive
-   more often than once per ``max_wait`` on average, so a lightly loaded server adds no
-   latency;
-2. if more jobs are queued than fit, picks the ``max_batch_size`` jobs of the nearest lengths
-   around the oldest one (the oldest is always served, so nothing starves);
+1. takes the oldest job and, by default (``max_wait`` 0, TEI's design), starts at once:
+   a free engine never waits, and whatever piled up while the previous batch ran is the
+   next batch, so batches grow with load. With ``max_wait`` > 0 it waits that long for
+   batch-mates, but only while requests arrive more often than once per ``max_wait``;
+2. fills the batch with the jobs nearest the oldest one's length until ``max_batch_tokens``
+   padded positions (count × longest) or ``max_batch_size`` jobs (the oldest is always
+   served, so nothing starves). A request with many inputs is many jobs, so one larger than
+   a batch is split across batches transparently;
 3. splits that batch into length groups so short inputs are not padded to the longest
    (`plan_groups`, an exact dynamic program over the sorted lengths), and runs the group
    holding the oldest job first, then the rest by their oldest job;
@@ -20,7 +21,7 @@ and one worker thread that repeatedly:
 
 The event loop only enqueues and awaits futures; results come back through
 ``loop.call_soon_threadsafe``. A full queue raises `QueueFull` at once (the HTTP layer answers
-503 + Retry-After): memory stays bounded under any load. Jobs whose client went away or whose
+429 + Retry-After): memory stays bounded under any load. Jobs whose client went away or whose
 time ran out are removed with `cancel` before they cost any compute. `close` drains: it stops
 accepting, lets the worker finish everything queued, then joins it.
 """
@@ -71,25 +72,42 @@ class Job:
     done: bool = field(default=False)
 
 
-def choose_batch(candidates: Sequence[Job], max_batch_size: int) -> list[Job]:
-    """Up to ``max_batch_size`` jobs: the oldest (``candidates[0]``) and those nearest its length.
+def padded_tokens(lengths: Sequence[int], pad: bool = True) -> int:
+    """Token positions a call on inputs of ``lengths`` computes: padded to the longest."""
+    return len(lengths) * max(lengths, default=0) if pad else sum(lengths)
 
-    Among all windows of ``max_batch_size`` consecutive jobs in length order that contain the
-    oldest job, the one with the smallest length spread wins: the least padding that still
-    serves the job that has waited longest.
+
+def choose_batch(
+    candidates: Sequence[Job], max_batch_size: int, max_batch_tokens: int | None = None
+) -> list[Job]:
+    """The oldest job (``candidates[0]``) and those nearest its length, within both budgets.
+
+    TEI's rule, with length grouping: a batch holds at most ``max_batch_size`` jobs and at
+    most ``max_batch_tokens`` padded token positions (count × longest). Jobs are considered
+    by how close their length is to the oldest's (ties: arrival order), and each is taken if
+    the batch still fits with it, so the job that has waited longest is always served and
+    its batch-mates cost it the least padding. The oldest job alone is taken even when it is
+    over the token budget (the settings keep ``--max-length`` within it).
     """
-    if len(candidates) <= max_batch_size:
-        return list(candidates)
+    if not candidates:
+        return []
+    budget = max_batch_tokens if max_batch_tokens is not None else float("inf")
     oldest = candidates[0]
-    by_length = sorted(candidates, key=lambda j: j.length)  # stable: ties keep arrival order
-    i = next(k for k, j in enumerate(by_length) if j is oldest)
-    lo = max(0, i - max_batch_size + 1)
-    hi = min(i, len(by_length) - max_batch_size)
-    start = min(
-        range(lo, hi + 1),
-        key=lambda s: by_length[s + max_batch_size - 1].length - by_length[s].length,
-    )
-    return by_length[start : start + max_batch_size]
+    if (
+        len(candidates) <= max_batch_size
+        and padded_tokens([j.length for j in candidates]) <= budget
+    ):
+        return list(candidates)
+    by_distance = sorted(candidates[1:], key=lambda j: abs(j.length - oldest.length))
+    batch, longest = [oldest], oldest.length
+    for job in by_distance:
+        if len(batch) >= max_batch_size:
+            break
+        wider = max(longest, job.length)
+        if (len(batch) + 1) * wider <= budget:
+            batch.append(job)
+            longest = wider
+    return batch
 
 
 def plan_groups(
@@ -141,8 +159,9 @@ class MicroBatcher:
         self,
         run: RunFn,
         *,
-        max_batch_size: int = 32,
-        max_wait_s: float = 0.005,
+        max_batch_size: int = 1024,
+        max_batch_tokens: int | None = None,
+        max_wait_s: float = 0.0,
         max_queue: int = 1024,
         pad: bool | Callable[[tuple], bool] = True,
         metrics: ServeMetrics | None = None,
@@ -152,6 +171,7 @@ class MicroBatcher:
             raise ValueError("max_batch_size and max_queue must be ≥ 1, max_wait_s ≥ 0")
         self._run = run
         self.max_batch_size = max_batch_size
+        self.max_batch_tokens = max_batch_tokens
         self.max_wait_s = max_wait_s
         self.max_queue = max_queue
         self._pad = pad if callable(pad) else (lambda key, _p=pad: _p)
@@ -213,7 +233,7 @@ class MicroBatcher:
             # a gathering window, a full batch ends it. In between it sleeps until the window
             # closes; waking it on every arrival would only trade the GIL back and forth with
             # the event loop, which is busy receiving the very requests it is waiting for.
-            if was_empty or len(self._pending) >= self.max_batch_size:
+            if was_empty or (self.max_wait_s > 0 and len(self._pending) >= self.max_batch_size):
                 self._cv.notify()
         return [job.future for job in jobs]  # type: ignore[misc]
 
@@ -232,7 +252,7 @@ class MicroBatcher:
                     pass  # already taken by the worker: it skips cancelled jobs before running
             self._cv.notify()
         if dropped and self.metrics:
-            self.metrics.dropped.inc(dropped, reason=reason)
+            self.metrics.dropped.labels(reason=reason).inc(dropped)
         return dropped
 
     def close(self, drain: bool = True, timeout: float | None = None) -> None:
@@ -260,15 +280,18 @@ class MicroBatcher:
                     continue
                 oldest = self._pending[0]
                 same = [j for j in self._pending if j.key == oldest.key]
+                batch = choose_batch(same, self.max_batch_size, self.max_batch_tokens)
                 wait = oldest.enqueued + self.max_wait_s - time.monotonic()
                 # Wait for batch-mates only while requests arrive often enough to bring some
                 # in time (on average, or right now: mates are already queued); at low load
                 # (one client, say) waiting would add latency for nothing.
                 busy = self._gap < self.max_wait_s or len(same) > 1
-                if len(same) < self.max_batch_size and wait > 0 and busy and not self._closing:
+                # With --max-wait-ms 0 (the default, TEI's way) a free engine never waits:
+                # whatever piled up while it was busy is the next batch.
+                full = len(batch) < len(same) or len(same) >= self.max_batch_size
+                if not full and wait > 0 and busy and not self._closing:
                     self._cv.wait(wait)
                     continue
-                batch = choose_batch(same, self.max_batch_size)
                 taken = set(map(id, batch))
                 self._pending = [j for j in self._pending if id(j) not in taken]
                 self._in_flight += len(batch)
@@ -295,7 +318,7 @@ class MicroBatcher:
         if skipped and self.metrics:
             for j in jobs:
                 if j.cancelled:
-                    self.metrics.dropped.inc(reason=j.cancelled)
+                    self.metrics.dropped.labels(reason=j.cancelled).inc()
         if not live:
             return
         results = self._call(key, live)
@@ -308,7 +331,7 @@ class MicroBatcher:
         if self.metrics:
             failed = sum(isinstance(r, BaseException) for r in results)
             if failed:
-                self.metrics.failed.inc(failed, task=str(key[0]))
+                self.metrics.failed.labels(task=str(key[0])).inc(failed)
         for job, result in zip(live, results):
             job.done = True
         _deliver(live, results)
@@ -324,13 +347,13 @@ class MicroBatcher:
         except Exception as e:  # noqa: BLE001 - reported to the requests, never kills the worker
             return e
         if self.metrics:
-            task = str(key[0])
             lengths = [j.length for j in jobs]
-            padded = max(lengths) * len(lengths) if self._pad(key) else sum(lengths)
-            self.metrics.batch_size.observe(len(jobs), task=task)
-            self.metrics.batch_seconds.observe(time.perf_counter() - t, task=task)
-            self.metrics.tokens.inc(sum(lengths), task=task, kind="real")
-            self.metrics.tokens.inc(padded - sum(lengths), task=task, kind="padding")
+            self.metrics.observe_batch(
+                str(key[0]),
+                time.perf_counter() - t,
+                lengths,
+                padded_tokens(lengths, self._pad(key)),
+            )
         return results
 
 
@@ -366,4 +389,12 @@ def _deliver_one(job: Job, result: Any) -> None:
     _deliver([job], [result])
 
 
-__all__ = ["BatcherClosed", "Job", "MicroBatcher", "QueueFull", "choose_batch", "plan_groups"]
+__all__ = [
+    "BatcherClosed",
+    "Job",
+    "MicroBatcher",
+    "QueueFull",
+    "choose_batch",
+    "padded_tokens",
+    "plan_groups",
+]

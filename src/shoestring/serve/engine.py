@@ -27,6 +27,7 @@ from torch import nn
 from shoestring import families
 from shoestring.errors import ShoestringError
 from shoestring.rundir import RunDir
+from shoestring.serve.streaming import TextDelta, TokenStream
 
 TASKS = ("fill-mask", "embed", "classify", "generate")
 
@@ -338,6 +339,8 @@ class DecoderEngine(Engine):
         return out
 
     def run(self, key: tuple, payloads: list[Any]) -> list[Any]:
+        if key[0] == "generate-stream":
+            return [self._stream(key[1:6], *payloads[0])]
         _, max_new, temperature, top_k, top_p, seed = key
         gen = None
         if seed is not None:
@@ -365,6 +368,41 @@ class DecoderEngine(Engine):
             text = self.tokenizer.decode(row, skip_special_tokens=True)
             results.append({"text": text, "tokens": len(row), "finish_reason": finish})
         return results
+
+    def _stream(self, options: tuple, ids: list[int], stream: TokenStream) -> dict[str, Any]:
+        """One prompt, token by token into ``stream``; stops early when the client has gone."""
+        max_new, temperature, top_k, top_p, seed = options
+        gen = None
+        if seed is not None:
+            gen = torch.Generator(device=self.device)
+            gen.manual_seed(seed)
+        text = TextDelta(lambda t: self.tokenizer.decode(t, skip_special_tokens=True))
+        finish = "length"
+
+        def on_token(token: torch.Tensor) -> bool:
+            nonlocal finish
+            t = int(token[0])
+            if self.eos_id is not None and t == self.eos_id:
+                finish = "stop"
+                return False
+            if not stream.push({"token": t, "text": text.add(t)}):
+                finish = "cancelled"
+                return False
+            return True
+
+        with self._context():
+            self.model.generate(
+                torch.tensor([ids], dtype=torch.long, device=self.device),
+                max_new,
+                temperature=temperature,
+                top_k=top_k,
+                top_p=top_p,
+                eos_id=self.eos_id,
+                generator=gen,
+                on_token=on_token,
+            )
+        full = self.tokenizer.decode(text.ids, skip_special_tokens=True)
+        return {"text": full, "tokens": len(text.ids), "finish_reason": finish}
 
     def warmup(self) -> None:
         seq = [self.eos_id if self.eos_id is not None else 0]

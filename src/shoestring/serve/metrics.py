@@ -1,223 +1,147 @@
-"""Prometheus metrics in the text exposition format (version 0.0.4), with no dependency.
+"""Prometheus metrics for one server process, kept with ``prometheus-client``.
 
-A server needs four kinds of numbers, all cheap to keep: counters (requests by endpoint and
-status), histograms (latency, batch size), and gauges read at scrape time (queue depth). The
-format is small and stable, so this module writes it directly instead of pulling in a client
-library; every update takes one lock, because the batcher's worker thread and the event loop
-both record.
+Each `ServeMetrics` owns its own ``CollectorRegistry`` (not the library's global one), so
+several servers in one process (tests, benchmarks) never share or clash on series. Gauges are
+read at scrape time (``set_function``), so they are never stale. ``tokens_per_second`` is the
+real (unpadded) tokens computed over the last `RATE_WINDOW_S` seconds, the number an
+operator watches to see the engine's throughput without a Prometheus ``rate()`` query.
 """
 
 from __future__ import annotations
 
-import abc
-import math
 import threading
-from collections.abc import Callable, Iterable, Sequence
+import time
+from collections import deque
+from collections.abc import Callable
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+# No ``*_created`` series: they double the output and nothing here reads them.
+prometheus_client.disable_created_metrics()
+
+CONTENT_TYPE = prometheus_client.CONTENT_TYPE_LATEST
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-
-Labels = tuple[tuple[str, str], ...]
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+BATCH_TOKEN_BUCKETS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+RATE_WINDOW_S = 10.0
 
 
-def _labels(labels: Labels, extra: tuple[str, str] | None = None) -> str:
-    pairs = [*labels, *([extra] if extra else [])]
-    if not pairs:
-        return ""
-    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in pairs) + "}"
+class TokenRate:
+    """Tokens per second over a sliding window (thread-safe: the worker adds, a scrape reads)."""
 
-
-def _num(x: float) -> str:
-    if math.isinf(x):
-        return "+Inf" if x > 0 else "-Inf"
-    return repr(float(x)) if not float(x).is_integer() else str(int(x))
-
-
-class _Metric(abc.ABC):
-    kind = ""
-
-    def __init__(self, name: str, help: str, labelnames: Sequence[str] = ()) -> None:
-        self.name, self.help, self.labelnames = name, help, tuple(labelnames)
+    def __init__(self, window_s: float = RATE_WINDOW_S) -> None:
+        self.window_s = window_s
+        self._events: deque[tuple[float, int]] = deque()
         self._lock = threading.Lock()
 
-    def _key(self, labels: dict[str, str]) -> Labels:
-        if set(labels) != set(self.labelnames):
-            raise ValueError(f"{self.name} takes labels {self.labelnames}, got {sorted(labels)}")
-        return tuple((k, str(labels[k])) for k in self.labelnames)
-
-    def header(self) -> list[str]:
-        return [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} {self.kind}"]
-
-    @abc.abstractmethod
-    def samples(self) -> list[str]:
-        """The metric's sample lines in Prometheus text format."""
-
-
-class Counter(_Metric):
-    """A count that only goes up (per label set)."""
-
-    kind = "counter"
-
-    def __init__(self, name: str, help: str, labelnames: Sequence[str] = ()) -> None:
-        super().__init__(name, help, labelnames)
-        self._values: dict[Labels, float] = {}
-
-    def inc(self, amount: float = 1.0, **labels: str) -> None:
-        key = self._key(labels)
+    def add(self, tokens: int, now: float | None = None) -> None:
         with self._lock:
-            self._values[key] = self._values.get(key, 0.0) + amount
+            self._events.append((time.monotonic() if now is None else now, tokens))
 
-    def value(self, **labels: str) -> float:
+    def rate(self, now: float | None = None) -> float:
+        now = time.monotonic() if now is None else now
         with self._lock:
-            return self._values.get(self._key(labels), 0.0)
-
-    def samples(self) -> list[str]:
-        with self._lock:
-            items = sorted(self._values.items())
-        return [f"{self.name}{_labels(k)} {_num(v)}" for k, v in items]
-
-
-class Gauge(_Metric):
-    """A value read from a function at scrape time (so it is never stale)."""
-
-    kind = "gauge"
-
-    def __init__(self, name: str, help: str, read: Callable[[], float]) -> None:
-        super().__init__(name, help)
-        self._read = read
-
-    def samples(self) -> list[str]:
-        return [f"{self.name} {_num(self._read())}"]
-
-
-class Histogram(_Metric):
-    """Observations counted into cumulative buckets, with their sum and count."""
-
-    kind = "histogram"
-
-    def __init__(
-        self, name: str, help: str, buckets: Iterable[float], labelnames: Sequence[str] = ()
-    ) -> None:
-        super().__init__(name, help, labelnames)
-        self.buckets = tuple(sorted(buckets))
-        self._data: dict[Labels, list[float]] = {}  # per-bucket counts (+Inf last), sum, count
-
-    def observe(self, value: float, **labels: str) -> None:
-        key = self._key(labels)
-        with self._lock:
-            data = self._data.setdefault(key, [0.0] * (len(self.buckets) + 3))
-            for i, bound in enumerate(self.buckets):
-                if value <= bound:
-                    data[i] += 1
-                    break
-            else:
-                data[len(self.buckets)] += 1
-            data[-2] += value
-            data[-1] += 1
-
-    def count(self, **labels: str) -> float:
-        with self._lock:
-            data = self._data.get(self._key(labels))
-            return data[-1] if data else 0.0
-
-    def samples(self) -> list[str]:
-        with self._lock:
-            items = sorted((k, list(v)) for k, v in self._data.items())
-        lines = []
-        for key, data in items:
-            cumulative = 0.0
-            for bound, n in zip((*self.buckets, math.inf), data):
-                cumulative += n
-                lines.append(
-                    f"{self.name}_bucket{_labels(key, ('le', _num(bound)))} {_num(cumulative)}"
-                )
-            lines.append(f"{self.name}_sum{_labels(key)} {_num(data[-2])}")
-            lines.append(f"{self.name}_count{_labels(key)} {_num(data[-1])}")
-        return lines
-
-
-class Registry:
-    """The metrics of one server; ``render()`` is the body of ``GET /metrics``."""
-
-    def __init__(self) -> None:
-        self._metrics: list[_Metric] = []
-
-    def add(self, metric: _Metric) -> _Metric:
-        self._metrics.append(metric)
-        return metric
-
-    def render(self) -> str:
-        lines: list[str] = []
-        for m in self._metrics:
-            lines += m.header() + m.samples()
-        return "\n".join(lines) + "\n"
+            while self._events and self._events[0][0] < now - self.window_s:
+                self._events.popleft()
+            return sum(n for _, n in self._events) / self.window_s
 
 
 class ServeMetrics:
     """Every number the server reports, named ``shoestring_*``."""
 
     def __init__(self) -> None:
-        self.registry = Registry()
-        add = self.registry.add
-        self.requests: Counter = add(
-            Counter(  # type: ignore[assignment]
-                "shoestring_requests_total",
-                "HTTP requests answered, by endpoint and status code.",
-                ("endpoint", "status"),
-            )
+        self.registry = CollectorRegistry(auto_describe=True)
+        reg = self.registry
+        self.requests = Counter(
+            "shoestring_requests_total",
+            "HTTP requests answered, by endpoint and status code.",
+            ("endpoint", "status"),
+            registry=reg,
         )
-        self.latency: Histogram = add(
-            Histogram(  # type: ignore[assignment]
-                "shoestring_request_duration_seconds",
-                "Time from request to response, by endpoint.",
-                LATENCY_BUCKETS,
-                ("endpoint",),
-            )
+        self.latency = Histogram(
+            "shoestring_request_duration_seconds",
+            "Time from request to response, by endpoint.",
+            ("endpoint",),
+            buckets=LATENCY_BUCKETS,
+            registry=reg,
         )
-        self.batch_size: Histogram = add(
-            Histogram(  # type: ignore[assignment]
-                "shoestring_batch_size", "Inputs per model call, by task.", BATCH_BUCKETS, ("task",)
-            )
+        self.batch_size = Histogram(
+            "shoestring_batch_size",
+            "Inputs per model call, by task.",
+            ("task",),
+            buckets=BATCH_BUCKETS,
+            registry=reg,
         )
-        self.batch_seconds: Histogram = add(
-            Histogram(  # type: ignore[assignment]
-                "shoestring_batch_duration_seconds",
-                "Model time per batch, by task.",
-                LATENCY_BUCKETS,
-                ("task",),
-            )
+        self.batch_seconds = Histogram(
+            "shoestring_batch_duration_seconds",
+            "Model time per batch, by task.",
+            ("task",),
+            buckets=LATENCY_BUCKETS,
+            registry=reg,
         )
-        self.tokens: Counter = add(
-            Counter(  # type: ignore[assignment]
-                "shoestring_batch_tokens_total",
-                "Token positions computed, by task and kind (real or padding).",
-                ("task", "kind"),
-            )
+        self.batch_tokens = Histogram(
+            "shoestring_batch_padded_tokens",
+            "Padded token positions per model call (what --max-batch-tokens bounds), by task.",
+            ("task",),
+            buckets=BATCH_TOKEN_BUCKETS,
+            registry=reg,
         )
-        self.dropped: Counter = add(
-            Counter(  # type: ignore[assignment]
-                "shoestring_dropped_inputs_total",
-                "Queued inputs dropped before inference, by reason "
-                "(disconnected, timeout, cancelled).",
-                ("reason",),
-            )
+        self.tokens = Counter(
+            "shoestring_batch_tokens_total",
+            "Token positions computed, by task and kind (real or padding).",
+            ("task", "kind"),
+            registry=reg,
         )
-        self.failed: Counter = add(
-            Counter(  # type: ignore[assignment]
-                "shoestring_failed_inputs_total",
-                "Inputs whose inference raised (their batch-mates were retried alone).",
-                ("task",),
-            )
+        self.dropped = Counter(
+            "shoestring_dropped_inputs_total",
+            "Queued inputs dropped before inference, by reason (disconnected, timeout, cancelled).",
+            ("reason",),
+            registry=reg,
         )
+        self.failed = Counter(
+            "shoestring_failed_inputs_total",
+            "Inputs whose inference raised (their batch-mates were retried alone).",
+            ("task",),
+            registry=reg,
+        )
+        self.refused = Counter(
+            "shoestring_refused_requests_total",
+            "Requests refused for a limit, by the limit (max_concurrent_requests, max_queue, "
+            "max_client_batch).",
+            ("limit",),
+            registry=reg,
+        )
+        self.streams = Counter(
+            "shoestring_streams_total",
+            "Streamed generations ended, by finish reason (stop, length, cancelled: the "
+            "client went away).",
+            ("finish_reason",),
+            registry=reg,
+        )
+        self.streamed_tokens = Counter(
+            "shoestring_streamed_tokens_total", "Tokens generated for streams.", registry=reg
+        )
+        self.rate = TokenRate()
+        self.add_gauge(
+            "shoestring_tokens_per_second",
+            f"Real tokens computed per second over the last {RATE_WINDOW_S:g} s.",
+            self.rate.rate,
+        )
+
+    def observe_batch(self, task: str, seconds: float, lengths: list[int], padded: int) -> None:
+        """One model call: its size, time, padded tokens and real tokens."""
+        real = sum(lengths)
+        self.batch_size.labels(task=task).observe(len(lengths))
+        self.batch_seconds.labels(task=task).observe(seconds)
+        self.batch_tokens.labels(task=task).observe(padded)
+        self.tokens.labels(task=task, kind="real").inc(real)
+        self.tokens.labels(task=task, kind="padding").inc(padded - real)
+        self.rate.add(real)
 
     def add_gauge(self, name: str, help: str, read: Callable[[], float]) -> None:
-        self.registry.add(Gauge(name, help, read))
+        Gauge(name, help, registry=self.registry).set_function(read)
 
-    def render(self) -> str:
-        return self.registry.render()
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

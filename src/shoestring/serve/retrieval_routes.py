@@ -34,13 +34,12 @@ class SearchRequest(BaseModel):
 class Retrieval:
     """The server's index, searched one request at a time on a worker thread."""
 
-    def __init__(self, index_dir: str, engine: Engine) -> None:
+    def __init__(self, index_dir: str) -> None:
         from shoestring.retrieval.index import RetrievalIndex
 
         self.index = RetrievalIndex(index_dir)
         if self.index.has_dense:
             self.index.embedder()  # load (and check) the encoder now, not on the first query
-        self.engine = engine
         self._lock = threading.Lock()
 
     def _locked(self, fn: Any, *args: Any) -> Any:
@@ -53,9 +52,10 @@ class Retrieval:
         except ShoestringError as e:
             raise InputError(e.message, loc) from None
 
-    async def prompts(self, questions: list[str], k: int, mode: str,
-                      max_new_tokens: int) -> tuple[list[str], list[list[dict]]]:
-        """Each question → (its prompt with retrieved passages, the passages used)."""
+    async def prompts(self, questions: list[str], k: int, mode: str, max_new_tokens: int,
+                      engine: Engine) -> tuple[list[str], list[list[dict]]]:
+        """Each question → (its prompt with retrieved passages, the passages used), sized
+        for ``engine``: the decoder the request was routed to."""
         from shoestring.retrieval.ask import decoder_context
         from shoestring.retrieval.prompt import build_prompt
 
@@ -64,7 +64,7 @@ class Retrieval:
             loc = ("body", "inputs", i) if len(questions) > 1 else ("body", "inputs")
             hits = await self.search(q, k, mode, ("body", "retrieve"))
             try:
-                prompt = build_prompt(q, hits, self.engine.tokenizer, decoder_context(self.engine),
+                prompt = build_prompt(q, hits, engine.tokenizer, decoder_context(engine),
                                       max_new_tokens)
             except ShoestringError as e:
                 raise InputError(e.message, loc) from None
@@ -74,10 +74,9 @@ class Retrieval:
         return texts, used
 
 
-def attach_retrieval(app: FastAPI, engine: Engine, index_dir: str | None,
-                     authorized: Any) -> Retrieval | None:
+def attach_retrieval(app: FastAPI, index_dir: str | None, authorized: Any) -> Retrieval | None:
     """Add ``/v1/search`` to ``app``; the loaded index (None without one) for generate."""
-    retrieval = Retrieval(index_dir, engine) if index_dir else None
+    retrieval = Retrieval(index_dir) if index_dir else None
 
     @app.post("/v1/search", dependencies=[Depends(authorized)])
     async def search(body: SearchRequest) -> Any:

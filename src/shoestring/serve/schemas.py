@@ -30,6 +30,10 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     inputs: str | list[str] = Field(description="one text, or a list of texts")
+    model: str | None = Field(
+        None,
+        description="which served model answers: NAME or NAME:VERSION|TAG (default: the first)",
+    )
 
     @field_validator("inputs")
     @classmethod
@@ -118,6 +122,9 @@ class GenerateRequest(_Request):
     retrieve: RetrieveOption | None = Field(
         None, description="retrieve passages from the server's --index for each input "
         "(docs/retrieval.md); each result then lists the passages used"
+    )
+    stream: bool = Field(
+        False, description="send tokens as server-sent events as they are made (one prompt)"
     )
 
 

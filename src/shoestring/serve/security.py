@@ -1,4 +1,9 @@
-"""What keeps a server safe to run: an API key check and a request body size limit.
+"""What keeps a server safe to run: an API key check and the limits that refuse work.
+
+Every refusal for a limit answers with a JSON body naming the limit and its value
+(``{"detail": ..., "limit": "max_body_bytes", "value": 1048576}``), as TEI does: 413 for a
+body over ``--max-body-bytes`` or more inputs than ``--max-client-batch``, 429 with
+``Retry-After`` for a server at ``--max-concurrent-requests`` (or a full queue).
 
 The key is compared in constant time (``hmac.compare_digest`` on fixed-length digests, so not
 even its length leaks through timing). The body limit is an ASGI middleware in front of
@@ -75,8 +80,10 @@ class BodyLimit:
 
     def _too_large(self) -> dict:
         return {
-            "detail": f"request body is over this server's limit of {self.max_bytes} bytes: "
-            "send fewer or shorter inputs per request"
+            "detail": f"request body is over this server's limit of {self.max_bytes} bytes "
+            "(--max-body-bytes): send fewer or shorter inputs per request",
+            "limit": "max_body_bytes",
+            "value": self.max_bytes,
         }
 
     async def _refuse(self, receive: Receive, send: Send, read: int = 0) -> None:
@@ -128,3 +135,56 @@ class BodyLimit:
             return await receive()
 
         await self.app(scope, replay, send)
+
+
+class Refused(Exception):
+    """A request refused for a limit: its status, and the limit's name and value."""
+
+    def __init__(self, status: int, message: str, limit: str, value: int) -> None:
+        super().__init__(message)
+        self.status, self.message, self.limit, self.value = status, message, limit, value
+
+    def body(self) -> dict:
+        return {"detail": self.message, "limit": self.limit, "value": self.value}
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        return [(b"retry-after", b"1")] if self.status == 429 else []
+
+
+class RequestGate:
+    """How many API requests are being handled, against ``--max-concurrent-requests``."""
+
+    def __init__(self, max_requests: int, on_refuse: Callable[[], None] = lambda: None) -> None:
+        self.max_requests, self.active, self.on_refuse = max_requests, 0, on_refuse
+
+
+class ConcurrencyLimit:
+    """ASGI middleware: beyond ``gate.max_requests`` POSTs under ``/v1/`` at once, answer 429
+    with ``Retry-After`` at once, before the body is read (TEI's overload answer)."""
+
+    def __init__(self, app: ASGIApp, gate: RequestGate) -> None:
+        self.app, self.gate = app, gate
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] != "http"
+            or scope.get("method") != "POST"
+            or not str(scope.get("path", "")).startswith("/v1/")
+        ):
+            return await self.app(scope, receive, send)
+        gate = self.gate
+        if gate.active >= gate.max_requests:
+            gate.on_refuse()
+            e = Refused(
+                429,
+                f"the server is handling its limit of {gate.max_requests} requests "
+                "(--max-concurrent-requests); retry after 1 s",
+                "max_concurrent_requests",
+                gate.max_requests,
+            )
+            return await send_json(send, 429, e.body(), e.headers())
+        gate.active += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            gate.active -= 1

@@ -11,6 +11,9 @@ the batcher's worker is drained and joined.
 
 from __future__ import annotations
 
+import os
+import queue
+import signal
 import socket
 import threading
 import time
@@ -20,8 +23,11 @@ from typing import Any
 import uvicorn
 
 from shoestring.errors import ShoestringError
+from shoestring.model_repository import ModelRepository
 from shoestring.serve.app import create_app
 from shoestring.serve.engine import Engine, load_engine
+from shoestring.serve.metrics import ServeMetrics
+from shoestring.serve.routing import ModelRouter, served_from_arg
 from shoestring.serve.settings import ServeSettings
 
 
@@ -53,7 +59,7 @@ def url_of(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def build_server(engine: Engine, settings: ServeSettings) -> uvicorn.Server:
+def build_server(engine: Engine | ModelRouter, settings: ServeSettings) -> uvicorn.Server:
     app = create_app(engine, settings)
     config = uvicorn.Config(
         app,
@@ -61,10 +67,11 @@ def build_server(engine: Engine, settings: ServeSettings) -> uvicorn.Server:
         access_log=False,
         lifespan="on",
         timeout_graceful_shutdown=settings.shutdown_timeout_s,
-        # A safety net under the batcher's own queue bound: connections beyond this are
-        # answered 503 by uvicorn before any parsing.
-        limit_concurrency=settings.max_queue + 512,
+        # A safety net under the app's own limits (429 at --max-concurrent-requests):
+        # connections beyond this are answered 503 by uvicorn before any parsing.
+        limit_concurrency=settings.max_concurrent_requests + 512,
         timeout_keep_alive=30,
+        proxy_headers=False,  # loopback by default; a proxy in front sets its own headers
     )
     return uvicorn.Server(config)
 
@@ -85,15 +92,131 @@ def load(path: str | Path, settings: ServeSettings) -> Engine:
     return engine
 
 
-def serve(path: str | Path, settings: ServeSettings, announce: Any = print) -> None:
-    """Serve the model at ``path`` until SIGINT/SIGTERM, then drain and return."""
-    engine = load(path, settings)
+def load_router(
+    models: list[str], settings: ServeSettings, repository: ModelRepository | None = None
+) -> ModelRouter:
+    """Every model named on the command line (folders or repository references), loaded."""
+    repo = repository or ModelRepository()
+    served = [served_from_arg(m, repo) for m in models]
+    names = [s.name for s in served]
+    dup = next((n for n in names if names.count(n) > 1), None)
+    if dup is not None:
+        raise ShoestringError(
+            f"two models are named {dup!r}",
+            fix="serve each name once (one server may serve "
+            "several versions of a name: requests pick them with model=NAME:VERSION)",
+        )
+    router = ModelRouter(served, settings, ServeMetrics(), lambda p: load(p, settings), repo)
+    router.load_initial()
+    return router
+
+
+def _describe(router: ModelRouter) -> str:
+    slot = router.default_slot
+    others = [n for n in router.served if n != router.default.name]
+    extra = f" and {', '.join(others)}" if others else ""
+    return f"{slot.engine.kind} {slot.key}{extra} ({', '.join(sorted(slot.engine.tasks))})"
+
+
+def serve(models: str | Path | list[str], settings: ServeSettings, announce: Any = print) -> None:
+    """Serve ``models`` until SIGINT/SIGTERM, then drain and return (``--workers`` > 1: in
+    that many processes sharing one listening socket)."""
+    models = [str(m) for m in models] if isinstance(models, list) else [str(models)]
+    if settings.workers > 1:
+        return serve_workers(models, settings, announce)
+    router = load_router(models, settings)
     sock = bind(settings.host, settings.port)
-    server = build_server(engine, settings)
-    announce(f"serving {engine.kind} {path} ({', '.join(sorted(engine.tasks))}) on {url_of(sock)}")
+    server = build_server(router, settings)
+    announce(f"serving {_describe(router)} on {url_of(sock)}")
     try:
         server.run(sockets=[sock])
     finally:
+        sock.close()
+
+
+def _worker_main(
+    models: list[str], settings: ServeSettings, sock: socket.socket, ready: Any
+) -> None:
+    """One replica: its own models, batchers and event loop on the shared socket."""
+    try:
+        router = load_router(models, settings)
+        server = build_server(router, settings)
+    except ShoestringError as e:
+        ready.put(("error", e.message))
+        return
+    ready.put(("ready", os.getpid()))
+    server.run(sockets=[sock])
+
+
+def serve_workers(models: list[str], settings: ServeSettings, announce: Any = print) -> None:
+    """``--workers N``: N replica processes (cortex's scaling) accept on one socket.
+
+    The kernel hands each new connection to one of them. SIGTERM or SIGINT to this process
+    is passed to every replica, each drains (in-flight requests finish, queued inputs run)
+    and this process returns once all have exited.
+    """
+    import multiprocessing as mp
+
+    repo = ModelRepository()
+    for m in models:  # a bad name or path fails here, once, before any worker starts
+        served_from_arg(m, repo)
+    if settings.threads is None:  # the cores shared out, not N × all of them
+        settings = settings.model_copy(
+            update={"threads": max(1, (os.cpu_count() or 1) // settings.workers)}
+        )
+    sock = bind(settings.host, settings.port)
+    ctx = mp.get_context("spawn")
+    ready = ctx.Queue()
+    procs = [
+        ctx.Process(
+            target=_worker_main, args=(models, settings, sock, ready), name=f"shoestring-worker-{i}"
+        )
+        for i in range(settings.workers)
+    ]
+    stopping = threading.Event()
+
+    def forward(signum: int, frame: Any) -> None:
+        stopping.set()
+        for p in procs:
+            if p.pid is not None and p.is_alive():
+                os.kill(p.pid, signal.SIGTERM)
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        for p in procs:
+            p.start()
+        pids = []
+        while len(pids) < len(procs):
+            try:
+                status, value = ready.get(timeout=1.0)
+            except queue.Empty:  # a worker that died while loading never reports
+                dead = [p for p in procs if p.exitcode is not None]
+                if dead:
+                    forward(signal.SIGTERM, None)
+                    raise RuntimeError(
+                        f"worker {dead[0].name} exited with status {dead[0].exitcode} while "
+                        "loading its models (its traceback is above)"
+                    ) from None
+                continue
+            if status == "error":
+                forward(signal.SIGTERM, None)
+                raise ShoestringError(value)
+            pids.append(value)
+        announce(
+            f"serving {', '.join(models)} with {settings.workers} workers "
+            f"(pids {', '.join(map(str, pids))}, {settings.threads} threads each) "
+            f"on {url_of(sock)}"
+        )
+        for p in procs:
+            p.join()
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.join(settings.shutdown_timeout_s + 10)
+            if p.is_alive():
+                p.kill()
+        for s, h in old.items():
+            signal.signal(s, h)
         sock.close()
 
 
@@ -104,7 +227,7 @@ class ServerThread:
     shuts down exactly as SIGTERM does (drain included).
     """
 
-    def __init__(self, engine: Engine, settings: ServeSettings) -> None:
+    def __init__(self, engine: Engine | ModelRouter, settings: ServeSettings) -> None:
         self.settings = settings
         self.sock = bind(settings.host, settings.port)
         self.url = url_of(self.sock)

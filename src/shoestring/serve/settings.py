@@ -9,7 +9,15 @@ from __future__ import annotations
 import ipaddress
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from shoestring.errors import ShoestringError
 
@@ -23,16 +31,29 @@ class ServeSettings(BaseModel):
 
     host: str = Field("127.0.0.1", description="address to listen on (loopback by default)")
     port: int = Field(8000, ge=0, le=65535, description="TCP port (0 = any free port)")
-    max_batch_size: int = Field(32, ge=1, le=4096, description="inputs per model call at most")
-    max_wait_ms: float = Field(
-        5.0, ge=0.0, le=10_000.0, description="how long the oldest input waits for batch-mates"
+    max_batch_tokens: int = Field(
+        16384, ge=1, description="padded token positions (count × longest) per model call at most"
     )
-    max_queue: int = Field(1024, ge=1, description="queued inputs before answering 503")
+    max_batch_size: int | None = Field(
+        None, ge=1, le=65536, description="inputs per model call at most (default: tokens decide)"
+    )
+    max_wait_ms: float = Field(
+        0.0,
+        ge=0.0,
+        le=10_000.0,
+        description="how long the oldest input waits for batch-mates (0: start when free)",
+    )
+    max_queue: int = Field(4096, ge=1, description="queued inputs before answering 429")
+    max_concurrent_requests: int = Field(
+        512, ge=1, description="requests being handled at once before answering 429"
+    )
     max_length: int = Field(512, ge=4, description="tokens per input, special tokens included")
     truncate: bool = Field(
         False, description="cut over-long inputs to max_length instead of answering 422"
     )
-    max_inputs: int = Field(64, ge=1, description="texts in one request at most")
+    max_client_batch: int = Field(
+        1024, ge=1, description="texts in one request at most (split into batches; 413 above)"
+    )
     max_body_bytes: int = Field(1 << 20, ge=256, description="request body size limit (413)")
     request_timeout_s: float = Field(
         30.0, gt=0.0, description="a request still unanswered after this gets 504"
@@ -53,6 +74,7 @@ class ServeSettings(BaseModel):
     index: str | None = Field(
         None, description="index dir for /v1/search and generate's retrieve option (docs/retrieval.md)"
     )
+    workers: int = Field(1, ge=1, le=64, description="engine processes behind the one port")
     precision: Literal["auto", "fp32", "bf16"] = Field(
         "fp32",
         description="inference precision: fp32, bf16 autocast, or auto (bf16 where it is faster)",
@@ -67,6 +89,20 @@ class ServeSettings(BaseModel):
                 "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
             )
         return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ServeSettings:
+        if self.max_batch_tokens < self.max_length:
+            raise ValueError(
+                f"--max-batch-tokens ({self.max_batch_tokens}) must be at least --max-length "
+                f"({self.max_length}): one input of the longest length must fit a batch"
+            )
+        if self.max_queue < self.max_client_batch:
+            raise ValueError(
+                f"--max-queue ({self.max_queue}) must be at least --max-client-batch "
+                f"({self.max_client_batch}): the largest request must fit the queue"
+            )
+        return self
 
     @property
     def loopback(self) -> bool:
@@ -85,7 +121,16 @@ def make_settings(**values: object) -> ServeSettings:
         return ServeSettings(**{k: v for k, v in values.items() if v is not None})
     except ValidationError as e:
         first = e.errors()[0]
-        name = str(first["loc"][0]) if first["loc"] else "?"
-        flag = "--" + name.removesuffix("_s").replace("_", "-")
+        if not first["loc"]:  # a rule across fields: the message names their flags
+            msg = str(first["msg"]).removeprefix("Value error, ")
+            flag, _, rest = msg.partition(" ")
+            raise ShoestringError(rest, where=flag) from None
+        name = str(first["loc"][0])
         value = "***" if name == "api_key" else first.get("input")
-        raise ShoestringError(f"{value!r} is not allowed: {first['msg']}", where=flag) from None
+        raise ShoestringError(
+            f"{value!r} is not allowed: {first['msg']}", where=_flag(name)
+        ) from None
+
+
+def _flag(name: str) -> str:
+    return "--" + name.removesuffix("_s").replace("_", "-")
