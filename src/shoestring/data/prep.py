@@ -315,12 +315,21 @@ class _Pipeline:
                     yield doc
 
             cleaned = self._clean(counted(docs), counts)
+            canaries = self._canary_inserter()
+            if canaries is not None:
+                cleaned = canaries(cleaned)
+            self._forced_train: set[int] = set()  # spool lines kept in train (canary hosts)
             for doc in self._curate(cleaned):
-                counts["val"] += is_validation(doc.text, cfg.val_fraction)
+                if canaries is not None and doc.doc_id in canaries.hosts:
+                    self._forced_train.add(counts["kept"])
+                else:
+                    counts["val"] += is_validation(doc.text, cfg.val_fraction)
                 counts["kept"] += 1
                 counts["chars"] += len(doc.text)
                 f.write(json.dumps(doc.text, ensure_ascii=False) + "\n")
         split = self._split(kept, counts)
+        if canaries is not None:
+            self.blocks.append(self._write_canaries(canaries))
         self.blocks = [
             {"block": "read", "documents_out": counts["read"],
              "dropped": {"bad_input": len(stats.skipped)}},
@@ -369,9 +378,10 @@ class _Pipeline:
                     counts[split] += 1
                     (fva if split == "val" else ftr).write(json.dumps(text, ensure_ascii=False) + "\n")
 
-            for text in _read_spool(kept):
+            for line, text in enumerate(_read_spool(kept)):
                 if not by_position:
-                    write("val" if is_validation(text, fraction) else "train", text)
+                    val = line not in self._forced_train and is_validation(text, fraction)
+                    write("val" if val else "train", text)
                     continue
                 at = min(max(cut - position, 0), len(text))
                 if 0 < at < len(text):
@@ -424,6 +434,31 @@ class _Pipeline:
         if self.curate_cfg.explain:
             self.console.print(curator.explain(self.curate_cfg.explain), markup=False,
                                highlight=False)
+
+    def _canary_inserter(self) -> Any:
+        """``prep --canaries K``: the stream wrapper that plants them (None when off)."""
+        cur = self.curate_cfg
+        if cur is None or not cur.canaries:
+            return None
+        from shoestring.data.canaries import CanaryInserter, make_canaries
+
+        inserted, self._canary_refs = make_canaries(cur.canaries, cur.canary_seed)
+        return CanaryInserter(inserted, cur.canary_repeats, cur.canary_seed)
+
+    def _write_canaries(self, inserter: Any) -> dict:
+        """Count the copies that reached train (dedup may cut some) and write canaries.json."""
+        from dataclasses import replace
+
+        from shoestring.data import canaries as C
+
+        found = C.count_in(_read_spool(self.build / "spool-train.jsonl"), inserter.canaries)
+        planted = [replace(c, inserted=inserter.repeats, in_train=n)
+                   for c, n in zip(inserter.canaries, found)]
+        C.write(self.build / C.FILE, planted, self._canary_refs, inserter.repeats,
+                inserter.seed)
+        return {"block": "canaries", "canaries": len(planted), "references": len(planted),
+                "copies_inserted": len(planted) * inserter.repeats,
+                "copies_in_train": sum(found), "file": C.FILE}
 
     def _check_read(self, counts: dict[str, int], stats: ReadStats) -> None:
         if counts["kept"] == 0:

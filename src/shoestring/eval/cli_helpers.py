@@ -38,6 +38,7 @@ def run_eval(
     out: Console,
     err: Console,
     print_mlm: Callable[[dict, Path], None],
+    privacy: Any = None,
 ) -> None:
     if precision not in ("auto", "bf16", "fp32"):
         raise ShoestringError(f"unknown precision {precision!r}", where="--precision",
@@ -47,6 +48,9 @@ def run_eval(
     check_run_dir(run, "eval")
     downstream = glue is not None or tasks is not None or bool(task)
     decoder_flags = text is not None or choices is not None or bool(prompt)
+    if privacy is not None and not downstream:
+        raise ShoestringError("DP-SGD applies to fine-tuning", where="--dp-epsilon",
+                              fix="add --glue/--tasks/--task")
     if downstream:
         if decoder_flags:
             raise ShoestringError(
@@ -59,7 +63,8 @@ def run_eval(
         custom = [parse_task_arg(t) for t in task or []]
         results = evaluate_downstream(run, glue=glue, tasks=tasks, custom=custom,
                                       protocol=protocol, seeds=seeds, out=output,
-                                      max_train=max_train, precision=precision, console=err)
+                                      max_train=max_train, precision=precision, console=err,
+                                      privacy=privacy)
         print_downstream(results, out, output or RunDir(run).downstream_dir)
         return
     family = RunDir(run).family()  # None: load_final reports a missing or damaged run
@@ -91,6 +96,12 @@ def print_downstream(results: dict[str, Any], out: Console, folder: Path) -> Non
         t.add_row(c["column"], c["split"], c["metric"], f"{c['median']:.1f}",
                   f"{c['min']:.1f}–{c['max']:.1f}", f"{secs:.0f}")
     out.print(t)
+    if "privacy" in results:
+        spent = [s["privacy"]["epsilon_spent"] for r in results["tasks"].values()
+                 for s in r["seeds"]]
+        p = results["privacy"]
+        out.print(f"DP-SGD: ε spent {max(spent):.2f} (target {p['target_epsilon']:g}, "
+                  f"δ {p['delta']:g}) per run — private: the fine-tuning examples only")
     avg = results["glue_average"] or {}
     if avg.get("complete"):
         out.print(f"GLUE average {avg['glue9']:.1f} (glue9: {avg['conventions']['glue9']}); "

@@ -20,6 +20,7 @@ from rich.console import Console
 
 from shoestring.errors import ShoestringError
 from shoestring.eval.finetune import PROTOCOLS, SWEEP_GRID, run_task
+from shoestring.eval.private import PrivateTraining
 from shoestring.eval.glue import GLUE_TASKS, load_glue_task, parse_task_list
 from shoestring.eval.report import (
     REFERENCES,
@@ -117,8 +118,12 @@ def evaluate_downstream(
     precision: str = "auto",
     overrides: dict[str, Any] | None = None,
     console: Console | None = None,
+    privacy: PrivateTraining | None = None,
 ) -> dict[str, Any]:
-    """Fine-tune a trained encoder run on GLUE and/or custom tasks; write and return results."""
+    """Fine-tune a trained encoder run on GLUE and/or custom tasks; write and return results.
+
+    ``privacy``: fine-tune with DP-SGD (eval/private.py); settings it cannot honour for a
+    task are refused before anything is written."""
     from shoestring.data.tokenizer import load_tokenizer
     from shoestring.model.encoder import MaskedLM
     from shoestring.rundir import RunDir
@@ -143,6 +148,9 @@ def evaluate_downstream(
         )
     data = _load_tasks(glue, tasks, custom or [], max_train)
     proto = replace(PROTOCOLS[protocol], **(overrides or {}))
+    if privacy is not None:
+        privacy.check_protocol(protocol, [(d.spec.name, len(d.train)) for d in data],
+                               proto.batch_size, proto.epochs)
     out = Path(out) if out is not None else run.downstream_dir
     _prepare_out(out)
     tok_path = run.tokenizer_path
@@ -159,6 +167,7 @@ def evaluate_downstream(
         "sweep_grid": SWEEP_GRID if protocol == "sweep" else None,
         "seeds": seed_list,
         "max_train": max_train,
+        **({"privacy": privacy.settings()} if privacy is not None else {}),
         "tasks": {},
         "columns": [],
         "glue_average": None,
@@ -173,7 +182,8 @@ def evaluate_downstream(
                       + (f" (skipped malformed rows: {d.skipped})" if d.skipped else ""))
         res = run_task(base, meta, tokenizer, tok_path, d, proto, seed_list,
                        out_dir=out / "classifiers", precision=precision,
-                       grid=SWEEP_GRID if protocol == "sweep" else None, console=console)
+                       grid=SWEEP_GRID if protocol == "sweep" else None, console=console,
+                       privacy=privacy)
         results["tasks"][d.spec.name] = res
         results["machine"].update(device=res["device"], dtype=res["dtype"],
                                   threads=_threads())
