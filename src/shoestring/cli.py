@@ -215,6 +215,13 @@ def _print_prep(manifest: dict, output: Path) -> None:
         label = "documents read" if block["block"] == "read" else f"{block['block']} (documents)"
         t.add_row(label,
                   f"{shown}{block['documents_out']:,}" + (f" (dropped {dropped})" if dropped else ""))
+        if "spans_removed" in block:
+            t.add_row("substring dedup (spans)", f"{block['spans_removed']:,} repeats of ≥ "
+                      f"{block['min_span_words']} words cut ({block['bytes_removed']:,} bytes)")
+    for block in manifest.get("blocks", []):
+        if block["block"] == "canaries":
+            t.add_row("canaries", f"{block['canaries']} ({block['copies_inserted']:,} copies, "
+                      f"{block['copies_in_train']:,} in train after curation; {block['file']})")
     t.add_row("kept (train / val)", f"{docs['kept']:,} ({docs['train']:,} / {docs['val']:,})")
     split = manifest.get("split") or {}
     if split.get("method") == "position":

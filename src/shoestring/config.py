@@ -10,7 +10,7 @@ ablation is one ``--set``.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -310,6 +310,9 @@ class EvalConfig(_Section):
     dp_max_grad_norm: float = Field(1.0, gt=0.0, description="fine-tuning: per-example clip norm")
 
 
+_Copies = Annotated[int, Field(ge=1, le=100_000)]
+
+
 class CurateConfig(_Section):
     """Curation blocks `prep` runs between reading and tokenizing (see docs/data.md).
 
@@ -398,7 +401,9 @@ class CurateConfig(_Section):
         50, ge=2, le=100_000, description="substring dedup: shortest repeated span cut (words)"
     )
     canaries: int = Field(0, ge=0, le=10_000, description="random secrets inserted (docs/privacy.md)")
-    canary_repeats: int = Field(1, ge=1, le=100_000, description="copies of each canary in train")
+    canary_repeats: _Copies | list[_Copies] = Field(
+        1, description="copies of each canary in train; a list [1, 4, 16] cycles over canaries"
+    )
     canary_seed: int = Field(0, ge=0, description="seed of the canary secrets and their hosts")
 
     @field_validator("rep_max_top_ngram_frac", "rep_max_dup_ngram_frac")

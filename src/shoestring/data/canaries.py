@@ -97,12 +97,17 @@ class CanaryInserter:
     documents of their own. ``hosts`` are the doc ids that carry a copy (kept in train)."""
 
     canaries: list[Canary]
-    repeats: int
+    repeats: int | list[int]  # a list cycles over the canaries: several counts in one corpus
     seed: int
     hosts: set[str] = field(default_factory=set)
 
+    def copies(self) -> list[int]:
+        """Copies of each canary."""
+        r = self.repeats if isinstance(self.repeats, list) else [self.repeats]
+        return [r[i % len(r)] for i in range(len(self.canaries))]
+
     def __call__(self, docs: Iterator[Document]) -> Iterator[Document]:
-        order = np.repeat(np.arange(len(self.canaries)), self.repeats)
+        order = np.repeat(np.arange(len(self.canaries)), self.copies())
         np.random.default_rng([self.seed, 0xC0DE]).shuffle(order)
         pending = [self.canaries[int(i)] for i in order]
         for doc in docs:
@@ -128,7 +133,7 @@ def count_in(texts: Iterator[str], canaries: list[Canary]) -> list[int]:
     return counts
 
 
-def write(path: Path, inserted: list[Canary], references: list[Canary], repeats: int,
+def write(path: Path, inserted: list[Canary], references: list[Canary], repeats: int | list[int],
           seed: int) -> dict[str, Any]:
     record = {
         "format": "shoestring-canaries-1",

@@ -319,15 +319,17 @@ class _Pipeline:
             if canaries is not None:
                 cleaned = canaries(cleaned)
             self._forced_train: set[int] = set()  # spool lines kept in train (canary hosts)
+            forced_chars = 0
             for doc in self._curate(cleaned):
                 if canaries is not None and doc.doc_id in canaries.hosts:
                     self._forced_train.add(counts["kept"])
+                    forced_chars += len(doc.text)
                 else:
                     counts["val"] += is_validation(doc.text, cfg.val_fraction)
                 counts["kept"] += 1
                 counts["chars"] += len(doc.text)
                 f.write(json.dumps(doc.text, ensure_ascii=False) + "\n")
-        split = self._split(kept, counts)
+        split = self._split(kept, counts, forced_chars)
         if canaries is not None:
             self.blocks.append(self._write_canaries(canaries))
         self.blocks = [
@@ -360,7 +362,7 @@ class _Pipeline:
         self.journal.put("read", result)
         return result
 
-    def _split(self, kept: Path, counts: dict[str, int]) -> dict:
+    def _split(self, kept: Path, counts: dict[str, int], forced_chars: int = 0) -> dict:
         """Spool the kept documents into train and val; returns how (for the manifest).
 
         By document (content hash) when that holds out at least ``MIN_VAL_DOCUMENTS``;
@@ -368,7 +370,7 @@ class _Pipeline:
         nanoGPT does, cutting the document at the boundary at a line break."""
         fraction = self.cfg.val_fraction
         by_position = counts["val"] < MIN_VAL_DOCUMENTS
-        cut = round(counts["chars"] * (1 - fraction))
+        cut = round((counts["chars"] - forced_chars) * (1 - fraction))
         counts["train"] = counts["val"] = 0
         position = 0
         with open(self.build / "spool-train.jsonl", "w", encoding="utf-8") as ftr, \
@@ -379,9 +381,11 @@ class _Pipeline:
                     (fva if split == "val" else ftr).write(json.dumps(text, ensure_ascii=False) + "\n")
 
             for line, text in enumerate(_read_spool(kept)):
+                if line in self._forced_train:  # canary hosts: train, outside the position cut
+                    write("train", text)
+                    continue
                 if not by_position:
-                    val = line not in self._forced_train and is_validation(text, fraction)
-                    write("val" if val else "train", text)
+                    write("val" if is_validation(text, fraction) else "train", text)
                     continue
                 at = min(max(cut - position, 0), len(text))
                 if 0 < at < len(text):
@@ -452,12 +456,12 @@ class _Pipeline:
         from shoestring.data import canaries as C
 
         found = C.count_in(_read_spool(self.build / "spool-train.jsonl"), inserter.canaries)
-        planted = [replace(c, inserted=inserter.repeats, in_train=n)
-                   for c, n in zip(inserter.canaries, found)]
+        planted = [replace(c, inserted=r, in_train=n)
+                   for c, r, n in zip(inserter.canaries, inserter.copies(), found)]
         C.write(self.build / C.FILE, planted, self._canary_refs, inserter.repeats,
                 inserter.seed)
         return {"block": "canaries", "canaries": len(planted), "references": len(planted),
-                "copies_inserted": len(planted) * inserter.repeats,
+                "copies_inserted": sum(inserter.copies()),
                 "copies_in_train": sum(found), "file": C.FILE}
 
     def _check_read(self, counts: dict[str, int], stats: ReadStats) -> None:

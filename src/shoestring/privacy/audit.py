@@ -75,6 +75,16 @@ def verbatim_fraction(model: torch.nn.Module, rows: np.ndarray, prefix: int, mat
             "mean_matched_tokens": float(run.float().mean()), "prompts": len(rows)}
 
 
+def _by_copies(scored: list[dict]) -> dict[str, dict[str, float]]:
+    """Mean exposure of the canaries grouped by copies inserted (and surviving curation)."""
+    groups: dict[int, list[dict]] = {}
+    for r in scored:
+        groups.setdefault(r["inserted"], []).append(r)
+    return {str(k): {"canaries": len(v), "mean_exposure": float(np.mean([r["exposure"] for r in v])),
+                     "mean_copies_in_train": float(np.mean([r["in_train"] for r in v]))}
+            for k, v in sorted(groups.items())}
+
+
 def _pick(n_rows: int, n: int, rng: np.random.Generator) -> np.ndarray:
     return np.sort(rng.choice(n_rows, min(n, n_rows), replace=False))
 
@@ -121,6 +131,7 @@ def audit(run_dir: str | Path, data_dir: str | Path, settings: AuditSettings = A
             "mean_exposure_inserted": float(np.mean([r["exposure"] for r in ins])),
             "mean_exposure_references": float(np.mean([r["exposure"] for r in ref])),
             "max_exposure": float(np.log2(settings.candidates + 1)),
+            "by_copies": _by_copies(ins),
         }
     else:
         result["canaries"] = {"note": f"no {C.FILE} in the data dir (prep --canaries K plants them)"}
@@ -170,8 +181,10 @@ def audit_table(result: dict[str, Any]):  # -> rich.table.Table
     t.add_column("never seen (chance)", justify="right")
     c = result["canaries"]
     if "inserted" in c:
-        t.add_row(f"canary exposure, bits (max {c['max_exposure']:.1f}; {c['repeats']} copies)",
-                  f"{c['mean_exposure_inserted']:.2f}", f"{c['mean_exposure_references']:.2f}")
+        for copies, g in c["by_copies"].items():
+            t.add_row(f"canary exposure, bits (max {c['max_exposure']:.1f}; {copies} copies, "
+                      f"{g['mean_copies_in_train']:g} in train)",
+                      f"{g['mean_exposure']:.2f}", f"{c['mean_exposure_references']:.2f}")
     else:
         t.add_row("canary exposure", c["note"], "")
     m = result["membership"]

@@ -12,20 +12,23 @@ equal (whitespace between them may differ). A cut removes the later occurrence's
 its first word up to the next kept word (its trailing whitespace included), so every kept
 byte is the input's byte, in order: the output is the input minus the cut spans.
 
-The match is the "longest previous factor" definition: a word position ``p`` is cut when the
-``min_span`` words starting at ``p`` also start at some earlier position ``q < p`` (earlier in
-corpus order, possibly overlapping), never crossing a document boundary. The first occurrence
-is kept. With the suffix array (pydivsufsort, libdivsufsort's SA-IS) and its LCP array
-(Kasai), suffixes that share their first ``min_span`` words are one contiguous run of the
-array; in each run every position but the smallest is a repeat. All steps are numpy.
+The match is the "longest previous factor" (LPF) definition: a word position ``p`` is cut
+when the ``min_span`` words starting at ``p`` also start at some earlier position ``q < p``
+(earlier in corpus order, possibly overlapping), never crossing a document boundary; it
+covers ``[p, p + LPF[p])``. The first occurrence is kept. pydivsufsort computes the LPF array
+from libdivsufsort's suffix array in C; everything else is numpy. (Grouping the suffix array's
+LCP runs in numpy gives the same cut and was slower and larger: bench/privacy.py.)
+
+Words become integer ids with ``pandas.factorize`` (a C hash table; twice as fast as a dict).
 
 Memory: the block holds the corpus (it must see every document before it can keep any) plus
-about 40 bytes per word (word starts, ids, suffix and LCP arrays); docs/data.md has the
-measured growth.
+the word lists while mapping them and about 30 bytes per word afterwards (ids, LPF, masks);
+docs/data.md has the measured growth.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -43,10 +46,10 @@ _WORD = re.compile(r"\S+")
 
 @dataclass(frozen=True)
 class Spans:
-    """The repeated word spans of a corpus: per document, (first word, end word) pairs cut."""
+    """The repeated word spans of a corpus: per document, sorted disjoint (first word, end
+    word) ranges to cut."""
 
-    cut: list[list[tuple[int, int]]]  # per document, sorted disjoint word ranges
-    first: list[list[int]]  # per cut range: the document index holding the earlier copy
+    cut: list[list[tuple[int, int]]]
 
 
 def word_starts(text: str) -> np.ndarray:
@@ -54,78 +57,69 @@ def word_starts(text: str) -> np.ndarray:
     return np.fromiter((m.start() for m in _WORD.finditer(text)), dtype=np.int64)
 
 
-def suffix_array(stream: np.ndarray) -> np.ndarray:
-    """The suffix array of an integer sequence (pydivsufsort)."""
+def word_ids(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(stream, words per text): every word as an int ≥ 1 (equal words, equal ids), each
+    text followed by the separator 0. ``str.split()`` splits where ``\\S+`` does (both use
+    Python's Unicode whitespace)."""
+    import pandas as pd
+
+    words = [t.split() for t in texts]
+    lengths = np.array([len(w) for w in words], dtype=np.int64)
+    flat = np.empty(int(lengths.sum()), dtype=object)
+    flat[:] = list(itertools.chain.from_iterable(words))
+    codes = pd.factorize(flat)[0].astype(np.int32) + 1 if len(flat) else np.zeros(0, np.int32)
+    stream = np.zeros(len(flat) + len(texts), dtype=np.int32)
+    ends = np.cumsum(lengths + 1) - 1  # separator positions
+    is_word = np.ones(len(stream), dtype=bool)
+    is_word[ends] = False
+    stream[is_word] = codes
+    return stream, lengths
+
+
+def longest_previous_factor(stream: np.ndarray) -> np.ndarray:
+    """``lpf[p]`` = the longest common prefix of the suffix at ``p`` with any earlier suffix
+    (pydivsufsort: libdivsufsort's suffix array, then the LPF array)."""
     try:
-        from pydivsufsort import divsufsort
+        from pydivsufsort import longest_previous_factor as lpf
     except ImportError:
         raise ShoestringError("substring dedup needs the pydivsufsort package",
                               where="--dedup substring",
                               fix="pip install 'shoestring[privacy]'") from None
-    return np.asarray(divsufsort(stream), dtype=np.int64)
-
-
-def lcp_array(stream: np.ndarray, sa: np.ndarray) -> np.ndarray:
-    """``lcp[i]`` = common prefix length of suffixes ``sa[i]`` and ``sa[i-1]`` (``lcp[0]`` = 0)."""
-    from pydivsufsort import kasai
-
-    lcp = np.asarray(kasai(stream, sa), dtype=np.int64)  # lcp[i]: sa[i] vs sa[i+1]
-    return np.concatenate([[0], lcp[:-1]])
+    return np.asarray(lpf(stream), dtype=np.int64)
 
 
 def find_repeats(texts: list[str], min_span: int) -> Spans:
     """Word ranges of each text that repeat an earlier span of ≥ ``min_span`` words."""
     if min_span < 1:
         raise ValueError("min_span must be at least 1")
-    vocab: dict[str, int] = {}
-    ids_per_doc = [
-        np.fromiter((vocab.setdefault(w, len(vocab) + 1) for w in _WORD.findall(t)),
-                    dtype=np.int64)
-        for t in texts
-    ]
-    # One stream, each document followed by the separator 0; a match never crosses it
-    # because matches are clipped at the distance to the next separator.
-    lengths = np.array([len(a) for a in ids_per_doc], dtype=np.int64)
-    doc_of_token = np.repeat(np.arange(len(texts)), lengths + 1)
-    starts = np.concatenate([[0], np.cumsum(lengths + 1)[:-1]]) if len(texts) else np.zeros(0, np.int64)
-    stream = (np.concatenate([np.append(a, 0) for a in ids_per_doc]) if texts
-              else np.zeros(0, np.int64))
     cut: list[list[tuple[int, int]]] = [[] for _ in texts]
-    first: list[list[int]] = [[] for _ in texts]
-    if len(stream) == 0:
-        return Spans(cut, first)
-    dtype = np.int32 if len(vocab) < 2**31 - 1 else np.int64
-    stream = stream.astype(dtype)
-    sa = suffix_array(stream)
-    lcp = lcp_array(stream, sa)
-    ends = starts + lengths  # separator positions
-    to_sep = ends[doc_of_token] - np.arange(len(stream))  # words left in the document
-    # Suffixes sharing ≥ min_span words with their predecessor continue its run.
-    share = np.minimum(lcp, np.minimum(to_sep[sa], np.concatenate([[0], to_sep[sa[:-1]]])))
-    joined = share >= min_span
-    run_id = np.cumsum(~joined)
-    # The earliest position of each run is the first occurrence: keep it, cut the rest.
-    run_first = np.full(run_id[-1] + 1, np.iinfo(np.int64).max, dtype=np.int64)
-    np.minimum.at(run_first, run_id, sa)
-    repeat = sa != run_first[run_id]
-    rep_pos = sa[repeat]
-    rep_src = run_first[run_id[repeat]]
-    if len(rep_pos) == 0:
-        return Spans(cut, first)
-    order = np.argsort(rep_pos)
-    rep_pos, rep_src = rep_pos[order], rep_src[order]
-    # Coverage: each repeated position cuts [p, p + min_span); merge into ranges.
-    delta = np.zeros(len(stream) + 1, dtype=np.int64)
-    np.add.at(delta, rep_pos, 1)
-    np.add.at(delta, rep_pos + min_span, -1)
-    covered = np.cumsum(delta[:-1]) > 0
+    stream, lengths = word_ids(texts)
+    if not lengths.sum():
+        return Spans(cut)
+    starts = np.cumsum(lengths + 1) - (lengths + 1)
+    pos = np.arange(len(stream))
+    # A match never crosses a document end: clip it at the distance to the separator (the
+    # earlier copy then ends at its own separator too, since the separators are equal).
+    to_sep = np.repeat(starts + lengths, lengths + 1) - pos
+    lpf = np.minimum(longest_previous_factor(stream), to_sep)
+    # p starts a repeat when its first min_span words occurred earlier; it covers [p, p+lpf).
+    reach = np.where(lpf >= min_span, pos + lpf, 0)
+    covered = np.maximum.accumulate(reach) > pos
     edges = np.flatnonzero(np.diff(np.concatenate([[0], covered.astype(np.int8), [0]])))
-    for lo, hi in zip(edges[0::2], edges[1::2]):
-        d = int(doc_of_token[lo])
-        src = rep_src[np.searchsorted(rep_pos, lo)]
+    doc_of = np.searchsorted(starts, edges[0::2], side="right") - 1
+    for d, lo, hi in zip(doc_of, edges[0::2], edges[1::2]):
         cut[d].append((int(lo - starts[d]), int(hi - starts[d])))
-        first[d].append(int(doc_of_token[src]))
-    return Spans(cut, first)
+    return Spans(cut)
+
+
+def earlier_copy(texts: list[str], doc: int, span: str) -> int | None:
+    """The first document before ``doc`` holding ``span``'s words, or None when the earlier
+    copy is in ``doc`` itself (for --explain only: a plain scan)."""
+    needle = f" {' '.join(span.split())} "
+    for i in range(doc):
+        if needle in f" {' '.join(texts[i].split())} ":
+            return i
+    return None
 
 
 def cut_text(text: str, ranges: list[tuple[int, int]]) -> tuple[str, list[str]]:
@@ -165,8 +159,9 @@ class SubstringDedup(Block):
     def process(self, docs: Iterable[Document]) -> Iterator[Document]:
         held = list(docs)
         self.stats.docs_in += len(held)
-        found = find_repeats([d.text for d in held], self.min_span)
-        for doc, ranges, firsts in zip(held, found.cut, found.first):
+        texts = [d.text for d in held]
+        found = find_repeats(texts, self.min_span)
+        for i, (doc, ranges) in enumerate(zip(held, found.cut)):
             if not ranges:
                 self.stats.docs_out += 1
                 yield doc
@@ -174,7 +169,7 @@ class SubstringDedup(Block):
             text, pieces = cut_text(doc.text, ranges)
             self.spans[doc.source] += len(pieces)
             self.bytes[doc.source] += sum(len(p.encode("utf-8", "surrogatepass")) for p in pieces)
-            self._remember(doc, ranges, pieces, firsts, held)
+            self._remember(i, ranges, pieces, texts, held)
             if not text.strip():
                 self.record_drop(doc, Drop("all_repeated", "every word is in an earlier span"))
                 continue
@@ -182,15 +177,18 @@ class SubstringDedup(Block):
             self.stats.docs_out += 1
             yield Document(text, doc.source, doc.doc_id)
 
-    def _remember(self, doc: Document, ranges: list[tuple[int, int]], pieces: list[str],
-                  firsts: list[int], held: list[Document]) -> None:
+    def _remember(self, i: int, ranges: list[tuple[int, int]], pieces: list[str],
+                  texts: list[str], held: list[Document]) -> None:
+        """Keep the first cut spans as --explain examples, naming where the earlier copy is."""
         kept = self.examples.setdefault("repeated_span", []) if self.keep_examples else []
-        for (lo, hi), piece, src in zip(ranges, pieces, firsts):
+        for (lo, hi), piece in zip(ranges, pieces):
             if len(kept) >= self.keep_examples:
                 return
+            src = earlier_copy(texts, i, piece)
+            where = "earlier in the same document" if src is None else held[src].doc_id
             kept.append(Example(
-                doc_id=doc.doc_id, reason="repeated_span",
-                detail=f"{hi - lo:,} words also in {held[src].doc_id}",
+                doc_id=held[i].doc_id, reason="repeated_span",
+                detail=f"{hi - lo:,} words also in {where}",
                 excerpt=piece[:EXCERPT_CHARS], chars=len(piece)))
 
     def report(self) -> dict[str, Any]:
