@@ -16,9 +16,9 @@ Three parts (``python bench/privacy.py PART``; ``all`` runs them in order):
     (ε = ∞), one seed each: dev accuracy and fine-tuning seconds, and the ratio to non-private.
 ``dedup-speed``
     Substring dedup on the first 1/8, 1/4, 1/2 and all of the shared corpus, each in a fresh
-    process: MB/s and peak RSS. Beside it, the peer: the same cut computed from pydivsufsort's
-    own ``longest_previous_factor`` (its C implementation of the LPF array) instead of our
-    numpy grouping of the suffix array — both must cut exactly the same words.
+    process: MB/s and peak RSS of the shipped block (pydivsufsort's ``longest_previous_factor``,
+    the library's C LPF array), beside the alternative we wrote first (pydivsufsort's suffix
+    array and LCP, then numpy grouping) — both must cut exactly the same words.
 
 Prints the CPU, the load average (the machine is shared: compare figures within one run) and
 how each side was configured.
@@ -78,16 +78,17 @@ def memorization(a: argparse.Namespace, work: Path) -> None:
     _header("memorization")
     quiet = Console(stderr=True, quiet=True)
     corpus = work / "corpus.jsonl"
-    texts = _texts(a.docs)
+    texts = [t[: a.max_chars] for t in _texts(a.docs)]
     corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     repeats = [int(r) for r in a.repeats.split(",")]
-    data_cfg = DataConfig(objective="clm", vocab_size=2048, seq_len=128, val_fraction=0.1)
-    model = ModelConfig(objective="clm", hidden_size=128, num_layers=2, num_heads=2,
-                        intermediate_size=352)
-    print(f"corpus: first {len(texts):,} documents ({sum(len(t.encode()) for t in texts) / 1e6:.1f} MB);"
-          f" {a.canaries} canaries, copies cycled over {repeats}; decoder 128×2 (vocab 2048, "
-          f"seq 128), {a.steps} steps × batch 16, lr 3e-3, fp32; audit: {a.candidates} candidates, "
-          f"256 rows per split, 64 extraction prompts (32-token prefix, 50 tokens)", flush=True)
+    data_cfg = DataConfig(objective="clm", vocab_size=a.vocab, seq_len=128, val_fraction=0.1)
+    model = ModelConfig(objective="clm", hidden_size=a.hidden, num_layers=2, num_heads=2,
+                        intermediate_size=2 * a.hidden)
+    print(f"corpus: first {len(texts):,} documents, each cut to {a.max_chars:,} characters "
+          f"({sum(len(t.encode()) for t in texts) / 1e6:.2f} MB); {a.canaries} canaries, copies "
+          f"cycled over {repeats}; decoder {a.hidden}×2 (vocab {a.vocab}, seq 128), {a.steps} "
+          f"steps × batch 16, lr 3e-3, fp32; audit: {a.candidates} candidates, 256 rows per "
+          "split, 64 extraction prompts (32-token prefix, 50 tokens)", flush=True)
     rows = []
     for dedup in ("none", "exact", "substring"):
         data = work / f"data-{dedup}"
@@ -141,7 +142,7 @@ def dp(a: argparse.Namespace, work: Path) -> None:
     _header("dp")
     quiet = Console(stderr=True, quiet=True)
     corpus = work / "corpus-dp.jsonl"
-    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in _texts(a.docs)))
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in _texts(a.dp_docs)))
     data_cfg = DataConfig(objective="mlm", vocab_size=4096, seq_len=128)
     data = work / "data-dp"
     prep([str(corpus)], data, data_cfg, console=quiet, overwrite=True)
@@ -153,7 +154,7 @@ def dp(a: argparse.Namespace, work: Path) -> None:
     t = time.perf_counter()
     train(cfg, data, run, overwrite=True, console=quiet)
     print(f"encoder 128×2 (vocab 4096) pretrained {a.pretrain_steps} steps × 32 × 128 tokens on "
-          f"{a.docs} documents in {time.perf_counter() - t:.0f}s; SST-2: first {a.sst2_train:,} "
+          f"{a.dp_docs} documents in {time.perf_counter() - t:.0f}s; SST-2: first {a.sst2_train:,} "
           f"train examples, full dev; sane protocol (lr 4e-5, batch 16, "
           f"{a.epochs:g} epochs), 1 seed, fp32; DP: Opacus {_opacus()}, RDP accountant, "
           "δ=1e-5, clip 1.0, Poisson sampling, functorch per-sample gradients", flush=True)
@@ -193,13 +194,13 @@ def _measure(max_bytes: int, method: str, min_span: int) -> dict:
     mb = sum(len(t.encode()) for t in texts) / 1e6
     base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     t = time.perf_counter()
-    if method == "ours":
+    if method == "shipped":
         from shoestring.data.curate.substring import find_repeats
 
         cut = find_repeats(texts, min_span).cut
         words = sum(hi - lo for c in cut for lo, hi in c)
     else:
-        words = _lpf_cut_words(texts, min_span)
+        words = _grouping_cut_words(texts, min_span)
     seconds = time.perf_counter() - t
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     n_words = sum(len(t.split()) for t in texts)
@@ -207,49 +208,53 @@ def _measure(max_bytes: int, method: str, min_span: int) -> dict:
             "peak_mb": peak, "texts_mb": base_rss, "cut_words": words}
 
 
-def _lpf_cut_words(texts: list[str], min_span: int) -> int:
-    """The peer: pydivsufsort's longest_previous_factor, clipped at document ends; a word is
-    cut when some position p ≤ it with LPF[p] ≥ min_span covers it."""
-    from pydivsufsort import longest_previous_factor
+def _grouping_cut_words(texts: list[str], min_span: int) -> int:
+    """The alternative we wrote first and did not ship: pydivsufsort's suffix array and Kasai
+    LCP, then numpy — suffixes sharing ≥ min_span words form one run of the suffix array, and
+    every member of a run but its earliest text position starts a repeat."""
+    from pydivsufsort import divsufsort, kasai
 
-    from shoestring.data.curate.substring import _WORD
+    from shoestring.data.curate.substring import word_ids
 
-    vocab: dict[str, int] = {}
-    parts = []
-    for t in texts:
-        ids = [vocab.setdefault(w, len(vocab) + 1) for w in _WORD.findall(t)]
-        parts.append(np.array(ids + [0], dtype=np.int32))
-    stream = np.concatenate(parts)
-    lengths = np.array([len(p) for p in parts])
-    ends = np.cumsum(lengths) - 1
-    to_sep = np.repeat(ends, lengths) - np.arange(len(stream))
-    lpf = np.minimum(np.asarray(longest_previous_factor(stream), dtype=np.int64), to_sep)
-    start = lpf >= min_span
-    reach = np.where(start, np.arange(len(stream)) + lpf, 0)
-    covered = np.maximum.accumulate(reach) > np.arange(len(stream))
-    return int(covered.sum())
+    stream, lengths = word_ids(texts)
+    starts = np.cumsum(lengths + 1) - (lengths + 1)
+    pos = np.arange(len(stream))
+    to_sep = np.repeat(starts + lengths, lengths + 1) - pos
+    sa = np.asarray(divsufsort(stream), dtype=np.int64)
+    lcp = np.concatenate([[0], np.asarray(kasai(stream, sa), dtype=np.int64)[:-1]])
+    share = np.minimum(lcp, np.minimum(to_sep[sa], np.concatenate([[0], to_sep[sa[:-1]]])))
+    run_id = np.cumsum(share < min_span)
+    first = np.full(run_id[-1] + 1, np.iinfo(np.int64).max)
+    np.minimum.at(first, run_id, sa)
+    rep = np.sort(sa[sa != first[run_id]])
+    delta = np.zeros(len(stream) + 1, dtype=np.int64)
+    np.add.at(delta, rep, 1)
+    np.add.at(delta, rep + min_span, -1)
+    return int((np.cumsum(delta[:-1]) > 0).sum())
 
 
 def dedup_speed(a: argparse.Namespace, work: Path) -> None:
     _header("dedup-speed")
     total = CORPUS.stat().st_size
-    print(f"substring dedup, min span {a.min_span} words; ours = suffix array (pydivsufsort "
-          f"divsufsort) + Kasai LCP + numpy run grouping; peer = pydivsufsort "
-          f"longest_previous_factor; each row a fresh process, best of 1 (shared machine)")
-    print(f"{'corpus MB':>9} {'docs':>6} {'words':>10} | {'ours s':>7} {'MB/s':>6} {'peak MB':>8} "
-          f"{'+MB':>6} | {'peer s':>7} {'MB/s':>6} {'peak MB':>8} | {'cut words':>9} same")
+    print(f"substring dedup, min span {a.min_span} words, the block's find_repeats (words → ids "
+          f"with pandas.factorize, then pydivsufsort.longest_previous_factor: the library's C "
+          f"LPF) vs our own alternative (pydivsufsort suffix array + Kasai LCP, then numpy run "
+          f"grouping); each row a fresh process, one run (shared machine); +MB = peak RSS "
+          f"minus the RSS after loading the texts")
+    print(f"{'corpus MB':>9} {'docs':>6} {'words':>10} | {'LPF s':>7} {'MB/s':>6} {'peak MB':>8} "
+          f"{'+MB':>6} | {'grouping s':>10} {'MB/s':>6} {'+MB':>6} | {'cut words':>9} same")
     for frac in (8, 4, 2, 1):
         res = {}
-        for method in ("ours", "peer"):
+        for method in ("shipped", "grouping"):
             out = subprocess.run(
                 [sys.executable, __file__, "_measure", "--bytes", str(total // frac),
                  "--method", method, "--min-span", str(a.min_span)],
                 capture_output=True, text=True, check=True)
             res[method] = json.loads(out.stdout.strip().splitlines()[-1])
-        o, p = res["ours"], res["peer"]
+        o, p = res["shipped"], res["grouping"]
         print(f"{o['mb']:9.1f} {o['docs']:6,} {o['words']:10,} | {o['seconds']:7.2f} "
               f"{o['mb'] / o['seconds']:6.2f} {o['peak_mb']:8.0f} {o['peak_mb'] - o['texts_mb']:6.0f} | "
-              f"{p['seconds']:7.2f} {p['mb'] / p['seconds']:6.2f} {p['peak_mb']:8.0f} | "
+              f"{p['seconds']:10.2f} {p['mb'] / p['seconds']:6.2f} {p['peak_mb'] - p['texts_mb']:6.0f} | "
               f"{o['cut_words']:9,} {o['cut_words'] == p['cut_words']}", flush=True)
     print(f"load average at the end: {load_average()}")
 
@@ -258,17 +263,21 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("part", choices=["memorization", "dp", "dedup-speed", "all", "_measure"])
     ap.add_argument("--work", type=Path, default=Path("build/bench-privacy"))
-    ap.add_argument("--docs", type=int, default=600)
-    ap.add_argument("--canaries", type=int, default=12)
+    ap.add_argument("--docs", type=int, default=300)
+    ap.add_argument("--max-chars", type=int, default=2000)
+    ap.add_argument("--canaries", type=int, default=8)
     ap.add_argument("--repeats", default="1,4,16,64")
-    ap.add_argument("--steps", type=int, default=600)
-    ap.add_argument("--candidates", type=int, default=1000)
-    ap.add_argument("--pretrain-steps", type=int, default=400)
-    ap.add_argument("--sst2-train", type=int, default=4000)
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--vocab", type=int, default=1024)
+    ap.add_argument("--candidates", type=int, default=200)
+    ap.add_argument("--pretrain-steps", type=int, default=300)
+    ap.add_argument("--sst2-train", type=int, default=2000)
     ap.add_argument("--epochs", type=float, default=2.0)
+    ap.add_argument("--dp-docs", type=int, default=1500)
     ap.add_argument("--min-span", type=int, default=50)
     ap.add_argument("--bytes", type=int, default=0)
-    ap.add_argument("--method", default="ours")
+    ap.add_argument("--method", default="shipped")
     a = ap.parse_args()
     if a.part == "_measure":
         print(json.dumps(_measure(a.bytes, a.method, a.min_span)))

@@ -73,6 +73,7 @@ def test_substring_dedup_keeps_one_copy_of_each_canary(tmp_path: Path) -> None:
     assert [c.in_train for c in planted] == [1, 1]
 
 
+@pytest.mark.slow
 def test_repeated_canary_is_exposed_and_membership_leaks_after_overfitting(
         overfit_run: Path, clm_data: Path) -> None:
     result = audit(overfit_run, clm_data, SETTINGS)
@@ -86,6 +87,7 @@ def test_repeated_canary_is_exposed_and_membership_leaks_after_overfitting(
     assert json.loads((overfit_run / "audit.json").read_text())["membership"] == result["membership"]
 
 
+@pytest.mark.slow
 def test_untrained_encoder_has_chance_auc_and_exposure(tmp_path: Path) -> None:
     data = _data(tmp_path, "mlm", "exact", repeats=5)
     run = _train(data, tmp_path / "run", "mlm", steps=1)
@@ -97,6 +99,7 @@ def test_untrained_encoder_has_chance_auc_and_exposure(tmp_path: Path) -> None:
     assert "no generation" in result["extraction"]["note"]
 
 
+@pytest.mark.slow
 def test_cli_prints_the_table_and_refuses_bad_input(overfit_run: Path, clm_data: Path,
                                                     tmp_path: Path) -> None:
     r = run_cli("audit", str(overfit_run), "--data", str(clm_data), "--candidates", "50",

@@ -57,7 +57,7 @@ def test_per_example_gradients_match_autograd(tiny) -> None:  # noqa: F811
 
     base, _, _, _ = tiny
     torch.manual_seed(0)
-    model = SequenceClassifier(copy.deepcopy(base), 2, dropout=0.0)
+    model = SequenceClassifier(copy.deepcopy(base), 2, dropout=0.0).train()
     ids = torch.randint(5, 100, (3, 9))
     mask = torch.ones_like(ids, dtype=torch.bool)
     mask[1, 6:] = False
@@ -68,7 +68,7 @@ def test_per_example_gradients_match_autograd(tiny) -> None:  # noqa: F811
         F.cross_entropy(model(ids[i : i + 1, : 6 if i == 1 else 9], None), y[i : i + 1]).backward()
         want.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
     _register_samplers()
-    gsm = GradSampleModule(model)
+    gsm = GradSampleModule(model, loss_reduction="sum")
     model.zero_grad()
     F.cross_entropy(gsm(ids, mask), y, reduction="sum").backward()
     checked = 0
@@ -102,6 +102,7 @@ def tiny_run(pydocs_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     return run
 
 
+@pytest.mark.slow
 def test_cli_fine_tunes_privately_and_exits_2_on_bad_settings(tiny_run: Path,
                                                               tmp_path: Path) -> None:
     rows = synthetic(64, 7)

@@ -215,7 +215,7 @@ def _print_prep(manifest: dict, output: Path) -> None:
         label = "documents read" if block["block"] == "read" else f"{block['block']} (documents)"
         t.add_row(label,
                   f"{shown}{block['documents_out']:,}" + (f" (dropped {dropped})" if dropped else ""))
-        if "spans_removed" in block:
+        if block["block"] == "substring_dedup":
             t.add_row("substring dedup (spans)", f"{block['spans_removed']:,} repeats of ≥ "
                       f"{block['min_span_words']} words cut ({block['bytes_removed']:,} bytes)")
     for block in manifest.get("blocks", []):

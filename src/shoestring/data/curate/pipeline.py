@@ -225,7 +225,7 @@ def _notes(entry: dict[str, Any]) -> str:
         notes.append(f"{entry['clusters']:,} clusters")
     if "distinct" in entry:
         notes.append(f"{entry['distinct']:,} distinct")
-    if "spans_removed" in entry:
+    if entry["block"] == "substring_dedup":
         notes.append(f"{entry['spans_removed']:,} spans ≥ {entry['min_span_words']} words, "
                      f"{entry['bytes_removed']:,} bytes cut")
     if "eval_ngrams" in entry:

@@ -21,9 +21,9 @@ LCP runs in numpy gives the same cut and was slower and larger: bench/privacy.py
 
 Words become integer ids with ``pandas.factorize`` (a C hash table; twice as fast as a dict).
 
-Memory: the block holds the corpus (it must see every document before it can keep any) plus
-the word lists while mapping them and about 30 bytes per word afterwards (ids, LPF, masks);
-docs/data.md has the measured growth.
+Memory: the block holds the corpus (it must see every document before it can keep any); its
+peak above that is about 125 bytes per word, mostly the word lists while mapping them to ids
+(docs/data.md has the measured growth).
 """
 
 from __future__ import annotations
