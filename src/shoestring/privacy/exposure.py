@@ -15,6 +15,7 @@ family's ``causal`` flag.
 from __future__ import annotations
 
 import math
+import zlib
 from typing import Any
 
 import numpy as np
@@ -68,12 +69,13 @@ def canary_exposure(model: nn.Module, family: Any, tokenizer: Any, canary: Canar
     """Rank and exposure of ``canary``'s secret among ``candidates`` random ones."""
     from shoestring.data.tokenizer import CLS, MASK, SEP
 
-    rng = np.random.default_rng([seed, int(canary.id.rsplit("-", 1)[-1]) if "-" in canary.id else 0])
+    rng = np.random.default_rng([seed, zlib.crc32(canary.id.encode())])  # per canary, stable
     pool = {canary.secret}
     while len(pool) < candidates + 1:
         pool.add(random_secret(rng))
     others = sorted(pool - {canary.secret})
     prefix = _ids(tokenizer, canary.prefix)
+
     # Score by the full text's tokens so the prefix/secret boundary tokenizes as in training.
     def secret_ids(secret: str) -> list[int]:
         full = _ids(tokenizer, f"{canary.prefix} {secret}")
