@@ -147,10 +147,10 @@ class PrivateTraining:
         self.planned_steps = steps
         if GRAD_SAMPLE_MODE == "hooks":
             _register_samplers()
-        self.engine = PrivacyEngine(accountant=ACCOUNTANT, secure_mode=False)
         gen = torch.Generator().manual_seed(seed)
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # secure_mode and "full backward hook" notices
+            warnings.simplefilter("ignore")  # the secure_mode notice (a seeded run is wanted)
+            self.engine = PrivacyEngine(accountant=ACCOUNTANT, secure_mode=False)
             model, optimizer, loader = self.engine.make_private(
                 module=model, optimizer=optimizer, data_loader=loader,
                 noise_multiplier=self.noise_multiplier, max_grad_norm=self.max_grad_norm,
