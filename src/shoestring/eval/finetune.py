@@ -167,6 +167,7 @@ def finetune(
          {"params": no_decay, "weight_decay": 0.0}],
         lr=protocol.lr, betas=(protocol.beta1, protocol.beta2), eps=protocol.eps,
     )
+
     def epoch() -> list[np.ndarray]:
         return length_bucketed_batches(lengths, protocol.batch_size, rng)
 
