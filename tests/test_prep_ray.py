@@ -190,7 +190,9 @@ def test_ray_refuses_what_it_does_not_run(tmp_path: Path) -> None:
     src = tmp_path / "a.txt"
     src.write_text("some text here that is long enough\n")
     for args, named in ((["--workers", "2"], "--workers"),
-                        (["--explain", "3"], "--explain")):
+                        (["--explain", "3"], "--explain"),
+                        (["--canaries", "2"], "--canaries"),
+                        (["--dedup", "substring"], "substring")):
         proc = run_cli("prep", str(src), "-o", str(tmp_path / "d"), "--executor", "ray", *args,
                        timeout=120)
         assert proc.returncode == 2, proc.stderr

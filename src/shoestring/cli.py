@@ -154,7 +154,17 @@ def prep(
     ] = None,
     dedup: Annotated[
         Optional[str],
-        typer.Option("--dedup", help="'none', 'exact' (default) or 'fuzzy' (exact + MinHash LSH)."),
+        typer.Option("--dedup", help="'none', 'exact' (default), 'fuzzy' (exact + MinHash LSH) or "
+                     "'substring' (exact + repeated spans of --min-span words cut)."),
+    ] = None,
+    min_span: Annotated[
+        Optional[int], typer.Option("--min-span", help="Substring dedup: shortest repeated span cut, in words (50).")
+    ] = None,
+    canaries: Annotated[
+        Optional[int], typer.Option("--canaries", help="Insert K random secrets into train for `shoestring audit`.", metavar="K")
+    ] = None,
+    canary_repeats: Annotated[
+        Optional[int], typer.Option("--canary-repeats", help="Copies of each canary (1).", metavar="R")
     ] = None,
     decontam: Annotated[
         Optional[list[str]],
@@ -185,7 +195,10 @@ def prep(
                "--text-field": ("data.text_field", text_field), "--split-on": ("data.split_on", split_on),
                "--on-error": ("data.on_error", on_error), "--workers": ("data.workers", workers),
                "--filters": ("curate.filters", filters), "--dedup": ("curate.dedup", dedup),
-               "--explain": ("curate.explain", explain)}
+               "--explain": ("curate.explain", explain),
+               "--min-span": ("curate.substring_min_span", min_span),
+               "--canaries": ("curate.canaries", canaries),
+               "--canary-repeats": ("curate.canary_repeats", canary_repeats)}
     cfg = _config(config, sets, flags=options)
     if decontam:
         cfg.curate.decontam = [*cfg.curate.decontam, *decontam]
@@ -225,6 +238,13 @@ def _print_prep(manifest: dict, output: Path) -> None:
         label = "documents read" if block["block"] == "read" else f"{block['block']} (documents)"
         t.add_row(label,
                   f"{shown}{block['documents_out']:,}" + (f" (dropped {dropped})" if dropped else ""))
+        if block["block"] == "substring_dedup":
+            t.add_row("substring dedup (spans)", f"{block['spans_removed']:,} repeats of ≥ "
+                      f"{block['min_span_words']} words cut ({block['bytes_removed']:,} bytes)")
+    for block in manifest.get("blocks", []):
+        if block["block"] == "canaries":
+            t.add_row("canaries", f"{block['canaries']} ({block['copies_inserted']:,} copies, "
+                      f"{block['copies_in_train']:,} in train after curation; {block['file']})")
     t.add_row("kept (train / val)", f"{docs['kept']:,} ({docs['train']:,} / {docs['val']:,})")
     split = manifest.get("split") or {}
     if split.get("method") == "position":
@@ -343,15 +363,26 @@ def eval_(
     choices: Annotated[Optional[Path], typer.Option("--choices", help="Decoders: JSONL of context/choices/answer, scored zero-shot.")] = None,
     samples: Annotated[int, typer.Option("--samples", min=0, help="Decoders: greedy samples to show.")] = 3,
     prompt: Annotated[Optional[list[str]], typer.Option("--prompt", help="Decoders: prompt for samples (repeatable).", metavar="TEXT")] = None,
+    dp_epsilon: Annotated[Optional[float], typer.Option("--dp-epsilon", help="Fine-tune with DP-SGD (Opacus) to this ε (docs/privacy.md).")] = None,
+    dp_delta: Annotated[Optional[float], typer.Option("--dp-delta", help="DP-SGD δ (1e-5).")] = None,
 ) -> None:
     """Evaluate a run: held-out MLM loss, fine-tuning on GLUE / own tasks, or decoder evals."""
     from shoestring.eval.cli_helpers import run_eval
 
+    privacy = None
+    if dp_epsilon is not None or dp_delta is not None or any(
+            s.startswith("eval.dp_") for s in sets or []):
+        from shoestring.eval.private import PrivateTraining
+
+        privacy = PrivateTraining.from_options(None, sets, dp_epsilon, dp_delta)
+        if privacy is None:
+            raise ShoestringError("--dp-delta without --dp-epsilon", where="--dp-delta",
+                                  fix="add --dp-epsilon (e.g. 8)")
     run_eval(run, data=data, sets=sets, glue=glue, tasks=tasks, task=task, protocol=protocol,
              seeds=seeds, control=control, output=output, max_train=max_train,
              precision=precision, text=text,
              choices=choices, samples=samples, prompt=prompt, out=out, err=err,
-             print_mlm=_print_eval)
+             print_mlm=_print_eval, privacy=privacy)
 
 
 def _print_eval(result: dict, run: Path) -> None:
@@ -362,6 +393,23 @@ def _print_eval(result: dict, run: Path) -> None:
     t.add_row("masked-token accuracy", f"{result['accuracy']:.1%}")
     t.add_row("scored", f"{result['masked_tokens']:,} masked tokens in {result['sequences']:,} sequences")
     out.print(t)
+
+
+@app.command()
+def audit(
+    run: Annotated[Path, typer.Argument(help="Run dir written by `shoestring train`.", show_default=False, metavar="RUN_DIR")],
+    data: Annotated[Path, typer.Option("--data", "-d", help="The data dir the run trained on (with canaries.json from prep --canaries).")],
+    candidates: Annotated[int, typer.Option("--candidates", min=1, help="Random secrets each canary is ranked against.")] = 1000,
+    sequences: Annotated[int, typer.Option("--sequences", min=2, help="Rows per split for membership inference.")] = 256,
+    extract: Annotated[int, typer.Option("--extract", min=1, help="Decoders: prefixes per split for extraction.")] = 64,
+) -> None:
+    """Memorization audit: canary exposure, membership inference AUC, extraction (docs/privacy.md)."""
+    from shoestring.privacy.audit import AuditSettings, audit as run_audit, audit_table
+
+    result = run_audit(run, data, AuditSettings(candidates=candidates, sequences=sequences,
+                                                extract=extract), console=err)
+    out.print(audit_table(result))
+    out.print(f"written: {run / 'audit.json'}")
 
 
 @app.command()

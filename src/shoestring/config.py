@@ -10,7 +10,7 @@ ablation is one ``--set``.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -304,6 +304,14 @@ class EvalConfig(_Section):
     mask_rate: float = Field(
         0.25, gt=0.0, lt=1.0, description="masking rate when scoring (fixed, so runs compare)"
     )
+    dp_epsilon: float | None = Field(
+        None, gt=0.0, description="fine-tuning: DP-SGD target ε (Opacus); null = not private"
+    )
+    dp_delta: float = Field(1e-5, gt=0.0, lt=1.0, description="fine-tuning: DP-SGD δ")
+    dp_max_grad_norm: float = Field(1.0, gt=0.0, description="fine-tuning: per-example clip norm")
+
+
+_Copies = Annotated[int, Field(ge=1, le=100_000)]
 
 
 class CurateConfig(_Section):
@@ -319,8 +327,9 @@ class CurateConfig(_Section):
     filters: Literal["gopher", "none"] = Field(
         "none", description="gopher = Gopher quality + repetition rules and the compressibility filter"
     )
-    dedup: Literal["none", "exact", "fuzzy"] = Field(
-        "exact", description="exact = same normalized text; fuzzy = exact + MinHash LSH near-duplicates"
+    dedup: Literal["none", "exact", "fuzzy", "substring"] = Field(
+        "exact", description="exact = same normalized text; fuzzy = exact + MinHash LSH "
+        "near-duplicates; substring = exact + repeated spans of ≥ substring_min_span words cut"
     )
     decontam: list[str] = Field(
         default_factory=list, description="evaluation files/folders whose n-grams are removed"
@@ -388,6 +397,15 @@ class CurateConfig(_Section):
     decontam_margin_chars: int = Field(200, ge=0, description="characters cut on each side of a match")
     decontam_max_pieces: int = Field(10, ge=1, description="more pieces after cutting: drop")
     decontam_min_piece_chars: int = Field(200, ge=1, description="shorter pieces after cutting: drop")
+
+    substring_min_span: int = Field(
+        50, ge=2, le=100_000, description="substring dedup: shortest repeated span cut (words)"
+    )
+    canaries: int = Field(0, ge=0, le=10_000, description="random secrets inserted (docs/privacy.md)")
+    canary_repeats: _Copies | list[_Copies] = Field(
+        1, description="copies of each canary in train; a list [1, 4, 16] cycles over canaries"
+    )
+    canary_seed: int = Field(0, ge=0, description="seed of the canary secrets and their hosts")
 
     @field_validator("rep_max_top_ngram_frac", "rep_max_dup_ngram_frac")
     @classmethod

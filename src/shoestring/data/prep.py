@@ -340,12 +340,23 @@ class _Pipeline:
                     yield doc
 
             cleaned = self._clean(counted(docs), counts)
+            canaries = self._canary_inserter()
+            if canaries is not None:
+                cleaned = canaries(cleaned)
+            self._forced_train: set[int] = set()  # spool lines kept in train (canary hosts)
+            forced_chars = 0
             for doc in self._curate(cleaned):
-                counts["val"] += is_validation(doc.text, cfg.val_fraction)
+                if canaries is not None and doc.doc_id in canaries.hosts:
+                    self._forced_train.add(counts["kept"])
+                    forced_chars += len(doc.text)
+                else:
+                    counts["val"] += is_validation(doc.text, cfg.val_fraction)
                 counts["kept"] += 1
                 counts["chars"] += len(doc.text)
                 f.write(json.dumps(doc.text, ensure_ascii=False) + "\n")
-        split = self._split(kept, counts)
+        split = self._split(kept, counts, forced_chars)
+        if canaries is not None:
+            self.blocks.append(self._write_canaries(canaries))
         return self._read_result(counts, stats, split, self.blocks)
 
     def _read_result(self, counts: dict[str, int], stats: ReadStats, split: dict,
@@ -381,7 +392,7 @@ class _Pipeline:
         self.journal.put("read", result)
         return result
 
-    def _split(self, kept: Path, counts: dict[str, int]) -> dict:
+    def _split(self, kept: Path, counts: dict[str, int], forced_chars: int = 0) -> dict:
         """Spool the kept documents into train and val; returns how (for the manifest).
 
         By document (content hash) when that holds out at least ``MIN_VAL_DOCUMENTS``;
@@ -389,7 +400,7 @@ class _Pipeline:
         nanoGPT does, cutting the document at the boundary at a line break."""
         fraction = self.cfg.val_fraction
         by_position = counts["val"] < MIN_VAL_DOCUMENTS
-        cut = round(counts["chars"] * (1 - fraction))
+        cut = round((counts["chars"] - forced_chars) * (1 - fraction))
         counts["train"] = counts["val"] = 0
         position = 0
         with open(self.build / "spool-train.jsonl", "w", encoding="utf-8") as ftr, \
@@ -399,7 +410,10 @@ class _Pipeline:
                     counts[split] += 1
                     (fva if split == "val" else ftr).write(json.dumps(text, ensure_ascii=False) + "\n")
 
-            for text in _read_spool(kept):
+            for line, text in enumerate(_read_spool(kept)):
+                if line in self._forced_train:  # canary hosts: train, outside the position cut
+                    write("train", text)
+                    continue
                 if not by_position:
                     write("val" if is_validation(text, fraction) else "train", text)
                     continue
@@ -454,6 +468,31 @@ class _Pipeline:
         if self.curate_cfg.explain:
             self.console.print(curator.explain(self.curate_cfg.explain), markup=False,
                                highlight=False)
+
+    def _canary_inserter(self) -> Any:
+        """``prep --canaries K``: the stream wrapper that plants them (None when off)."""
+        cur = self.curate_cfg
+        if cur is None or not cur.canaries:
+            return None
+        from shoestring.data.canaries import CanaryInserter, make_canaries
+
+        inserted, self._canary_refs = make_canaries(cur.canaries, cur.canary_seed)
+        return CanaryInserter(inserted, cur.canary_repeats, cur.canary_seed)
+
+    def _write_canaries(self, inserter: Any) -> dict:
+        """Count the copies that reached train (dedup may cut some) and write canaries.json."""
+        from dataclasses import replace
+
+        from shoestring.data import canaries as C
+
+        found = C.count_in(_read_spool(self.build / "spool-train.jsonl"), inserter.canaries)
+        planted = [replace(c, inserted=r, in_train=n)
+                   for c, r, n in zip(inserter.canaries, inserter.copies(), found)]
+        C.write(self.build / C.FILE, planted, self._canary_refs, inserter.repeats,
+                inserter.seed)
+        return {"block": "canaries", "canaries": len(planted), "references": len(planted),
+                "copies_inserted": sum(inserter.copies()),
+                "copies_in_train": sum(found), "file": C.FILE}
 
     def _check_read(self, counts: dict[str, int], stats: ReadStats) -> None:
         if counts["kept"] == 0:

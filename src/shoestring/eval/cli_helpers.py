@@ -39,6 +39,7 @@ def run_eval(
     out: Console,
     err: Console,
     print_mlm: Callable[[dict, Path], None],
+    privacy: Any = None,
 ) -> None:
     if precision not in ("auto", "bf16", "fp32"):
         raise ShoestringError(f"unknown precision {precision!r}", where="--precision",
@@ -49,6 +50,9 @@ def run_eval(
     check_run_dir(run, "eval")
     downstream = glue is not None or tasks is not None or bool(task)
     decoder_flags = text is not None or choices is not None or bool(prompt)
+    if privacy is not None and not downstream:
+        raise ShoestringError("DP-SGD applies to fine-tuning", where="--dp-epsilon",
+                              fix="add --glue/--tasks/--task")
     if downstream:
         if decoder_flags:
             raise ShoestringError(
@@ -62,7 +66,8 @@ def run_eval(
         results = evaluate_downstream(run, glue=glue, tasks=tasks, custom=custom,
                                       protocol=protocol, seeds=seed_count,
                                       control=control, out=output,
-                                      max_train=max_train, precision=precision, console=err)
+                                      max_train=max_train, precision=precision, console=err,
+                                      privacy=privacy)
         print_downstream(results, out, output or RunDir(run).downstream_dir)
         return
     family = RunDir(run).family()  # None: load_final reports a missing or damaged run
@@ -115,6 +120,12 @@ def print_downstream(results: dict[str, Any], out: Console, folder: Path) -> Non
                 if "scratch" in c else ["–", "–"]
         t.add_row(*row, f"{secs:.0f}")
     out.print(t)
+    if "privacy" in results:
+        spent = [s["privacy"]["epsilon_spent"] for r in results["tasks"].values()
+                 for s in r["seeds"]]
+        p = results["privacy"]
+        out.print(f"DP-SGD: ε spent {max(spent):.2f} (target {p['target_epsilon']:g}, "
+                  f"δ {p['delta']:g}) per run — private: the fine-tuning examples only")
     avg = results["glue_average"] or {}
     if avg.get("complete"):
         out.print(f"GLUE average {avg['glue9']:.1f} (glue9: {avg['conventions']['glue9']}); "

@@ -21,6 +21,7 @@ from rich.console import Console
 from shoestring.errors import ShoestringError
 from shoestring.eval.control import compare_arms, seeds_for
 from shoestring.eval.finetune import PROTOCOLS, SWEEP_GRID, run_task
+from shoestring.eval.private import PrivateTraining
 from shoestring.eval.glue import GLUE_TASKS, load_glue_task, parse_task_list
 from shoestring.eval.report import (
     REFERENCES,
@@ -122,12 +123,15 @@ def evaluate_downstream(
     overrides: dict[str, Any] | None = None,
     console: Console | None = None,
     control: str = "scratch",
+    privacy: PrivateTraining | None = None,
 ) -> dict[str, Any]:
     """Fine-tune a trained encoder run on GLUE and/or custom tasks; write and return results.
 
     ``seeds`` None picks per task by the rule in eval/control.py (5 for small dev sets, else
     3). ``control="scratch"`` also fine-tunes the same architecture from random
-    initialization with the same seeds and reports the paired difference; "none" skips it."""
+    initialization with the same seeds (and the same DP-SGD, if any) and reports the paired
+    difference; "none" skips it. ``privacy``: fine-tune with DP-SGD (eval/private.py);
+    settings it cannot honour for a task are refused before anything is written."""
     from shoestring.data.tokenizer import load_tokenizer
     from shoestring.model.encoder import MaskedLM
     from shoestring.rundir import RunDir
@@ -155,6 +159,9 @@ def evaluate_downstream(
         )
     data = _load_tasks(glue, tasks, custom or [], max_train)
     proto = replace(PROTOCOLS[protocol], **(overrides or {}))
+    if privacy is not None:
+        privacy.check_protocol(protocol, [(d.spec.name, len(d.train)) for d in data],
+                               proto.batch_size, proto.epochs)
     out = Path(out) if out is not None else run.downstream_dir
     _prepare_out(out)
     tok_path = run.tokenizer_path
@@ -172,6 +179,7 @@ def evaluate_downstream(
         "seed_rule": SEED_RULE if seeds is None else "fixed by --seeds",
         "control": control,
         "max_train": max_train,
+        **({"privacy": privacy.settings()} if privacy is not None else {}),
         "tasks": {},
         "columns": [],
         "glue_average": None,
@@ -189,10 +197,11 @@ def evaluate_downstream(
         grid = SWEEP_GRID if protocol == "sweep" else None
         res = run_task(base, meta, tokenizer, tok_path, d, proto, seed_list,
                        out_dir=out / "classifiers", precision=precision, grid=grid,
-                       console=console)
+                       console=console, privacy=privacy)
         if control == "scratch":
             ctrl = run_task(base, meta, tokenizer, tok_path, d, proto, seed_list, out_dir=None,
-                            precision=precision, grid=grid, console=console, from_scratch=True)
+                            precision=precision, grid=grid, console=console, from_scratch=True,
+                            privacy=privacy)
             res["control"] = {k: ctrl[k] for k in
                               ("init", "seeds", "summary", "protocol", "wall_seconds")}
             res["comparison"] = {split: compare_arms(res["seeds"], ctrl["seeds"], split)

@@ -34,6 +34,7 @@ from rich.console import Console
 from shoestring.errors import ShoestringError
 from shoestring.eval.classifier import SequenceClassifier, save_classifier
 from shoestring.eval.metrics import compute_metrics, main_score
+from shoestring.eval.private import PrivateTraining
 from shoestring.eval.tasks import Example, TaskData
 from shoestring.progress import progress_bar
 from shoestring.device import DeviceInfo, select_device
@@ -144,8 +145,12 @@ def finetune(
     device: DeviceInfo,
     pad_id: int,
     on_step: Callable[[int, int, float], None] | None = None,
+    privacy: PrivateTraining | None = None,
 ) -> dict[str, Any]:
-    """Train ``model`` in place; returns steps, seconds, examples/s and the final loss."""
+    """Train ``model`` in place; returns steps, seconds, examples/s and the final loss.
+
+    ``privacy``: DP-SGD (eval/private.py) — it wraps the model and optimizer and draws the
+    batches; the result gains a ``privacy`` record (ε spent)."""
     if len(seqs) == 0:
         raise ShoestringError("the task has no training examples")
     torch.manual_seed(seed)
@@ -163,14 +168,23 @@ def finetune(
          {"params": no_decay, "weight_decay": 0.0}],
         lr=protocol.lr, betas=(protocol.beta1, protocol.beta2), eps=protocol.eps,
     )
+
+    def epoch() -> list[np.ndarray]:
+        return length_bucketed_batches(lengths, protocol.batch_size, rng)
+
+    if privacy is not None:
+        model, opt, epoch = privacy.wrap(model, opt, len(seqs), protocol.batch_size, total, seed,
+                                         probe=lambda m: m(*collate(seqs, np.arange(1), pad_id)).sum())
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr_at(s, total, warmup))
     y_all = torch.tensor(labels, dtype=torch.float32 if problem == "regression" else torch.long)
     step, losses, tokens = 0, [], 0
     t0 = time.perf_counter()
     while step < total:
-        for idx in length_bucketed_batches(lengths, protocol.batch_size, rng):
+        for idx in epoch():
             if step >= total:
                 break
+            if len(idx) == 0:  # Poisson sampling (DP) can draw an empty batch
+                continue
             ids, mask = collate(seqs, idx, pad_id)
             y = y_all[torch.from_numpy(idx)].to(device.device)
             with device.autocast():
@@ -201,6 +215,7 @@ def finetune(
         "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
         "first_loss": float(np.mean(losses[:20])),
         "final_loss": float(np.mean(losses[-max(1, len(losses) // 20):])),
+        **({"privacy": privacy.finish()} if privacy is not None else {}),
     }
 
 
@@ -275,6 +290,7 @@ def run_task(
     console: Console | None = None,
     notes: dict[str, Any] | None = None,
     from_scratch: bool = False,
+    privacy: PrivateTraining | None = None,
 ) -> dict[str, Any]:
     """Fine-tune ``base_model`` on ``data`` once per seed (per grid point for a sweep), score
     every evaluation split, save the median seed's classifier in ``out_dir``; returns the
@@ -317,7 +333,7 @@ def run_task(
                         console.log(f"{_label}: step {step:,}/{total:,}, loss {loss:.3f}")
 
                 stats = finetune(model, train_seqs, train_labels, data.spec.problem, setting,
-                                 seed, device, pad_id, on_step)
+                                 seed, device, pad_id, on_step, privacy)
                 t_eval = time.perf_counter()
                 splits = {s: evaluate_classifier(model, eval_seqs[s], eval_labels[s], data, device,
                                                  pad_id, setting.eval_batch_size)

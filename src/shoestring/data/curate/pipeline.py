@@ -16,7 +16,8 @@ Integration (what ``prep`` does; its own clean stage already normalized and appl
 A corpus reduced to nothing: ``curator.empty_error(where)`` names what each block removed.
 
 Memory: blocks hold no documents except fuzzy dedup's current batch (256) and the dedup
-indexes (about 100 bytes per distinct document for exact, about 0.6 KB for fuzzy).
+indexes (about 100 bytes per distinct document for exact, about 0.6 KB for fuzzy) — except
+substring dedup, which holds the whole corpus plus ~40 bytes per word (docs/data.md).
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ class Curator:
                     ex,
                 )
             )
-        if cfg.dedup in ("exact", "fuzzy"):
+        if cfg.dedup in ("exact", "fuzzy", "substring"):
             from shoestring.data.curate.dedup import ExactDedup
 
             stateful.append(ExactDedup(ex))
@@ -109,6 +110,10 @@ class Curator:
                     keep_examples=ex,
                 )
             )
+        if cfg.dedup == "substring":
+            from shoestring.data.curate.substring import SubstringDedup
+
+            stateful.append(SubstringDedup(cfg.substring_min_span, ex))
         decontam: list[Block] = []
         if cfg.decontam:
             from shoestring.data.curate.decontam import Decontaminate, EvalNgrams
@@ -220,6 +225,9 @@ def _notes(entry: dict[str, Any]) -> str:
         notes.append(f"{entry['clusters']:,} clusters")
     if "distinct" in entry:
         notes.append(f"{entry['distinct']:,} distinct")
+    if entry["block"] == "substring_dedup":
+        notes.append(f"{entry['spans_removed']:,} spans ≥ {entry['min_span_words']} words, "
+                     f"{entry['bytes_removed']:,} bytes cut")
     if "eval_ngrams" in entry:
         notes.append(f"{entry['eval_ngrams']:,} eval n-grams, {entry['docs_cut']:,} docs cut")
     return ", ".join(notes)

@@ -94,6 +94,9 @@ def plan_ray(cfg: DataConfig, curate: CurateConfig | None) -> RayPlan:
         refuse.append(("--workers / data.workers", "Ray schedules its own tasks: leave it at 1"))
     if curate is not None and curate.explain:
         refuse.append(("--explain / curate.explain", "run --explain with --executor local"))
+    if curate is not None and curate.canaries:
+        refuse.append(("--canaries / curate.canaries", "plant canaries with --executor local "
+                       "(docs/privacy.md)"))
     blocks: list[Block] = []
     if curate is not None:
         from shoestring.data.curate import Curator

@@ -1,0 +1,112 @@
+"""Canaries and the memorization audit on real tiny runs: planted copies land in train (and
+substring dedup cuts their repeats), a canary repeated many times in an overfit decoder has
+far higher exposure than never-inserted ones, membership AUC is > 0.5 after many epochs and
+≈ 0.5 untrained, and the CLI writes audit.json (bad input: exit 2)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+
+from shoestring.config import Config, CurateConfig, DataConfig, ModelConfig, TrainConfig
+from shoestring.data import canaries as C
+from shoestring.data.builtin import iter_pydocs
+from shoestring.data.prep import prep
+from shoestring.privacy.audit import AuditSettings, audit
+from shoestring.train.loop import train
+
+SETTINGS = AuditSettings(candidates=200, sequences=96, extract=16, prefix_tokens=16,
+                         match_tokens=16)
+
+
+def _data(tmp: Path, objective: str, dedup: str, repeats: int) -> Path:
+    """100 short real documents (pydocs, 400 characters each) plus 2 canaries × ``repeats``."""
+    corpus = tmp / "corpus.jsonl"
+    with corpus.open("w", encoding="utf-8") as f:
+        for _, doc in zip(range(100), iter_pydocs()):
+            f.write(json.dumps({"text": doc.text[:400]}) + "\n")
+    out = tmp / f"data-{objective}-{dedup}"
+    prep([str(corpus)], out, DataConfig(objective=objective, vocab_size=400, seq_len=64,
+                                        val_fraction=0.2),
+         curate=CurateConfig(dedup=dedup, canaries=2, canary_repeats=repeats))
+    return out
+
+
+def _train(data: Path, run: Path, objective: str, steps: int) -> Path:
+    cfg = Config(data=DataConfig(objective=objective, vocab_size=400, seq_len=64),
+                 model=ModelConfig(objective=objective, hidden_size=64, num_layers=2, num_heads=2,
+                                   intermediate_size=128),
+                 train=TrainConfig(budget=None, steps=steps, batch_size=16, lr=5e-3,
+                                   precision="fp32", checkpoint_every=None))
+    train(cfg, data, run)
+    return run
+
+
+@pytest.fixture(scope="module")
+def clm_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _data(tmp_path_factory.mktemp("clm"), "clm", "none", repeats=25)
+
+
+@pytest.fixture(scope="module")
+def overfit_run(clm_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _train(clm_data, tmp_path_factory.mktemp("over") / "run", "clm", steps=100)
+
+
+def test_canaries_are_planted_in_train_and_recorded(clm_data: Path) -> None:
+    planted, refs, record = C.read(clm_data / C.FILE)
+    assert record["repeats"] == 25 and len(planted) == len(refs) == 2
+    assert all(c.inserted == 25 and c.in_train == 25 for c in planted)  # hosts kept in train
+    assert {c.secret for c in planted}.isdisjoint({c.secret for c in refs})
+    assert all(len(c.text.split()) >= 50 for c in planted)  # long enough for substring dedup
+    manifest = json.loads((clm_data / "manifest.json").read_text())
+    [block] = [b for b in manifest["blocks"] if b["block"] == "canaries"]
+    assert block["copies_inserted"] == block["copies_in_train"] == 50
+    assert manifest["splits"]["val"]["sequences"] > 0
+
+
+def test_substring_dedup_keeps_one_copy_of_each_canary(tmp_path: Path) -> None:
+    data = _data(tmp_path, "clm", "substring", repeats=10)
+    planted, _, _ = C.read(data / C.FILE)
+    assert [c.in_train for c in planted] == [1, 1]
+
+
+@pytest.mark.slow
+def test_repeated_canary_is_exposed_and_membership_leaks_after_overfitting(
+        overfit_run: Path, clm_data: Path) -> None:
+    result = audit(overfit_run, clm_data, SETTINGS)
+    c = result["canaries"]
+    assert c["mean_exposure_inserted"] > 6.0, c  # near log2(201) = 7.65: ranked first
+    assert c["mean_exposure_references"] < c["mean_exposure_inserted"] - 3, c
+    assert result["membership"]["auc"] > 0.7, result["membership"]
+    ex = result["extraction"]
+    assert ex["train"]["prompts"] == ex["held_out"]["prompts"] == 16
+    assert ex["train"]["mean_matched_tokens"] > ex["held_out"]["mean_matched_tokens"]
+    assert json.loads((overfit_run / "audit.json").read_text())["membership"] == result["membership"]
+
+
+@pytest.mark.slow
+def test_untrained_encoder_has_chance_auc_and_exposure(tmp_path: Path) -> None:
+    data = _data(tmp_path, "mlm", "exact", repeats=5)
+    run = _train(data, tmp_path / "run", "mlm", steps=1)
+    result = audit(run, data, AuditSettings(candidates=100, sequences=128))
+    assert json.loads((data / "manifest.json").read_text())["split"]["method"] == "document"
+    assert abs(result["membership"]["auc"] - 0.5) < 0.12, result["membership"]
+    c = result["canaries"]
+    assert c["mean_exposure_inserted"] < 4.5 and c["mean_exposure_references"] < 4.5, c
+    assert "no generation" in result["extraction"]["note"]
+
+
+@pytest.mark.slow
+def test_cli_prints_the_table_and_refuses_bad_input(overfit_run: Path, clm_data: Path,
+                                                    tmp_path: Path) -> None:
+    r = run_cli("audit", str(overfit_run), "--data", str(clm_data), "--candidates", "50",
+                "--sequences", "32", "--extract", "4")
+    assert r.returncode == 0, r.stderr
+    assert "membership inference ROC AUC" in r.stdout and "canary exposure" in r.stdout
+    r = run_cli("audit", str(overfit_run), "--data", str(tmp_path / "nope"))
+    assert r.returncode == 2 and "data dir not found" in r.stderr and "Traceback" not in r.stderr
+    r = run_cli("audit", str(tmp_path), "--data", str(clm_data))
+    assert r.returncode == 2 and "final/ is missing" in r.stderr
