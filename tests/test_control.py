@@ -36,6 +36,8 @@ def test_paired_comparison_matches_a_hand_computed_t_interval() -> None:
     assert not clear["within_noise"] and clear["verdict"] == "pretraining helps"
     worse = compare_arms(_arm([60, 61, 62]), _arm([70, 72, 71]), "dev")
     assert worse["verdict"] == "pretraining hurts" and worse["ci95"][1] < 0
+    same = compare_arms(_arm([74.8, 74.8, 74.8]), _arm([74.8, 74.8, 74.8]), "dev")
+    assert same["within_noise"] and same["seeds_needed"] is None and "no difference" in same["verdict"]
     one = compare_arms(_arm([90]), _arm([50]), "dev")
     assert one["ci95"] is None and one["within_noise"] and "one seed" in one["verdict"]
     # Pairing is by seed, not by position.

@@ -287,6 +287,7 @@ class _Pipeline:
         self.seconds: dict[str, float] = {}
         self.kept_shards = 0
         self.encoded: dict[str, dict] = {}
+        self._forced_train: set[int] = set()  # spool lines kept in train (canary hosts)
         self._compress = None
         if curate is not None:
             from shoestring.data.curate.compress import Compressibility
@@ -343,7 +344,7 @@ class _Pipeline:
             canaries = self._canary_inserter()
             if canaries is not None:
                 cleaned = canaries(cleaned)
-            self._forced_train: set[int] = set()  # spool lines kept in train (canary hosts)
+            self._forced_train = set()
             forced_chars = 0
             for doc in self._curate(cleaned):
                 if canaries is not None and doc.doc_id in canaries.hosts:

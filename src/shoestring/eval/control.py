@@ -44,7 +44,10 @@ def _t95(dof: int) -> float:
 def seeds_needed(std_diff: float, difference: float, cap: int = 50) -> int | None:
     """Seeds a paired comparison needs for its 95% interval to exclude zero, given the
     observed spread of per-seed differences; None when no count up to ``cap`` would do
-    (the difference is too small against its spread to resolve cheaply)."""
+    (the difference is too small against its spread to resolve cheaply, or there is none:
+    both arms scored the same on every seed)."""
+    if difference == 0:
+        return None
     if std_diff == 0:
         return 2
     for k in range(2, cap + 1):
@@ -85,8 +88,12 @@ def compare_arms(pretrained: list[dict[str, Any]], scratch: list[dict[str, Any]]
     if within:
         need = seeds_needed(out["difference_std"], out["difference_mean"])
         out["seeds_needed"] = need
-        out["verdict"] = ("within noise" + (f" (about {need} seeds would resolve a difference "
-                          "this size)" if need else " (too small to resolve with seeds)"))
+        if out["difference_std"] == 0 and out["difference_mean"] == 0:
+            out["verdict"] = "no difference: both arms scored the same on every seed"
+        else:
+            out["verdict"] = ("within noise" + (f" (about {need} seeds would resolve a "
+                              "difference this size)" if need else " (too small to resolve "
+                              "with seeds)"))
     else:
         out["seeds_needed"] = None
         out["verdict"] = "pretraining helps" if lo > 0 else "pretraining hurts"
