@@ -105,14 +105,7 @@ def peak_rss(corpus: Path, out: Path, workers: int) -> tuple[float, float]:
     return main_kb / 1024, child_kb / 1024
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
+from peers import cpu_name as cpu_model  # bench/peers.py: the CPU's model name
 
 
 def compare_executors(corpus: Path, tmp: Path, nodes: int, node_cores: int) -> None:

@@ -182,14 +182,7 @@ class Server:
             self.proc.kill()
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+from peers import cpu_name as cpu_model  # bench/peers.py: the CPU's model name
 
 
 class RawClient:

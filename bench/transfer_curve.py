@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import time
 from pathlib import Path
 
@@ -47,14 +46,7 @@ SHARED = ROOT.parent / "shared" / "data"
 console = Console(stderr=True)
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+from peers import cpu_name  # bench/peers.py: the CPU's model name
 
 
 def base_config(preset: str | None) -> Config:
