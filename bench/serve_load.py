@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import random
 import re
 import socket
