@@ -342,10 +342,7 @@ class DecoderEngine(Engine):
         if key[0] == "generate-stream":
             return [self._stream(key[1:6], *payloads[0])]
         _, max_new, temperature, top_k, top_p, seed = key
-        gen = None
-        if seed is not None:
-            gen = torch.Generator(device=self.device)
-            gen.manual_seed(seed)
+        gen = self._generator(seed)
         with self._context():
             ids, mask = self._pad(payloads, self.pad_id, left=True)
             out = self.model.generate(
@@ -369,13 +366,18 @@ class DecoderEngine(Engine):
             results.append({"text": text, "tokens": len(row), "finish_reason": finish})
         return results
 
+    def _generator(self, seed: int | None) -> torch.Generator | None:
+        """A seeded generator for a request that asks for repeatable sampling, else None."""
+        if seed is None:
+            return None
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed(seed)
+        return gen
+
     def _stream(self, options: tuple, ids: list[int], stream: TokenStream) -> dict[str, Any]:
         """One prompt, token by token into ``stream``; stops early when the client has gone."""
         max_new, temperature, top_k, top_p, seed = options
-        gen = None
-        if seed is not None:
-            gen = torch.Generator(device=self.device)
-            gen.manual_seed(seed)
+        gen = self._generator(seed)
         text = TextDelta(lambda t: self.tokenizer.decode(t, skip_special_tokens=True))
         finish = "length"
 
