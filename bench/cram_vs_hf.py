@@ -222,6 +222,36 @@ def modernbert_recipe(model: torch.nn.Module, data: DataDir, cfg: Config) -> Rec
                   f"{tc.batch_size}, clip {tc.grad_clip}")
 
 
+def pick_hf_attention(cfg: Config, data: DataDir, device_info: DeviceInfo,
+                      steps: int = 6) -> dict:
+    """The careful user's attention choice for ModernBERT: time a few training steps with
+    each of its implementations (sdpa, eager) at the run's batch and take the faster, before
+    the clock starts (as shoestring's ``train.attention=auto`` does for ours)."""
+    loader = BatchLoader(data.split("train"), cfg.train.micro_batch, cfg.train.seed)
+    ids = next(loader)
+    loader.close()
+    times: dict[str, float] = {}
+    for attn in ("sdpa", "eager"):
+        torch.manual_seed(cfg.train.seed)
+        model = hf_modernbert(cfg.model, data.vocab_size, data.seq_len, sparse=True,
+                              ids=data.special_ids, attention=attn)
+        recipe = modernbert_recipe(model, data, cfg)
+        batch = recipe.make_batch(ids)
+        for i in range(steps + 2):  # two warm-up steps
+            if i == 2:
+                t0 = time.perf_counter()
+            with device_info.autocast():
+                loss = model(**batch).loss
+            loss.backward()
+            recipe.optimizer.step()
+            recipe.optimizer.zero_grad(set_to_none=True)
+        times[attn] = (time.perf_counter() - t0) / steps
+    best = min(times, key=times.get)
+    console.print("ModernBERT attention: " + ", ".join(f"{k} {v * 1e3:.0f} ms/step"
+                                                      for k, v in times.items()) + f" → {best}")
+    return {"seconds_per_step": times, "picked": best}
+
+
 def bert_model(cfg: Config, data: DataDir, intermediate: int) -> torch.nn.Module:
     """BertForMaskedLM of our hidden/layers/heads, the library's defaults otherwise."""
     from transformers import BertConfig, BertForMaskedLM
@@ -317,6 +347,11 @@ def main() -> None:
                     help="how long to measure the matmul ceiling")
     ap.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
                     help="compute precision for every contender (auto: shoestring's measured choice)")
+    ap.add_argument("--hf-attention", choices=["auto", "sdpa", "eager"], default="auto",
+                    help="ModernBERT's attn_implementation (auto: the faster of the two, timed "
+                    "over a few steps before the clock)")
+    ap.add_argument("--hf-compile", action="store_true",
+                    help="torch.compile the ModernBERT peer by hand (not HF's own option)")
     ap.add_argument("--set", dest="sets", action="append", default=[],
                     help="override shoestring's config (section.key=value), e.g. model dims")
     args = ap.parse_args()
@@ -361,20 +396,33 @@ def main() -> None:
         model, _ = RunDir(run_dir).load_final()
         official = evaluate_run(run_dir, args.data, console=console,
                                 overrides=[f"eval.max_sequences={args.eval_sequences}"])
-        return {"recipe": "shoestring defaults (train.loop.train)", "run_dir": str(run_dir),
+        return {"recipe": f"shoestring defaults (train.loop.train): attention {s['attention']}, "
+                          f"compile {'on' if s['compiled'] else 'off'} (first step "
+                          f"{s['first_step_s']:.1f} s, in the budget)", "run_dir": str(run_dir),
                 **{k: s[k] for k in ("params", "steps", "tokens", "train_seconds", "tokens_per_s",
-                                     "mfu", "first_loss", "final_train_loss")},
+                                     "mfu", "first_loss", "final_train_loss", "attention",
+                                     "compiled", "first_step_s")},
                 "mask_rate": cfg.train.mask_rate, "eval_cli_loss": official["mlm_loss"],
                 "unigram_loss": official["unigram_loss"], "_model": model,
                 "_logits": ours_logits(model),
                 "_count": lambda: model(flops_batch[0], flops_batch[1])}
 
+    if args.hf_attention == "auto":
+        results["modernbert_attention"] = pick_hf_attention(cfg, data, device_info)
+        hf_attention = results["modernbert_attention"]["picked"]
+    else:
+        hf_attention = args.hf_attention
+        results["modernbert_attention"] = {"picked": hf_attention, "given": True}
+
     def run_modernbert(r: int) -> dict:
         torch.manual_seed(cfg.train.seed)
         model = hf_modernbert(cfg.model, data.vocab_size, data.seq_len, sparse=True,
-                              ids=data.special_ids)
-        info = plain_loop(model, modernbert_recipe(model, data, cfg), data, cfg, seconds,
-                          device_info, "ModernBERT")
+                              ids=data.special_ids, attention=hf_attention)
+        recipe = modernbert_recipe(model, data, cfg)
+        if args.hf_compile:  # by hand: ModernBERT's own reference_compile refuses CPUs
+            recipe.describe += "; torch.compile(model) by hand (compile time in the budget)"
+        info = plain_loop(torch.compile(model) if args.hf_compile else model, recipe, data,
+                          cfg, seconds, device_info, "ModernBERT")
         labels = mlm_labels(*flops_batch)
         return {**info, "mask_rate": cfg.train.mask_rate, "_model": model,
                 "_logits": hf_logits(model),
@@ -444,6 +492,11 @@ def print_table(results: dict, args: argparse.Namespace, precision: str) -> None
     print(f"budget {args.budget} each; {mc['cpu']} ({mc['cores']} cores, {mc['threads']} "
           f"threads), torch {mc['torch']}, transformers {mc['transformers']}; {precision} for "
           f"all; load average start {mc['load_average_start']}, end {mc['load_average_end']}")
+    att = results["modernbert_attention"]
+    if "seconds_per_step" in att:
+        print("ModernBERT attention timed before the clock: " + ", ".join(
+            f"{k} {v * 1e3:.0f} ms/step" for k, v in att["seconds_per_step"].items())
+            + f"; picked {att['picked']}")
     sweep = results["bert_sweep"]
     if "runs" in sweep:
         print(f"BERT LR sweep ({sweep['budget_each']} each, held-out at "

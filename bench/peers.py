@@ -59,7 +59,7 @@ def special_ids() -> dict[str, int]:
 
 
 def hf_modernbert(cfg: ModelConfig, vocab: int, seq_len: int, sparse: bool = True,
-                  ids: dict[str, int] | None = None) -> nn.Module:
+                  ids: dict[str, int] | None = None, attention: str = "sdpa") -> nn.Module:
     """Our encoder's architecture as transformers' ``ModernBertForMaskedLM``, configured by our
     exporter (exact mapping), with ModernBERT's own sparse head on unless ``sparse=False``.
 
@@ -73,7 +73,7 @@ def hf_modernbert(cfg: ModelConfig, vocab: int, seq_len: int, sparse: bool = Tru
 
     fields = hf_config(cfg, vocab, seq_len, ids or special_ids())
     fields.update(sparse_prediction=sparse, sparse_pred_ignore_index=-100)
-    return ModernBertForMaskedLM(ModernBertConfig.from_dict(fields))
+    return ModernBertForMaskedLM(ModernBertConfig.from_dict(fields, attn_implementation=attention))
 
 
 def modernbert_setup(model: nn.Module) -> str:
@@ -83,14 +83,15 @@ def modernbert_setup(model: nn.Module) -> str:
     return f"transformers ModernBertForMaskedLM, {head}, attention {c._attn_implementation}"
 
 
-def hf_llama(cfg: ModelConfig, vocab: int, seq_len: int) -> nn.Module:
+def hf_llama(cfg: ModelConfig, vocab: int, seq_len: int, attention: str = "sdpa") -> nn.Module:
     """Our decoder's architecture as transformers' Llama, configured by our exporter."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from shoestring.model.hf_llama import hf_config as llama_config
 
     ids = {"<|endoftext|>": 0, "<|pad|>": 1}
-    return LlamaForCausalLM(LlamaConfig.from_dict(llama_config(cfg, vocab, seq_len, ids)))
+    return LlamaForCausalLM(LlamaConfig.from_dict(llama_config(cfg, vocab, seq_len, ids),
+                                                  attn_implementation=attention))
 
 
 def mlm_labels(inputs: torch.Tensor, positions: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

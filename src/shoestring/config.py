@@ -221,7 +221,14 @@ class TrainConfig(_Section):
         "auto", description="auto = bf16 autocast where the device runs it fast, else fp32; "
         "fp16 = autocast with loss scaling (CUDA without bf16)"
     )
-    compile: bool = Field(False, description="torch.compile the model (~40 s to start on CPU)")
+    compile: Literal["auto"] | bool = Field(
+        "auto", description="torch.compile the model: auto = when the budget is long enough to "
+        "win back the compile time (~40 s on a CPU; docs/training.md), never with pp > 1"
+    )
+    attention: Literal["auto", "sdpa", "eager"] = Field(
+        "auto", description="attention kernel: sdpa (fused; FlashAttention on GPU) or eager "
+        "(matmuls + fp32 softmax); auto = sdpa on GPU, the faster one measured on a CPU"
+    )
     seed: int = Field(0, ge=0)
     log_every: int = Field(10, ge=1, description="steps between metrics.jsonl records")
     val_every: float = Field(

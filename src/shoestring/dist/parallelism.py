@@ -75,7 +75,7 @@ def check_layout(cfg: Config, layout: Layout, vocab_size: int, world_size: int,
     if layout.pp > 1 and families.get(m.objective).sparse_head and not m.sparse_prediction:
         raise ShoestringError("pipeline parallelism runs the sparse MLM head only",
                               where="model.sparse_prediction", fix="set it to true (default)")
-    if layout.pp > 1 and t.compile:
+    if layout.pp > 1 and t.compile is True:
         raise ShoestringError(
             "train.compile with pp > 1 is not supported: the pipeline schedule runs the stage "
             "modules itself", where="train.compile", fix="--set train.compile=false")
@@ -194,9 +194,10 @@ class Parallelism:
 
     # ------------------------------------------------------------------ model
 
-    def apply(self, model: nn.Module, cfg: Config) -> None:
+    def apply(self, model: nn.Module, cfg: Config, compiled: bool = False) -> None:
         """Spread the canonical ``model`` (identical on every rank) over the layout and build
-        the optimizers: pipeline split, then TP → AC → FSDP/DDP on each stage module."""
+        the optimizers: pipeline split, then TP → AC → FSDP/DDP on each stage module; then
+        ``torch.compile`` each part when ``compiled`` (`train.speed` resolves train.compile)."""
         from shoestring.dist.parallelize import build_optimizers, fused_params, parallelize
 
         kind, layout = cfg.model.objective, self.layout
@@ -226,7 +227,7 @@ class Parallelism:
         if layout.pp > 1 and tied:
             self.embedding_group = self._embedding_group()
         self.optimizers = build_optimizers(self.parts, cfg.train, layout, self.meshes)
-        if cfg.train.compile:
+        if compiled:
             self._compiled = [torch.compile(p) for p in self.parts]
         if layout.pp > 1:
             from shoestring.dist.pipeline import build_schedule

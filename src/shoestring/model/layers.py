@@ -3,7 +3,9 @@
 Every option of `ModelConfig` that changes the function lives here as a small choice:
 LayerNorm or RMSNorm (with or without bias), pre- or post-norm blocks, GeGLU / SwiGLU /
 plain-GELU feed-forward, rotary or learned / sinusoidal positions, fused QKV with optional
-grouped-query attention, and attention through ``F.scaled_dot_product_attention``. Parameter
+grouped-query attention, and attention through ``F.scaled_dot_product_attention`` or, where it
+is measurably faster (short sequences on a CPU), two batched matmuls around an fp32 softmax
+(`eager_attention`; the choice is a runtime kernel setting, not a recipe option). Parameter
 names follow ModernBERT (``Wqkv``, ``Wo``, ``Wi``) so the encoder exports as a renaming; the
 decoder's export splits the fused matrices into Llama's ``q/k/v`` and ``gate/up``.
 """
@@ -114,10 +116,42 @@ class KVCache:
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
 
 
+ATTENTION_KERNELS = ("sdpa", "eager")
+
+
+def eager_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
+                    causal: bool = False) -> Tensor:
+    """Attention as two batched matmuls around a softmax computed in fp32 — the function of
+    ``F.scaled_dot_product_attention`` (same arguments' meaning, keys aligned top-left), for
+    the shapes where PyTorch's fused CPU kernel is slower: at 128 tokens its backward takes
+    ~3x longer than this under bf16 (docs/training.md). Stores the (B, heads, T, keys) scores
+    for backward, so it is chosen only where those fit (`train/speed.py`)."""
+    if k.shape[1] != q.shape[1]:  # grouped-query: each key/value head serves a group
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+    scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-1, -2)
+    allowed = mask
+    if causal and mask is None:
+        allowed = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    return scores.float().softmax(-1).to(v.dtype) @ v
+
+
+def set_attention_kernel(model: nn.Module, kernel: str) -> None:
+    """Run every attention layer of ``model`` through ``kernel`` ("sdpa" or "eager")."""
+    if kernel not in ATTENTION_KERNELS:
+        raise ValueError(f"attention kernel {kernel!r} is not one of {ATTENTION_KERNELS}")
+    for mod in model.modules():
+        if isinstance(mod, Attention):
+            mod.kernel = kernel
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
         self.layer = layer
+        self.kernel = "sdpa"  # or "eager": set_attention_kernel
         self.num_heads, self.kv_heads, self.head_dim = cfg.num_heads, cfg.kv_heads, cfg.head_dim
         qkv = (cfg.num_heads + 2 * cfg.kv_heads) * cfg.head_dim
         self.Wqkv = nn.Linear(cfg.hidden_size, qkv, bias=cfg.bias)
@@ -143,10 +177,13 @@ class Attention(nn.Module):
             q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         if cache is not None:
             k, v = cache.update(self.layer, k, v)
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=causal and mask is None,
-            enable_gqa=self.kv_heads != self.num_heads,
-        )
+        if self.kernel == "eager":
+            y = eager_attention(q, k, v, mask, causal)
+        else:
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=causal and mask is None,
+                enable_gqa=self.kv_heads != self.num_heads,
+            )
         # -1, not hidden_size: under tensor parallelism a rank holds num_heads/tp heads.
         return self.Wo(y.transpose(1, 2).reshape(B, T, -1))
 

@@ -32,7 +32,7 @@ from shoestring.data.datadir import DataDir
 from shoestring.data.shards import PackedSplit
 from shoestring.data.loader import BatchLoader, Cursor
 from shoestring.dist.layout import Layout, make_layout
-from shoestring.dist.memory import check_fits
+from shoestring.dist.memory import available_bytes, check_fits
 from shoestring.dist.parallelism import (
     Parallelism,
     check_layout,
@@ -43,6 +43,7 @@ from shoestring.errors import ShoestringError
 from shoestring.fsutil import check_output_dir
 from shoestring.model import build_model
 from shoestring.model.flops import train_flops_per_token
+from shoestring.model.layers import set_attention_kernel
 from shoestring.train.budget import Budget, format_duration, parse_budget
 from shoestring.train.checkpoint import (
     Checkpoint,
@@ -58,6 +59,7 @@ from shoestring.families import Objective
 from shoestring.rundir import RunDir, model_meta
 from shoestring.train.metrics import MetricsLog
 from shoestring.train.schedule import batch_at, lr_factor
+from shoestring.train import speed as speed_choices
 
 
 class TrainingInterrupted(Exception):
@@ -215,6 +217,22 @@ def _select_device(tc, parallel: Parallelism) -> DeviceInfo:  # noqa: ANN001
     return dev
 
 
+def _speed_choices(cfg: Config, parallel: Parallelism, dev: DeviceInfo, micro: int,
+                   seq_len: int, budget: Budget, flops_per_token: float,
+                   spare_bytes: int | None) -> speed_choices.SpeedChoices:
+    """train.attention and train.compile for this run, measured on rank 0 and agreed."""
+    m, layout = cfg.model, parallel.layout
+    tokens_per_step = cfg.train.batch_size * seq_len
+    choices = speed_choices.choose(
+        cfg.train.attention, cfg.train.compile, device_type=dev.device.type, dtype=dev.dtype,
+        rows=micro, heads=m.num_heads // layout.tp, kv_heads=max(1, m.kv_heads // layout.tp),
+        seq_len=seq_len, head_dim=m.head_dim, layers=m.num_layers, causal=families.get(
+            m.objective).causal, spare_bytes=spare_bytes, pipeline=layout.pp > 1,
+        seconds=speed_choices.expected_seconds(budget, tokens_per_step, flops_per_token,
+                                               dev.peak_flops * parallel.world))
+    return speed_choices.agreed(choices, parallel.broadcast)
+
+
 def train(
     cfg: Config,
     data_dir: str | Path,
@@ -254,14 +272,17 @@ def train(
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
     check_layout(cfg, layout, data.vocab_size, world, device_type)
     train_split = data.split("train", verify="sha256")  # a flipped byte must not train silently
-    check_fits(cfg.model, data.vocab_size, data.seq_len, micro_batch_of(cfg, layout), layout,
-               cfg.train.precision, device_type,
-               local_ranks=int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    est = check_fits(cfg.model, data.vocab_size, data.seq_len, micro_batch_of(cfg, layout),
+                     layout, cfg.train.precision, device_type, local_ranks=local_ranks)
+    have = available_bytes(device_type)
+    spare = None if have is None else int(0.9 * have / (local_ranks if device_type == "cpu"
+                                                          else 1)) - est["total"]
     if ckpt is None:
         _check_writable(run_dir)  # the one check that writes (a folder), so the last
     parallel = Parallelism.start(cfg, layout, data.vocab_size)
     try:
-        return _train(cfg, data, train_split, run_dir, parallel, console, ckpt)
+        return _train(cfg, data, train_split, run_dir, parallel, console, ckpt, spare)
     finally:
         parallel.close()
 
@@ -285,7 +306,8 @@ def _check_writable(run_dir: Path) -> None:
 
 
 def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
-           parallel: Parallelism, console: Console, ckpt: Checkpoint | None) -> dict:
+           parallel: Parallelism, console: Console, ckpt: Checkpoint | None,
+           spare_bytes: int | None) -> dict:
     """The loop (see `train`); ``parallel`` holds everything that depends on the layout."""
     tc = cfg.train
     main = parallel.is_main
@@ -304,15 +326,18 @@ def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
     n_params, n_params_ne = model.num_params(), model.num_params(non_embedding=True)
     if tc.init_from and ckpt is None:
         _init_from(model, tc.init_from, cfg, data)
-    parallel.apply(model, cfg)
-    del model
     objective = families.get(cfg.model.objective).objective(
         seq_len, vocab, data.special_ids, tc.mask_rate, cfg.model.sparse_prediction)
-    scaler = torch.amp.GradScaler("cuda") if dev.dtype == torch.float16 else None
-
     flops_per_token = train_flops_per_token(cfg.model, vocab, seq_len, objective.head_fraction)
     spec = parse_budget(tc.budget) if tc.budget is not None else None
     budget = Budget.from_spec(spec, tc.steps, flops_per_token)
+    micro = micro_batch_of(cfg, parallel.layout)
+    speed = _speed_choices(cfg, parallel, dev, micro, seq_len, budget, flops_per_token,
+                           spare_bytes)
+    set_attention_kernel(model, speed.attention)
+    parallel.apply(model, cfg, compiled=speed.compile)
+    del model
+    scaler = torch.amp.GradScaler("cuda") if dev.dtype == torch.float16 else None
     gen = torch.Generator().manual_seed(tc.seed)
     s = _State(next_val=tc.val_every)
     cursor = Cursor()
@@ -332,7 +357,6 @@ def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
                 fix="extend the budget (--set train.steps=... / train.budget=...) to go on")
         if scaler is not None and "scaler" in st:
             scaler.load_state_dict(st["scaler"])
-    micro = micro_batch_of(cfg, parallel.layout)
     quantum = parallel.dp * micro  # sequences of one micro-step over all data-parallel ranks
     loader = BatchLoader(train_split, quantum, tc.seed, cursor)
     val_batch = _val_batch(data, cfg, objective) if tc.val_every > 0 else None
@@ -356,6 +380,7 @@ def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
             + (f"; layout {parallel.layout.describe()}" if parallel.distributed else "")
             + f"; budget: {budget.describe()}"
             + (f"; resuming at step {s.step}" if ckpt else "")
+            + f"; {speed.describe()}"
         )
 
     def checkpoint() -> Path:
@@ -380,6 +405,7 @@ def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
     # Wall-clock decisions (LR, validation, checkpoint, stop) use the elapsed time every rank
     # agreed on at the end of the previous step, so that all ranks take them together.
     t_agreed, step_time = elapsed_before, 0.0
+    first_step_s = 0.0  # the first step's wall clock: compilation, when compiled, happens there
     window = {"start": t_agreed, "tokens": 0, "loss": 0.0, "steps": 0, "wait": 0.0, "gnorm": 0.0}
     last_ckpt: Path | None = ckpt.path if ckpt else None
     memory: dict[str, int] | None = None
@@ -433,6 +459,7 @@ def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
                         )
                 now, signum = parallel.agree([budget.elapsed, float(caught[0] if caught else 0)])
                 step_time, t_agreed = now - t_agreed, now
+                first_step_s = first_step_s or step_time
                 if s.bad_in_a_row and not signum:
                     continue
                 p = budget.progress(s.step, s.tokens, elapsed=t_agreed)
@@ -524,6 +551,9 @@ def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
         "device": dev.name,
         "dtype": str(dev.dtype).removeprefix("torch."),
         "layout": parallel.layout.describe(),
+        "attention": speed.attention,
+        "compiled": speed.compile,
+        "first_step_s": round(first_step_s, 3),
         "world_size": parallel.world,
         "micro_batch": micro,
         "params": n_params,

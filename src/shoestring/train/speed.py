@@ -1,0 +1,142 @@
+"""The speed choices a run makes before its clock starts: the attention kernel and whether to
+torch.compile. Both are settings of `train` with an ``auto`` that decides from this machine
+and this budget rather than from a rule of thumb (docs/training.md has the measurements).
+
+* **attention** — ``sdpa`` (``F.scaled_dot_product_attention``: FlashAttention on a GPU, a
+  fused flash kernel on a CPU) or ``eager`` (two batched matmuls around an fp32 softmax,
+  `model.layers.eager_attention`). ``auto`` takes ``sdpa`` on CUDA and, on a CPU, times both
+  (forward + backward, at this run's micro-batch, local heads, sequence length and autocast
+  dtype) and takes the faster, ``eager`` only when its stored scores fit in memory.
+* **compile** — ``auto`` compiles when the budget is long enough to win back the compile
+  time: at least `COMPILE_MIN_SECONDS` of expected training (compilation happens inside the
+  budget, on the first step, and is charged to it), and never with pipeline parallelism.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from shoestring.model.layers import eager_attention
+from shoestring.train.budget import Budget
+
+# Measured on a 2-core CPU (docs/training.md): compiling the `cram` encoder costs ~40 s cold
+# and speeds its steps up ~1.25x, so it breaks even near 3 minutes of training; 10 minutes
+# leaves a clear margin (and a warm inductor cache makes later runs' compiles a few seconds).
+COMPILE_MIN_SECONDS = 600.0
+# Without a wall-clock budget, the expected seconds are estimated at this fraction of the
+# measured peak (a conservative MFU for the small models a CPU trains).
+_ASSUMED_MFU = 0.3
+# Eager attention keeps B·heads·T·keys scores per layer; past this length the fused kernels win
+# on memory traffic anyway, so auto does not time it.
+EAGER_MAX_SEQ = 512
+
+
+@dataclass(frozen=True)
+class SpeedChoices:
+    attention: str
+    compile: bool
+    why: str  # one line for the log: what was measured or assumed
+
+    def describe(self) -> str:
+        return f"attention {self.attention}, compile {'on' if self.compile else 'off'} ({self.why})"
+
+
+def _best_times(fns: dict[str, Callable[[], None]], seconds: float) -> dict[str, float]:
+    """Best wall time of each function, called in turn (after a warm-up call each) until
+    ``seconds`` have passed: interleaving makes a burst of load hit every candidate alike."""
+    for fn in fns.values():
+        fn()
+    best = dict.fromkeys(fns, float("inf"))
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end or any(b == float("inf") for b in best.values()):
+        for name, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - t)
+    return best
+
+
+def time_attention(rows: int, heads: int, kv_heads: int, seq_len: int, head_dim: int,
+                   dtype: torch.dtype, causal: bool, seconds: float = 0.5) -> dict[str, float]:
+    """Seconds of one forward + backward of each kernel at these shapes (CPU, ``dtype``)."""
+    with torch.random.fork_rng(devices=[]):
+        gen = torch.Generator().manual_seed(0)
+
+        def leaf(h: int) -> torch.Tensor:
+            return torch.randn(rows, h, seq_len, head_dim, generator=gen, dtype=dtype,
+                               requires_grad=True)
+
+        q, k, v = leaf(heads), leaf(kv_heads), leaf(kv_heads)
+    grad = torch.ones(rows, heads, seq_len, head_dim, dtype=dtype)
+    gqa = kv_heads != heads
+    kernels = {
+        "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                                       enable_gqa=gqa),
+        "eager": lambda: eager_attention(q, k, v, causal=causal),
+    }
+    return _best_times({name: lambda f=f: f().backward(grad) for name, f in kernels.items()},
+                       seconds)
+
+
+def eager_scores_bytes(rows: int, heads: int, seq_len: int, layers: int, dtype: torch.dtype) -> int:
+    """Memory eager attention adds over sdpa: per layer, the fp32 probabilities and their
+    compute-dtype copy of (rows, heads, T, T), kept for backward."""
+    return rows * heads * seq_len * seq_len * layers * (4 + torch.finfo(dtype).bits // 8)
+
+
+def expected_seconds(budget: Budget, tokens_per_step: int, flops_per_token: float,
+                     peak_flops: float) -> float:
+    """The budget's wall clock if it has one, else its length estimated at `_ASSUMED_MFU` of
+    the measured peak (steps, tokens or FLOPs, whichever ends first)."""
+    if budget.seconds is not None:
+        return budget.seconds
+    rate = max(peak_flops * _ASSUMED_MFU / max(flops_per_token, 1.0), 1e-9)  # tokens/s
+    limits = [budget.steps * tokens_per_step if budget.steps is not None else None,
+              budget.tokens,
+              budget.flops / flops_per_token if budget.flops and flops_per_token else None]
+    return min(t for t in limits if t is not None) / rate
+
+
+def choose(attention: str, compile_setting: bool | str, *, device_type: str, dtype: torch.dtype,
+           rows: int, heads: int, kv_heads: int, seq_len: int, head_dim: int, layers: int,
+           causal: bool, spare_bytes: int | None, seconds: float, pipeline: bool) -> SpeedChoices:
+    """Resolve ``train.attention`` and ``train.compile`` for this run (see the module doc).
+
+    ``spare_bytes``: memory left after the run's estimate (None: unknown); ``seconds``: the
+    expected training time (`expected_seconds`)."""
+    why = []
+    if attention == "auto":
+        if device_type == "cuda":
+            attention = "sdpa"
+        elif seq_len > EAGER_MAX_SEQ:
+            attention = "sdpa"
+            why.append(f"sequences over {EAGER_MAX_SEQ}")
+        elif spare_bytes is not None and eager_scores_bytes(
+                rows, heads, seq_len, layers, dtype) > spare_bytes:
+            attention = "sdpa"
+            why.append("eager scores would not fit")
+        else:
+            t = time_attention(rows, heads, kv_heads, seq_len, head_dim, dtype, causal)
+            attention = min(t, key=t.get)
+            why.append(f"measured fwd+bwd sdpa {t['sdpa'] * 1e3:.1f} ms, "
+                       f"eager {t['eager'] * 1e3:.1f} ms")
+    if compile_setting == "auto":
+        compiled = not pipeline and seconds >= COMPILE_MIN_SECONDS
+        why.append(("pipeline stages are not compiled" if pipeline else
+                    f"budget ~{seconds / 60:.0f} min {'>=' if compiled else '<'} "
+                    f"{COMPILE_MIN_SECONDS / 60:.0f} min"))
+    else:
+        compiled = bool(compile_setting)
+    return SpeedChoices(attention, compiled, "; ".join(why) or "as configured")
+
+
+def agreed(choices: SpeedChoices, broadcast: Callable[[list[float]], list[float]]) -> SpeedChoices:
+    """Rank 0's choices on every rank (timings differ between processes; layouts must not)."""
+    att, comp = broadcast([float(choices.attention == "eager"), float(choices.compile)])
+    return SpeedChoices("eager" if att == 1.0 else "sdpa", comp == 1.0, choices.why)
+

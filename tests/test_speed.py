@@ -1,0 +1,151 @@
+"""The speed choices (train/speed.py): the eager attention kernel computes what SDPA computes
+(every mask kind, grouped-query heads, gradients), and ``auto`` resolves attention and compile
+from the device, the memory left and the budget, the same on every rank."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import tiny_config
+from shoestring.config import ModelConfig, load_config
+from shoestring.model.decoder import CausalLM
+from shoestring.model.encoder import MaskedLM
+from shoestring.model.layers import eager_attention, set_attention_kernel
+from shoestring.train import speed
+from shoestring.train.budget import Budget
+from shoestring.train.loop import train
+
+
+def _qkv(heads: int = 4, kv_heads: int = 4, T: int = 16, dtype=torch.float32):
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(2, h, T, 8, generator=g, dtype=dtype, requires_grad=True)
+            for h in (heads, kv_heads, kv_heads)]
+
+
+@pytest.mark.parametrize("case", ["plain", "causal", "key-mask", "gqa-causal"])
+def test_eager_attention_matches_sdpa_values_and_gradients(case: str) -> None:
+    q, k, v = _qkv(kv_heads=2 if case.startswith("gqa") else 4)
+    mask = None
+    if case == "key-mask":  # padding: the last 5 keys of the second row are not real
+        keep = torch.ones(2, 16, dtype=torch.bool)
+        keep[1, -5:] = False
+        mask = keep[:, None, None, :]
+    causal = "causal" in case
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None,
+                                         enable_gqa=k.shape[1] != q.shape[1])
+    out = eager_attention(q, k, v, mask, causal)
+    assert torch.allclose(out, ref, atol=1e-5)
+    g_ref = torch.autograd.grad(ref.square().sum(), (q, k, v))
+    g_out = torch.autograd.grad(out.square().sum(), (q, k, v))
+    for a, b in zip(g_out, g_ref):
+        assert torch.allclose(a, b, atol=1e-4)
+
+
+def test_eager_causal_attention_ignores_the_future() -> None:
+    q, k, v = _qkv()
+    out = eager_attention(q, k, v, causal=True)
+    v2 = v.detach().clone()
+    v2[:, :, 8:] = 100.0  # only positions >= 8 change: outputs before them must not
+    out2 = eager_attention(q, k, v2, causal=True)
+    assert torch.equal(out[:, :, :8], out2[:, :, :8])
+    assert not torch.allclose(out[:, :, 8:], out2[:, :, 8:])
+
+
+@pytest.mark.parametrize("objective", ["mlm", "clm"])
+def test_models_give_the_same_logits_with_either_kernel(objective: str) -> None:
+    cfg = ModelConfig(objective=objective, hidden_size=32, num_layers=2, num_heads=4,
+                      intermediate_size=64, num_kv_heads=2 if objective == "clm" else None)
+    torch.manual_seed(0)
+    model = (MaskedLM if objective == "mlm" else CausalLM)(cfg, 50)
+    ids = torch.randint(5, 50, (2, 12))
+    ref = model(ids)
+    set_attention_kernel(model, "eager")
+    assert all(m.kernel == "eager" for m in model.modules() if hasattr(m, "kernel"))
+    assert torch.allclose(model(ids), ref, atol=1e-5)
+    if objective == "clm":  # padded batches and cached generation go through it too
+        mask = torch.ones(2, 12, dtype=torch.bool)
+        mask[0, :3] = False
+        set_attention_kernel(model, "sdpa")
+        ref_pad = model(ids, attention_mask=mask)
+        ref_gen = model.generate(ids[:, :5], max_new_tokens=4, temperature=0.0)
+        set_attention_kernel(model, "eager")
+        assert torch.allclose(model(ids, attention_mask=mask), ref_pad, atol=1e-5)
+        assert torch.equal(model.generate(ids[:, :5], max_new_tokens=4, temperature=0.0), ref_gen)
+    with pytest.raises(ValueError, match="not one of"):
+        set_attention_kernel(model, "flash")
+
+
+def _choose(**kw):
+    args = dict(device_type="cpu", dtype=torch.float32, rows=4, heads=2, kv_heads=2, seq_len=32,
+                head_dim=8, layers=2, causal=False, spare_bytes=None, seconds=60.0,
+                pipeline=False)
+    return speed.choose(kw.pop("attention", "auto"), kw.pop("compile", "auto"), **{**args, **kw})
+
+
+def test_auto_attention_measures_on_cpu_and_respects_device_length_and_memory() -> None:
+    measured = _choose()
+    assert measured.attention in ("sdpa", "eager") and "measured fwd+bwd" in measured.why
+    assert _choose(device_type="cuda").attention == "sdpa"
+    long = _choose(seq_len=speed.EAGER_MAX_SEQ + 1)
+    assert long.attention == "sdpa" and "sequences over" in long.why
+    tight = _choose(spare_bytes=speed.eager_scores_bytes(4, 2, 32, 2, torch.float32) - 1)
+    assert tight.attention == "sdpa" and "would not fit" in tight.why
+    assert _choose(attention="eager", device_type="cuda").attention == "eager"  # as configured
+
+
+def test_time_attention_reports_both_kernels_and_keeps_the_rng() -> None:
+    torch.manual_seed(123)
+    before = torch.rand(1)
+    torch.manual_seed(123)
+    t = speed.time_attention(2, 4, 2, 16, 8, torch.float32, causal=True, seconds=0.05)
+    assert set(t) == {"sdpa", "eager"} and all(0 < s < 1 for s in t.values())
+    assert torch.equal(torch.rand(1), before)  # the probe draws from its own generator
+
+
+def test_auto_compile_follows_the_budget_and_never_pipelines() -> None:
+    long = speed.COMPILE_MIN_SECONDS
+    assert _choose(seconds=long).compile and not _choose(seconds=long - 1).compile
+    assert not _choose(seconds=10 * long, pipeline=True).compile
+    assert _choose(compile=True, seconds=1.0).compile
+    assert not _choose(compile=False, seconds=10 * long).compile
+    # a step budget is converted to seconds at the assumed MFU of the measured peak
+    b = Budget(steps=1000)
+    secs = speed.expected_seconds(b, tokens_per_step=4096, flops_per_token=2e7, peak_flops=4e11)
+    assert secs == pytest.approx(1000 * 4096 * 2e7 / (0.3 * 4e11))
+    assert speed.expected_seconds(Budget(seconds=90.0, steps=5), 1, 1.0, 1.0) == 90.0
+
+
+def test_agreed_takes_rank_zeros_choice() -> None:
+    mine = speed.SpeedChoices("sdpa", False, "x")
+    theirs = speed.agreed(mine, lambda values: [1.0, 1.0])  # what rank 0 broadcast
+    assert (theirs.attention, theirs.compile) == ("eager", True)
+
+
+def test_config_takes_auto_true_false_and_rejects_others() -> None:
+    assert load_config().train.compile == "auto" and load_config().train.attention == "auto"
+    assert load_config(overrides=["train.compile=true"]).train.compile is True
+    assert load_config(overrides=["train.compile=false"]).train.compile is False
+    from shoestring.errors import ShoestringError
+
+    with pytest.raises(ShoestringError, match="attention"):
+        load_config(overrides=["train.attention=flash"])
+
+
+def test_training_records_the_choices_and_both_kernels_train_alike(pydocs_dir: Path,
+                                                                   tmp_path: Path) -> None:
+    kw = dict(steps=3, precision="fp32", log_every=1)
+    a = train(tiny_config(**kw, attention="sdpa"), pydocs_dir, tmp_path / "sdpa")
+    b = train(tiny_config(**kw, attention="eager"), pydocs_dir, tmp_path / "eager")
+    assert (a["attention"], b["attention"]) == ("sdpa", "eager")
+    assert a["compiled"] is False and b["compiled"] is False  # auto: 3 steps is too short
+    assert a["first_step_s"] > 0
+    la = [json.loads(x)["loss"] for x in (tmp_path / "sdpa/metrics.jsonl").read_text().splitlines()
+          if '"loss"' in x]
+    lb = [json.loads(x)["loss"] for x in (tmp_path / "eager/metrics.jsonl").read_text().splitlines()
+          if '"loss"' in x]
+    assert len(la) == 3 and la == pytest.approx(lb, abs=1e-4)
