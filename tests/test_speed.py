@@ -149,3 +149,12 @@ def test_training_records_the_choices_and_both_kernels_train_alike(pydocs_dir: P
     lb = [json.loads(x)["loss"] for x in (tmp_path / "eager/metrics.jsonl").read_text().splitlines()
           if '"loss"' in x]
     assert len(la) == 3 and la == pytest.approx(lb, abs=1e-4)
+
+
+def test_a_resumed_auto_run_keeps_its_checkpoints_kernel(pydocs_dir: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    train(tiny_config(steps=2, attention="eager"), pydocs_dir, run)
+    resumed = train(tiny_config(steps=3, attention="auto"), pydocs_dir, run, resume=True)
+    assert resumed["attention"] == "eager" and resumed["steps"] == 3
+    forced = train(tiny_config(steps=4, attention="sdpa"), pydocs_dir, run, resume=True)
+    assert forced["attention"] == "sdpa"  # a kernel given explicitly wins

@@ -228,6 +228,8 @@ def check_fits(model_cfg: Any, vocab_size: int, seq_len: int, micro_batch: int, 
     need = est["total"] + (est["host"] if device_type == "cuda" else 0)
     sharers = local_ranks if device_type != "cuda" else 1
     have = available_bytes(device_type)
+    # what this rank could still use beyond the estimate (train/speed.py sizes eager attention)
+    est["spare"] = None if have is None else int(headroom * have / sharers) - need
     if have is not None and need * sharers > headroom * have:
         per = f" per process × {sharers} processes" if sharers > 1 else ""
         raise ShoestringError(

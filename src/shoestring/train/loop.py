@@ -32,7 +32,7 @@ from shoestring.data.datadir import DataDir
 from shoestring.data.shards import PackedSplit
 from shoestring.data.loader import BatchLoader, Cursor
 from shoestring.dist.layout import Layout, make_layout
-from shoestring.dist.memory import available_bytes, check_fits
+from shoestring.dist.memory import check_fits
 from shoestring.dist.parallelism import (
     Parallelism,
     check_layout,
@@ -219,12 +219,18 @@ def _select_device(tc, parallel: Parallelism) -> DeviceInfo:  # noqa: ANN001
 
 def _speed_choices(cfg: Config, parallel: Parallelism, dev: DeviceInfo, micro: int,
                    seq_len: int, budget: Budget, flops_per_token: float,
-                   spare_bytes: int | None) -> speed_choices.SpeedChoices:
-    """train.attention and train.compile for this run, measured on rank 0 and agreed."""
+                   spare_bytes: int | None, resumed_kernel: str | None
+                   ) -> speed_choices.SpeedChoices:
+    """train.attention and train.compile for this run, measured on rank 0 and agreed. A
+    resumed ``auto`` run keeps the kernel its checkpoint was trained with (the two round
+    differently, and a resumed step budget reproduces the uninterrupted losses exactly)."""
     m, layout = cfg.model, parallel.layout
     tokens_per_step = cfg.train.batch_size * seq_len
+    attention = cfg.train.attention
+    if attention == "auto" and resumed_kernel in ("sdpa", "eager"):
+        attention = resumed_kernel
     choices = speed_choices.choose(
-        cfg.train.attention, cfg.train.compile, device_type=dev.device.type, dtype=dev.dtype,
+        attention, cfg.train.compile, device_type=dev.device.type, dtype=dev.dtype,
         rows=micro, heads=m.num_heads // layout.tp, kv_heads=max(1, m.kv_heads // layout.tp),
         seq_len=seq_len, head_dim=m.head_dim, layers=m.num_layers, causal=families.get(
             m.objective).causal, spare_bytes=spare_bytes, pipeline=layout.pp > 1,
@@ -272,12 +278,9 @@ def train(
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
     check_layout(cfg, layout, data.vocab_size, world, device_type)
     train_split = data.split("train", verify="sha256")  # a flipped byte must not train silently
-    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    est = check_fits(cfg.model, data.vocab_size, data.seq_len, micro_batch_of(cfg, layout),
-                     layout, cfg.train.precision, device_type, local_ranks=local_ranks)
-    have = available_bytes(device_type)
-    spare = None if have is None else int(0.9 * have / (local_ranks if device_type == "cpu"
-                                                          else 1)) - est["total"]
+    spare = check_fits(cfg.model, data.vocab_size, data.seq_len, micro_batch_of(cfg, layout),
+                       layout, cfg.train.precision, device_type,
+                       local_ranks=int(os.environ.get("LOCAL_WORLD_SIZE", 1)))["spare"]
     if ckpt is None:
         _check_writable(run_dir)  # the one check that writes (a folder), so the last
     parallel = Parallelism.start(cfg, layout, data.vocab_size)
@@ -333,7 +336,7 @@ def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
     budget = Budget.from_spec(spec, tc.steps, flops_per_token)
     micro = micro_batch_of(cfg, parallel.layout)
     speed = _speed_choices(cfg, parallel, dev, micro, seq_len, budget, flops_per_token,
-                           spare_bytes)
+                           spare_bytes, ckpt.state.get("attention") if ckpt else None)
     set_attention_kernel(model, speed.attention)
     parallel.apply(model, cfg, compiled=speed.compile)
     del model
@@ -391,6 +394,7 @@ def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
                 "rng": capture_rng(gen), "metrics_lines": metrics.lines if metrics else 0,
                 "first_loss": s.first_loss, "recent_losses": s.losses[-200:],
                 "layout": parallel.layout.to_dict(), "world_size": parallel.world,
+                "attention": speed.attention,
             }
             if scaler is not None:
                 state["scaler"] = scaler.state_dict()

@@ -64,14 +64,13 @@ def _best_times(fns: dict[str, Callable[[], None]], seconds: float) -> dict[str,
 def time_attention(rows: int, heads: int, kv_heads: int, seq_len: int, head_dim: int,
                    dtype: torch.dtype, causal: bool, seconds: float = 0.5) -> dict[str, float]:
     """Seconds of one forward + backward of each kernel at these shapes (CPU, ``dtype``)."""
-    with torch.random.fork_rng(devices=[]):
-        gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator().manual_seed(0)  # its own stream: the run's RNG is untouched
 
-        def leaf(h: int) -> torch.Tensor:
-            return torch.randn(rows, h, seq_len, head_dim, generator=gen, dtype=dtype,
-                               requires_grad=True)
+    def leaf(h: int) -> torch.Tensor:
+        return torch.randn(rows, h, seq_len, head_dim, generator=gen, dtype=dtype,
+                           requires_grad=True)
 
-        q, k, v = leaf(heads), leaf(kv_heads), leaf(kv_heads)
+    q, k, v = leaf(heads), leaf(kv_heads), leaf(kv_heads)
     grad = torch.ones(rows, heads, seq_len, head_dim, dtype=dtype)
     gqa = kv_heads != heads
     kernels = {
