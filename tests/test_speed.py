@@ -111,6 +111,9 @@ def test_auto_compile_follows_the_budget_and_never_pipelines() -> None:
     long = speed.COMPILE_MIN_SECONDS
     assert _choose(seconds=long).compile and not _choose(seconds=long - 1).compile
     assert not _choose(seconds=10 * long, pipeline=True).compile
+    several = _choose(seconds=10 * long, distributed=True)
+    assert not several.compile and "one-process runs only" in several.why
+    assert _choose(compile=True, distributed=True).compile  # asked for explicitly
     assert _choose(compile=True, seconds=1.0).compile
     assert not _choose(compile=False, seconds=10 * long).compile
     # a step budget is converted to seconds at the assumed MFU of the measured peak

@@ -234,6 +234,7 @@ def _speed_choices(cfg: Config, parallel: Parallelism, dev: DeviceInfo, micro: i
         rows=micro, heads=m.num_heads // layout.tp, kv_heads=max(1, m.kv_heads // layout.tp),
         seq_len=seq_len, head_dim=m.head_dim, layers=m.num_layers, causal=families.get(
             m.objective).causal, spare_bytes=spare_bytes, pipeline=layout.pp > 1,
+        distributed=parallel.distributed,
         seconds=speed_choices.expected_seconds(budget, tokens_per_step, flops_per_token,
                                                dev.peak_flops * parallel.world))
     return speed_choices.agreed(choices, parallel.broadcast)

@@ -9,7 +9,9 @@ and this budget rather than from a rule of thumb (docs/training.md has the measu
   dtype) and takes the faster, ``eager`` only when its stored scores fit in memory.
 * **compile** — ``auto`` compiles when the budget is long enough to win back the compile
   time: at least `COMPILE_MIN_SECONDS` of expected training (compilation happens inside the
-  budget, on the first step, and is charged to it), and never with pipeline parallelism.
+  budget, on the first step, and is charged to it), and only in one process: with pipeline
+  parallelism it is impossible, and under DDP/FSDP/TP it is untested here (``true`` still
+  compiles those wrapped parts).
 """
 
 from __future__ import annotations
@@ -103,7 +105,8 @@ def expected_seconds(budget: Budget, tokens_per_step: int, flops_per_token: floa
 
 def choose(attention: str, compile_setting: bool | str, *, device_type: str, dtype: torch.dtype,
            rows: int, heads: int, kv_heads: int, seq_len: int, head_dim: int, layers: int,
-           causal: bool, spare_bytes: int | None, seconds: float, pipeline: bool) -> SpeedChoices:
+           causal: bool, spare_bytes: int | None, seconds: float, pipeline: bool,
+           distributed: bool = False) -> SpeedChoices:
     """Resolve ``train.attention`` and ``train.compile`` for this run (see the module doc).
 
     ``spare_bytes``: memory left after the run's estimate (None: unknown); ``seconds``: the
@@ -125,10 +128,11 @@ def choose(attention: str, compile_setting: bool | str, *, device_type: str, dty
             why.append(f"measured fwd+bwd sdpa {t['sdpa'] * 1e3:.1f} ms, "
                        f"eager {t['eager'] * 1e3:.1f} ms")
     if compile_setting == "auto":
-        compiled = not pipeline and seconds >= COMPILE_MIN_SECONDS
-        why.append(("pipeline stages are not compiled" if pipeline else
-                    f"budget ~{seconds / 60:.0f} min {'>=' if compiled else '<'} "
-                    f"{COMPILE_MIN_SECONDS / 60:.0f} min"))
+        compiled = not (pipeline or distributed) and seconds >= COMPILE_MIN_SECONDS
+        why.append("pipeline stages are not compiled" if pipeline else
+                   "auto compiles one-process runs only" if distributed else
+                   f"budget ~{seconds / 60:.0f} min {'>=' if compiled else '<'} "
+                   f"{COMPILE_MIN_SECONDS / 60:.0f} min")
     else:
         compiled = bool(compile_setting)
     return SpeedChoices(attention, compiled, "; ".join(why) or "as configured")
