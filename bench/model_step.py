@@ -28,13 +28,13 @@ import time
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 
 from peers import count_params, hf_llama, hf_modernbert, load_average, machine_info, \
     mlm_labels, modernbert_setup
 from shoestring.config import ModelConfig
 from shoestring.data.masking import mask_tokens
 from shoestring.device import precision_name, select_device
+from shoestring.families.losses import causal_lm_loss, masked_lm_loss
 from shoestring.model.decoder import CausalLM
 from shoestring.model.encoder import MaskedLM
 from shoestring.model.layers import set_attention_kernel
@@ -92,8 +92,7 @@ def main() -> None:
         return m
 
     if args.objective == "clm":
-        ours_loss = lambda m: F.cross_entropy(  # noqa: E731
-            m(ids)[:, :-1].float().flatten(0, 1), ids[:, 1:].flatten())
+        ours_loss = lambda m: causal_lm_loss(m(ids), ids)  # noqa: E731  (the trainer's)
         hf_loss = lambda m: m(input_ids=ids, labels=ids).loss  # noqa: E731
         for attn in ("sdpa", "eager"):
             torch.manual_seed(0)
@@ -102,8 +101,8 @@ def main() -> None:
                                         f"attention {attn}")
             peer_rows.append(f"HF Llama {attn}")
     else:
-        ours_loss = lambda m: F.cross_entropy(  # noqa: E731
-            m(batch.inputs, batch.positions).float().flatten(0, 1), batch.targets.flatten())
+        ours_loss = lambda m: masked_lm_loss(  # noqa: E731  (the trainer's)
+            m(batch.inputs, batch.positions), batch.targets)
         hf_loss = lambda m: m(input_ids=batch.inputs, labels=labels).loss  # noqa: E731
         for name, sparse, attn in (("HF ModernBERT sparse sdpa", True, "sdpa"),
                                    ("HF ModernBERT sparse eager", True, "eager"),
@@ -118,10 +117,10 @@ def main() -> None:
                                         f"eager mode, train.attention={kernel}")
         ours_rows.append(f"shoestring {kernel}")
     if args.compile:
-        # The compiled rows use each side's faster attention (measured in a first, short
-        # round below, before the timed blocks).
-        kernel = "eager" if args.compile_attention == "eager" else "sdpa"
-        # as the trainer does in one process: model and loss compiled as one graph
+        # Both compiled rows use --compile-attention (the eager-mode rows show which kernel
+        # is faster on each side); ours as the trainer compiles it in one process: model and
+        # loss in one graph.
+        kernel = args.compile_attention
         rows["shoestring compiled"] = (ours_model(kernel), torch.compile(ours_loss),
                                        f"torch.compile of model + loss (train.compile=true), "
                                        f"attention {kernel}")
@@ -130,9 +129,10 @@ def main() -> None:
         hf_c = (hf_llama(cfg, args.vocab, args.seq_len, attention=kernel)
                 if args.objective == "clm" else
                 hf_modernbert(cfg, args.vocab, args.seq_len, sparse=True, attention=kernel))
+        own = ("" if args.objective == "clm" else
+               " (not HF's own option: ModernBERT's reference_compile refuses CPUs)")
         rows["HF compiled"] = (torch.compile(hf_c), hf_loss,
-                               f"torch.compile(model) by hand, attention {kernel} (not HF's own "
-                               "option: ModernBERT's reference_compile refuses CPUs)")
+                               f"torch.compile(model) by hand, attention {kernel}{own}")
 
     def make_step(model: torch.nn.Module, loss_fn: Callable) -> Callable[[], None]:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)

@@ -123,8 +123,8 @@ def eager_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                     causal: bool = False) -> Tensor:
     """Attention as two batched matmuls around a softmax computed in fp32 — the function of
     ``F.scaled_dot_product_attention`` (same arguments' meaning, keys aligned top-left), for
-    the shapes where PyTorch's fused CPU kernel is slower: at 128 tokens its backward takes
-    ~3x longer than this under bf16 (docs/training.md). Stores the (B, heads, T, keys) scores
+    the shapes where PyTorch's fused CPU kernel is slower: at 128 tokens under bf16 its
+    forward + backward takes 1.7-2.6x as long as this (bench/attention_kernels.py). Stores the (B, heads, T, keys) scores
     for backward, so it is chosen only where those fit (`train/speed.py`)."""
     if k.shape[1] != q.shape[1]:  # grouped-query: each key/value head serves a group
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
