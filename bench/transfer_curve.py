@@ -8,6 +8,9 @@ every other budget is compared with it seed by seed (eval/control.py: mean paire
 95% t interval, verdict). The answer it prints: how many CPU-minutes until pretraining beats
 scratch, and by how much.
 
+Each run is its own process (bench/jobs.py): `--threads 1 --parallel 2` trains two budgets
+side by side on a 2-core machine, one core each, so the minutes are then core-minutes.
+
 The work is resumable, so a curve longer than one session finishes over several: a finished
 pretraining run (its `final/`) is reused, an interrupted one resumes from its newest
 checkpoint (`train --resume`), and a fine-tuning result already in `OUT/<run>/downstream/`
@@ -15,7 +18,8 @@ checkpoint (`train --resume`), and a fine-tuning result already in `OUT/<run>/do
 
     python bench/transfer_curve.py                                   # 0,10,30,90 min
     python bench/transfer_curve.py --budgets 0,10 --max-train 2000 --seeds 3
-    python bench/transfer_curve.py --budgets 90 --preset small       # one larger preset
+    python bench/transfer_curve.py --budgets 90 --preset mini        # one larger preset
+    python bench/transfer_curve.py --threads 1 --parallel 2          # core-minutes, 2 at a time
 
 Prints the machine, precision and load average, and one row per (budget, task).
 """
@@ -25,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -44,14 +49,18 @@ from shoestring.train.loop import train
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
 console = Console(stderr=True)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from jobs import Scheduler, finished_downstream  # noqa: E402  (bench/jobs.py)
+from peers import cpu_name  # noqa: E402  (bench/peers.py: the CPU's model name)
 
 
-from peers import cpu_name  # bench/peers.py: the CPU's model name
-
-
-def base_config(preset: str | None) -> Config:
+def base_config(preset: str | None, threads: int | None) -> Config:
     """The default recipe, or a named preset's model (`shoestring presets`)."""
-    return Config() if preset is None else Config.model_validate({"model": {"preset": preset}})
+    tree: dict = {"train": {"threads": threads}}
+    if preset is not None:
+        tree["model"] = {"preset": preset}
+    return Config.model_validate(tree)
 
 
 def pretrained(cfg: Config, data: Path, run: Path, minutes: float) -> Path:
@@ -71,15 +80,16 @@ def finetuned(run: Path, glue: Path, tasks: str, seeds: int, max_train: int | No
               control: str) -> dict:
     """The run's downstream results (reused when complete)."""
     out = run / "downstream"
-    done = out / "results.json"
-    if done.is_file():
-        res = json.loads(done.read_text())
-        if res.get("complete") and res.get("control") == control and len(res["seeds"]) == seeds \
-                and res.get("max_train") == max_train:
-            console.print(f"reusing {done}")
-            return res
+    res = finished_downstream(out, tasks, seeds, max_train, control)
+    if res is not None:
+        console.print(f"reusing {out / 'results.json'}")
+        return res
     return evaluate_downstream(run, glue=glue, tasks=tasks, seeds=seeds, out=out,
                                max_train=max_train, control=control, console=console)
+
+
+def run_name(tag: str, minutes: float) -> str:
+    return f"{tag}-{minutes:g}m"
 
 
 def main() -> None:
@@ -92,33 +102,66 @@ def main() -> None:
     ap.add_argument("--max-train", type=int, default=None,
                     help="first N training rows per task (a quicker, noisier curve)")
     ap.add_argument("--preset", default=None, help="model preset instead of the default dims")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="CPU threads per run (default: torch's choice, all cores)")
+    ap.add_argument("--parallel", type=int, default=1, help="runs at a time")
     ap.add_argument("--work", type=Path, default=ROOT / "runs" / "bench" / "transfer")
     ap.add_argument("--out", type=Path, default=None, help="JSON of the table")
+    ap.add_argument("--job", choices=["pretrain", "finetune"], help=argparse.SUPPRESS)
+    ap.add_argument("--control", default="none", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    budgets = [float(b) for b in args.budgets.split(",")]
+    cfg = base_config(args.preset, args.threads)
+    tag = args.preset or "default"
+    data = args.work / "data"
+    if args.job == "pretrain":
+        pretrained(cfg, data, args.work / run_name(tag, budgets[0]), budgets[0])
+        return None
+    if args.job == "finetune":
+        finetuned(args.work / run_name(tag, budgets[0]), args.glue, args.tasks, args.seeds,
+                  args.max_train, args.control)
+        return None
     if not args.corpus.is_file() or not args.glue.is_dir():
         raise SystemExit(f"needs {args.corpus} and {args.glue} (see ../shared/data/README.md)")
-    budgets = [float(b) for b in args.budgets.split(",")]
-    cfg = base_config(args.preset)
-    tag = args.preset or "default"
     console.print(f"machine: {cpu_name()}, {os.cpu_count()} cores; load average "
-                  f"{os.getloadavg()}; model {tag}; seeds {args.seeds}; max-train {args.max_train}")
-    data = args.work / "data"
+                  f"{os.getloadavg()}; model {tag}; seeds {args.seeds}; max-train {args.max_train}"
+                  f"; threads per run {args.threads or 'all'}; {args.parallel} at a time")
     try:
         DataDir(data)
     except ShoestringError:
-        prep([str(args.corpus)], data, cfg.data, console=console, overwrite=True)
+        prep([str(args.corpus)], data, cfg.data, curate=cfg.curate, console=console,
+             overwrite=True)
     started = time.time()
-    # Minute 0 is the control: any finished run's scratch arm (it does not depend on the
-    # pretraining), computed once, beside the smallest positive budget.
+    # Minute 0 is the control: the scratch arm of the smallest positive budget's run (it does
+    # not depend on the pretraining), computed once.
     positive = sorted(b for b in budgets if b > 0)
     if not positive:
         positive = [min(10.0, max(budgets))]
+    me = [sys.executable, __file__, "--work", str(args.work), "--glue", str(args.glue),
+          "--tasks", args.tasks, "--seeds", str(args.seeds)]
+    me += ["--preset", args.preset] if args.preset else []
+    me += ["--threads", str(args.threads)] if args.threads else []
+    me += ["--max-train", str(args.max_train)] if args.max_train else []
+    sched = Scheduler(args.parallel, args.threads)
+    for minutes in sorted(positive, reverse=True):  # the longest first: it bounds the wall clock
+        sched.add(f"pretrain-{run_name(tag, minutes)}",
+                  me + ["--job", "pretrain", "--budgets", f"{minutes:g}"])
+    for minutes in positive:
+        control = "scratch" if minutes == positive[0] else "none"
+        sched.add(f"finetune-{run_name(tag, minutes)}",
+                  me + ["--job", "finetune", "--budgets", f"{minutes:g}", "--control", control],
+                  after=[f"pretrain-{run_name(tag, minutes)}"])
+    failed = sched.run(args.work / "logs")
     rows, scratch = [], None
     for minutes in positive:
-        run = pretrained(cfg, data, args.work / f"{tag}-{minutes:g}m", minutes)
-        control = "scratch" if scratch is None else "none"
-        res = finetuned(run, args.glue, args.tasks, args.seeds, args.max_train, control)
+        run = args.work / run_name(tag, minutes)
+        done = run / "downstream" / "results.json"
+        if not done.is_file() or not json.loads(done.read_text()).get("complete"):
+            continue
+        res = json.loads(done.read_text())
         if scratch is None:
+            if minutes != positive[0]:
+                break  # the control has not run yet
             scratch = {k: v["control"]["seeds"] for k, v in res["tasks"].items()}
         summary = json.loads((run / "summary.json").read_text())
         for name, task in res["tasks"].items():
@@ -127,9 +170,12 @@ def main() -> None:
             rows.append({"minutes": minutes, "task": name, "split": split,
                          "tokens": summary["tokens"], "tokens_per_s": summary["tokens_per_s"],
                          "dtype": summary.get("dtype"), "val_loss": summary.get("val_loss_subset"),
-                         **cmp})
+                         "device": summary.get("device"), **cmp})
     print(f"\nmachine: {cpu_name()} ({os.cpu_count()} cores); load average at end "
           f"{tuple(round(x, 2) for x in os.getloadavg())}; wall {time.time() - started:.0f}s")
+    print(f"pretraining: model {tag}, {args.threads or 'all'} thread(s) per run, "
+          f"{args.parallel} run(s) at a time"
+          + ("; minutes are core-minutes" if args.threads == 1 else ""))
     print(f"fine-tuning: sane protocol, {args.seeds} seeds, "
           f"{'first ' + str(args.max_train) + ' train rows' if args.max_train else 'full train sets'};"
           f" scratch = same architecture from random init, paired by seed")
@@ -140,6 +186,8 @@ def main() -> None:
         print(f"{r['minutes']:>5g} {r['task']:6} {r['tokens']:>11,} {vl:>8} "
               f"{r['pretrained_median']:>10.1f} {r['scratch_median']:>8.1f}  "
               f"{fmt_difference(r):<28} {r['verdict']}")
+    if failed:
+        print(f"FAILED or not started: {', '.join(failed)} (see {args.work / 'logs'})")
     if args.out:
         write_json_atomic(args.out, {"rows": rows, "args": {k: str(v) for k, v in vars(args).items()},
                                      "machine": cpu_name()})

@@ -147,6 +147,32 @@ def test_cram_reuses_intact_data_and_rebuilds_damaged(tmp_path: Path) -> None:
     assert third.returncode == 0 and "reusing" not in third.stderr, third.stderr
 
 
+def test_cram_curates_like_prep_and_a_changed_curation_rebuilds(tmp_path: Path) -> None:
+    """cram's data is what `shoestring prep` with the same settings makes: exact dedup by
+    default, and curation settings are part of what decides reuse."""
+    import json
+
+    small = ["--set", "data.vocab_size=1000", "--set", "data.seq_len=64", "--set", "model.hidden_size=64",
+             "--set", "model.num_layers=1", "--set", "model.num_heads=2", "--set", "model.intermediate_size=64",
+             "--set", "train.batch_size=8"]
+    corpus = write_jsonl_corpus(tmp_path / "c.jsonl", 60)
+    lines = corpus.read_text().splitlines()
+    corpus.write_text("\n".join(lines + lines[:10]) + "\n")  # ten exact duplicates
+    out = tmp_path / "out"
+    first = run_cli("cram", str(corpus), "-o", str(out), "--steps", "1", *small)
+    assert first.returncode == 0, first.stderr
+    blocks = {b["block"]: b for b in
+              json.loads((out / "data" / "manifest.json").read_text())["blocks"]}
+    dropped = blocks["exact_dedup"]["documents_in"] - blocks["exact_dedup"]["documents_out"]
+    assert dropped >= 10 and blocks["split"]["documents_in"] == 70 - dropped  # the ten copies
+    second = run_cli("cram", str(corpus), "-o", str(out), "--steps", "1", *small,
+                     "--set", "curate.dedup=none")
+    assert second.returncode == 0 and "reusing" not in second.stderr, second.stderr
+    blocks = {b["block"]: b for b in
+              json.loads((out / "data" / "manifest.json").read_text())["blocks"]}
+    assert "exact_dedup" not in blocks and blocks["split"]["documents_in"] == 70
+
+
 def test_cli_budget_replaces_steps_from_a_config_file(tmp_path: Path) -> None:
     from shoestring.cli import _budget_overrides
     from shoestring.config import load_config

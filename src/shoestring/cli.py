@@ -726,7 +726,8 @@ def presets(
     for name, cfg in presets().items():
         with torch.device("meta"):  # exact counts without allocating the weights
             model = build_model(cfg, vocab)
-        fraction = families.get(cfg.objective).model_head_fraction(cfg, seq_len, 0.25)
+        fraction = families.get(cfg.objective).model_head_fraction(cfg, seq_len,
+                                                                   families.DEFAULT_MASK_RATE)
         flops = train_flops_per_token(cfg, vocab, seq_len, fraction)
         heads = f"{cfg.num_heads}" + (f"/{cfg.kv_heads}" if cfg.kv_heads != cfg.num_heads else "")
         t.add_row(name, cfg.objective, f"{cfg.num_layers}×{cfg.hidden_size}", heads,

@@ -199,7 +199,7 @@ class TrainConfig(_Section):
         "batch_size over this fraction of the budget (Cramming: 0.6); 0 = off"
     )
     optimizer: Literal["adamw"] = Field("adamw", description="optimizer (see docs/training.md)")
-    lr: float = Field(2e-3, gt=0.0, description="peak learning rate")
+    lr: float = Field(4e-3, gt=0.0, description="peak learning rate")
     schedule: Literal["one-cycle", "wsd", "cosine", "linear", "constant"] = Field(
         "one-cycle", description="LR shape over budget progress (docs/training.md)"
     )
@@ -216,7 +216,8 @@ class TrainConfig(_Section):
     beta2: float = Field(0.98, ge=0.0, lt=1.0)
     eps: float = Field(1e-12, gt=0.0)
     grad_clip: float = Field(0.5, ge=0.0, description="max global grad norm (0 = off)")
-    mask_rate: float = Field(0.25, gt=0.0, lt=1.0, description="fraction of tokens masked (mlm)")
+    mask_rate: float = Field(families.DEFAULT_MASK_RATE, gt=0.0, lt=1.0,
+                             description="fraction of tokens masked (mlm)")
     precision: Literal["auto", "bf16", "fp16", "fp32"] = Field(
         "auto", description="auto = bf16 autocast where the device runs it fast, else fp32; "
         "fp16 = autocast with loss scaling (CUDA without bf16)"

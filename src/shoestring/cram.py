@@ -1,7 +1,9 @@
 """`shoestring cram`: the whole pipeline on one corpus, ending in a results table.
 
-The data dir is reused when it was built from the same sources and data settings (its
-manifest's fingerprint matches), so a second `make demo` spends its time training, not
+prep runs the same curation as `shoestring prep` (`curate.*`, exact dedup by default), so a
+cram run and prep + train on the same settings train on the same data. The data dir is reused
+when it was built from the same sources, data and curation settings (its manifest's
+fingerprint matches), so a second `make demo` spends its time training, not
 re-tokenizing. The run dir is replaced each time.
 """
 
@@ -119,11 +121,12 @@ def cram(sources: list[str], output: str | Path, cfg: Config, console: Console |
     output = Path(output)
     task = parse_eval_task(eval_task) if eval_task is not None else None
     data_dir, run_dir = output / "data", output / "run"
-    manifest = _reusable_manifest(data_dir, data_fingerprint(sources, cfg.data))
+    manifest = _reusable_manifest(data_dir, data_fingerprint(sources, cfg.data, cfg.curate))
     if manifest is not None:
         console.print(f"reusing prepared data in {data_dir} (same sources and settings)")
     else:
-        manifest = prep(sources, data_dir, cfg.data, console=console, overwrite=True)
+        manifest = prep(sources, data_dir, cfg.data, console=console, curate=cfg.curate,
+                        overwrite=True)
     summary = train(cfg, data_dir, run_dir, overwrite=True, console=console)
     evaluation = evaluate_run(run_dir, data_dir, console=console)
     downstream = None

@@ -108,9 +108,15 @@ def _fingerprint(specs: list[str], files: list[str], cfg: DataConfig) -> str:
     return h.hexdigest()
 
 
-def data_fingerprint(specs: list[str], cfg: DataConfig) -> str:
-    """What a data dir was built from; `cram` reuses a data dir whose fingerprint matches."""
-    return _fingerprint(specs, resolve_sources(specs), cfg)
+def data_fingerprint(specs: list[str], cfg: DataConfig, curate: CurateConfig | None = None,
+                     files: list[str] | None = None) -> str:
+    """What a data dir was built from (sources, data settings, curation); `cram` reuses a
+    data dir whose fingerprint matches, and an interrupted prep resumes only on a match."""
+    fingerprint = _fingerprint(specs, resolve_sources(specs) if files is None else files, cfg)
+    if curate is not None:  # curation changes the output
+        settings = json.dumps(curate.model_dump(mode="json", exclude={"explain"}), sort_keys=True)
+        fingerprint = hashlib.sha256(f"{fingerprint}:{settings}".encode()).hexdigest()
+    return fingerprint
 
 
 def build_dir(out: Path) -> Path:
@@ -244,10 +250,7 @@ def prep(
     files = resolve_sources(specs)
     out.parent.mkdir(parents=True, exist_ok=True)
     build = build_dir(out)
-    fingerprint = _fingerprint(specs, files, cfg)
-    if curate is not None:  # curation changes the output: part of what a resume must match
-        settings = json.dumps(curate.model_dump(mode="json", exclude={"explain"}), sort_keys=True)
-        fingerprint = hashlib.sha256(f"{fingerprint}:{settings}".encode()).hexdigest()
+    fingerprint = data_fingerprint(specs, cfg, curate, files)
     if executor != "local":  # its build folder holds other intermediate files
         fingerprint = hashlib.sha256(f"{fingerprint}:{executor}".encode()).hexdigest()
     journal = Journal.open(build, fingerprint)

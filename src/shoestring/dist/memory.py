@@ -176,7 +176,7 @@ def memory_per_rank(
     if L_.ac == "full":  # one block recomputed with its full activations during backward
         activations += (attn_elems + mlp_elems) * act_bytes // tp * micro_batch
     sparse = getattr(model_cfg, "sparse_prediction", True)
-    scored = round(_family(model_cfg).head_fraction(sparse, T, 0.25) * T)
+    scored = round(_family(model_cfg).head_fraction(sparse, T, families.DEFAULT_MASK_RATE) * T)
     logits = micro_batch * scored * vocab_size * (act_bytes + 4) // tp
     activations += logits
     out.update(params=weights, params_transient=transient, grads=grads, optimizer=optim,

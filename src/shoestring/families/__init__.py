@@ -9,12 +9,12 @@ from __future__ import annotations
 from typing import Any
 
 from shoestring.errors import ShoestringError
-from shoestring.families.base import Batch, Family, Objective
+from shoestring.families.base import DEFAULT_MASK_RATE, Batch, Family, Objective
 from shoestring.families.clm import CausalLMFamily
 from shoestring.families.contrastive import ContrastiveFamily
 from shoestring.families.mlm import MaskedLMFamily
 
-__all__ = ["Batch", "Family", "Objective", "all_families", "by_architecture",
+__all__ = ["DEFAULT_MASK_RATE", "Batch", "Family", "Objective", "all_families", "by_architecture",
            "by_hf_model_type", "get", "names", "preset_fields"]
 
 _REGISTRY: dict[str, Family] = {f.name: f for f in (MaskedLMFamily(), CausalLMFamily(),

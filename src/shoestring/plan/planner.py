@@ -168,7 +168,7 @@ def size_for_flops(
     law: Law,
     data: dict[str, Any] | None = None,
     devices: int = 1,
-    mask_rate: float = 0.25,
+    mask_rate: float = families.DEFAULT_MASK_RATE,
     flops_per_second: float | None = None,
 ) -> Sizing:
     """Model shape, tokens, batch and steps for a FLOP budget (what `plan` and `sweep` share)."""

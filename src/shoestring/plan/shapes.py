@@ -105,7 +105,8 @@ def count_params(model: ModelConfig, vocab_size: int) -> tuple[int, int]:
 
 
 def flops_per_token(
-    model: ModelConfig, vocab_size: int, seq_len: int, mask_rate: float = 0.25
+    model: ModelConfig, vocab_size: int, seq_len: int,
+    mask_rate: float = families.DEFAULT_MASK_RATE,
 ) -> float:
     """Training FLOPs per token, as `train` counts them (sparse MLM head at the masked rate)."""
     from shoestring.model import flops
@@ -114,7 +115,8 @@ def flops_per_token(
     return float(flops.train_flops_per_token(model, vocab_size, seq_len, head_fraction))
 
 
-def shape_of(model: ModelConfig, vocab_size: int, seq_len: int, mask_rate: float = 0.25) -> Shape:
+def shape_of(model: ModelConfig, vocab_size: int, seq_len: int,
+             mask_rate: float = families.DEFAULT_MASK_RATE) -> Shape:
     total, non_emb = count_params(model, vocab_size)
     return Shape(model, total, non_emb, flops_per_token(model, vocab_size, seq_len, mask_rate))
 
@@ -123,7 +125,7 @@ def candidates(
     objective: str,
     vocab_size: int,
     seq_len: int,
-    mask_rate: float = 0.25,
+    mask_rate: float = families.DEFAULT_MASK_RATE,
     max_params: float = 2e12,
 ) -> list[Shape]:
     """Every shape in the family up to ``max_params`` non-embedding parameters, smallest first."""

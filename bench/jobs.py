@@ -1,0 +1,84 @@
+"""Run a bench's pretraining and fine-tuning jobs as subprocesses, a few at a time.
+
+The downstream benches (``transfer_curve.py``, ``recipe_ablations.py``) need hours of
+training. On a 2-core machine two one-thread jobs side by side do about twice the work of one
+two-thread job in the same wall clock (a one-thread run of the default model trains at about
+half the tokens/s of a two-thread one), so they run each job as its own process with
+``OMP_NUM_THREADS`` set, ``slots`` at a time, each after the jobs it depends on. Each job's
+output goes to ``logs/<job>.log``; a job whose dependency failed is not started.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def log(msg: str) -> None:
+    """A timestamped progress line on stderr."""
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+class Scheduler:
+    """Jobs (a name, an argv, the names they wait for) run in the order added, as slots free."""
+
+    def __init__(self, slots: int, threads: int | None) -> None:
+        self.slots, self.threads = slots, threads
+        self.jobs: list[tuple[str, list[str], list[str]]] = []
+
+    def add(self, name: str, argv: list[str], after: list[str] | None = None) -> None:
+        self.jobs.append((name, argv, [a for a in after or [] if a in self.names()]))
+
+    def names(self) -> set[str]:
+        return {name for name, _, _ in self.jobs}
+
+    def run(self, logs: Path) -> list[str]:
+        """Run every job; returns the names of those that failed or were not started."""
+        logs.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        if self.threads is not None:
+            env.update(OMP_NUM_THREADS=str(self.threads), MKL_NUM_THREADS=str(self.threads))
+        pending, running = list(self.jobs), {}
+        done: set[str] = set()
+        failed: list[str] = []
+        while pending or running:
+            for name, proc in list(running.items()):
+                if proc.poll() is not None:
+                    del running[name]
+                    if proc.returncode == 0:
+                        done.add(name)
+                    else:
+                        failed.append(name)
+                    log(f"{name}: {'done' if proc.returncode == 0 else 'FAILED'} "
+                        f"(see {logs / name}.log)")
+            for job in list(pending):
+                name, argv, after = job
+                if any(a in failed for a in after):
+                    pending.remove(job)
+                    failed.append(name)
+                    log(f"{name}: not started ({', '.join(a for a in after if a in failed)} failed)")
+                elif len(running) < self.slots and all(a in done for a in after):
+                    pending.remove(job)
+                    log(f"start {name}")
+                    with open(logs / f"{name}.log", "ab") as out:
+                        running[name] = subprocess.Popen(argv, env=env, stdout=out, stderr=out)
+            time.sleep(2)
+        return failed
+
+
+def finished_downstream(out: Path, tasks: str, seeds: int, max_train: int | None,
+                        control: str) -> dict | None:
+    """``out/results.json`` when a complete fine-tuning with exactly these settings wrote it
+    (so a rerun of a bench reuses it), else None."""
+    import json
+
+    done = out / "results.json"
+    if not done.is_file():
+        return None
+    res = json.loads(done.read_text())
+    same = (res.get("complete") and res.get("control") == control and len(res["seeds"]) == seeds
+            and res.get("max_train") == max_train and set(res["tasks"]) == set(tasks.split(",")))
+    return res if same else None
