@@ -213,13 +213,13 @@ def print_table(rows: list[dict], args: argparse.Namespace) -> None:
     print("common val = the default data's val split (128-token rows, one tokenizer); "
           "'~' = the 95% interval contains zero")
     names = [t for t in args.tasks.split(",")]
-    head = f"{'arm':14} {'tokens':>10} {'tok/s':>6} {'val MLM':>8} {'Δ vs def':>8}"
+    head = f"{'arm':20} {'tokens':>10} {'tok/s':>6} {'val MLM':>8} {'Δ vs def':>8}"
     head += "".join(f" {n:>7}" for n in names) + f" {'mean':>6} {'−scratch':>9} {'−default':>9}"
     print(head)
     base = next((r for r in rows if r["arm"] == "default"), None)
     for r in rows:
         d = r["common_val_loss"] - base["common_val_loss"] if base else float("nan")
-        line = (f"{r['arm']:14} {r['tokens']:>10,} {r['tokens_per_s']:>6,.0f} "
+        line = (f"{r['arm']:20} {r['tokens']:>10,} {r['tokens_per_s']:>6,.0f} "
                 f"{r['common_val_loss']:>8.3f} {d:>+8.3f}")
         for n in names:
             t = r["tasks"].get(n)
