@@ -10,7 +10,7 @@ from shoestring.errors import ShoestringError
 
 def test_defaults_are_the_cramming_recipe() -> None:
     cfg = Config()
-    assert cfg.train.mask_rate == 0.40 and cfg.train.lr == 4e-3 and cfg.train.lr_peak_at == 0.75
+    assert cfg.train.mask_rate == 0.40 and cfg.train.lr == 2e-3 and cfg.train.lr_peak_at == 0.75
     assert cfg.data.seq_len == 128 and cfg.train.budget == "3m"
 
 

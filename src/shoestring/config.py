@@ -199,7 +199,7 @@ class TrainConfig(_Section):
         "batch_size over this fraction of the budget (Cramming: 0.6); 0 = off"
     )
     optimizer: Literal["adamw"] = Field("adamw", description="optimizer (see docs/training.md)")
-    lr: float = Field(4e-3, gt=0.0, description="peak learning rate")
+    lr: float = Field(2e-3, gt=0.0, description="peak learning rate")
     schedule: Literal["one-cycle", "wsd", "cosine", "linear", "constant"] = Field(
         "one-cycle", description="LR shape over budget progress (docs/training.md)"
     )
