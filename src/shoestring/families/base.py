@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 Batch = tuple["torch.Tensor", ...]
 # The training mask rate of the default recipe (``train.mask_rate``), and what FLOP and memory
 # estimates assume when they are not given a run's rate. 0.40 beat 0.25 and 0.15 at equal wall
-# clock (docs/recipe.md, "Ablations"); evaluation masks at a fixed 0.25 (``eval.mask_rate``).
+# clock, in held-out loss and in SST-2 after fine-tuning (docs/recipe.md, "Ablations"); evaluation masks at a fixed 0.25 (``eval.mask_rate``).
 DEFAULT_MASK_RATE = 0.40
 Preset = tuple[int, int, int, "int | None", int, str]
 
