@@ -82,3 +82,18 @@ def finished_downstream(out: Path, tasks: str, seeds: int, max_train: int | None
     same = (res.get("complete") and res.get("control") == control and len(res["seeds"]) == seeds
             and res.get("max_train") == max_train and set(res["tasks"]) == set(tasks.split(",")))
     return res if same else None
+
+
+def pretrain(cfg, data: Path, run: Path, console=None) -> None:  # noqa: ANN001
+    """A finished run in ``run``: reused when finished, resumed from its newest checkpoint when
+    interrupted (a wall-clock budget keeps its elapsed time), else started."""
+    from shoestring.rundir import RunDir
+    from shoestring.train.loop import train
+
+    if (run / "final" / "model.safetensors").is_file() and (run / "summary.json").is_file():
+        log(f"reusing {run} (finished)")
+        return
+    rd = RunDir(run)
+    resume = rd.is_run and bool(rd.checkpoints())
+    log(f"{'resuming' if resume else 'training'} {run}: budget {cfg.train.budget}")
+    train(cfg, data, run, overwrite=not resume, resume=resume, console=console)

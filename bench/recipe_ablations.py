@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from jobs import Scheduler, finished_downstream, log  # noqa: E402  (bench/jobs.py)
+from jobs import Scheduler, finished_downstream, log, pretrain  # noqa: E402  (bench/jobs.py)
 from peers import cpu_name  # noqa: E402  (bench/peers.py: the CPU's model name)
 
 # name → (what changes, --set overrides, data variant)
@@ -129,15 +129,9 @@ def run_pretrain(arm: str, work: Path, budget: str, threads: int) -> None:
     """Pretrain one arm (resumed from its newest checkpoint, or reused when finished), then
     score it on the common evaluation set."""
     from shoestring.eval.mlm import evaluate_run
-    from shoestring.rundir import RunDir
-    from shoestring.train.loop import train
 
     run = work / arm
-    if not (run / "summary.json").is_file():
-        rd = RunDir(run)
-        resume = rd.is_run and bool(rd.checkpoints())
-        cfg = arm_config(arm, work, budget, threads)
-        train(cfg, work / f"data-{ARMS[arm][2]}", run, overwrite=not resume, resume=resume)
+    pretrain(arm_config(arm, work, budget, threads), work / f"data-{ARMS[arm][2]}", run)
     if not (run / "eval-common.json").is_file():
         res = evaluate_run(run, work / "data-default")
         (run / "eval-common.json").write_text(json.dumps(res))
@@ -165,7 +159,7 @@ def _first_split(task: dict[str, Any]) -> str:
     return next(iter(task["summary"]))
 
 
-def report(work: Path, arms: list[str], budget: str, threads: int, parallel: int) -> list[dict]:
+def report(work: Path, arms: list[str]) -> list[dict]:
     """One row per arm: tokens, losses, downstream medians and the paired comparisons."""
     from shoestring.eval.control import compare_arms
 
@@ -212,7 +206,7 @@ def print_table(rows: list[dict], args: argparse.Namespace) -> None:
           f", tasks {args.tasks}; scratch = same architecture from random init, paired by seed")
     print("common val = the default data's val split (128-token rows, one tokenizer); "
           "'~' = the 95% interval contains zero")
-    names = [t for t in args.tasks.split(",")]
+    names = args.tasks.split(",")
     head = f"{'arm':20} {'tokens':>10} {'tok/s':>6} {'val MLM':>8} {'Δ vs def':>8}"
     head += "".join(f" {n:>7}" for n in names) + f" {'mean':>6} {'−scratch':>9} {'−default':>9}"
     print(head)
@@ -285,7 +279,7 @@ def main() -> None:
             sched.add(f"finetune-{arm}", me + ["--job", "finetune", "--arms", arm], after)
     logs = args.work / "logs"
     failed = sched.run(logs)
-    rows = report(args.work, arms, args.budget, args.threads, args.parallel)
+    rows = report(args.work, arms)
     print_table(rows, args)
     print(f"wall {time.time() - started:.0f}s" + (f"; FAILED: {failed} (see {logs})" if failed else ""))
     if args.out:

@@ -43,15 +43,13 @@ from shoestring.eval.control import compare_arms
 from shoestring.eval.downstream import evaluate_downstream
 from shoestring.eval.report import fmt_difference
 from shoestring.fsutil import write_json_atomic
-from shoestring.rundir import RunDir
-from shoestring.train.loop import train
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
 console = Console(stderr=True)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from jobs import Scheduler, finished_downstream  # noqa: E402  (bench/jobs.py)
+from jobs import Scheduler, finished_downstream, pretrain  # noqa: E402  (bench/jobs.py)
 from peers import cpu_name  # noqa: E402  (bench/peers.py: the CPU's model name)
 
 
@@ -65,14 +63,8 @@ def base_config(preset: str | None, threads: int | None) -> Config:
 
 def pretrained(cfg: Config, data: Path, run: Path, minutes: float) -> Path:
     """A finished run of ``minutes`` pretraining in ``run``: reused, resumed or started."""
-    rd = RunDir(run)
-    if (run / "final" / "model.safetensors").is_file() and (run / "summary.json").is_file():
-        console.print(f"reusing {run} (finished)")
-        return run
     cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"budget": f"{minutes:g}m"})})
-    resume = rd.is_run and bool(rd.checkpoints())
-    console.print(f"{'resuming' if resume else 'training'} {run}: {minutes:g} minutes")
-    train(cfg, data, run, overwrite=not resume, resume=resume, console=console)
+    pretrain(cfg, data, run, console=console)
     return run
 
 
