@@ -4,8 +4,10 @@ The downstream benches (``transfer_curve.py``, ``recipe_ablations.py``) need hou
 training. On a 2-core machine two one-thread jobs side by side do about twice the work of one
 two-thread job in the same wall clock (a one-thread run of the default model trains at about
 half the tokens/s of a two-thread one), so they run each job as its own process with
-``OMP_NUM_THREADS`` set, ``slots`` at a time, each after the jobs it depends on. Each job's
-output goes to ``logs/<job>.log``; a job whose dependency failed is not started.
+``OMP_NUM_THREADS`` set, ``slots`` at a time, each after the jobs it depends on. A job may
+ask for more threads than the rest (a fine-tune that should use the whole machine once the
+timed pretraining is over); it then takes that many slots. Each job's output goes to
+``logs/<job>.log``; a job whose dependency failed is not started.
 """
 
 from __future__ import annotations
@@ -23,31 +25,40 @@ def log(msg: str) -> None:
 
 
 class Scheduler:
-    """Jobs (a name, an argv, the names they wait for) run in the order added, as slots free."""
+    """Jobs (a name, an argv, the names they wait for, their threads) run in the order added,
+    as slots free. With ``threads`` set, each slot is that many threads; otherwise a job runs
+    with torch's default threads and takes one slot."""
 
     def __init__(self, slots: int, threads: int | None) -> None:
         self.slots, self.threads = slots, threads
-        self.jobs: list[tuple[str, list[str], list[str]]] = []
+        self.jobs: list[tuple[str, list[str], list[str], int | None]] = []
 
-    def add(self, name: str, argv: list[str], after: list[str] | None = None) -> None:
-        self.jobs.append((name, argv, [a for a in after or [] if a in self.names()]))
+    def add(self, name: str, argv: list[str], after: list[str] | None = None,
+            threads: int | None = None) -> None:
+        """Queue a job; ``threads`` overrides the scheduler's for this job."""
+        self.jobs.append((name, argv, [a for a in after or [] if a in self.names()],
+                          threads or self.threads))
 
     def names(self) -> set[str]:
-        return {name for name, _, _ in self.jobs}
+        return {job[0] for job in self.jobs}
+
+    def cost(self, threads: int | None) -> int:
+        """Slots a job with ``threads`` threads takes (never more than there are)."""
+        if threads is None or self.threads is None:
+            return 1
+        return min(self.slots, max(1, -(-threads // self.threads)))
 
     def run(self, logs: Path) -> list[str]:
         """Run every job; returns the names of those that failed or were not started."""
         logs.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ)
-        if self.threads is not None:
-            env.update(OMP_NUM_THREADS=str(self.threads), MKL_NUM_THREADS=str(self.threads))
-        pending, running = list(self.jobs), {}
+        pending, running, used = list(self.jobs), {}, {}
         done: set[str] = set()
         failed: list[str] = []
         while pending or running:
             for name, proc in list(running.items()):
                 if proc.poll() is not None:
                     del running[name]
+                    used.pop(name)
                     if proc.returncode == 0:
                         done.add(name)
                     else:
@@ -55,16 +66,21 @@ class Scheduler:
                     log(f"{name}: {'done' if proc.returncode == 0 else 'FAILED'} "
                         f"(see {logs / name}.log)")
             for job in list(pending):
-                name, argv, after = job
+                name, argv, after, threads = job
                 if any(a in failed for a in after):
                     pending.remove(job)
                     failed.append(name)
                     log(f"{name}: not started ({', '.join(a for a in after if a in failed)} failed)")
-                elif len(running) < self.slots and all(a in done for a in after):
+                elif (sum(used.values()) + self.cost(threads) <= self.slots
+                      and all(a in done for a in after)):
                     pending.remove(job)
-                    log(f"start {name}")
+                    log(f"start {name}" + (f" (OMP_NUM_THREADS={threads})" if threads else ""))
+                    env = dict(os.environ)
+                    if threads is not None:
+                        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
                     with open(logs / f"{name}.log", "ab") as out:
                         running[name] = subprocess.Popen(argv, env=env, stdout=out, stderr=out)
+                    used[name] = self.cost(threads)
             time.sleep(2)
         return failed
 

@@ -20,6 +20,8 @@ checkpoint (`train --resume`), and a fine-tuning result already in `OUT/<run>/do
     python bench/transfer_curve.py --budgets 0,10 --max-train 2000 --seeds 3
     python bench/transfer_curve.py --budgets 90 --preset mini        # one larger preset
     python bench/transfer_curve.py --threads 1 --parallel 2          # core-minutes, 2 at a time
+    python bench/transfer_curve.py --budgets 90 --preset mini --threads 1 --parallel 2 \
+        --finetune-threads 2     # a lone timed run on one core, its fine-tunes on both after
 
 Prints the machine, precision and load average, and one row per (budget, task).
 """
@@ -97,6 +99,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None,
                     help="CPU threads per run (default: torch's choice, all cores)")
     ap.add_argument("--parallel", type=int, default=1, help="runs at a time")
+    ap.add_argument("--finetune-threads", type=int, default=None,
+                    help="CPU threads per fine-tuning job (default: --threads); a job with "
+                         "more threads than --threads takes that many runs' slots")
     ap.add_argument("--work", type=Path, default=ROOT / "runs" / "bench" / "transfer")
     ap.add_argument("--out", type=Path, default=None, help="JSON of the table")
     ap.add_argument("--job", choices=["pretrain", "finetune"], help=argparse.SUPPRESS)
@@ -142,7 +147,7 @@ def main() -> None:
         control = "scratch" if minutes == positive[0] else "none"
         sched.add(f"finetune-{run_name(tag, minutes)}",
                   me + ["--job", "finetune", "--budgets", f"{minutes:g}", "--control", control],
-                  after=[f"pretrain-{run_name(tag, minutes)}"])
+                  after=[f"pretrain-{run_name(tag, minutes)}"], threads=args.finetune_threads)
     failed = sched.run(args.work / "logs")
     rows, scratch = [], None
     for minutes in positive:
@@ -169,6 +174,7 @@ def main() -> None:
           f"{args.parallel} run(s) at a time"
           + ("; minutes are core-minutes" if args.threads == 1 else ""))
     print(f"fine-tuning: sane protocol, {args.seeds} seeds, "
+          f"{args.finetune_threads or args.threads or 'all'} thread(s) per job, "
           f"{'first ' + str(args.max_train) + ' train rows' if args.max_train else 'full train sets'};"
           f" scratch = same architecture from random init, paired by seed")
     print(f"{'min':>5} {'task':6} {'tokens':>11} {'val MLM':>8} {'pretrained':>10} "
