@@ -17,6 +17,9 @@ two-thread run). Each arm changes one thing against the defaults:
     curated          Gopher quality + repetition filters and fuzzy dedup (default: exact dedup)
     mask40-seed1, lr4e-3-seed1, mask40-lr4e-3, mask40-lr4e-3-seed1
                      replicates of the two changes that won the first pass, and both together
+    peak50-seed1     the first pass's fine-tuning candidate replicated (second pass, run on
+                     the new defaults in its own --work: the `default` arm is the defaults of
+                     the code that runs it)
 
 Scores per arm: held-out MLM loss on one common evaluation set (the default data's val split,
 128-token rows; every arm shares the default tokenizer, so the losses compare), then
@@ -72,6 +75,9 @@ ARMS: dict[str, tuple[str, list[str], str]] = {
                       "default"),
     "mask40-lr4e-3-seed1": ("mask 0.40 and LR 4e-3, seed 1",
                             ["train.mask_rate=0.40", "train.lr=4e-3", "train.seed=1"], "default"),
+    # the second pass, on the new defaults (mask 0.40): the first pass's candidate, replicated
+    "peak50-seed1": ("one-cycle peak at 50%, seed 1", ["train.lr_peak_at=0.5", "train.seed=1"],
+                     "default"),
 }
 # data variant → overrides of its prep (all but `default` reuse the default's tokenizer)
 VARIANTS: dict[str, list[str]] = {
