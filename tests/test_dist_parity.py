@@ -104,6 +104,13 @@ def launch(nproc: int, cases: list[dict], common: dict, timeout: float,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
+def failure(proc: subprocess.CompletedProcess) -> str:
+    """What a failed launch printed that matters: every rank's `error:` line (torchrun's
+    own report of the failed children fills the tail), then the tail."""
+    errors = [x for x in proc.stderr.splitlines() if x.startswith("error")]
+    return "\n".join([*errors, proc.stderr[-3000:]])
+
+
 def records(run: Path) -> list[dict]:
     return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
 
@@ -200,7 +207,7 @@ def test_two_process_layouts_match_one_process(pydocs_dir: Path, tmp_path: Path,
     cases.append({"output": str(tmp_path / "nan"), "parallel": "dp=2",
                   "sets": [*SETS, *micro(2)], "nan_loss": [1, 4]})
     proc = launch(2, cases, {"data": str(pydocs_dir)}, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.returncode == 0, failure(proc)
     for name, kw in CASES_2:
         assert_same_run(tmp_path / name, reference, name)
         check_memory_model(tmp_path / name, pydocs_dir, kw)
@@ -217,7 +224,7 @@ def test_dp2_x_pp2_matches_one_process(pydocs_dir: Path, tmp_path: Path,
     case = {"parallel": "dp=2,pp=2"}
     proc = launch(4, [{"output": str(tmp_path / "dp2pp2"), **case, "sets": [*SETS, *micro(2)]}],
                   {"data": str(pydocs_dir)}, timeout=400)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.returncode == 0, failure(proc)
     assert_same_run(tmp_path / "dp2pp2", reference, "dp=2,pp=2")
     check_memory_model(tmp_path / "dp2pp2", pydocs_dir, case)
 
@@ -228,7 +235,7 @@ def test_3d_layout_matches_and_its_checkpoint_resumes_on_dp2(pydocs_dir: Path, t
     sets = [*SETS, *micro(2), "train.checkpoint_every=2steps", "train.keep_checkpoints=5"]
     proc = launch(8, [{"output": str(run3d), "parallel": "dp=2,tp=2,pp=2", "zero": 2,
                        "sets": sets}], {"data": str(pydocs_dir)}, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.returncode == 0, failure(proc)
     assert_same_run(run3d, reference, "dp=2,tp=2,pp=2 zero 2")
     check_memory_model(run3d, pydocs_dir, {"parallel": "dp=2,tp=2,pp=2", "zero": 2})
     ck = run3d / "checkpoints" / "step_00000002"
@@ -244,7 +251,7 @@ def test_3d_layout_matches_and_its_checkpoint_resumes_on_dp2(pydocs_dir: Path, t
     shutil.rmtree(resumed / "final")
     proc = launch(2, [{"output": str(resumed), "parallel": "dp=2", "resume": True,
                        "sets": sets}], {"data": str(pydocs_dir)}, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.returncode == 0, failure(proc)
     assert_close(losses_of(resumed), losses_of(reference), "3D → step 2 → resumed on dp=2")
     assert_close(val_losses_of(resumed), val_losses_of(reference), "validation after resume")
     a, _ = RunDir(run3d).load_final()
@@ -287,7 +294,7 @@ def test_decoder_tp_pp_zero3_match_one_process(clm_dir: Path, tmp_path: Path) ->
     proc = launch(2, [{"output": str(tmp_path / n), **kw,
                        "sets": [*CLM_SETS, *micro(_dp(kw["parallel"]))]} for n, kw in cases],
                   {"data": str(clm_dir)}, timeout=400)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.returncode == 0, failure(proc)
     for name, _ in cases:
         assert_same_run(tmp_path / name, ref, f"decoder {name}")
 
@@ -394,12 +401,12 @@ def test_one_process_to_dp2_to_tp2_resumes_without_a_skipped_or_repeated_batch(
     proc = launch(2, [{"output": str(a), "parallel": "dp=2", "resume": True,
                        "sets": [*sets[:-3], *micro(2), *sets[-2:]]}],
                   {"data": str(pydocs_dir)}, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.returncode == 0, failure(proc)
     assert_close(losses_of(a), losses_of(whole), "one process → dp=2")
     b = _roll_back(a, tmp_path / "b", 4)
     proc = launch(2, [{"output": str(b), "parallel": "tp=2", "resume": True, "sets": sets}],
                   {"data": str(pydocs_dir)}, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.returncode == 0, failure(proc)
     assert_close(losses_of(b), losses_of(whole), "one process → dp=2 → tp=2")
     assert [r["step"] for r in records(b)] == [1, 2, 3, 4, 5, 6]
     assert json.loads((b / "summary.json").read_text())["world_size"] == 2

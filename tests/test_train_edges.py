@@ -71,6 +71,23 @@ def test_an_unwritable_output_is_the_standard_error(pydocs_dir: Path) -> None:
     _refused(r, "cannot write the run dir", "/proc/shoestring-run")
 
 
+def test_another_ranks_write_probe_does_not_make_the_run_dir_look_used(pydocs_dir: Path,
+                                                                       tmp_path: Path) -> None:
+    # every rank of a job checks the output, then probes it, before any process group: a
+    # slow rank must not refuse the folder because a fast one is mid-probe (CI, 8 ranks)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / ".write-probe-4242").write_bytes(b"")
+    train(tiny_config(steps=1), pydocs_dir, run)
+    assert (run / "final" / "model.safetensors").is_file()
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    r = run_cli("train", "-d", str(pydocs_dir), "-o", str(other), "--steps", "1", *TINY)
+    _refused(r, "is not a shoestring run dir", str(other))
+    assert (other / "notes.txt").read_text() == "mine"
+
+
 def test_a_resumed_run_drops_the_evaluations_of_the_model_it_replaces(pydocs_dir: Path,
                                                                      tmp_path: Path) -> None:
     run = tmp_path / "run"

@@ -98,13 +98,31 @@ def building_dir(out: str | Path) -> Iterator[Path]:
         raise
 
 
+WRITE_PROBE = ".write-probe-"
+
+
+def check_writable_dir(out: str | Path, kind: str, fix: str) -> None:
+    """Create ``out`` and prove a file can be written in it. Every rank of a job probes at
+    once before any process group exists, so the probe is named per process and
+    `check_output_dir` ignores probes: another rank's must not make the folder look used."""
+    out = Path(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f"{WRITE_PROBE}{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise ShoestringError(f"cannot write the {kind} ({e.strerror or e})", where=str(out),
+                              fix=fix) from None
+
+
 def check_output_dir(out: str | Path, kind: str, owned: bool, overwrite: bool) -> None:
     """Refuse to write into a non-empty folder unless it is one of ours (``owned``, e.g. it
     carries our marker) and replacing it was asked for (``overwrite``)."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ShoestringError("output path exists and is not a folder", where=str(out))
-    if not out.is_dir() or not any(out.iterdir()):
+    if not out.is_dir() or not any(not p.name.startswith(WRITE_PROBE) for p in out.iterdir()):
         return
     if not owned:
         raise ShoestringError(

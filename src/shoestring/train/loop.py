@@ -40,7 +40,7 @@ from shoestring.dist.parallelism import (
     world_from_env,
 )
 from shoestring.errors import ShoestringError
-from shoestring.fsutil import check_output_dir
+from shoestring.fsutil import check_output_dir, check_writable_dir
 from shoestring.model import build_model
 from shoestring.model.flops import train_flops_per_token
 from shoestring.model.layers import set_attention_kernel
@@ -283,7 +283,8 @@ def train(
                        layout, cfg.train.precision, device_type,
                        local_ranks=int(os.environ.get("LOCAL_WORLD_SIZE", 1)))["spare"]
     if ckpt is None:
-        _check_writable(run_dir)  # the one check that writes (a folder), so the last
+        # the one check that writes (a folder), so the last
+        check_writable_dir(run_dir, "run dir", fix="choose a folder you can write for -o")
     parallel = Parallelism.start(cfg, layout, data.vocab_size)
     try:
         return _train(cfg, data, train_split, run_dir, parallel, console, ckpt, spare)
@@ -295,18 +296,6 @@ def _tail_mean(losses: list[float]) -> float:
     """The "train loss" of the bar and the summary: the mean over the last 5% of steps."""
     tail = losses[-max(1, len(losses) // 20):]
     return sum(tail) / len(tail) if tail else float("nan")
-
-
-def _check_writable(run_dir: Path) -> None:
-    """The run dir can be created and written (every rank checks, before any work)."""
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / f".write-probe-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        raise ShoestringError(f"cannot write the run dir ({e.strerror or e})", where=str(run_dir),
-                              fix="choose a folder you can write for -o") from None
 
 
 def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
