@@ -20,6 +20,9 @@ two-thread run). Each arm changes one thing against the defaults:
     peak50-seed1     the first pass's fine-tuning candidate replicated (second pass, run on
                      the new defaults in its own --work: the `default` arm is the defaults of
                      the code that runs it)
+    seq64-seed1, curated-seed1
+                     the first pass's other two candidates, replicated (second pass: with
+                     `seq64` and `curated` in the same --work they are two seeds each)
 
 Scores per arm: held-out MLM loss on one common evaluation set (the default data's val split,
 128-token rows; every arm shares the default tokenizer, so the losses compare), then
@@ -78,6 +81,9 @@ ARMS: dict[str, tuple[str, list[str], str]] = {
     # the second pass, on the new defaults (mask 0.40): the first pass's candidate, replicated
     "peak50-seed1": ("one-cycle peak at 50%, seed 1", ["train.lr_peak_at=0.5", "train.seed=1"],
                      "default"),
+    "seq64-seed1": ("64-token rows, batch 64, seed 1",
+                    ["data.seq_len=64", "train.batch_size=64", "train.seed=1"], "seq64"),
+    "curated-seed1": ("gopher filters + fuzzy dedup, seed 1", ["train.seed=1"], "curated"),
 }
 # data variant → overrides of its prep (all but `default` reuse the default's tokenizer)
 VARIANTS: dict[str, list[str]] = {
