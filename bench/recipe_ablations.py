@@ -164,7 +164,7 @@ def run_finetune(arm: str, work: Path, glue: Path, tasks: str, seeds: int,
     if finished_downstream(out, tasks, seeds, max_train, control) is not None:
         return
     evaluate_downstream(work / arm, glue=glue, tasks=tasks, seeds=seeds, out=out,
-                        max_train=max_train, control=control)
+                        max_train=max_train, control=control, resume=True)
 
 
 def _first_split(task: dict[str, Any]) -> str:

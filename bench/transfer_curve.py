@@ -13,8 +13,9 @@ side by side on a 2-core machine, one core each, so the minutes are then core-mi
 
 The work is resumable, so a curve longer than one session finishes over several: a finished
 pretraining run (its `final/`) is reused, an interrupted one resumes from its newest
-checkpoint (`train --resume`), and a fine-tuning result already in `OUT/<run>/downstream/`
-(complete) is reused. Run it again with the same arguments to continue.
+checkpoint (`train --resume`), a fine-tuning result already in `OUT/<run>/downstream/`
+(complete) is reused, and an interrupted one keeps its finished tasks (`eval --resume`). Run
+it again with the same arguments to continue.
 
     python bench/transfer_curve.py                                   # 0,10,30,90 min
     python bench/transfer_curve.py --budgets 0,10 --max-train 2000 --seeds 3
@@ -79,7 +80,8 @@ def finetuned(run: Path, glue: Path, tasks: str, seeds: int, max_train: int | No
         console.print(f"reusing {out / 'results.json'}")
         return res
     return evaluate_downstream(run, glue=glue, tasks=tasks, seeds=seeds, out=out,
-                               max_train=max_train, control=control, console=console)
+                               max_train=max_train, control=control, console=console,
+                               resume=True)
 
 
 def run_name(tag: str, minutes: float) -> str:

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from conftest import run_cli, tiny_config
 
 from shoestring.config import ModelConfig
@@ -257,3 +258,80 @@ def test_cli_without_task_flags_keeps_the_mlm_eval(tiny_run: Path) -> None:
     r = run_cli("eval", str(tiny_run))
     assert r.returncode == 0, r.stderr
     assert "validation MLM loss" in r.stdout and (tiny_run / "eval.json").is_file()
+
+
+def test_resume_keeps_finished_tasks_only_while_what_they_depend_on_is_unchanged(
+        tiny_run: Path, tmp_path: Path) -> None:
+    """An evaluation of task a, then of a and b with resume: a is kept (its numbers are the
+    file's, not refitted), b is fitted. New weights, other task data or other seeds refit a."""
+    from shoestring.eval.downstream import evaluate_downstream
+    from shoestring.eval.tasks import parse_task_arg
+
+    for name, seed in (("a", 11), ("b", 12)):
+        (tmp_path / f"{name}-train.jsonl").write_text("\n".join(
+            json.dumps({"text": e.a, "y": e.label}) for e in synthetic(24, seed)))
+        (tmp_path / f"{name}-dev.jsonl").write_text("\n".join(
+            json.dumps({"text": e.a, "y": e.label}) for e in synthetic(10, seed + 50)))
+
+    def spec(name: str) -> object:
+        return parse_task_arg(f"name={name},train={tmp_path}/{name}-train.jsonl,"
+                              f"dev={tmp_path}/{name}-dev.jsonl,text=text,label=y")
+
+    out = tmp_path / "out"
+
+    def run(names: str, seeds: int = 1) -> dict:
+        return evaluate_downstream(tiny_run, custom=[spec(n) for n in names], out=out,
+                                   seeds=seeds, control="none", precision="fp32", resume=True)
+
+    first = run("a")["tasks"]["a"]
+    assert "resumed" not in json.loads((out / "results.json").read_text())
+    both = run("ab")
+    assert both["complete"] and both["resumed"] == {"kept_tasks": ["a"]}
+    assert both["tasks"]["a"] == first  # kept as written, wall_seconds and all
+    assert list(both["tasks"]) == ["a", "b"]
+    assert both["tasks"]["b"]["seeds"][0]["steps"] > 0
+    assert {p.name for p in (out / "classifiers").iterdir()} == {"a", "b"}
+    assert "| a " in (out / "results.md").read_text() and "| b " in (out / "results.md").read_text()
+    # Only b now: a's classifier goes with it, nothing is refitted.
+    only_b = run("b")
+    assert only_b["resumed"] == {"kept_tasks": ["b"]}
+    assert {p.name for p in (out / "classifiers").iterdir()} == {"b"}
+    # Other seeds: nothing qualifies, everything is fitted afresh.
+    two = run("b", seeds=2)
+    assert "resumed" not in two and [s["seed"] for s in two["tasks"]["b"]["seeds"]] == [0, 1]
+    # Changed task data: refitted.
+    with (tmp_path / "b-train.jsonl").open("a") as f:
+        f.write("\n" + json.dumps({"text": "one more row", "y": "1"}))
+    grown = run("b", seeds=2)
+    assert "resumed" not in grown and grown["tasks"]["b"]["train_examples"] == 25
+    # Changed weights (the run retrained in place): refitted.
+    from shoestring.data.tokenizer import file_sha256
+
+    weights = tiny_run / "final" / "model.safetensors"
+    saved = weights.read_bytes()
+    state = load_file(weights)
+    name = next(iter(state))
+    state[name] = state[name] + 0.01
+    save_file(state, weights, metadata={"format": "pt"})
+    try:
+        moved = run("b", seeds=2)
+    finally:
+        weights.write_bytes(saved)
+    assert "resumed" not in moved
+    assert moved["base"]["weights_sha256"] != grown["base"]["weights_sha256"]
+    assert grown["base"]["weights_sha256"] == file_sha256(weights)
+
+
+def test_cli_resume_flag(tiny_run: Path, tmp_path: Path) -> None:
+    (tmp_path / "t.jsonl").write_text("\n".join(
+        json.dumps({"text": e.a, "y": e.label}) for e in synthetic(20, 3)))
+    spec = f"name=t,train={tmp_path}/t.jsonl,dev={tmp_path}/t.jsonl,text=text,label=y"
+    args = ("eval", str(tiny_run), "--task", spec, "--seeds", "1", "--control", "none",
+            "-o", str(tmp_path / "o"), "--precision", "fp32", "--resume")
+    assert run_cli(*args, timeout=900).returncode == 0
+    r = run_cli(*args, timeout=900)
+    assert r.returncode == 0, r.stderr
+    assert "keeping t" in r.stderr
+    assert json.loads((tmp_path / "o" / "results.json").read_text())["resumed"] == {"kept_tasks": ["t"]}
+    r = run_cli("eval", str(tiny_run), "--resume")
+    assert r.returncode == 2 and "--resume applies to fine-tuning" in r.stderr

@@ -365,6 +365,7 @@ def eval_(
     prompt: Annotated[Optional[list[str]], typer.Option("--prompt", help="Decoders: prompt for samples (repeatable).", metavar="TEXT")] = None,
     dp_epsilon: Annotated[Optional[float], typer.Option("--dp-epsilon", help="Fine-tune with DP-SGD (Opacus) to this ε (docs/privacy.md).")] = None,
     dp_delta: Annotated[Optional[float], typer.Option("--dp-delta", help="DP-SGD δ (1e-5).")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Keep the tasks an interrupted fine-tuning in the output folder finished (same model, settings and task data).")] = False,
 ) -> None:
     """Evaluate a run: held-out MLM loss, fine-tuning on GLUE / own tasks, or decoder evals."""
     from shoestring.eval.cli_helpers import run_eval
@@ -382,7 +383,7 @@ def eval_(
              seeds=seeds, control=control, output=output, max_train=max_train,
              precision=precision, text=text,
              choices=choices, samples=samples, prompt=prompt, out=out, err=err,
-             print_mlm=_print_eval, privacy=privacy)
+             print_mlm=_print_eval, privacy=privacy, resume=resume)
 
 
 def _print_eval(result: dict, run: Path) -> None:

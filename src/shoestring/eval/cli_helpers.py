@@ -40,6 +40,7 @@ def run_eval(
     err: Console,
     print_mlm: Callable[[dict, Path], None],
     privacy: Any = None,
+    resume: bool = False,
 ) -> None:
     if precision not in ("auto", "bf16", "fp32"):
         raise ShoestringError(f"unknown precision {precision!r}", where="--precision",
@@ -50,6 +51,9 @@ def run_eval(
     check_run_dir(run, "eval")
     downstream = glue is not None or tasks is not None or bool(task)
     decoder_flags = text is not None or choices is not None or bool(prompt)
+    if resume and not downstream:
+        raise ShoestringError("--resume applies to fine-tuning", where="--resume",
+                              fix="add --glue/--tasks/--task, or drop --resume")
     if privacy is not None and not downstream:
         raise ShoestringError("DP-SGD applies to fine-tuning", where="--dp-epsilon",
                               fix="add --glue/--tasks/--task")
@@ -67,7 +71,7 @@ def run_eval(
                                       protocol=protocol, seeds=seed_count,
                                       control=control, out=output,
                                       max_train=max_train, precision=precision, console=err,
-                                      privacy=privacy)
+                                      privacy=privacy, resume=resume)
         print_downstream(results, out, output or RunDir(run).downstream_dir)
         return
     family = RunDir(run).family()  # None: load_final reports a missing or damaged run

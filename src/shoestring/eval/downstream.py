@@ -5,6 +5,11 @@ known), so a typo in the last task fails in seconds, not after an hour of fine-t
 output folder gets ``results.json`` (rewritten after each task, so a long run shows its
 progress and keeps what finished), ``results.md``, ``results.png`` and
 ``classifiers/TASK/`` (the median seed's classifier, loadable by `serve`).
+
+With ``resume`` (`shoestring eval --resume`), the tasks an interrupted evaluation already
+finished are kept, not fine-tuned again, when everything they depend on is unchanged: the
+base model's weights (by sha256), the protocol, the seeds, the control, ``max_train``, DP-SGD
+and the task's own data (source and example counts). Anything else is fine-tuned afresh.
 """
 
 from __future__ import annotations
@@ -103,6 +108,39 @@ def _prepare_out(out: Path) -> None:
     (out / MARKER).write_text("shoestring downstream evaluation\n", encoding="utf-8")
 
 
+# what a finished task's numbers depend on besides its own data; all must match to reuse it
+RESUME_KEYS = ("format", "base", "protocol", "sweep_grid", "seeds", "control", "max_train",
+               "privacy")
+TASK_KEYS = ("source", "train_examples", "eval_examples", "skipped_malformed_rows")
+
+
+def finished_tasks(out: Path, results: dict[str, Any], data: list[TaskData]) -> dict[str, Any]:
+    """The tasks of an earlier evaluation in ``out`` that this one may keep: same settings
+    (``RESUME_KEYS``), same task data, and a saved classifier. Empty when none qualify."""
+    import json
+
+    path = out / "results.json"
+    if not (out / MARKER).is_file() or not path.is_file():
+        return {}
+    try:
+        before = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if any(before.get(k) != results.get(k) for k in RESUME_KEYS):
+        return {}
+    kept: dict[str, Any] = {}
+    for d in data:
+        prev = before.get("tasks", {}).get(d.spec.name)
+        if prev is None or not (out / "classifiers" / d.spec.name / "model.safetensors").is_file():
+            continue
+        now = {"source": d.source, "train_examples": len(d.train),
+               "eval_examples": {k: len(v) for k, v in d.evals.items()},
+               "skipped_malformed_rows": d.skipped}
+        if all(prev.get(k) == now[k] for k in TASK_KEYS):
+            kept[d.spec.name] = prev
+    return kept
+
+
 def _loadavg() -> list[float] | None:
     try:
         return [round(x, 2) for x in os.getloadavg()]
@@ -124,6 +162,7 @@ def evaluate_downstream(
     console: Console | None = None,
     control: str = "scratch",
     privacy: PrivateTraining | None = None,
+    resume: bool = False,
 ) -> dict[str, Any]:
     """Fine-tune a trained encoder run on GLUE and/or custom tasks; write and return results.
 
@@ -131,8 +170,9 @@ def evaluate_downstream(
     3). ``control="scratch"`` also fine-tunes the same architecture from random
     initialization with the same seeds (and the same DP-SGD, if any) and reports the paired
     difference; "none" skips it. ``privacy``: fine-tune with DP-SGD (eval/private.py);
-    settings it cannot honour for a task are refused before anything is written."""
-    from shoestring.data.tokenizer import load_tokenizer
+    settings it cannot honour for a task are refused before anything is written. ``resume``:
+    keep the tasks an interrupted evaluation in ``out`` finished (``finished_tasks``)."""
+    from shoestring.data.tokenizer import file_sha256, load_tokenizer
     from shoestring.model.encoder import MaskedLM
     from shoestring.rundir import RunDir
 
@@ -163,7 +203,6 @@ def evaluate_downstream(
         privacy.check_protocol(protocol, [(d.spec.name, len(d.train)) for d in data],
                                proto.batch_size, proto.epochs)
     out = Path(out) if out is not None else run.downstream_dir
-    _prepare_out(out)
     tok_path = run.tokenizer_path
     tokenizer = load_tokenizer(tok_path)
     results: dict[str, Any] = {
@@ -172,7 +211,8 @@ def evaluate_downstream(
         "run_name": run_dir.resolve().name,
         "base": {"architecture": meta.get("architecture"), "model": meta.get("model"),
                  "vocab_size": meta.get("vocab_size"),
-                 "params": sum(p.numel() for p in base.parameters())},
+                 "params": sum(p.numel() for p in base.parameters()),
+                 "weights_sha256": file_sha256(run.final_dir / "model.safetensors")},
         "protocol": asdict(proto),
         "sweep_grid": SWEEP_GRID if protocol == "sweep" else None,
         "seeds": "auto" if seeds is None else list(range(seeds)),
@@ -187,8 +227,20 @@ def evaluate_downstream(
         "machine": {"load_average_start": _loadavg()},
         "wall_seconds": 0.0,
     }
+    kept = finished_tasks(out, results, data) if resume else {}
+    if kept:
+        console.print(f"resuming {out}: keeping {', '.join(kept)} (finished, same settings)")
+        results["resumed"] = {"kept_tasks": list(kept)}
+        for old in (out / "classifiers").iterdir():
+            if old.name not in kept:  # refitted below, or no longer asked for
+                shutil.rmtree(old)
+    else:
+        _prepare_out(out)
     t0 = time.perf_counter()
     for d in data:
+        if d.spec.name in kept:
+            results["tasks"][d.spec.name] = kept[d.spec.name]
+            continue
         console.print(f"[bold]{d.spec.name}[/]: {len(d.train):,} train, "
                       + ", ".join(f"{len(v):,} {k}" for k, v in d.evals.items())
                       + (f" (skipped malformed rows: {d.skipped})" if d.skipped else ""))
