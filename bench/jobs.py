@@ -86,7 +86,7 @@ class Scheduler:
 
 
 def finished_downstream(out: Path, tasks: str, seeds: int, max_train: int | None,
-                        control: str) -> dict | None:
+                        control: str, protocol: str = "sane") -> dict | None:
     """``out/results.json`` when a complete fine-tuning with exactly these settings wrote it
     (so a rerun of a bench reuses it), else None."""
     import json
@@ -96,7 +96,8 @@ def finished_downstream(out: Path, tasks: str, seeds: int, max_train: int | None
         return None
     res = json.loads(done.read_text())
     same = (res.get("complete") and res.get("control") == control and len(res["seeds"]) == seeds
-            and res.get("max_train") == max_train and set(res["tasks"]) == set(tasks.split(",")))
+            and res.get("max_train") == max_train and set(res["tasks"]) == set(tasks.split(","))
+            and res["protocol"]["name"] == protocol)
     return res if same else None
 
 

@@ -21,6 +21,8 @@ it again with the same arguments to continue.
     python bench/transfer_curve.py --budgets 0,10 --max-train 2000 --seeds 3
     python bench/transfer_curve.py --budgets 90 --preset mini        # one larger preset
     python bench/transfer_curve.py --threads 1 --parallel 2          # core-minutes, 2 at a time
+    python bench/transfer_curve.py --budgets 90 --tasks sst2 --seeds 3 --protocol sweep
+        # both arms at their best fine-tuning LR × batch (chosen on dev, so optimistic)
     python bench/transfer_curve.py --budgets 90 --preset mini --threads 1 --parallel 2 \
         --finetune-threads 2     # a lone timed run on one core, its fine-tunes on both after
 
@@ -71,17 +73,22 @@ def pretrained(cfg: Config, data: Path, run: Path, minutes: float) -> Path:
     return run
 
 
+def downstream_dir(run: Path, protocol: str) -> Path:
+    """Where a run's fine-tuning with ``protocol`` goes (`sane` keeps the plain name)."""
+    return run / ("downstream" if protocol == "sane" else f"downstream-{protocol}")
+
+
 def finetuned(run: Path, glue: Path, tasks: str, seeds: int, max_train: int | None,
-              control: str) -> dict:
+              control: str, protocol: str) -> dict:
     """The run's downstream results (reused when complete)."""
-    out = run / "downstream"
-    res = finished_downstream(out, tasks, seeds, max_train, control)
+    out = downstream_dir(run, protocol)
+    res = finished_downstream(out, tasks, seeds, max_train, control, protocol)
     if res is not None:
         console.print(f"reusing {out / 'results.json'}")
         return res
     return evaluate_downstream(run, glue=glue, tasks=tasks, seeds=seeds, out=out,
                                max_train=max_train, control=control, console=console,
-                               resume=True)
+                               protocol=protocol, resume=True)
 
 
 def run_name(tag: str, minutes: float) -> str:
@@ -95,6 +102,9 @@ def main() -> None:
     ap.add_argument("--tasks", default="cola,sst2,mrpc")
     ap.add_argument("--budgets", default="0,10,30,90", help="pretraining minutes; 0 = scratch")
     ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--protocol", choices=["sane", "sweep"], default="sane",
+                    help="fine-tuning protocol (sweep: best of 6 LR × batch settings per task "
+                         "and arm, chosen on dev; into OUT/<run>/downstream-sweep/)")
     ap.add_argument("--max-train", type=int, default=None,
                     help="first N training rows per task (a quicker, noisier curve)")
     ap.add_argument("--preset", default=None, help="model preset instead of the default dims")
@@ -118,7 +128,7 @@ def main() -> None:
         return None
     if args.job == "finetune":
         finetuned(args.work / run_name(tag, budgets[0]), args.glue, args.tasks, args.seeds,
-                  args.max_train, args.control)
+                  args.max_train, args.control, args.protocol)
         return None
     if not args.corpus.is_file() or not args.glue.is_dir():
         raise SystemExit(f"needs {args.corpus} and {args.glue} (see ../shared/data/README.md)")
@@ -137,7 +147,7 @@ def main() -> None:
     if not positive:
         positive = [min(10.0, max(budgets))]
     me = [sys.executable, __file__, "--work", str(args.work), "--glue", str(args.glue),
-          "--tasks", args.tasks, "--seeds", str(args.seeds)]
+          "--tasks", args.tasks, "--seeds", str(args.seeds), "--protocol", args.protocol]
     me += ["--preset", args.preset] if args.preset else []
     me += ["--threads", str(args.threads)] if args.threads else []
     me += ["--max-train", str(args.max_train)] if args.max_train else []
@@ -154,7 +164,7 @@ def main() -> None:
     rows, scratch = [], None
     for minutes in positive:
         run = args.work / run_name(tag, minutes)
-        done = run / "downstream" / "results.json"
+        done = downstream_dir(run, args.protocol) / "results.json"
         if not done.is_file() or not json.loads(done.read_text()).get("complete"):
             continue
         res = json.loads(done.read_text())
@@ -162,6 +172,7 @@ def main() -> None:
             if minutes != positive[0]:
                 break  # the control has not run yet
             scratch = {k: v["control"]["seeds"] for k, v in res["tasks"].items()}
+            scratch_setting = {k: v["control"]["protocol"] for k, v in res["tasks"].items()}
         summary = json.loads((run / "summary.json").read_text())
         for name, task in res["tasks"].items():
             split = next(iter(task["summary"]))
@@ -169,13 +180,14 @@ def main() -> None:
             rows.append({"minutes": minutes, "task": name, "split": split,
                          "tokens": summary["tokens"], "tokens_per_s": summary["tokens_per_s"],
                          "dtype": summary.get("dtype"), "val_loss": summary.get("val_loss_subset"),
-                         "device": summary.get("device"), **cmp})
+                         "device": summary.get("device"), "setting": task["protocol"],
+                         "scratch_setting": scratch_setting[name], **cmp})
     print(f"\nmachine: {cpu_name()} ({os.cpu_count()} cores); load average at end "
           f"{tuple(round(x, 2) for x in os.getloadavg())}; wall {time.time() - started:.0f}s")
     print(f"pretraining: model {tag}, {args.threads or 'all'} thread(s) per run, "
           f"{args.parallel} run(s) at a time"
           + ("; minutes are core-minutes" if args.threads == 1 else ""))
-    print(f"fine-tuning: sane protocol, {args.seeds} seeds, "
+    print(f"fine-tuning: {args.protocol} protocol, {args.seeds} seeds, "
           f"{args.finetune_threads or args.threads or 'all'} thread(s) per job, "
           f"{'first ' + str(args.max_train) + ' train rows' if args.max_train else 'full train sets'};"
           f" scratch = same architecture from random init, paired by seed")
@@ -186,6 +198,12 @@ def main() -> None:
         print(f"{r['minutes']:>5g} {r['task']:6} {r['tokens']:>11,} {vl:>8} "
               f"{r['pretrained_median']:>10.1f} {r['scratch_median']:>8.1f}  "
               f"{fmt_difference(r):<28} {r['verdict']}")
+    if args.protocol == "sweep":
+        print("settings chosen on dev (lr, batch), pretrained / scratch:")
+        for r in rows:
+            a, b = r["setting"], r["scratch_setting"]
+            print(f"{r['minutes']:>5g} {r['task']:6} {a['lr']:g}, {a['batch_size']} / "
+                  f"{b['lr']:g}, {b['batch_size']}")
     if failed:
         print(f"FAILED or not started: {', '.join(failed)} (see {args.work / 'logs'})")
     if args.out:

@@ -260,6 +260,37 @@ def test_cli_without_task_flags_keeps_the_mlm_eval(tiny_run: Path) -> None:
     assert "validation MLM loss" in r.stdout and (tiny_run / "eval.json").is_file()
 
 
+def test_sweep_with_control_records_and_reports_each_arms_choice(
+        tiny_run: Path, tmp_path: Path) -> None:
+    """A sweep selects a setting for each arm on its own: both arms keep their whole grid, the
+    kept setting is each grid's best, and the report names both choices."""
+    from shoestring.eval.downstream import evaluate_downstream
+    from shoestring.eval.finetune import SWEEP_GRID
+    from shoestring.eval.tasks import parse_task_arg
+
+    (tmp_path / "train.jsonl").write_text("\n".join(
+        json.dumps({"text": e.a, "y": e.label}) for e in synthetic(16, 21)))
+    (tmp_path / "dev.jsonl").write_text("\n".join(
+        json.dumps({"text": e.a, "y": e.label}) for e in synthetic(12, 22)))
+    spec = parse_task_arg(f"name=t,train={tmp_path}/train.jsonl,dev={tmp_path}/dev.jsonl,"
+                          "text=text,label=y")
+    out = tmp_path / "out"
+    res = evaluate_downstream(tiny_run, custom=[spec], out=out, seeds=1, protocol="sweep",
+                              control="scratch", precision="fp32", overrides={"epochs": 1})
+    task = res["tasks"]["t"]
+    md = (out / "results.md").read_text()
+    for arm in (task, task["control"]):
+        grid = [(g["lr"], g["batch_size"]) for g in arm["sweep"]]
+        assert grid == [(g["lr"], g["batch_size"]) for g in SWEEP_GRID]
+        best = max(arm["sweep"], key=lambda g: g["median_dev_score"])
+        assert best["median_dev_score"] == arm["summary"]["dev"]["score"]["median"]
+        assert arm["protocol"]["name"] == "sweep"
+    line = next(x for x in md.splitlines() if x.startswith("- t: "))
+    p, c = task["protocol"], task["control"]["protocol"]
+    assert line.startswith(f"- t: lr {p['lr']:g}, batch {p['batch_size']} (grid")
+    assert f"; scratch control: lr {c['lr']:g}, batch {c['batch_size']} (grid" in line
+
+
 def test_resume_keeps_finished_tasks_only_while_what_they_depend_on_is_unchanged(
         tiny_run: Path, tmp_path: Path) -> None:
     """An evaluation of task a, then of a and b with resume: a is kept (its numbers are the

@@ -255,7 +255,8 @@ def evaluate_downstream(
                             precision=precision, grid=grid, console=console, from_scratch=True,
                             privacy=privacy)
             res["control"] = {k: ctrl[k] for k in
-                              ("init", "seeds", "summary", "protocol", "wall_seconds")}
+                              ("init", "seeds", "summary", "protocol", "sweep", "wall_seconds")
+                              if k in ctrl}
             res["comparison"] = {split: compare_arms(res["seeds"], ctrl["seeds"], split)
                                  for split in d.evals}
         results["tasks"][d.spec.name] = res

@@ -151,6 +151,16 @@ def fmt_difference(cmp: dict[str, Any]) -> str:
     return text + (" ~" if cmp["within_noise"] else "")
 
 
+def _chosen(arm: dict[str, Any]) -> str:
+    """The setting a sweep kept for one arm, and the median dev score of every grid point (so a
+    choice at the grid's edge shows)."""
+    p = arm["protocol"]
+    grid = ", ".join(f"{g['lr']:g}/{g['batch_size']} {100 * g['median_dev_score']:.1f}"
+                     for g in arm.get("sweep", []))
+    return f"lr {p['lr']:g}, batch {p['batch_size']}" + (f" (grid lr/batch median dev: {grid})"
+                                                          if grid else "")
+
+
 def render_markdown(results: dict[str, Any]) -> str:
     """The report as markdown: measured table, then the external references, then details."""
     cols = results["columns"]
@@ -170,6 +180,10 @@ def render_markdown(results: dict[str, Any]) -> str:
         lines.append("")
         lines.append("Sweep: each task keeps the (lr, batch) with the best median dev score, so "
                      "these scores are selected on dev and optimistic.")
+        for name, task in results["tasks"].items():
+            lines.append(f"- {name}: {_chosen(task)}"
+                         + (f"; scratch control: {_chosen(task['control'])}"
+                            if "control" in task else "") + ".")
     if results.get("max_train"):
         lines.append("")
         lines.append(f"**Not the full protocol:** training sets cut to the first "
