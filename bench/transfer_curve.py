@@ -46,7 +46,7 @@ from shoestring.data.prep import prep
 from shoestring.errors import ShoestringError
 from shoestring.eval.control import compare_arms
 from shoestring.eval.downstream import evaluate_downstream
-from shoestring.eval.report import fmt_difference
+from shoestring.eval.report import fmt_difference, sweep_choice
 from shoestring.fsutil import write_json_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -161,7 +161,8 @@ def main() -> None:
                   me + ["--job", "finetune", "--budgets", f"{minutes:g}", "--control", control],
                   after=[f"pretrain-{run_name(tag, minutes)}"], threads=args.finetune_threads)
     failed = sched.run(args.work / "logs")
-    rows, scratch = [], None
+    rows, runs, scratch = [], [], None
+    train_tokens = DataDir(data).manifest["splits"]["train"]["tokens"]
     for minutes in positive:
         run = args.work / run_name(tag, minutes)
         done = downstream_dir(run, args.protocol) / "results.json"
@@ -171,9 +172,10 @@ def main() -> None:
         if scratch is None:
             if minutes != positive[0]:
                 break  # the control has not run yet
-            scratch = {k: v["control"]["seeds"] for k, v in res["tasks"].items()}
-            scratch_setting = {k: v["control"]["protocol"] for k, v in res["tasks"].items()}
+            scratch_arm = {k: v["control"] for k, v in res["tasks"].items()}
+            scratch = {k: v["seeds"] for k, v in scratch_arm.items()}
         summary = json.loads((run / "summary.json").read_text())
+        runs.append((minutes, run.name, summary))
         for name, task in res["tasks"].items():
             split = next(iter(task["summary"]))
             cmp = compare_arms(task["seeds"], scratch[name], split)
@@ -181,12 +183,21 @@ def main() -> None:
                          "tokens": summary["tokens"], "tokens_per_s": summary["tokens_per_s"],
                          "dtype": summary.get("dtype"), "val_loss": summary.get("val_loss_subset"),
                          "device": summary.get("device"), "setting": task["protocol"],
-                         "scratch_setting": scratch_setting[name], **cmp})
+                         "scratch_setting": scratch_arm[name]["protocol"],
+                         "choice": sweep_choice(task),
+                         "scratch_choice": sweep_choice(scratch_arm[name]), **cmp})
     print(f"\nmachine: {cpu_name()} ({os.cpu_count()} cores); load average at end "
           f"{tuple(round(x, 2) for x in os.getloadavg())}; wall {time.time() - started:.0f}s")
     print(f"pretraining: model {tag}, {args.threads or 'all'} thread(s) per run, "
           f"{args.parallel} run(s) at a time"
           + ("; minutes are core-minutes" if args.threads == 1 else ""))
+    for minutes, name, s in runs:
+        print(f"{minutes:>5g} {name}: {s['params'] / 1e6:.1f}M params "
+              f"({s['params_non_embedding'] / 1e6:.1f}M non-embedding), {s['tokens_per_s']:,.0f} "
+              f"tok/s, MFU {s['mfu']:.2f} of the measured peak, {s['dtype']}, "
+              f"{s['total_flops']:.3g} FLOPs, "
+              f"{s['tokens'] / train_tokens:.1f} passes over the {train_tokens / 1e6:.2f}M-token "
+              f"train split")
     print(f"fine-tuning: {args.protocol} protocol, {args.seeds} seeds, "
           f"{args.finetune_threads or args.threads or 'all'} thread(s) per job, "
           f"{'first ' + str(args.max_train) + ' train rows' if args.max_train else 'full train sets'};"
@@ -199,11 +210,10 @@ def main() -> None:
               f"{r['pretrained_median']:>10.1f} {r['scratch_median']:>8.1f}  "
               f"{fmt_difference(r):<28} {r['verdict']}")
     if args.protocol == "sweep":
-        print("settings chosen on dev (lr, batch), pretrained / scratch:")
+        print("settings chosen on dev:")
         for r in rows:
-            a, b = r["setting"], r["scratch_setting"]
-            print(f"{r['minutes']:>5g} {r['task']:6} {a['lr']:g}, {a['batch_size']} / "
-                  f"{b['lr']:g}, {b['batch_size']}")
+            print(f"{r['minutes']:>5g} {r['task']:6} pretrained {r['choice']}")
+            print(f"{'':>5} {'':6} scratch    {r['scratch_choice']}")
     if failed:
         print(f"FAILED or not started: {', '.join(failed)} (see {args.work / 'logs'})")
     if args.out:

@@ -111,12 +111,12 @@ def _prepare_out(out: Path) -> None:
 # what a finished task's numbers depend on besides its own data; all must match to reuse it
 RESUME_KEYS = ("format", "base", "protocol", "sweep_grid", "seeds", "control", "max_train",
                "privacy")
-TASK_KEYS = ("source", "train_examples", "eval_examples", "skipped_malformed_rows")
 
 
 def finished_tasks(out: Path, results: dict[str, Any], data: list[TaskData]) -> dict[str, Any]:
     """The tasks of an earlier evaluation in ``out`` that this one may keep: same settings
-    (``RESUME_KEYS``), same task data, and a saved classifier. Empty when none qualify."""
+    (``RESUME_KEYS``), same task data (``TaskData.facts``), and a saved classifier. Empty when
+    none qualify."""
     import json
 
     path = out / "results.json"
@@ -133,10 +133,7 @@ def finished_tasks(out: Path, results: dict[str, Any], data: list[TaskData]) -> 
         prev = before.get("tasks", {}).get(d.spec.name)
         if prev is None or not (out / "classifiers" / d.spec.name / "model.safetensors").is_file():
             continue
-        now = {"source": d.source, "train_examples": len(d.train),
-               "eval_examples": {k: len(v) for k, v in d.evals.items()},
-               "skipped_malformed_rows": d.skipped}
-        if all(prev.get(k) == now[k] for k in TASK_KEYS):
+        if all(prev.get(k) == v for k, v in d.facts().items()):
             kept[d.spec.name] = prev
     return kept
 

@@ -27,7 +27,7 @@ import numpy as np
 from shoestring.eval.glue import SCORE_COLUMNS
 
 __all__ = ["REFERENCES", "fmt_difference", "glue_averages", "render_chart", "render_markdown",
-           "score_columns"]
+           "score_columns", "sweep_choice"]
 
 GLUE9 = ["MNLI-m", "MNLI-mm", "QQP", "QNLI", "SST-2", "CoLA", "STS-B", "MRPC", "RTE"]
 
@@ -151,7 +151,7 @@ def fmt_difference(cmp: dict[str, Any]) -> str:
     return text + (" ~" if cmp["within_noise"] else "")
 
 
-def _chosen(arm: dict[str, Any]) -> str:
+def sweep_choice(arm: dict[str, Any]) -> str:
     """The setting a sweep kept for one arm, and the median dev score of every grid point (so a
     choice at the grid's edge shows)."""
     p = arm["protocol"]
@@ -181,8 +181,8 @@ def render_markdown(results: dict[str, Any]) -> str:
         lines.append("Sweep: each task keeps the (lr, batch) with the best median dev score, so "
                      "these scores are selected on dev and optimistic.")
         for name, task in results["tasks"].items():
-            lines.append(f"- {name}: {_chosen(task)}"
-                         + (f"; scratch control: {_chosen(task['control'])}"
+            lines.append(f"- {name}: {sweep_choice(task)}"
+                         + (f"; scratch control: {sweep_choice(task['control'])}"
                             if "control" in task else "") + ".")
     if results.get("max_train"):
         lines.append("")

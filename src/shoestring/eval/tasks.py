@@ -82,6 +82,13 @@ class TaskData:
     source: str
     skipped: dict[str, int] = field(default_factory=dict)  # split → malformed rows skipped
 
+    def facts(self) -> dict[str, Any]:
+        """What a result depends on in the task's own data (recorded with each result, and
+        compared by ``eval --resume`` before it keeps one)."""
+        return {"source": self.source, "train_examples": len(self.train),
+                "eval_examples": {s: len(ex) for s, ex in self.evals.items()},
+                "skipped_malformed_rows": self.skipped}
+
     def label_ids(self, examples: list[Example]) -> list[int] | list[float]:
         """Labels as logit indices (classification) or floats (regression)."""
         if self.spec.problem == "regression":
