@@ -65,7 +65,6 @@ from rich.console import Console
 
 from peers import count_params, counted_train_flops_per_token, encoder_gemms, hf_modernbert, \
     load_average, machine_info, matmul_ceiling, mlm_labels, modernbert_setup
-from shoestring import families
 from shoestring.config import Config, load_config
 from shoestring.data.datadir import DataDir
 from shoestring.data.loader import BatchLoader
@@ -74,10 +73,12 @@ from shoestring.data.tokenizer import MASK, NUM_SPECIAL
 from shoestring.device import DeviceInfo, precision_name, select_device
 from shoestring.eval.mlm import evaluate_run
 from shoestring.fsutil import write_json_atomic
+from shoestring.model import build_model
 from shoestring.model.flops import train_flops_per_token
 from shoestring.rundir import RunDir
 from shoestring.train.budget import parse_duration
 from shoestring.train.loop import train
+from shoestring.train.objectives import objective_for
 from shoestring.train.optim import build_optimizer
 from shoestring.train.schedule import batch_at, linear, lr_factor
 
@@ -218,8 +219,8 @@ def plain_loop(model: torch.nn.Module, recipe: Recipe, data: DataDir, cfg: Confi
 def modernbert_recipe(model: torch.nn.Module, data: DataDir, cfg: Config) -> Recipe:
     """Our recipe, verbatim, around transformers' model (labels → its sparse head)."""
     tc = cfg.train
-    objective = families.get("mlm").objective(data.seq_len, data.vocab_size, data.special_ids,
-                                              tc.mask_rate, True)
+    objective = objective_for("mlm", data.seq_len, data.vocab_size, data.special_ids,
+                              tc.mask_rate, True)
     gen = torch.Generator().manual_seed(tc.seed)  # our loop's masking stream
 
     def make_batch(ids: torch.Tensor) -> dict:
@@ -380,7 +381,7 @@ def main() -> None:
                              f"train.precision={precision}", *args.sets])
     data = ensure_data(args.data, args.corpus, cfg)
     held = HeldOut(data, cfg, args.eval_sequences)
-    ours_params = count_params(families.get("mlm").build(cfg.model, data.vocab_size))
+    ours_params = count_params(build_model(cfg.model, data.vocab_size))
     width = bert_width(cfg, data, ours_params)
     results: dict = {
         "budget": args.budget, "budget_seconds": seconds,

@@ -126,7 +126,7 @@ def hf_classifier(cfg: ModelConfig, vocab: int):
     """The same encoder in transformers, configured by our exporter's mapping."""
     from transformers import ModernBertConfig, ModernBertForSequenceClassification
 
-    from shoestring.model.hf import hf_config
+    from shoestring.export.hf import hf_config
 
     ids = {t: i for i, t in enumerate(SPECIAL_TOKENS)}
     conf = ModernBertConfig.from_dict({**hf_config(cfg, vocab, 128, ids), "num_labels": 2})

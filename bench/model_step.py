@@ -34,7 +34,7 @@ from peers import count_params, hf_llama, hf_modernbert, load_average, machine_i
 from shoestring.config import ModelConfig
 from shoestring.data.masking import mask_tokens
 from shoestring.device import precision_name, select_device
-from shoestring.families.losses import causal_lm_loss, masked_lm_loss
+from shoestring.model.losses import causal_lm_loss, masked_lm_loss
 from shoestring.model.decoder import CausalLM
 from shoestring.model.encoder import MaskedLM
 from shoestring.model.layers import set_attention_kernel

@@ -69,7 +69,7 @@ def hf_modernbert(cfg: ModelConfig, vocab: int, seq_len: int, sparse: bool = Tru
     """
     from transformers import ModernBertConfig, ModernBertForMaskedLM
 
-    from shoestring.model.hf import hf_config
+    from shoestring.export.hf import hf_config
 
     fields = hf_config(cfg, vocab, seq_len, ids or special_ids())
     fields.update(sparse_prediction=sparse, sparse_pred_ignore_index=-100)
@@ -87,7 +87,7 @@ def hf_llama(cfg: ModelConfig, vocab: int, seq_len: int, attention: str = "sdpa"
     """Our decoder's architecture as transformers' Llama, configured by our exporter."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from shoestring.model.hf_llama import hf_config as llama_config
+    from shoestring.export.hf_llama import hf_config as llama_config
 
     ids = {"<|endoftext|>": 0, "<|pad|>": 1}
     return LlamaForCausalLM(LlamaConfig.from_dict(llama_config(cfg, vocab, seq_len, ids),

@@ -35,7 +35,7 @@ PEER = textwrap.dedent('''
     from shoestring.data.datadir import DataDir
     from shoestring.data.loader import BatchLoader
     from shoestring.model import build_model
-    from shoestring import families
+    from shoestring.train.objectives import objective_for
     cfg = load_config(None, json.loads(sys.argv[2])); data = DataDir(sys.argv[1])
     steps = int(sys.argv[3]); out = sys.argv[4]
     cuda = torch.cuda.is_available()
@@ -46,9 +46,8 @@ PEER = textwrap.dedent('''
     model = build_model(cfg.model, data.vocab_size).to(dev)
     ddp = DDP(model) if world > 1 else model
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
-    obj = families.get(cfg.model.objective).objective(
-        data.seq_len, data.vocab_size, data.special_ids, cfg.train.mask_rate,
-        cfg.model.sparse_prediction)
+    obj = objective_for(cfg.model.objective, data.seq_len, data.vocab_size, data.special_ids,
+                        cfg.train.mask_rate, cfg.model.sparse_prediction)
     loader = BatchLoader(data.split("train", verify=False), cfg.train.batch_size, 0,
                          rank=rank, world=world, prefetch=0)
     gen = torch.Generator().manual_seed(rank)

@@ -401,7 +401,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
 
-    from shoestring.model.hf import export_encoder
+    from shoestring.export.hf import export_encoder
 
     args.work.mkdir(parents=True, exist_ok=True)
     run = args.model or build_model(args.work, args.preset)

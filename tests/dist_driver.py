@@ -20,20 +20,23 @@ import torch
 
 from shoestring.dist.launch import run
 from shoestring.errors import ShoestringError
-from shoestring.families import Objective
+from shoestring.train.objectives import OBJECTIVES
 
 
 def _inject_nan(rank: int, call: int) -> None:
     if int(os.environ.get("RANK", 0)) != rank:
         return
-    real, calls = Objective.loss, [0]
+    calls = [0]
 
-    def loss(self, model, batch):  # noqa: ANN001, ANN202
-        calls[0] += 1
-        out = real(self, model, batch)
-        return out * torch.tensor(float("nan")) if calls[0] == call else out
+    def patched(real):  # noqa: ANN001, ANN202
+        def loss(self, model, batch):  # noqa: ANN001, ANN202
+            calls[0] += 1
+            out = real(self, model, batch)
+            return out * torch.tensor(float("nan")) if calls[0] == call else out
+        return loss
 
-    Objective.loss = loss  # type: ignore[method-assign]
+    for cls in OBJECTIVES.values():
+        cls.loss = patched(cls.loss)  # type: ignore[method-assign]
 
 
 def main() -> None:
@@ -41,7 +44,7 @@ def main() -> None:
     common = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
     for case in cases:
         kw = {**common, **case}
-        real = Objective.loss
+        real = {kind: cls.loss for kind, cls in OBJECTIVES.items()}
         if "nan_loss" in kw:
             _inject_nan(*kw.pop("nan_loss"))
         try:
@@ -50,7 +53,8 @@ def main() -> None:
             print(f"error: {e.message}", file=sys.stderr, flush=True)
             sys.exit(2)
         finally:
-            Objective.loss = real  # type: ignore[method-assign]
+            for kind, cls in OBJECTIVES.items():
+                cls.loss = real[kind]  # type: ignore[method-assign]
 
 
 if __name__ == "__main__":

@@ -59,7 +59,7 @@ def plain_pytorch_losses(data_dir: Path, sets: list[str]) -> list[float]:
     from shoestring.data.datadir import DataDir
     from shoestring.data.loader import BatchLoader
     from shoestring.model import build_model
-    from shoestring import families
+    from shoestring.train.objectives import objective_for
     from shoestring.train.optim import build_optimizer
     from shoestring.train.schedule import lr_factor
 
@@ -70,9 +70,8 @@ def plain_pytorch_losses(data_dir: Path, sets: list[str]) -> list[float]:
     opt = build_optimizer(model, cfg.train)
     loader = BatchLoader(data.split("train", verify=False), cfg.train.batch_size,
                          cfg.train.seed, prefetch=0)
-    obj = families.get(cfg.model.objective).objective(
-        data.seq_len, data.vocab_size, data.special_ids, cfg.train.mask_rate,
-        cfg.model.sparse_prediction)
+    obj = objective_for(cfg.model.objective, data.seq_len, data.vocab_size, data.special_ids,
+                        cfg.train.mask_rate, cfg.model.sparse_prediction)
     gen = torch.Generator().manual_seed(cfg.train.seed)
     out = []
     for step in range(cfg.train.steps):

@@ -1,9 +1,11 @@
 """The model-family registry: every family builds, trains (finite loss that backpropagates),
-counts the FLOPs its model really spends, and names itself in errors; and no code outside
-``shoestring/families/`` compares family name strings."""
+counts the FLOPs its model really spends, and names itself in errors; every floor registers
+its behaviour for every family; and no code outside ``shoestring/families/`` compares family
+name strings."""
 
 from __future__ import annotations
 
+import json
 import re
 import typing
 from pathlib import Path
@@ -16,8 +18,10 @@ from torch.utils.flop_counter import FlopCounterMode
 from shoestring import families
 from shoestring.config import ModelConfig
 from shoestring.errors import ShoestringError
-from shoestring.families.losses import causal_lm_loss, masked_lm_loss
+from shoestring.model.losses import causal_lm_loss, masked_lm_loss
+from shoestring.model import build_model
 from shoestring.model.flops import forward_flops_per_token
+from shoestring.train.objectives import objective_for
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "shoestring"
 VOCAB, SEQ = 300, 32
@@ -51,11 +55,11 @@ def test_unknown_family_names_the_field_and_the_known_ones() -> None:
 
 @pytest.mark.parametrize("name", families.names())
 def test_family_builds_trains_and_counts_its_flops(name: str) -> None:
-    family = families.get(name)
     cfg = _cfg(name)
     torch.manual_seed(0)
-    model = family.build(cfg, VOCAB)
-    obj = family.objective(SEQ, VOCAB, SPECIAL, 0.25, cfg.sparse_prediction)
+    model = build_model(cfg, VOCAB)
+    obj = objective_for(name, SEQ, VOCAB, SPECIAL, 0.25, cfg.sparse_prediction)
+    assert obj.spec is families.get(name) and obj.mask_id == 4
     ids = torch.randint(5, VOCAB, (3, SEQ), generator=torch.Generator().manual_seed(1))
     batch = obj.make_batch(ids, torch.Generator().manual_seed(2))
     loss = obj.loss(model, batch)
@@ -66,8 +70,8 @@ def test_family_builds_trains_and_counts_its_flops(name: str) -> None:
     # validation: the summed loss over the scored positions averages to the training loss
     model.eval()
     with torch.no_grad():
-        total, count = family.loss_sum(model, family.validation_batch(
-            ids, 0, type("E", (), {"mask_rate": 0.25, "seed": 0})(), 4, VOCAB))
+        total, count = obj.loss_sum(model, obj.validation_batch(
+            ids, 0, type("E", (), {"mask_rate": 0.25, "seed": 0})()))
     assert count > 0 and torch.isfinite(total)
 
     # FLOPs: the forward the loss runs costs what model/flops.py says (SDPA as matmuls)
@@ -81,6 +85,48 @@ def test_family_builds_trains_and_counts_its_flops(name: str) -> None:
     if name == "contrastive":  # + the query-by-positive similarity matmul
         expected += 2 * len(ids) * len(ids) * cfg.hidden_size
     assert counter.get_total_flops() == pytest.approx(expected, rel=1e-6)
+
+
+def test_every_floor_registers_every_family() -> None:
+    """A family is constants at the bottom plus one registration per floor: a new family that
+    misses one fails here, not in a user's run. The contrastive family has no HF export and no
+    pretraining loss for planner sweeps; those entry points refuse it by name."""
+    from shoestring.eval.held_out import HELD_OUT, held_out_loss
+    from shoestring.export.hub import EXPORTERS, IMPORTERS
+    from shoestring.model import BUILDERS
+    from shoestring.serve.engine import ENGINES
+    from shoestring.train.objectives import OBJECTIVES
+
+    names = set(families.names())
+    for registry in (BUILDERS, OBJECTIVES, ENGINES):
+        assert set(registry) == names
+    hf_families = {f.base for f in families.all_families()}
+    assert set(EXPORTERS) == set(IMPORTERS) == set(HELD_OUT) == hf_families
+    with pytest.raises(ShoestringError, match="contrastive run has none"):
+        held_out_loss("contrastive", Path("."), 1, 8)
+
+
+def test_family_specs_are_constants_that_import_nothing_above_errors() -> None:
+    import dataclasses
+    import subprocess
+    import sys
+
+    spec = families.get("mlm")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.name = "x"  # type: ignore[misc]
+    assert families.get("clm").special_tokens("bpe") == ["<|endoftext|>", "<|pad|>"]
+    assert families.get("clm").special_tokens("wordpiece")[-1] == "<|unk|>"
+    assert families.get("mlm").special_tokens("bpe")[families.get("mlm").specials.index(
+        "[MASK]")] == "[MASK]"
+    assert families.get("clm").default_seq_len(5e6) == 256
+    assert families.get("clm").default_seq_len(5e9) == 2048
+    assert families.get("mlm").head_fraction(True, 130, 0.25) == pytest.approx(32 / 130)
+    assert families.get("contrastive").head_matmul_params(8, 100) == 0
+    code = ("import json, sys, shoestring.families; print(json.dumps(sorted(m for m in "
+            "sys.modules if m.startswith('shoestring'))))")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = {m for m in json.loads(run.stdout) if not m.startswith("shoestring.families")}
+    assert loaded <= {"shoestring", "shoestring.errors"}, loaded
 
 
 def test_the_two_losses_agree_with_plain_cross_entropy() -> None:

@@ -18,9 +18,9 @@ from shoestring.config import Config, ModelConfig
 from shoestring.data.builtin import iter_pydocs
 from shoestring.data.tokenizer import load_tokenizer, special_ids, train_wordpiece
 from shoestring.errors import ShoestringError
-from shoestring.model import hf
+from shoestring.export import hf
 from shoestring.model.encoder import MaskedLM
-from shoestring.model.hf import EXPORT_MARKER, export_encoder, import_encoder
+from shoestring.export.hf import EXPORT_MARKER, export_encoder, import_encoder
 from shoestring.rundir import RunDir, model_meta
 
 transformers = pytest.importorskip("transformers")

@@ -14,7 +14,7 @@ from shoestring.config import Config, ModelConfig
 from shoestring.data.builtin import iter_pydocs
 from shoestring.errors import ShoestringError
 from shoestring.model import build_model
-from shoestring.model.hub import export_run, import_hf
+from shoestring.export.hub import export_run, import_hf
 from shoestring.rundir import RunDir, model_meta
 
 transformers = pytest.importorskip("transformers")

@@ -206,7 +206,7 @@ def test_bad_index_input_is_a_clear_error(work: dict[str, Path], tmp_path: Path)
 
 
 def test_inverse_cloze_pairs_split_each_row_into_query_and_rest() -> None:
-    from shoestring.families.contrastive import inverse_cloze_pairs
+    from shoestring.data.masking import inverse_cloze_pairs
 
     ids = torch.arange(8 * 34).view(8, 34)
     query, positive = inverse_cloze_pairs(ids, torch.Generator().manual_seed(0))
@@ -221,7 +221,8 @@ def test_inverse_cloze_pairs_split_each_row_into_query_and_rest() -> None:
 
 def test_contrastive_training_improves_in_batch_retrieval(work: dict[str, Path]) -> None:
     from shoestring.data.datadir import DataDir
-    from shoestring.families.contrastive import in_batch_loss, inverse_cloze_pairs
+    from shoestring.data.masking import inverse_cloze_pairs
+    from shoestring.model.losses import in_batch_loss
     from shoestring.rundir import RunDir
 
     """The contrastive objective trains: in-batch loss on inverse-cloze pairs of the corpus it

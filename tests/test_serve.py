@@ -269,7 +269,7 @@ def test_concurrent_requests_share_batches(server: ServerThread, client: httpx.C
 def test_serves_the_hugging_face_export_identically(
     run_dir: Path, client: httpx.Client, tmp_path: Path
 ) -> None:
-    from shoestring.model.hf import export_encoder
+    from shoestring.export.hf import export_encoder
 
     hf = export_encoder(run_dir, tmp_path / "hf")
     body = {"inputs": ["the [MASK] of a list", "return [MASK] value"], "top_k": 4}

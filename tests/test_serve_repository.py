@@ -110,7 +110,7 @@ def test_push_list_tag_rm_from_the_cli(runs: tuple[Path, Path], home: Path) -> N
 def test_an_export_folder_is_pushed_and_served_like_its_run(
     runs: tuple[Path, Path], home: Path, tmp_path: Path
 ) -> None:
-    from shoestring.model.hf import export_encoder
+    from shoestring.export.hf import export_encoder
     from shoestring.serve.engine import load_engine
 
     a, _ = runs

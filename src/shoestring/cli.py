@@ -420,7 +420,7 @@ def export(
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a previous export.")] = False,
 ) -> None:
     """Export a trained run in Hugging Face format: encoders as ModernBERT, decoders as Llama."""
-    from shoestring.model.hub import export_run
+    from shoestring.export.hub import export_run
 
     path = export_run(run, output, overwrite=overwrite)
     _print_export(path)

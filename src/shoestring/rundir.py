@@ -188,7 +188,7 @@ class RunDir:
             return None
         return value if isinstance(value, dict) else None
 
-    def family(self) -> families.Family | None:
+    def family(self) -> families.FamilySpec | None:
         """The model family of the final model (None when there is none to read)."""
         meta = self.read_final_meta() or {}
         try:
@@ -202,6 +202,7 @@ class RunDir:
         from safetensors.torch import load_file
 
         from shoestring.config import ModelConfig
+        from shoestring.model import build_model
 
         final = self.final_dir
         if not (final / "model.safetensors").is_file() or not (final / "config.json").is_file():
@@ -212,8 +213,8 @@ class RunDir:
             )
         try:
             meta = json.loads((final / "config.json").read_text(encoding="utf-8"))
-            family = families.by_architecture(meta.get("architecture"))
-            model = family.build(ModelConfig.model_validate(meta["model"]), meta["vocab_size"])
+            families.by_architecture(meta.get("architecture"))  # a known family, or say so
+            model = build_model(ModelConfig.model_validate(meta["model"]), meta["vocab_size"])
             model.load_state_dict(load_file(str(final / "model.safetensors")))
         except Exception as e:  # JSON, schema, safetensors and shape errors alike
             why = e.what if isinstance(e, ShoestringError) else f"{type(e).__name__}: {e}"

@@ -14,17 +14,15 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from shoestring.errors import ShoestringError
+from shoestring.families.spec import num_masked
+
 
 @dataclass
 class MaskedBatch:
     inputs: Tensor  # (B, T) corrupted token ids
     positions: Tensor  # (B, k) masked positions, ascending
     targets: Tensor  # (B, k) original ids at those positions
-
-
-def num_masked(seq_len: int, rate: float) -> int:
-    """Masked positions per packed sequence ([CLS] and the final [SEP] are never masked)."""
-    return max(1, round(rate * (seq_len - 2)))
 
 
 def mask_tokens(
@@ -74,3 +72,27 @@ def fixed_masks(ids: Tensor, first_index: int, rate: float, seed: int, num_speci
         positions=torch.cat([r.positions for r in rows]),
         targets=torch.cat([r.targets for r in rows]),
     )
+
+
+# Inverse-cloze pairs for the contrastive family (families/contrastive.py): the query is a
+# span of QUERY_FRACTION of a row's tokens (a sentence or two at 128); spans are token spans,
+# since packed rows keep no sentence boundaries.
+QUERY_FRACTION = 0.25
+
+
+def inverse_cloze_pairs(ids: Tensor, gen: torch.Generator) -> tuple[Tensor, Tensor]:
+    """Rows [CLS] t1 … tn [SEP] → (queries [CLS] span [SEP], positives: the row without the
+    span, so word overlap alone cannot match them). One span per row, at a uniformly random
+    start; every row gives one pair, all of the same shapes (no padding)."""
+    B, T = ids.shape
+    span = max(1, round((T - 2) * QUERY_FRACTION))
+    if T - 2 <= span:
+        raise ShoestringError(f"rows of {T} tokens are too short for inverse-cloze pairs",
+                              where="data.seq_len", fix="prep with data.seq_len of 16 or more")
+    start = torch.randint(1, T - 1 - span + 1, (B,), generator=gen)
+    cols = start[:, None] + torch.arange(span)[None, :]
+    query = torch.cat([ids[:, :1], ids.gather(1, cols), ids[:, -1:]], dim=1)
+    pos = torch.arange(T)[None, :]
+    keep = (pos < start[:, None]) | (pos >= start[:, None] + span)
+    positive = ids[keep].view(B, T - span)
+    return (query, positive)

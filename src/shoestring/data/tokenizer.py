@@ -35,14 +35,24 @@ from tokenizers import (
 
 from shoestring import families
 from shoestring.errors import ShoestringError
+from shoestring.families.spec import (  # noqa: F401  (the token names, re-exported here)
+    CLM_PAD,
+    CLM_UNK,
+    CLS,
+    EOT,
+    MASK,
+    NEEDS_UNK,
+    NUM_SPECIAL,
+    PAD,
+    SEP,
+    UNK,
+)
+from shoestring.families.spec import CLM_SPECIAL_TOKENS as _CLM
+from shoestring.families.spec import MLM_SPECIAL_TOKENS as _MLM
 
-PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
-SPECIAL_TOKENS = [PAD, UNK, CLS, SEP, MASK]  # the MLM layout (kept under its old name)
-NUM_SPECIAL = len(SPECIAL_TOKENS)
-EOT, CLM_PAD, CLM_UNK = "<|endoftext|>", "<|pad|>", "<|unk|>"
-CLM_SPECIAL_TOKENS = [EOT, CLM_PAD]
+SPECIAL_TOKENS, CLM_SPECIAL_TOKENS = list(_MLM), list(_CLM)  # id order of each layout
+
 KINDS = ("wordpiece", "bpe", "unigram")
-NEEDS_UNK = frozenset({"wordpiece", "unigram"})
 _BYTE_ALPHABET = 256
 
 

@@ -33,10 +33,10 @@ from __future__ import annotations
 from typing import Any
 
 from shoestring import families
-from shoestring.families import Family
+from shoestring.families import FamilySpec
 
 
-def _family(cfg: Any) -> Family:
+def _family(cfg: Any) -> FamilySpec:
     """The family of a ModelConfig-like object (the masked LM when it names none)."""
     return families.get(getattr(cfg, "objective", families.names()[0]))
 

@@ -150,6 +150,7 @@ class Parallelism:
     _compiled: list[nn.Module] = field(default_factory=list)
     _compiled_loss: Callable | None = None  # one process: model and loss in one graph
     _loss_scale: float = 1.0
+    _stage_objective: Any = None  # the objective of the step the pipeline schedule runs
 
     # ------------------------------------------------------------------ setup
 
@@ -238,10 +239,10 @@ class Parallelism:
         if layout.pp > 1:
             from shoestring.dist.pipeline import build_schedule
 
-            family = families.get(kind)
             self.schedule = build_schedule(
                 list(zip(self.stage_ids, self.parts)), layout, self.meshes.pp.get_group(),
-                self.device, lambda out, target: family.stage_loss(out, target) / self._loss_scale)
+                self.device, lambda out, target: (
+                    self._stage_objective.stage_loss(out, target) / self._loss_scale))
 
     def _embedding_group(self):  # noqa: ANN202
         """Process group of the first and last stage rank that share this rank's (dp, tp)
@@ -330,7 +331,8 @@ class Parallelism:
         ranks without the last stage)."""
         first = 0 in self.stage_ids
         last = self.layout.num_stages - 1 in self.stage_ids
-        args, target = objective.family.pipeline_io(batch)
+        self._stage_objective = objective  # the schedule's loss function calls it
+        args, target = objective.pipeline_io(batch)
         losses: list[Tensor] = []
         run(*(args if first else ()), target=target if last else None,
             losses=losses if last else None)

@@ -46,7 +46,7 @@ def run_eval(
         raise ShoestringError(f"unknown precision {precision!r}", where="--precision",
                               fix="choose auto, bf16 or fp32")
     seed_count = parse_seeds(seeds)
-    from shoestring.model.hub import check_run_dir
+    from shoestring.export.hub import check_run_dir
 
     check_run_dir(run, "eval")
     downstream = glue is not None or tasks is not None or bool(task)

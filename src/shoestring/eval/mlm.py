@@ -25,7 +25,7 @@ from shoestring.data.masking import MaskedBatch
 from shoestring.data.tokenizer import MASK, NUM_SPECIAL, file_sha256
 from shoestring.device import select_device
 from shoestring.errors import ShoestringError
-from shoestring.families.losses import masked_lm_loss
+from shoestring.model.losses import masked_lm_loss
 from shoestring.fsutil import write_json_atomic
 from shoestring.model.encoder import MaskedLM
 from shoestring.progress import progress_bar

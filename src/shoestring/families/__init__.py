@@ -1,7 +1,9 @@
 """The model-family registry: ``families.get(cfg.model.objective)`` is the spec of a family.
 
-Each family (masked LM, causal LM, contrastive retriever) is one module here; registering it is one line below.
-See docs/models.md and ``families/base.py`` for what a spec names.
+Each family (masked LM, causal LM, contrastive retriever) is one module of constants here;
+registering it is one line below. Specs are data (``families/spec.py``); what a family *does*
+is registered by name on the floor that owns it (docs/architecture.md). This package imports
+nothing of shoestring but ``errors``.
 """
 
 from __future__ import annotations
@@ -9,16 +11,15 @@ from __future__ import annotations
 from typing import Any
 
 from shoestring.errors import ShoestringError
-from shoestring.families.base import DEFAULT_MASK_RATE, Batch, Family, Objective
-from shoestring.families.clm import CausalLMFamily
-from shoestring.families.contrastive import ContrastiveFamily
-from shoestring.families.mlm import MaskedLMFamily
+from shoestring.families.clm import CLM
+from shoestring.families.contrastive import CONTRASTIVE
+from shoestring.families.mlm import MLM
+from shoestring.families.spec import DEFAULT_MASK_RATE, FamilySpec
 
-__all__ = ["DEFAULT_MASK_RATE", "Batch", "Family", "Objective", "all_families", "by_architecture",
+__all__ = ["DEFAULT_MASK_RATE", "FamilySpec", "all_families", "by_architecture",
            "by_hf_model_type", "get", "names", "preset_fields"]
 
-_REGISTRY: dict[str, Family] = {f.name: f for f in (MaskedLMFamily(), CausalLMFamily(),
-                                                    ContrastiveFamily())}
+_REGISTRY: dict[str, FamilySpec] = {f.name: f for f in (MLM, CLM, CONTRASTIVE)}
 
 
 def names() -> list[str]:
@@ -26,12 +27,12 @@ def names() -> list[str]:
     return list(_REGISTRY)
 
 
-def all_families() -> list[Family]:
+def all_families() -> list[FamilySpec]:
     """Every registered family spec."""
     return list(_REGISTRY.values())
 
 
-def get(name: str, where: str = "model.objective") -> Family:
+def get(name: str, where: str = "model.objective") -> FamilySpec:
     """The spec of family ``name``; an unknown name is a ShoestringError naming ``where``."""
     try:
         return _REGISTRY[name]
@@ -59,7 +60,7 @@ def preset_fields(name: str) -> dict[str, Any]:
     raise ValueError(f"unknown preset {name!r}; presets: {known}")
 
 
-def _find(attr: str, value: object, where: str) -> Family:
+def _find(attr: str, value: object, where: str) -> FamilySpec:
     for family in _REGISTRY.values():
         if getattr(family, attr) == value:
             return family
@@ -68,11 +69,11 @@ def _find(attr: str, value: object, where: str) -> Family:
                           where=where)
 
 
-def by_architecture(architecture: object, where: str = "final/config.json") -> Family:
+def by_architecture(architecture: object, where: str = "final/config.json") -> FamilySpec:
     """The family whose run dirs record ``architecture`` ("shoestring-mlm", ...)."""
     return _find("architecture", architecture, where)
 
 
-def by_hf_model_type(model_type: object, where: str = "config.json") -> Family:
+def by_hf_model_type(model_type: object, where: str = "config.json") -> FamilySpec:
     """The family whose Hugging Face export has ``model_type`` ("modernbert", "llama")."""
     return _find("hf_model_type", model_type, where)

@@ -19,7 +19,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from shoestring.config import ModelConfig
-from shoestring.families.clm import CausalLMFamily
 from shoestring.model.layers import KVCache, Trunk, init_weights
 
 
@@ -57,8 +56,6 @@ class CausalLM(Trunk):
     """Decoder + LM head. ``forward(ids)`` → (B, T, V) next-token logits."""
 
     def __init__(self, cfg: ModelConfig, vocab_size: int) -> None:
-        if cfg.objective != CausalLMFamily.name:
-            raise ValueError(f"CausalLM needs model.objective=clm, got {cfg.objective!r}")
         super().__init__(cfg, vocab_size)
         self.vocab_size = vocab_size
         self.lm_head = (

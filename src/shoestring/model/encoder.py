@@ -17,7 +17,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from shoestring.config import ModelConfig
-from shoestring.families.mlm import MaskedLMFamily
 from shoestring.model.layers import Trunk, init_weights, make_norm
 
 
@@ -25,8 +24,6 @@ class MaskedLM(Trunk):
     """Encoder + MLM head. ``forward`` returns logits at the given positions only."""
 
     def __init__(self, cfg: ModelConfig, vocab_size: int) -> None:
-        if cfg.objective != MaskedLMFamily.name:
-            raise ValueError(f"MaskedLM needs model.objective=mlm, got {cfg.objective!r}")
         super().__init__(cfg, vocab_size)
         self.vocab_size = vocab_size
         H = cfg.hidden_size

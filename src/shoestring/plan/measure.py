@@ -28,9 +28,9 @@ def measure_mfu(
     max_batch: int = 64,
 ) -> float:
     """Fraction of ``hw``'s peak that training this model reaches on this device."""
-    from shoestring import families
     from shoestring.device import select_device
     from shoestring.model import build_model
+    from shoestring.train.objectives import objective_for
 
     dev = select_device(precision, measure_peak=False)
     tc = TrainConfig(budget=None, steps=1)
@@ -41,8 +41,8 @@ def measure_mfu(
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         gen = torch.Generator(device=dev.device).manual_seed(0)
         ids = torch.randint(8, vocab, (batch, seq_len), device=dev.device, generator=gen)
-        objective = families.get(model_cfg.objective).objective(
-            seq_len, vocab, {}, tc.mask_rate, model_cfg.sparse_prediction)
+        objective = objective_for(model_cfg.objective, seq_len, vocab, {}, tc.mask_rate,
+                                  model_cfg.sparse_prediction)
 
         def step() -> None:
             with dev.autocast():

@@ -28,7 +28,6 @@ from typing import Any
 
 from rich.console import Console
 
-from shoestring import families
 from shoestring.errors import ShoestringError
 from shoestring.fsutil import write_json_atomic
 from shoestring.plan.laws import load_law
@@ -92,7 +91,9 @@ def _append_point(sweep_dir: Path, point: dict[str, Any]) -> None:
 
 def _val_loss(run_dir: Path, objective: str, max_sequences: int, seq_len: int,
               console: Console) -> float:
-    return families.get(objective).held_out_loss(run_dir, max_sequences, seq_len, console)
+    from shoestring.eval.held_out import held_out_loss
+
+    return held_out_loss(objective, run_dir, max_sequences, seq_len, console)
 
 
 def plan_points(

@@ -25,6 +25,7 @@ import torch
 from rich.console import Console
 
 from shoestring.errors import ShoestringError
+from shoestring.train.objectives import Objective, objective_for
 
 FILE = "audit.json"
 
@@ -41,15 +42,14 @@ class AuditSettings:
     seed: int = 0
 
 
-def sequence_losses(model: torch.nn.Module, family: Any, rows: np.ndarray, eval_cfg: Any,
-                    mask_id: int, vocab: int) -> np.ndarray:
+def sequence_losses(model: torch.nn.Module, objective: Objective, rows: np.ndarray,
+                    eval_cfg: Any) -> np.ndarray:
     """Mean loss of each row, as the family scores validation (fixed masks for encoders)."""
     out = np.empty(len(rows))
     with torch.no_grad():
         for i, row in enumerate(rows):
-            batch = family.validation_batch(torch.from_numpy(row[None]), i, eval_cfg, mask_id,
-                                            vocab)
-            total, n = family.loss_sum(model, batch)
+            batch = objective.validation_batch(torch.from_numpy(row[None]), i, eval_cfg)
+            total, n = objective.loss_sum(model, batch)
             out[i] = float(total) / max(1, n)
     return out
 
@@ -138,12 +138,12 @@ def audit(run_dir: str | Path, data_dir: str | Path, settings: AuditSettings = A
 
     train, val = data.split("train"), data.split("val")
     eval_cfg = EvalConfig()
-    vocab, mask_id = data.vocab_size, family.mask_id(special)
+    objective = objective_for(family, data.seq_len, data.vocab_size, special)
     with console.status("membership inference (per-sequence loss)"):
-        tr = sequence_losses(model, family, train.take(_pick(len(train), settings.sequences, rng)),
-                             eval_cfg, mask_id, vocab)
-        va = sequence_losses(model, family, val.take(_pick(len(val), settings.sequences, rng)),
-                             eval_cfg, mask_id, vocab)
+        tr = sequence_losses(model, objective,
+                             train.take(_pick(len(train), settings.sequences, rng)), eval_cfg)
+        va = sequence_losses(model, objective,
+                             val.take(_pick(len(val), settings.sequences, rng)), eval_cfg)
     result["membership"] = {"auc": membership_auc(tr, va), "train_sequences": len(tr),
                             "held_out_sequences": len(va), "train_mean_loss": float(tr.mean()),
                             "held_out_mean_loss": float(va.mean())}

@@ -435,6 +435,11 @@ def _tokenizer(path: Path) -> Any:
     return tok
 
 
+# This floor's part of a model family: the engine that serves its model (families/spec.py).
+ENGINES: dict[str, type[Engine]] = {
+    "mlm": EncoderEngine, "clm": DecoderEngine, "contrastive": EncoderEngine}
+
+
 def load_engine(
     path: str | Path, *, max_length: int = 512, truncate: bool = False, precision: str = "fp32"
 ) -> Engine:
@@ -454,7 +459,7 @@ def load_engine(
     if (run.final_dir / "config.json").is_file():
         model, meta = run.load_final()
         family = families.by_architecture(meta.get("architecture"), where=str(run.final_dir))
-        return family.engine(model, _tokenizer(run.tokenizer_path), meta, path, **kw)
+        return ENGINES[family.name](model, _tokenizer(run.tokenizer_path), meta, path, **kw)
     if (path / "config.json").is_file():
         cfg = _read_json(path / "config.json")
         if cfg.get("architecture") == "shoestring-classifier":
@@ -464,9 +469,12 @@ def load_engine(
             return ClassifierEngine(model, _tokenizer(path / "tokenizer.json"), meta, path, **kw)
         exported = [f for f in families.all_families() if f.hf_model_type == cfg.get("model_type")]
         if exported:  # a `shoestring export` folder (ModernBERT or Llama)
+            from shoestring.export.hub import IMPORTERS
+
             family = exported[0]
-            model, meta = family.import_hf(path, cfg)
-            return family.engine(model, _tokenizer(path / "tokenizer.json"), meta, path, **kw)
+            model, meta = IMPORTERS[family.name](path, cfg)
+            return ENGINES[family.name](model, _tokenizer(path / "tokenizer.json"), meta, path,
+                                        **kw)
         what = cfg.get("architecture") or cfg.get("model_type") or "unknown"
         raise ShoestringError(
             f"cannot serve this model (config.json says {what!r})",

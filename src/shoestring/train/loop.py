@@ -55,7 +55,7 @@ from shoestring.train.checkpoint import (
     save_checkpoint,
 )
 from shoestring.device import DeviceInfo, select_device
-from shoestring.families import Objective
+from shoestring.train.objectives import Objective, objective_for
 from shoestring.rundir import RunDir, model_meta
 from shoestring.train.metrics import MetricsLog
 from shoestring.train.schedule import batch_at, lr_factor
@@ -137,7 +137,7 @@ def _check_data(cfg: Config, data: DataDir) -> None:
 def _init_from(model: torch.nn.Module, source: str, cfg: Config, data: DataDir) -> None:
     """Copy weights from a Hugging Face folder or a run dir; the architectures and the
     tokenizers must agree (weights trained on other token ids start worse than random)."""
-    from shoestring.model.hub import import_hf
+    from shoestring.export.hub import import_hf
 
     path = Path(source)
     run = RunDir(path)
@@ -179,8 +179,7 @@ def _val_batch(data: DataDir, cfg: Config, objective: Objective) -> tuple[torch.
         return None
     n = min(len(val), cfg.train.val_sequences)
     ids = torch.from_numpy(val.take(np.linspace(0, len(val) - 1, n).round().astype(np.int64)))
-    return objective.family.validation_batch(ids, 0, cfg.eval, objective.mask_id,
-                                             objective.vocab_size)
+    return objective.validation_batch(ids, 0, cfg.eval)
 
 
 FRACTION_CAP_SECONDS = 1800.0  # a fractional checkpoint interval is at most 30 minutes
@@ -319,8 +318,8 @@ def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
     n_params, n_params_ne = model.num_params(), model.num_params(non_embedding=True)
     if tc.init_from and ckpt is None:
         _init_from(model, tc.init_from, cfg, data)
-    objective = families.get(cfg.model.objective).objective(
-        seq_len, vocab, data.special_ids, tc.mask_rate, cfg.model.sparse_prediction)
+    objective = objective_for(cfg.model.objective, seq_len, vocab, data.special_ids,
+                              tc.mask_rate, cfg.model.sparse_prediction)
     flops_per_token = train_flops_per_token(cfg.model, vocab, seq_len, objective.head_fraction)
     spec = parse_budget(tc.budget) if tc.budget is not None else None
     budget = Budget.from_spec(spec, tc.steps, flops_per_token)

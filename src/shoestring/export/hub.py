@@ -1,20 +1,41 @@
 """One entry each way between a run dir and the Hugging Face format, whatever the model.
 
-The family spec decides the format: encoders go to and from ModernBERT (model/hf.py),
-decoders to and from Llama (model/hf_llama.py); the run's ``final/config.json``
-"architecture" or the folder's ``model_type`` names the family.
+This floor's part of a model family: encoders go to and from ModernBERT (export/hf.py),
+decoders to and from Llama (export/hf_llama.py), registered by family name in ``EXPORTERS``
+and ``IMPORTERS``; the run's ``final/config.json`` "architecture" or the folder's
+``model_type`` names the family (families/spec.py).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from torch import nn
 
 from shoestring import families
 from shoestring.errors import ShoestringError
+from shoestring.export.hf import export_encoder, import_encoder
+from shoestring.export.hf_llama import export_decoder, import_decoder
 from shoestring.rundir import RunDir
+
+
+def _export_mlm(run_dir: Path, out: Path, model: nn.Module, meta: dict[str, Any], *,
+                overwrite: bool) -> Path:
+    return export_encoder(run_dir, out, overwrite=overwrite)
+
+
+def _export_clm(run_dir: Path, out: Path, model: nn.Module, meta: dict[str, Any], *,
+                overwrite: bool) -> Path:
+    return export_decoder(run_dir, out, model, meta, overwrite=overwrite)
+
+
+# family name → writer of a run's HF folder (complete or absent); → reader of one
+EXPORTERS: dict[str, Callable[..., Path]] = {"mlm": _export_mlm, "clm": _export_clm}
+IMPORTERS: dict[str, Callable[[Path, dict], tuple[nn.Module, dict]]] = {
+    "mlm": lambda hf_dir, cfg: import_encoder(hf_dir), "clm": import_decoder}
 
 
 def check_run_dir(path: str | Path, command: str) -> None:
@@ -43,7 +64,11 @@ def export_run(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = Fa
     run = RunDir(run_dir)
     model, meta = run.load_final()
     family = families.by_architecture(meta["architecture"], where=str(run.final_dir))
-    return family.export_hf(run.path, Path(out_dir), model, meta, overwrite=overwrite)
+    if family.name not in EXPORTERS:
+        raise ShoestringError(
+            f"exporting a {family.name} run ({family.description}) to Hugging Face is not "
+            "supported yet", where=str(run_dir), fix="serve or index with the run dir itself")
+    return EXPORTERS[family.name](run.path, Path(out_dir), model, meta, overwrite=overwrite)
 
 
 def import_hf(hf_dir: str | Path) -> tuple[nn.Module, dict]:
@@ -65,4 +90,4 @@ def import_hf(hf_dir: str | Path) -> tuple[nn.Module, dict]:
             f"cannot import: model_type = {json.dumps(kind)} (shoestring reads {known})",
             where=str(hf_dir / "config.json"),
         ) from None
-    return family.import_hf(hf_dir, cfg)
+    return IMPORTERS[family.name](hf_dir, cfg)

@@ -6,7 +6,7 @@ matrices: ``Wqkv`` into ``q_proj``/``k_proj``/``v_proj`` and ``Wi`` into ``gate_
 activated half) and ``up_proj``. ``transformers.AutoModelForCausalLM`` loads the folder with no
 custom code and computes our logits (tests/test_hf_llama.py). Recipe options Llama cannot
 express (LayerNorm, post-norm, GeGLU or plain GELU, added positions, an embedding norm) refuse
-the export by name. Like model/hf.py, neither direction imports ``transformers``.
+the export by name. Like export/hf.py, neither direction imports ``transformers``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from safetensors import safe_open
 from shoestring import __version__
 from shoestring.config import ModelConfig
 from shoestring.errors import ShoestringError
-from shoestring.families.clm import CausalLMFamily
+from shoestring.families.clm import CLM
 from shoestring.fsutil import (
     building_dir,
     check_output_dir,
@@ -32,12 +32,12 @@ from shoestring.fsutil import (
     write_text_atomic,
 )
 from shoestring.model.decoder import CausalLM
-from shoestring.model.hf import map_options, only
+from shoestring.export.hf import map_options, only
 from shoestring.rundir import RunDir
 
 EXPORT_MARKER = ".shoestring-export"
 HF_ARCHITECTURE = "LlamaForCausalLM"
-MODEL_TYPE = CausalLMFamily.hf_model_type
+MODEL_TYPE = CLM.hf_model_type
 WEIGHTS = "model.safetensors"
 
 
@@ -47,7 +47,7 @@ def _only(option: str, allowed: Any, why: str) -> Callable[[Any], dict[str, Any]
 
 _EXPORT_OPTIONS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "preset": lambda v: {},
-    "objective": _only("objective", CausalLMFamily.name, "Llama is a decoder"),
+    "objective": _only("objective", CLM.name, "Llama is a decoder"),
     "hidden_size": lambda v: {"hidden_size": v},
     "num_layers": lambda v: {"num_hidden_layers": v},
     "num_heads": lambda v: {"num_attention_heads": v},
@@ -256,7 +256,7 @@ def import_decoder(hf_dir: Path, cfg: dict) -> tuple[CausalLM, dict]:
         raise _refuse(hf_dir, "head_dim", head_dim, "shoestring heads split hidden_size evenly")
     try:
         model_cfg = ModelConfig(
-            objective=CausalLMFamily.name, hidden_size=hidden, num_layers=cfg["num_hidden_layers"],
+            objective=CLM.name, hidden_size=hidden, num_layers=cfg["num_hidden_layers"],
             num_heads=heads, num_kv_heads=cfg.get("num_key_value_heads") or heads,
             intermediate_size=cfg["intermediate_size"], norm_eps=cfg.get("rms_norm_eps", 1e-6),
             rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
@@ -282,7 +282,7 @@ def import_decoder(hf_dir: Path, cfg: dict) -> tuple[CausalLM, dict]:
                               where=str(path)) from None
     ids = _special_ids(hf_dir, cfg)
     meta = {
-        "architecture": CausalLMFamily.architecture,
+        "architecture": CLM.architecture,
         "model": model_cfg.model_dump(mode="json"),
         "vocab_size": cfg["vocab_size"],
         "seq_len": int(cfg.get("max_position_embeddings", 2048)),

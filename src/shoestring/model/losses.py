@@ -1,4 +1,4 @@
-"""The two pretraining losses, written once: every trainer, evaluator and planner calls these.
+"""The pretraining losses, written once: every trainer, evaluator and planner calls these.
 
 Logits are upcast to fp32 before the softmax (stable under bf16/fp16 autocast). ``reduction``
 is ``"mean"`` for training and ``"sum"`` for evaluators that average over many batches.
@@ -6,8 +6,12 @@ is ``"mean"`` for training and ``"sum"`` for evaluators that average over many b
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
+
+# InfoNCE temperature of the contrastive family (as in DPR-style in-batch negatives)
+TEMPERATURE = 0.05
 
 
 def causal_lm_loss(logits: Tensor, ids: Tensor, reduction: str = "mean") -> Tensor:
@@ -34,4 +38,20 @@ def masked_lm_loss(logits: Tensor, targets: Tensor, positions: Tensor | None = N
                                reduction=reduction)
     dense = targets.new_full(logits.shape[:2], -100).scatter_(1, positions, targets)
     return F.cross_entropy(logits.float().flatten(0, 1), dense.flatten(), ignore_index=-100,
+                           reduction=reduction)
+
+
+def pooled(model: nn.Module, ids: Tensor) -> Tensor:
+    """Mean-pooled, L2-normalized last hidden states (the serving engine's ``embed`` pooling
+    and the dense index's, so what the contrastive family trains is what is searched)."""
+    return F.normalize(model.encode(ids).float().mean(1), dim=-1)
+
+
+def in_batch_loss(model: nn.Module, batch: tuple[Tensor, Tensor],
+                  reduction: str = "mean") -> Tensor:
+    """InfoNCE: query i should be nearest positive i among all positives of the batch (the
+    cosine similarities divided by ``TEMPERATURE``; every other row is a negative)."""
+    query, positive = batch
+    scores = pooled(model, query) @ pooled(model, positive).T / TEMPERATURE
+    return F.cross_entropy(scores, torch.arange(len(query), device=scores.device),
                            reduction=reduction)

@@ -37,7 +37,7 @@ from shoestring.data.tokenizer import (
     special_ids,
 )
 from shoestring.errors import ShoestringError
-from shoestring.families.mlm import MaskedLMFamily
+from shoestring.families.mlm import MLM
 from shoestring.fsutil import (
     building_dir,
     check_output_dir,
@@ -52,7 +52,7 @@ __all__ = ["EXPORT_MARKER", "export_encoder", "hf_config", "hf_state_dict", "imp
 
 EXPORT_MARKER = ".shoestring-export"
 HF_ARCHITECTURE = "ModernBertForMaskedLM"
-MODEL_TYPE = MaskedLMFamily.hf_model_type
+MODEL_TYPE = MLM.hf_model_type
 WEIGHTS = "model.safetensors"
 TIED_DECODER = "decoder.weight"  # ModernBertForMaskedLM ties it to the token embeddings
 
@@ -205,7 +205,7 @@ def _no_gqa(value: int | None) -> dict[str, Any]:
 
 _EXPORT_OPTIONS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "preset": lambda v: {},  # a name for the sizes below, which are exported themselves
-    "objective": only("objective", MaskedLMFamily.name, "ModernBERT is an encoder"),
+    "objective": only("objective", MLM.name, "ModernBERT is an encoder"),
     "hidden_size": lambda v: {"hidden_size": v},
     "num_layers": _layers,
     "num_heads": lambda v: {"num_attention_heads": v},
@@ -487,7 +487,7 @@ def import_encoder(hf_dir: str | Path) -> tuple[MaskedLM, dict]:
             f"cannot import: the weights do not fit the config ({e})", where=str(hf_dir / WEIGHTS)
         ) from None
     meta = {
-        "architecture": MaskedLMFamily.architecture,
+        "architecture": MLM.architecture,
         "model": model_cfg.model_dump(mode="json"),
         "vocab_size": cfg["vocab_size"],
         "seq_len": _seq_len(hf_dir, cfg),

@@ -1,0 +1,87 @@
+"""What a training run knows between two steps, and the checkpoint schema, in one place.
+
+``TrainState`` holds the counters the loop advances (step, tokens, skipped steps, the agreed
+budget clock, when the last checkpoint and validation ran, the losses). ``checkpoint_state``
+writes it, with the state of the other objects the next step depends on (data cursor, RNG
+streams, metrics line count, layout, attention kernel, loss scaler), as the dict a checkpoint
+stores; ``resume_state`` reads that dict back. Every key a checkpoint holds is written and
+read in this module only, so a resumed run continues exactly where the saved one stopped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from shoestring.data.loader import Cursor
+from shoestring.train.checkpoint import capture_rng, restore_rng
+
+RECENT_LOSSES = 200  # losses a checkpoint keeps, for the resumed run's tail mean
+
+
+@dataclass
+class TrainState:
+    """The loop's counters; ``elapsed`` is the budget clock every rank agreed on at the end of
+    the last step (wall-clock decisions use it so that all ranks take them together)."""
+
+    step: int = 0
+    tokens: int = 0
+    skipped: int = 0  # non-finite steps skipped, in total
+    bad_in_a_row: int = 0
+    next_val: float = 0.0  # progress at which the next periodic validation runs
+    elapsed: float = 0.0
+    last_ckpt_time: float = 0.0  # budget-elapsed seconds at the last checkpoint
+    last_ckpt_progress: float = 0.0  # budget progress at the last checkpoint
+    first_loss: float | None = None
+    losses: list[float] = field(default_factory=list)
+
+    def good_step(self, tokens: int, loss: float) -> None:
+        """Count an optimizer step that was taken."""
+        self.bad_in_a_row = 0
+        self.step += 1
+        self.tokens += tokens
+        self.losses.append(loss)
+        self.first_loss = loss if self.first_loss is None else self.first_loss
+
+    def bad_step(self) -> None:
+        """Count a step skipped for a non-finite loss or gradient."""
+        self.skipped += 1
+        self.bad_in_a_row += 1
+
+    def tail_loss(self) -> float:
+        """The "train loss" of the bar and the summary: the mean over the last 5% of steps."""
+        tail = self.losses[-max(1, len(self.losses) // 20):]
+        return sum(tail) / len(tail) if tail else float("nan")
+
+
+def checkpoint_state(s: TrainState, *, cursor: Cursor, gen: torch.Generator,
+                     metrics_lines: int, layout: dict[str, Any], world_size: int,
+                     attention: str, scaler: torch.amp.GradScaler | None) -> dict[str, Any]:
+    """The dict a checkpoint stores beside the weights and optimizer state."""
+    state = {
+        "step": s.step, "tokens": s.tokens, "skipped": s.skipped, "next_val": s.next_val,
+        "elapsed": s.elapsed, "cursor": cursor.to_dict(), "rng": capture_rng(gen),
+        "metrics_lines": metrics_lines, "first_loss": s.first_loss,
+        "recent_losses": s.losses[-RECENT_LOSSES:], "layout": layout, "world_size": world_size,
+        "attention": attention,
+    }
+    if scaler is not None:
+        state["scaler"] = scaler.state_dict()
+    return state
+
+
+def resume_state(state: dict[str, Any], progress_at_save: float, gen: torch.Generator,
+                 scaler: torch.amp.GradScaler | None) -> tuple[TrainState, Cursor]:
+    """``checkpoint_state``'s dict back: the counters and the data cursor; restores the RNG
+    streams into ``gen`` (and the global ones) and the loss scaler in place."""
+    restore_rng(state["rng"], gen)
+    if scaler is not None and "scaler" in state:
+        scaler.load_state_dict(state["scaler"])
+    s = TrainState(step=state["step"], tokens=state["tokens"], skipped=state["skipped"],
+                   next_val=state["next_val"], elapsed=state["elapsed"],
+                   last_ckpt_time=state["elapsed"], last_ckpt_progress=progress_at_save,
+                   first_loss=state.get("first_loss"),
+                   losses=list(state.get("recent_losses", [])))
+    return s, Cursor(**state["cursor"])

@@ -1,0 +1,82 @@
+"""The metrics window: what the loop sums between two log lines, the record it writes, the
+progress bar's fields, and the one MFU formula every training figure uses.
+
+MFU is achieved FLOP/s (tokens/s × FLOPs per token) over the sum of the job's devices'
+measured peaks (= per-device MFU when the devices are alike); ``mfu_datasheet`` is the same
+over the vendor's datasheet peak on a known GPU (plan.hardware), else absent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from shoestring.train.budget import format_duration
+from shoestring.train.state import TrainState
+
+
+@dataclass
+class Window:
+    flops_per_token: float
+    job_peak: float  # FLOP/s: the sum of every device's measured peak
+    datasheet_peak: float | None  # FLOP/s of the job by the datasheet, when the card is known
+    world_size: int | None = None  # recorded in each line of a distributed run
+    start: float = 0.0  # budget clock at the window's start
+    sums: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.reset(self.start)
+
+    def reset(self, start: float) -> None:
+        self.start = start
+        self.sums = {"tokens": 0, "loss": 0.0, "steps": 0, "wait": 0.0, "gnorm": 0.0}
+
+    @property
+    def steps(self) -> int:
+        return int(self.sums["steps"])
+
+    def waited(self, seconds: float) -> None:
+        """Time the step spent waiting for its batch (the loader's share of the window)."""
+        self.sums["wait"] += seconds
+
+    def add(self, tokens: int, loss: float, grad_norm: float) -> None:
+        for key, value in (("tokens", tokens), ("loss", loss), ("steps", 1),
+                           ("gnorm", grad_norm)):
+            self.sums[key] += value
+
+    def mfu(self, tokens_per_s: float) -> float:
+        """The one MFU formula (module docstring)."""
+        return tokens_per_s * self.flops_per_token / self.job_peak
+
+    def mfu_datasheet(self, tokens_per_s: float) -> float | None:
+        if not self.datasheet_peak:
+            return None
+        return tokens_per_s * self.flops_per_token / self.datasheet_peak
+
+    def record(self, s: TrainState, progress: float, lr: float, batch_size: int) -> dict[str, Any]:
+        """The metrics.jsonl line for the window that ends now; starts the next window."""
+        span = max(s.elapsed - self.start, 1e-9)
+        tps = self.sums["tokens"] / span
+        steps = self.sums["steps"]
+        record: dict[str, Any] = {
+            "step": s.step, "progress": round(progress, 5), "loss": self.sums["loss"] / steps,
+            "lr": lr, "batch_size": batch_size, "tokens": s.tokens,
+            "flops": s.tokens * self.flops_per_token, "tokens_per_s": tps, "mfu": self.mfu(tps),
+            "grad_norm": self.sums["gnorm"] / steps,
+            "data_wait": min(1.0, self.sums["wait"] / span), "skipped": s.skipped,
+            "elapsed_s": s.elapsed,
+        }
+        if self.world_size is not None:
+            record["world_size"] = self.world_size
+        if self.datasheet_peak:
+            record["mfu_datasheet"] = self.mfu_datasheet(tps)
+        self.reset(s.elapsed)
+        return record
+
+    def bar(self, s: TrainState, progress: float) -> dict[str, Any]:
+        """The progress bar's fields: the run's average tokens/s and MFU so far (the
+        summary's), the tail loss, and the time left at the rate so far."""
+        left = (s.elapsed / progress - s.elapsed) if progress > 0 else float("inf")
+        avg = s.tokens / max(s.elapsed, 1e-9)
+        return {"completed": progress, "loss": s.tail_loss(), "tps": avg, "mfu": self.mfu(avg),
+                "left": format_duration(left)}

@@ -1,0 +1,149 @@
+"""The house's floors hold: no module imports from a higher floor, and no import circle runs
+through src/shoestring, except the known ones listed here (which may only shrink).
+
+The floors are declared once, in docs/architecture.md's ``floors`` block; this test reads
+them there. Imports are found with ``ast`` in the source, top-level and function-level alike;
+those under ``if TYPE_CHECKING:`` are annotations and do not count.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src" / "shoestring"
+
+# (importer, imported) module pairs that go up a floor; each is scheduled work of issue 36.
+KNOWN_UPWARD = {
+    ("shoestring.device", "shoestring.plan.hardware"),  # the datasheet table belongs in device
+    ("shoestring.dist.launch", "shoestring.train.loop"),  # step 3: dist imports nothing of train
+    ("shoestring.dist.parallelize", "shoestring.train.optim"),  # the optimizer built in dist
+}
+# Import circles (sets of modules), each scheduled work of issue 36.
+KNOWN_CYCLES = {
+    frozenset({"shoestring.device", "shoestring.plan.hardware"}),
+    frozenset({"shoestring.data.builtin", "shoestring.data.sources"}),
+    frozenset({"shoestring.data.prep", "shoestring.data.distributed",  # step 2: executors
+               "shoestring.data.distributed.executor", "shoestring.data.distributed.stages"}),
+}
+
+
+def floors() -> dict[str, int]:
+    """unit (first name under shoestring) → floor, from docs/architecture.md."""
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    block = re.search(r"```floors\n(.*?)```", text, re.S)
+    assert block, "docs/architecture.md has no ```floors block"
+    out = {}
+    for line in block.group(1).strip().splitlines():
+        number, units = line.split(":", 1)
+        for unit in units.split():
+            assert unit not in out, f"{unit} is on two floors"
+            out[unit] = int(number)
+    return out
+
+
+def _name(path: Path) -> str:
+    parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _unit(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module → the shoestring modules it imports (``from pkg import mod`` counts as mod)."""
+    paths = {_name(p): p for p in SRC.rglob("*.py")}
+    graph: dict[str, set[str]] = defaultdict(set)
+    for module, path in paths.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                       and "TYPE_CHECKING" in ast.unparse(node.test) for n in ast.walk(node)}
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            if isinstance(node, ast.Import):
+                graph[module] |= {a.name for a in node.names if a.name in paths}
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                for alias in node.names:
+                    if f"{target}.{alias.name}" in paths:
+                        graph[module].add(f"{target}.{alias.name}")
+                    elif target in paths:
+                        graph[module].add(target)
+    graph.update({m: graph[m] - {m} for m in list(graph)})
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> set[frozenset[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: set[frozenset[str]] = set()
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.add(frozenset(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_every_unit_is_on_a_floor() -> None:
+    declared = floors()
+    units = {_unit(_name(p)) for p in SRC.rglob("*.py")}
+    assert not units - set(declared), f"not on any floor: {sorted(units - set(declared))}"
+    assert not set(declared) - units, f"floors name missing units: {set(declared) - units}"
+
+
+def test_no_module_imports_from_a_higher_floor() -> None:
+    floor, graph = floors(), import_graph()
+    upward = {(a, b) for a, targets in graph.items() for b in targets
+              if floor[_unit(b)] > floor[_unit(a)]}
+    assert not upward - KNOWN_UPWARD, "imports from a higher floor:\n" + "\n".join(
+        f"  {a} (floor {floor[_unit(a)]}) -> {b} (floor {floor[_unit(b)]})"
+        for a, b in sorted(upward - KNOWN_UPWARD))
+    assert not KNOWN_UPWARD - upward, f"fixed, remove from KNOWN_UPWARD: {KNOWN_UPWARD - upward}"
+
+
+def test_no_import_circles() -> None:
+    found = cycles(import_graph())
+    assert not found - KNOWN_CYCLES, "import circles:\n" + "\n".join(
+        "  " + " -> ".join(sorted(c)) for c in found - KNOWN_CYCLES)
+    assert not KNOWN_CYCLES - found, f"fixed, remove from KNOWN_CYCLES: {KNOWN_CYCLES - found}"
+
+
+def test_the_checker_sees_function_level_imports_and_cycles() -> None:
+    """The graph builder itself: a function-level import is an edge, a TYPE_CHECKING one is
+    not, and a two-module circle is found."""
+    graph = import_graph()
+    assert "shoestring.plan.hardware" in graph["shoestring.device"]  # a function-level import
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == {frozenset("abc")}
+    assert "shoestring.serve.engine" not in graph["shoestring.families.spec"]
