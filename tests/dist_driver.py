@@ -1,6 +1,6 @@
 """Runs several distributed training cases inside ONE torchrun launch (tests/test_dist_*.py).
 
-Each case is one `shoestring.dist.launch.run` call (its own process group, created and
+Each case is one `shoestring.train.launch.run` call (its own process group, created and
 destroyed); batching cases per launch saves the ~10 s interpreter and torch start-up per
 process on the 2-core CI machine. argv[1]: a JSON list of {"output", "parallel", ...} dicts
 (keys as `run`'s keyword arguments); common keys in argv[2] (JSON). A `ShoestringError`
@@ -18,7 +18,7 @@ import sys
 
 import torch
 
-from shoestring.dist.launch import run
+from shoestring.train.launch import run
 from shoestring.errors import ShoestringError
 from shoestring.train.objectives import OBJECTIVES
 

@@ -23,7 +23,7 @@ import torch
 
 from conftest import sigterm_after_records
 from shoestring.config import load_config
-from shoestring.dist.launch import torchrun_command
+from shoestring.train.launch import torchrun_command
 
 DRIVER = str(Path(__file__).with_name("dist_driver.py"))
 STEPS = 4

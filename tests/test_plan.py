@@ -23,7 +23,7 @@ from shoestring.plan.laws import (
     pf_days,
     training_flops,
 )
-from shoestring.plan.memory import plan_layout
+from shoestring.plan.placement import layout_for
 from shoestring.plan.planner import PlanRequest, make_plan, parse_budget, plan_to_yaml
 from shoestring.plan.shapes import candidates, count_params, flops_per_token, make_config
 
@@ -211,14 +211,23 @@ def test_bigger_budget_bigger_model_and_layout() -> None:
 
 
 def test_layout_escalates_when_memory_runs_out() -> None:
-    kw = dict(layers=80, hidden=8192, heads=64, vocab=32768, seq_len=2048, global_batch=512,
-              head_fraction=1.0, devices=64, devices_per_node=8, memory_gb=80)
-    assert plan_layout(params=100_000_000, **kw).zero == 0  # DDP: fits replicated
-    big = plan_layout(params=70_000_000_000, **kw)
+    def plan(cfg: ModelConfig, **over: int) -> object:
+        kw = dict(params=0, layers=cfg.num_layers, hidden=cfg.hidden_size, heads=cfg.num_heads,
+                  vocab=32768, seq_len=2048, global_batch=512, head_fraction=1.0, devices=64,
+                  devices_per_node=8, memory_gb=80)
+        return layout_for(cfg, **{**kw, **over})
+
+    small = ModelConfig(objective="clm", hidden_size=768, num_layers=12, num_heads=12,
+                        intermediate_size=2048)  # ~100M parameters
+    llama70 = ModelConfig(objective="clm", hidden_size=8192, num_layers=80, num_heads=64,
+                          num_kv_heads=8, intermediate_size=28672)  # ~70B parameters
+    first = plan(small)
+    assert first.zero == 0 and first.fits  # DDP: fits replicated
+    assert first.model == "shoestring.dist.memory (per-rank model)"  # the one memory model
+    big = plan(llama70)
     assert big.fits and (big.zero == 3 or big.tp > 1)
     assert big.micro_batch * big.grad_accum * big.dp == 512
-    one = plan_layout(params=70_000_000_000, **{**kw, "devices": 1, "devices_per_node": 1})
-    assert not one.fits
+    assert not plan(llama70, devices=1, devices_per_node=1).fits
 
 
 def test_impossible_requests() -> None:

@@ -40,6 +40,9 @@ from shoestring.config import Config
 from shoestring.dist.layout import Layout, validate
 from shoestring.errors import ShoestringError
 
+# (model parts, layout, meshes or None) → one optimizer per part; the trainer supplies it
+OptimizerFactory = Callable[[list[nn.Module], Any, Any], list[torch.optim.Optimizer]]
+
 
 def world_from_env() -> tuple[int, int, int]:
     """(rank, world size, local rank) from torchrun's environment (1 process without it)."""
@@ -196,11 +199,13 @@ class Parallelism:
 
     # ------------------------------------------------------------------ model
 
-    def apply(self, model: nn.Module, cfg: Config, compiled: bool = False) -> None:
+    def apply(self, model: nn.Module, cfg: Config, optimizers: OptimizerFactory,
+              compiled: bool = False) -> None:
         """Spread the canonical ``model`` (identical on every rank) over the layout and build
-        the optimizers: pipeline split, then TP → AC → FSDP/DDP on each stage module; then
-        ``torch.compile`` each part when ``compiled`` (`train.speed` resolves train.compile)."""
-        from shoestring.dist.parallelize import build_optimizers, fused_params, parallelize
+        the optimizers with ``optimizers(parts, layout, meshes)`` (the trainer's): pipeline
+        split, then TP → AC → FSDP/DDP on each stage module; then ``torch.compile`` each part
+        when ``compiled`` (`train.speed` resolves train.compile)."""
+        from shoestring.dist.parallelize import fused_params, parallelize
 
         kind, layout = cfg.model.objective, self.layout
         self.fused = fused_params(model)
@@ -228,7 +233,7 @@ class Parallelism:
                 (self.tied_owners if s == 0 else self.tied_copies).append(emb)
         if layout.pp > 1 and tied:
             self.embedding_group = self._embedding_group()
-        self.optimizers = build_optimizers(self.parts, cfg.train, layout, self.meshes)
+        self.optimizers = optimizers(self.parts, layout, self.meshes)
         if compiled and not self.distributed:
             # The loss in the same graph as the model: the fp32 upcast, log-softmax and its
             # backward fuse instead of materializing (B, T, V) fp32 logits (the decoder's step

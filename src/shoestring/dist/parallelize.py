@@ -299,33 +299,6 @@ def parallelize(part: nn.Module, meshes: Meshes, layout: Layout, fused: dict[str
     return part
 
 
-# --------------------------------------------------------------------------- optimizer
-
-
-def build_optimizers(parts: list[nn.Module], train_cfg, layout: Layout, meshes: Meshes
-                     ) -> list[torch.optim.Optimizer]:  # noqa: ANN001
-    """AdamW per model part (the lead's param groups); ZeRO-1 shards its state across DP."""
-    from shoestring.train.optim import build_optimizer, param_groups
-
-    if layout.zero != 1 or meshes is None or meshes.dp is None:
-        return [build_optimizer(p, train_cfg) for p in parts]
-    from torch.distributed.optim import ZeroRedundancyOptimizer
-
-    opts = []
-    for part in parts:
-        groups = param_groups(part, train_cfg.weight_decay)
-        zero = ZeroRedundancyOptimizer(
-            groups[0]["params"], optimizer_class=torch.optim.AdamW,
-            process_group=meshes.dp.get_group(), lr=train_cfg.lr,
-            betas=(train_cfg.beta1, train_cfg.beta2), eps=train_cfg.eps,
-            weight_decay=groups[0]["weight_decay"],
-        )
-        if groups[1]["params"]:
-            zero.add_param_group({"params": groups[1]["params"], "weight_decay": 0.0})
-        opts.append(zero)
-    return opts
-
-
 # --------------------------------------------------------------------------- gradients
 
 

@@ -36,7 +36,7 @@ from shoestring.config import DataConfig, TrainConfig, read_plan_sections  # noq
 from shoestring.errors import ShoestringError
 from shoestring.plan.hardware import Hardware, get_hardware
 from shoestring.plan.laws import Law, load_law, pf_days, training_flops
-from shoestring.plan.memory import Layout, layout_for
+from shoestring.plan.placement import PlannedLayout, layout_for
 from shoestring.plan.shapes import Shape, candidates
 
 DEFAULT_MFU = 0.4
@@ -257,7 +257,7 @@ def make_plan(req: PlanRequest, console: Console | None = None) -> dict[str, Any
         batch, steps = core.batch, core.steps
         sparse = families.get(objective).sparse_head and pick.model.sparse_prediction
         head_fraction = mask_rate if sparse else 1.0
-        layout: Layout = layout_for(
+        layout: PlannedLayout = layout_for(
             pick.model, params=pick.params, layers=pick.model.num_layers, hidden=pick.model.hidden_size,
             heads=pick.model.num_heads, vocab=vocab, seq_len=seq_len, global_batch=batch,
             head_fraction=head_fraction, devices=req.devices,

@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -44,22 +44,23 @@ from shoestring.fsutil import check_output_dir, check_writable_dir
 from shoestring.model import build_model
 from shoestring.model.flops import train_flops_per_token
 from shoestring.model.layers import set_attention_kernel
-from shoestring.train.budget import Budget, format_duration, parse_budget
+from shoestring.train.budget import Budget, parse_budget
 from shoestring.train.checkpoint import (
     Checkpoint,
-    capture_rng,
     consolidate,
     latest_checkpoint,
     load_checkpoint,
-    restore_rng,
     save_checkpoint,
 )
 from shoestring.device import DeviceInfo, select_device
 from shoestring.train.objectives import Objective, objective_for
+from shoestring.train.optim import build_optimizers
 from shoestring.rundir import RunDir, model_meta
 from shoestring.train.metrics import MetricsLog
 from shoestring.train.schedule import batch_at, lr_factor
 from shoestring.train import speed as speed_choices
+from shoestring.train.state import TrainState, checkpoint_state, resume_state
+from shoestring.train.window import Window
 
 
 class TrainingInterrupted(Exception):
@@ -68,19 +69,6 @@ class TrainingInterrupted(Exception):
     def __init__(self, signum: int, checkpoint: Path, step: int) -> None:
         self.signum, self.checkpoint, self.step = signum, checkpoint, step
         super().__init__(f"interrupted by {signal.Signals(signum).name} at step {step}")
-
-
-@dataclass
-class _State:
-    step: int = 0
-    tokens: int = 0
-    skipped: int = 0  # non-finite steps skipped, in total
-    bad_in_a_row: int = 0
-    next_val: float = 0.0  # progress at which the next periodic validation runs
-    last_ckpt_time: float = 0.0  # budget-elapsed seconds at the last checkpoint
-    last_ckpt_progress: float = 0.0  # budget progress at the last checkpoint
-    first_loss: float | None = None
-    losses: list[float] = field(default_factory=list)
 
 
 def _progress(console: Console, show: bool = True) -> Progress:
@@ -291,20 +279,107 @@ def train(
         parallel.close()
 
 
-def _tail_mean(losses: list[float]) -> float:
-    """The "train loss" of the bar and the summary: the mean over the last 5% of steps."""
-    tail = losses[-max(1, len(losses) // 20):]
-    return sum(tail) / len(tail) if tail else float("nan")
+@dataclass
+class _Run:
+    """Everything fixed for one run, built before the clock starts: the device, objective,
+    budget, speed choices, data, metrics and the objects a step mutates (``parallel`` holds
+    the model and optimizers)."""
+
+    cfg: Config
+    data: DataDir
+    run: RunDir
+    parallel: Parallelism
+    dev: DeviceInfo
+    peaks: list[float]
+    objective: Objective
+    flops_per_token: float
+    budget: Budget
+    speed: speed_choices.SpeedChoices
+    micro: int
+    n_params: tuple[int, int]  # all parameters, non-embedding
+    scaler: torch.amp.GradScaler | None
+    gen: torch.Generator
+    loader: BatchLoader
+    val_batch: tuple[torch.Tensor, ...] | None
+    interval: tuple[str, float] | None
+    metrics: MetricsLog | None
+    window: Window
+    last_ckpt: Path | None
+    resumed: bool
+    memory: dict[str, int] | None = None
+    first_step_s: float = 0.0  # the first step's wall clock: compilation happens there
+
+    @property
+    def quantum(self) -> int:
+        """Sequences of one micro-step over all data-parallel ranks."""
+        return self.parallel.dp * self.micro
+
+    def log(self, record: dict) -> None:
+        if self.metrics is not None:
+            self.metrics.write(record)
+
+    def close_metrics(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
+
+    def batch_and_lr(self, s: TrainState, step_time: float) -> tuple[int, float]:
+        """This step's batch size (the ramp) and learning rate (the schedule at the step's
+        middle, in the budget's own unit)."""
+        tc, seq_len = self.cfg.train, self.data.seq_len
+        bsz = batch_at(tc, self.budget.progress(s.step, s.tokens, elapsed=s.elapsed),
+                       self.quantum)
+        middle = self.budget.progress(s.step + 0.5, s.tokens + bsz * seq_len / 2,
+                                      elapsed=s.elapsed + step_time / 2)
+        return bsz, tc.lr * lr_factor(tc, middle)
+
+    def checkpoint(self, s: TrainState) -> Path:
+        """Save a checkpoint (the budget clock paused) and note when it was taken."""
+        with self.budget.pause():
+            state = checkpoint_state(
+                s, cursor=self.loader.cursor, gen=self.gen,
+                metrics_lines=self.metrics.lines if self.metrics else 0,
+                layout=self.parallel.layout.to_dict(), world_size=self.parallel.world,
+                attention=self.speed.attention, scaler=self.scaler)
+            self.last_ckpt = save_checkpoint(self.run.path, self.parallel, state,
+                                             self.cfg.train.keep_checkpoints)
+            s.last_ckpt_time = s.elapsed
+            s.last_ckpt_progress = self.budget.progress(s.step, s.tokens, elapsed=s.elapsed)
+            return self.last_ckpt
+
+    def validate(self, s: TrainState, progress: float) -> float:
+        """Loss on the fixed validation subset, logged (outside the budget clock)."""
+        with self.budget.pause():
+            loss = self.parallel.eval_loss(self.objective, self.val_batch, self.dev.autocast)
+            self.log({"step": s.step, "progress": round(progress, 5), "tokens": s.tokens,
+                      "flops": s.tokens * self.flops_per_token, "elapsed_s": s.elapsed,
+                      "val_loss": loss})
+        return loss
+
+    def describe(self, s: TrainState, resumed: bool) -> str:
+        dev, (n, n_ne) = self.dev, self.n_params
+        return (
+            f"model: {self.cfg.model.objective} {n / 1e6:.2f}M parameters "
+            f"({n_ne / 1e6:.2f}M non-embedding), "
+            f"{self.flops_per_token / 1e6:.1f} MFLOP/token; device: {dev.name}, "
+            f"{str(dev.dtype).removeprefix('torch.')}, measured peak "
+            f"{dev.peak_flops / 1e9:.0f} GFLOP/s"
+            + (f" (datasheet {dev.datasheet_name}: {dev.datasheet_flops / 1e12:.0f} TFLOP/s)"
+               if dev.datasheet_flops else "")
+            + (f"; layout {self.parallel.layout.describe()}" if self.parallel.distributed
+               else "")
+            + f"; budget: {self.budget.describe()}"
+            + (f"; resuming at step {s.step}" if resumed else "")
+            + f"; {self.speed.describe()}"
+        )
 
 
-def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
-           parallel: Parallelism, console: Console, ckpt: Checkpoint | None,
-           spare_bytes: int | None) -> dict:
-    """The loop (see `train`); ``parallel`` holds everything that depends on the layout."""
+def _setup(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
+           parallel: Parallelism, ckpt: Checkpoint | None,
+           spare_bytes: int | None) -> tuple[_Run, TrainState]:
+    """Build the run (model placed by ``parallel``, checkpoint loaded) and its first state."""
     tc = cfg.train
-    main = parallel.is_main
     run = RunDir(run_dir)
-    if main:
+    if parallel.is_main:
         if ckpt is None:
             run = RunDir.create(run_dir, overwrite=True)  # refused up front unless allowed
         run.write_config(cfg)
@@ -315,7 +390,7 @@ def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
     vocab, seq_len = data.vocab_size, data.seq_len
     torch.manual_seed(tc.seed)
     model = build_model(cfg.model, vocab)
-    n_params, n_params_ne = model.num_params(), model.num_params(non_embedding=True)
+    n_params = (model.num_params(), model.num_params(non_embedding=True))
     if tc.init_from and ckpt is None:
         _init_from(model, tc.init_from, cfg, data)
     objective = objective_for(cfg.model.objective, seq_len, vocab, data.special_ids,
@@ -327,201 +402,149 @@ def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
     speed = _speed_choices(cfg, parallel, dev, micro, seq_len, budget, flops_per_token,
                            spare_bytes, ckpt.state.get("attention") if ckpt else None)
     set_attention_kernel(model, speed.attention)
-    parallel.apply(model, cfg, compiled=speed.compile)
+    parallel.apply(model, cfg, lambda parts, layout, meshes: build_optimizers(
+        parts, tc, layout, meshes), compiled=speed.compile)
     del model
     scaler = torch.amp.GradScaler("cuda") if dev.dtype == torch.float16 else None
     gen = torch.Generator().manual_seed(tc.seed)
-    s = _State(next_val=tc.val_every)
-    cursor = Cursor()
+    s, cursor = TrainState(next_val=tc.val_every), Cursor()
     if ckpt is not None:
         load_checkpoint(ckpt, parallel)
-        st = ckpt.state
-        restore_rng(st["rng"], gen)
-        cursor = Cursor(**st["cursor"])
-        s = _State(step=st["step"], tokens=st["tokens"], skipped=st["skipped"],
-                   next_val=st["next_val"], last_ckpt_time=st["elapsed"],
-                   last_ckpt_progress=budget.progress(st["step"], st["tokens"], elapsed=st["elapsed"]),
-                   first_loss=st.get("first_loss"), losses=list(st.get("recent_losses", [])))
-        if budget.progress(s.step, s.tokens, elapsed=st["elapsed"]) >= 1.0:
+        elapsed = ckpt.state["elapsed"]
+        s, cursor = resume_state(ckpt.state, budget.progress(
+            ckpt.state["step"], ckpt.state["tokens"], elapsed=elapsed), gen, scaler)
+        if budget.progress(s.step, s.tokens, elapsed=elapsed) >= 1.0:
             raise ShoestringError(
                 f"nothing to resume: the checkpoint at step {s.step} has used the whole "
                 f"budget ({budget.describe()})", where=str(ckpt.path),
                 fix="extend the budget (--set train.steps=... / train.budget=...) to go on")
-        if scaler is not None and "scaler" in st:
-            scaler.load_state_dict(st["scaler"])
-    quantum = parallel.dp * micro  # sequences of one micro-step over all data-parallel ranks
-    loader = BatchLoader(train_split, quantum, tc.seed, cursor)
-    val_batch = _val_batch(data, cfg, objective) if tc.val_every > 0 else None
-    interval = _ckpt_interval(tc.checkpoint_every)
-    metrics = MetricsLog(run_dir, tc.tensorboard, keep_lines=ckpt.state["metrics_lines"] if ckpt else 0) \
-        if main else None
-    job_peak = sum(peaks)
+    loader = BatchLoader(train_split, parallel.dp * micro, tc.seed, cursor)
+    metrics = (MetricsLog(run_dir, tc.tensorboard,
+                          keep_lines=ckpt.state["metrics_lines"] if ckpt else 0)
+               if parallel.is_main else None)
+    window = Window(flops_per_token, sum(peaks),
+                    dev.datasheet_flops * parallel.world if dev.datasheet_flops else None,
+                    parallel.world if parallel.distributed else None, start=s.elapsed)
+    return _Run(cfg, data, run, parallel, dev, peaks, objective, flops_per_token, budget, speed,
+                micro, n_params, scaler, gen, loader,
+                _val_batch(data, cfg, objective) if tc.val_every > 0 else None,
+                _ckpt_interval(tc.checkpoint_every), metrics, window,
+                ckpt.path if ckpt else None, resumed=ckpt is not None), s
 
-    def log(record: dict) -> None:
-        if metrics is not None:
-            metrics.write(record)
 
-    if main:
-        console.print(
-            f"model: {cfg.model.objective} {n_params / 1e6:.2f}M parameters "
-            f"({n_params_ne / 1e6:.2f}M non-embedding), "
-            f"{flops_per_token / 1e6:.1f} MFLOP/token; device: {dev.name}, "
-            f"{str(dev.dtype).removeprefix('torch.')}, measured peak {dev.peak_flops / 1e9:.0f} GFLOP/s"
-            + (f" (datasheet {dev.datasheet_name}: {dev.datasheet_flops / 1e12:.0f} TFLOP/s)"
-               if dev.datasheet_flops else "")
-            + (f"; layout {parallel.layout.describe()}" if parallel.distributed else "")
-            + f"; budget: {budget.describe()}"
-            + (f"; resuming at step {s.step}" if ckpt else "")
-            + f"; {speed.describe()}"
-        )
+def train_step(r: _Run, s: TrainState, bsz: int, lr: float) -> None:
+    """One optimizer step over ``bsz`` rows (accumulated over micro-steps), or, when the
+    reduced loss or the global gradient norm is non-finite, a step every rank skips; too many
+    skipped in a row stop the run with a ShoestringError naming the last good checkpoint."""
+    parallel, tc = r.parallel, r.cfg.train
+    accum = bsz // r.quantum
+    t0 = time.perf_counter()
+    ids = torch.cat([next(r.loader) for _ in range(accum)])
+    r.window.waited(time.perf_counter() - t0)
+    batch = r.objective.make_batch(ids, r.gen)
+    local = parallel.forward_backward(r.objective, parallel.local_rows(batch, accum),
+                                      r.dev.autocast, r.scaler)
+    parallel.unscale(r.scaler)
+    gnorm = parallel.clip(tc.grad_clip)
+    loss = parallel.reduce_loss(local)
+    if math.isfinite(loss) and math.isfinite(gnorm):
+        grad_bytes = parallel.grad_bytes() if r.memory is None else 0
+        parallel.step(lr, r.scaler)
+        if r.memory is None:
+            r.memory = parallel.measured_memory(grad_bytes)
+        s.good_step(bsz * r.data.seq_len, loss)
+        r.window.add(bsz * r.data.seq_len, loss, gnorm)
+        return
+    parallel.zero_grad()  # every rank sees the same reduced loss and global norm: all skip
+    if r.scaler is not None:
+        r.scaler.update(r.scaler.get_scale() * r.scaler.get_backoff_factor())
+    s.bad_step()
+    if s.bad_in_a_row >= tc.max_nonfinite:
+        r.close_metrics()
+        kept = f"; the last good checkpoint is {r.last_ckpt}" if r.last_ckpt else ""
+        raise ShoestringError(
+            f"the loss was non-finite ({loss}) {s.bad_in_a_row} steps in a row, "
+            f"at step {s.step}{kept}", where=str(r.run.path),
+            fix="lower train.lr, raise train.warmup, or --set train.precision=fp32")
 
-    def checkpoint() -> Path:
-        with budget.pause():
-            state = {
-                "step": s.step, "tokens": s.tokens, "skipped": s.skipped, "next_val": s.next_val,
-                "elapsed": t_agreed, "cursor": loader.cursor.to_dict(),
-                "rng": capture_rng(gen), "metrics_lines": metrics.lines if metrics else 0,
-                "first_loss": s.first_loss, "recent_losses": s.losses[-200:],
-                "layout": parallel.layout.to_dict(), "world_size": parallel.world,
-                "attention": speed.attention,
-            }
-            if scaler is not None:
-                state["scaler"] = scaler.state_dict()
-            path = save_checkpoint(run_dir, parallel, state, tc.keep_checkpoints)
-            s.last_ckpt_time = t_agreed
-            s.last_ckpt_progress = budget.progress(s.step, s.tokens, elapsed=t_agreed)
-            return path
 
+def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
+           parallel: Parallelism, console: Console, ckpt: Checkpoint | None,
+           spare_bytes: int | None) -> dict:
+    """The loop (see `train`); ``parallel`` holds everything that depends on the layout."""
+    r, s = _setup(cfg, data, train_split, run_dir, parallel, ckpt, spare_bytes)
+    if parallel.is_main:
+        console.print(r.describe(s, resumed=ckpt is not None))
     parallel.train_mode(True)
-    elapsed_before = ckpt.state["elapsed"] if ckpt else 0.0
-    budget.restart(elapsed_before=elapsed_before)
-    # Wall-clock decisions (LR, validation, checkpoint, stop) use the elapsed time every rank
-    # agreed on at the end of the previous step, so that all ranks take them together.
-    t_agreed, step_time = elapsed_before, 0.0
-    first_step_s = 0.0  # the first step's wall clock: compilation, when compiled, happens there
-    window = {"start": t_agreed, "tokens": 0, "loss": 0.0, "steps": 0, "wait": 0.0, "gnorm": 0.0}
-    last_ckpt: Path | None = ckpt.path if ckpt else None
-    memory: dict[str, int] | None = None
+    r.budget.restart(elapsed_before=s.elapsed)
+    step_time = 0.0
     try:
-        with _signals_caught() as caught, _progress(console, main) as bar:
-            task = bar.add_task("train", total=1.0, budget=budget.describe(), loss=float("nan"),
-                                tps=0.0, mfu=0.0, left="?")
+        with _signals_caught() as caught, _progress(console, parallel.is_main) as bar:
+            task = bar.add_task("train", total=1.0, budget=r.budget.describe(),
+                                loss=float("nan"), tps=0.0, mfu=0.0, left="?")
             while True:  # at least one step, however small the budget
-                p_now = budget.progress(s.step, s.tokens, elapsed=t_agreed)
-                bsz = batch_at(tc, p_now, quantum)
-                accum = bsz // quantum
-                lr = tc.lr * lr_factor(tc, budget.progress(
-                    s.step + 0.5, s.tokens + bsz * seq_len / 2, elapsed=t_agreed + step_time / 2))
-                t0 = time.perf_counter()
-                ids = torch.cat([next(loader) for _ in range(accum)])
-                window["wait"] += time.perf_counter() - t0
-                batch = objective.make_batch(ids, gen)
-                local = parallel.forward_backward(objective, parallel.local_rows(batch, accum),
-                                                  dev.autocast, scaler)
-                parallel.unscale(scaler)
-                gnorm = parallel.clip(tc.grad_clip)
-                total = parallel.reduce_loss(local)
-                if math.isfinite(total) and math.isfinite(gnorm):
-                    grad_bytes = parallel.grad_bytes() if memory is None else 0
-                    parallel.step(lr, scaler)
-                    if memory is None:
-                        memory = parallel.measured_memory(grad_bytes)
-                    s.bad_in_a_row = 0
-                    s.step += 1
-                    s.tokens += bsz * seq_len
-                    s.losses.append(total)
-                    s.first_loss = total if s.first_loss is None else s.first_loss
-                    for k, v in (("tokens", bsz * seq_len), ("loss", total), ("steps", 1),
-                                 ("gnorm", gnorm)):
-                        window[k] += v
-                else:  # every rank sees the same reduced loss and global norm: all skip
-                    parallel.zero_grad()
-                    if scaler is not None:
-                        scaler.update(scaler.get_scale() * scaler.get_backoff_factor())
-                    s.skipped += 1
-                    s.bad_in_a_row += 1
-                    if s.bad_in_a_row >= tc.max_nonfinite:
-                        if metrics is not None:
-                            metrics.close()
-                        kept = f"; the last good checkpoint is {last_ckpt}" if last_ckpt else ""
-                        raise ShoestringError(
-                            f"the loss was non-finite ({total}) {s.bad_in_a_row} steps in a row, "
-                            f"at step {s.step}{kept}",
-                            where=str(run_dir),
-                            fix="lower train.lr, raise train.warmup, or --set train.precision=fp32",
-                        )
-                now, signum = parallel.agree([budget.elapsed, float(caught[0] if caught else 0)])
-                step_time, t_agreed = now - t_agreed, now
-                first_step_s = first_step_s or step_time
+                bsz, lr = r.batch_and_lr(s, step_time)
+                train_step(r, s, bsz, lr)
+                now, signum = parallel.agree([r.budget.elapsed,
+                                              float(caught[0] if caught else 0)])
+                step_time, s.elapsed = now - s.elapsed, now
+                r.first_step_s = r.first_step_s or step_time
                 if s.bad_in_a_row and not signum:
                     continue
-                p = budget.progress(s.step, s.tokens, elapsed=t_agreed)
+                p = r.budget.progress(s.step, s.tokens, elapsed=s.elapsed)
                 done = p >= 1.0
-                if (s.step % tc.log_every == 0 or done) and window["steps"]:
-                    span = max(t_agreed - window["start"], 1e-9)
-                    tps = window["tokens"] / span
-                    record = {
-                        "step": s.step, "progress": round(p, 5),
-                        "loss": window["loss"] / window["steps"], "lr": lr, "batch_size": bsz,
-                        "tokens": s.tokens, "flops": s.tokens * flops_per_token,
-                        "tokens_per_s": tps, "mfu": tps * flops_per_token / job_peak,
-                        "grad_norm": window["gnorm"] / window["steps"],
-                        "data_wait": min(1.0, window["wait"] / span), "skipped": s.skipped,
-                        "elapsed_s": t_agreed,
-                    }
-                    if parallel.distributed:
-                        record["world_size"] = parallel.world
-                    if dev.datasheet_flops:
-                        record["mfu_datasheet"] = tps * flops_per_token / (
-                            dev.datasheet_flops * parallel.world)
-                    log(record)
-                    window = {"start": t_agreed, "tokens": 0, "loss": 0.0, "steps": 0,
-                              "wait": 0.0, "gnorm": 0.0}
-                    left = (t_agreed / p - t_agreed) if p > 0 else float("inf")
-                    avg = s.tokens / max(t_agreed, 1e-9)  # the summary's tokens/s and MFU
-                    bar.update(task, completed=p, loss=_tail_mean(s.losses), tps=avg,
-                               mfu=avg * flops_per_token / job_peak, left=format_duration(left))
-                if val_batch is not None and (p >= s.next_val) and not done:
-                    with budget.pause():
-                        log({"step": s.step, "progress": round(p, 5), "tokens": s.tokens,
-                             "flops": s.tokens * flops_per_token, "elapsed_s": t_agreed,
-                             "val_loss": parallel.eval_loss(objective, val_batch, dev.autocast)})
+                if (s.step % cfg.train.log_every == 0 or done) and r.window.steps:
+                    r.log(r.window.record(s, p, lr, bsz))
+                    bar.update(task, **r.window.bar(s, p))
+                if r.val_batch is not None and p >= s.next_val and not done:
+                    r.validate(s, p)
                     while s.next_val <= p:
-                        s.next_val += tc.val_every
-                if interval is not None and not done and _checkpoint_due(
-                        interval, s.step, p, t_agreed, s.last_ckpt_progress, s.last_ckpt_time):
-                    last_ckpt = checkpoint()
+                        s.next_val += cfg.train.val_every
+                if r.interval is not None and not done and _checkpoint_due(
+                        r.interval, s.step, p, s.elapsed, s.last_ckpt_progress,
+                        s.last_ckpt_time):
+                    r.checkpoint(s)
                 if signum:
-                    last_ckpt = checkpoint()
-                    if metrics is not None:
-                        metrics.close()
-                    raise TrainingInterrupted(int(signum), last_ckpt, s.step)
+                    r.checkpoint(s)
+                    r.close_metrics()
+                    raise TrainingInterrupted(int(signum), r.last_ckpt, s.step)
                 if done:
                     break
     finally:
-        loader.close()
-    train_seconds = t_agreed  # the budget's seconds, before a resume included
+        r.loader.close()
+    return _finish(r, s)
 
+
+def _finish(r: _Run, s: TrainState) -> dict:
+    """After the clock stops: the final checkpoint and validation, ``final/`` (rank 0) and
+    the summary (also summary.json)."""
+    cfg, data, parallel = r.cfg, r.data, r.parallel
+    train_seconds = s.elapsed  # the budget's seconds, before a resume included
     save_start = time.perf_counter()
-    final_ckpt = checkpoint()
-    val_loss = None
-    if val_batch is not None:
-        val_loss = parallel.eval_loss(objective, val_batch, dev.autocast)
-        log({"step": s.step, "progress": 1.0, "tokens": s.tokens,
-             "flops": s.tokens * flops_per_token, "elapsed_s": t_agreed, "val_loss": val_loss})
-    if main:
-        final = consolidate(final_ckpt, build_model(cfg.model, vocab))
-        run.save_final(final, model_meta(cfg, vocab, seq_len, data.special_ids),
-                       data.tokenizer_path)
-        run.clear_evaluations()  # they scored the final/ this one replaces
+    final_ckpt = r.checkpoint(s)
+    val_loss = r.validate(s, 1.0) if r.val_batch is not None else None
+    if parallel.is_main:
+        final = consolidate(final_ckpt, build_model(cfg.model, data.vocab_size))
+        r.run.save_final(final, model_meta(cfg, data.vocab_size, data.seq_len,
+                                           data.special_ids), data.tokenizer_path)
+        r.run.clear_evaluations()  # they scored the final/ this one replaces
     save_seconds = time.perf_counter() - save_start
-    if metrics is not None:
-        metrics.close()
+    r.close_metrics()
+    summary = _summary(r, s, train_seconds, save_seconds, val_loss)
+    if parallel.is_main:
+        r.run.write_summary(summary)
+    parallel.barrier()
+    return summary
+
+
+def _summary(r: _Run, s: TrainState, train_seconds: float, save_seconds: float,
+             val_loss: float | None) -> dict:
+    """summary.json: what was trained, how fast, and how well (docs/training.md)."""
+    dev, parallel = r.dev, r.parallel
     tps = s.tokens / max(train_seconds, 1e-9)
-    achieved = tps * flops_per_token  # FLOP/s of the job
-    summary = {
-        "data_dir": str(data.path.resolve()),
-        "objective": cfg.model.objective,
+    return {
+        "data_dir": str(r.data.path.resolve()),
+        "objective": r.cfg.model.objective,
         "steps": s.step,
         "tokens": s.tokens,
         "skipped_steps": s.skipped,
@@ -529,34 +552,31 @@ def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
         "save_seconds": round(save_seconds, 3),
         "tokens_per_s": tps,
         "tokens_per_s_per_device": tps / parallel.world,
-        "flops_per_token": flops_per_token,
-        "total_flops": flops_per_token * s.tokens,
-        # achieved FLOP/s over the sum of the devices' measured peaks (= per-device MFU when
-        # the devices are alike); per device: its share of the work over its own peak
-        "mfu": achieved / job_peak,
-        "mfu_per_device": [achieved / parallel.world / pk for pk in peaks],
+        "flops_per_token": r.flops_per_token,
+        "total_flops": r.flops_per_token * s.tokens,
+        "mfu": r.window.mfu(tps),
+        # per device: its share of the work over its own peak
+        "mfu_per_device": [tps * r.flops_per_token / parallel.world / pk for pk in r.peaks],
         "peak_flops": dev.peak_flops,
-        # Against the vendor's datasheet peak on a known GPU (plan.hardware); else null.
-        "mfu_datasheet": achieved / (dev.datasheet_flops * parallel.world)
-        if dev.datasheet_flops else None,
+        "mfu_datasheet": r.window.mfu_datasheet(tps),
         "datasheet_peak_flops": dev.datasheet_flops,
         "datasheet_device": dev.datasheet_name,
         "device": dev.name,
         "dtype": str(dev.dtype).removeprefix("torch."),
         "layout": parallel.layout.describe(),
-        "attention": speed.attention,
-        "compiled": speed.compile,
-        "first_step_s": round(first_step_s, 3),
+        "attention": r.speed.attention,
+        "compiled": r.speed.compile,
+        "first_step_s": round(r.first_step_s, 3),
         "world_size": parallel.world,
-        "micro_batch": micro,
-        "params": n_params,
-        "params_non_embedding": n_params_ne,
-        "memory_measured": memory,
+        "micro_batch": r.micro,
+        "params": r.n_params[0],
+        "params_non_embedding": r.n_params[1],
+        "memory_measured": r.memory,
         "first_loss": s.first_loss,
-        "final_train_loss": _tail_mean(s.losses),
+        "final_train_loss": s.tail_loss(),
         "val_loss_subset": val_loss,
-        "budget": budget.describe(),
-        "resumed": ckpt is not None,
+        "budget": r.budget.describe(),
+        "resumed": r.resumed,
         "versions": {
             "shoestring": __version__,
             "torch": torch.__version__,
@@ -564,7 +584,3 @@ def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
             "platform": platform.platform(),
         },
     }
-    if main:
-        run.write_summary(summary)
-    parallel.barrier()
-    return summary

@@ -1,11 +1,15 @@
-"""The optimizer: AdamW with decoupled weight decay on matrices only."""
+"""The optimizer: AdamW with decoupled weight decay on matrices only; one per model part
+under a parallel layout, its state sharded across data-parallel ranks under ZeRO-1."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import nn
 
 from shoestring.config import TrainConfig
+from shoestring.dist.layout import Layout
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -28,3 +32,26 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer
         eps=cfg.eps,
         foreach=True,
     )
+
+
+def build_optimizers(parts: list[nn.Module], train_cfg: TrainConfig, layout: Layout,
+                     meshes: Any) -> list[torch.optim.Optimizer]:
+    """AdamW per model part (the lead's param groups); ZeRO-1 shards its state across DP
+    (``meshes``: the layout's ``dist.mesh.Meshes``, None in one process)."""
+    if layout.zero != 1 or meshes is None or meshes.dp is None:
+        return [build_optimizer(p, train_cfg) for p in parts]
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    opts = []
+    for part in parts:
+        groups = param_groups(part, train_cfg.weight_decay)
+        zero = ZeroRedundancyOptimizer(
+            groups[0]["params"], optimizer_class=torch.optim.AdamW,
+            process_group=meshes.dp.get_group(), lr=train_cfg.lr,
+            betas=(train_cfg.beta1, train_cfg.beta2), eps=train_cfg.eps,
+            weight_decay=groups[0]["weight_decay"],
+        )
+        if groups[1]["params"]:
+            zero.add_param_group({"params": groups[1]["params"], "weight_decay": 0.0})
+        opts.append(zero)
+    return opts

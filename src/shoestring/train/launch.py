@@ -6,7 +6,7 @@ exit code 2, so a bad layout never leaves ranks waiting on each other.
 
     torchrun --nproc-per-node 8 -m shoestring train --data data/ -o runs/x \\
         --parallel dp=2,tp=2,pp=2 --zero 2
-    torchrun --nproc-per-node 2 -m shoestring.dist.launch --data data/ -o runs/x --parallel dp=2
+    torchrun --nproc-per-node 2 -m shoestring.train.launch --data data/ -o runs/x --parallel dp=2
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def run(
                  console=Console(stderr=True, quiet=True))
 
 
-def torchrun_command(nproc: int, args: list[str], *, module: str = "shoestring.dist.launch",
+def torchrun_command(nproc: int, args: list[str], *, module: str = "shoestring.train.launch",
                      script: str | None = None, nnodes: int = 1, rdzv: str | None = None
                      ) -> list[str]:
     """argv for ``torchrun`` running ``module`` (or a ``script``) with ``args`` (single node:
@@ -62,7 +62,7 @@ def torchrun_command(nproc: int, args: list[str], *, module: str = "shoestring.d
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m shoestring.dist.launch")
+    p = argparse.ArgumentParser(prog="python -m shoestring.train.launch")
     p.add_argument("--data", "-d", required=True)
     p.add_argument("--output", "-o", required=True)
     p.add_argument("--parallel", default="dp=1")

@@ -1,21 +1,11 @@
-"""Memory per device and the parallel layout that makes a model fit.
+"""The parallel layout that makes a model fit: the planner's search over layouts.
 
-When the distributed package's own memory model (`shoestring.dist.memory`) is installed the
-planner uses it; otherwise this simple estimate, which the plan labels as such:
-
-- model states, mixed precision with fp32 master weights and AdamW: 4 (weights) + 4 (grads)
-  + 8 (two moments) = 16 bytes per parameter (the ZeRO paper's accounting), divided by the
-  data-parallel degree under ZeRO-3 and by tensor × pipeline degrees;
-- activations per layer and sequence, bf16, with fused (flash/SDPA) attention:
-  s·b·H·(10 + 24/t) bytes (Korthikanti et al. 2022, "Reducing Activation Recomputation in
-  Large Transformer Models", eq. 2 without the attention-score term that fused attention
-  removes); with activation checkpointing only each layer's input (2·s·b·H) is kept, plus one
-  layer's worth during recompute; a 1F1B pipeline's first stage holds as many micro-batches as
-  stages, i.e. every layer's activations once;
-- the logits (bf16 + fp32 for the loss) at the positions where the head runs.
-
-The layout preference, cheapest communication first: one device (or plain data parallelism),
-ZeRO-3 sharding, tensor parallelism inside a node, pipeline parallelism across nodes.
+Memory per device comes from the one memory model, `shoestring.dist.memory.memory_per_rank`
+(the per-rank bytes `train` checks before it starts), so the plan and the trainer agree on
+what fits. The layout preference, cheapest communication first: one device (or plain data
+parallelism), ZeRO-3 sharding, tensor parallelism inside a node, pipeline parallelism across
+nodes; for each, the largest micro-batch that divides the per-device batch and fits, then the
+same with full activation checkpointing.
 """
 
 from __future__ import annotations
@@ -24,14 +14,16 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from shoestring.dist.memory import memory_per_rank
 from shoestring.errors import ShoestringError
 
 GB = 2**30
-STATE_BYTES = 16  # fp32 weights + fp32 grads + AdamW m and v
 
 
 @dataclass(frozen=True)
-class Layout:
+class PlannedLayout:
+    """A layout the planner chose (or the least bad when nothing fits), with its memory."""
+
     dp: int
     tp: int
     pp: int
@@ -56,32 +48,6 @@ class Layout:
         return flags + (" --ac full" if self.checkpointing else "")
 
 
-def estimate_bytes(
-    params: int,
-    layers: int,
-    hidden: int,
-    vocab: int,
-    seq_len: int,
-    micro_batch: int,
-    head_fraction: float,
-    dp: int = 1,
-    tp: int = 1,
-    pp: int = 1,
-    zero: int = 0,
-    checkpointing: bool = False,
-) -> dict[str, float]:
-    """Peak bytes per device, by part (the simple model above)."""
-    model_shards = tp * pp * (dp if zero == 3 else 1)
-    states = STATE_BYTES * params / model_shards
-    sbh = seq_len * micro_batch * hidden
-    if checkpointing:
-        acts = 2 * sbh * layers + sbh * (10 + 24 / tp)
-    else:
-        acts = sbh * (10 + 24 / tp) * layers  # 1F1B: stage 0 holds pp micro-batches
-    logits = 6 * seq_len * micro_batch * head_fraction * vocab / tp
-    return {"model_states": states, "activations": acts, "logits": logits}
-
-
 def _usable_bytes(memory_gb: float, is_cpu: bool) -> float:
     if is_cpu:
         return 0.8 * memory_gb * GB
@@ -100,20 +66,13 @@ def plan_layout(
     devices: int,
     devices_per_node: int,
     memory_gb: float,
+    estimator: Callable[..., dict[str, float]],
+    estimator_name: str,
     is_cpu: bool = False,
-    estimator: Callable[..., dict[str, float]] | None = None,
-    estimator_name: str = "simple estimate (shoestring.plan.memory)",
-) -> Layout:
-    """The least-communication layout whose estimated memory fits one device.
-
-    ``estimator(dp=, tp=, pp=, zero=, micro_batch=, checkpointing=)`` → bytes by part; the
-    default is the simple model in this module's docstring.
-    """
+) -> PlannedLayout:
+    """The least-communication layout whose estimated memory fits one device;
+    ``estimator(dp=, tp=, pp=, zero=, micro_batch=, checkpointing=)`` → bytes by part."""
     usable = _usable_bytes(memory_gb, is_cpu)
-    if estimator is None:
-        def estimator(dp, tp, pp, zero, micro_batch, checkpointing):  # noqa: ANN001, ANN202
-            return estimate_bytes(params, layers, hidden, vocab, seq_len, micro_batch,
-                                  head_fraction, dp, tp, pp, zero, checkpointing)
     nodes = max(1, devices // max(1, devices_per_node))
     options: list[tuple[int, int, int, int, str]] = []  # dp, tp, pp, zero, kind
     if devices == 1:
@@ -138,7 +97,7 @@ def plan_layout(
                     options.append((dp, tp, pp, 3 if dp > 1 else 0,
                                     f"pipeline {pp} across nodes × tensor parallel {tp} × "
                                     f"data parallel {dp}"))
-    best: Layout | None = None
+    best: PlannedLayout | None = None
     for dp, tp, pp, zero, kind in options:
         per_rank = max(1, global_batch // dp)
         # micro-batches that divide the per-device batch exactly, largest first
@@ -151,7 +110,7 @@ def plan_layout(
                 except ShoestringError:  # a layout the distributed package cannot run
                     break
                 total = sum(parts.values())
-                layout = Layout(
+                layout = PlannedLayout(
                     dp, tp, pp, zero, micro, per_rank // micro, checkpointing,
                     round(total / GB, 3), {k: round(v / GB, 3) for k, v in parts.items()},
                     total <= usable, kind, estimator_name,
@@ -164,13 +123,8 @@ def plan_layout(
     return best
 
 
-def layout_for(model_cfg: Any, **kwargs: Any) -> Layout:
-    """`plan_layout`, with the distributed package's per-rank memory model
-    (`shoestring.dist.memory.memory_per_rank`) when it is installed, else the simple one."""
-    try:
-        from shoestring.dist.memory import memory_per_rank
-    except ImportError:
-        return plan_layout(**kwargs)
+def layout_for(model_cfg: Any, **kwargs: Any) -> PlannedLayout:
+    """`plan_layout` for ``model_cfg`` (a ModelConfig), measured by the one memory model."""
 
     def estimator(dp, tp, pp, zero, micro_batch, checkpointing):  # noqa: ANN001, ANN202
         parts = memory_per_rank(
