@@ -383,6 +383,14 @@ def test_a_corrupted_tags_or_manifest_file_is_reported_and_skipped(
     repo.tag("bert:2", "prod")
     assert json.loads(tags.read_text()) == {"prod": 2}
     assert not list(root.rglob("*.tmp"))
+    # The newest version unusable: `latest` is the newest usable one, and says which was not.
+    (root / "bert" / "2" / "manifest.json").write_text('{"sha256": "nope", "kind": "run"}')
+    assert repo.resolve("bert").version == 1
+    assert "bert:2 skipped: manifest.json has no valid sha256" in repo.problems[
+        str(root / "bert" / "2" / "manifest.json")
+    ]
+    with pytest.raises(ShoestringError, match="bert:2 cannot be used"):
+        repo.resolve("bert:prod")
 
 
 def _corrupt(file: Path) -> None:

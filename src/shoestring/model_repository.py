@@ -325,11 +325,13 @@ class ModelRepository:
                 f"no model named {name!r} in the repository {self.root} (models: {known})",
                 fix=f"store one with: shoestring models push RUN_DIR --name {name}",
             )
-        if sel == LATEST:
-            usable = self.versions(name)
-            if not usable:  # every version is bad: say why for the newest
-                return self.get(name, versions[-1])
-            return usable[-1]
+        if sel == LATEST:  # the newest usable version (a bad one is skipped and recorded)
+            for v in reversed(versions[1:]):
+                try:
+                    return self.get(name, v)
+                except ShoestringError:
+                    continue
+            return self.get(name, versions[0])  # raises, saying why, if it is bad too
         if sel.isdigit():
             if int(sel) not in versions:
                 raise ShoestringError(
