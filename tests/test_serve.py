@@ -395,6 +395,14 @@ def test_api_key_is_required_where_it_should_be(run_dir: Path) -> None:
         assert c.post("/v1/fill-mask", json=body, headers={"X-API-Key": KEY}).status_code == 200
         assert c.get("/metrics", headers={"X-API-Key": KEY}).status_code == 200
         assert c.get("/healthz").status_code == 200 and c.get("/readyz").status_code == 200
+        # The API's description is behind the key too.
+        for path in ("/docs", "/redoc", "/openapi.json"):
+            assert c.get(path).status_code == 401, path
+            assert c.get(path, headers={"X-API-Key": KEY}).status_code == 200, path
+        spec = c.get("/openapi.json", headers={"Authorization": f"Bearer {KEY}"}).json()
+        assert "/v1/fill-mask" in spec["paths"] and "/openapi.json" not in spec["paths"]
+    with start(run_dir) as srv:  # without a key it is public, as FastAPI serves it
+        assert httpx.get(srv.url + "/openapi.json", timeout=60).status_code == 200
 
 
 def test_settings_refuse_a_short_key_and_name_the_flag() -> None:

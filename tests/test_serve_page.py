@@ -1,10 +1,14 @@
 """The page at ``/`` in a real headless Chromium (Debian's ``chromium`` + ``chromium-driver``,
 installed by ``make dev``/``make test`` where missing), driven by Selenium: it loads, lists
 a pushed model with its eval metrics, shows live server metrics, and a fill-mask query from
-its form shows the same top token the API gives."""
+its form shows the same top token the API gives. Whatever the page shows is text, never
+markup: a version whose manifest carries a script payload is shown literally and runs
+nothing."""
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -14,6 +18,7 @@ import pytest
 from conftest import tiny_config
 
 from shoestring.model_repository import ModelRepository
+from shoestring.serve.page import PAGE
 from shoestring.serve.server import ServerThread, load_router
 from shoestring.serve.settings import make_settings
 
@@ -64,6 +69,30 @@ def browser():
         shutil.rmtree(profile, ignore_errors=True)
 
 
+# A hostile manifest: markup in a metric's name and value and in ``created``. Inserted as
+# HTML, the <img> would run its onerror (a <script> set through innerHTML does not run).
+PAYLOAD = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>'
+
+
+def _plant_payload(repo: ModelRepository) -> None:
+    path = repo.resolve("bert:1").path.parent / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["metrics"][PAYLOAD] = 1.5
+    manifest["metrics"]["note"] = PAYLOAD  # not a number: skipped and reported
+    manifest["created"] = PAYLOAD
+    path.write_text(json.dumps(manifest))
+
+
+def test_the_page_never_inserts_markup_built_from_data() -> None:
+    """The page builds its DOM from text nodes only: no HTML parsing of anything the server
+    sends (the old page built rows with innerHTML and missed escaping a metric value)."""
+    script = PAGE[PAGE.index("<script>") :]
+    for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval("):
+        assert sink not in script, sink
+    # Text goes in through append/replaceChildren of strings (text nodes) and setAttribute.
+    assert re.search(r"e\.append\(c instanceof Node \? c : String\(", script)
+
+
 @pytest.fixture()
 def server(pydocs_dir: Path, tmp_path: Path):
     from shoestring.eval.mlm import evaluate_run
@@ -75,6 +104,7 @@ def server(pydocs_dir: Path, tmp_path: Path):
     repo = ModelRepository(tmp_path / "models")
     repo.push(run, "bert")
     repo.tag("bert:1", "prod")
+    _plant_payload(repo)
     settings = make_settings(port=0, max_length=64)
     with ServerThread(load_router(["bert:prod"], settings, repo), settings) as srv:
         yield srv
@@ -96,6 +126,10 @@ def test_the_page_lists_models_and_runs_a_fill_mask_query(browser, server: Serve
     cells = [c.text for c in row.find_elements(By.TAG_NAME, "td")]
     assert cells[0] == "bert" and cells[1] == "1" and cells[2] == "prod"
     assert "mlm_loss=" in cells[4] and "current" in cells[5]
+    # The payload is shown as the text it is, and none of it ran or became an element.
+    assert f"{PAYLOAD}=1.500" in cells[4] and cells[3] == PAYLOAD
+    assert browser.find_elements(By.CSS_SELECTOR, "#models img, #models script") == []
+    assert browser.execute_script("return window.__pwned === undefined")
     # Live metrics: the API request above was counted.
     wait.until(
         lambda b: (

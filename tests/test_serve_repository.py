@@ -6,6 +6,7 @@ loopback ports."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -100,8 +101,12 @@ def test_push_list_tag_rm_from_the_cli(runs: tuple[Path, Path], home: Path) -> N
         with pytest.raises(ShoestringError, match=message):
             call()
 
-    # Removing the tagged version removes its tag; removing the name removes the rest.
-    assert "removed bert:1" in ok("models", "rm", "bert:prod")
+    # A tagged version (what `serve bert:prod` serves) is removed only with --force, and its
+    # tag with it; removing the name removes the rest.
+    no = refused("models", "rm", "bert:prod")
+    assert "bert:1 is tagged (bert:prod → bert:1)" in no and "--force" in no
+    assert [v.version for v in repo.versions("bert")] == [1, 2]
+    assert "removed bert:1" in ok("models", "rm", "bert:prod", "--force")
     assert repo.tags("bert") == {} and [v.version for v in repo.versions("bert")] == [2]
     assert repo.remove("bert") == ["bert:2"]
     assert repo.versions() == [] and not (home / "models" / "bert").exists()
@@ -240,3 +245,264 @@ def test_workers_share_one_port_and_drain_on_sigterm(runs: tuple[Path, Path], ho
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+# --- what a repository may not do (issue 37) -------------------------------------------------
+
+
+def _victim(tmp_path: Path) -> Path:
+    """A folder outside the repository, shaped like a model (what `rm ../../victim` deleted)."""
+    victim = tmp_path / "victim"
+    (victim / "1").mkdir(parents=True)
+    (victim / "1" / "manifest.json").write_text("{}")
+    (victim / "keep.txt").write_text("precious")
+    return victim
+
+
+def _intact(victim: Path) -> bool:
+    kept = (victim / "keep.txt").read_text() == "precious"
+    return kept and (victim / "1" / "manifest.json").is_file()
+
+
+def test_names_and_tags_cannot_leave_the_repository(
+    runs: tuple[Path, Path], home: Path, tmp_path: Path
+) -> None:
+    a, _ = runs
+    root = home / "models"
+    repo = ModelRepository(root)
+    repo.push(a, "bert")
+    repo.tag("bert:1", "prod")
+    victim = _victim(tmp_path)
+    rel = os.path.relpath(victim, root)
+    assert rel == "../../victim"
+
+    # The CLI, as in the report: exit 2 naming the value, nothing outside touched.
+    for bad in (rel, str(victim)):
+        assert f"model name {bad!r} is not allowed" in refused("models", "rm", bad, "--force")
+    assert "is not allowed" in refused("models", "push", str(a), "--name", "../x")
+    # The library: every entry point checks names, tags and selectors first.
+    for bad in (rel, str(victim), "bert/../../victim", "..", "a/b", "/etc", ".hidden", "Bert"):
+        for call in (
+            lambda: repo.remove(bad, force=True),
+            lambda: repo.push(a, bad),
+            lambda: repo.versions(bad),
+            lambda: repo.tags(bad),
+            lambda: repo.resolve(bad),
+            lambda: repo.tag(f"{bad}:1", "prod"),
+            lambda: repo.tag("bert:1", bad),
+            lambda: repo.resolve(f"bert:{bad}"),
+            lambda: repo.remove(f"bert:{bad}", force=True),
+        ):
+            with pytest.raises(ShoestringError, match="is not allowed"):
+                call()
+    assert _intact(victim) and [v.ref for v in repo.versions()] == ["bert:1"]
+
+    # Symbolic links in place of a model or a version folder are refused, never followed.
+    (root / "evil").symlink_to(victim)
+    (root / "bert" / "7").symlink_to(victim / "1")
+    (root / "bert" / ".lock").unlink()
+    (root / "bert" / ".lock").symlink_to(victim / "lock")
+    no = refused("models", "rm", "evil", "--force")
+    assert "model 'evil' is a symbolic link" in no and str(victim) in no
+    with pytest.raises(ShoestringError, match="symbolic link"):
+        repo.resolve("evil")
+    with pytest.raises(ShoestringError, match=r"no version 7"):
+        repo.resolve("bert:7")
+    assert "a symbolic link" in repo.problems[str(root / "bert" / "7")]
+    with pytest.raises(ShoestringError, match="cannot lock model 'bert'"):
+        repo.tag("bert:1", "staging")
+    listing = run_cli("models", "list")
+    assert listing.returncode == 0 and re.search(r"bert\s+1\s+prod", listing.stdout)
+    assert "evil" not in listing.stdout and "symbolic link" in listing.stderr
+    (root / "bert" / ".lock").unlink()
+    assert repo.remove("bert", force=True) == ["bert:1"]
+    assert _intact(victim) and not (victim / "lock").exists()
+    assert not (root / "bert").exists() and (root / "evil").is_symlink()
+
+    # A server: a request's model field cannot name a path either.
+    repo.push(a, "bert")
+    settings = make_settings(port=0, max_length=64)
+    with ServerThread(load_router(["bert"], settings, repo), settings) as srv:
+        for model in (f"bert:{rel}", "bert:/etc", "../bert", "bert:.."):
+            r = httpx.post(srv.url + "/v1/embed", json={"inputs": "x", "model": model}, timeout=60)
+            assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "model"]
+    assert _intact(victim)
+
+
+def test_a_corrupted_tags_or_manifest_file_is_reported_and_skipped(
+    runs: tuple[Path, Path], home: Path
+) -> None:
+    a, b = runs
+    root = home / "models"
+    repo = ModelRepository(root)
+    repo.push(a, "bert")
+    repo.push(b, "bert")
+    repo.tag("bert:1", "prod")
+    repo.push(b, "enc")
+    settings = make_settings(port=0, max_length=64)
+    router = load_router(["bert:prod", "enc"], settings, repo)
+    tags = root / "bert" / "tags.json"
+    with ServerThread(router, settings) as srv, httpx.Client(base_url=srv.url, timeout=60) as c:
+
+        def embed(model: str | None = None) -> httpx.Response:
+            return c.post("/v1/embed", json={"inputs": "x", **({"model": model} if model else {})})
+
+        # Bad entries: each skipped and named; the good one keeps working.
+        tags.write_text('{"prod": 1, "staging": "two", "../x": 1}')
+        assert embed().status_code == 200 and embed("bert:prod").status_code == 200
+        problems = c.get("/v1/models").json()["models"][0]["problems"]
+        assert "tag 'staging' skipped" in problems[str(tags)]
+        assert "tag '../x' skipped" in problems[str(tags)]
+
+        # A file that does not parse: its tags are gone, everything else keeps working.
+        tags.write_text('{"prod": 1, "stag')
+        r = embed()
+        assert r.status_code == 503 and "bert:prod cannot be served now" in r.json()["detail"]
+        assert "no tag 'prod'" in r.json()["detail"]
+        assert embed("bert:2").status_code == 200 and embed("enc").status_code == 200
+        ready = c.get("/readyz")
+        assert ready.status_code == 503 and "no tag 'prod'" in ready.json()["problems"][0]
+        listed = c.get("/v1/models")
+        assert listed.status_code == 200
+        problems = listed.json()["models"][0]["problems"]
+        assert "cannot be read (JSONDecodeError" in problems[str(tags)]
+
+        # A manifest that does not parse: that version is skipped, the others served.
+        manifest = root / "enc" / "1" / "manifest.json"
+        manifest.write_text("{")
+        r = embed("enc")
+        assert r.status_code == 503 and "enc:1 cannot be used: its manifest.json" in r.text
+        assert embed("bert:2").status_code == 200
+
+    listing = run_cli("models", "list")
+    assert listing.returncode == 0 and "Traceback" not in listing.stderr
+    assert re.search(r"bert\s+1\s", listing.stdout) and re.search(r"bert\s+2\s", listing.stdout)
+    warned = " ".join(listing.stderr.split())
+    assert f"{tags}: cannot be read" in warned and f"{manifest}: enc:1 skipped" in warned
+    # Repository files are written whole (write, fsync, rename): a tag rewrites tags.json.
+    repo.tag("bert:2", "prod")
+    assert json.loads(tags.read_text()) == {"prod": 2}
+    assert not list(root.rglob("*.tmp"))
+    # The newest version unusable: `latest` is the newest usable one, and says which was not.
+    (root / "bert" / "2" / "manifest.json").write_text('{"sha256": "nope", "kind": "run"}')
+    assert repo.resolve("bert").version == 1
+    assert "bert:2 skipped: manifest.json has no valid sha256" in repo.problems[
+        str(root / "bert" / "2" / "manifest.json")
+    ]
+    with pytest.raises(ShoestringError, match="bert:2 cannot be used"):
+        repo.resolve("bert:prod")
+
+
+def _corrupt(file: Path) -> None:
+    data = bytearray(file.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    file.write_bytes(bytes(data))
+
+
+def test_changed_weights_are_refused_at_load_and_by_models_verify(
+    runs: tuple[Path, Path], home: Path
+) -> None:
+    a, b = runs
+    root = home / "models"
+    repo = ModelRepository(root)
+    repo.push(a, "bert")
+    repo.push(b, "bert")
+    repo.tag("bert:1", "prod")
+    assert "2 version(s) match their recorded sha256" in ok("models", "verify")
+    recorded = repo.resolve("bert:2").manifest["sha256"]
+    weights = root / "bert" / "2" / "model" / "final" / "model.safetensors"
+    _corrupt(weights)
+
+    checked = run_cli("models", "verify")
+    assert checked.returncode == 2 and "Traceback" not in checked.stderr
+    assert re.search(r"bert:1\s+ok", checked.stdout)
+    said = " ".join(checked.stdout.split())
+    assert f"bert:2 MISMATCH {weights.parent}: " in said and f"recorded {recorded}, now" in said
+    assert "1 stored version(s) failed the check: bert:2" in " ".join(checked.stderr.split())
+    assert "bert:1 ok" in " ".join(ok("models", "verify", "bert:1").split())
+
+    settings = make_settings(port=0, max_length=64)
+    with pytest.raises(ShoestringError, match=f"recorded {recorded}, now [0-9a-f]{{64}}") as e:
+        load_router(["bert:2"], settings, repo)
+    assert e.value.where == str(weights.parent)
+
+    # Under a running server: the tag moved to the changed version is refused (503), and
+    # readiness says so; moved back, it serves again.
+    with ServerThread(load_router(["bert:prod"], settings, repo), settings) as srv, httpx.Client(
+        base_url=srv.url, timeout=60
+    ) as c:
+        assert c.post("/v1/embed", json={"inputs": "x"}).status_code == 200
+        repo.tag("bert:2", "prod")
+        r = c.post("/v1/embed", json={"inputs": "x"})
+        assert r.status_code == 503 and f"recorded {recorded}" in r.json()["detail"]
+        ready = c.get("/readyz")
+        assert ready.status_code == 503 and "bert:2 cannot be served" in ready.json()["problems"][0]
+        repo.tag("bert:1", "prod")
+        assert c.post("/v1/embed", json={"inputs": "x"}).status_code == 200
+        assert c.get("/readyz").status_code == 200
+
+
+def test_removing_the_version_a_served_tag_points_at_needs_force_and_readyz_tells(
+    runs: tuple[Path, Path], home: Path
+) -> None:
+    a, b = runs
+    repo = ModelRepository(home / "models")
+    repo.push(a, "bert")
+    repo.push(b, "bert")
+    repo.tag("bert:1", "prod")
+    settings = make_settings(port=0, max_length=64)
+    with ServerThread(load_router(["bert:prod"], settings, repo), settings) as srv, httpx.Client(
+        base_url=srv.url, timeout=60
+    ) as c:
+        assert c.get("/readyz").status_code == 200
+        with pytest.raises(ShoestringError, match=r"bert:1 is tagged \(bert:prod → bert:1\)"):
+            repo.remove("bert:1")
+        with pytest.raises(ShoestringError, match=r"bert is tagged"):
+            repo.remove("bert")
+        assert c.post("/v1/embed", json={"inputs": "x"}).status_code == 200
+        assert repo.remove("bert:1", force=True) == ["bert:1"]
+        r = c.post("/v1/embed", json={"inputs": "x"})
+        assert r.status_code == 503 and "bert:prod cannot be served now" in r.json()["detail"]
+        ready = c.get("/readyz")
+        assert ready.status_code == 503 and ready.json()["status"] == "cannot serve a model"
+        assert c.post("/v1/embed", json={"inputs": "x", "model": "bert:2"}).status_code == 200
+        repo.tag("bert:2", "prod")
+        assert c.get("/readyz").status_code == 200
+
+
+def test_concurrent_pushes_of_the_same_content_make_one_version(
+    runs: tuple[Path, Path], home: Path
+) -> None:
+    a, _ = runs
+    repo = ModelRepository(home / "models")
+    got: list[tuple[int, bool]] = []
+    threads = [
+        threading.Thread(target=lambda: got.append(((v := repo.push(a, "m"))[0].version, v[1])))
+        for _ in range(4)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert sorted(got) == [(1, False), (1, False), (1, False), (1, True)]
+    assert [v.ref for v in repo.versions("m")] == ["m:1"]
+    assert sorted(p.name for p in (home / "models" / "m").iterdir()) == [".lock", "1"]
+
+
+def test_decoder_eval_metrics_are_stored_with_the_version(
+    runs: tuple[Path, Path], home: Path, tmp_path: Path
+) -> None:
+    from test_serve import save_tiny_decoder
+
+    from shoestring.eval.decoder import evaluate_decoder
+
+    a, _ = runs
+    clm = save_tiny_decoder(a, tmp_path / "clm")
+    text = tmp_path / "held_out.txt"
+    text.write_text("a function returns a value.\n\nthe list of words is sorted.\n")
+    result = evaluate_decoder(clm, text=text, samples=0, precision="fp32")
+    version, _ = ModelRepository(home / "models").push(clm, "gpt")
+    metrics = version.manifest["metrics"]
+    assert metrics["loss"] == result["perplexity"]["loss"]
+    assert metrics["perplexity"] == result["perplexity"]["perplexity"]
+    assert re.search(r"gpt\s+1\s.*loss=\S+ perplexity=", ok("models", "list"))

@@ -98,3 +98,53 @@ def test_over_the_concurrent_request_limit_is_a_429_naming_it(decoder_run: Path)
     assert r.json()["limit"] == "max_concurrent_requests" and r.json()["value"] == 1
     assert held == [200]
     assert metric(text, "shoestring_refused_requests_total", limit="max_concurrent_requests") == 1
+
+
+# --- bad numbers -------------------------------------------------------------------------------
+
+BAD_NUMBERS = [  # (endpoint, raw JSON body, the field the answer must name)
+    ("/v1/generate", '{"inputs": "a", "temperature": NaN}', "temperature"),
+    ("/v1/generate", '{"inputs": "a", "temperature": Infinity}', "temperature"),
+    ("/v1/generate", '{"inputs": "a", "temperature": 1e-300}', "temperature"),
+    ("/v1/generate", '{"inputs": "a", "temperature": -Infinity}', "temperature"),
+    ("/v1/generate", '{"inputs": "a", "top_p": NaN}', "top_p"),
+    ("/v1/generate", '{"inputs": "a", "top_p": 1e-300}', "top_p"),
+    ("/v1/generate", '{"inputs": "a", "top_k": 1e400}', "top_k"),
+    ("/v1/generate", '{"inputs": "a", "seed": NaN}', "seed"),
+    ("/v1/generate", '{"inputs": "a", "max_new_tokens": Infinity}', "max_new_tokens"),
+    ("/v1/generate", '{"inputs": "a", "retrieve": {"k": NaN}}', "k"),
+    ("/v1/fill-mask", '{"inputs": "a [MASK]", "top_k": NaN}', "top_k"),
+    ("/v1/search", '{"query": "a", "k": -Infinity}', "k"),
+]
+
+
+def test_non_finite_and_out_of_range_numbers_are_a_422_on_a_connection_that_stays_open(
+    decoder_run: Path,
+) -> None:
+    """JSON NaN/Infinity (which Python's parser accepts) and numbers that would overflow the
+    sampler: 422 naming the field, and the same keep-alive connection answers the next,
+    valid request (one socket, checked by its identity)."""
+    import http.client
+
+    good = json.dumps({"inputs": "the", "max_new_tokens": 2, "temperature": 0.5, "top_p": 0.9})
+    with start(decoder_run) as srv:
+        host, port = srv.url.removeprefix("http://").split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=60)
+        try:
+            conn.request("POST", "/v1/generate", good)
+            assert conn.getresponse().read() and conn.sock is not None
+            sock = conn.sock
+            for endpoint, body, field in BAD_NUMBERS:
+                conn.request("POST", endpoint, body)
+                r = conn.getresponse()
+                answer = json.loads(r.read())
+                assert r.status == 422, (body, answer)
+                assert r.getheader("connection") != "close"
+                assert field in [str(x) for x in answer["detail"][0]["loc"]], (body, answer)
+                conn.request("POST", "/v1/generate", good)
+                ok = conn.getresponse()
+                assert ok.status == 200, ok.read()
+                assert json.loads(ok.read())["results"][0]["tokens"] >= 1
+                assert conn.sock is sock, f"the connection was closed after {body}"
+        finally:
+            conn.close()

@@ -9,12 +9,14 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import click
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 from typer.core import TyperArgument, TyperGroup
 
 from shoestring import __version__
@@ -629,7 +631,7 @@ def ask(
 
 
 models_app = typer.Typer(
-    help="The model repository ($SHOESTRING_HOME/models): push, list, tag, rm.",
+    help="The model repository ($SHOESTRING_HOME/models): push, list, tag, rm, verify.",
     no_args_is_help=True,
 )
 app.add_typer(models_app, name="models")
@@ -656,7 +658,8 @@ def models_push(
 def models_list(
     name: Annotated[Optional[str], typer.Argument(help="Only this model.", show_default=False)] = None,
 ) -> None:
-    """The stored models and versions with their tags and eval metrics."""
+    """The stored models and versions with their tags and eval metrics (and any repository
+    file that is unreadable or holds bad entries, which are skipped)."""
     from shoestring.model_repository import ModelRepository
 
     repo = ModelRepository()
@@ -664,15 +667,24 @@ def models_list(
     if not versions:
         out.print(f"no models in {repo.root}; store one with: shoestring models push RUN --name NAME",
                   highlight=False)
-        return
-    t = Table(box=None, pad_edge=False, header_style="bold")
-    for col in ("model", "version", "tags", "created", "kind", "metrics"):
-        t.add_column(col)
-    for v in versions:
-        metrics = " ".join(f"{k}={x:.4g}" for k, x in v.manifest.get("metrics", {}).items())
-        t.add_row(v.name, str(v.version), ",".join(v.tags), v.manifest.get("created", ""),
-                  v.manifest.get("kind", ""), metrics)
-    out.print(t)
+    else:
+        t = Table(box=None, pad_edge=False, header_style="bold")
+        for col in ("model", "version", "tags", "created", "kind", "metrics"):
+            t.add_column(col)
+        for v in versions:
+            metrics = " ".join(f"{k}={x:.4g}" for k, x in v.manifest["metrics"].items())
+            t.add_row(*(Text(str(c)) for c in (v.name, v.version, ",".join(v.tags),
+                                              v.manifest.get("created", ""),
+                                              v.manifest.get("kind", ""), metrics)))
+        out.print(t)
+    _repository_problems(repo)
+
+
+def _repository_problems(repo: Any) -> None:
+    """Each repository file a read skipped something of, on stderr (one line each)."""
+    for path, problem in sorted(repo.problems.items()):
+        err.print(f"[yellow]warning:[/] {escape(path)}: {escape(problem)}", soft_wrap=True,
+                  highlight=False)
 
 
 @models_app.command("tag")
@@ -692,12 +704,50 @@ def models_tag(
 def models_rm(
     ref: Annotated[str, typer.Argument(help="NAME (every version) or NAME:VERSION|TAG (one).",
                                        show_default=False, metavar="NAME[:VERSION]")],
+    force: Annotated[bool, typer.Option("--force", help="Also remove a version a tag points at "
+                                        "(what a server started with NAME:TAG serves).")] = False,
 ) -> None:
-    """Remove a model, or one of its versions (and the tags that pointed at it)."""
+    """Remove a model, or one of its versions (a tagged one only with --force)."""
     from shoestring.model_repository import ModelRepository
 
-    removed = ModelRepository().remove(ref)
+    removed = ModelRepository().remove(ref, force=force)
     out.print(f"removed {', '.join(removed)}", highlight=False)
+
+
+@models_app.command("verify")
+def models_verify(
+    ref: Annotated[Optional[str], typer.Argument(help="NAME or NAME:VERSION|TAG (default: every "
+                                                 "stored version).", show_default=False,
+                                                 metavar="[NAME[:VERSION]]")] = None,
+) -> None:
+    """Check stored versions' files against the sha256 recorded at push (exit 2 on a mismatch
+    or an unusable manifest)."""
+    from shoestring.model_repository import ModelRepository
+
+    repo = ModelRepository()
+    versions = repo.versions(ref) if ref is None or ":" not in ref else [repo.resolve(ref)]
+    if ref and not versions and not repo.unusable:
+        repo.resolve(ref)  # raises: no such model
+    bad = []
+    for v in versions:
+        try:
+            repo.verify(v)
+        except ShoestringError as e:
+            bad.append(v.ref)
+            out.print(f"{v.ref}  MISMATCH  {e.where}: {e.what}", highlight=False, soft_wrap=True,
+                      markup=False)
+        else:
+            out.print(f"{v.ref}  ok  sha256 {v.manifest['sha256']}", highlight=False, markup=False)
+    _repository_problems(repo)
+    bad += sorted(repo.unusable)  # versions no manifest (or a link) let us check
+    if bad:
+        raise ShoestringError(
+            f"{len(bad)} stored version(s) failed the check: {', '.join(bad)}",
+            where=str(repo.root),
+            fix="push each again from its source (shoestring models push SOURCE --name NAME) "
+            "and remove the bad version (shoestring models rm NAME:VERSION --force)",
+        )
+    out.print(f"{len(versions)} version(s) match their recorded sha256", highlight=False)
 
 
 @app.command()

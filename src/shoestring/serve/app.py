@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import math
 import os
 import time
 from collections.abc import AsyncIterator
@@ -39,7 +40,7 @@ from shoestring.serve.engine import Engine, InputError
 from shoestring.serve.metrics import CONTENT_TYPE, ServeMetrics
 from shoestring.serve.retrieval_routes import attach_retrieval, need
 from shoestring.serve.page import PAGE
-from shoestring.serve.routing import ModelRouter, Slot
+from shoestring.serve.routing import ModelRouter, ModelUnavailable, Slot
 from shoestring.serve.schemas import (
     ClassifyRequest,
     ClassifyResponse,
@@ -184,11 +185,14 @@ def create_app(
             # ran out); anything still queued is run, not dropped.
             await asyncio.to_thread(router.close, True, settings.shutdown_timeout_s)
 
+    # With a key, the API description is behind it too (added below, with the key check).
+    docs = {"docs_url": None, "redoc_url": None, "openapi_url": None} if api_key else {}
     app = FastAPI(
         title="shoestring",
         version=__version__,
         summary=f"Micro-batched inference for a shoestring {engine.kind}.",
         lifespan=lifespan,
+        **docs,
         **_NO_TELEMETRY,
     )
     app.state.engine, app.state.batcher, app.state.metrics = engine, batcher, metrics
@@ -203,6 +207,8 @@ def create_app(
             )
 
     retrieval = attach_retrieval(app, settings.index, authorized)  # /v1/search
+    if api_key is not None:
+        _docs_behind_key(app, authorized)
 
     def require(task: str, engine: Engine = engine) -> None:
         if task not in engine.tasks:
@@ -224,8 +230,9 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, e: RequestValidationError) -> JSONResponse:
-        # FastAPI's own answer, ASCII-escaped: an echoed lone surrogate cannot be UTF-8.
-        return _AsciiJSON({"detail": jsonable_encoder(e.errors())}, status_code=422)
+        # FastAPI's own answer, ASCII-escaped: an echoed lone surrogate cannot be UTF-8; an
+        # echoed NaN or Infinity (JSON extensions Python parses) is sent as a string.
+        return _AsciiJSON({"detail": _finite(jsonable_encoder(e.errors()))}, status_code=422)
 
     @app.exception_handler(InputError)
     async def _bad_input(request: Request, e: InputError) -> JSONResponse:
@@ -233,6 +240,10 @@ def create_app(
             {"detail": [{"type": "value_error", "loc": list(e.loc), "msg": e.message}]},
             status_code=422,
         )
+
+    @app.exception_handler(ModelUnavailable)
+    async def _unavailable(request: Request, e: ModelUnavailable) -> JSONResponse:
+        return JSONResponse({"detail": e.message, "model": e.model}, status_code=503)
 
     @app.exception_handler(Refused)
     async def _refused(request: Request, e: Refused) -> JSONResponse:
@@ -451,14 +462,20 @@ def create_app(
 
     @app.get("/readyz")
     async def readyz() -> JSONResponse:
-        """Readiness: accepting work and the queue has room (else 503: send traffic elsewhere)."""
+        """Readiness: accepting work, the queue has room, and every served model's current
+        version can be served (else 503, with why: send traffic elsewhere)."""
         depth = router.queue_depth
-        ready = router.accepting and depth < settings.max_queue
-        state = "ready" if ready else ("shutting down" if not router.accepting else "queue full")
-        return JSONResponse(
-            {"status": state, "queue_depth": depth, "tasks": sorted(engine.tasks)},
-            status_code=200 if ready else 503,
-        )
+        problems = await asyncio.to_thread(router.unservable)
+        if not router.accepting:
+            state = "shutting down"
+        elif depth >= settings.max_queue:
+            state = "queue full"
+        else:
+            state = "cannot serve a model" if problems else "ready"
+        body = {"status": state, "queue_depth": depth, "tasks": sorted(engine.tasks)}
+        if problems:
+            body["problems"] = problems
+        return JSONResponse(body, status_code=200 if state == "ready" else 503)
 
     @app.get("/metrics", dependencies=[Depends(authorized)])
     async def prometheus() -> Response:
@@ -473,6 +490,27 @@ def create_app(
     return app
 
 
+def _docs_behind_key(app: FastAPI, authorized: Any) -> None:
+    """``/openapi.json``, ``/docs`` and ``/redoc`` as FastAPI serves them, but only with the API
+    key (the API's description is not for anyone who can reach the port). A browser does not
+    send the key with the docs pages' own fetch of ``/openapi.json``: fetch that with the key."""
+    from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+
+    guarded = {"dependencies": [Depends(authorized)], "include_in_schema": False}
+
+    @app.get("/openapi.json", **guarded)
+    async def openapi() -> JSONResponse:
+        return JSONResponse(app.openapi())
+
+    @app.get("/docs", **guarded)
+    async def swagger() -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url="/openapi.json", title=f"{app.title} - docs")
+
+    @app.get("/redoc", **guarded)
+    async def redoc() -> HTMLResponse:
+        return get_redoc_html(openapi_url="/openapi.json", title=f"{app.title} - ReDoc")
+
+
 def refusal(e: Refused) -> JSONResponse:
     headers = {k.decode(): v.decode() for k, v in e.headers()}
     return JSONResponse(e.body(), status_code=e.status, headers=headers)
@@ -481,6 +519,18 @@ def refusal(e: Refused) -> JSONResponse:
 class _AsciiJSON(JSONResponse):
     def render(self, content: Any) -> bytes:
         return json.dumps(content, allow_nan=False, separators=(",", ":")).encode("ascii")
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by its name (``"nan"``, ``"inf"``), so
+    it can be written as standard JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _json(content: dict) -> JSONResponse:

@@ -24,7 +24,7 @@ from shoestring.serve.engine import Engine, InputError
 class SearchRequest(BaseModel):
     """Find the passages of the server's index that best match ``query``."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
     query: Annotated[str, Field(min_length=1, description="what to look for")]
     k: Annotated[int, Field(ge=1, le=100)] = Field(5, description="passages to return")

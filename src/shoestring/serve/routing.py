@@ -9,24 +9,36 @@ through the repository on every request, so ``shoestring models tag bert:3 prod`
 `MicroBatcher` (its own queue and worker thread).
 
 Only names the server was started with can be routed to: a request cannot make the server
-load an arbitrary model from the repository.
+load an arbitrary model from the repository. A repository version's files are checked against
+the sha256 recorded at push before it is loaded; a version that cannot be served (its tag
+points nowhere, its files changed) is answered 503 naming it, and `/readyz` turns 503 while a
+served model's current version is such a one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from shoestring.errors import ShoestringError
-from shoestring.model_repository import ModelRepository, split_ref
+from shoestring.model_repository import ModelRepository, ModelVersion, split_ref
 from shoestring.serve.batcher import MicroBatcher
 from shoestring.serve.engine import Engine, InputError
 from shoestring.serve.metrics import ServeMetrics
 from shoestring.serve.settings import ServeSettings
 
 Loader = Callable[[Path], Engine]
+
+
+class ModelUnavailable(Exception):
+    """A served model whose current version cannot be served now (HTTP 503)."""
+
+    def __init__(self, model: str, message: str) -> None:
+        super().__init__(message)
+        self.model, self.message = model, message
 
 
 @dataclass
@@ -81,6 +93,7 @@ class ModelRouter:
         self.repository = repository or ModelRepository()
         self.slots: dict[str, Slot] = {}
         self._loading: dict[str, asyncio.Lock] = {}
+        self.failed: dict[str, str] = {}  # slot key → why it could not be loaded
         self.started = False
 
     @classmethod
@@ -109,7 +122,15 @@ class ModelRouter:
         return slot
 
     def key_of(self, model: str | None) -> tuple[str, Path]:
-        """(slot key, folder) that ``model`` names now; InputError naming the field if none."""
+        """(slot key, folder) that ``model`` names now (see `target`)."""
+        key, path, _ = self.target(model)
+        return key, path
+
+    def target(self, model: str | None) -> tuple[str, Path, ModelVersion | None]:
+        """(slot key, folder, repository version or None) that ``model`` names now.
+
+        InputError (422) naming the field for a model or selector the request got wrong;
+        `ModelUnavailable` (503) when the served reference itself resolves to nothing."""
         if model is None:
             served, sel = self.default, None
         else:
@@ -128,33 +149,62 @@ class ModelRouter:
                     f"send model={served.name!r}",
                     ("body", "model"),
                 )
-            return str(served.path), served.path  # type: ignore[return-value]
+            return str(served.path), served.path, None  # type: ignore[return-value]
         ref = f"{served.name}:{sel}" if sel else served.ref
         try:
             version = self.repository.resolve(ref)
         except ShoestringError as e:
-            raise InputError(e.what, ("body", "model")) from None
-        return version.ref, version.path
+            if sel:
+                raise InputError(e.what, ("body", "model")) from None
+            raise ModelUnavailable(ref, f"{ref} cannot be served now: {e.what}") from None
+        return version.ref, version.path, version
+
+    def _load(self, key: str, path: Path, version: ModelVersion | None) -> Engine:
+        """The engine for one version, its files checked against the pushed sha256 first."""
+        if version is not None:
+            self.repository.verify(version)
+        return self.loader(path)
 
     def load_initial(self) -> None:
         """Load every served model's current version (before the server starts)."""
         for served in self.served.values():
-            key, path = self.key_of(None if served is self.default else served.name)
+            key, path, version = self.target(None if served is self.default else served.name)
             if key not in self.slots:
-                self.add(key, self.loader(path))
+                self.add(key, self._load(key, path, version))
 
     async def slot_for(self, model: str | None) -> Slot:
-        """The slot that answers ``model`` now, loading its version on first use."""
-        key, path = self.key_of(model)
+        """The slot that answers ``model`` now, loading its version on first use (a version
+        that failed to load is answered 503 from then on, without trying again)."""
+        key, path, version = self.target(model)
         slot = self.slots.get(key)
         if slot is not None:
             return slot
         lock = self._loading.setdefault(key, asyncio.Lock())
         async with lock:
+            if key in self.failed:
+                raise ModelUnavailable(key, self.failed[key])
             if key not in self.slots:
-                engine = await asyncio.to_thread(self.loader, path)
+                try:
+                    engine = await asyncio.to_thread(self._load, key, path, version)
+                except Exception as e:  # noqa: BLE001 - any load failure: 503 naming it
+                    why = e.message if isinstance(e, ShoestringError) else f"{type(e).__name__}: {e}"
+                    self.failed[key] = f"{key} cannot be served: {why}"
+                    raise ModelUnavailable(key, self.failed[key]) from None
                 self.add(key, engine)
         return self.slots[key]
+
+    def unservable(self) -> list[str]:
+        """Why each served model's current version cannot be served now (empty: all can)."""
+        out = []
+        for served in self.served.values():
+            try:
+                key = self.key_of(None if served is self.default else served.name)[0]
+            except (ModelUnavailable, InputError) as e:
+                out.append(e.message)
+                continue
+            if key in self.failed:
+                out.append(self.failed[key])
+        return out
 
     @property
     def default_slot(self) -> Slot:
@@ -190,13 +240,17 @@ class ModelRouter:
             entry: dict = {"name": served.name, "default": served is self.default}
             try:
                 entry["current"] = self.key_of(served.name)[0]
-            except InputError as e:
+            except (InputError, ModelUnavailable) as e:
                 entry["current"], entry["error"] = None, e.message
             if served.ref is None:
                 entry["source"] = str(served.path)
                 entry["versions"] = []
             else:
                 entry["ref"] = served.ref
+                try:
+                    stored = self.repository.versions(served.name)
+                except ShoestringError as e:
+                    stored, entry["error"] = [], e.message
                 entry["versions"] = [
                     {
                         "version": v.version,
@@ -207,8 +261,16 @@ class ModelRouter:
                         "metrics": v.manifest.get("metrics", {}),
                         "loaded": v.ref in self.slots,
                     }
-                    for v in self.repository.versions(served.name)
+                    for v in stored
                 ]
+                folder = str(self.repository.root / served.name)
+                entry["problems"] = {
+                    path: problem
+                    for path, problem in sorted(self.repository.problems.items())
+                    if path.startswith(folder + os.sep)
+                }
+            if entry["current"] in self.failed:
+                entry["error"] = self.failed[entry["current"]]
             slot = self.slots.get(entry["current"] or "")
             if slot is not None:
                 entry["kind"], entry["tasks"] = slot.engine.kind, sorted(slot.engine.tasks)

@@ -1,8 +1,10 @@
 """Request and response bodies of the HTTP API, as typed pydantic models.
 
 Requests are strict (a number where text belongs is a 422, not silently converted) and
-closed (an unknown field is a 422 naming it, so a typo like ``topk`` is not ignored). Every
-endpoint takes ``inputs``: one text, or a list of texts answered in order.
+closed (an unknown field is a 422 naming it, so a typo like ``topk`` is not ignored). Numbers
+must be finite (JSON's ``NaN``/``Infinity``, which Python's parser accepts, are a 422) and in
+range, including ranges the sampler needs (a temperature of 1e-300 overflows the logits).
+Every model endpoint takes ``inputs``: one text, or a list of texts answered in order.
 """
 
 from __future__ import annotations
@@ -26,8 +28,13 @@ def _encodable(text: str, where: str) -> None:
         ) from None
 
 
+STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+MIN_TEMPERATURE = 0.01  # below it logits / temperature overflow float32: sampling is greedy
+MIN_TOP_P = 1e-6  # the smallest probability mass worth asking for (smaller: use top_k=1)
+
+
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = STRICT
 
     inputs: str | list[str] = Field(description="one text, or a list of texts")
     model: str | None = Field(
@@ -97,7 +104,7 @@ class ClassifyRequest(_Request):
 class RetrieveOption(BaseModel):
     """Generate with retrieval: each input is a question; passages go before it."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = STRICT
 
     k: Annotated[int, Field(ge=1, le=50)] = Field(5, description="passages to retrieve")
     mode: Literal["bm25", "dense", "hybrid"] = Field("hybrid", description="retrieval mode")
@@ -108,12 +115,12 @@ class GenerateRequest(_Request):
 
     max_new_tokens: Annotated[int, Field(ge=1)] = Field(32, description="tokens to add at most")
     temperature: Annotated[float, Field(ge=0.0, le=10.0)] = Field(
-        1.0, description="0 = greedy; higher = more random"
+        1.0, description=f"0 = greedy; else {MIN_TEMPERATURE}–10, higher = more random"
     )
     top_k: Annotated[int, Field(ge=1)] | None = Field(
         None, description="sample from the k likeliest"
     )
-    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = Field(
+    top_p: Annotated[float, Field(ge=MIN_TOP_P, le=1.0)] | None = Field(
         None, description="sample from the smallest set with this much probability"
     )
     seed: Annotated[int, Field(ge=0, lt=1 << 63)] | None = Field(
@@ -126,6 +133,18 @@ class GenerateRequest(_Request):
     stream: bool = Field(
         False, description="send tokens as server-sent events as they are made (one prompt)"
     )
+
+    @field_validator("temperature")
+    @classmethod
+    def _samplable(cls, v: float) -> float:
+        if 0.0 < v < MIN_TEMPERATURE:
+            raise PydanticCustomError(
+                "temperature_too_small",
+                "temperature {v} is too small to sample with (the logits overflow): "
+                "send 0 for greedy decoding, or at least {least}",
+                {"v": v, "least": MIN_TEMPERATURE},
+            )
+        return v
 
 
 # --- responses --------------------------------------------------------------------------------
