@@ -45,6 +45,10 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from shoestring.config import Config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -172,7 +176,9 @@ def prepared(work: Path, shape: Shape) -> Path:
 # ---------------------------------------------------------------------------- ours
 
 
-def our_config(shape: Shape, dev: Device, compile_: bool, steps: int, log_every: int):  # noqa: ANN201
+def our_config(shape: Shape, dev: Device, compile_: bool, steps: int,
+               log_every: int) -> Config:
+    """The default recipe at this shape, at a steady full batch for ``steps`` steps."""
     from shoestring.config import load_config
 
     return load_config(None, [
@@ -331,7 +337,7 @@ def run_peer(shape: Shape, data_dir: Path, dev: Device, args: argparse.Namespace
 
 def ceiling(shape: Shape, data_dir: Path, dev: Device, seconds: float) -> float:
     """FLOP/s of only our model's training GEMMs at this shape's sizes (bf16 on a GPU)."""
-    from peers import encoder_gemms
+    from peers import encoder_gemms, matmul_ceiling
     from shoestring.data.datadir import DataDir
     from shoestring.data.masking import num_masked
 
@@ -340,8 +346,6 @@ def ceiling(shape: Shape, data_dir: Path, dev: Device, seconds: float) -> float:
     tokens = shape.batch * data.seq_len
     head = (shape.batch * num_masked(data.seq_len, cfg.train.mask_rate)
             if shape.objective == "mlm" else tokens)
-    from peers import matmul_ceiling
-
     return matmul_ceiling(encoder_gemms(cfg.model, data.vocab_size, tokens, head), dev.dtype,
                           seconds, device=dev.kind)
 

@@ -30,7 +30,8 @@ export PYTHONPATH="$PWD/src:$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 {
   echo "== $(date -u +%FT%TZ)"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1
-  "$PY" -c 'import torch, transformers; print("torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__)'
+  "$PY" -c 'import torch, transformers as t; print("torch", torch.__version__,
+    "cuda", torch.version.cuda, "transformers", t.__version__)'
 } 2>&1 | tee "$OUTDIR/machine.txt"
 
 set -o pipefail
