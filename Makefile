@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 #   make demo TORCH_SPEC='torch>=2.6'
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: demo test install dev clean browser
+.PHONY: demo test install dev clean browser gpu-wheels gpu-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -48,3 +48,35 @@ test: $(VENV)/.installed-dev
 
 clean:
 	rm -rf $(VENV) runs/cram
+
+# ---------------------------------------------------------------------------- GPU check
+# docs/gpu.md: on a machine with a package index, `make gpu-wheels` fetches the wheels of what
+# shoestring imports that the lent GPU machine (Python 3.12, torch/transformers/... preinstalled,
+# no network) lacks; there, `make gpu-check` installs them and runs the CUDA tests and the GPU
+# benchmark. The list is the pyproject dependencies (and the dev extras the CUDA tests use)
+# minus the machine's package list (/work/.library/device/KINDS.md), each with what it needs
+# that the machine lacks too, pinned at the versions the CPU suite runs with.
+GPU_WHEELS_DIR ?= .gpu-wheels
+GPU_WHEELS := pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 \
+  typing-inspection==0.4.5 typing-extensions==4.16.0 zstandard==0.25.0 rensa==0.5.0 \
+  datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 fastapi==0.165.0 starlette==1.10.0 \
+  opentelemetry-api==1.45.2 uvicorn==0.54.0 httptools==0.9.0 opacus==1.6.0
+GPU_PLATFORMS := $(foreach n,manylinux_2_28 manylinux_2_27 manylinux_2_17 manylinux2014 manylinux1,--platform $(n)_x86_64)
+GPU_SITE ?= /tmp/shoestring-gpu-site
+GPU_OUT  ?= $(if $(OUT),$(OUT),runs/gpu-check)
+GPU_SECONDS ?= 20
+GPU_PART ?= all
+
+gpu-wheels:
+	mkdir -p $(GPU_WHEELS_DIR)
+	$(PYTHON) -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+	  --implementation cp $(GPU_PLATFORMS) -d $(GPU_WHEELS_DIR) $(GPU_WHEELS)
+	@du -sh $(GPU_WHEELS_DIR)
+
+# On the GPU machine: bench/gpu_check.sh (also runnable without make) installs the wheels
+# into a side folder on PYTHONPATH, runs the `cuda` tests, then the benchmark, and writes the
+# results under $(GPU_OUT) (the device tool's $OUT when set). GPU_PART=tests or bench: one half
+# (each fits one 10-minute device command).
+gpu-check:
+	GPU_WHEELS_DIR=$(GPU_WHEELS_DIR) GPU_SITE=$(GPU_SITE) GPU_OUT=$(GPU_OUT) \
+	  GPU_SECONDS=$(GPU_SECONDS) GPU_PART=$(GPU_PART) bash bench/gpu_check.sh

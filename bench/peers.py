@@ -139,20 +139,29 @@ def encoder_gemms(cfg: ModelConfig, vocab: int, tokens: int, head_tokens: int
 
 
 def matmul_ceiling(gemms: list[tuple[int, int, int, int]], dtype: torch.dtype,
-                   seconds: float = 5.0) -> float:
+                   seconds: float = 5.0, device: str = "cpu") -> float:
     """FLOP/s of a loop that does nothing but the training matmuls of these shapes (forward
     ``x @ W^T``, then the two backward products ``dY @ W`` and ``dY^T @ x``) under the run's
     autocast: the ceiling an MFU on this machine should be judged against, measured rather
     than assumed; the best pass counts (a ceiling). Attention's batched products are left
-    out (a few % of the FLOPs at T=128)."""
-    device = torch.device("cpu")
-    ctx = (torch.autocast("cpu", dtype=dtype) if dtype != torch.float32
-           else torch.autocast("cpu", enabled=False))
+    out (a few % of the FLOPs at T=128).
+
+    On a GPU (``device="cuda"``) the operands are made in ``dtype`` directly (no autocast
+    casts in the loop: the pure GEMM rate) and every pass is synchronized before its clock
+    stops."""
+    on_gpu = device != "cpu"
+    if on_gpu:
+        ctx = torch.autocast(device, enabled=False)
+    else:
+        ctx = (torch.autocast("cpu", dtype=dtype) if dtype != torch.float32
+               else torch.autocast("cpu", enabled=False))
+    made = dict(device=device, dtype=dtype) if on_gpu else dict(device=device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     tensors = []
     flops = 0.0
     for count, m, k, n in gemms:
-        x, w, dy = (torch.randn(m, k, device=device), torch.randn(n, k, device=device),
-                    torch.randn(m, n, device=device))
+        x, w, dy = (torch.randn(m, k, **made), torch.randn(n, k, **made),
+                    torch.randn(m, n, **made))
         tensors.append((count, x, w, dy))
         flops += count * 3 * 2.0 * m * k * n
 
@@ -164,10 +173,12 @@ def matmul_ceiling(gemms: list[tuple[int, int, int, int]], dtype: torch.dtype,
                     torch.matmul(dy, w)
                     torch.matmul(dy.t(), x)
 
-    one_pass()  # warm-up: allocator, autocast weight casts, oneDNN primitives
+    one_pass()  # warm-up: allocator, autocast weight casts, oneDNN primitives / cuBLAS
+    sync()
     best, end = 0.0, time.perf_counter() + seconds
     while time.perf_counter() < end:
         t = time.perf_counter()
         one_pass()
+        sync()
         best = max(best, flops / (time.perf_counter() - t))
     return best

@@ -1,0 +1,562 @@
+"""The GPU benchmark (issue 34, docs/gpu.md): what a user picking a tool on one GPU wants to know.
+
+For each shape, shoestring's trainer (`shoestring.train.loop.train`, the default recipe at a
+steady full batch: no ramp, no validation pauses, compiled, bf16 autocast, the attention
+kernel ``auto`` picks) and the careful Hugging Face user on the same card, same data order:
+
+- ``mlm-cram``: the `cram` default shape (the ``tiny`` encoder, 256 × 4, seq 128, vocab 8192);
+- ``mlm-base``: the Cramming shape (BERT-base size, 768 × 12, seq 128, vocab 32768);
+  peer: transformers' ``ModernBertForMaskedLM`` of exactly our architecture (configured by our
+  exporter), its sparse head on, its fastest attention (``flash_attention_2`` where the
+  flash-attn package is installed, else ``sdpa``), ``torch.compile``d by hand, our recipe
+  (`build_optimizer`, the same masking, clipping and batch);
+- ``clm-gpt2``: the decoder at GPT-2-small shape (768 × 12, seq 1024, vocab up to 50304);
+  peer: ``LlamaForCausalLM`` configured by our exporter the same way.
+
+Figures per side: tokens/s in the steady state (after the compile and warm-up steps), MFU
+against the card's dense bf16 datasheet peak (`shoestring.plan.hardware`) and against a
+measured ceiling (a loop of only our model's training GEMMs at the same shapes, bf16), peak
+memory (``torch.cuda.max_memory_allocated``) beside the memory model's estimate, the first
+step's time with a cold compile cache, and the loader's data-wait fraction of step time.
+Serving follows the ``mlm-cram`` shape, on its run: ``/v1/embed`` at 32 and 256 concurrent
+clients against the engine's offline best-batch ceiling (`bench/serve_load.py`'s machinery).
+
+Our steady-state tokens/s: the trainer runs a step budget sized from a short warm-up run
+(which also fills the compile cache), and the rate is read from its metrics records after the
+first one (so the compile in the first window is not counted), the same rule as the peers'
+loop (timed after three warm-up steps).
+
+    python bench/gpu.py --out runs/gpu/gpu-bench.json --table runs/gpu/gpu-bench.md
+    python bench/gpu.py --seconds 60 --only mlm-base                   # one shape, longer
+    python bench/gpu.py --device cpu --smoke --out /tmp/g.json          # the code path, on CPU
+
+Without a CUDA device it refuses (exit 2) unless ``--device cpu --smoke`` (tiny shapes,
+seconds-long sides: a check of the code, not a figure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from shoestring.config import Config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One benchmarked model shape and the data it is measured on."""
+
+    name: str
+    objective: str  # mlm or clm
+    sets: tuple[str, ...]  # --set overrides of the default config (model size)
+    vocab: int
+    seq_len: int
+    batch: int  # sequences per step, both sides (one micro-batch: no accumulation)
+    what: str
+    peer: str = field(default="")
+
+
+# In the order they run: the issue's MFU target (BERT-base) first, so that a command cut off at
+# its time limit has measured it (the JSON and table are written after every shape).
+SHAPES = {
+    "mlm-base": Shape("mlm-base", "mlm", ("model.preset=base",), 32768, 128, 128,
+                      "Cramming shape (BERT-base 768x12), seq 128, vocab 32768",
+                      "ModernBertForMaskedLM"),
+    "mlm-cram": Shape("mlm-cram", "mlm", (), 8192, 128, 256,
+                      "`cram` default (tiny encoder 256x4), seq 128, vocab 8192",
+                      "ModernBertForMaskedLM"),
+    "clm-gpt2": Shape("clm-gpt2", "clm", ("model.preset=gpt2-small",), 50304, 1024, 16,
+                      "GPT-2-small shape (768x12), seq 1024, vocab up to 50304",
+                      "LlamaForCausalLM"),
+}
+SMOKE_MODEL = ("model.preset=null", "model.hidden_size=64", "model.num_layers=2",
+               "model.num_heads=2", "model.intermediate_size=128")
+
+
+def smoke_shape(s: Shape) -> Shape:
+    """The same side at a toy size (seconds on a CPU)."""
+    return Shape(s.name, s.objective, SMOKE_MODEL, 1000, 64, 8, s.what + " [smoke: 64x2]",
+                 s.peer)
+
+
+# ---------------------------------------------------------------------------- the device
+
+
+class Device:
+    """Where the benchmark runs: the torch device, its sync, its peaks and its memory."""
+
+    def __init__(self, kind: str) -> None:
+        import torch
+
+        from shoestring.device import measure_matmul_flops
+        from shoestring.plan.hardware import from_device_name
+
+        self.kind = kind
+        self.torch = torch.device(kind)
+        self.dtype = torch.bfloat16 if kind == "cuda" else torch.float32
+        self.precision = "bf16" if kind == "cuda" else "fp32"
+        if kind == "cuda":
+            self.name = torch.cuda.get_device_name(0)
+            hw = from_device_name(self.name)
+            self.datasheet = (hw.bf16, hw.name) if hw and hw.bf16 else (None, None)
+        else:
+            from peers import cpu_name
+
+            self.name, self.datasheet = f"cpu ({cpu_name()})", (None, None)
+        self.square_matmul = measure_matmul_flops(kind, self.dtype)
+
+    def sync(self) -> None:
+        if self.kind == "cuda":
+            import torch
+
+            torch.cuda.synchronize()
+
+    def reset_peak(self) -> None:
+        if self.kind == "cuda":
+            import torch
+
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+
+    def peak_bytes(self) -> int | None:
+        if self.kind != "cuda":
+            return None
+        import torch
+
+        return torch.cuda.max_memory_allocated()
+
+    def facts(self) -> dict:
+        import torch
+
+        from peers import machine_info
+
+        info = machine_info(self.name)
+        info.update(dtype=self.precision, square_matmul_flops=self.square_matmul,
+                    datasheet_bf16_flops=self.datasheet[0], datasheet_name=self.datasheet[1],
+                    cuda=torch.version.cuda, driver=_driver())
+        return info
+
+
+def _driver() -> str | None:
+    try:
+        r = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=30)
+        return r.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+# ---------------------------------------------------------------------------- data
+
+
+def prepared(work: Path, shape: Shape) -> Path:
+    """builtin:pydocs prepared for this shape's objective, vocabulary and length (once)."""
+    from shoestring.config import DataConfig
+    from shoestring.data.prep import prep
+
+    out = work / f"data-{shape.objective}-{shape.vocab}-{shape.seq_len}"
+    if not (out / "manifest.json").is_file():
+        cfg = DataConfig(objective=shape.objective, vocab_size=shape.vocab,
+                         seq_len=shape.seq_len, workers=max(1, min(8, os.cpu_count() or 1)))
+        prep(["builtin:pydocs"], out, cfg)
+    return out
+
+
+# ---------------------------------------------------------------------------- ours
+
+
+def our_config(shape: Shape, dev: Device, compile_: bool, steps: int,
+               log_every: int) -> Config:
+    """The default recipe at this shape, at a steady full batch for ``steps`` steps."""
+    from shoestring.config import load_config
+
+    return load_config(None, [
+        *shape.sets, f"model.objective={shape.objective}", "train.budget=null",
+        f"train.steps={steps}", f"train.precision={dev.precision}",
+        f"train.compile={'true' if compile_ else 'false'}", "train.attention=auto",
+        f"train.batch_size={shape.batch}", "train.micro_batch_size=null", "train.batch_ramp=0",
+        "train.val_every=0", "train.checkpoint_every=null", "train.tensorboard=false",
+        f"train.log_every={log_every}"])
+
+
+def steady(records: list[dict]) -> dict:
+    """Tokens/s and data-wait over the metrics windows after the first (which holds the
+    compile and the warm-up)."""
+    train = [r for r in records if "loss" in r]
+    if len(train) < 3:
+        raise RuntimeError(f"only {len(train)} metrics records: raise --seconds")
+    a, b = train[0], train[-1]
+    rest = train[1:]
+    return {"tokens_per_s": (b["tokens"] - a["tokens"]) / (b["elapsed_s"] - a["elapsed_s"]),
+            "data_wait": sum(r["data_wait"] for r in rest) / len(rest),
+            "windows": len(rest)}
+
+
+def run_ours(shape: Shape, data: Path, work: Path, dev: Device, args: argparse.Namespace) -> dict:
+    """Warm-up run (cold compile: the first step's time; a speed estimate), then a step
+    budget of about ``--seconds`` at that speed, measured in the steady state."""
+    from rich.console import Console
+
+    from shoestring.data.datadir import DataDir
+    from shoestring.dist.memory import memory_per_rank
+    from shoestring.train.loop import train
+
+    console = Console(stderr=True, quiet=not args.verbose)
+    tokens_per_step = shape.batch * shape.seq_len
+    warm_steps = 3 * args.log_every
+    warm = train(our_config(shape, dev, args.compile, warm_steps, args.log_every), data,
+                 work / f"{shape.name}-warmup", overwrite=True, console=console)
+    estimate = steady(_records(work / f"{shape.name}-warmup"))["tokens_per_s"]
+    steps = max(4 * args.log_every, math.ceil(args.seconds * estimate / tokens_per_step))
+    steps = args.log_every * math.ceil(steps / args.log_every)
+    cfg = our_config(shape, dev, args.compile, steps, args.log_every)
+    dev.reset_peak()
+    s = train(cfg, data, work / shape.name, overwrite=True, console=console)
+    peak = dev.peak_bytes()
+    st = steady(_records(work / shape.name))
+    estimate_bytes = memory_per_rank(cfg.model, DataDir(data).vocab_size, shape.seq_len,
+                                     shape.batch, param_dtype=dev.precision)
+    return {
+        "side": "shoestring", "recipe": f"shoestring train: attention {s['attention']}, "
+        f"compile {'on' if s['compiled'] else 'off'}, {s['dtype']}, batch {shape.batch}",
+        "params": s["params"], "steps": s["steps"], "tokens": s["tokens"],
+        "flops_per_token": s["flops_per_token"], **st,
+        "first_step_s_cold": warm["first_step_s"], "first_step_s_warm": s["first_step_s"],
+        "peak_allocated_bytes": peak, "memory_estimate": estimate_bytes,
+        "memory_measured_state": s["memory_measured"], "run_dir": str(work / shape.name),
+        "attention": s["attention"], "compiled": s["compiled"], "device": s["device"]}
+
+
+def _records(run: Path) -> list[dict]:
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+# ---------------------------------------------------------------------------- the peer
+
+
+def hf_attention(dev: Device) -> str:
+    """The careful user's fastest attention: flash-attn's kernel where it is installed."""
+    import importlib.util
+
+    if dev.kind == "cuda" and importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    return "sdpa"
+
+
+def run_peer(shape: Shape, data_dir: Path, dev: Device, args: argparse.Namespace) -> dict:
+    """The HF model of our architecture in the loop a careful user writes: pinned batches
+    copied non_blocking, bf16 autocast, compiled by hand, our optimizer and clipping; timed
+    after three warm-up steps (the first, with the compile, timed on its own)."""
+    import torch
+
+    from peers import count_params, hf_llama, hf_modernbert, mlm_labels
+    from shoestring import families
+    from shoestring.data.datadir import DataDir
+    from shoestring.data.loader import BatchLoader
+    from shoestring.train.optim import build_optimizer
+
+    cfg = our_config(shape, dev, args.compile, 1, 1)
+    data = DataDir(data_dir)
+    attention = hf_attention(dev)
+    torch.manual_seed(cfg.train.seed)
+    if shape.objective == "mlm":
+        model = hf_modernbert(cfg.model, data.vocab_size, data.seq_len, sparse=True,
+                              ids=data.special_ids, attention=attention)
+        obj = families.get("mlm").objective(data.seq_len, data.vocab_size, data.special_ids,
+                                            cfg.train.mask_rate, True)
+        gen = torch.Generator().manual_seed(cfg.train.seed)
+
+        def batch_of(ids: torch.Tensor) -> dict:
+            inputs, positions, targets = obj.make_batch(ids, gen)
+            return {"input_ids": inputs, "labels": mlm_labels(inputs, positions, targets)}
+    else:
+        model = hf_llama(cfg.model, data.vocab_size, data.seq_len, attention=attention)
+
+        def batch_of(ids: torch.Tensor) -> dict:
+            return {"input_ids": ids, "labels": ids}
+    model = model.to(dev.torch).train()
+    own_compile = getattr(model.config, "reference_compile", None)  # ModernBERT's own option
+    opt = build_optimizer(model, cfg.train)
+    step_model = torch.compile(model) if args.compile else model
+    loader = BatchLoader(data.split("train"), shape.batch, cfg.train.seed,
+                         pin_memory=dev.kind == "cuda")
+    dev.reset_peak()
+
+    def step() -> float:
+        t = time.perf_counter()
+        batch = {k: v.to(dev.torch, non_blocking=True) for k, v in batch_of(next(loader)).items()}
+        waited = time.perf_counter() - t
+        with torch.autocast(dev.kind, dtype=dev.dtype, enabled=dev.kind == "cuda"):
+            loss = step_model(**batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return waited
+
+    t0 = time.perf_counter()
+    step()
+    dev.sync()
+    first = time.perf_counter() - t0
+    for _ in range(2):
+        step()
+    dev.sync()
+    steps, wait, t0 = 0, 0.0, time.perf_counter()
+    while time.perf_counter() - t0 < args.seconds or steps < 3:
+        wait += step()
+        steps += 1
+        if steps % 10 == 0:
+            dev.sync()  # keep the host from queueing far ahead of the clock
+    dev.sync()
+    elapsed = time.perf_counter() - t0
+    loader.close()
+    return {"side": shape.peer, "recipe": f"transformers {shape.peer}, attention {attention}"
+            + (f", sparse head on, reference_compile={own_compile}"
+               if shape.objective == "mlm" else "")
+            + f", torch.compile by hand {'on' if args.compile else 'off'}, our AdamW/clip, "
+            f"batch {shape.batch}", "params": count_params(model), "steps": steps,
+            "tokens": steps * shape.batch * shape.seq_len,
+            "tokens_per_s": steps * shape.batch * shape.seq_len / elapsed,
+            "data_wait": wait / elapsed, "first_step_s_cold": first,
+            "peak_allocated_bytes": dev.peak_bytes(), "attention": attention}
+
+
+# ---------------------------------------------------------------------------- one shape
+
+
+def ceiling(shape: Shape, data_dir: Path, dev: Device, seconds: float) -> float:
+    """FLOP/s of only our model's training GEMMs at this shape's sizes (bf16 on a GPU)."""
+    from peers import encoder_gemms, matmul_ceiling
+    from shoestring.data.datadir import DataDir
+    from shoestring.data.masking import num_masked
+
+    cfg = our_config(shape, dev, False, 1, 1)
+    data = DataDir(data_dir)
+    tokens = shape.batch * data.seq_len
+    head = (shape.batch * num_masked(data.seq_len, cfg.train.mask_rate)
+            if shape.objective == "mlm" else tokens)
+    return matmul_ceiling(encoder_gemms(cfg.model, data.vocab_size, tokens, head), dev.dtype,
+                          seconds, device=dev.kind)
+
+
+def bench_shape(shape: Shape, dev: Device, args: argparse.Namespace) -> dict:
+    from shoestring.data.datadir import DataDir
+
+    print(f"== {shape.name}: {shape.what}", file=sys.stderr, flush=True)
+    data = prepared(args.work, shape)
+    dd = DataDir(data)
+    ours = run_ours(shape, data, args.work, dev, args)
+    top = ceiling(shape, data, dev, args.ceiling_seconds)
+    peer = run_peer(shape, data, dev, args)
+    achieved = ours["tokens_per_s"] * ours["flops_per_token"]
+    peak = dev.datasheet[0]
+    for side in (ours, peer):  # same architecture: the peer's FLOPs per token are ours
+        side["mfu_datasheet"] = side["tokens_per_s"] * ours["flops_per_token"] / peak \
+            if peak else None
+        side["mfu_ceiling"] = side["tokens_per_s"] * ours["flops_per_token"] / top
+    return {"shape": shape.what, "vocab": dd.vocab_size, "vocab_asked": shape.vocab,
+            "seq_len": dd.seq_len, "batch": shape.batch, "matmul_ceiling_flops": top,
+            "ours_achieved_flops": achieved, "ours": ours, "peer": peer,
+            "ratio_tokens_per_s": ours["tokens_per_s"] / peer["tokens_per_s"]}
+
+
+# ---------------------------------------------------------------------------- serving
+
+
+def bench_serving(run: Path, args: argparse.Namespace) -> dict:
+    """/v1/embed at each --concurrency through `shoestring serve` against the engine alone
+    at its best batch (bench/serve_load.py's offline ceiling and load generator)."""
+    import asyncio
+
+    from serve_load import Server, encode_post, load, make_texts, offline, ours_cmd, summarize
+
+    threads = max(1, min(8, os.cpu_count() or 1))
+    texts = make_texts(args.serve_texts)
+    off = offline(run, texts, args.serve_batches, threads, args.serve_seconds)
+    best = max(off["sps"].values())
+    server = Server("shoestring", ours_cmd(run, threads, 1, [
+        "--max-concurrent-requests", str(4 * max(args.concurrency))]))
+    try:
+        host, port = server.url.removeprefix("http://").rsplit(":", 1)
+        reqs = [encode_post(host, int(port), "/v1/embed", {"inputs": t}) for t in texts]
+        out = {}
+        for c in args.concurrency:
+            res = summarize([asyncio.run(load(server.url, reqs, c, args.serve_requests))])
+            res["fraction_of_offline_best"] = res["throughput"] / best
+            out[str(c)] = res
+            print(f"  serve C={c}: {res['throughput']:.0f} req/s = "
+                  f"{res['fraction_of_offline_best']:.0%} of the offline best {best:.0f}/s",
+                  file=sys.stderr, flush=True)
+    finally:
+        server.stop()
+    return {"run": str(run), "offline_sequences_per_s": off["sps"], "offline_best": best,
+            "offline_one_ms": off["one_ms"], "threads": threads, "concurrency": out}
+
+
+# ---------------------------------------------------------------------------- output
+
+
+def _flops(x: float) -> str:
+    return f"{x / 1e12:.1f} TFLOP/s" if x >= 1e12 else f"{x / 1e9:.1f} GFLOP/s"
+
+
+def table(results: dict) -> str:
+    """The markdown table BENCHMARKS.md's GPU section takes, with the machine above it."""
+    m = results["machine"]
+    lines = [f"{m['device']}, driver {m['driver']}, torch {m['torch']} (CUDA {m['cuda']}), "
+             f"transformers {m['transformers']}; {m['dtype']}; dense peak "
+             + (f"{m['datasheet_bf16_flops'] / 1e12:.0f} TFLOP/s ({m['datasheet_name']})"
+                if m["datasheet_bf16_flops"] else "unknown")
+             + f", square {m['dtype']} matmul measured {_flops(m['square_matmul_flops'])}"
+             + (" — SMOKE (toy shapes, not a figure)" if results["smoke"] else ""), "",
+             "| shape | side | params | tokens/s | MFU (datasheet) | MFU (GEMM ceiling) | "
+             "peak mem | first step (cold) | data wait | ours / peer |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+
+    def pct(x: float | None) -> str:
+        return "–" if x is None else f"{x:.1%}"
+
+    for name, r in results["shapes"].items():
+        for side in (r["ours"], r["peer"]):
+            mem = side["peak_allocated_bytes"]
+            lines.append(
+                f"| {name} | {side['side']} | {side['params'] / 1e6:.1f}M | "
+                f"{side['tokens_per_s']:,.0f} | {pct(side['mfu_datasheet'])} | "
+                f"{pct(side['mfu_ceiling'])} | "
+                f"{'–' if mem is None else f'{mem / 2**30:.2f} GiB'} | "
+                f"{side['first_step_s_cold']:.1f} s | {pct(side['data_wait'])} | "
+                + (f"{r['ratio_tokens_per_s']:.2f}x |" if side is r["ours"] else " |"))
+    lines.append("")
+    for name, r in results["shapes"].items():
+        o = r["ours"]
+        lines.append(f"- {name}: {r['shape']} (vocab {r['vocab']}); GEMM ceiling "
+                     f"{_flops(r['matmul_ceiling_flops'])}; memory model "
+                     f"{o['memory_estimate'].get('total', 0) / 2**30:.2f} GiB estimated; ours: "
+                     f"{o['recipe']}; peer: {r['peer']['recipe']}")
+    if "serving" in results:
+        s = results["serving"]
+        lines.append(f"- serving /v1/embed (mlm-cram run): offline best "
+                     f"{s['offline_best']:,.0f} seq/s; " + ", ".join(
+                         f"C={c}: {v['throughput']:,.0f} req/s "
+                         f"({v['fraction_of_offline_best']:.0%}), p99 {v['p99_ms']:.0f} ms"
+                         for c, v in s["concurrency"].items()))
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------- main
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    ap.add_argument("--smoke", action="store_true",
+                    help="toy shapes and short sides: checks the code path, measures nothing")
+    ap.add_argument("--seconds", type=float, default=20.0,
+                    help="steady-state seconds per side (default 20: with the compiles, the "
+                    "three shapes and serving fit one 10-minute device command; docs/gpu.md)")
+    ap.add_argument("--ceiling-seconds", type=float, default=3.0)
+    ap.add_argument("--only", default=",".join(SHAPES),
+                    help=f"comma-separated shapes from {', '.join(SHAPES)}")
+    ap.add_argument("--no-compile", dest="compile", action="store_false",
+                    help="eager on both sides (default: both compiled)")
+    ap.add_argument("--log-every", type=int, default=None,
+                    help="steps per metrics window of our run (default 20; smoke 2)")
+    ap.add_argument("--no-serve", dest="serve", action="store_false")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[32, 256])
+    ap.add_argument("--serve-requests", type=int, default=4000)
+    ap.add_argument("--serve-texts", type=int, default=512)
+    ap.add_argument("--serve-batches", type=int, nargs="+", default=[32, 128, 512])
+    ap.add_argument("--serve-seconds", type=float, default=3.0)
+    ap.add_argument("--work", type=Path, default=ROOT / "runs" / "bench" / "gpu")
+    ap.add_argument("--out", type=Path, required=True, help="JSON results file")
+    ap.add_argument("--table", type=Path, help="also write the markdown table here")
+    ap.add_argument("--verbose", action="store_true", help="show the trainer's progress")
+    args = ap.parse_args(argv)
+    unknown = set(args.only.split(",")) - set(SHAPES)
+    if unknown:
+        ap.error(f"--only: unknown shape(s) {', '.join(sorted(unknown))}; "
+                 f"choose from {', '.join(SHAPES)}")
+    if args.smoke:
+        args.compile = False  # ~40 s of compiling per side on a CPU: not what a smoke run checks
+        args.seconds = min(args.seconds, 2.0)
+        args.ceiling_seconds = min(args.ceiling_seconds, 0.3)
+        args.serve_requests, args.serve_texts = min(args.serve_requests, 48), 32
+        args.concurrency = [2, 8]
+        args.serve_batches, args.serve_seconds = [8, 32], 0.3
+    if args.log_every is None:
+        args.log_every = 2 if args.smoke else 20
+    return args
+
+
+def refuse(args: argparse.Namespace) -> str | None:
+    """Why this run cannot give the figures it is for (None: it can)."""
+    if args.device == "cpu" and not args.smoke:
+        return ("--device cpu is only for --smoke: the figures of this benchmark are GPU "
+                "figures (CPU speed: bench/cram_vs_hf.py, bench/model_step.py)")
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            return ("bench/gpu.py measures a CUDA GPU and torch sees none here "
+                    "(torch.cuda.is_available() is False); run it where one is lent "
+                    "(docs/gpu.md: make gpu-check), or check the code path on CPU with "
+                    "--device cpu --smoke")
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    if args.device == "cpu":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the trainer and the engine follow torch
+    why = refuse(args)
+    if why:
+        print(f"error: {why}", file=sys.stderr)
+        return 2
+    sys.path.insert(0, str(Path(__file__).parent))  # peers.py, serve_load.py
+    dev = Device(args.device)
+    args.work.mkdir(parents=True, exist_ok=True)
+    results: dict = {"smoke": args.smoke, "seconds_per_side": args.seconds,
+                     "machine": dev.facts(), "shapes": {}}
+    for name in args.only.split(","):
+        shape = smoke_shape(SHAPES[name]) if args.smoke else SHAPES[name]
+        results["shapes"][name] = bench_shape(shape, dev, args)
+        r = results["shapes"][name]
+        print(f"  {name}: ours {r['ours']['tokens_per_s']:,.0f} tok/s, "
+              f"{r['peer']['side']} {r['peer']['tokens_per_s']:,.0f} tok/s, "
+              f"ratio {r['ratio_tokens_per_s']:.2f}x", file=sys.stderr, flush=True)
+        if name == "mlm-cram" and args.serve:  # serving the run just trained
+            results["serving"] = bench_serving(Path(r["ours"]["run_dir"]), args)
+        save(results, args)  # each shape as it is done: a run cut off keeps what it measured
+    print(save(results, args))
+    print(f"wrote {args.out}" + (f" and {args.table}" if args.table else ""))
+    return 0
+
+
+def save(results: dict, args: argparse.Namespace) -> str:
+    """Write the JSON and the table (each whole or not at all); returns the table."""
+    from shoestring.fsutil import write_json_atomic
+
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(args.out, results)
+    text = table(results)
+    if args.table:
+        args.table.parent.mkdir(parents=True, exist_ok=True)
+        tmp = args.table.with_name(args.table.name + ".tmp")
+        tmp.write_text(text)
+        tmp.replace(args.table)
+    return text
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""bench/gpu.py on a CPU machine: it refuses to print GPU figures without a GPU, and its
+``--device cpu --smoke`` mode runs every side (ours, the HF peers, serving) end to end, so the
+first lent GPU runs code that has already run (docs/gpu.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "gpu.py"
+
+
+def bench(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(BENCH), *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "COLUMNS": "200"})
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+def test_refuses_without_a_gpu_and_says_what_to_do(tmp_path: Path) -> None:
+    r = bench("--out", str(tmp_path / "g.json"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "torch.cuda.is_available() is False" in r.stderr
+    assert "--device cpu --smoke" in r.stderr
+    r = bench("--device", "cpu", "--out", str(tmp_path / "g.json"))
+    assert r.returncode == 2 and "only for --smoke" in r.stderr
+    assert not (tmp_path / "g.json").exists()
+
+
+@pytest.mark.slow
+def test_smoke_runs_every_side_on_cpu(tmp_path: Path) -> None:
+    out, md = tmp_path / "g.json", tmp_path / "g.md"
+    r = bench("--device", "cpu", "--smoke", "--only", "mlm-cram,clm-gpt2", "--work",
+              str(tmp_path / "work"), "--out", str(out), "--table", str(md))
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["smoke"] is True and set(res["shapes"]) == {"mlm-cram", "clm-gpt2"}
+    for name, peer in (("mlm-cram", "ModernBertForMaskedLM"), ("clm-gpt2", "LlamaForCausalLM")):
+        s = res["shapes"][name]
+        ours, theirs = s["ours"], s["peer"]
+        assert ours["side"] == "shoestring" and theirs["side"] == peer
+        assert ours["params"] == theirs["params"]  # the peer is our architecture
+        assert ours["tokens_per_s"] > 0 and theirs["tokens_per_s"] > 0
+        assert s["ratio_tokens_per_s"] == pytest.approx(ours["tokens_per_s"]
+                                                        / theirs["tokens_per_s"])
+        assert ours["windows"] >= 2 and 0 <= ours["data_wait"] <= 1
+        assert ours["mfu_ceiling"] > 0 and ours["mfu_datasheet"] is None  # no CPU datasheet
+        assert ours["memory_estimate"]["total"] > 0 and ours["first_step_s_cold"] > 0
+    serving = res["serving"]["concurrency"]
+    assert set(serving) == {"2", "8"}
+    assert all(v["errors"] == 0 and v["throughput"] > 0 for v in serving.values())
+    table = md.read_text()
+    assert "SMOKE" in table and "| mlm-cram | shoestring |" in table
+    assert "| clm-gpt2 | LlamaForCausalLM |" in table and table in r.stdout
