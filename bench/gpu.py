@@ -261,7 +261,7 @@ def run_peer(shape: Shape, data_dir: Path, dev: Device, args: argparse.Namespace
     import torch
 
     from peers import count_params, hf_llama, hf_modernbert, mlm_labels
-    from shoestring import families
+    from shoestring.train.objectives import objective_for
     from shoestring.data.datadir import DataDir
     from shoestring.data.loader import BatchLoader
     from shoestring.train.optim import build_optimizer
@@ -273,8 +273,8 @@ def run_peer(shape: Shape, data_dir: Path, dev: Device, args: argparse.Namespace
     if shape.objective == "mlm":
         model = hf_modernbert(cfg.model, data.vocab_size, data.seq_len, sparse=True,
                               ids=data.special_ids, attention=attention)
-        obj = families.get("mlm").objective(data.seq_len, data.vocab_size, data.special_ids,
-                                            cfg.train.mask_rate, True)
+        obj = objective_for("mlm", data.seq_len, data.vocab_size, data.special_ids,
+                            cfg.train.mask_rate, True)
         gen = torch.Generator().manual_seed(cfg.train.seed)
 
         def batch_of(ids: torch.Tensor) -> dict:

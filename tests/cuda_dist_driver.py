@@ -20,7 +20,6 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from shoestring import families
 from shoestring.config import load_config
 from shoestring.data.datadir import DataDir
 from shoestring.data.loader import BatchLoader
@@ -28,6 +27,7 @@ from shoestring.dist.layout import make_layout
 from shoestring.dist.mesh import Meshes
 from shoestring.dist.parallelize import fused_params, parallelize
 from shoestring.model import build_model
+from shoestring.train.objectives import objective_for
 from shoestring.train.optim import build_optimizer
 
 STEPS = 4
@@ -48,9 +48,8 @@ def losses(data_dir: str, sets: list[str], wrap: str, dtype: torch.dtype) -> lis
         run = parallelize(model, meshes, layout, fused_params(model), kind=cfg.model.objective)
         assert (type(run).__name__ == "DistributedDataParallel") == (wrap == "ddp"), type(run)
     opt = build_optimizer(model, cfg.train)  # DDP: the same parameters; FSDP2: in place
-    obj = families.get(cfg.model.objective).objective(
-        data.seq_len, data.vocab_size, data.special_ids, cfg.train.mask_rate,
-        cfg.model.sparse_prediction)
+    obj = objective_for(cfg.model.objective, data.seq_len, data.vocab_size, data.special_ids,
+                        cfg.train.mask_rate, cfg.model.sparse_prediction)
     loader = BatchLoader(data.split("train", verify=False), cfg.train.batch_size,
                          cfg.train.seed, prefetch=0)
     gen = torch.Generator().manual_seed(cfg.train.seed)
