@@ -214,8 +214,7 @@ def _train_section(flops: float, steps: int, batch: int, micro: int, lr: float) 
     return section
 
 
-def make_plan(req: PlanRequest, console: Console | None = None) -> dict[str, Any]:
-    """The whole plan as a YAML-ready tree (model/train/data sections + plan metadata)."""
+def _check_request(req: PlanRequest) -> None:
     if req.devices < 1:
         raise ShoestringError(
             f"--devices must be at least 1 (got {req.devices})", where="--devices",
@@ -226,61 +225,64 @@ def make_plan(req: PlanRequest, console: Console | None = None) -> dict[str, Any
             f"--mfu must be in (0, 1] (got {req.mfu})", where="--mfu",
             fix="a fraction of the peak, e.g. 0.4 (typical for a well-tuned GPU run)",
         )
-    seconds, flops = parse_budget(req.budget)
-    hw = get_hardware(req.hardware, req.precision)
-    if req.measure and not hw.measured:
-        raise ShoestringError(
-            "--measure times a training burst on this machine, so it needs --hardware auto",
-            where="--measure", fix="drop --measure and pass --mfu, or use --hardware auto",
-        )
-    peak, dtype = hw.peak("auto" if req.precision == "auto" else req.precision)
-    law = load_law(req.law)
-    data = _data_info(req.data) if req.data else None
-    objective = req.objective or (data["objective"] if data else "mlm")
-    families.get(objective, where="--objective")  # an unknown one names the known families
-    if data and req.objective and req.objective != data["objective"]:
-        raise ShoestringError(
-            f"--objective {req.objective} but the data dir was prepared for {data['objective']}",
-            where=str(req.data), fix="drop --objective, or prep the data for that objective",
-        )
-    devices_per_node = req.devices_per_node or _devices_per_node(hw.name, req.devices)
-    mask_rate = TrainConfig().mask_rate
+
+
+@dataclass
+class _Fit:
+    """The sizing for the budget, the layout that fits it, and the MFU it assumed."""
+
+    core: Sizing
+    layout: PlannedLayout
+    total_flops: float
+    mfu: float
+    mfu_source: str
+
+
+def _fit_budget(req: PlanRequest, hw: Hardware, peak: float, seconds: float | None,
+                flops: float | None, objective: str, law: Law, data: dict[str, Any] | None,
+                devices_per_node: int, mask_rate: float, console: Console | None) -> _Fit:
+    """Size the model for the budget and lay it out; with --measure, re-size at the measured
+    MFU until it settles (a wall-clock budget buys FLOPs in proportion to the MFU)."""
     mfu = req.mfu if req.mfu is not None else DEFAULT_MFU
     mfu_source = "given" if req.mfu is not None else "default (pass --mfu or --measure)"
-
     for attempt in range(3 if req.measure else 1):
         total_flops = flops if flops is not None else peak * req.devices * seconds * mfu
         core = size_for_flops(total_flops, objective, law, data, req.devices, mask_rate,
                               flops_per_second=peak * req.devices * mfu)
-        n_opt, d_opt, seq_len, vocab = core.n_opt, core.d_opt, core.seq_len, core.vocab
-        pick, tokens, loss, smallest = core.pick, core.tokens, core.loss, core.shapes[0]
-        batch, steps = core.batch, core.steps
+        pick = core.pick
         sparse = families.get(objective).sparse_head and pick.model.sparse_prediction
-        head_fraction = mask_rate if sparse else 1.0
-        layout: PlannedLayout = layout_for(
-            pick.model, params=pick.params, layers=pick.model.num_layers, hidden=pick.model.hidden_size,
-            heads=pick.model.num_heads, vocab=vocab, seq_len=seq_len, global_batch=batch,
-            head_fraction=head_fraction, devices=req.devices,
+        layout = layout_for(
+            pick.model, params=pick.params, layers=pick.model.num_layers,
+            hidden=pick.model.hidden_size, heads=pick.model.num_heads, vocab=core.vocab,
+            seq_len=core.seq_len, global_batch=core.batch,
+            head_fraction=mask_rate if sparse else 1.0, devices=req.devices,
             devices_per_node=devices_per_node, memory_gb=hw.memory_gb,
             is_cpu=hw.measured and "cpu" in hw.description,
         )
         if not req.measure or attempt == 2:
             break
-        measured = _measure_mfu(pick, vocab, seq_len, layout.micro_batch, hw, req.precision,
-                                console)
+        measured = _measure_mfu(pick, core.vocab, core.seq_len, layout.micro_batch, hw,
+                                req.precision, console)
         mfu_source = f"measured ({pick.label} model, micro-batch {layout.micro_batch})"
-        if flops is not None or abs(measured - mfu) < 0.02 * mfu:
-            mfu = measured
-            break
+        settled = flops is not None or abs(measured - mfu) < 0.02 * mfu
         mfu = measured
+        if settled:
+            break
+    return _Fit(core, layout, total_flops, mfu, mfu_source)
 
-    wall = total_flops / (peak * req.devices * mfu)
+
+def _notes(fit: _Fit, law: Law, objective: str, hw: Hardware,
+           data: dict[str, Any] | None) -> tuple[list[str], float, dict[str, Any] | None]:
+    """What a reader of the plan must know (the law's scale, clamps, fit, repeats), the
+    predicted loss (clamped at ln(vocabulary)) and the data section with its epochs."""
+    core, layout = fit.core, fit.layout
+    loss, smallest = core.loss, core.shapes[0]
     notes: list[str] = []
-    if pick is smallest and law.optimal(total_flops)[0] < smallest.params_non_embedding:
+    if core.pick is smallest and law.optimal(fit.total_flops)[0] < smallest.params_non_embedding:
         notes.append(
-            f"the compute-optimal size ({n_opt:,.0f} non-embedding parameters) is below the "
-            f"smallest shape; the plan trains {smallest.label} on fewer tokens per parameter "
-            "than optimal"
+            f"the compute-optimal size ({core.n_opt:,.0f} non-embedding parameters) is below "
+            f"the smallest shape; the plan trains {smallest.label} on fewer tokens per "
+            "parameter than optimal"
         )
     notes.append(
         f"predicted losses are on the scale of the '{law.name}' law's data "
@@ -289,7 +291,7 @@ def make_plan(req: PlanRequest, console: Console | None = None) -> dict[str, Any
         "than the loss value: fit a law on your own objective and data with `shoestring "
         "sweep` + `shoestring plan --fit`, then plan with --law FILE"
     )
-    ceiling = math.log(vocab)  # the loss of a uniform guess over the vocabulary
+    ceiling = math.log(core.vocab)  # the loss of a uniform guess over the vocabulary
     if loss > ceiling:
         notes.append(
             f"the law predicts a loss of {loss:.2f}, above ln(vocabulary) = {ceiling:.2f} (a "
@@ -308,7 +310,7 @@ def make_plan(req: PlanRequest, console: Console | None = None) -> dict[str, Any
         )
     data_out: dict[str, Any] | None = None
     if data:
-        epochs = tokens / data["train_tokens"] if data["train_tokens"] else float("inf")
+        epochs = core.tokens / data["train_tokens"] if data["train_tokens"] else float("inf")
         data_out = {**data, "epochs": round(epochs, 3)}
         if epochs > REPEAT_WARN_EPOCHS:
             warning = (
@@ -318,15 +320,36 @@ def make_plan(req: PlanRequest, console: Console | None = None) -> dict[str, Any
             )
             data_out["warning"] = warning
             notes.append(warning)
+    return notes, loss, data_out
 
-    train_section = _train_section(total_flops, steps, batch, layout.micro_batch, core.lr)
-    model_section = {
-        "objective": objective,
-        "hidden_size": pick.model.hidden_size,
-        "num_layers": pick.model.num_layers,
-        "num_heads": pick.model.num_heads,
-        "intermediate_size": pick.model.intermediate_size,
-    }
+
+def make_plan(req: PlanRequest, console: Console | None = None) -> dict[str, Any]:
+    """The whole plan as a YAML-ready tree (model/train/data sections + plan metadata)."""
+    _check_request(req)
+    seconds, flops = parse_budget(req.budget)
+    hw = get_hardware(req.hardware, req.precision)
+    if req.measure and not hw.measured:
+        raise ShoestringError(
+            "--measure times a training burst on this machine, so it needs --hardware auto",
+            where="--measure", fix="drop --measure and pass --mfu, or use --hardware auto",
+        )
+    peak, dtype = hw.peak("auto" if req.precision == "auto" else req.precision)
+    law = load_law(req.law)
+    data = _data_info(req.data) if req.data else None
+    objective = req.objective or (data["objective"] if data else "mlm")
+    families.get(objective, where="--objective")  # an unknown one names the known families
+    if data and req.objective and req.objective != data["objective"]:
+        raise ShoestringError(
+            f"--objective {req.objective} but the data dir was prepared for {data['objective']}",
+            where=str(req.data), fix="drop --objective, or prep the data for that objective",
+        )
+    devices_per_node = req.devices_per_node or _devices_per_node(hw.name, req.devices)
+    fit = _fit_budget(req, hw, peak, seconds, flops, objective, law, data, devices_per_node,
+                      TrainConfig().mask_rate, console)
+    core, layout, total_flops, mfu = fit.core, fit.layout, fit.total_flops, fit.mfu
+    pick, tokens, seq_len, batch = core.pick, core.tokens, core.seq_len, core.batch
+    notes, loss, data_out = _notes(fit, law, objective, hw, data)
+    ceiling = math.log(core.vocab)
     meta = {
         "version": 1,
         "objective": objective,
@@ -337,12 +360,14 @@ def make_plan(req: PlanRequest, console: Console | None = None) -> dict[str, Any
         },
         "budget": {
             "input": req.budget, "flops": total_flops, "pf_days": pf_days(total_flops),
-            "mfu": round(mfu, 4), "mfu_source": mfu_source, "wall_clock_s": round(wall, 1),
+            "mfu": round(mfu, 4), "mfu_source": fit.mfu_source,
+            "wall_clock_s": round(total_flops / (peak * req.devices * mfu), 1),
         },
         "law": law.to_dict(),
         "optimum": {  # the closed form on C = 6ND
-            "params": n_opt, "tokens": d_opt, "tokens_per_param": d_opt / n_opt,
-            "loss": min(law.loss(n_opt, d_opt), ceiling),
+            "params": core.n_opt, "tokens": core.d_opt,
+            "tokens_per_param": core.d_opt / core.n_opt,
+            "loss": min(law.loss(core.n_opt, core.d_opt), ceiling),
         },
         "model": {
             "shape": pick.label, "params": pick.params,
@@ -352,16 +377,19 @@ def make_plan(req: PlanRequest, console: Console | None = None) -> dict[str, Any
             "six_n_d_flops": training_flops(pick.params_non_embedding, tokens),
         },
         "batch": {"global_sequences": batch, "seq_len": seq_len,
-                  "tokens_per_step": batch * seq_len, "steps": steps},
+                  "tokens_per_step": batch * seq_len, "steps": core.steps},
         "layout": layout.to_dict(),
         "data": data_out,
         "notes": notes,
     }
+    model_section = {"objective": objective, "hidden_size": pick.model.hidden_size,
+                     "num_layers": pick.model.num_layers, "num_heads": pick.model.num_heads,
+                     "intermediate_size": pick.model.intermediate_size}
     return {
         "plan": meta,
         "model": model_section,
-        "train": train_section,
-        "data": {"seq_len": seq_len, "vocab_size": vocab},
+        "train": _train_section(total_flops, core.steps, batch, layout.micro_batch, core.lr),
+        "data": {"seq_len": seq_len, "vocab_size": core.vocab},
     }
 
 

@@ -27,6 +27,7 @@ import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
@@ -137,6 +138,116 @@ class _JsonBody:
         await self.app(scope, receive, send)
 
 
+@dataclass
+class _Api:
+    """What every handler of one app shares: the models, the limits, the metrics and the key;
+    its methods are the steps of a request's path (authorize, pick the model, check the input
+    count, run it through the batcher)."""
+
+    router: ModelRouter
+    settings: ServeSettings
+    metrics: ServeMetrics
+    api_key: ApiKey | None
+    retrieval: Any = None  # the /v1/search index, when --index was given
+
+    async def authorized(self, request: Request) -> None:  # async: a sync one costs a thread hop
+        if self.api_key is not None and not self.api_key.check(request.headers):
+            raise HTTPException(
+                401,
+                "missing or wrong API key: send 'Authorization: Bearer KEY' or 'X-API-Key: KEY'",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+
+    async def slot_for(self, body: Any, task: str) -> Slot:
+        """The model ``body.model`` names (404 when it cannot do ``task``)."""
+        slot = await self.router.slot_for(getattr(body, "model", None))
+        engine = slot.engine
+        if task not in engine.tasks:
+            served = ", ".join(f"/v1/{t}" for t in sorted(engine.tasks))
+            raise HTTPException(
+                404,
+                f"this server's model is {_article(engine.kind)} {engine.kind}, which does "
+                f"not do {task}; "
+                f"it serves {served}",
+            )
+        return slot
+
+    def check_count(self, texts: list[str]) -> None:
+        # More inputs than one batch holds are split across batches; above the client-batch
+        # limit the request is refused whole (TEI's 413).
+        limit = self.settings.max_client_batch
+        if len(texts) > limit:
+            self.metrics.refused.labels(limit="max_client_batch").inc()
+            raise Refused(
+                413,
+                f"{len(texts)} inputs in one request; this server takes at most "
+                f"{limit} (--max-client-batch): split the request",
+                "max_client_batch",
+                limit,
+            )
+
+    async def infer(self, request: Request, key: tuple, payloads: list[Any],
+                    lengths: list[int], many: bool, slot: Slot) -> list[Any]:
+        """Queue one job per input on ``slot``'s batcher and wait for the first of: the
+        results, the client going away (jobs dropped), the deadline (504)."""
+        jobs = [Job(key, n, p) for p, n in zip(payloads, lengths)]
+        batcher = slot.batcher
+        futures = batcher.submit(jobs)
+        results = asyncio.gather(*futures, return_exceptions=True)
+        gone = asyncio.ensure_future(_disconnected(request.receive))
+        try:
+            done, _ = await asyncio.wait(
+                {results, gone},
+                timeout=self.settings.request_timeout_s,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        except asyncio.CancelledError:  # the server gave up on this request (forced shutdown)
+            batcher.cancel(jobs, "cancelled")
+            results.cancel()
+            raise
+        finally:
+            gone.cancel()
+        if results not in done:
+            reason = "disconnected" if gone in done else "timeout"
+            batcher.cancel(jobs, reason)
+            results.cancel()
+            raise _ClientGone() if reason == "disconnected" else _Timeout()
+        out = results.result()
+        for i, r in enumerate(out):
+            if isinstance(r, InputError):
+                raise r
+            if isinstance(r, BaseException):
+                where = f"inputs[{i}]" if many else "the input"
+                raise HTTPException(500, f"inference failed for {where}: {type(r).__name__}: {r}")
+        return out
+
+    def stream_generation(self, slot: Slot, options: tuple, ids: list[int]) -> StreamingResponse:
+        """One prompt's tokens as server-sent events, as the batcher produces them."""
+        stream = TokenStream(asyncio.get_running_loop())
+        job = Job(("generate-stream", *options, stream.id), len(ids), (ids, stream))
+        (future,) = slot.batcher.submit([job])
+        metrics = self.metrics
+
+        def record(f: asyncio.Future) -> None:
+            if not f.cancelled() and f.exception() is None:
+                result = f.result()
+                metrics.streams.labels(finish_reason=result["finish_reason"]).inc()
+                metrics.streamed_tokens.inc(result["tokens"])
+
+        future.add_done_callback(record)
+
+        async def body() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in events(stream, future):
+                    yield chunk
+            finally:
+                slot.batcher.cancel([job], "disconnected")  # if it had not started yet
+
+        return StreamingResponse(
+            body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        )
+
+
 def create_app(
     engine: Engine | ModelRouter, settings: ServeSettings, metrics: ServeMetrics | None = None
 ) -> FastAPI:
@@ -149,7 +260,53 @@ def create_app(
         metrics = metrics or ServeMetrics()
         router = ModelRouter.single(engine, settings, metrics)
     default = router.default_slot
-    engine, batcher = default.engine, default.batcher  # the default model (routes may use them)
+    api = _Api(router, settings, metrics,
+               ApiKey(settings.api_key.get_secret_value()) if settings.api_key else None)
+    gate = RequestGate(
+        settings.max_concurrent_requests,
+        lambda: metrics.refused.labels(limit="max_concurrent_requests").inc(),
+    )
+    _add_gauges(metrics, router, settings, gate)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        router.start()
+        try:
+            yield
+        finally:
+            # Uvicorn calls this after in-flight requests have finished (or its grace period
+            # ran out); anything still queued is run, not dropped.
+            await asyncio.to_thread(router.close, True, settings.shutdown_timeout_s)
+
+    # With a key, the API description is behind it too (added below, with the key check).
+    docs = {"docs_url": None, "redoc_url": None, "openapi_url": None} if api.api_key else {}
+    app = FastAPI(
+        title="shoestring",
+        version=__version__,
+        summary=f"Micro-batched inference for a shoestring {default.engine.kind}.",
+        lifespan=lifespan,
+        **docs,
+        **_NO_TELEMETRY,
+    )
+    app.state.engine, app.state.batcher, app.state.metrics = (
+        default.engine, default.batcher, metrics)
+    app.state.settings, app.state.router = settings, router
+    api.retrieval = attach_retrieval(app, settings.index, api.authorized)  # /v1/search
+    if api.api_key is not None:
+        _docs_behind_key(app, api.authorized)
+    _add_error_handlers(app, settings, metrics)
+    _add_inference_routes(app, api)
+    _add_status_routes(app, api)
+    # Outermost first: every answer is metered, including the 413s of the body limit.
+    app.add_middleware(_JsonBody)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(ConcurrencyLimit, gate=gate)
+    app.add_middleware(_Metered, metrics=metrics)
+    return app
+
+
+def _add_gauges(metrics: ServeMetrics, router: ModelRouter, settings: ServeSettings,
+                gate: RequestGate) -> None:
     metrics.add_gauge(
         "shoestring_queue_depth", "Inputs waiting for the model.", lambda: router.queue_depth
     )
@@ -164,69 +321,15 @@ def create_app(
     metrics.add_gauge(
         "shoestring_models_loaded", "Model versions loaded.", lambda: len(router.slots)
     )
-    api_key = ApiKey(settings.api_key.get_secret_value()) if settings.api_key else None
-    gate = RequestGate(
-        settings.max_concurrent_requests,
-        lambda: metrics.refused.labels(limit="max_concurrent_requests").inc(),
-    )
     metrics.add_gauge(
         "shoestring_requests_in_flight",
         "Requests being handled (429 at --max-concurrent-requests).",
         lambda: gate.active,
     )
 
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        router.start()
-        try:
-            yield
-        finally:
-            # Uvicorn calls this after in-flight requests have finished (or its grace period
-            # ran out); anything still queued is run, not dropped.
-            await asyncio.to_thread(router.close, True, settings.shutdown_timeout_s)
 
-    # With a key, the API description is behind it too (added below, with the key check).
-    docs = {"docs_url": None, "redoc_url": None, "openapi_url": None} if api_key else {}
-    app = FastAPI(
-        title="shoestring",
-        version=__version__,
-        summary=f"Micro-batched inference for a shoestring {engine.kind}.",
-        lifespan=lifespan,
-        **docs,
-        **_NO_TELEMETRY,
-    )
-    app.state.engine, app.state.batcher, app.state.metrics = engine, batcher, metrics
-    app.state.settings, app.state.router = settings, router
-
-    async def authorized(request: Request) -> None:  # async: a sync one costs a thread hop
-        if api_key is not None and not api_key.check(request.headers):
-            raise HTTPException(
-                401,
-                "missing or wrong API key: send 'Authorization: Bearer KEY' or 'X-API-Key: KEY'",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-
-    retrieval = attach_retrieval(app, settings.index, authorized)  # /v1/search
-    if api_key is not None:
-        _docs_behind_key(app, authorized)
-
-    def require(task: str, engine: Engine = engine) -> None:
-        if task not in engine.tasks:
-            served = ", ".join(f"/v1/{t}" for t in sorted(engine.tasks))
-            raise HTTPException(
-                404,
-                f"this server's model is {_article(engine.kind)} {engine.kind}, which does "
-                f"not do {task}; "
-                f"it serves {served}",
-            )
-
-    async def slot_for(body: Any, task: str) -> Slot:
-        """The model ``body.model`` names (404 when it cannot do ``task``)."""
-        slot = await router.slot_for(getattr(body, "model", None))
-        require(task, slot.engine)
-        return slot
-
-    # --- errors ------------------------------------------------------------------------------
+def _add_error_handlers(app: FastAPI, settings: ServeSettings, metrics: ServeMetrics) -> None:
+    """Each error a request can meet, as the status code and body the module docstring lists."""
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, e: RequestValidationError) -> JSONResponse:
@@ -276,112 +379,58 @@ def create_app(
     async def _gone(request: Request, e: _ClientGone) -> JSONResponse:
         return JSONResponse({"detail": "client disconnected"}, status_code=CLIENT_CLOSED)
 
-    # --- the path through the batcher ----------------------------------------------------------
 
-    def check_count(texts: list[str]) -> None:
-        # More inputs than one batch holds are split across batches; above the client-batch
-        # limit the request is refused whole (TEI's 413).
-        if len(texts) > settings.max_client_batch:
-            metrics.refused.labels(limit="max_client_batch").inc()
-            raise Refused(
-                413,
-                f"{len(texts)} inputs in one request; this server takes at most "
-                f"{settings.max_client_batch} (--max-client-batch): split the request",
-                "max_client_batch",
-                settings.max_client_batch,
-            )
+def _add_inference_routes(app: FastAPI, api: _Api) -> None:
+    """The /v1 endpoints that run a model."""
+    authorized = [Depends(api.authorized)]
 
-    async def infer(
-        request: Request,
-        key: tuple,
-        payloads: list[Any],
-        lengths: list[int],
-        many: bool,
-        slot: Slot | None = None,
-    ) -> list[Any]:
-        jobs = [Job(key, n, p) for p, n in zip(payloads, lengths)]
-        batcher = (slot or default).batcher  # no slot: the default model (the first served)
-        futures = batcher.submit(jobs)
-        results = asyncio.gather(*futures, return_exceptions=True)
-        gone = asyncio.ensure_future(_disconnected(request.receive))
-        try:
-            done, _ = await asyncio.wait(
-                {results, gone},
-                timeout=settings.request_timeout_s,
-                return_when=asyncio.FIRST_COMPLETED,
-            )
-        except asyncio.CancelledError:  # the server gave up on this request (forced shutdown)
-            batcher.cancel(jobs, "cancelled")
-            results.cancel()
-            raise
-        finally:
-            gone.cancel()
-        if results not in done:
-            reason = "disconnected" if gone in done else "timeout"
-            batcher.cancel(jobs, reason)
-            results.cancel()
-            raise _ClientGone() if reason == "disconnected" else _Timeout()
-        out = results.result()
-        for i, r in enumerate(out):
-            if isinstance(r, InputError):
-                raise r
-            if isinstance(r, BaseException):
-                where = f"inputs[{i}]" if many else "the input"
-                raise HTTPException(500, f"inference failed for {where}: {type(r).__name__}: {r}")
-        return out
-
-    # --- endpoints -----------------------------------------------------------------------------
-
-    @app.post("/v1/fill-mask", response_model=FillMaskResponse, dependencies=[Depends(authorized)])
+    @app.post("/v1/fill-mask", response_model=FillMaskResponse, dependencies=authorized)
     async def fill_mask(body: FillMaskRequest, request: Request) -> Any:
         """Top-k tokens, with probabilities, for each [MASK] in each text."""
-        check_count(body.texts)
-        slot = await slot_for(body, "fill-mask")
+        api.check_count(body.texts)
+        slot = await api.slot_for(body, "fill-mask")
         payloads = slot.engine.prepare_fill_mask(body.texts, body.top_k, body.many)
         lengths = [len(p[0]) for p in payloads]
-        out = await infer(request, ("fill-mask",), payloads, lengths, body.many, slot)
+        out = await api.infer(request, ("fill-mask",), payloads, lengths, body.many, slot)
         return _json({"results": out})
 
-    @app.post("/v1/embed", response_model=EmbedResponse, dependencies=[Depends(authorized)])
+    @app.post("/v1/embed", response_model=EmbedResponse, dependencies=authorized)
     async def embed(body: EmbedRequest, request: Request) -> Any:
         """One pooled vector per text (mean or [CLS]; unit length unless normalize=false)."""
-        check_count(body.texts)
-        slot = await slot_for(body, "embed")
+        api.check_count(body.texts)
+        slot = await api.slot_for(body, "embed")
         payloads = slot.engine.prepare_embed(body.texts, body.pooling, body.normalize, body.many)
         lengths = [len(p[0]) for p in payloads]
-        out = await infer(request, ("embed",), payloads, lengths, body.many, slot)
+        out = await api.infer(request, ("embed",), payloads, lengths, body.many, slot)
         return _json({"embeddings": out, "dimensions": len(out[0]) if out else 0})
 
-    @app.post(
-        "/v1/classify",
-        response_model=ClassifyResponse,
-        dependencies=[Depends(authorized)],
-        response_model_exclude_none=True,
-    )
+    @app.post("/v1/classify", response_model=ClassifyResponse, dependencies=authorized,
+              response_model_exclude_none=True)
     async def classify(body: ClassifyRequest, request: Request) -> Any:
         """Label probabilities (or a value) from a fine-tuned classifier."""
-        check_count(body.texts)
-        slot = await slot_for(body, "classify")
+        api.check_count(body.texts)
+        slot = await api.slot_for(body, "classify")
         payloads = slot.engine.prepare_classify(body.texts, body.pairs, body.many)
         lengths = [len(p) for p in payloads]
-        out = await infer(request, ("classify",), payloads, lengths, body.many, slot)
+        out = await api.infer(request, ("classify",), payloads, lengths, body.many, slot)
         return _json({"results": out})
 
-    @app.post("/v1/generate", response_model=GenerateResponse, dependencies=[Depends(authorized)])
+    @app.post("/v1/generate", response_model=GenerateResponse, dependencies=authorized)
     async def generate(body: GenerateRequest, request: Request) -> Any:
         """Continue each prompt (a decoder): up to max_new_tokens, sampled or greedy; with
         ``stream`` one prompt's tokens as server-sent events."""
-        check_count(body.texts)
-        slot = await slot_for(body, "generate")
-        if body.max_new_tokens > settings.max_new_tokens:
+        api.check_count(body.texts)
+        slot = await api.slot_for(body, "generate")
+        limit = api.settings.max_new_tokens
+        if body.max_new_tokens > limit:
             raise InputError(
                 f"max_new_tokens = {body.max_new_tokens} is over this server's "
-                f"limit of {settings.max_new_tokens} (--max-new-tokens)",
+                f"limit of {limit} (--max-new-tokens)",
                 ("body", "max_new_tokens"),
             )
         texts, passages = body.texts, None
         if body.retrieve is not None:  # questions → prompts with retrieved passages
-            texts, passages = await need(retrieval).prompts(
+            texts, passages = await need(api.retrieval).prompts(
                 body.texts, body.retrieve.k, body.retrieve.mode, body.max_new_tokens, slot.engine)
         payloads = slot.engine.prepare_generate(texts, body.many)
         options = (body.max_new_tokens, body.temperature, body.top_k, body.top_p, body.seed)
@@ -391,38 +440,22 @@ def create_app(
                     f"stream takes one prompt, got {len(payloads)}: send one per request",
                     ("body", "inputs"),
                 )
-            return stream_generation(slot, options, payloads[0])
+            return api.stream_generation(slot, options, payloads[0])
         key = ("generate", *options)
-        out = await infer(request, key, payloads, [len(p) for p in payloads], body.many, slot)
+        out = await api.infer(request, key, payloads, [len(p) for p in payloads], body.many,
+                              slot)
         if passages is not None:
             out = [{**o, "passages": p} for o, p in zip(out, passages)]
         return _json({"results": out})
 
-    def stream_generation(slot: Slot, options: tuple, ids: list[int]) -> StreamingResponse:
-        stream = TokenStream(asyncio.get_running_loop())
-        job = Job(("generate-stream", *options, stream.id), len(ids), (ids, stream))
-        (future,) = slot.batcher.submit([job])
 
-        def record(f: asyncio.Future) -> None:
-            if not f.cancelled() and f.exception() is None:
-                result = f.result()
-                metrics.streams.labels(finish_reason=result["finish_reason"]).inc()
-                metrics.streamed_tokens.inc(result["tokens"])
+def _add_status_routes(app: FastAPI, api: _Api) -> None:
+    """What is served and how it is doing: model info, the page, health, readiness, metrics."""
+    router, settings = api.router, api.settings
+    tasks = sorted(router.default_slot.engine.tasks)  # at start: readyz must not need a model
+    authorized = [Depends(api.authorized)]
 
-        future.add_done_callback(record)
-
-        async def body() -> AsyncIterator[bytes]:
-            try:
-                async for chunk in events(stream, future):
-                    yield chunk
-            finally:
-                slot.batcher.cancel([job], "disconnected")  # if it had not started yet
-
-        return StreamingResponse(
-            body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
-        )
-
-    @app.get("/v1/model", dependencies=[Depends(authorized)])
+    @app.get("/v1/model", dependencies=authorized)
     async def model_info() -> dict:
         """What is loaded, what it serves, and the server's limits."""
         return {
@@ -441,7 +474,7 @@ def create_app(
             },
         }
 
-    @app.get("/v1/models", dependencies=[Depends(authorized)])
+    @app.get("/v1/models", dependencies=authorized)
     async def models() -> dict:
         """The served models: current version, stored versions with eval metrics and tags."""
         return {"models": await asyncio.to_thread(router.describe), "worker": os.getpid()}
@@ -472,22 +505,15 @@ def create_app(
             state = "queue full"
         else:
             state = "cannot serve a model" if problems else "ready"
-        body = {"status": state, "queue_depth": depth, "tasks": sorted(engine.tasks)}
+        body = {"status": state, "queue_depth": depth, "tasks": tasks}
         if problems:
             body["problems"] = problems
         return JSONResponse(body, status_code=200 if state == "ready" else 503)
 
-    @app.get("/metrics", dependencies=[Depends(authorized)])
+    @app.get("/metrics", dependencies=authorized)
     async def prometheus() -> Response:
         """Prometheus text format: requests, latency, batch size and tokens, queue depth."""
-        return Response(metrics.render(), media_type=CONTENT_TYPE)
-
-    # Outermost first: every answer is metered, including the 413s of the body limit.
-    app.add_middleware(_JsonBody)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
-    app.add_middleware(ConcurrencyLimit, gate=gate)
-    app.add_middleware(_Metered, metrics=metrics)
-    return app
+        return Response(api.metrics.render(), media_type=CONTENT_TYPE)
 
 
 def _docs_behind_key(app: FastAPI, authorized: Any) -> None:
