@@ -46,6 +46,11 @@ class DataConfig(_Section):
         "raise", description="bad records/files: stop with an error, or skip and count them"
     )
     min_chars: int = Field(16, ge=1, description="drop documents shorter than this after cleaning")
+    max_document_chars: int = Field(
+        1_000_000, ge=1000, description="cut longer documents into pieces of at most this many "
+        "characters (at paragraph, line or word breaks), so memory does not depend on the "
+        "longest document; .txt files are read in bounded chunks (docs/data.md)"
+    )
     objective: Literal["mlm", "clm"] = Field(
         "mlm", description="mlm: [CLS] … [SEP] rows for encoders; clm: <|endoftext|>-joined stream"
     )

@@ -332,7 +332,8 @@ class _Pipeline:
         counts = {"read": 0, "too_short": 0, "kept": 0, "train": 0, "val": 0, "chars": 0}
         self.blocks: list[dict] = []
         docs = iter_documents(self.specs, text_field=cfg.text_field, on_error=cfg.on_error,
-                              stats=stats, split_on=cfg.split_on)
+                              stats=stats, split_on=cfg.split_on,
+                              max_chars=cfg.max_document_chars)
         kept = self.build / "spool-all.jsonl"
         with progress_bar(self.console) as bar, open(kept, "w", encoding="utf-8") as f:
             task = bar.add_task("read + clean", total=None, unit="docs")
@@ -358,6 +359,9 @@ class _Pipeline:
                 counts["kept"] += 1
                 counts["chars"] += len(doc.text)
                 f.write(json.dumps(doc.text, ensure_ascii=False) + "\n")
+        if self.curate_cfg is not None and self.curate_cfg.explain:
+            self.console.print(_long_documents_line(cfg.max_document_chars, stats),
+                               markup=False, highlight=False)
         split = self._split(kept, counts, forced_chars)
         if canaries is not None:
             self.blocks.append(self._write_canaries(canaries))
@@ -368,7 +372,10 @@ class _Pipeline:
         """The read stage's journal entry (and manifest part) from its counts."""
         self.blocks = [
             {"block": "read", "documents_out": counts["read"],
-             "dropped": {"bad_input": len(stats.skipped)}},
+             "dropped": {"bad_input": len(stats.skipped)},
+             "skipped": stats.skipped_summary(),
+             "long_documents": {"max_chars": self.cfg.max_document_chars,
+                                "cut": stats.split_documents, "pieces": stats.split_pieces}},
             {"block": "clean", "documents_in": counts["read"],
              "documents_out": counts["read"] - counts["too_short"],
              "dropped": {"too_short": counts["too_short"]}},
@@ -383,6 +390,9 @@ class _Pipeline:
             "documents": {
                 "read": counts["read"],
                 "skipped_bad_input": len(stats.skipped),
+                "skipped_records": stats.skipped_records,
+                "skipped_files": stats.skipped_files,
+                "skipped_bytes": stats.skipped_bytes,
                 "dropped_too_short": counts["too_short"],
                 "kept": counts["kept"],
                 "train": counts["train"],
@@ -741,6 +751,12 @@ class _Pipeline:
             "stage_seconds": self.seconds,
             "seconds": round(seconds, 3),
         }
+
+
+def _long_documents_line(max_chars: int, stats: ReadStats) -> str:
+    """What ``data.max_document_chars`` did (for ``--explain``)."""
+    return (f"long documents (data.max_document_chars={max_chars:,}): "
+            f"{stats.split_documents:,} cut into {stats.split_pieces:,} pieces")
 
 
 def _line_break_near(text: str, at: int) -> int:

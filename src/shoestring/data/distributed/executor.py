@@ -279,6 +279,8 @@ class RayPipeline(_Pipeline):
                 "too_short": sum(s["too_short"] for s in done),
                 "files": sum(s["files"] for s in done),
                 "skipped": [x for s in done for x in s["skipped"]],
+                "counts": {k: sum(s["counts"][k] for s in done) for k in done[0]["counts"]}
+                if done else {},
                 "reports": stages.merge_reports([b.report() for b in first],
                                                 [s["reports"] for s in done]),
             })
@@ -337,6 +339,7 @@ class RayPipeline(_Pipeline):
                   "train": final["rows"] - final["val"], "val": final["val"],
                   "chars": final["chars"]}
         stats = ReadStats(files=read["files"], documents=read["read"], skipped=read["skipped"])
+        stats.add(read.get("counts", {}))
         split = {"method": "document", "val_fraction": self.cfg.val_fraction}
         if 0 < counts["kept"] and counts["val"] < MIN_VAL_DOCUMENTS:
             split = self._split_by_position(read["parts"], counts)

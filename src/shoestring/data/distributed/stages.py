@@ -220,7 +220,8 @@ def read_source(item: dict, *, cfg: DataConfig, blocks: Any, work: str, part_doc
         rids, texts, chars = [], [], 0
 
     docs = iter_documents([source], text_field=cfg.text_field, on_error=cfg.on_error,
-                          stats=stats, split_on=cfg.split_on)
+                          stats=stats, split_on=cfg.split_on,
+                          max_chars=cfg.max_document_chars)
     for i, doc in enumerate(docs):
         counts["read"] += 1
         text = clean_text(doc.text)
@@ -236,7 +237,8 @@ def read_source(item: dict, *, cfg: DataConfig, blocks: Any, work: str, part_doc
     if texts or not parts:
         flush()
     summary = {"index": index, "parts": parts, **counts, "files": stats.files,
-               "skipped": stats.skipped, "reports": [b.report() for b in mine]}
+               "skipped": stats.skipped, "counts": stats.counts(),
+               "reports": [b.report() for b in mine]}
     return _finish(sidecar, summary)
 
 
