@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_cli
+from conftest import data_dir_digests, run_cli, write_tie_corpus
 
 from shoestring.config import DataConfig
 from shoestring.data.datadir import DataDir
@@ -308,3 +308,21 @@ def test_cli_prep_clm_with_workers(corpus: Path, tmp_path: Path) -> None:
     assert "bpe (clm)" in proc.stdout and "documents read" in proc.stdout
     assert "clean (documents)" in proc.stdout
     assert DataDir(out).manifest["config"]["workers"] == 2
+
+
+def test_two_preps_with_the_default_tokenizer_give_identical_bytes(tmp_path: Path) -> None:
+    """Issue 37: the WordPiece trainer broke ties by a per-process hash order, so two preps
+    of the same text gave different tokenizers and shards. Two real processes now agree on
+    every file (the manifest up to its timestamps)."""
+    corpus = write_tie_corpus(tmp_path / "ties.jsonl")
+    outs = [tmp_path / "a", tmp_path / "b"]
+    for out in outs:
+        proc = run_cli("prep", str(corpus), "-o", str(out), "--set", "data.vocab_size=128",
+                       "--set", "data.seq_len=32")
+        assert proc.returncode == 0, proc.stderr
+    a, b = (data_dir_digests(out) for out in outs)
+    assert "tokenizer.json" in a and any(name.startswith("train/") for name in a)
+    assert a == b
+    vocab = json.loads((outs[0] / "tokenizer.json").read_text())
+    assert [t["content"] for t in vocab["added_tokens"]] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]",
+                                                             "[MASK]"]

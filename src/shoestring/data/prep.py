@@ -557,7 +557,8 @@ class _Pipeline:
     def _train_tokenizer(self, kind: str, n_train: int) -> Any:
         """The tokenizer trained on every training document, in order."""
         cfg = self.cfg
-        return train_tokenizer(_read_spool(self.build / "spool-train.jsonl"), kind, cfg.objective,
+        spool = self.build / "spool-train.jsonl"
+        return train_tokenizer(lambda: _read_spool(spool), kind, cfg.objective,
                                cfg.vocab_size, cfg.lowercase_resolved, length=n_train)
 
     # --- encode: spool → token stream ---------------------------------------------------

@@ -360,13 +360,14 @@ def train_on_sample(paths: list[str], max_chars: int, total_chars: int, kind: st
 
     seen = {"documents": 0, "characters": 0}
 
-    def counted() -> Iterator[str]:
+    def counted() -> Iterator[str]:  # read once or twice (WordPiece): count one pass
+        seen["documents"] = seen["characters"] = 0
         for text in sample_texts([Path(p) for p in paths], max_chars, total_chars):
             seen["documents"] += 1
             seen["characters"] += len(text)
             yield text
 
-    tok = train_tokenizer(counted(), kind, objective, vocab_size, lowercase)
+    tok = train_tokenizer(counted, kind, objective, vocab_size, lowercase)
     return tok, {**seen, "max_characters": max_chars, "of_characters": total_chars}
 
 
