@@ -33,6 +33,7 @@ import os
 import shutil
 import time
 from collections.abc import Iterator
+from contextlib import ExitStack
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -207,8 +208,11 @@ class Journal:
 
 
 def _fault_point(stage: str, count: int) -> None:
-    """Test hook: die like a killed process (no cleanup) after ``count`` steps of ``stage``."""
+    """Test hook: die like a killed process (no cleanup) after ``count`` steps of ``stage``;
+    with ``STAGE:N:wait``, wait there (for a signal) instead."""
     spec = os.environ.get(_FAULT_ENV)
+    if spec == f"{stage}:{count}:wait":
+        time.sleep(3600)
     if spec and spec == f"{stage}:{count}":
         os._exit(137)
 
@@ -253,23 +257,28 @@ def prep(
     fingerprint = data_fingerprint(specs, cfg, curate, files)
     if executor != "local":  # its build folder holds other intermediate files
         fingerprint = hashlib.sha256(f"{fingerprint}:{executor}".encode()).hexdigest()
-    journal = Journal.open(build, fingerprint)
-    if journal.resumed:
-        console.print(f"resuming an interrupted prep in {build} "
-                      f"(finished: {', '.join(journal.resumed)})")
-    try:
-        if ray_plan is not None:
-            from shoestring.data.distributed import run_ray
+    with ExitStack() as session:
+        if ray_plan is not None:  # connect first: an unreachable cluster touches no build
+            from shoestring.data.distributed.executor import ray_session
 
-            manifest = run_ray(ray_plan, ray_options, specs, files, build, cfg, console, journal,
-                               curate)
-        else:
-            with WorkerPool(cfg.workers).start() as pool:
-                manifest = _Pipeline(specs, files, build, cfg, console, journal, pool,
-                                     curate).run()
-    except ShoestringError:
-        shutil.rmtree(build, ignore_errors=True)  # bad input: a re-run would fail the same way
-        raise
+            session.enter_context(ray_session(ray_options.address))
+        journal = Journal.open(build, fingerprint)
+        if journal.resumed:
+            console.print(f"resuming an interrupted prep in {build} "
+                          f"(finished: {', '.join(journal.resumed)})")
+        try:
+            if ray_plan is not None:
+                from shoestring.data.distributed import run_ray
+
+                manifest = run_ray(ray_plan, ray_options, specs, files, build, cfg, console,
+                                   journal, curate)
+            else:
+                with WorkerPool(cfg.workers).start() as pool:
+                    manifest = _Pipeline(specs, files, build, cfg, console, journal, pool,
+                                         curate).run()
+        except ShoestringError:
+            shutil.rmtree(build, ignore_errors=True)  # bad input: a re-run would fail the same
+            raise
     # Anything else (Ctrl-C, a crash) keeps the build folder, so a re-run resumes.
     for name in os.listdir(build):
         if name.startswith(("spool-", "stream-", "docs-")) or name == _JOURNAL:
@@ -312,6 +321,7 @@ class _Pipeline:
             self.encoded[split] = enc
             splits[split] = self._timed("pack", self._pack, split, enc, dtype, ids,
                                         tok.get_vocab_size())
+        self._explain_compressibility()
         self._check_val(splits["val"], read)
         manifest = self._manifest(read, tok_info, ids, dtype, splits, time.perf_counter() - t0)
         write_json_atomic(self.build / "manifest.json", manifest)
@@ -623,13 +633,30 @@ class _Pipeline:
             checkpoint(done=True)
         return {**state, "done": True}
 
+    def _explain_compressibility(self) -> None:
+        """``--explain``: the compressibility filter's examples (it runs while tokenizing,
+        after the other blocks have been explained)."""
+        if self._compress is None or not self._compress.keep_examples:
+            return
+        from shoestring.data.curate.pipeline import format_explain
+
+        examples = {self._compress.name: self._compress.examples}
+        self.console.print(format_explain(examples if self._compress.examples else {},
+                                          self.curate_cfg.explain), markup=False,
+                           highlight=False)
+
     def _keep_encoded(self, texts: list[str], lengths: np.ndarray) -> np.ndarray | None:
         """Hook for checks that need token counts (Cramming's compressibility filter):
         a boolean keep-mask over the batch's documents, or None to keep all. Runs in order in
         the main process; dropped documents leave no tokens in the stream."""
         if self._compress is None:
             return None
-        return self._compress.check_batch(lengths, [len(t) for t in texts])
+        docs = None
+        if self._compress.keep_examples:  # --explain: the dropped texts as examples
+            seen = self._compress.stats.docs_in
+            docs = [Document(t, "", f"tokenized document {seen + i + 1:,}")
+                    for i, t in enumerate(texts)]
+        return self._compress.check_batch(lengths, [len(t) for t in texts], docs)
 
     # --- pack: token stream → shards ----------------------------------------------------
 
