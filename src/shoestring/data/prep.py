@@ -300,17 +300,19 @@ class _Pipeline:
         self.kept_shards = 0
         self.encoded: dict[str, dict] = {}
         self._forced_train: set[int] = set()  # spool lines kept in train (canary hosts)
-        self._compress = None
-        if curate is not None:
-            from shoestring.data.curate.compress import Compressibility
-
-            self._compress = Compressibility.from_config(curate)
+        self._compress = None  # built once the tokenizer is known (run)
+        self.median_ratio: float | None = None
 
     def run(self) -> dict:
         t0 = time.perf_counter()
         read = self.journal.get("read") or self._timed("read", self._read)
         tok_info = self.journal.get("tokenizer") or self._timed("tokenizer", self._tokenizer)
         tok = load_tokenizer(self.build / "tokenizer.json")
+        if self.curate_cfg is not None:  # the threshold may depend on the corpus
+            from shoestring.data.curate.compress import Compressibility
+
+            self.median_ratio = tok_info.get("median_ratio")
+            self._compress = Compressibility.from_config(self.curate_cfg, self.median_ratio)
         ids = special_ids(tok, self.cfg.objective)
         dtype = token_dtype(tok.get_vocab_size())
         splits: dict[str, dict] = {}
@@ -561,8 +563,16 @@ class _Pipeline:
             "vocab_size": tok.get_vocab_size(),
             "sha256": file_sha256(self.build / "tokenizer.json"),
         }
+        from shoestring.data.curate.compress import median_ratio, needs_median
+
+        if needs_median(self.curate_cfg):  # for the compressibility threshold
+            info["median_ratio"] = median_ratio(tok, self._train_texts())
         self.journal.put("tokenizer", info)
         return info
+
+    def _train_texts(self) -> Iterator[str]:
+        """The training documents, in order."""
+        return _read_spool(self.build / "spool-train.jsonl")
 
     def _train_tokenizer(self, kind: str, n_train: int) -> Any:
         """The tokenizer trained on every training document, in order."""
@@ -743,7 +753,9 @@ class _Pipeline:
         kept = sum(e["kept_documents"] for e in self.encoded.values())
         compress = [] if self._compress is None else [
             {"block": "compressibility", "documents_in": seen, "documents_out": kept,
-             "dropped": {"ratio_too_high": seen - kept}}]
+             "dropped": {"ratio_too_high": seen - kept},
+             "max_ratio": round(self._compress.max_ratio, 4),
+             "median_ratio": self.median_ratio}]
         blocks = [
             *read["blocks"],
             {"block": "tokenize", "documents_in": seen, "documents_out": seen,

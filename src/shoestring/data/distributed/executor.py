@@ -36,7 +36,7 @@ import json
 import logging
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -472,6 +472,12 @@ class RayPipeline(_Pipeline):
 
     # --- tokenizer, encode, pack --------------------------------------------------------
 
+    def _train_texts(self) -> Iterator[str]:
+        """The training documents, part by part (read on the driver)."""
+        for name in self._kept_names():
+            part = stages.read_part(self.work / "kept" / f"{name}.parquet", ["text", "val"])
+            yield from (t for t, v in zip(part["text"], part["val"].tolist()) if not v)
+
     def _train_tokenizer(self, kind: str, n_train: int) -> Any:
         import ray
 
@@ -490,7 +496,8 @@ class RayPipeline(_Pipeline):
         items = [{"name": n, "split": split} for n in self._kept_names()]
         done = self._map(f"tokenize {split}", items, stages.encode_part, work=str(self.work),
                          tokenizer=str(self.build / "tokenizer.json"), sep_id=sep,
-                         dtype=token_dtype(tok.get_vocab_size()).str, curate=self.curate_cfg)
+                         dtype=token_dtype(tok.get_vocab_size()).str, curate=self.curate_cfg,
+                         median=self.median_ratio)
         done.sort(key=lambda s: s["name"])
         offset = 0
         parts = []

@@ -376,7 +376,8 @@ def train_on_sample(paths: list[str], max_chars: int, total_chars: int, kind: st
 
 @user_errors
 def encode_part(item: dict, *, work: str, tokenizer: str, sep_id: int, dtype: str,
-                curate: CurateConfig | None, fault: str | None = None) -> dict:
+                curate: CurateConfig | None, median: float | None = None,
+                fault: str | None = None) -> dict:
     """Tokenize one part's documents of one split; write ``encode-SPLIT/NAME.bin``
     (tokens, each document followed by ``sep_id``) and ``.ends`` (document ends)."""
     from shoestring.data.prep import ENCODE_BATCH, ENCODE_CHARS
@@ -394,7 +395,7 @@ def encode_part(item: dict, *, work: str, tokenizer: str, sep_id: int, dtype: st
     if curate is not None:
         from shoestring.data.curate.compress import Compressibility
 
-        compress = Compressibility.from_config(curate)
+        compress = Compressibility.from_config(curate, median)
     part = read_part(root / "kept" / f"{name}.parquet", ["text", "val"])
     want = split == "val"
     texts = [t for t, v in zip(part["text"], part["val"].tolist()) if v == want]
