@@ -326,3 +326,22 @@ def test_two_preps_with_the_default_tokenizer_give_identical_bytes(tmp_path: Pat
     vocab = json.loads((outs[0] / "tokenizer.json").read_text())
     assert [t["content"] for t in vocab["added_tokens"]] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]",
                                                              "[MASK]"]
+
+
+def test_explain_reports_the_long_document_setting(tmp_path: Path) -> None:
+    path = tmp_path / "a.txt"
+    from shoestring.data.builtin import iter_pydocs
+
+    text = "\n".join(line for _, d in zip(range(40), iter_pydocs())
+                     for line in d.text.splitlines() if line.strip())
+    path.write_text(text[:30000], encoding="utf-8")  # one paragraph: no blank line
+    proc = run_cli("prep", str(path), "-o", str(tmp_path / "d"), "--filters", "gopher",
+                   "--explain", "1", "--set", "data.max_document_chars=2000",
+                   "--set", "data.vocab_size=300", "--set", "data.seq_len=32")
+    assert proc.returncode == 0, proc.stderr
+    read = DataDir(tmp_path / "d").manifest["blocks"][0]
+    pieces = read["long_documents"]["pieces"]
+    assert read["long_documents"] == {"max_chars": 2000, "cut": 1, "pieces": pieces} and pieces > 5
+    assert f"long documents (data.max_document_chars=2,000): 1 cut into {pieces} pieces" \
+        in proc.stderr
+    assert f"1 over 2,000 characters cut into {pieces} pieces" in proc.stdout

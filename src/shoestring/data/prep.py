@@ -21,7 +21,8 @@ A re-run with the same inputs and settings (the journal's fingerprint) after an 
 uninterrupted run. A run with other inputs, or a bad-input error, discards the build folder.
 
 Streaming: memory holds a bounded number of document batches, never the corpus (the sort
-order holds one float per sequence). ``data.workers`` > 1 spreads cleaning and tokenizing
+order holds one float per sequence), and no document longer than ``data.max_document_chars``
+(longer ones are cut while they are read, see `readers.Splitter`). ``data.workers`` > 1 spreads cleaning and tokenizing
 over processes; results are consumed in order, so the output is identical to 1 worker.
 """
 

@@ -161,10 +161,6 @@ class Splitter:
         self._parts, self._chars = [], 0
         return rest
 
-    def discard(self) -> int:
-        """Drop what is buffered; returns its size in UTF-8 bytes."""
-        return len(self.finish().encode("utf-8", "surrogatepass"))
-
 
 def cut_point(text: str, limit: int) -> int:
     """Where to end a piece of at most ``limit`` characters of ``text`` (see `Splitter`)."""
