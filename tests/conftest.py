@@ -40,6 +40,42 @@ def write_jsonl_corpus(path: Path, n_docs: int = 80, field: str = "text") -> Pat
     return path
 
 
+def write_tie_corpus(path: Path, n_docs: int = 100) -> Path:
+    """JSON lines whose WordPiece training is all ties: 144 two-letter words ("w" + "a",
+    ..., "z" + "9"), each once per document. Every pair (initial, ##c) is equally frequent
+    and a 128-token vocabulary has room for about a third of them, so the tie-breaking
+    decides the vocabulary (upstream, that order changes from process to process)."""
+    import json
+    import random
+    import string
+
+    rng = random.Random(0)
+    words = [i + c for i in "wxyz" for c in string.ascii_lowercase + string.digits]
+    with path.open("w", encoding="utf-8") as f:
+        for _ in range(n_docs):
+            rng.shuffle(words)
+            f.write(json.dumps({"text": " ".join(words)}) + "\n")
+    return path
+
+
+def data_dir_digests(out: Path) -> dict[str, str]:
+    """sha256 of every file of a data dir; the manifest without what differs run to run
+    (when it was made and how long it took)."""
+    import hashlib
+    import json
+
+    digests = {}
+    for path in sorted(p for p in out.rglob("*") if p.is_file()):
+        data = path.read_bytes()
+        if path.name == "manifest.json":
+            m = json.loads(data)
+            for key in ("created", "seconds", "stage_seconds"):
+                m.pop(key)
+            data = json.dumps(m, sort_keys=True).encode()
+        digests[str(path.relative_to(out))] = hashlib.sha256(data).hexdigest()
+    return digests
+
+
 def tiny_config(**train: object) -> Config:
     """The tests' small run. The attention kernel is pinned (sdpa) unless given: ``auto`` times
     the kernels, and the two round differently in the last bits, so two runs compared bit for

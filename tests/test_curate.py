@@ -297,3 +297,19 @@ def test_config_defaults_are_the_published_thresholds() -> None:
     assert c.compress_max_ratio == 0.3
     assert (c.minhash_ngram, c.minhash_bands, c.minhash_rows) == (5, 14, 8)
     assert (c.decontam_ngram, c.decontam_margin_chars, c.decontam_max_pieces) == (13, 200, 10)
+
+
+def test_reference_sample_is_the_smallest_hashes_whatever_the_order() -> None:
+    """The compressibility threshold's sample must be the same documents for the local and
+    the Ray executor (which see them in other orders), and bounded in size."""
+    import random
+
+    from shoestring.data.curate.compress import reference_sample
+
+    texts = [f"document {i} " * (1 + i % 7) for i in range(3000)]
+    shuffled = texts[:]
+    random.Random(1).shuffle(shuffled)
+    a, b = reference_sample(texts, 5000), reference_sample(shuffled, 5000)
+    assert a == b
+    assert 5000 <= sum(map(len, a)) < 5000 + max(map(len, texts))
+    assert len(a) < len(texts) / 10

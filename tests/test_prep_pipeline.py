@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_cli
+from conftest import data_dir_digests, run_cli, write_tie_corpus
 
 from shoestring.config import DataConfig
 from shoestring.data.datadir import DataDir
@@ -228,8 +228,64 @@ def test_bad_input_discards_the_build_and_skip_counts(tmp_path: Path, corpus: Pa
     m = prep([str(corpus), str(bad)], tmp_path / "d", _cfg(on_error="skip"))
     assert m["documents"]["skipped_bad_input"] == 1
     assert m["skipped_examples"][0].startswith(f"{bad}:2: malformed JSON")
-    assert m["blocks"][0] == {"block": "read", "documents_out": N_DOCS + 1,
-                              "dropped": {"bad_input": 1}}
+    assert m["blocks"][0] == {
+        "block": "read", "documents_out": N_DOCS + 1, "dropped": {"bad_input": 1},
+        "skipped": {"inputs": 1, "records": 1, "files": 0, "bytes": len("{oops\n")},
+        "long_documents": {"max_chars": 1_000_000, "cut": 0, "pieces": 0}}
+
+
+def test_cli_skip_drops_only_the_bad_paragraph_and_says_so(tmp_path: Path) -> None:
+    """Issue 37: one bad byte in a .txt dropped every paragraph after it."""
+    paragraphs = [f"Paragraph number {i} has a few words of plain text in it." for i in range(300)]
+    raw = "\n\n".join(paragraphs).encode()
+    at = raw.index(b"Paragraph number 100 ")
+    path = tmp_path / "a.txt"
+    path.write_bytes(raw[:at] + b"\xff" + raw[at:])
+    out = tmp_path / "d"
+    proc = run_cli("prep", str(path), "-o", str(out), "--on-error", "skip",
+                   "--set", "data.seq_len=32", "--set", "data.vocab_size=300")
+    assert proc.returncode == 0, proc.stderr
+    m = DataDir(out).manifest
+    assert m["documents"]["read"] == 299
+    assert m["documents"]["skipped_records"] == 1
+    assert m["documents"]["skipped_bytes"] == len(paragraphs[100]) + 2  # the bad byte, "\n"
+    assert "1 records, 0 files (59 bytes)" in proc.stdout
+
+
+def _peak_rss_mb(*args: str) -> tuple[float, subprocess.CompletedProcess]:
+    """Peak resident memory of a real ``shoestring`` process (its only child's, measured by a
+    fresh parent, so no other test's processes count)."""
+    code = ("import resource, subprocess, sys; p = subprocess.run(sys.argv[1:], "
+            "capture_output=True, text=True); print(p.returncode); print(p.stderr[-2000:]); "
+            "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
+    proc = subprocess.run([sys.executable, "-c", code, sys.executable, "-m", "shoestring", *args],
+                          capture_output=True, text=True, timeout=600, check=True)
+    lines = proc.stdout.strip().splitlines()
+    return int(lines[-1]) / 1024, proc
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ru_maxrss in KiB: Linux")
+def test_one_huge_document_does_not_grow_memory(tmp_path: Path) -> None:
+    """Issue 37: a 20 MB file with no blank lines (one document) peaked at 3.1 GB, ~100x the
+    document. Now it is cut into data.max_document_chars pieces while it is read, so the peak
+    stays within a bounded amount of a small corpus's (before the fix: +1.3 GB here)."""
+    import random
+
+    rng = random.Random(0)
+    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 9)))
+             for _ in range(5000)]
+    huge, small = tmp_path / "huge.txt", tmp_path / "small.txt"
+    with huge.open("w", encoding="utf-8") as f:
+        for _ in range(12_000_000 // 100):
+            f.write(" ".join(rng.choice(words) for _ in range(16)) + ".\n")
+    small.write_bytes(huge.read_bytes()[:200_000])
+    settings = ["--set", "data.vocab_size=2000"]
+    base, _ = _peak_rss_mb("prep", str(small), "-o", str(tmp_path / "s"), *settings)
+    peak, proc = _peak_rss_mb("prep", str(huge), "-o", str(tmp_path / "h"), *settings)
+    assert proc.stdout.splitlines()[0] == "0", proc.stdout
+    read = DataDir(tmp_path / "h").manifest["blocks"][0]
+    assert read["long_documents"]["cut"] == 1 and read["long_documents"]["pieces"] >= 12
+    assert peak - base < 600, f"peak {peak:.0f} MB vs {base:.0f} MB for a 200 KB corpus"
 
 
 def test_corpus_that_filters_to_nothing_names_the_block(tmp_path: Path) -> None:
@@ -252,3 +308,40 @@ def test_cli_prep_clm_with_workers(corpus: Path, tmp_path: Path) -> None:
     assert "bpe (clm)" in proc.stdout and "documents read" in proc.stdout
     assert "clean (documents)" in proc.stdout
     assert DataDir(out).manifest["config"]["workers"] == 2
+
+
+def test_two_preps_with_the_default_tokenizer_give_identical_bytes(tmp_path: Path) -> None:
+    """Issue 37: the WordPiece trainer broke ties by a per-process hash order, so two preps
+    of the same text gave different tokenizers and shards. Two real processes now agree on
+    every file (the manifest up to its timestamps)."""
+    corpus = write_tie_corpus(tmp_path / "ties.jsonl")
+    outs = [tmp_path / "a", tmp_path / "b"]
+    for out in outs:
+        proc = run_cli("prep", str(corpus), "-o", str(out), "--set", "data.vocab_size=128",
+                       "--set", "data.seq_len=32")
+        assert proc.returncode == 0, proc.stderr
+    a, b = (data_dir_digests(out) for out in outs)
+    assert "tokenizer.json" in a and any(name.startswith("train/") for name in a)
+    assert a == b
+    vocab = json.loads((outs[0] / "tokenizer.json").read_text())
+    assert [t["content"] for t in vocab["added_tokens"]] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]",
+                                                             "[MASK]"]
+
+
+def test_explain_reports_the_long_document_setting(tmp_path: Path) -> None:
+    path = tmp_path / "a.txt"
+    from shoestring.data.builtin import iter_pydocs
+
+    text = "\n".join(line for _, d in zip(range(40), iter_pydocs())
+                     for line in d.text.splitlines() if line.strip())
+    path.write_text(text[:30000], encoding="utf-8")  # one paragraph: no blank line
+    proc = run_cli("prep", str(path), "-o", str(tmp_path / "d"), "--filters", "gopher",
+                   "--explain", "1", "--set", "data.max_document_chars=2000",
+                   "--set", "data.vocab_size=300", "--set", "data.seq_len=32")
+    assert proc.returncode == 0, proc.stderr
+    read = DataDir(tmp_path / "d").manifest["blocks"][0]
+    pieces = read["long_documents"]["pieces"]
+    assert read["long_documents"] == {"max_chars": 2000, "cut": 1, "pieces": pieces} and pieces > 5
+    assert f"long documents (data.max_document_chars=2,000): 1 cut into {pieces} pieces" \
+        in proc.stderr
+    assert f"1 over 2,000 characters cut into {pieces} pieces" in proc.stdout

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import SHARED_DATA, run_cli
+from conftest import SHARED_DATA, data_dir_digests, run_cli, write_tie_corpus
 
 from shoestring.config import CurateConfig, DataConfig
 from shoestring.data.datadir import DataDir
@@ -28,8 +28,8 @@ from shoestring.data.distributed import RayOptions  # noqa: E402
 from shoestring.data.distributed.shuffle import bucket_firsts, components  # noqa: E402
 
 CORPUS = SHARED_DATA / "corpora" / "mixed-en.jsonl"
-# `tokenizers`' WordPiece trainer breaks ties differently from process to process, so the
-# planted-corpus runs share a tokenizer file; the shared-corpus test compares (BPE) training.
+# The planted-corpus runs share a tokenizer file (so they test curation, not training); the
+# shared-corpus test compares BPE training and the tie corpus WordPiece training.
 CFG = DataConfig(vocab_size=700, seq_len=32, shard_tokens=2048, val_fraction=0.1)
 CURATE = CurateConfig(dedup="fuzzy", filters="gopher", compress_max_ratio=0.6,
                       gopher_min_words=20)
@@ -320,3 +320,104 @@ def test_sorted_order_matches_local(ray_cluster, planted, tmp_path: Path) -> Non
     assert remote["splits"]["train"]["order"] == "sort"
     assert len(remote["splits"]["train"]["shards"]) >= 3
     _same(local, remote)
+
+
+@pytest.mark.timeout(300)
+def test_ray_trains_the_same_wordpiece_as_local(ray_cluster, tmp_path: Path) -> None:
+    """Issue 37: the default (WordPiece) tokenizer differed between a local prep and a Ray
+    prep (a per-process tie order in `tokenizers`); on a corpus where ties decide the
+    vocabulary, a local prep in its own process and a Ray prep now agree on every file."""
+    corpus = write_tie_corpus(tmp_path / "ties.jsonl")
+    proc = run_cli("prep", str(corpus), "-o", str(tmp_path / "local"),
+                   "--set", "data.vocab_size=128", "--set", "data.seq_len=32")
+    assert proc.returncode == 0, proc.stderr
+    cfg = DataConfig(vocab_size=128, seq_len=32)
+    remote = prep([str(corpus)], tmp_path / "ray", cfg, curate=CurateConfig(), executor="ray",
+                  ray_options=RayOptions(part_docs=30))
+    _same(json.loads((tmp_path / "local" / "manifest.json").read_text()), remote)
+    local, ray_ = data_dir_digests(tmp_path / "local"), data_dir_digests(tmp_path / "ray")
+    del local["manifest.json"], ray_["manifest.json"]  # the executor's own figures differ
+    assert local == ray_
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.timeout(200)
+def test_unreachable_ray_address_fails_fast_naming_it(tmp_path: Path) -> None:
+    """Issue 37: `ray.init` retried an unreachable address for ever (and ignored SIGTERM).
+    Now it is checked first: exit 2 within the stated timeout, naming the address, and
+    nothing written."""
+    corpus = write_tie_corpus(tmp_path / "ties.jsonl", n_docs=10)
+    address = f"127.0.0.1:{_free_port()}"
+    out = tmp_path / "d"
+    proc = run_cli("prep", str(corpus), "-o", str(out), "--executor", "ray",
+                   "--ray-address", address, timeout=150)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert f"cannot reach a Ray cluster at {address}" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not out.exists() and not build_dir(out).exists()
+
+
+@pytest.mark.timeout(400)
+def test_default_ray_is_a_new_local_one_and_sigterm_keeps_the_journal(tmp_path: Path) -> None:
+    """Issue 37: without --ray-address, prep joined the address a stopped `ray start` had
+    left in Ray's session files and hung. Now it starts its own local Ray; SIGTERM (here
+    while it waits after the read stage) stops it with exit 130 and the journal intact,
+    and the re-run resumes from there."""
+    import signal
+    import tempfile
+
+    corpus = write_tie_corpus(tmp_path / "ties.jsonl", n_docs=40)
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))  # short: Ray's socket paths
+    try:
+        (ray_tmp / "ray").mkdir()
+        (ray_tmp / "ray" / "ray_current_cluster").write_text(f"127.0.0.1:{_free_port()}\n")
+        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        env |= {"RAY_TMPDIR": str(ray_tmp), "COLUMNS": "200"}
+        out = tmp_path / "d"
+        cmd = [sys.executable, "-m", "shoestring", "prep", str(corpus), "-o", str(out),
+               "--executor", "ray", "--set", "data.vocab_size=128", "--set", "data.seq_len=32"]
+        proc = subprocess.Popen(cmd, env={**env, "SHOESTRING_PREP_FAULT": "ray.read:1:wait"},
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        journal = build_dir(out) / "journal.json"
+        try:
+            _wait_for(lambda: "read" in _ray_stages(journal), proc, seconds=200)
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=120)
+        finally:
+            proc.kill()
+        assert proc.returncode == 130, err[-2000:]
+        assert "interrupted: finished stages are kept" in err
+        assert "read" in _ray_stages(journal)
+        again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        assert again.returncode == 0, again.stderr[-2000:]
+        assert DataDir(out).manifest["resumed"]["stages"] == ["ray"]
+    finally:
+        import shutil
+
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def _ray_stages(journal: Path) -> dict:
+    try:
+        return json.loads(journal.read_text())["stages"].get("ray") or {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _wait_for(done, proc: subprocess.Popen, seconds: float) -> None:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not done():
+        if proc.poll() is not None:
+            raise AssertionError(f"prep ended early: {proc.stderr.read()[-2000:]}")
+        if time.monotonic() > deadline:
+            raise AssertionError("prep never reached the point to interrupt")
+        time.sleep(0.1)

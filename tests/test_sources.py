@@ -335,6 +335,71 @@ def test_skip_mode_counts_bad_records_and_keeps_good_ones(tmp_path: Path) -> Non
     assert any(s.startswith(f"{latin}:1: ") and "UTF-8" in s for s in stats.skipped)
 
 
+def test_skip_mode_counts_records_files_and_bytes(tmp_path: Path) -> None:
+    mixed = tmp_path / "a.jsonl"
+    bad_lines = [b"{oops\n", b'{"text": "caf\xe9"}\n']
+    mixed.write_bytes(b'{"text": "one"}\n' + b"".join(bad_lines) + b'\n{"text": "two"}\n')
+    binary = tmp_path / "b.txt"
+    binary.write_bytes(b"\x00" * 64)
+    stats = ReadStats()
+    assert [d.text for d in _read([str(tmp_path)], on_error="skip", stats=stats)] == ["one", "two"]
+    assert (stats.skipped_records, stats.skipped_files) == (2, 1)
+    assert stats.skipped_bytes == sum(map(len, bad_lines)) + 64
+
+
+@pytest.mark.parametrize("split_on", ["blank", "lines"])
+def test_txt_bad_byte_skips_only_its_record(tmp_path: Path, split_on: str) -> None:
+    """Issue 37: one bad byte used to drop everything after it in the file."""
+    paragraphs = [f"paragraph {i} line one\nparagraph {i} line two\n" for i in range(50)]
+    raw = "\n".join(paragraphs).encode()
+    bad_at = raw.index(b"paragraph 20 line two")
+    raw = raw[:bad_at] + b"\xff" + raw[bad_at:]
+    path = tmp_path / "a.txt"
+    path.write_bytes(raw)
+    stats = ReadStats()
+    docs = _read([str(path)], on_error="skip", stats=stats, split_on=split_on)
+    texts = [d.text for d in docs]
+    if split_on == "blank":
+        assert texts == [p.rstrip("\n") for i, p in enumerate(paragraphs) if i != 20]
+        dropped = len(paragraphs[20]) + 1  # with the bad byte
+    else:
+        lines = [line for p in paragraphs for line in p.splitlines()]
+        assert texts == [line for line in lines if line != "paragraph 20 line two"]
+        dropped = len("paragraph 20 line two\n") + 1
+    assert (len(stats.skipped), stats.skipped_records, stats.skipped_files) == (1, 1, 0)
+    assert stats.skipped_bytes == dropped
+    bad_line = raw[:bad_at].count(b"\n") + 1
+    assert stats.skipped[0].startswith(f"{path}:{bad_line}: ")
+
+
+def test_long_documents_are_cut_at_breaks_and_nothing_is_lost(tmp_path: Path) -> None:
+    words = [f"w{i}" for i in range(30000)]
+    lines = [" ".join(words[i:i + 20]) for i in range(0, len(words), 20)]
+    text = "\n".join(lines)
+    txt = tmp_path / "a.txt"
+    txt.write_text(text + "\n", encoding="utf-8")  # one paragraph, no blank line
+    _jsonl(tmp_path / "b.jsonl", [{"text": text}, {"text": "short"}])
+    stats = ReadStats()
+    docs = _read([str(txt), str(tmp_path / "b.jsonl")], stats=stats, max_chars=5000)
+    by_source: dict[str, list[Document]] = {}
+    for d in docs:
+        by_source.setdefault(d.source, []).append(d)
+    for source, pieces in by_source.items():
+        whole = [p for p in pieces if p.text != "short"]
+        assert all(len(p.text) <= 5000 for p in whole)
+        assert "".join(p.text for p in whole).rstrip("\n") == text
+        assert all(p.text.endswith("\n") for p in whole[:-1])  # cut at line breaks
+        first = whole[0].doc_id
+        assert [p.doc_id for p in whole[1:3]] == [f"{first}#2", f"{first}#3"]
+    assert stats.split_documents == 2
+    assert stats.split_pieces == len(docs) - 1
+    one_line = tmp_path / "c.txt"  # no line breaks at all: cut at spaces
+    one_line.write_text(" ".join(words), encoding="utf-8")
+    pieces = [d.text for d in _read([str(one_line)], max_chars=5000)]
+    assert "".join(pieces) == " ".join(words) and all(p.endswith(" ") for p in pieces[:-1])
+    assert all(len(p) <= 5000 for p in pieces)
+
+
 def test_skip_mode_without_stats_object_still_yields(tmp_path: Path) -> None:
     path = tmp_path / "d.jsonl"
     path.write_text('{"text": "a"}\nnot json\n{"text": "b"}\n', encoding="utf-8")

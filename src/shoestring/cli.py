@@ -228,6 +228,18 @@ def _ray_options(executor: str, address: str | None):
     return RayOptions(address=address)
 
 
+def _read_rows(t: Table, block: dict) -> None:
+    """What ``--on-error skip`` skipped and what ``data.max_document_chars`` cut."""
+    skipped = block.get("skipped") or {}
+    if skipped.get("inputs"):
+        t.add_row("skipped (bad input)", f"{skipped['records']:,} records, "
+                  f"{skipped['files']:,} files ({skipped['bytes']:,} bytes)")
+    long = block.get("long_documents") or {}
+    if long.get("cut"):
+        t.add_row("long documents", f"{long['cut']:,} over {long['max_chars']:,} characters "
+                  f"cut into {long['pieces']:,} pieces")
+
+
 def _print_prep(manifest: dict, output: Path) -> None:
     docs, splits = manifest["documents"], manifest["splits"]
     t = Table(title=f"prepared {output}", show_header=False)
@@ -240,6 +252,8 @@ def _print_prep(manifest: dict, output: Path) -> None:
         label = "documents read" if block["block"] == "read" else f"{block['block']} (documents)"
         t.add_row(label,
                   f"{shown}{block['documents_out']:,}" + (f" (dropped {dropped})" if dropped else ""))
+        if block["block"] == "read":
+            _read_rows(t, block)
         if block["block"] == "substring_dedup":
             t.add_row("substring dedup (spans)", f"{block['spans_removed']:,} repeats of ≥ "
                       f"{block['min_span_words']} words cut ({block['bytes_removed']:,} bytes)")

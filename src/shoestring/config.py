@@ -46,6 +46,11 @@ class DataConfig(_Section):
         "raise", description="bad records/files: stop with an error, or skip and count them"
     )
     min_chars: int = Field(16, ge=1, description="drop documents shorter than this after cleaning")
+    max_document_chars: int = Field(
+        1_000_000, ge=1000, description="cut longer documents into pieces of at most this many "
+        "characters (at paragraph, line or word breaks), so memory does not depend on the "
+        "longest document; .txt files are read in bounded chunks (docs/data.md)"
+    )
     objective: Literal["mlm", "clm"] = Field(
         "mlm", description="mlm: [CLS] … [SEP] rows for encoders; clm: <|endoftext|>-joined stream"
     )
@@ -386,7 +391,13 @@ class CurateConfig(_Section):
         description="n → max fraction of characters in repeated word n-grams",
     )
     compress_max_ratio: float | None = Field(
-        0.3, gt=0.0, description="Cramming: tokens/characters above this: drop (with filters=gopher)"
+        0.3, gt=0.0, description="Cramming: tokens/characters above this: drop (with "
+        "filters=gopher); the floor of the threshold when compress_relative is set"
+    )
+    compress_relative: float | None = Field(
+        1.35, gt=1.0, description="the compressibility threshold is at least this times the "
+        "median tokens/characters of a sample of the training documents (the 0.3 above was "
+        "set for a 32K vocabulary; smaller ones compress clean text less); null: 0.3 alone"
     )
 
     minhash_ngram: int = Field(5, ge=1, le=64, description="fuzzy dedup shingles: word n-grams")

@@ -21,7 +21,8 @@ A re-run with the same inputs and settings (the journal's fingerprint) after an 
 uninterrupted run. A run with other inputs, or a bad-input error, discards the build folder.
 
 Streaming: memory holds a bounded number of document batches, never the corpus (the sort
-order holds one float per sequence). ``data.workers`` > 1 spreads cleaning and tokenizing
+order holds one float per sequence), and no document longer than ``data.max_document_chars``
+(longer ones are cut while they are read, see `readers.Splitter`). ``data.workers`` > 1 spreads cleaning and tokenizing
 over processes; results are consumed in order, so the output is identical to 1 worker.
 """
 
@@ -33,6 +34,7 @@ import os
 import shutil
 import time
 from collections.abc import Iterator
+from contextlib import ExitStack
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -207,8 +209,11 @@ class Journal:
 
 
 def _fault_point(stage: str, count: int) -> None:
-    """Test hook: die like a killed process (no cleanup) after ``count`` steps of ``stage``."""
+    """Test hook: die like a killed process (no cleanup) after ``count`` steps of ``stage``;
+    with ``STAGE:N:wait``, wait there (for a signal) instead."""
     spec = os.environ.get(_FAULT_ENV)
+    if spec == f"{stage}:{count}:wait":
+        time.sleep(3600)
     if spec and spec == f"{stage}:{count}":
         os._exit(137)
 
@@ -253,23 +258,28 @@ def prep(
     fingerprint = data_fingerprint(specs, cfg, curate, files)
     if executor != "local":  # its build folder holds other intermediate files
         fingerprint = hashlib.sha256(f"{fingerprint}:{executor}".encode()).hexdigest()
-    journal = Journal.open(build, fingerprint)
-    if journal.resumed:
-        console.print(f"resuming an interrupted prep in {build} "
-                      f"(finished: {', '.join(journal.resumed)})")
-    try:
-        if ray_plan is not None:
-            from shoestring.data.distributed import run_ray
+    with ExitStack() as session:
+        if ray_plan is not None:  # connect first: an unreachable cluster touches no build
+            from shoestring.data.distributed.executor import ray_session
 
-            manifest = run_ray(ray_plan, ray_options, specs, files, build, cfg, console, journal,
-                               curate)
-        else:
-            with WorkerPool(cfg.workers).start() as pool:
-                manifest = _Pipeline(specs, files, build, cfg, console, journal, pool,
-                                     curate).run()
-    except ShoestringError:
-        shutil.rmtree(build, ignore_errors=True)  # bad input: a re-run would fail the same way
-        raise
+            session.enter_context(ray_session(ray_options.address))
+        journal = Journal.open(build, fingerprint)
+        if journal.resumed:
+            console.print(f"resuming an interrupted prep in {build} "
+                          f"(finished: {', '.join(journal.resumed)})")
+        try:
+            if ray_plan is not None:
+                from shoestring.data.distributed import run_ray
+
+                manifest = run_ray(ray_plan, ray_options, specs, files, build, cfg, console,
+                                   journal, curate)
+            else:
+                with WorkerPool(cfg.workers).start() as pool:
+                    manifest = _Pipeline(specs, files, build, cfg, console, journal, pool,
+                                         curate).run()
+        except ShoestringError:
+            shutil.rmtree(build, ignore_errors=True)  # bad input: a re-run would fail the same
+            raise
     # Anything else (Ctrl-C, a crash) keeps the build folder, so a re-run resumes.
     for name in os.listdir(build):
         if name.startswith(("spool-", "stream-", "docs-")) or name == _JOURNAL:
@@ -291,17 +301,19 @@ class _Pipeline:
         self.kept_shards = 0
         self.encoded: dict[str, dict] = {}
         self._forced_train: set[int] = set()  # spool lines kept in train (canary hosts)
-        self._compress = None
-        if curate is not None:
-            from shoestring.data.curate.compress import Compressibility
-
-            self._compress = Compressibility.from_config(curate)
+        self._compress = None  # built once the tokenizer is known (run)
+        self.median_ratio: float | None = None
 
     def run(self) -> dict:
         t0 = time.perf_counter()
         read = self.journal.get("read") or self._timed("read", self._read)
         tok_info = self.journal.get("tokenizer") or self._timed("tokenizer", self._tokenizer)
         tok = load_tokenizer(self.build / "tokenizer.json")
+        if self.curate_cfg is not None:  # the threshold may depend on the corpus
+            from shoestring.data.curate.compress import Compressibility
+
+            self.median_ratio = tok_info.get("median_ratio")
+            self._compress = Compressibility.from_config(self.curate_cfg, self.median_ratio)
         ids = special_ids(tok, self.cfg.objective)
         dtype = token_dtype(tok.get_vocab_size())
         splits: dict[str, dict] = {}
@@ -312,6 +324,7 @@ class _Pipeline:
             self.encoded[split] = enc
             splits[split] = self._timed("pack", self._pack, split, enc, dtype, ids,
                                         tok.get_vocab_size())
+        self._explain_compressibility()
         self._check_val(splits["val"], read)
         manifest = self._manifest(read, tok_info, ids, dtype, splits, time.perf_counter() - t0)
         write_json_atomic(self.build / "manifest.json", manifest)
@@ -332,7 +345,8 @@ class _Pipeline:
         counts = {"read": 0, "too_short": 0, "kept": 0, "train": 0, "val": 0, "chars": 0}
         self.blocks: list[dict] = []
         docs = iter_documents(self.specs, text_field=cfg.text_field, on_error=cfg.on_error,
-                              stats=stats, split_on=cfg.split_on)
+                              stats=stats, split_on=cfg.split_on,
+                              max_chars=cfg.max_document_chars)
         kept = self.build / "spool-all.jsonl"
         with progress_bar(self.console) as bar, open(kept, "w", encoding="utf-8") as f:
             task = bar.add_task("read + clean", total=None, unit="docs")
@@ -358,6 +372,9 @@ class _Pipeline:
                 counts["kept"] += 1
                 counts["chars"] += len(doc.text)
                 f.write(json.dumps(doc.text, ensure_ascii=False) + "\n")
+        if self.curate_cfg is not None and self.curate_cfg.explain:
+            self.console.print(_long_documents_line(cfg.max_document_chars, stats),
+                               markup=False, highlight=False)
         split = self._split(kept, counts, forced_chars)
         if canaries is not None:
             self.blocks.append(self._write_canaries(canaries))
@@ -368,7 +385,10 @@ class _Pipeline:
         """The read stage's journal entry (and manifest part) from its counts."""
         self.blocks = [
             {"block": "read", "documents_out": counts["read"],
-             "dropped": {"bad_input": len(stats.skipped)}},
+             "dropped": {"bad_input": len(stats.skipped)},
+             "skipped": stats.skipped_summary(),
+             "long_documents": {"max_chars": self.cfg.max_document_chars,
+                                "cut": stats.split_documents, "pieces": stats.split_pieces}},
             {"block": "clean", "documents_in": counts["read"],
              "documents_out": counts["read"] - counts["too_short"],
              "dropped": {"too_short": counts["too_short"]}},
@@ -383,6 +403,9 @@ class _Pipeline:
             "documents": {
                 "read": counts["read"],
                 "skipped_bad_input": len(stats.skipped),
+                "skipped_records": stats.skipped_records,
+                "skipped_files": stats.skipped_files,
+                "skipped_bytes": stats.skipped_bytes,
                 "dropped_too_short": counts["too_short"],
                 "kept": counts["kept"],
                 "train": counts["train"],
@@ -541,13 +564,22 @@ class _Pipeline:
             "vocab_size": tok.get_vocab_size(),
             "sha256": file_sha256(self.build / "tokenizer.json"),
         }
+        from shoestring.data.curate.compress import median_ratio, needs_median
+
+        if needs_median(self.curate_cfg):  # for the compressibility threshold
+            info["median_ratio"] = median_ratio(tok, self._train_texts())
         self.journal.put("tokenizer", info)
         return info
+
+    def _train_texts(self) -> Iterator[str]:
+        """The training documents, in order."""
+        return _read_spool(self.build / "spool-train.jsonl")
 
     def _train_tokenizer(self, kind: str, n_train: int) -> Any:
         """The tokenizer trained on every training document, in order."""
         cfg = self.cfg
-        return train_tokenizer(_read_spool(self.build / "spool-train.jsonl"), kind, cfg.objective,
+        spool = self.build / "spool-train.jsonl"
+        return train_tokenizer(lambda: _read_spool(spool), kind, cfg.objective,
                                cfg.vocab_size, cfg.lowercase_resolved, length=n_train)
 
     # --- encode: spool → token stream ---------------------------------------------------
@@ -612,13 +644,30 @@ class _Pipeline:
             checkpoint(done=True)
         return {**state, "done": True}
 
+    def _explain_compressibility(self) -> None:
+        """``--explain``: the compressibility filter's examples (it runs while tokenizing,
+        after the other blocks have been explained)."""
+        if self._compress is None or not self._compress.keep_examples:
+            return
+        from shoestring.data.curate.pipeline import format_explain
+
+        examples = {self._compress.name: self._compress.examples}
+        self.console.print(format_explain(examples if self._compress.examples else {},
+                                          self.curate_cfg.explain), markup=False,
+                           highlight=False)
+
     def _keep_encoded(self, texts: list[str], lengths: np.ndarray) -> np.ndarray | None:
         """Hook for checks that need token counts (Cramming's compressibility filter):
         a boolean keep-mask over the batch's documents, or None to keep all. Runs in order in
         the main process; dropped documents leave no tokens in the stream."""
         if self._compress is None:
             return None
-        return self._compress.check_batch(lengths, [len(t) for t in texts])
+        docs = None
+        if self._compress.keep_examples:  # --explain: the dropped texts as examples
+            seen = self._compress.stats.docs_in
+            docs = [Document(t, "", f"tokenized document {seen + i + 1:,}")
+                    for i, t in enumerate(texts)]
+        return self._compress.check_batch(lengths, [len(t) for t in texts], docs)
 
     # --- pack: token stream → shards ----------------------------------------------------
 
@@ -705,7 +754,9 @@ class _Pipeline:
         kept = sum(e["kept_documents"] for e in self.encoded.values())
         compress = [] if self._compress is None else [
             {"block": "compressibility", "documents_in": seen, "documents_out": kept,
-             "dropped": {"ratio_too_high": seen - kept}}]
+             "dropped": {"ratio_too_high": seen - kept},
+             "max_ratio": round(self._compress.max_ratio, 4),
+             "median_ratio": self.median_ratio}]
         blocks = [
             *read["blocks"],
             {"block": "tokenize", "documents_in": seen, "documents_out": seen,
@@ -741,6 +792,12 @@ class _Pipeline:
             "stage_seconds": self.seconds,
             "seconds": round(seconds, 3),
         }
+
+
+def _long_documents_line(max_chars: int, stats: ReadStats) -> str:
+    """What ``data.max_document_chars`` did (for ``--explain``)."""
+    return (f"long documents (data.max_document_chars={max_chars:,}): "
+            f"{stats.split_documents:,} cut into {stats.split_pieces:,} pieces")
 
 
 def _line_break_near(text: str, at: int) -> int:

@@ -25,8 +25,18 @@ Bad input is a ``ShoestringError`` (``on_error="raise"``) or a ``"where: why"`` 
 * a malformed or unusable record (JSON line, CSV/TSV record, Parquet or hf row): that record;
 * invalid UTF-8 in a line-based file: that line only (records are read streaming, so earlier
   ones may already have been used; they are independent anyway);
-* invalid UTF-8 in a ``.txt`` file, a binary file, an unreadable file, damaged compressed
-  data, a missing column: the (rest of the) file.
+* invalid UTF-8 in a ``.txt`` file: the record that holds it (the paragraph, the line, or
+  with ``split_on="none"`` the rest of the file), nothing after it;
+* a binary file, an unreadable file, damaged compressed data, a missing column: the (rest of
+  the) file.
+
+``ReadStats`` counts what was skipped: records (with their bytes) and whole files.
+
+Long documents: ``max_chars`` (``data.max_document_chars``) cuts a document longer than that
+into pieces (`Splitter`: at a paragraph break, else a line break, else a space, in the last
+half of the window). ``.txt`` files are read in bounded chunks, so no reader holds more than
+about ``max_chars`` of one paragraph or line however long it is; a record of the other
+formats (a JSON line, a CSV record, a Parquet cell) is parsed whole, then cut.
 """
 
 from __future__ import annotations
@@ -34,6 +44,7 @@ from __future__ import annotations
 import csv
 import errno
 import json
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,11 +72,50 @@ class Document:
 
 @dataclass
 class ReadStats:
-    """Counts for the manifest, so a run says what it read and what it dropped."""
+    """Counts for the manifest, so a run says what it read and what it dropped.
+
+    ``skipped`` holds one ``where: why`` line per bad input; ``skipped_records`` and
+    ``skipped_bytes`` count the records (lines, paragraphs, rows) skipped and their bytes,
+    ``skipped_files`` the files skipped whole (their bytes: the size on disk, when known).
+    ``split_documents`` counts documents over ``max_chars``, cut into ``split_pieces``.
+    """
 
     files: int = 0
     documents: int = 0
     skipped: list[str] = field(default_factory=list)
+    skipped_records: int = 0
+    skipped_files: int = 0
+    skipped_bytes: int = 0
+    split_documents: int = 0
+    split_pieces: int = 0
+
+    def skip_record(self, nbytes: int) -> None:
+        self.skipped_records += 1
+        self.skipped_bytes += nbytes
+
+    def skip_file(self, path: str) -> None:
+        self.skipped_files += 1
+        try:
+            self.skipped_bytes += os.path.getsize(path)
+        except OSError:
+            pass
+
+    def skipped_summary(self) -> dict[str, int]:
+        """For the manifest: what ``on_error=skip`` dropped."""
+        return {"inputs": len(self.skipped), "records": self.skipped_records,
+                "files": self.skipped_files, "bytes": self.skipped_bytes}
+
+    def counts(self) -> dict[str, int]:
+        """The counters other than ``files`` and ``documents`` (to add up across tasks)."""
+        return {name: getattr(self, name) for name in _COUNTERS}
+
+    def add(self, counts: dict[str, int]) -> None:
+        for name in _COUNTERS:
+            setattr(self, name, getattr(self, name) + counts.get(name, 0))
+
+
+_COUNTERS = ("skipped_records", "skipped_files", "skipped_bytes", "split_documents",
+             "split_pieces")
 
 
 Report = Callable[[ShoestringError], None]
@@ -75,6 +125,70 @@ Report = Callable[[ShoestringError], None]
 class ReadOptions:
     text_field: str = "text"
     split_on: str = "blank"
+    max_chars: int | None = None  # data.max_document_chars: longer documents are cut
+
+
+class Splitter:
+    """Text in fragments, out in pieces of at most ``max_chars`` characters (None: one piece).
+
+    A piece ends at the last paragraph break in the second half of its window, else the
+    last line break, else the last space, else exactly at ``max_chars``; what is buffered
+    never exceeds ``max_chars`` plus one fragment, so memory does not depend on the length
+    of the document.
+    """
+
+    def __init__(self, max_chars: int | None) -> None:
+        self.max_chars = max_chars
+        self._parts: list[str] = []
+        self._chars = 0
+
+    def add(self, fragment: str) -> Iterator[str]:
+        """Take ``fragment``; yield the pieces that are complete."""
+        self._parts.append(fragment)
+        self._chars += len(fragment)
+        if self.max_chars is None or self._chars <= self.max_chars:
+            return
+        buf = "".join(self._parts)
+        while len(buf) > self.max_chars:
+            cut = cut_point(buf, self.max_chars)
+            yield buf[:cut]
+            buf = buf[cut:]
+        self._parts, self._chars = [buf], len(buf)
+
+    def finish(self) -> str:
+        """The rest (the last piece), and start afresh."""
+        rest = "".join(self._parts)
+        self._parts, self._chars = [], 0
+        return rest
+
+
+def cut_point(text: str, limit: int) -> int:
+    """Where to end a piece of at most ``limit`` characters of ``text`` (see `Splitter`)."""
+    for sep in ("\n\n", "\n", " "):
+        at = text.rfind(sep, limit // 2, limit)
+        if at > 0:
+            return at + len(sep)
+    return limit
+
+
+def split_long(docs: Iterator[Document], max_chars: int | None,
+               stats: ReadStats) -> Iterator[Document]:
+    """Each document, or its pieces when it is longer than ``max_chars`` (see `piece_id`)."""
+    for doc in docs:
+        if max_chars is None or len(doc.text) <= max_chars:
+            yield doc
+            continue
+        splitter = Splitter(max_chars)
+        pieces = [p for p in (*splitter.add(doc.text), splitter.finish()) if p]
+        stats.split_documents += 1
+        stats.split_pieces += len(pieces)
+        for k, text in enumerate(pieces, 1):
+            yield Document(text, doc.source, piece_id(doc.doc_id, k))
+
+
+def piece_id(doc_id: str, k: int) -> str:
+    """The id of piece ``k`` (1-based) of a cut document: the first keeps the document's."""
+    return doc_id if k == 1 else f"{doc_id}#{k}"
 
 
 # --- opening ---------------------------------------------------------------------------
@@ -86,6 +200,7 @@ def _open_stream(path: str, report: Report, stats: ReadStats) -> BinaryIO | None
         raw = open(path, "rb")
     except OSError as e:
         report(unreadable(path, e))
+        stats.skip_file(path)
         return None
     try:
         stream = open_decompressed(path, raw)
@@ -93,22 +208,27 @@ def _open_stream(path: str, report: Report, stats: ReadStats) -> BinaryIO | None
     except ShoestringError as e:
         raw.close()
         report(e)
+        stats.skip_file(path)
         return None
     except decompression_errors() as e:
         raw.close()
         report(_damaged(path, e, 0))
+        stats.skip_file(path)
         return None
     stats.files += 1
     problem = binary_problem(head, path)
     if problem is not None:
         stream.close()
         report(problem)
+        stats.skip_file(path)
         return None
     return stream
 
 
-def _lines(path: str, stream: BinaryIO, report: Report) -> Iterator[tuple[int, int, bytes]]:
-    """(line number, byte offset, raw line) of a stream; damaged compressed data is reported."""
+def _lines(path: str, stream: BinaryIO, report: Report,
+           stats: ReadStats) -> Iterator[tuple[int, int, bytes]]:
+    """(line number, byte offset, raw line) of a stream; damaged compressed data is reported
+    (and the rest of the file counted as skipped)."""
     offset, lineno = 0, 0
     try:
         for lineno, raw in enumerate(stream, 1):
@@ -116,9 +236,13 @@ def _lines(path: str, stream: BinaryIO, report: Report) -> Iterator[tuple[int, i
             offset += len(raw)
     except decompression_errors() as e:
         report(_damaged(path, e, lineno))
+        stats.skipped_files += 1
 
 
 # --- .txt ------------------------------------------------------------------------------
+
+
+_TXT_CHUNK = 1 << 20  # bytes of a line read at a time (less when max_chars is smaller)
 
 
 def read_txt(path: str, opts: ReadOptions, report: Report, stats: ReadStats) -> Iterator[Document]:
@@ -126,49 +250,127 @@ def read_txt(path: str, opts: ReadOptions, report: Report, stats: ReadStats) -> 
     if stream is None:
         return
     with stream:
-        if opts.split_on != "none":
-            yield from _txt_blocks(path, stream, report, per_line=opts.split_on == "lines")
+        yield from _TxtRecords(path, opts, report, stats).read(stream)
+
+
+class _TxtRecords:
+    """The records of a .txt stream — paragraphs (``blank``), lines (``lines``) or the whole
+    file (``none``) — read in chunks of a line, each record cut by a `Splitter`.
+
+    A chunk with invalid UTF-8 is reported; skipped, it drops its record from there: the
+    pieces of that record not yet yielded, and the rest of it (nothing after it).
+    """
+
+    def __init__(self, path: str, opts: ReadOptions, report: Report, stats: ReadStats) -> None:
+        self.path, self.report, self.stats = path, report, stats
+        self.mode = opts.split_on
+        self.splitter = Splitter(opts.max_chars)
+        self.chunk = _TXT_CHUNK if opts.max_chars is None else max(
+            4096, min(_TXT_CHUNK, opts.max_chars))
+        self.start = 0  # first line of the open record; 0: none is open
+        self.pieces = 0  # pieces of the open record already yielded
+        self.bad = False  # the open record holds invalid UTF-8: it is dropped
+        self.unyielded = 0  # bytes of the open record not in a yielded piece
+
+    def read(self, stream: BinaryIO) -> Iterator[Document]:
+        line_text = False  # the current line has non-space text
+        spaces: list[tuple[str, int]] = []  # its leading whitespace-only chunks
+        for lineno, offset, raw, ends in _chunks(self.path, stream, self.report, self.stats,
+                                                 self.chunk):
+            try:
+                text: str | None = raw.decode("utf-8")
+                if offset == 0:
+                    text = text.removeprefix("\ufeff")
+            except UnicodeDecodeError as e:
+                self.report(not_utf8(self.path, lineno, offset + e.start, raw[e.start]))
+                text = None
+            if text is not None and not line_text and self.mode != "none" and not text.strip():
+                spaces.append((text, len(raw)))
+            else:
+                line_text = True
+                for held, size in spaces:
+                    yield from self._add(lineno, held, size)
+                spaces = []
+                yield from self._add(lineno, text, len(raw))
+            if ends:
+                if self.mode == "lines" or (self.mode == "blank" and not line_text):
+                    yield from self._close()
+                line_text, spaces = False, []
+        yield from self._close()
+
+    def _add(self, lineno: int, text: str | None, size: int) -> Iterator[Document]:
+        """Add one chunk (None: invalid UTF-8) to the open record (opening one)."""
+        if not self.start:
+            self.start = lineno
+        self.unyielded += size
+        if text is None and not self.bad:
+            self.bad = True
+            self.splitter.finish()
+        if self.bad:
             return
-        try:
-            data = stream.read()
-        except decompression_errors() as e:
-            report(_damaged(path, e, 0))
+        for piece in self.splitter.add(text):
+            self.pieces += 1
+            self.unyielded -= len(piece.encode("utf-8", "surrogatepass"))
+            yield Document(piece, self.path, piece_id(self._id(), self.pieces))
+
+    def _close(self) -> Iterator[Document]:
+        if not self.start:
             return
+        rest = self.splitter.finish()
+        if self.bad:
+            self.stats.skip_record(max(self.unyielded, 0))
+        else:
+            if self.mode != "none":
+                rest = rest.rstrip("\r\n")
+            if rest or not self.pieces:
+                self.pieces += 1
+                yield Document(rest, self.path, piece_id(self._id(), self.pieces))
+            if self.pieces > 1:
+                self.stats.split_documents += 1
+                self.stats.split_pieces += self.pieces
+        self.start, self.pieces, self.bad, self.unyielded = 0, 0, False, 0
+
+    def _id(self) -> str:
+        return self.path if self.mode == "none" else f"{self.path}:{self.start}"
+
+
+def _chunks(path: str, stream: BinaryIO, report: Report, stats: ReadStats,
+            size: int) -> Iterator[tuple[int, int, bytes, bool]]:
+    """(line number, byte offset, bytes, whether they end the line): each line in chunks of
+    at most about ``size`` bytes, never cutting a UTF-8 character; damaged compressed data
+    is reported."""
+    offset, lineno, carry = 0, 1, b""
     try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        lineno = data.count(b"\n", 0, e.start) + 1
-        report(not_utf8(path, lineno, e.start, data[e.start]))
-        return
-    yield Document(text=text.removeprefix("\ufeff"), source=path, doc_id=path)
+        while True:
+            data = stream.readline(size)
+            if not data:
+                if carry:
+                    yield lineno, offset, carry, True
+                return
+            raw, carry = carry + data, b""
+            ends = raw.endswith(b"\n")
+            if not ends:
+                whole = _utf8_whole(raw)
+                raw, carry = raw[:whole], raw[whole:]
+            if raw:
+                yield lineno, offset, raw, ends
+            offset += len(raw)
+            lineno += ends
+    except decompression_errors() as e:
+        report(_damaged(path, e, lineno))
+        stats.skipped_files += 1
 
 
-def _txt_blocks(
-    path: str, stream: BinaryIO, report: Report, per_line: bool = False
-) -> Iterator[Document]:
-    """Blocks of non-blank lines (each line alone with ``per_line``); a bad line makes the
-    file unusable (like a whole .txt)."""
-    block: list[str] = []
-    start = 0
-    for lineno, offset, raw in _lines(path, stream, report):
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            report(not_utf8(path, lineno, offset + e.start, raw[e.start]))
-            return
-        if lineno == 1:
-            line = line.removeprefix("\ufeff")
-        if line.strip():
-            if not block:
-                start = lineno
-            block.append(line)
-            if not per_line:
-                continue
-        if block:
-            yield Document("".join(block).rstrip("\r\n"), path, f"{path}:{start}")
-            block = []
-    if block:
-        yield Document("".join(block).rstrip("\r\n"), path, f"{path}:{start}")
+def _utf8_whole(raw: bytes) -> int:
+    """The length of ``raw`` without a UTF-8 character cut off at its end."""
+    for back in range(1, min(4, len(raw)) + 1):
+        byte = raw[-back]
+        if byte < 0x80:
+            return len(raw)
+        if byte >= 0xC0:
+            need = 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
+            return len(raw) - back if need > back else len(raw)
+    return len(raw)
 
 
 # --- JSON lines ------------------------------------------------------------------------
@@ -184,9 +386,12 @@ def read_jsonl(path: str, opts: ReadOptions, report: Report, stats: ReadStats) -
     if stream is None:
         return
     with stream:
-        for lineno, offset, raw in _lines(path, stream, report):
+        for lineno, offset, raw in _lines(path, stream, report, stats):
             doc = _parse_line(raw, path, lineno, offset, opts.text_field, report)
-            if doc is not None:
+            if doc is None:
+                if raw.strip():  # a blank line is no record
+                    stats.skip_record(len(raw))
+            else:
                 yield doc
 
 
@@ -253,17 +458,19 @@ def _kind(value: Any) -> str:
 class _LineFeed:
     """Decoded lines for `csv.reader`, remembering the number of the last line handed out."""
 
-    def __init__(self, path: str, stream: BinaryIO, report: Report) -> None:
-        self.path, self.stream, self.report = path, stream, report
+    def __init__(self, path: str, stream: BinaryIO, report: Report, stats: ReadStats) -> None:
+        self.path, self.stream, self.report, self.stats = path, stream, report, stats
         self.lineno = 0
+        self.offset = 0  # the byte offset after the last line handed out
 
     def __iter__(self) -> Iterator[str]:
-        for lineno, offset, raw in _lines(self.path, self.stream, self.report):
-            self.lineno = lineno
+        for lineno, offset, raw in _lines(self.path, self.stream, self.report, self.stats):
+            self.lineno, self.offset = lineno, offset + len(raw)
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
                 self.report(not_utf8(self.path, lineno, offset + e.start, raw[e.start]))
+                self.stats.skip_record(len(raw))
                 continue
             yield line.removeprefix("\ufeff") if lineno == 1 else line
 
@@ -275,7 +482,7 @@ def read_csv(path: str, opts: ReadOptions, report: Report, stats: ReadStats) -> 
     tsv = split_suffix(path)[0] == ".tsv"
     csv.field_size_limit(2**31 - 1)  # documents are long; the default limit is 128 KiB
     with stream:
-        feed = _LineFeed(path, stream, report)
+        feed = _LineFeed(path, stream, report, stats)
         if tsv:
             reader = csv.reader(feed, delimiter="\t", quoting=csv.QUOTE_NONE)
         else:
@@ -284,6 +491,7 @@ def read_csv(path: str, opts: ReadOptions, report: Report, stats: ReadStats) -> 
             header = next(reader, None)
         except csv.Error as e:
             report(ShoestringError(f"malformed header ({e})", where=f"{path}:1"))
+            stats.skip_file(path)
             return
         if header is None:
             return
@@ -293,10 +501,11 @@ def read_csv(path: str, opts: ReadOptions, report: Report, stats: ReadStats) -> 
                 f"no '{opts.text_field}' column; {shown}", where=f"{path}:1",
                 fix=f"{_FIELD_FIX} (CSV/TSV files need a header row)",
             ))
+            stats.skip_file(path)
             return
         column = header.index(opts.text_field)
         while True:
-            start = feed.lineno + 1
+            start, start_offset = feed.lineno + 1, feed.offset
             try:
                 record = next(reader)
             except StopIteration:
@@ -304,6 +513,7 @@ def read_csv(path: str, opts: ReadOptions, report: Report, stats: ReadStats) -> 
             except csv.Error as e:
                 report(ShoestringError(f"malformed {'TSV' if tsv else 'CSV'} record ({e})",
                                        where=f"{path}:{start}", fix=f"fix it, or {SKIP_HINT}"))
+                stats.skip_record(feed.offset - start_offset)
                 continue
             if not record:
                 continue
@@ -313,6 +523,7 @@ def read_csv(path: str, opts: ReadOptions, report: Report, stats: ReadStats) -> 
                     where=f"{path}:{start}",
                     fix=f"fix that line (a stray delimiter or quote?), or {SKIP_HINT}",
                 ))
+                stats.skip_record(feed.offset - start_offset)
                 continue
             yield Document(record[column], path, f"{path}:{start}")
 
@@ -334,10 +545,12 @@ def read_parquet(
         else:
             report(ShoestringError(f"not a readable Parquet file ({e})", where=path,
                                    fix=f"check the file, or skip it with {SKIP_HINT}"))
+        stats.skip_file(path)
         return
     except pa.ArrowException as e:
         report(ShoestringError(f"not a readable Parquet file ({e})", where=path,
                                fix=f"check the file, or skip it with {SKIP_HINT}"))
+        stats.skip_file(path)
         return
     stats.files += 1
     schema = pf.schema_arrow
@@ -346,11 +559,13 @@ def read_parquet(
             f"no '{opts.text_field}' column; {_describe_fields(schema.names, 'the file has')}",
             where=path, fix=_FIELD_FIX,
         ))
+        stats.skip_file(path)
         return
     kind = schema.field(opts.text_field).type
     if not _is_text_type(kind):
         report(ShoestringError(f"column '{opts.text_field}' holds {kind}, not strings",
                                where=path, fix=_FIELD_FIX))
+        stats.skip_file(path)
         return
     row = 0
     try:
@@ -360,10 +575,12 @@ def read_parquet(
                 if value is None:
                     report(ShoestringError(f"column '{opts.text_field}' is null",
                                            where=f"{path}:row {row}", fix=f"{SKIP_HINT}"))
+                    stats.skip_record(0)
                     continue
                 yield Document(value, path, f"{path}:row {row}")
     except (OSError, pa.ArrowException) as e:
         report(ShoestringError(f"damaged Parquet data after row {row} ({e})", where=path))
+        stats.skipped_files += 1
 
 
 def _is_text_type(kind: Any) -> bool:
@@ -405,6 +622,7 @@ def read_hf(spec: str, opts: ReadOptions, report: Report, stats: ReadStats) -> I
     except ImportError:  # pragma: no cover - a dependency
         report(ShoestringError("the `datasets` library is not installed", where=spec,
                                fix="pip install datasets"))
+        stats.skipped_files += 1
         return
     try:
         ds = datasets.load_dataset(name, config, split=split, streaming=True)
@@ -416,6 +634,7 @@ def read_hf(spec: str, opts: ReadOptions, report: Report, stats: ReadStats) -> I
             "(or a local cache with HF_HUB_OFFLINE=1); a local folder of .parquet/.jsonl/.csv "
             "files works offline",
         ))
+        stats.skipped_files += 1
         return
     stats.files += 1
     row = 0
@@ -430,6 +649,7 @@ def read_hf(spec: str, opts: ReadOptions, report: Report, stats: ReadStats) -> I
                         if opts.text_field not in record
                         else f"column '{opts.text_field}' is a {_kind(value)}, not a string")
                 report(ShoestringError(what, where=where, fix=f"{_FIELD_FIX}, or {SKIP_HINT}"))
+                stats.skip_record(0)
                 continue
             yield Document(value, spec, where)
     except ShoestringError:
@@ -437,6 +657,7 @@ def read_hf(spec: str, opts: ReadOptions, report: Report, stats: ReadStats) -> I
     except Exception as e:  # network drops, damaged files inside the dataset
         report(ShoestringError(f"reading the dataset failed after row {row} "
                                f"({type(e).__name__}: {e})", where=spec))
+        stats.skipped_files += 1
 
 
 # --- error messages --------------------------------------------------------------------

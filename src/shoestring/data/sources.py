@@ -25,6 +25,7 @@ from shoestring.data.readers import (
     parse_hf_spec,
     read_hf,
     reader_for,
+    split_long,
 )
 from shoestring.errors import ShoestringError
 
@@ -69,8 +70,13 @@ def iter_documents(
     on_error: str = "raise",
     stats: ReadStats | None = None,
     split_on: str = "blank",
+    max_chars: int | None = None,
 ) -> Iterator[Document]:
-    """Yield every document of every source, in order; see `readers` for formats and errors."""
+    """Yield every document of every source, in order; see `readers` for formats and errors.
+
+    ``max_chars`` (``data.max_document_chars``): a longer document comes as several pieces
+    of at most that many characters, so memory downstream does not depend on its length.
+    """
     if on_error not in ("raise", "skip"):
         raise ShoestringError(
             f"on_error must be 'raise' or 'skip', got {on_error!r}", where="data.on_error"
@@ -82,9 +88,9 @@ def iter_documents(
         )
     stats = stats if stats is not None else ReadStats()
     report = _reporter(on_error, stats)
-    opts = ReadOptions(text_field=text_field, split_on=split_on)
+    opts = ReadOptions(text_field=text_field, split_on=split_on, max_chars=max_chars)
     for source in resolve_sources(specs):
-        for doc in _read_source(source, opts, report, stats):
+        for doc in split_long(_read_source(source, opts, report, stats), max_chars, stats):
             stats.documents += 1
             yield doc
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Iterator
+import unicodedata
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,15 +67,23 @@ def special_tokens(objective: str, kind: str) -> list[str]:
     return families.get(objective).special_tokens(kind)
 
 
+Texts = Iterable[str] | Callable[[], Iterable[str]]
+
+
 def train_tokenizer(
-    texts: Iterable[str],
+    texts: Texts,
     kind: str,
     objective: str,
     vocab_size: int,
     lowercase: bool,
     length: int | None = None,
 ) -> Tokenizer:
-    """Train a ``kind`` tokenizer on ``texts`` with the special tokens of ``objective``."""
+    """Train a ``kind`` tokenizer on ``texts`` with the special tokens of ``objective``.
+
+    ``texts``: a collection, or a function that returns a fresh iterator over them —
+    WordPiece reads them twice (see `_pinned_continuations`); a one-shot iterator is kept
+    in memory for that.
+    """
     if kind not in KINDS:
         raise ShoestringError(f"unknown tokenizer kind {kind!r}", where="data.tokenizer",
                               fix=f"use one of: auto, {', '.join(KINDS)}, or a tokenizer.json path")
@@ -86,14 +95,71 @@ def train_tokenizer(
             f"(256 bytes + specials), got {vocab_size}",
             where="data.vocab_size", fix="raise data.vocab_size",
         )
-    tok, trainer = _build(kind, specials, unk, vocab_size, lowercase)
-    tok.train_from_iterator(_nonempty(texts), trainer=trainer, length=length)
+    read = _rereadable(texts)
+    tok, _ = _build(kind, specials, unk, vocab_size, lowercase)
+    pinned = _pinned_continuations(tok, read()) if kind == "wordpiece" else []
+    tok, trainer = _build(kind, specials + pinned, unk, vocab_size, lowercase)
+    tok.train_from_iterator(_nonempty(read()), trainer=trainer, length=length)
+    if pinned:
+        tok = _unpin(tok, set(pinned))
     if tok.get_vocab_size() <= len(specials) + (_BYTE_ALPHABET if kind == "bpe" else 0):
         raise ShoestringError(
             "the tokenizer learned no vocabulary: the training text is empty",
             fix="give prep a corpus with some text in it",
         )
     return finish(tok, objective, kind, order="canonical")
+
+
+def _rereadable(texts: Texts) -> Callable[[], Iterable[str]]:
+    if callable(texts):
+        return texts
+    if iter(texts) is texts:  # a one-shot iterator
+        texts = list(texts)
+    return lambda: texts
+
+
+def _pinned_continuations(tok: Tokenizer, texts: Iterable[str]) -> list[str]:
+    """``##c`` for every character ``c`` that can continue a word, in code point order.
+
+    Why: the WordPiece trainer (BPE with a ``##`` prefix) numbers the ``##c`` symbols in
+    the order it walks its word-count hash map, which is seeded at random per process, and
+    breaks ties between equally frequent merges by those numbers — so the same text gave
+    different vocabularies run to run (huggingface/tokenizers#1794). Handing them to the
+    trainer up front as special tokens fixes their numbers (sorted), so every tie is broken
+    the same way; `_unpin` then makes them ordinary vocabulary again. Characters the
+    pre-tokenizer always isolates (whitespace, punctuation, CJK ideographs) never continue a
+    word and are left out, so they cost no vocabulary.
+    """
+    normalizer = tok.normalizer
+    chars: set[str] = set()
+    for text in texts:
+        chars.update(normalizer.normalize_str(text) if normalizer is not None else text)
+    return [f"##{c}" for c in sorted(chars) if _continues_word(c)]
+
+
+def _continues_word(c: str) -> bool:
+    """Whether BERT's pre-tokenizer can leave ``c`` inside a word (not at its start only)."""
+    if c.isspace() or unicodedata.category(c).startswith(("P", "C", "Z")):
+        return False
+    cp = ord(c)
+    if 33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126:
+        return False  # ASCII punctuation and symbols: BERT splits them off
+    return not any(lo <= cp <= hi for lo, hi in _CJK)
+
+
+# The ideograph blocks BertNormalizer(handle_chinese_chars) surrounds with spaces.
+_CJK = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
+        (0x2B740, 0x2B81F), (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
+
+
+def _unpin(tok: Tokenizer, pinned: set[str]) -> Tokenizer:
+    """The trained tokenizer with the pinned ``##c`` symbols as plain vocabulary (they stay
+    in the model's vocabulary, as the trainer would have put them; they are no longer added
+    tokens, which would match ``##c`` in raw text)."""
+    data = json.loads(tok.to_str())
+    data["added_tokens"] = [a for a in data.get("added_tokens") or []
+                            if a["content"] not in pinned]
+    return Tokenizer.from_str(json.dumps(data))
 
 
 def _build(kind: str, specials: list[str], unk: str, vocab_size: int, lowercase: bool):
@@ -138,7 +204,7 @@ def _build(kind: str, specials: list[str], unk: str, vocab_size: int, lowercase:
 
 
 def train_wordpiece(
-    texts: Iterable[str], vocab_size: int, lowercase: bool = True, length: int | None = None
+    texts: Texts, vocab_size: int, lowercase: bool = True, length: int | None = None
 ) -> Tokenizer:
     """Train a BERT-style WordPiece tokenizer on ``texts`` (the MLM layout)."""
     return train_tokenizer(texts, "wordpiece", "mlm", vocab_size, lowercase, length)

@@ -36,7 +36,7 @@ import json
 import logging
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,7 +71,8 @@ _WHERE = "--executor ray"
 class RayOptions:
     """How prep uses Ray (none of it changes the output)."""
 
-    address: str | None = None  # None: the Ray of this process, or a new local one; "auto"
+    address: str | None = None  # None: the Ray of this process, or a new local one; "auto":
+    # the cluster `ray start` left on this machine; HOST:PORT: that cluster
     part_docs: int = 8192  # documents per part: the unit of every per-part task
     part_chars: int = 64 << 20  # ... or characters, whichever comes first
     partitions: int | None = None  # shuffle partitions; default: the cluster's CPUs
@@ -131,12 +132,25 @@ def run_ray(plan: RayPlan, options: Any, specs: list[str], files: list[str], bui
                            curate).run()
 
 
+# An explicit --ray-address must answer (TCP, then the GCS) within this many seconds.
+CONNECT_TIMEOUT_S = 30.0
+
+
 class ray_session:
-    """Ray for the length of one prep: the running one, a cluster, or a local instance."""
+    """Ray for the length of one prep: the running one, a cluster, or a local instance.
+
+    Without an address prep starts a new local instance (``address="local"``): Ray's own
+    default would join whatever address an earlier ``ray start`` left in its session files,
+    and, that cluster being gone, retry for ever. An explicit address is checked first
+    (`check_address`, within ``CONNECT_TIMEOUT_S``), because ``ray.init`` retries an
+    unreachable one for ever, deaf to signals. While Ray runs, SIGTERM stops prep like
+    Ctrl-C (``KeyboardInterrupt``): the journal keeps the finished stages.
+    """
 
     def __init__(self, address: str | None) -> None:
         self.address = address
         self.started = False
+        self._sigterm: Any = None
 
     def __enter__(self) -> ray_session:
         try:
@@ -145,16 +159,15 @@ class ray_session:
         except ImportError:
             raise ShoestringError("Ray is not installed", where=_WHERE,
                                   fix="pip install 'shoestring[ray]'") from None
-        if not ray.is_initialized():
+        if not ray.is_initialized():  # (prep opens the session first; run_ray's then reuses it)
+            address = "local" if self.address is None else check_address(self.address)
             try:
-                ray.init(address=self.address, include_dashboard=False,
+                ray.init(address=address, include_dashboard=False,
                          logging_level=logging.ERROR, log_to_driver=False)
             except (ConnectionError, ValueError, RuntimeError) as e:
-                raise ShoestringError(f"cannot reach a Ray cluster ({e})",
-                                      where=f"--ray-address {self.address}",
-                                      fix="start one with `ray start --head` or give its "
-                                      "HOST:PORT") from None
+                raise _unreachable(self.address, str(e)) from None
             self.started = True
+        self._stop_on_sigterm()
         ctx = ray.data.DataContext.get_current()
         ctx.enable_progress_bars = False
         ctx.print_on_execution_start = False
@@ -162,11 +175,87 @@ class ray_session:
         logging.getLogger("ray.data").setLevel(logging.ERROR)
         return self
 
+    def _stop_on_sigterm(self) -> None:
+        """SIGTERM → KeyboardInterrupt (``ray.init`` installed a handler that exits with
+        status 15 and no word); only the main thread can set handlers."""
+        import signal
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def interrupt(signum: int, frame: Any) -> None:
+            raise KeyboardInterrupt
+
+        self._sigterm = signal.signal(signal.SIGTERM, interrupt)
+
     def __exit__(self, *exc: object) -> None:
+        import signal
+
+        if self._sigterm is not None:
+            signal.signal(signal.SIGTERM, self._sigterm)
         if self.started:
             import ray
 
             ray.shutdown()
+
+
+def check_address(address: str, timeout: float = CONNECT_TIMEOUT_S) -> str:
+    """``address`` ("auto" resolved to HOST:PORT) when a Ray cluster answers there within
+    ``timeout`` seconds; otherwise a ``ShoestringError`` naming it."""
+    import socket
+    import threading
+
+    from ray._private import services
+
+    target = address
+    if address == "auto":
+        try:
+            target = services.canonicalize_bootstrap_address("auto") or ""
+        except (ConnectionError, ValueError) as e:
+            raise _unreachable(address, str(e)) from None
+    hostport = target.split("://", 1)[-1]
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise ShoestringError(f"not a Ray cluster address: {address!r}",
+                              where=f"--ray-address {address}",
+                              fix="give HOST:PORT (the GCS address `ray start --head` prints), "
+                              "or auto")
+    deadline = time.monotonic() + timeout
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as e:
+        raise _unreachable(address, f"{e.strerror or e}", timeout) from None
+    if "://" in target:  # Ray Client (ray://): ray.init fails fast on its own
+        return address
+    answer: dict[str, Any] = {}
+
+    def probe() -> None:  # blocks in C++ (minutes) when no GCS answers: in a thread
+        try:
+            from ray._raylet import GcsClient
+
+            GcsClient(address=hostport)
+            answer["ok"] = True
+        except Exception as e:  # whatever the GCS client raises: not reachable
+            answer["error"] = e
+
+    thread = threading.Thread(target=probe, daemon=True, name="ray-gcs-probe")
+    thread.start()
+    thread.join(max(0.0, deadline - time.monotonic()))
+    if not answer.get("ok"):
+        why = answer.get("error") or "no Ray GCS answered"
+        raise _unreachable(address, str(why).splitlines()[0], timeout)
+    return address
+
+
+def _unreachable(address: str | None, why: str,
+                 timeout: float | None = None) -> ShoestringError:
+    within = f" within {timeout:.0f} s" if timeout else ""
+    return ShoestringError(
+        f"cannot reach a Ray cluster at {address}{within} ({why})",
+        where=f"--ray-address {address}",
+        fix="check the address (`ray status` on the head node prints it), start the cluster "
+        "with `ray start --head`, or leave --ray-address out to start Ray on this machine")
 
 
 def _user_error(exc: BaseException) -> ShoestringError | None:
@@ -279,6 +368,8 @@ class RayPipeline(_Pipeline):
                 "too_short": sum(s["too_short"] for s in done),
                 "files": sum(s["files"] for s in done),
                 "skipped": [x for s in done for x in s["skipped"]],
+                "counts": {k: sum(s["counts"][k] for s in done) for k in done[0]["counts"]}
+                if done else {},
                 "reports": stages.merge_reports([b.report() for b in first],
                                                 [s["reports"] for s in done]),
             })
@@ -337,6 +428,7 @@ class RayPipeline(_Pipeline):
                   "train": final["rows"] - final["val"], "val": final["val"],
                   "chars": final["chars"]}
         stats = ReadStats(files=read["files"], documents=read["read"], skipped=read["skipped"])
+        stats.add(read.get("counts", {}))
         split = {"method": "document", "val_fraction": self.cfg.val_fraction}
         if 0 < counts["kept"] and counts["val"] < MIN_VAL_DOCUMENTS:
             split = self._split_by_position(read["parts"], counts)
@@ -380,6 +472,12 @@ class RayPipeline(_Pipeline):
 
     # --- tokenizer, encode, pack --------------------------------------------------------
 
+    def _train_texts(self) -> Iterator[str]:
+        """The training documents, part by part (read on the driver)."""
+        for name in self._kept_names():
+            part = stages.read_part(self.work / "kept" / f"{name}.parquet", ["text", "val"])
+            yield from (t for t, v in zip(part["text"], part["val"].tolist()) if not v)
+
     def _train_tokenizer(self, kind: str, n_train: int) -> Any:
         import ray
 
@@ -398,7 +496,8 @@ class RayPipeline(_Pipeline):
         items = [{"name": n, "split": split} for n in self._kept_names()]
         done = self._map(f"tokenize {split}", items, stages.encode_part, work=str(self.work),
                          tokenizer=str(self.build / "tokenizer.json"), sep_id=sep,
-                         dtype=token_dtype(tok.get_vocab_size()).str, curate=self.curate_cfg)
+                         dtype=token_dtype(tok.get_vocab_size()).str, curate=self.curate_cfg,
+                         median=self.median_ratio)
         done.sort(key=lambda s: s["name"])
         offset = 0
         parts = []

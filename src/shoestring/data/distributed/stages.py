@@ -220,7 +220,8 @@ def read_source(item: dict, *, cfg: DataConfig, blocks: Any, work: str, part_doc
         rids, texts, chars = [], [], 0
 
     docs = iter_documents([source], text_field=cfg.text_field, on_error=cfg.on_error,
-                          stats=stats, split_on=cfg.split_on)
+                          stats=stats, split_on=cfg.split_on,
+                          max_chars=cfg.max_document_chars)
     for i, doc in enumerate(docs):
         counts["read"] += 1
         text = clean_text(doc.text)
@@ -236,7 +237,8 @@ def read_source(item: dict, *, cfg: DataConfig, blocks: Any, work: str, part_doc
     if texts or not parts:
         flush()
     summary = {"index": index, "parts": parts, **counts, "files": stats.files,
-               "skipped": stats.skipped, "reports": [b.report() for b in mine]}
+               "skipped": stats.skipped, "counts": stats.counts(),
+               "reports": [b.report() for b in mine]}
     return _finish(sidecar, summary)
 
 
@@ -358,13 +360,14 @@ def train_on_sample(paths: list[str], max_chars: int, total_chars: int, kind: st
 
     seen = {"documents": 0, "characters": 0}
 
-    def counted() -> Iterator[str]:
+    def counted() -> Iterator[str]:  # read once or twice (WordPiece): count one pass
+        seen["documents"] = seen["characters"] = 0
         for text in sample_texts([Path(p) for p in paths], max_chars, total_chars):
             seen["documents"] += 1
             seen["characters"] += len(text)
             yield text
 
-    tok = train_tokenizer(counted(), kind, objective, vocab_size, lowercase)
+    tok = train_tokenizer(counted, kind, objective, vocab_size, lowercase)
     return tok, {**seen, "max_characters": max_chars, "of_characters": total_chars}
 
 
@@ -373,7 +376,8 @@ def train_on_sample(paths: list[str], max_chars: int, total_chars: int, kind: st
 
 @user_errors
 def encode_part(item: dict, *, work: str, tokenizer: str, sep_id: int, dtype: str,
-                curate: CurateConfig | None, fault: str | None = None) -> dict:
+                curate: CurateConfig | None, median: float | None = None,
+                fault: str | None = None) -> dict:
     """Tokenize one part's documents of one split; write ``encode-SPLIT/NAME.bin``
     (tokens, each document followed by ``sep_id``) and ``.ends`` (document ends)."""
     from shoestring.data.prep import ENCODE_BATCH, ENCODE_CHARS
@@ -391,7 +395,7 @@ def encode_part(item: dict, *, work: str, tokenizer: str, sep_id: int, dtype: st
     if curate is not None:
         from shoestring.data.curate.compress import Compressibility
 
-        compress = Compressibility.from_config(curate)
+        compress = Compressibility.from_config(curate, median)
     part = read_part(root / "kept" / f"{name}.parquet", ["text", "val"])
     want = split == "val"
     texts = [t for t, v in zip(part["text"], part["val"].tolist()) if v == want]
