@@ -23,7 +23,6 @@ KNOWN_UPWARD = {
 # Import circles (sets of modules), each scheduled work of issue 36.
 KNOWN_CYCLES = {
     frozenset({"shoestring.device", "shoestring.plan.hardware"}),
-    frozenset({"shoestring.data.builtin", "shoestring.data.sources"}),
     frozenset({"shoestring.data.prep", "shoestring.data.distributed",  # step 2: executors
                "shoestring.data.distributed.executor", "shoestring.data.distributed.stages"}),
 }

@@ -15,7 +15,7 @@ import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 
-from shoestring.data.sources import Document
+from shoestring.data.readers import Document
 
 SOURCE = "builtin:pydocs"
 
