@@ -107,3 +107,24 @@ def test_every_run_checkpoints_every_tenth_of_its_budget_by_default(pydocs_dir: 
     train(cfg, pydocs_dir, tmp_path / "run")
     steps = [int(p.name.removeprefix("step_")) for p in list_checkpoints(tmp_path / "run")]
     assert steps == list(range(2, 21, 2))
+
+
+def test_a_budget_out_of_range_is_refused_before_a_run_dir_exists(pydocs_dir: Path,
+                                                                  tmp_path: Path) -> None:
+    for budget in ("0.1steps", "1e400flops", "0.5tok"):
+        run = tmp_path / f"run-{budget}"
+        r = run_cli("train", "-d", str(pydocs_dir), "-o", str(run), "--budget", budget, *TINY)
+        _refused(r, "--budget", f"budget '{budget}' is out of range")
+        assert not run.exists()
+    r = run_cli("train", "-d", str(pydocs_dir), "-o", str(tmp_path / "run"),
+                "--set", "train.budget=0.1steps", *TINY)
+    _refused(r, "train.budget", "out of range")
+    assert not (tmp_path / "run").exists()
+
+
+def test_steps_and_budget_together_are_refused_not_silently_one_of_them(pydocs_dir: Path,
+                                                                        tmp_path: Path) -> None:
+    r = run_cli("train", "-d", str(pydocs_dir), "-o", str(tmp_path / "run"), "--budget", "5m",
+                "--steps", "2", *TINY)
+    _refused(r, "--budget and --steps", "pass one of them")
+    assert not (tmp_path / "run").exists()

@@ -103,6 +103,10 @@ def _budget_overrides(budget: str | None, steps: int | None) -> list[str]:
     from shoestring.train.budget import parse_budget
 
     extra = []
+    if budget is not None and steps is not None:
+        raise ShoestringError(
+            "--budget and --steps both say how long to train, and only one can apply",
+            where="--steps", fix="pass one of them: --budget 500steps and --steps 500 are the same")
     if budget is not None:
         try:
             parse_budget(budget)

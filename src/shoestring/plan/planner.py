@@ -68,8 +68,9 @@ def parse_budget(text: str) -> tuple[float | None, float | None]:
         value = float(m.group(1))
         unit = m.group(2).lower()
         flops = value if unit.startswith("flop") else value * 8.64e19
-        if flops <= 0:
-            raise ShoestringError(f"budget '{text}' must be positive", where="--budget")
+        if not 0 < flops < float("inf"):
+            raise ShoestringError(f"budget '{text}' must be a positive, finite FLOP count",
+                                  where="--budget", fix="e.g. 3e18flops or 2pf-days")
         return None, flops
     from shoestring.train.budget import parse_duration
 
