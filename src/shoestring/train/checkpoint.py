@@ -169,9 +169,24 @@ def _state_dicts(parts: list[nn.Module], optims: list[torch.optim.Optimizer]
 
 
 def _dcp(fn, state: dict[str, Any], path: Path, no_dist: bool) -> None:  # noqa: ANN001
-    with warnings.catch_warnings():  # one process: DCP says it assumes so; that is the intent
-        warnings.filterwarnings("ignore", message=".*assuming the intent is to")
-        fn(state, checkpoint_id=str(path), no_dist=no_dist)
+    """DCP save or load; a load reads nothing that can run code (`shoestring.train.dcp_safe`)."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    kw: dict[str, Any] = {}
+    if fn is dcp.load:
+        from shoestring.train.dcp_safe import SafeLoadPlanner, SafeReader, check_metadata
+
+        check_metadata(path)  # DCP would only report a refusal as a failed read
+        kw = {"storage_reader": SafeReader(str(path)), "planner": SafeLoadPlanner()}
+    try:
+        with warnings.catch_warnings():  # one process: DCP says it assumes so; the intent
+            warnings.filterwarnings("ignore", message=".*assuming the intent is to")
+            fn(state, checkpoint_id=str(path), no_dist=no_dist, **kw)
+    except CheckpointException as e:  # DCP wraps every rank's error: raise ours, or the OSError
+        for exc, _ in e.failures.values():
+            if isinstance(exc, (ShoestringError, OSError)):
+                raise exc from None
+        raise
 
 
 # --------------------------------------------------------------------------- save / load
