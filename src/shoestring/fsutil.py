@@ -99,6 +99,49 @@ def building_dir(out: str | Path) -> Iterator[Path]:
 
 
 WRITE_PROBE = ".write-probe-"
+WRITER_LOCK = ".shoestring.lock"  # `writer_lock`'s file; like a probe, it does not make a folder used
+
+
+@contextmanager
+def writer_lock(folder: str | Path, what: str, enabled: bool = True) -> Iterator[None]:
+    """Hold an exclusive OS lock on ``folder`` (``flock`` on its ``.shoestring.lock``) while
+    the block runs, so that two processes never write one output at once (their checkpoints
+    and metrics would interleave).
+
+    The kernel drops the lock when its process exits, however it exits, so the lock of a
+    killed process is simply taken over; the file itself stays (removing it would let a third
+    process lock a new file while a second still holds the old one). A second writer gets a
+    ShoestringError naming the holder's pid. ``enabled=False`` (the other ranks of a job,
+    whose rank 0 holds it) does nothing; a filesystem without locks is written unlocked.
+    """
+    if not enabled:
+        yield
+        return
+    import fcntl
+
+    folder = Path(folder)
+    f = open(folder / WRITER_LOCK, "a+", encoding="utf-8")  # noqa: SIM115 - held for the block
+    try:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "unknown"
+            raise ShoestringError(
+                f"another process (pid {holder}) is writing this {what}",
+                where=str(folder),
+                fix="wait for it to finish (or stop it) before writing here; two writers would "
+                "interleave checkpoints and metrics",
+            ) from None
+        except OSError:  # no locks on this filesystem (some network mounts): go on unlocked
+            yield
+            return
+        f.truncate(0)
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        yield
+    finally:
+        f.close()  # closing the file releases the lock
 
 
 def check_writable_dir(out: str | Path, kind: str, fix: str) -> None:
@@ -122,7 +165,8 @@ def check_output_dir(out: str | Path, kind: str, owned: bool, overwrite: bool) -
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ShoestringError("output path exists and is not a folder", where=str(out))
-    if not out.is_dir() or not any(not p.name.startswith(WRITE_PROBE) for p in out.iterdir()):
+    if not out.is_dir() or not any(not p.name.startswith(WRITE_PROBE) and p.name != WRITER_LOCK
+                                   for p in out.iterdir()):
         return
     if not owned:
         raise ShoestringError(

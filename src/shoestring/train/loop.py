@@ -285,11 +285,12 @@ def train(
     if ckpt is None:
         # the one check that writes (a folder), so the last
         check_writable_dir(run_dir, "run dir", fix="choose a folder you can write for -o")
-    parallel = Parallelism.start(cfg, layout, data.vocab_size)
-    try:
-        return _train(cfg, data, train_split, run_dir, parallel, console, ckpt, spare)
-    finally:
-        parallel.close()
+    with RunDir(run_dir).writing(enabled=world_from_env()[0] == 0):  # one writer per run dir
+        parallel = Parallelism.start(cfg, layout, data.vocab_size)
+        try:
+            return _train(cfg, data, train_split, run_dir, parallel, console, ckpt, spare)
+        finally:
+            parallel.close()
 
 
 def _tail_mean(losses: list[float]) -> float:
