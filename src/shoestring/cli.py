@@ -827,6 +827,16 @@ def config_show(config: ConfigOpt = None, sets: SetOpt = None) -> None:
     out.print(_config(config, sets).to_yaml(), end="", markup=False, highlight=False)
 
 
+def _output_arg(argv: list[str]) -> str | None:
+    """The command's ``-o``/``--output`` value: the place to name when a write fails."""
+    for i, arg in enumerate(argv):
+        if arg in ("-o", "--output") and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--output="):
+            return arg.split("=", 1)[1]
+    return None
+
+
 def main() -> None:
     """Console entry point: bad input → message on stderr, exit code 2, no traceback."""
     from shoestring.train.loop import TrainingInterrupted
@@ -841,3 +851,13 @@ def main() -> None:
         err.print(f"{e}: checkpoint saved to {e.checkpoint}; continue with --resume",
                   markup=False, highlight=False)
         sys.exit(128 + e.signum)
+    except BaseException as e:  # a full or read-only disk is the user's, not a bug
+        from shoestring.fsutil import output_error
+
+        stop = isinstance(e, (SystemExit, KeyboardInterrupt, GeneratorExit))
+        refused = None if stop else output_error(e, where=_output_arg(sys.argv))
+        if refused is None:
+            raise
+        err.print("[bold red]error:[/] ", end="")
+        err.print(refused.message, markup=False, highlight=False, soft_wrap=True)
+        sys.exit(2)

@@ -62,6 +62,7 @@ from shoestring.data.workers import WorkerPool, batched, clean_texts, encode_tex
 from shoestring.errors import ShoestringError
 from shoestring.fsutil import (
     check_output_dir,
+    output_error,
     recover_interrupted_swap,
     swap_in_dir,
     write_json_atomic,
@@ -270,6 +271,12 @@ def prep(
     except ShoestringError:
         shutil.rmtree(build, ignore_errors=True)  # bad input: a re-run would fail the same way
         raise
+    except OSError as e:  # a full or read-only disk: free what the build took, say why
+        refused = output_error(e, where=out)
+        if refused is None:
+            raise
+        shutil.rmtree(build, ignore_errors=True)
+        raise refused from None
     # Anything else (Ctrl-C, a crash) keeps the build folder, so a re-run resumes.
     for name in os.listdir(build):
         if name.startswith(("spool-", "stream-", "docs-")) or name == _JOURNAL:
