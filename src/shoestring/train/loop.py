@@ -88,7 +88,7 @@ def _progress(console: Console, show: bool = True) -> Progress:
         TextColumn("[bold]training"),
         BarColumn(),
         TextColumn("{task.percentage:>5.1f}% of {task.fields[budget]}"),
-        TextColumn("loss {task.fields[loss]:.3f}"),
+        TextColumn("loss {task.fields[loss]}"),
         TextColumn("{task.fields[tps]:,.0f} tok/s"),
         TextColumn("MFU {task.fields[mfu]:.1%}"),
         TextColumn("left {task.fields[left]}"),
@@ -299,6 +299,18 @@ def _tail_mean(losses: list[float]) -> float:
     return sum(tail) / len(tail) if tail else float("nan")
 
 
+def _bar_fields(s: _State, p: float, elapsed: float, flops_per_token: float, job_peak: float
+                ) -> dict:
+    """The progress bar's figures: progress, mean tail loss ("–" before any step), the run's
+    tokens/s and MFU so far, and the time left at this pace."""
+    loss = _tail_mean(s.losses)
+    avg = s.tokens / max(elapsed, 1e-9)  # the summary's tokens/s and MFU
+    left = (elapsed / p - elapsed) if p > 0 else None
+    return {"completed": p, "loss": f"{loss:.3f}" if math.isfinite(loss) else "–", "tps": avg,
+            "mfu": avg * flops_per_token / job_peak,
+            "left": format_duration(left) if left is not None else "?"}
+
+
 def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
            parallel: Parallelism, console: Console, ckpt: Checkpoint | None,
            spare_bytes: int | None) -> dict:
@@ -406,7 +418,7 @@ def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
     memory: dict[str, int] | None = None
     try:
         with _signals_caught() as caught, _progress(console, main) as bar:
-            task = bar.add_task("train", total=1.0, budget=budget.describe(), loss=float("nan"),
+            task = bar.add_task("train", total=1.0, budget=budget.describe(), loss="–",
                                 tps=0.0, mfu=0.0, left="?")
             while True:  # at least one step, however small the budget
                 p_now = budget.progress(s.step, s.tokens, elapsed=t_agreed)
@@ -479,10 +491,7 @@ def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
                     log(record)
                     window = {"start": t_agreed, "tokens": 0, "loss": 0.0, "steps": 0,
                               "wait": 0.0, "gnorm": 0.0}
-                    left = (t_agreed / p - t_agreed) if p > 0 else float("inf")
-                    avg = s.tokens / max(t_agreed, 1e-9)  # the summary's tokens/s and MFU
-                    bar.update(task, completed=p, loss=_tail_mean(s.losses), tps=avg,
-                               mfu=avg * flops_per_token / job_peak, left=format_duration(left))
+                    bar.update(task, **_bar_fields(s, p, t_agreed, flops_per_token, job_peak))
                 if val_batch is not None and (p >= s.next_val) and not done:
                     with budget.pause():
                         log({"step": s.step, "progress": round(p, 5), "tokens": s.tokens,
@@ -493,7 +502,8 @@ def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
                 if interval is not None and not done and _checkpoint_due(
                         interval, s.step, p, t_agreed, s.last_ckpt_progress, s.last_ckpt_time):
                     last_ckpt = checkpoint()
-                if signum:
+                if signum:  # the bar shows where it stopped, before the first log step too
+                    bar.update(task, **_bar_fields(s, p, t_agreed, flops_per_token, job_peak))
                     last_ckpt = checkpoint()
                     if metrics is not None:
                         metrics.close()
