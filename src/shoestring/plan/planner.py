@@ -20,6 +20,7 @@ records how they were chosen (train ignores it).
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -245,6 +246,8 @@ def make_plan(req: PlanRequest, console: Console | None = None) -> dict[str, Any
             where=str(req.data), fix="drop --objective, or prep the data for that objective",
         )
     devices_per_node = req.devices_per_node or _devices_per_node(hw.name, req.devices)
+    share = _cpu_share(devices_per_node) if hw.measured and "cpu" in hw.description else 1.0
+    peak *= share  # the ranks of one CPU machine split its cores
     mask_rate = TrainConfig().mask_rate
     mfu = req.mfu if req.mfu is not None else DEFAULT_MFU
     mfu_source = "given" if req.mfu is not None else "default (pass --mfu or --measure)"
@@ -298,6 +301,10 @@ def make_plan(req: PlanRequest, console: Console | None = None) -> dict[str, Any
             "predicted loss is shown clamped to that ceiling"
         )
         loss = ceiling
+    if share < 1:
+        notes.append(f"the {devices_per_node} processes on this CPU share its cores: each "
+                     f"counts at {share:.2g} of the peak measured with "
+                     f"{_threads()} threads, so more processes add no compute on one machine")
     if law.objective != objective:
         notes.append(f"this law was fitted on {law.objective.upper()} losses; you plan "
                      f"{objective.upper()}")
@@ -364,6 +371,19 @@ def make_plan(req: PlanRequest, console: Console | None = None) -> dict[str, Any
         "train": train_section,
         "data": {"seq_len": seq_len, "vocab_size": vocab},
     }
+
+
+def _threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def _cpu_share(ranks: int) -> float:
+    """The fraction of the measured CPU peak (taken with this process's threads) one of
+    ``ranks`` processes on this machine gets: they split its cores between them."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return min(1.0, (cores or 1) / (ranks * _threads()))
 
 
 def _devices_per_node(hardware: str, devices: int) -> int:
