@@ -339,6 +339,8 @@ def _print_train(summary: dict, output: Path) -> None:
     t.add_row("time", f"{summary['train_seconds']:.1f}s (+{summary['save_seconds']:.1f}s save)")
     t.add_row("tokens/s", f"{summary['tokens_per_s']:,.0f}")
     t.add_row("MFU", f"{summary['mfu']:.1%} of {summary['peak_flops'] / 1e9:,.0f} GFLOP/s measured ({summary['dtype']})")
+    if summary.get("mfu_note"):
+        t.add_row("", summary["mfu_note"])
     t.add_row("train loss", f"{summary['first_loss']:.3f} → {summary['final_train_loss']:.3f}")
     if summary.get("val_loss_subset") is not None:
         t.add_row("validation loss (subset)", f"{summary['val_loss_subset']:.3f}")

@@ -54,7 +54,7 @@ from shoestring.train.checkpoint import (
     restore_rng,
     save_checkpoint,
 )
-from shoestring.device import DeviceInfo, select_device
+from shoestring.device import DeviceInfo, peak_note, select_device
 from shoestring.families import Objective
 from shoestring.rundir import RunDir, model_meta
 from shoestring.train.metrics import MetricsLog
@@ -547,6 +547,7 @@ def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
         # the devices are alike); per device: its share of the work over its own peak
         "mfu": achieved / job_peak,
         "mfu_per_device": [achieved / parallel.world / pk for pk in peaks],
+        "mfu_note": peak_note(achieved / job_peak, job_peak),  # why, when above 1
         "peak_flops": dev.peak_flops,
         # Against the vendor's datasheet peak on a known GPU (plan.hardware); else null.
         "mfu_datasheet": achieved / (dev.datasheet_flops * parallel.world)
