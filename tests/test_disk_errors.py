@@ -134,6 +134,24 @@ def test_prep_on_a_full_disk_frees_what_it_wrote(small_fs: Path) -> None:
     assert list(small_fs.iterdir()) == [] and _used(small_fs) <= before
 
 
+def test_prep_over_an_existing_data_dir_on_a_full_disk_leaves_it_whole(tmp_path: Path) -> None:
+    fs = tmp_path / "mid"
+    _mount(fs, "size=6m")
+    try:
+        out = fs / "data"
+        args = ["prep", "builtin:pydocs", "-o", str(out), "--set", "data.vocab_size=2000",
+                "--set", "data.seq_len=64"]
+        assert run_cli(*args).returncode == 0
+        kept = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+        _fill(fs)
+        _refused(run_cli(*args, "--set", "data.seq_len=32", "--overwrite"),
+                 "No space left on device", str(out))
+        assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == kept
+        assert sorted(p.name for p in fs.iterdir()) == ["data", "filler"]  # no build folder
+    finally:
+        subprocess.run(["umount", "-l", str(fs)], check=False)
+
+
 def test_prep_into_a_read_only_folder_is_refused(readonly_fs: Path) -> None:
     r = run_cli("prep", "builtin:pydocs", "-o", str(readonly_fs / "data"))
     _refused(r, "Read-only file system", "write the output elsewhere")

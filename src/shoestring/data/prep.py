@@ -27,6 +27,7 @@ over processes; results are consumed in order, so the output is identical to 1 w
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -156,6 +157,24 @@ def _check_settings(cfg: DataConfig) -> None:
                               where="data.seq_len")
 
 
+def _drop_on_disk_error(e: OSError, build: Path, out: Path) -> None:
+    """A full or read-only disk: remove the build folder (it is what fills the disk; a
+    re-run starts over) and raise the standard error naming ``out``. Other errors return."""
+    refused = output_error(e, where=out)
+    if refused is not None:
+        shutil.rmtree(build, ignore_errors=True)
+        raise refused from None
+
+
+@contextlib.contextmanager
+def _freed_on_disk_error(build: Path, out: Path) -> Iterator[None]:
+    try:
+        yield
+    except OSError as e:
+        _drop_on_disk_error(e, build, out)
+        raise
+
+
 # --- the journal -----------------------------------------------------------------------
 
 
@@ -254,7 +273,8 @@ def prep(
     fingerprint = data_fingerprint(specs, cfg, curate, files)
     if executor != "local":  # its build folder holds other intermediate files
         fingerprint = hashlib.sha256(f"{fingerprint}:{executor}".encode()).hexdigest()
-    journal = Journal.open(build, fingerprint)
+    with _freed_on_disk_error(build, out):
+        journal = Journal.open(build, fingerprint)
     if journal.resumed:
         console.print(f"resuming an interrupted prep in {build} "
                       f"(finished: {', '.join(journal.resumed)})")
@@ -272,11 +292,8 @@ def prep(
         shutil.rmtree(build, ignore_errors=True)  # bad input: a re-run would fail the same way
         raise
     except OSError as e:  # a full or read-only disk: free what the build took, say why
-        refused = output_error(e, where=out)
-        if refused is None:
-            raise
-        shutil.rmtree(build, ignore_errors=True)
-        raise refused from None
+        _drop_on_disk_error(e, build, out)
+        raise
     # Anything else (Ctrl-C, a crash) keeps the build folder, so a re-run resumes.
     for name in os.listdir(build):
         if name.startswith(("spool-", "stream-", "docs-")) or name == _JOURNAL:
