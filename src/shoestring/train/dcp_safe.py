@@ -3,7 +3,7 @@
 torch.distributed.checkpoint stores two things with pickle: the ``.metadata`` file (read with
 a plain ``pickle.load``) and every non-tensor value in the shard files (read with
 ``torch.load(weights_only=False)`` by the default load planner). A crafted run dir could
-therefore run any command on ``train --resume`` or ``export``. `SafeReader` reads the
+therefore run any command on ``train --resume``. `SafeReader` reads the
 metadata through an allow-list unpickler (the DCP metadata classes and the few torch values
 they hold) and `SafeLoadPlanner` reads the non-tensor values with ``weights_only=True``;
 tensors are already read that way by DCP itself.
