@@ -134,3 +134,11 @@ def test_cli_seeds_and_control_flags_are_checked_up_front(tmp_path: Path) -> Non
     (tmp_path / "Foo").mkdir()
     r = run_cli("cram", "-o", str(tmp_path / "c"), "--eval-task", str(tmp_path / "Foo"))
     assert r.returncode == 2 and "not a GLUE task folder" in r.stderr
+    # a folder that is not there: said so, under the flag given (was "--task: ... has no '='")
+    r = run_cli("cram", "-o", str(tmp_path / "c"), "--eval-task", str(tmp_path / "glue/SST-2"))
+    text = " ".join(r.stderr.split())
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert f"--eval-task {tmp_path / 'glue/SST-2'}: no such task folder or task spec file" in text
+    assert "has no '='" not in text and not (tmp_path / "c").exists()
+    r = run_cli("cram", "-o", str(tmp_path / "c"), "--eval-task", "train=a.csv,oops")
+    assert r.returncode == 2 and "--eval-task: task item 'oops' has no '='" in r.stderr

@@ -69,6 +69,8 @@ def test_llama_export_matches_logits_and_generation(bpe: Path, tmp_path: Path, c
     # import back: the same model
     back, back_meta = import_hf(out)
     assert back_meta["special_ids"] == SPECIALS
+    # the trained context, not 2048: clients size their windows by it (issue 37)
+    assert theirs.config.max_position_embeddings == 64 == back_meta["seq_len"]
     for (n1, p1), (n2, p2) in zip(ours.state_dict().items(), back.state_dict().items()):
         assert n1 == n2 and torch.equal(p1, p2), n1
     tok = transformers.AutoTokenizer.from_pretrained(out)

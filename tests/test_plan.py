@@ -267,3 +267,24 @@ def test_measured_mfu_is_a_fraction() -> None:
                                   intermediate_size=192), 2000, 64, 8, hw, seconds=0.3)
     assert 0.0 < mfu < 1.5  # a loaded machine can beat its own noisy peak measurement a bit
     assert flops_per_token(make_config("mlm", 64, 2), 2000, 64) > 0
+
+
+def test_processes_on_one_cpu_share_its_measured_peak() -> None:
+    # `plan --devices 2` on a CPU starts two processes on this machine: together they have
+    # the machine's peak, not twice it (the measurement is cached, so both plans see one peak)
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("'auto' is a GPU here; the shared-cores rule is for a CPU")
+    import os
+
+    cores = len(os.sched_getaffinity(0))
+    if torch.get_num_threads() * 2 <= cores:
+        pytest.skip("the peak is measured with at most half the cores: two processes fit")
+    one = make_plan(PlanRequest(hardware="auto", devices=1, budget="1h", mfu=0.3))["plan"]
+    two = make_plan(PlanRequest(hardware="auto", devices=2, budget="1h", mfu=0.3))["plan"]
+    share = cores / (2 * torch.get_num_threads())
+    assert two["hardware"]["peak_flops"] == pytest.approx(one["hardware"]["peak_flops"] * share)
+    assert two["budget"]["flops"] == pytest.approx(one["budget"]["flops"])
+    assert any("share its cores" in n for n in two["notes"])
+    assert not any("share its cores" in n for n in one["notes"])

@@ -114,12 +114,41 @@ def test_parse_budget_kinds(text: str, kind: str, amount: float) -> None:
     assert (spec.kind, spec.amount) == (kind, pytest.approx(amount))
 
 
-@pytest.mark.parametrize("text", ["100", "5x", "", "-3m", "0tok", "1e3 parsecs"])
+@pytest.mark.parametrize("text", ["100", "5x", "", "-3m", "1e3 parsecs"])
 def test_parse_budget_rejects(text: str) -> None:
     from shoestring.train.budget import parse_budget
 
     with pytest.raises(ShoestringError, match="not a duration, FLOP, token or step count"):
         parse_budget(text)
+
+
+@pytest.mark.parametrize(("text", "valid"), [
+    ("1e400flops", "from 1e+09 to 1e+30 FLOPs"),  # infinite: would train for ever at lr 0
+    ("1e-3flops", "from 1e+09 to 1e+30 FLOPs"),
+    ("0.5tok", "a whole number from 1 to 1e+16 tokens"),
+    ("0tok", "a whole number from 1 to 1e+16 tokens"),
+    ("0.1steps", "a whole number from 1 to 1e+12 steps"),  # was a ZeroDivisionError
+    ("0steps", "a whole number from 1 to 1e+12 steps"),
+    ("1.5steps", "a whole number from 1 to 1e+12 steps"),
+    ("1e400", "from 1e+09 to 1e+30 FLOPs"),
+    ("0s", "more than 0s and at most 366d"),
+    ("400d", "more than 0s and at most 366d"),
+    ("9" * 400 + "s", "more than 0s and at most 366d"),  # infinite seconds
+])
+def test_a_budget_out_of_its_range_is_refused_with_the_range(text: str, valid: str) -> None:
+    from shoestring.train.budget import parse_budget
+
+    with pytest.raises(ShoestringError) as e:
+        parse_budget(text)
+    assert "out of range" in e.value.what and valid in e.value.what, e.value.what
+
+
+def test_whole_amounts_at_the_edges_of_their_ranges_are_budgets() -> None:
+    from shoestring.train.budget import parse_budget
+
+    assert parse_budget("1steps").amount == 1 and parse_budget("1tok").amount == 1
+    assert parse_budget("1.5ktok").amount == 1500 and parse_budget("1e9flops").kind == "flops"
+    assert parse_budget("0.001s").amount == pytest.approx(0.001)
 
 
 def test_token_and_flop_budgets_progress() -> None:

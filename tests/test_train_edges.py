@@ -107,3 +107,55 @@ def test_every_run_checkpoints_every_tenth_of_its_budget_by_default(pydocs_dir: 
     train(cfg, pydocs_dir, tmp_path / "run")
     steps = [int(p.name.removeprefix("step_")) for p in list_checkpoints(tmp_path / "run")]
     assert steps == list(range(2, 21, 2))
+
+
+def test_a_budget_out_of_range_is_refused_before_a_run_dir_exists(pydocs_dir: Path,
+                                                                  tmp_path: Path) -> None:
+    for budget in ("0.1steps", "1e400flops", "0.5tok"):
+        run = tmp_path / f"run-{budget}"
+        r = run_cli("train", "-d", str(pydocs_dir), "-o", str(run), "--budget", budget, *TINY)
+        _refused(r, "--budget", f"budget '{budget}' is out of range")
+        assert not run.exists()
+    r = run_cli("train", "-d", str(pydocs_dir), "-o", str(tmp_path / "run"),
+                "--set", "train.budget=0.1steps", *TINY)
+    _refused(r, "train.budget", "out of range")
+    assert not (tmp_path / "run").exists()
+
+
+def test_steps_and_budget_together_are_refused_not_silently_one_of_them(pydocs_dir: Path,
+                                                                        tmp_path: Path) -> None:
+    r = run_cli("train", "-d", str(pydocs_dir), "-o", str(tmp_path / "run"), "--budget", "5m",
+                "--steps", "2", *TINY)
+    _refused(r, "--budget and --steps", "pass one of them")
+    assert not (tmp_path / "run").exists()
+
+
+def test_sigterm_before_the_first_log_step_shows_real_figures(pydocs_dir: Path,
+                                                              tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    run = tmp_path / "run"
+    log = tmp_path / "stderr.txt"
+    with log.open("w") as f:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "shoestring", "train", "-d", str(pydocs_dir), "-o", str(run),
+             "--steps", "100000", "--set", "train.log_every=100000", "--set",
+             "train.checkpoint_every=1steps", "--set", "train.compile=false", *TINY],
+            stdout=subprocess.DEVNULL, stderr=f, env={**__import__("os").environ,
+                                                        "COLUMNS": "200"})
+        try:
+            deadline = time.monotonic() + 120
+            while not list_checkpoints(run) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert list_checkpoints(run), "no step within 120 s"
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=120) == 128 + signal.SIGTERM
+        finally:
+            proc.kill()
+    text = log.read_text()
+    bar = [line for line in text.splitlines() if line.startswith("training")][-1]
+    assert "loss nan" not in bar and "left ?" not in bar and " 0 tok/s" not in bar, bar
+    assert "steps loss " in bar and "--resume" in text

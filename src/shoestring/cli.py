@@ -105,6 +105,10 @@ def _budget_overrides(budget: str | None, steps: int | None) -> list[str]:
     from shoestring.train.budget import parse_budget
 
     extra = []
+    if budget is not None and steps is not None:
+        raise ShoestringError(
+            "--budget and --steps both say how long to train, and only one can apply",
+            where="--steps", fix="pass one of them: --budget 500steps and --steps 500 are the same")
     if budget is not None:
         try:
             parse_budget(budget)
@@ -351,6 +355,8 @@ def _print_train(summary: dict, output: Path) -> None:
     t.add_row("time", f"{summary['train_seconds']:.1f}s (+{summary['save_seconds']:.1f}s save)")
     t.add_row("tokens/s", f"{summary['tokens_per_s']:,.0f}")
     t.add_row("MFU", f"{summary['mfu']:.1%} of {summary['peak_flops'] / 1e9:,.0f} GFLOP/s measured ({summary['dtype']})")
+    if summary.get("mfu_note"):
+        t.add_row("", summary["mfu_note"])
     t.add_row("train loss", f"{summary['first_loss']:.3f} → {summary['final_train_loss']:.3f}")
     if summary.get("val_loss_subset") is not None:
         t.add_row("validation loss (subset)", f"{summary['val_loss_subset']:.3f}")
@@ -887,6 +893,16 @@ def config_show(config: ConfigOpt = None, sets: SetOpt = None) -> None:
     out.print(_config(config, sets).to_yaml(), end="", markup=False, highlight=False)
 
 
+def _output_arg(argv: list[str]) -> str | None:
+    """The command's ``-o``/``--output`` value: the place to name when a write fails."""
+    for i, arg in enumerate(argv):
+        if arg in ("-o", "--output") and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--output="):
+            return arg.split("=", 1)[1]
+    return None
+
+
 def main() -> None:
     """Console entry point: bad input → message on stderr, exit code 2, no traceback."""
     from shoestring.train.loop import TrainingInterrupted
@@ -901,3 +917,13 @@ def main() -> None:
         err.print(f"{e}: checkpoint saved to {e.checkpoint}; continue with --resume",
                   markup=False, highlight=False)
         sys.exit(128 + e.signum)
+    except BaseException as e:  # a full or read-only disk is the user's, not a bug
+        from shoestring.fsutil import output_error
+
+        stop = isinstance(e, (SystemExit, KeyboardInterrupt, GeneratorExit))
+        refused = None if stop else output_error(e, where=_output_arg(sys.argv))
+        if refused is None:
+            raise
+        err.print("[bold red]error:[/] ", end="")
+        err.print(refused.message, markup=False, highlight=False, soft_wrap=True)
+        sys.exit(2)

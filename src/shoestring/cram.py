@@ -93,7 +93,19 @@ def parse_eval_task(spec: str) -> tuple[str | None, list[str] | None, list[Any]]
             )
         load_glue_task(path.parent, key, max_train=CRAM_TASK_MAX_TRAIN)
         return str(path.parent), [key], []
-    task = parse_task_arg(spec)
+    if "=" not in spec and not path.exists() and path.suffix.lower() not in (".yaml", ".yml"):
+        raise ShoestringError(  # a folder's path, and nothing is there
+            "no such task folder or task spec file",
+            where=f"--eval-task {spec}",
+            fix="point at a GLUE task folder (.../glue/SST-2) or a task YAML file that exists, "
+            "or give a spec: train=t.csv,dev=d.csv,text=review,label=y",
+        )
+    try:
+        task = parse_task_arg(spec)
+    except ShoestringError as e:  # the spec grammar is eval's --task; name the flag used here
+        if e.where != "--task":
+            raise
+        raise ShoestringError(e.what, where="--eval-task", fix=e.fix) from None
     load_custom_task(task)
     return None, None, [task]
 

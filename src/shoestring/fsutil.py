@@ -7,6 +7,7 @@ ever replaced when they are shoestring's own.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -18,14 +19,75 @@ from typing import Any
 from shoestring.errors import ShoestringError
 
 
+# What a filesystem answers when it cannot take a write: full, over quota, too big a file,
+# read-only, or not permitted. These are the user's disk, not a bug: `output_error` turns them
+# into a ShoestringError (exit 2, no traceback) wherever they surface.
+_FS_REFUSALS = {
+    errno.ENOSPC: "free space on that filesystem, or write the output elsewhere",
+    errno.EDQUOT: "free space within your quota, or write the output elsewhere",
+    errno.EFBIG: "write the output to a filesystem that takes larger files",
+    errno.EROFS: "the filesystem is read-only: write the output elsewhere",
+    errno.EACCES: "check the permissions of that path, or use another one",
+    errno.EPERM: "check the permissions of that path, or use another one",
+}
+
+
+def output_error(exc: BaseException, where: str | Path | None = None) -> ShoestringError | None:
+    """The ShoestringError for a filesystem that refused a write (full, read-only, not
+    permitted), when ``exc`` is one or wraps one (its cause or context, or a failure of
+    torch.distributed.checkpoint's ``CheckpointException``); None for anything else.
+
+    Each command removes its own temporary files on the way out (`building_dir`,
+    `write_bytes_atomic`, prep's build folder, checkpoint build folders); this only says why.
+    ``where``: the output to name when the error carries no file name (a failed ``write``).
+    """
+    seen: set[int] = set()
+    todo = [exc]
+    while todo:
+        e = todo.pop(0)
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in _FS_REFUSALS:
+            return ShoestringError(
+                f"the filesystem refused: {e.strerror or os.strerror(e.errno)}",
+                where=str(e.filename if e.filename is not None else where)
+                if e.filename is not None or where is not None else None,
+                fix=_FS_REFUSALS[e.errno] + "; nothing half-written was kept",
+            )
+        if isinstance(e, shutil.Error):  # copytree: [(src, dst, "[Errno 28] ..."), ...]
+            todo += [_errno_of(entry) for entry in (e.args[0] if e.args else [])]
+        failures = getattr(e, "failures", None)  # DCP: {rank: (exception, traceback)}
+        if isinstance(failures, dict):
+            todo += [f[0] if isinstance(f, tuple) else f for f in failures.values()]
+        todo += [e.__cause__, e.__context__, getattr(e, "cause", None)]  # Ray: .cause
+    return None
+
+
+def _errno_of(entry: object) -> OSError | None:
+    """The OSError one of `shutil.copytree`'s error entries (src, dst, message) describes."""
+    import re
+
+    if not isinstance(entry, tuple) or len(entry) != 3:
+        return None
+    m = re.match(r"\[Errno (\d+)\]", str(entry[2]))
+    return OSError(int(m.group(1)), os.strerror(int(m.group(1))), str(entry[1])) if m else None
+
+
 def write_bytes_atomic(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary sibling; on any failure (a full disk)
+    the temporary file is removed and ``path`` keeps its previous content."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:
@@ -37,10 +99,20 @@ def write_json_atomic(path: str | Path, obj: Any) -> None:
 
 
 def save_safetensors(tensors: dict, path: str | Path, metadata: dict[str, str] | None = None) -> None:
-    """``safetensors.torch.save_file``, then the mode any other file gets (it writes 0600)."""
+    """``safetensors.torch.save_file``, then the mode any other file gets (it writes 0600); an
+    I/O failure is an OSError with its errno, like any other write's."""
+    import re
+
     from safetensors.torch import save_file
 
-    save_file(tensors, str(path), metadata=metadata)
+    try:
+        save_file(tensors, str(path), metadata=metadata)
+    except Exception as e:  # its Rust I/O errors are not OSErrors: make them one (a full disk)
+        code = re.search(r"\(os error (\d+)\)", str(e))
+        if code is None:
+            raise
+        Path(path).unlink(missing_ok=True)
+        raise OSError(int(code.group(1)), os.strerror(int(code.group(1))), str(path)) from e
     mask = os.umask(0)
     os.umask(mask)
     os.chmod(path, 0o666 & ~mask)
@@ -99,6 +171,49 @@ def building_dir(out: str | Path) -> Iterator[Path]:
 
 
 WRITE_PROBE = ".write-probe-"
+WRITER_LOCK = ".shoestring.lock"  # `writer_lock`'s file; like a probe, it does not make a folder used
+
+
+@contextmanager
+def writer_lock(folder: str | Path, what: str, enabled: bool = True) -> Iterator[None]:
+    """Hold an exclusive OS lock on ``folder`` (``flock`` on its ``.shoestring.lock``) while
+    the block runs, so that two processes never write one output at once (their checkpoints
+    and metrics would interleave).
+
+    The kernel drops the lock when its process exits, however it exits, so the lock of a
+    killed process is simply taken over; the file itself stays (removing it would let a third
+    process lock a new file while a second still holds the old one). A second writer gets a
+    ShoestringError naming the holder's pid. ``enabled=False`` (the other ranks of a job,
+    whose rank 0 holds it) does nothing; a filesystem without locks is written unlocked.
+    """
+    if not enabled:
+        yield
+        return
+    import fcntl
+
+    folder = Path(folder)
+    f = open(folder / WRITER_LOCK, "a+", encoding="utf-8")  # noqa: SIM115 - held for the block
+    try:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "unknown"
+            raise ShoestringError(
+                f"another process (pid {holder}) is writing this {what}",
+                where=str(folder),
+                fix="wait for it to finish (or stop it) before writing here; two writers would "
+                "interleave checkpoints and metrics",
+            ) from None
+        except OSError:  # no locks on this filesystem (some network mounts): go on unlocked
+            yield
+            return
+        f.truncate(0)
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        yield
+    finally:
+        f.close()  # closing the file releases the lock
 
 
 def check_writable_dir(out: str | Path, kind: str, fix: str) -> None:
@@ -122,7 +237,8 @@ def check_output_dir(out: str | Path, kind: str, owned: bool, overwrite: bool) -
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ShoestringError("output path exists and is not a folder", where=str(out))
-    if not out.is_dir() or not any(not p.name.startswith(WRITE_PROBE) for p in out.iterdir()):
+    if not out.is_dir() or not any(not p.name.startswith(WRITE_PROBE) and p.name != WRITER_LOCK
+                                   for p in out.iterdir()):
         return
     if not owned:
         raise ShoestringError(

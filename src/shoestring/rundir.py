@@ -17,6 +17,7 @@ folder and renamed, so it is complete or absent (shoestring.fsutil).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 from pathlib import Path
@@ -26,7 +27,14 @@ import yaml
 
 from shoestring import families
 from shoestring.errors import ShoestringError
-from shoestring.fsutil import building_dir, check_output_dir, write_json_atomic, write_text_atomic
+from shoestring.fsutil import (
+    WRITER_LOCK,
+    building_dir,
+    check_output_dir,
+    write_json_atomic,
+    write_text_atomic,
+    writer_lock,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -57,11 +65,23 @@ class RunDir:
         """
         run = cls(path)
         check_output_dir(run.path, "run dir", owned=run.is_run, overwrite=overwrite)
-        if run.path.is_dir():
-            shutil.rmtree(run.path)
+        if run.path.is_dir():  # emptied, not removed: its writer lock (`writing`) must stay
+            for child in run.path.iterdir():
+                if child.name == WRITER_LOCK:
+                    continue
+                if child.is_dir() and not child.is_symlink():
+                    shutil.rmtree(child)
+                else:
+                    child.unlink()
         run.path.mkdir(parents=True, exist_ok=True)
         (run.path / MARKER).write_text("shoestring run dir\n", encoding="utf-8")
         return run
+
+    def writing(self, enabled: bool = True) -> contextlib.AbstractContextManager[None]:
+        """``with run.writing():`` — this process is the run dir's one writer (train and
+        resume hold it; a second gets a clear error). ``enabled``: False on the ranks of a
+        job other than rank 0."""
+        return writer_lock(self.path, "run dir", enabled)
 
     # --- layout ----------------------------------------------------------------------
     @property

@@ -7,6 +7,7 @@ the planner and the trainer (so config.py need not import a stage).
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -19,7 +20,7 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
 def parse_duration(text: str) -> float:
     """``'90s'``, ``'5m'``, ``'2h'``, ``'1.5d'`` → seconds."""
     m = _DURATION.match(str(text))
-    if not m or float(m.group(1)) <= 0:
+    if not m or not 0 < float(m.group(1)) < math.inf:
         raise ShoestringError(
             f"budget '{text}' is not a duration",
             where="budget",
@@ -51,27 +52,56 @@ class BudgetSpec:
     amount: float
 
 
+# The valid range of each kind of budget, (low, high, whole): a value outside it is a typo
+# or a unit mix-up (1e400 is infinite: a run that never ends at a learning rate of 0; 0.1steps
+# is no step at all). The bounds are far beyond any real run.
+BUDGET_RANGES: dict[str, tuple[float, float, bool]] = {
+    "seconds": (0.0, 366 * 86400.0, False),  # above 0; at most a year
+    "flops": (1e9, 1e30, False),  # one step of the smallest model costs more than 1e9
+    "tokens": (1.0, 1e16, True),
+    "steps": (1.0, 1e12, True),
+}
+
+
 def parse_budget(text: str) -> BudgetSpec:
     """``'90s'``/``'5m'``/``'24h'`` wall clock; ``'3e15'``/``'3e15flops'``/``'30Tflops'`` FLOPs;
     ``'20Mtok'``/``'2e7 tokens'`` tokens; ``'500steps'`` steps.
 
     A bare number is FLOPs (the planner's unit) when it is at least 1e9; smaller bare numbers
-    are refused, since "100" is far more likely a missing unit than a 100-FLOP budget.
+    are refused, since "100" is far more likely a missing unit than a 100-FLOP budget. Every
+    amount must lie in its kind's `BUDGET_RANGES` (a whole number of steps and tokens).
     """
     value = str(text).strip()
-    if _DURATION.match(value):
-        return BudgetSpec("seconds", parse_duration(value))
+    if m := _DURATION.match(value):
+        return _in_range(text, BudgetSpec("seconds", float(m.group(1)) * _UNITS[m.group(2)]))
     m = _AMOUNT.match(value)
     if m:
         amount = float(m.group(1)) * _SUFFIX[m.group(2).lower()]
         unit = (m.group(3) or "").lower()
         kind = ("flops" if unit.startswith("flop") or not unit else
                 "tokens" if unit.startswith("tok") else "steps")
-        if amount > 0 and (unit or amount >= 1e9):
-            return BudgetSpec(kind, amount)
+        if unit or amount >= 1e9:
+            return _in_range(text, BudgetSpec(kind, amount))
     raise ShoestringError(
         f"budget '{text}' is not a duration, FLOP, token or step count",
         where="budget",
         fix="use 90s / 10m / 24h (wall clock), 3e15flops (compute), 20Mtok (tokens) "
         "or 1000steps",
+    )
+
+
+def _in_range(text: str, spec: BudgetSpec) -> BudgetSpec:
+    """``spec`` when its amount is valid for its kind, else the error that states the range."""
+    low, high, whole = BUDGET_RANGES[spec.kind]
+    a = spec.amount
+    above = a > low if spec.kind == "seconds" else a >= low
+    if math.isfinite(a) and above and a <= high and (not whole or a == int(a)):
+        return spec
+    unit = {"seconds": "", "flops": " FLOPs", "tokens": " tokens", "steps": " steps"}[spec.kind]
+    valid = ("more than 0s and at most 366d" if spec.kind == "seconds" else
+             f"{'a whole number ' if whole else ''}from {low:g} to {high:g}{unit}")
+    raise ShoestringError(
+        f"budget '{text}' is out of range: a {spec.kind} budget must be {valid}",
+        where="budget",
+        fix="use e.g. 90s / 10m / 24h, 3e15flops, 20Mtok or 1000steps",
     )

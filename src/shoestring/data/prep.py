@@ -28,6 +28,7 @@ over processes; results are consumed in order, so the output is identical to 1 w
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -64,6 +65,7 @@ from shoestring.data.workers import WorkerPool, batched, clean_texts, encode_tex
 from shoestring.errors import ShoestringError
 from shoestring.fsutil import (
     check_output_dir,
+    output_error,
     recover_interrupted_swap,
     swap_in_dir,
     write_json_atomic,
@@ -155,6 +157,24 @@ def _check_settings(cfg: DataConfig) -> None:
     if cfg.seq_len <= families.get(cfg.objective, "data.objective").row_frame:
         raise ShoestringError("data.seq_len must leave room for [CLS] and [SEP]",
                               where="data.seq_len")
+
+
+def _drop_on_disk_error(e: OSError, build: Path, out: Path) -> None:
+    """A full or read-only disk: remove the build folder (it is what fills the disk; a
+    re-run starts over) and raise the standard error naming ``out``. Other errors return."""
+    refused = output_error(e, where=out)
+    if refused is not None:
+        shutil.rmtree(build, ignore_errors=True)
+        raise refused from None
+
+
+@contextlib.contextmanager
+def _freed_on_disk_error(build: Path, out: Path) -> Iterator[None]:
+    try:
+        yield
+    except OSError as e:
+        _drop_on_disk_error(e, build, out)
+        raise
 
 
 # --- the journal -----------------------------------------------------------------------
@@ -263,7 +283,8 @@ def prep(
             from shoestring.data.distributed.executor import ray_session
 
             session.enter_context(ray_session(ray_options.address))
-        journal = Journal.open(build, fingerprint)
+        with _freed_on_disk_error(build, out):
+            journal = Journal.open(build, fingerprint)
         if journal.resumed:
             console.print(f"resuming an interrupted prep in {build} "
                           f"(finished: {', '.join(journal.resumed)})")
@@ -279,6 +300,9 @@ def prep(
                                          curate).run()
         except ShoestringError:
             shutil.rmtree(build, ignore_errors=True)  # bad input: a re-run would fail the same
+            raise
+        except OSError as e:  # a full or read-only disk: free what the build took, say why
+            _drop_on_disk_error(e, build, out)
             raise
     # Anything else (Ctrl-C, a crash) keeps the build folder, so a re-run resumes.
     for name in os.listdir(build):

@@ -79,7 +79,7 @@ def hf_config(cfg: ModelConfig, vocab_size: int, seq_len: int, ids: dict[str, in
         head_dim=cfg.head_dim,
         hidden_act="silu",
         vocab_size=vocab_size,
-        max_position_embeddings=max(seq_len, 2048),  # advertised only: RoPE has no table
+        max_position_embeddings=seq_len,  # the trained context (lm-eval sizes its windows by it)
         attention_dropout=0.0,
         pretraining_tp=1,
         bos_token_id=eos,

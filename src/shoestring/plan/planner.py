@@ -20,6 +20,7 @@ records how they were chosen (train ignores it).
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,8 +69,9 @@ def parse_budget(text: str) -> tuple[float | None, float | None]:
         value = float(m.group(1))
         unit = m.group(2).lower()
         flops = value if unit.startswith("flop") else value * 8.64e19
-        if flops <= 0:
-            raise ShoestringError(f"budget '{text}' must be positive", where="--budget")
+        if not 0 < flops < float("inf"):
+            raise ShoestringError(f"budget '{text}' must be a positive, finite FLOP count",
+                                  where="--budget", fix="e.g. 3e18flops or 2pf-days")
         return None, flops
     from shoestring.train.budget import parse_duration
 
@@ -271,9 +273,11 @@ def _fit_budget(req: PlanRequest, hw: Hardware, peak: float, seconds: float | No
     return _Fit(core, layout, total_flops, mfu, mfu_source)
 
 
-def _notes(fit: _Fit, law: Law, objective: str, hw: Hardware,
-           data: dict[str, Any] | None) -> tuple[list[str], float, dict[str, Any] | None]:
-    """What a reader of the plan must know (the law's scale, clamps, fit, repeats), the
+def _notes(fit: _Fit, law: Law, objective: str, hw: Hardware, data: dict[str, Any] | None,
+           share: float, devices_per_node: int
+           ) -> tuple[list[str], float, dict[str, Any] | None]:
+    """What a reader of the plan must know (the law's scale, clamps, CPU cores shared by the
+    ranks (``share``: each rank's part of the peak), fit, repeats), the
     predicted loss (clamped at ln(vocabulary)) and the data section with its epochs."""
     core, layout = fit.core, fit.layout
     loss, smallest = core.loss, core.shapes[0]
@@ -299,6 +303,10 @@ def _notes(fit: _Fit, law: Law, objective: str, hw: Hardware,
             "predicted loss is shown clamped to that ceiling"
         )
         loss = ceiling
+    if share < 1:
+        notes.append(f"the {devices_per_node} processes on this CPU share its cores: each "
+                     f"counts at {share:.2g} of the peak measured with "
+                     f"{_threads()} threads, so more processes add no compute on one machine")
     if law.objective != objective:
         notes.append(f"this law was fitted on {law.objective.upper()} losses; you plan "
                      f"{objective.upper()}")
@@ -344,11 +352,13 @@ def make_plan(req: PlanRequest, console: Console | None = None) -> dict[str, Any
             where=str(req.data), fix="drop --objective, or prep the data for that objective",
         )
     devices_per_node = req.devices_per_node or _devices_per_node(hw.name, req.devices)
+    share = _cpu_share(devices_per_node) if hw.measured and "cpu" in hw.description else 1.0
+    peak *= share  # the ranks of one CPU machine split its cores
     fit = _fit_budget(req, hw, peak, seconds, flops, objective, law, data, devices_per_node,
                       TrainConfig().mask_rate, console)
     core, layout, total_flops, mfu = fit.core, fit.layout, fit.total_flops, fit.mfu
     pick, tokens, seq_len, batch = core.pick, core.tokens, core.seq_len, core.batch
-    notes, loss, data_out = _notes(fit, law, objective, hw, data)
+    notes, loss, data_out = _notes(fit, law, objective, hw, data, share, devices_per_node)
     ceiling = math.log(core.vocab)
     meta = {
         "version": 1,
@@ -391,6 +401,19 @@ def make_plan(req: PlanRequest, console: Console | None = None) -> dict[str, Any
         "train": _train_section(total_flops, core.steps, batch, layout.micro_batch, core.lr),
         "data": {"seq_len": seq_len, "vocab_size": core.vocab},
     }
+
+
+def _threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def _cpu_share(ranks: int) -> float:
+    """The fraction of the measured CPU peak (taken with this process's threads) one of
+    ``ranks`` processes on this machine gets: they split its cores between them."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return min(1.0, (cores or 1) / (ranks * _threads()))
 
 
 def _devices_per_node(hardware: str, devices: int) -> int:

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch import Tensor, nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -43,7 +44,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.tensor import DTensor
 
 from shoestring.errors import ShoestringError
-from shoestring.fsutil import swap_in_dir, write_json_atomic
+from shoestring.fsutil import output_error, swap_in_dir, write_json_atomic
 from shoestring.rundir import CHECKPOINT_PREFIX, RunDir
 
 if TYPE_CHECKING:
@@ -169,9 +170,22 @@ def _state_dicts(parts: list[nn.Module], optims: list[torch.optim.Optimizer]
 
 
 def _dcp(fn, state: dict[str, Any], path: Path, no_dist: bool) -> None:  # noqa: ANN001
-    with warnings.catch_warnings():  # one process: DCP says it assumes so; that is the intent
-        warnings.filterwarnings("ignore", message=".*assuming the intent is to")
-        fn(state, checkpoint_id=str(path), no_dist=no_dist)
+    """DCP save or load; a load reads nothing that can run code (`shoestring.train.dcp_safe`)."""
+    kw: dict[str, Any] = {}
+    if fn is dcp.load:
+        from shoestring.train.dcp_safe import SafeLoadPlanner, SafeReader, check_metadata
+
+        check_metadata(path)  # DCP would only report a refusal as a failed read
+        kw = {"storage_reader": SafeReader(str(path)), "planner": SafeLoadPlanner()}
+    try:
+        with warnings.catch_warnings():  # one process: DCP says it assumes so; the intent
+            warnings.filterwarnings("ignore", message=".*assuming the intent is to")
+            fn(state, checkpoint_id=str(path), no_dist=no_dist, **kw)
+    except CheckpointException as e:  # DCP wraps every rank's error: raise ours, or the OSError
+        for exc, _ in e.failures.values():
+            if isinstance(exc, (ShoestringError, OSError)):
+                raise exc from None
+        raise
 
 
 # --------------------------------------------------------------------------- save / load
@@ -199,6 +213,11 @@ def save_checkpoint(run_dir: Path, parallel: Parallelism, state: dict[str, Any],
             swap_in_dir(build, path)
             for old in list_checkpoints(run_dir)[:-keep]:
                 shutil.rmtree(old, ignore_errors=True)
+    except (OSError, RuntimeError, CheckpointException) as e:  # a full disk (torch.save's
+        refused = output_error(e, where=path)  # zip writer wraps it): name the checkpoint
+        if refused is None:
+            raise
+        raise refused from None
     finally:
         if parallel.is_main and build.exists():
             shutil.rmtree(build, ignore_errors=True)

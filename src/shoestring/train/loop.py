@@ -52,7 +52,7 @@ from shoestring.train.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from shoestring.device import DeviceInfo, select_device
+from shoestring.device import DeviceInfo, peak_note, select_device
 from shoestring.train.objectives import Objective, objective_for
 from shoestring.train.optim import build_optimizers
 from shoestring.rundir import RunDir, model_meta
@@ -76,7 +76,7 @@ def _progress(console: Console, show: bool = True) -> Progress:
         TextColumn("[bold]training"),
         BarColumn(),
         TextColumn("{task.percentage:>5.1f}% of {task.fields[budget]}"),
-        TextColumn("loss {task.fields[loss]:.3f}"),
+        TextColumn("loss {task.fields[loss]}"),
         TextColumn("{task.fields[tps]:,.0f} tok/s"),
         TextColumn("MFU {task.fields[mfu]:.1%}"),
         TextColumn("left {task.fields[left]}"),
@@ -272,11 +272,12 @@ def train(
     if ckpt is None:
         # the one check that writes (a folder), so the last
         check_writable_dir(run_dir, "run dir", fix="choose a folder you can write for -o")
-    parallel = Parallelism.start(cfg, layout, data.vocab_size)
-    try:
-        return _train(cfg, data, train_split, run_dir, parallel, console, ckpt, spare)
-    finally:
-        parallel.close()
+    with RunDir(run_dir).writing(enabled=world_from_env()[0] == 0):  # one writer per run dir
+        parallel = Parallelism.start(cfg, layout, data.vocab_size)
+        try:
+            return _train(cfg, data, train_split, run_dir, parallel, console, ckpt, spare)
+        finally:
+            parallel.close()
 
 
 @dataclass
@@ -481,7 +482,7 @@ def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
     try:
         with _signals_caught() as caught, _progress(console, parallel.is_main) as bar:
             task = bar.add_task("train", total=1.0, budget=r.budget.describe(),
-                                loss=float("nan"), tps=0.0, mfu=0.0, left="?")
+                                loss="–", tps=0.0, mfu=0.0, left="?")
             while True:  # at least one step, however small the budget
                 bsz, lr = r.batch_and_lr(s, step_time)
                 train_step(r, s, bsz, lr)
@@ -504,7 +505,8 @@ def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
                         r.interval, s.step, p, s.elapsed, s.last_ckpt_progress,
                         s.last_ckpt_time):
                     r.checkpoint(s)
-                if signum:
+                if signum:  # the bar shows where it stopped, before the first log step too
+                    bar.update(task, **r.window.bar(s, p))
                     r.checkpoint(s)
                     r.close_metrics()
                     raise TrainingInterrupted(int(signum), r.last_ckpt, s.step)
@@ -557,6 +559,7 @@ def _summary(r: _Run, s: TrainState, train_seconds: float, save_seconds: float,
         "mfu": r.window.mfu(tps),
         # per device: its share of the work over its own peak
         "mfu_per_device": [tps * r.flops_per_token / parallel.world / pk for pk in r.peaks],
+        "mfu_note": peak_note(r.window.mfu(tps), r.window.job_peak),  # why, when above 1
         "peak_flops": dev.peak_flops,
         "mfu_datasheet": r.window.mfu_datasheet(tps),
         "datasheet_peak_flops": dev.datasheet_flops,

@@ -8,6 +8,7 @@ over the vendor's datasheet peak on a known GPU (plan.hardware), else absent.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,8 +76,9 @@ class Window:
 
     def bar(self, s: TrainState, progress: float) -> dict[str, Any]:
         """The progress bar's fields: the run's average tokens/s and MFU so far (the
-        summary's), the tail loss, and the time left at the rate so far."""
-        left = (s.elapsed / progress - s.elapsed) if progress > 0 else float("inf")
+        summary's), the tail loss ("–" before any step), and the time left at this pace."""
+        loss = s.tail_loss()
         avg = s.tokens / max(s.elapsed, 1e-9)
-        return {"completed": progress, "loss": s.tail_loss(), "tps": avg, "mfu": self.mfu(avg),
-                "left": format_duration(left)}
+        left = format_duration(s.elapsed / progress - s.elapsed) if progress > 0 else "?"
+        return {"completed": progress, "loss": f"{loss:.3f}" if math.isfinite(loss) else "–",
+                "tps": avg, "mfu": self.mfu(avg), "left": left}

@@ -1,0 +1,68 @@
+"""Loading a checkpoint runs no code from it (issue 37): DCP's ``.metadata`` and the
+non-tensor values of its shards are pickles, read through allow-lists
+(shoestring.train.dcp_safe). Each test plants a payload that would create a marker file."""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import run_cli, tiny_config
+from shoestring.errors import ShoestringError
+from shoestring.train.checkpoint import _dcp, list_checkpoints
+from shoestring.train.loop import train
+
+
+class _Payload:
+    """Unpickling this runs a shell command (what a crafted run dir would carry)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple:
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_crafted_metadata_file_is_refused_on_resume_and_its_payload_never_runs(
+        pydocs_dir: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    train(tiny_config(steps=2, checkpoint_every="1steps"), pydocs_dir, run)
+    marker = tmp_path / "pwned"
+    newest = list_checkpoints(run)[-1]
+    (newest / ".metadata").write_bytes(pickle.dumps(_Payload(marker)))
+    r = run_cli("train", "-d", str(pydocs_dir), "-o", str(run), "--resume", "--steps", "3")
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+    text = " ".join(r.stderr.split())
+    assert "posix.system is not allowed" in text and str(newest) in text, text[-1500:]
+    assert not marker.exists()
+
+
+def test_a_real_checkpoint_still_loads_through_the_allow_lists(pydocs_dir: Path,
+                                                               tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    train(tiny_config(steps=2), pydocs_dir, run)
+    resumed = train(tiny_config(steps=3), pydocs_dir, run, resume=True)
+    assert resumed["steps"] == 3 and resumed["resumed"]
+
+
+def test_a_crafted_non_tensor_value_in_a_shard_is_refused_and_never_runs(tmp_path: Path
+                                                                        ) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    marker = tmp_path / "pwned"
+    ckpt = tmp_path / "ckpt"
+    _dcp(dcp.save, {"w": torch.ones(3), "lr": _Payload(marker)}, ckpt, no_dist=True)
+    assert not marker.exists()
+    state = {"w": torch.zeros(3), "lr": 0.0}
+    with pytest.raises(ShoestringError, match="refusing a value of the checkpoint"):
+        _dcp(dcp.load, state, ckpt, no_dist=True)
+    assert not marker.exists()
+    # the same container with plain values loads
+    _dcp(dcp.save, {"w": torch.ones(3), "lr": (0.9, 0.95)}, tmp_path / "ok", no_dist=True)
+    _dcp(dcp.load, state, tmp_path / "ok", no_dist=True)
+    assert state["lr"] == (0.9, 0.95) and state["w"].sum() == 3
