@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 import torch
 
 from conftest import sigterm_after_records
@@ -409,3 +410,30 @@ def test_one_process_to_dp2_to_tp2_resumes_without_a_skipped_or_repeated_batch(
     assert_close(losses_of(b), losses_of(whole), "one process → dp=2 → tp=2")
     assert [r["step"] for r in records(b)] == [1, 2, 3, 4, 5, 6]
     assert json.loads((b / "summary.json").read_text())["world_size"] == 2
+
+
+def test_plan_then_torchrun_train_plan_trains_the_planned_layout(pydocs_dir: Path,
+                                                                tmp_path: Path) -> None:
+    """`shoestring plan --devices 2 -o plan.yaml` writes a `parallel:` section; the torchrun
+    line it prints (`train --plan plan.yaml`, no layout flag pasted) trains that layout, and
+    the run's config.yaml records it."""
+    plan = tmp_path / "plan.yaml"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
+    made = subprocess.run([sys.executable, "-m", "shoestring", "plan", "--devices", "2",
+                           "--hardware", "auto", "--budget", "1e13flops", "--mfu", "0.3",
+                           "--data", str(pydocs_dir), "-o", str(plan)],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert made.returncode == 0, made.stderr[-3000:]
+    planned = yaml.safe_load(plan.read_text())["parallel"]
+    assert planned["dp"] * planned["tp"] * planned["pp"] == 2
+    assert "--parallel" not in made.stdout and "--plan" in made.stdout
+    run = tmp_path / "run"
+    small = [*_cli_sets([*PLAIN, *micro(2)]), "--steps", "2"]  # the plan's layout, a tiny model
+    trained = subprocess.run(
+        torchrun_command(2, ["train", "-d", str(pydocs_dir), "--plan", str(plan), "-o",
+                             str(run), *small], module="shoestring"),
+        capture_output=True, text=True, timeout=300, env=env)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    recorded = yaml.safe_load((run / "config.yaml").read_text())["parallel"]
+    assert {k: recorded[k] for k in ("dp", "tp", "pp", "zero", "ac")} == planned
+    assert all(r.get("world_size") == 2 for r in records(run) if "loss" in r)

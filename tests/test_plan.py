@@ -288,3 +288,37 @@ def test_processes_on_one_cpu_share_its_measured_peak() -> None:
     assert two["budget"]["flops"] == pytest.approx(one["budget"]["flops"])
     assert any("share its cores" in n for n in two["notes"])
     assert not any("share its cores" in n for n in one["notes"])
+
+
+def test_a_multi_device_plan_carries_its_layout_as_the_parallel_section(tmp_path: Path) -> None:
+    """The plan's layout is config, not flags: `parallel:` in the plan file, read by
+    `train --plan` (load_config), and the layout built from it is the one the plan chose."""
+    from shoestring.config import load_config
+    from shoestring.dist.layout import config_of, layout_from_config
+    from shoestring.plan.planner import launch_line, write_plan
+
+    tree = make_plan(PlanRequest(hardware="a100", devices=64, budget="30d", objective="clm"))
+    lay = tree["plan"]["layout"]
+    assert tree["parallel"] == {"dp": lay["dp"], "tp": lay["tp"], "pp": lay["pp"],
+                                "zero": lay["zero"],
+                                "ac": "full" if lay["checkpointing"] else "none"}
+    assert "--parallel" not in launch_line(tree) and "torchrun" in launch_line(tree)
+    path = write_plan(tree, tmp_path / "plan.yaml")
+    cfg = load_config(None, plan=path)
+    layout = layout_from_config(cfg.parallel, world_size=64)
+    assert (layout.dp, layout.tp, layout.pp, layout.zero) == (
+        lay["dp"], lay["tp"], lay["pp"], lay["zero"])
+    assert layout_from_config(config_of(layout), world_size=64) == layout  # round trip
+    one = make_plan(PlanRequest(hardware="rtx4090", devices=1, budget="1h", objective="mlm"))
+    assert "parallel" not in one and "torchrun" not in launch_line(one)
+
+
+def test_unset_degrees_mean_data_parallel_over_the_ranks_left() -> None:
+    from shoestring.config import ParallelConfig
+    from shoestring.dist.layout import layout_from_config
+
+    assert layout_from_config(ParallelConfig(), 4).dp == 4
+    tp2 = layout_from_config(ParallelConfig(tp=2, zero=3), 8)
+    assert (tp2.dp, tp2.tp, tp2.dp_shard) == (4, 2, 4)  # ZeRO-3: dp shards
+    assert layout_from_config(ParallelConfig(dp=2), 4).world_size == 2  # given: kept (and
+    # refused by validate against a world of 4, as before)

@@ -101,6 +101,18 @@ def _config(config: Path | None, sets: list[str] | None, extra: list[str] | None
     return load_config(config, [*(extra or []), *(sets or [])], plan=plan, flags=given)
 
 
+def _parallel_overrides(text: str | None) -> list[str]:
+    """``--parallel dp=2,tp=2`` as the whole set of ``parallel.*`` degrees (the ones it does
+    not name go back to their defaults)."""
+    if text is None:
+        return []
+    from shoestring.dist.layout import parse_parallel
+
+    given = parse_parallel(text)
+    defaults = {"dp": "null", "dp_replicate": "null", "dp_shard": "null", "tp": 1, "pp": 1}
+    return [f"parallel.{k}={given.get(k, v)}" for k, v in defaults.items()]
+
+
 def _budget_overrides(budget: str | None, steps: int | None) -> list[str]:
     from shoestring.train.budget import parse_budget
 
@@ -303,13 +315,13 @@ def train(
         Optional[Path], typer.Option("--init-from", help="Start from these weights: a Hugging Face folder or run dir.")
     ] = None,
     parallel: Annotated[
-        Optional[str], typer.Option("--parallel", help="Distributed layout under torchrun: dp=D,tp=T,pp=P (or dp_replicate/dp_shard); see docs/distributed.md.", metavar="LAYOUT")
+        Optional[str], typer.Option("--parallel", help="Distributed layout under torchrun: dp=D,tp=T,pp=P (or dp_replicate/dp_shard); sets the config's parallel: section (see docs/distributed.md).", metavar="LAYOUT")
     ] = None,
-    zero: Annotated[int, typer.Option("--zero", help="With --parallel: ZeRO stage 0-3 (DDP, sharded optimizer, FSDP2 without/with reshard).")] = 0,
-    offload: Annotated[Optional[str], typer.Option("--offload", help="With --parallel: 'cpu' offloads sharded state (ZeRO 2/3, CUDA).")] = None,
-    ac: Annotated[str, typer.Option("--ac", help="With --parallel: activation checkpointing none|selective|full.")] = "none",
-    pp_schedule: Annotated[str, typer.Option("--pp-schedule", help="With --parallel: gpipe|1f1b|interleaved.")] = "1f1b",
-    microbatches: Annotated[Optional[int], typer.Option("--microbatches", help="With --parallel and pp > 1: microbatches per step (default: stages).")] = None,
+    zero: Annotated[Optional[int], typer.Option("--zero", help="ZeRO stage 0-3 (DDP, sharded optimizer, FSDP2 without/with reshard): parallel.zero.")] = None,
+    offload: Annotated[Optional[str], typer.Option("--offload", help="'cpu' offloads sharded state (ZeRO 2/3, CUDA): parallel.offload.")] = None,
+    ac: Annotated[Optional[str], typer.Option("--ac", help="Activation checkpointing none|selective|full: parallel.ac.")] = None,
+    pp_schedule: Annotated[Optional[str], typer.Option("--pp-schedule", help="gpipe|1f1b|interleaved: parallel.pp_schedule.")] = None,
+    microbatches: Annotated[Optional[int], typer.Option("--microbatches", help="With pp > 1: microbatches per step (default: stages): parallel.microbatches.")] = None,
 ) -> None:
     """Pretrain an encoder (masked LM) or decoder (causal LM) on a data dir within a budget."""
     from shoestring.train.loop import train as run_train
@@ -328,7 +340,10 @@ def train(
             raise ShoestringError("nothing to resume: no config.yaml", where=str(output),
                                   fix="train without --resume to start a run here")
         config = saved
-    cfg = _config(config, sets, extra, plan=plan)
+    cfg = _config(config, sets, extra + _parallel_overrides(parallel), plan=plan, flags={
+        "--zero": ("parallel.zero", zero), "--offload": ("parallel.offload", offload),
+        "--ac": ("parallel.ac", ac), "--pp-schedule": ("parallel.pp_schedule", pp_schedule),
+        "--microbatches": ("parallel.microbatches", microbatches)})
     from shoestring.data.datadir import check_data_settings  # data.* as given (not a plan's)
     check_data_settings(_config(None if resume else config, sets), data)
     if plan is not None:
@@ -337,14 +352,7 @@ def train(
         warning = hardware_mismatch(plan)
         if warning and int(os.environ.get("RANK", "0")) == 0:
             err.print(f"[yellow]warning:[/] {warning}", highlight=False)
-    layout = None
-    if parallel is not None:
-        from shoestring.dist.layout import make_layout
-
-        layout = make_layout(parallel, zero=zero, offload=offload, ac=ac,
-                             pp_schedule=pp_schedule, microbatches=microbatches)
-    summary = run_train(cfg, data, output, overwrite=overwrite, console=err, resume=resume,
-                        layout=layout)
+    summary = run_train(cfg, data, output, overwrite=overwrite, console=err, resume=resume)
     if int(os.environ.get("RANK", "0")) == 0:
         _print_train(summary, output)
 

@@ -452,6 +452,39 @@ class CurateConfig(_Section):
         return value
 
 
+class ParallelConfig(_Section):
+    """How one torchrun job spreads the model (docs/distributed.md). ``shoestring plan``
+    writes this section, ``train --plan`` reads it, the ``--parallel/--zero/--ac/...`` flags
+    set it, and a run's config.yaml records the layout it trained with. Degrees left unset
+    mean data parallelism over the ranks that tensor and pipeline parallelism leave."""
+
+    dp: int | None = Field(None, ge=1, description="data-parallel degree (default: the "
+                           "ranks left after tp and pp)")
+    dp_replicate: int | None = Field(None, ge=1, description="hybrid sharding: replicas")
+    dp_shard: int | None = Field(None, ge=1, description="hybrid sharding: shards per replica "
+                                 "(needs zero 2 or 3)")
+    tp: int = Field(1, ge=1, description="tensor-parallel degree (inside a node)")
+    pp: int = Field(1, ge=1, description="pipeline stages")
+    zero: int = Field(0, ge=0, le=3, description="ZeRO stage: 0 DDP, 1 sharded optimizer, "
+                      "2/3 FSDP2 without/with resharding after forward")
+    offload: Literal["none", "cpu"] = Field("none", description="cpu: offload sharded state "
+                                            "(ZeRO 2/3, CUDA)")
+    ac: Literal["none", "selective", "full"] = Field("none", description="activation "
+                                                     "checkpointing")
+    pp_schedule: Literal["gpipe", "1f1b", "interleaved"] = Field("1f1b", description=
+                                                                 "pipeline schedule")
+    microbatches: int | None = Field(None, ge=1, description="pipeline microbatches per step "
+                                     "(default: the stages)")
+
+    def degrees(self) -> dict[str, int]:
+        """The degrees that were set (``dp=…,tp=…`` keys), as `dist.layout.make_layout`
+        takes them."""
+        keys = ("dp", "dp_replicate", "dp_shard", "tp", "pp")
+        return {k: getattr(self, k) for k in keys
+                if getattr(self, k) is not None and not (k in ("tp", "pp") and
+                                                         getattr(self, k) == 1)}
+
+
 class Config(_Section):
     """Every stage's settings; `config.yaml` in a run dir is this, fully resolved."""
 
@@ -459,6 +492,7 @@ class Config(_Section):
     curate: CurateConfig = Field(default_factory=CurateConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
 
     def to_yaml(self) -> str:

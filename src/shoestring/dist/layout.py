@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Literal
 
+from shoestring.config import ParallelConfig
 from shoestring.errors import ShoestringError
 
 AC = Literal["none", "selective", "full"]
@@ -172,6 +173,29 @@ def make_layout(
         zero=zero, offload=offload == "cpu", ac=ac, pp_schedule=sched,  # type: ignore[arg-type]
         microbatches=microbatches, stages_per_rank=spr,
     )
+
+
+def layout_from_config(pc: ParallelConfig, world_size: int) -> Layout:
+    """The layout a config's ``parallel:`` section describes on ``world_size`` ranks: the
+    degrees it sets, with data parallelism over the ranks left when it sets none."""
+    degrees = pc.degrees()
+    if not {"dp", "dp_replicate", "dp_shard"} & set(degrees):
+        rest = degrees.get("tp", 1) * degrees.get("pp", 1)
+        degrees["dp"] = max(1, world_size // rest) if world_size % rest == 0 else 1
+    return make_layout(degrees, zero=pc.zero, offload=pc.offload, ac=pc.ac,
+                       pp_schedule=pc.pp_schedule, microbatches=pc.microbatches)
+
+
+def config_of(layout: Layout) -> ParallelConfig:
+    """The ``parallel:`` section that describes ``layout`` (what config.yaml records)."""
+    hybrid = layout.dp_replicate > 1 and layout.dp_shard > 1
+    return ParallelConfig(
+        dp=None if hybrid else layout.dp,
+        dp_replicate=layout.dp_replicate if hybrid else None,
+        dp_shard=layout.dp_shard if hybrid else None,
+        tp=layout.tp, pp=layout.pp, zero=layout.zero,
+        offload="cpu" if layout.offload else "none", ac=layout.ac,
+        pp_schedule=layout.pp_schedule, microbatches=layout.microbatches)
 
 
 def _fail(what: str, fix: str | None = None) -> None:

@@ -38,14 +38,15 @@ class PlannedLayout:
     model: str  # which memory model produced the numbers
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "launch": self.launch()}
+        return asdict(self)
 
-    def launch(self) -> str:
-        """The `train` flags for this layout (torchrun when more than one device)."""
+    def parallel_section(self) -> dict | None:
+        """The config's ``parallel:`` section for this layout (None on one device), which
+        `train --plan` reads: no flags to paste."""
         if self.dp * self.tp * self.pp == 1:
-            return ""
-        flags = f"--parallel dp={self.dp},tp={self.tp},pp={self.pp} --zero {self.zero}"
-        return flags + (" --ac full" if self.checkpointing else "")
+            return None
+        return {"dp": self.dp, "tp": self.tp, "pp": self.pp, "zero": self.zero,
+                "ac": "full" if self.checkpointing else "none"}
 
 
 def _usable_bytes(memory_gb: float, is_cpu: bool) -> float:

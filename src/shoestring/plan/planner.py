@@ -395,12 +395,15 @@ def make_plan(req: PlanRequest, console: Console | None = None) -> dict[str, Any
     model_section = {"objective": objective, "hidden_size": pick.model.hidden_size,
                      "num_layers": pick.model.num_layers, "num_heads": pick.model.num_heads,
                      "intermediate_size": pick.model.intermediate_size}
-    return {
+    tree = {
         "plan": meta,
         "model": model_section,
         "train": _train_section(total_flops, core.steps, batch, layout.micro_batch, core.lr),
         "data": {"seq_len": seq_len, "vocab_size": core.vocab},
     }
+    if layout.parallel_section():
+        tree["parallel"] = layout.parallel_section()
+    return tree
 
 
 def _threads() -> int:
@@ -427,17 +430,17 @@ def _devices_per_node(hardware: str, devices: int) -> int:
 
 
 def launch_line(tree: dict[str, Any], plan: str = "PLAN") -> str:
-    """The command that trains this plan as written: `shoestring train` on one device; the
-    torchrun line with the plan's layout flags on more."""
-    lay, hw = tree["plan"]["layout"], tree["plan"]["hardware"]
+    """The command that trains this plan as written: `shoestring train` on one device; on
+    more, the torchrun line (the layout travels in the plan's ``parallel:`` section)."""
+    hw = tree["plan"]["hardware"]
     args = f"train --data DATA_DIR --plan {plan} -o RUN_DIR"
-    if not lay.get("launch"):
+    if not tree.get("parallel"):
         return f"shoestring {args}"
     per_node = min(hw["devices"], hw["devices_per_node"])
     nodes = max(1, hw["devices"] // per_node)
     where = (f"--nnodes {nodes} --rdzv-backend c10d --rdzv-endpoint HEAD_NODE:29400"
              if nodes > 1 else "--standalone")
-    return f"torchrun {where} --nproc-per-node {per_node} -m shoestring {args} {lay['launch']}"
+    return f"torchrun {where} --nproc-per-node {per_node} -m shoestring {args}"
 
 
 def hardware_mismatch(plan_path: str | Path) -> str | None:
@@ -465,9 +468,10 @@ def plan_to_yaml(tree: dict[str, Any]) -> str:
     head = (
         "# shoestring plan: train it with\n"
         f"#   {launch_line(tree, 'THIS_FILE')}\n"
-        "# model/train/data are config sections; plan: records how they were chosen.\n"
+        "# model/train/data (and parallel: on several devices) are config sections; plan:\n"
+        "# records how they were chosen.\n"
     )
-    ordered = {k: tree[k] for k in ("model", "train", "data", "plan")}
+    ordered = {k: tree[k] for k in ("model", "train", "parallel", "data", "plan") if k in tree}
     return head + yaml.safe_dump(_plain(ordered), sort_keys=False, width=100, allow_unicode=True)
 
 
@@ -516,7 +520,7 @@ def plan_table(tree: dict[str, Any]) -> Table:
     ckpt = ", checkpointing" if lay["checkpointing"] else ""
     t.add_row("layout", f"{lay['kind']}; micro-batch {lay['micro_batch']} × "
               f"{lay['grad_accum']} accumulation{ckpt}")
-    if lay.get("launch"):
+    if tree.get("parallel"):
         t.add_row("launch", launch_line(tree))
     t.add_row("memory / device", f"{lay['memory_gb']:.2f} GB of {hw['memory_gb']:g} GB "
               f"({'fits' if lay['fits'] else 'DOES NOT FIT'}; {lay['model']})")

@@ -31,7 +31,7 @@ from shoestring.config import Config
 from shoestring.data.datadir import DataDir
 from shoestring.data.shards import PackedSplit
 from shoestring.data.loader import BatchLoader, Cursor
-from shoestring.dist.layout import Layout, make_layout
+from shoestring.dist.layout import Layout, config_of, layout_from_config
 from shoestring.dist.memory import check_fits
 from shoestring.dist.parallelism import (
     Parallelism,
@@ -238,11 +238,12 @@ def train(
 ) -> dict:
     """Pretrain on ``data_dir`` into ``run_dir``; returns the summary (also summary.json).
 
-    ``layout``: how to spread the model over the processes of a torchrun job (default: data
-    parallel over all of them; one process without torchrun). ``resume`` continues from the
-    run dir's newest checkpoint, whatever layout wrote it (the config must describe the same
-    model; the budget may be extended). Every check that can fail is made on every rank before
-    any process group exists.
+    ``layout``: how to spread the model over the processes of a torchrun job (default: the
+    config's ``parallel:`` section, whose unset degrees mean data parallelism over every
+    process; one process without torchrun). The layout used is written to config.yaml.
+    ``resume`` continues from the run dir's newest checkpoint, whatever layout wrote it (the
+    config must describe the same model; the budget may be extended). Every check that can
+    fail is made on every rank before any process group exists.
     """
     console = console or Console(stderr=True)
     data = DataDir(data_dir)
@@ -262,7 +263,8 @@ def train(
         check_output_dir(run_dir, "run dir", owned=RunDir(run_dir).is_run, overwrite=overwrite)
     world = world_from_env()[1]
     if layout is None:
-        layout = make_layout({"dp": world})
+        layout = _layout_of(cfg, world, resume, console)
+    cfg = cfg.model_copy(update={"parallel": config_of(layout)})  # config.yaml records it
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
     check_layout(cfg, layout, data.vocab_size, world, device_type)
     train_split = data.split("train", verify="sha256")  # a flipped byte must not train silently
@@ -278,6 +280,21 @@ def train(
             return _train(cfg, data, train_split, run_dir, parallel, console, ckpt, spare)
         finally:
             parallel.close()
+
+
+def _layout_of(cfg: Config, world: int, resume: bool, console: Console) -> Layout:
+    """The layout of the config's ``parallel:`` section on this job's ``world`` ranks. A
+    resumed run's saved layout whose size is not this job's gives way to data parallelism
+    over the ranks there are (a checkpoint resumes on any layout), and says so."""
+    layout = layout_from_config(cfg.parallel, world)
+    if resume and layout.world_size != world:
+        saved = layout.describe()
+        layout = layout_from_config(cfg.parallel.model_copy(update={
+            "dp": None, "dp_replicate": None, "dp_shard": None, "tp": 1, "pp": 1}), world)
+        if world_from_env()[0] == 0:
+            console.print(f"resuming on {world} rank(s): the layout {saved} needs another "
+                          f"number of ranks, so this resume runs {layout.describe()}")
+    return layout
 
 
 @dataclass
