@@ -29,7 +29,6 @@ import json
 import math
 import random
 import re
-import statistics
 import sys
 import tempfile
 import time

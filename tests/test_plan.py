@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,7 +25,7 @@ from shoestring.plan.laws import (
     training_flops,
 )
 from shoestring.plan.placement import layout_for
-from shoestring.plan.planner import PlanRequest, make_plan, parse_budget, plan_to_yaml
+from shoestring.plan.planner import PlanRequest, make_plan, plan_to_yaml
 from shoestring.plan.shapes import candidates, count_params, flops_per_token, make_config
 
 
@@ -154,12 +155,39 @@ def test_auto_hardware_is_measured_here() -> None:
     assert hw.measured and hw.fp32 > 1e9 and hw.memory_gb > 0
 
 
-def test_parse_budget() -> None:
-    assert parse_budget("24h") == (86400.0, None)
-    assert parse_budget("3e18flops") == (None, 3e18)
-    assert parse_budget("2 PF-days") == (None, 2 * 8.64e19)
-    with pytest.raises(ShoestringError, match="neither"):
-        parse_budget("lots")
+# One budget grammar: every string one command takes, every other takes, meaning the same.
+BUDGETS = [("24h", "seconds", 86400.0), ("90s", "seconds", 90.0), ("3e18flops", "flops", 3e18),
+           ("30Tflops", "flops", 30e12), ("2 PF-days", "flops", 2 * 8.64e19),
+           ("1e15", "flops", 1e15), ("20Mtok", "tokens", 20e6), ("2e6 tokens", "tokens", 2e6),
+           ("500steps", "steps", 500.0)]
+
+
+@pytest.mark.parametrize(("text", "kind", "amount"), BUDGETS)
+def test_every_command_reads_every_budget_string(text: str, kind: str, amount: float) -> None:
+    """`plan`, `train` (config train.budget and --budget) and the parser they share agree on
+    every form; the planner turns tokens and steps into the smallest FLOP budget that buys
+    them, so a plan for N tokens trains at least N tokens."""
+    from shoestring.units import parse_budget
+
+    spec = parse_budget(text)
+    assert (spec.kind, spec.amount) == (kind, pytest.approx(amount))
+    assert Config.model_validate({"train": {"budget": text}}).train.budget == text
+    plan = make_plan(PlanRequest(hardware="h100", devices=1, budget=text, objective="mlm"))
+    budget = plan["plan"]["budget"]
+    if kind == "flops":
+        assert budget["flops"] == pytest.approx(amount)
+    elif kind == "tokens":
+        assert plan["plan"]["model"]["tokens"] >= amount
+    elif kind == "steps":
+        assert plan["plan"]["batch"]["steps"] >= amount
+    else:
+        assert budget["flops"] == pytest.approx(amount * budget["mfu"] * 989e12, rel=0.05)
+
+
+def test_a_bad_budget_names_the_flag_and_the_grammar() -> None:
+    with pytest.raises(ShoestringError, match="not a duration, FLOP, token or step") as e:
+        make_plan(PlanRequest(hardware="h100", budget="lots"))
+    assert e.value.where == "--budget" and "pf-days" in e.value.fix
 
 
 def test_shapes_counts_are_the_real_models() -> None:

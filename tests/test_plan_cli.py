@@ -27,8 +27,9 @@ def test_plan_cli_writes_yaml(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert "PF/s-days" in r.stdout and "compute-optimal" in r.stdout
     tree = yaml.safe_load(out.read_text())
-    assert set(tree) == {"model", "train", "data", "plan"}
+    assert set(tree) == {"model", "train", "parallel", "data", "plan"}  # 8 devices: a layout
     assert tree["plan"]["hardware"]["devices"] == 8
+    assert tree["parallel"]["dp"] * tree["parallel"]["tp"] * tree["parallel"]["pp"] == 8
     assert tree["plan"]["hardware"]["source"].startswith("https://")
 
 

@@ -1,8 +1,10 @@
 """Budget and duration strings, parsed: pure text → numbers, shared by config validation,
 the planner and the trainer (so config.py need not import a stage).
 
-``parse_budget`` reads what ``--budget`` accepts (wall clock, FLOPs, tokens or steps);
-``parse_duration`` / ``format_duration`` go between "2h" and seconds.
+``parse_budget`` is the one budget grammar: every command that takes a budget (`plan`,
+`train`, `cram`, the config's ``train.budget``) reads it here — wall clock, FLOPs (with SI
+prefixes, or PF-days), tokens or steps. ``parse_duration`` / ``format_duration`` go between
+"2h" and seconds.
 """
 
 from __future__ import annotations
@@ -38,10 +40,12 @@ def format_duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f}h"
 
 
-_SUFFIX = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+_SUFFIX = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12, "p": 1e15, "e": 1e18}
 _AMOUNT = re.compile(
-    r"^\s*(\d+(?:\.\d+)?(?:e[+-]?\d+)?)\s*([kmbgt]?)\s*(flops?|tok|tokens|steps?)?\s*$", re.I
-)
+    r"^\s*(\d+(?:\.\d+)?(?:e[+-]?\d+)?)\s*([kmbgtpe]?)\s*(flops?|tok|tokens|steps?)?\s*$",
+    re.I)
+PF_DAY = 8.64e19  # FLOPs of one petaFLOP/s sustained for a day (the scaling-law papers' unit)
+_PF_DAYS = re.compile(r"^\s*(\d+(?:\.\d+)?(?:e[+-]?\d+)?)\s*pfs?-?\s*days?\s*$", re.I)
 
 
 @dataclass(frozen=True)
@@ -64,8 +68,8 @@ BUDGET_RANGES: dict[str, tuple[float, float, bool]] = {
 
 
 def parse_budget(text: str) -> BudgetSpec:
-    """``'90s'``/``'5m'``/``'24h'`` wall clock; ``'3e15'``/``'3e15flops'``/``'30Tflops'`` FLOPs;
-    ``'20Mtok'``/``'2e7 tokens'`` tokens; ``'500steps'`` steps.
+    """``'90s'``/``'5m'``/``'24h'`` wall clock; ``'3e15'``/``'3e15flops'``/``'30Tflops'`` or
+    ``'2pf-days'`` FLOPs; ``'20Mtok'``/``'2e7 tokens'`` tokens; ``'500steps'`` steps.
 
     A bare number is FLOPs (the planner's unit) when it is at least 1e9; smaller bare numbers
     are refused, since "100" is far more likely a missing unit than a 100-FLOP budget. Every
@@ -74,6 +78,8 @@ def parse_budget(text: str) -> BudgetSpec:
     value = str(text).strip()
     if m := _DURATION.match(value):
         return _in_range(text, BudgetSpec("seconds", float(m.group(1)) * _UNITS[m.group(2)]))
+    if m := _PF_DAYS.match(value):
+        return _in_range(text, BudgetSpec("flops", float(m.group(1)) * PF_DAY))
     m = _AMOUNT.match(value)
     if m:
         amount = float(m.group(1)) * _SUFFIX[m.group(2).lower()]
@@ -85,8 +91,8 @@ def parse_budget(text: str) -> BudgetSpec:
     raise ShoestringError(
         f"budget '{text}' is not a duration, FLOP, token or step count",
         where="budget",
-        fix="use 90s / 10m / 24h (wall clock), 3e15flops (compute), 20Mtok (tokens) "
-        "or 1000steps",
+        fix="use 90s / 10m / 24h (wall clock), 3e15flops or 2pf-days (compute), 20Mtok "
+        "(tokens) or 1000steps",
     )
 
 

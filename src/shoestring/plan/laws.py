@@ -25,7 +25,7 @@ import yaml
 
 from shoestring.errors import ShoestringError
 
-PF_DAY = 1e15 * 86400  # FLOPs in one petaFLOP/s-day: 8.64e19
+from shoestring.units import PF_DAY  # noqa: E402  (FLOPs in one petaFLOP/s-day)
 
 
 def pf_days(flops: float) -> float:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,11 +38,11 @@ from shoestring.plan.hardware import Hardware, get_hardware
 from shoestring.plan.laws import Law, load_law, pf_days, training_flops
 from shoestring.plan.placement import PlannedLayout, layout_for
 from shoestring.plan.shapes import Shape, candidates
+from shoestring.units import BudgetSpec, parse_budget
 
 DEFAULT_MFU = 0.4
 REPEAT_WARN_EPOCHS = 4.0
 
-_FLOPS = re.compile(r"^\s*(\d+(?:\.\d+)?(?:e[+-]?\d+)?)\s*(flops?|pf-?days?|pfs-?days?)\s*$", re.I)
 
 
 @dataclass
@@ -60,29 +59,6 @@ class PlanRequest:
     data: str | None = None
     devices_per_node: int | None = None
     precision: str = "auto"
-
-
-def parse_budget(text: str) -> tuple[float | None, float | None]:
-    """``24h``/``90m`` → (seconds, None); ``3e18flops`` / ``2pf-days`` → (None, FLOPs)."""
-    m = _FLOPS.match(str(text))
-    if m:
-        value = float(m.group(1))
-        unit = m.group(2).lower()
-        flops = value if unit.startswith("flop") else value * 8.64e19
-        if not 0 < flops < float("inf"):
-            raise ShoestringError(f"budget '{text}' must be a positive, finite FLOP count",
-                                  where="--budget", fix="e.g. 3e18flops or 2pf-days")
-        return None, flops
-    from shoestring.train.budget import parse_duration
-
-    try:
-        return parse_duration(text), None
-    except ShoestringError:
-        raise ShoestringError(
-            f"budget '{text}' is neither a duration nor a FLOP count",
-            where="--budget",
-            fix="use a duration (90s, 5m, 24h, 2d) or FLOPs (3e18flops, 2pf-days)",
-        ) from None
 
 
 def global_batch_tokens(flops: float) -> float:
@@ -201,6 +177,28 @@ def size_for_flops(
                   steps, float(f"{lr:.3g}"))
 
 
+def flops_buying(kind: str, amount: float, objective: str, law: Law,
+                 data: dict[str, Any] | None, devices: int, mask_rate: float) -> float:
+    """The smallest FLOP budget whose plan trains at least ``amount`` tokens or steps
+    (``kind``), so that `plan` reads token and step budgets as `train` does: bisection on
+    log C over `size_for_flops` (tokens and steps grow with C)."""
+    def reached(flops: float) -> bool:
+        try:
+            core = size_for_flops(flops, objective, law, data, devices, mask_rate)
+        except ShoestringError:  # below the smallest model: buys nothing
+            return False
+        return (core.tokens if kind == "tokens" else core.steps) >= amount
+
+    low, high = 9.0, 30.0
+    if not reached(10 ** high):
+        raise ShoestringError(f"a budget of {amount:g} {kind} is beyond what any plan trains",
+                              where="--budget", fix="give a time or a FLOP count")
+    for _ in range(50):
+        mid = (low + high) / 2
+        low, high = (low, mid) if reached(10 ** mid) else (mid, high)
+    return 10 ** high
+
+
 def _train_section(flops: float, steps: int, batch: int, micro: int, lr: float) -> dict[str, Any]:
     """The plan's `train:` section: a FLOP budget where the trainer takes one (so a changed
     batch size keeps the compute), else the equivalent step count."""
@@ -214,6 +212,14 @@ def _train_section(flops: float, steps: int, batch: int, micro: int, lr: float) 
     if "micro_batch_size" in fields and micro < batch:
         section["micro_batch_size"] = micro
     return section
+
+
+def _budget(text: str) -> BudgetSpec:
+    """``--budget`` in the one grammar (units.parse_budget), its errors named for the flag."""
+    try:
+        return parse_budget(text)
+    except ShoestringError as e:
+        raise ShoestringError(e.what, where="--budget", fix=e.fix) from None
 
 
 def _check_request(req: PlanRequest) -> None:
@@ -334,7 +340,7 @@ def _notes(fit: _Fit, law: Law, objective: str, hw: Hardware, data: dict[str, An
 def make_plan(req: PlanRequest, console: Console | None = None) -> dict[str, Any]:
     """The whole plan as a YAML-ready tree (model/train/data sections + plan metadata)."""
     _check_request(req)
-    seconds, flops = parse_budget(req.budget)
+    spec = _budget(req.budget)
     hw = get_hardware(req.hardware, req.precision)
     if req.measure and not hw.measured:
         raise ShoestringError(
@@ -352,10 +358,14 @@ def make_plan(req: PlanRequest, console: Console | None = None) -> dict[str, Any
             where=str(req.data), fix="drop --objective, or prep the data for that objective",
         )
     devices_per_node = req.devices_per_node or _devices_per_node(hw.name, req.devices)
+    mask_rate = TrainConfig().mask_rate
+    seconds = spec.amount if spec.kind == "seconds" else None
+    flops = (spec.amount if spec.kind == "flops" else None if spec.kind == "seconds" else
+             flops_buying(spec.kind, spec.amount, objective, law, data, req.devices, mask_rate))
     share = _cpu_share(devices_per_node) if hw.measured and "cpu" in hw.description else 1.0
     peak *= share  # the ranks of one CPU machine split its cores
     fit = _fit_budget(req, hw, peak, seconds, flops, objective, law, data, devices_per_node,
-                      TrainConfig().mask_rate, console)
+                      mask_rate, console)
     core, layout, total_flops, mfu = fit.core, fit.layout, fit.total_flops, fit.mfu
     pick, tokens, seq_len, batch = core.pick, core.tokens, core.seq_len, core.batch
     notes, loss, data_out = _notes(fit, law, objective, hw, data, share, devices_per_node)
