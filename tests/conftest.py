@@ -84,6 +84,16 @@ def tiny_config(**train: object) -> Config:
                   train=TrainConfig(**{"budget": None, "attention": "sdpa", **train}))
 
 
+def fails_cleanly(result: subprocess.CompletedProcess, *needles: str) -> None:
+    """A CLI refusal as users must see it: exit 2, an ``error:`` line naming each of
+    ``needles``, no traceback."""
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "error:" in result.stderr
+    for needle in needles:
+        assert needle in result.stderr, (needle, result.stderr)
+
+
 def run_cli(*args: str, timeout: float = 300, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """The real console entry point in a subprocess (exit codes and stderr as a user sees them)."""
     env = {**os.environ, "COLUMNS": "200"}

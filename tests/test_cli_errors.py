@@ -6,15 +6,8 @@ import json
 from pathlib import Path
 
 
+from conftest import fails_cleanly as _fails
 from conftest import run_cli, write_jsonl_corpus
-
-
-def _fails(result, *needles: str) -> None:
-    assert result.returncode == 2, result.stderr
-    assert "Traceback" not in result.stderr
-    assert "error:" in result.stderr
-    for needle in needles:
-        assert needle in result.stderr, (needle, result.stderr)
 
 
 def test_missing_path(tmp_path: Path) -> None:

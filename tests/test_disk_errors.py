@@ -31,25 +31,23 @@ def _mount(path: Path, options: str) -> None:
                     "full/read-only disk tests need one")
 
 
-@pytest.fixture
-def small_fs(tmp_path: Path) -> Iterator[Path]:
-    """A 1 MiB filesystem: a model checkpoint or a data dir does not fit."""
-    mnt = tmp_path / "small"
-    _mount(mnt, "size=1m")
+def _mounted(mnt: Path, options: str) -> Iterator[Path]:
+    _mount(mnt, options)
     try:
         yield mnt
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB filesystem: a model checkpoint or a data dir does not fit."""
+    yield from _mounted(tmp_path / "small", "size=1m")
 
 
 @pytest.fixture
 def readonly_fs(tmp_path: Path) -> Iterator[Path]:
-    mnt = tmp_path / "ro"
-    _mount(mnt, "ro,size=1m")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
+    yield from _mounted(tmp_path / "ro", "ro,size=1m")
 
 
 def _fill(fs: Path) -> None:

@@ -8,16 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import fails_cleanly as _fails
 from conftest import run_cli
 from shoestring.errors import ShoestringError
-
-
-def _fails(result, *needles: str) -> None:
-    assert result.returncode == 2, result.stderr
-    assert "Traceback" not in result.stderr
-    assert "error:" in result.stderr
-    for needle in needles:
-        assert needle in result.stderr, (needle, result.stderr)
 
 
 def test_plan_cli_writes_yaml(tmp_path: Path) -> None:

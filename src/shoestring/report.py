@@ -20,6 +20,7 @@ import html
 import io
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -319,22 +320,16 @@ def make_plots(runs: list[RunData]) -> dict[str, tuple[str, bytes]]:
 # ---------------------------------------------------------------------------------- summary
 
 
+_FORMATS: dict[str, Callable[[Any], str]] = {
+    "int": lambda v: f"{int(v):,}", "M": lambda v: f"{v / 1e6:.2f}M",
+    "pct": lambda v: f"{v:.1%}", "loss": lambda v: f"{v:.3f}", "flops": lambda v: f"{v:.3g}",
+    "s": lambda v: f"{v:,.1f} s"}
+
+
 def _fmt(value: Any, kind: str = "") -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "—"
-    if kind == "int":
-        return f"{int(value):,}"
-    if kind == "M":
-        return f"{value / 1e6:.2f}M"
-    if kind == "pct":
-        return f"{value:.1%}"
-    if kind == "loss":
-        return f"{value:.3f}"
-    if kind == "flops":
-        return f"{value:.3g}"
-    if kind == "s":
-        return f"{value:,.1f} s"
-    return str(value)
+    return _FORMATS.get(kind, str)(value)
 
 
 def summary_rows(run: RunData) -> dict[str, str]:
