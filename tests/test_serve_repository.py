@@ -144,14 +144,22 @@ def test_concurrent_pushes_get_distinct_versions(runs: tuple[Path, Path], home: 
     assert sorted(got) == [1, 2]
 
 
+def _two_versions_prod_on_first(runs: tuple[Path, Path], home: Path
+                                ) -> tuple[Path, ModelRepository]:
+    """A repository with bert:1 (run a) tagged prod and bert:2 (run b)."""
+    root = home / "models"
+    repo = ModelRepository(root)
+    repo.push(runs[0], "bert")
+    repo.push(runs[1], "bert")
+    repo.tag("bert:1", "prod")
+    return root, repo
+
+
 def test_one_server_routes_by_model_and_follows_a_moved_tag(
     runs: tuple[Path, Path], home: Path
 ) -> None:
     a, b = runs
-    repo = ModelRepository(home / "models")
-    repo.push(a, "bert")
-    repo.push(b, "bert")
-    repo.tag("bert:1", "prod")
+    _, repo = _two_versions_prod_on_first(runs, home)
     settings = make_settings(port=0, max_length=64)
     router = load_router(["bert:prod", str(b)], settings, repo)
     with ServerThread(router, settings) as srv, httpx.Client(base_url=srv.url, timeout=60) as c:
@@ -332,13 +340,8 @@ def test_names_and_tags_cannot_leave_the_repository(
 def test_a_corrupted_tags_or_manifest_file_is_reported_and_skipped(
     runs: tuple[Path, Path], home: Path
 ) -> None:
-    a, b = runs
-    root = home / "models"
-    repo = ModelRepository(root)
-    repo.push(a, "bert")
-    repo.push(b, "bert")
-    repo.tag("bert:1", "prod")
-    repo.push(b, "enc")
+    root, repo = _two_versions_prod_on_first(runs, home)
+    repo.push(runs[1], "enc")
     settings = make_settings(port=0, max_length=64)
     router = load_router(["bert:prod", "enc"], settings, repo)
     tags = root / "bert" / "tags.json"
@@ -402,12 +405,7 @@ def _corrupt(file: Path) -> None:
 def test_changed_weights_are_refused_at_load_and_by_models_verify(
     runs: tuple[Path, Path], home: Path
 ) -> None:
-    a, b = runs
-    root = home / "models"
-    repo = ModelRepository(root)
-    repo.push(a, "bert")
-    repo.push(b, "bert")
-    repo.tag("bert:1", "prod")
+    root, repo = _two_versions_prod_on_first(runs, home)
     assert "2 version(s) match their recorded sha256" in ok("models", "verify")
     recorded = repo.resolve("bert:2").manifest["sha256"]
     weights = root / "bert" / "2" / "model" / "final" / "model.safetensors"
@@ -446,10 +444,7 @@ def test_removing_the_version_a_served_tag_points_at_needs_force_and_readyz_tell
     runs: tuple[Path, Path], home: Path
 ) -> None:
     a, b = runs
-    repo = ModelRepository(home / "models")
-    repo.push(a, "bert")
-    repo.push(b, "bert")
-    repo.tag("bert:1", "prod")
+    _, repo = _two_versions_prod_on_first(runs, home)
     settings = make_settings(port=0, max_length=64)
     with ServerThread(load_router(["bert:prod"], settings, repo), settings) as srv, httpx.Client(
         base_url=srv.url, timeout=60
