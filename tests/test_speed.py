@@ -161,3 +161,27 @@ def test_a_resumed_auto_run_keeps_its_checkpoints_kernel(pydocs_dir: Path, tmp_p
     assert resumed["attention"] == "eager" and resumed["steps"] == 3
     forced = train(tiny_config(steps=4, attention="sdpa"), pydocs_dir, run, resume=True)
     assert forced["attention"] == "sdpa"  # a kernel given explicitly wins
+
+
+def test_a_budget_of_many_hours_is_announced_before_the_run() -> None:
+    """`--budget 3e15flops` with the mini preset on a laptop meant ~17 h and said so only in
+    the bar's ETA: a FLOP, token or step budget past an hour gets a warning up front, a
+    wall-clock one never (it bounds itself)."""
+    from shoestring.train.budget import Budget
+
+    peak = 4e11  # FLOP/s
+    long = speed.long_budget_warning(Budget(flops=3e15), 4096, 2e7, peak)
+    hours = 3e15 / (0.3 * peak) / 3600  # the assumed MFU of the measured peak
+    assert long is not None and "(3e+15 FLOPs)" in long and f"about {hours:.1f}h" in long
+    assert "--budget 10m" in long
+    assert speed.long_budget_warning(Budget(flops=1e13), 4096, 2e7, peak) is None  # minutes
+    assert speed.long_budget_warning(Budget(seconds=86400.0), 4096, 2e7, peak) is None
+    assert speed.long_budget_warning(Budget(steps=10**6), 4096, 2e7, peak) is not None
+
+
+def test_a_busy_cpu_is_named_beside_the_run() -> None:
+    from shoestring.device import busy_note
+
+    assert busy_note(1.5, 2) is None
+    note = busy_note(8.0, 2)
+    assert note is not None and "load average 8.0 on 2 cores" in note

@@ -101,6 +101,16 @@ def peak_note(mfu: float, peak_flops: float) -> str | None:
             "kept for later runs")
 
 
+def busy_note(load: float, cores: int) -> str | None:
+    """A sentence when the CPU is shared with other work (1-minute load average above its
+    cores): a run's throughput is then a fraction of what the machine gives when quiet, and
+    the user should know before blaming the tool. None on a quiet machine."""
+    if load <= cores:
+        return None
+    return (f"load average {load:.1f} on {cores} cores: other work shares this CPU, so this "
+            "run's tokens/s will be a fraction of a quiet machine's")
+
+
 @functools.lru_cache(maxsize=None)
 def _measure(device_type: str, dtype: torch.dtype, seconds: float, threads: int) -> float:
     device = torch.device(device_type)

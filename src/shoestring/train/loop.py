@@ -52,7 +52,7 @@ from shoestring.train.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from shoestring.device import DeviceInfo, peak_note, select_device
+from shoestring.device import DeviceInfo, busy_note, peak_note, select_device
 from shoestring.train.objectives import Objective, objective_for
 from shoestring.train.optim import build_optimizers
 from shoestring.rundir import RunDir, model_meta
@@ -493,6 +493,14 @@ def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
     r, s = _setup(cfg, data, train_split, run_dir, parallel, ckpt, spare_bytes)
     if parallel.is_main:
         console.print(r.describe(s, resumed=ckpt is not None))
+        warning = speed_choices.long_budget_warning(
+            r.budget, cfg.train.batch_size * data.seq_len, r.flops_per_token,
+            r.dev.peak_flops * parallel.world)
+        busy = (busy_note(os.getloadavg()[0], os.cpu_count() or 1)
+                if r.dev.device.type == "cpu" else None)
+        for note in (warning, busy):
+            if note:
+                console.print(f"[yellow]warning:[/] {note}", highlight=False)
     parallel.train_mode(True)
     r.budget.restart(elapsed_before=s.elapsed)
     step_time = 0.0

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from shoestring.model.layers import eager_attention
-from shoestring.train.budget import Budget
+from shoestring.train.budget import Budget, format_duration
 
 # Measured on a 2-core CPU (docs/training.md): compiling the `cram` encoder costs ~40 s cold
 # and speeds its steps up ~1.25x, so it breaks even near 3 minutes of training; 10 minutes
@@ -101,6 +101,24 @@ def expected_seconds(budget: Budget, tokens_per_step: int, flops_per_token: floa
               budget.tokens,
               budget.flops / flops_per_token if budget.flops and flops_per_token else None]
     return min(t for t in limits if t is not None) / rate
+
+
+LONG_BUDGET_SECONDS = 3600.0  # past this, a budget that is not wall clock gets a warning
+
+
+def long_budget_warning(budget: Budget, tokens_per_step: int, flops_per_token: float,
+                        peak_flops: float) -> str | None:
+    """A sentence for a FLOP, token or step budget expected to run past an hour here (at the
+    assumed MFU of the measured peak): a user who typed ``3e15flops`` on a laptop should
+    learn it means many hours before the run, not from the progress bar. None otherwise."""
+    if budget.seconds is not None:
+        return None
+    seconds = expected_seconds(budget, tokens_per_step, flops_per_token, peak_flops)
+    if seconds <= LONG_BUDGET_SECONDS:
+        return None
+    return (f"this budget ({budget.describe()}) is expected to take about "
+            f"{format_duration(seconds)} on this hardware (at {_ASSUMED_MFU:.0%} of its "
+            "measured peak); give a wall-clock budget (--budget 10m) to bound it")
 
 
 def choose(attention: str, compile_setting: bool | str, *, device_type: str, dtype: torch.dtype,
