@@ -77,3 +77,19 @@ def test_version_and_help() -> None:
     assert v.returncode == 0 and __version__ in v.stdout
     h = run_cli("--help")
     assert h.returncode == 0 and all(c in h.stdout for c in ("prep", "train", "eval", "cram", "config"))
+
+
+def test_tables_in_a_log_are_not_cut_at_80_columns() -> None:
+    """With no terminal and no COLUMNS (a log file, CI), tables use LOG_WIDTH columns: the
+    presets table's rows fit on one line each instead of wrapping at 80."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    r = subprocess.run([sys.executable, "-m", "shoestring", "presets"], capture_output=True,
+                       text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    widths = [len(line) for line in r.stdout.splitlines()]
+    assert max(widths) > 80, r.stdout
+    assert max(widths) <= 160

@@ -58,8 +58,19 @@ app = typer.Typer(
 config_app = typer.Typer(help="Inspect the configuration.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 
-out = Console()
-err = Console(stderr=True)
+LOG_WIDTH = 160  # columns when writing to a file or a pipe (a log, CI) with no COLUMNS set
+
+
+def _console(stderr: bool = False) -> Console:
+    """Rich's own width on a terminal or with COLUMNS set; otherwise ``LOG_WIDTH`` instead of
+    rich's 80, which cut wide tables (GLUE's headers) in logs and CI."""
+    stream = sys.stderr if stderr else sys.stdout
+    tty = hasattr(stream, "isatty") and stream.isatty()
+    return Console(stderr=stderr, width=None if tty or os.environ.get("COLUMNS") else LOG_WIDTH)
+
+
+out = _console()
+err = _console(stderr=True)
 
 ConfigOpt = Annotated[
     Optional[Path], typer.Option("--config", "-c", help="YAML file with data/model/train/eval sections.")
