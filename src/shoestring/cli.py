@@ -431,7 +431,11 @@ def _print_eval(result: dict, run: Path) -> None:
     t = Table(title=f"evaluated {run}", show_header=False)
     t.add_row("validation MLM loss", f"{result['mlm_loss']:.3f} (perplexity {result['perplexity']:.1f}, "
               f"{result['mask_rate']:.0%} masked)")
-    t.add_row("unigram baseline", f"{result['unigram_loss']:.3f}")
+    gap = result["mlm_loss"] - result["unigram_loss"]
+    t.add_row("unigram baseline", f"{result['unigram_loss']:.3f} (guessing every masked token "
+              "by its frequency)" + (f": the model is {gap:.3f} worse — it has not yet learned "
+                                     "more than token frequencies; train longer" if gap > 0
+                                     else f": the model is {-gap:.3f} better"))
     t.add_row("masked-token accuracy", f"{result['accuracy']:.1%}")
     t.add_row("scored", f"{result['masked_tokens']:,} masked tokens in {result['sequences']:,} sequences")
     out.print(t)
