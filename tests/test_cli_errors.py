@@ -107,3 +107,19 @@ def test_eval_says_when_the_model_is_worse_than_the_unigram_baseline(
     assert "0.300 worse" in worse and "train longer" in worse
     cli._print_eval({**result, "mlm_loss": 4.0}, Path("runs/x"))
     assert "2.900 better" in capsys.readouterr().out
+
+
+def test_help_does_not_import_torch() -> None:
+    """`shoestring --help` and a command's --help answer without loading torch (it cost 2.5-4
+    s of start-up per call): the heavy stacks are imported by the commands that use them."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfor argv in (['shoestring', '--help'], ['shoestring', 'train', "
+            "'--help'], ['shoestring', 'serve', '--help']):\n"
+            "    sys.argv = argv\n    from shoestring.cli import main\n    try:\n        main()\n"
+            "    except SystemExit as e:\n        assert e.code == 0, e.code\n"
+            "print('TORCH', 'torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "TORCH False" in r.stdout

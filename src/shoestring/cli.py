@@ -928,7 +928,7 @@ def _output_arg(argv: list[str]) -> str | None:
 
 def main() -> None:
     """Console entry point: bad input → message on stderr, exit code 2, no traceback."""
-    from shoestring.train.loop import TrainingInterrupted
+    from shoestring.errors import TrainingInterrupted
 
     try:
         app()

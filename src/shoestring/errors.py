@@ -1,4 +1,4 @@
-"""The one error type users see.
+"""The one error type users see (and the one stop that is not an error).
 
 A ``ShoestringError`` is a mistake in what the user asked for (a path, a value, a file's
 contents), not a bug. The CLI prints its message and exits with code 2 and no traceback;
@@ -6,6 +6,9 @@ anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
+
+import signal
+from pathlib import Path
 
 
 class ShoestringError(Exception):
@@ -26,3 +29,13 @@ class ShoestringError(Exception):
 
     def __str__(self) -> str:
         return self.message
+
+
+class TrainingInterrupted(Exception):
+    """SIGTERM/SIGINT arrived during training; a checkpoint was saved. The CLI exits with
+    128 + signal. (Here rather than in train/ so that the CLI's entry point catches it
+    without importing torch.)"""
+
+    def __init__(self, signum: int, checkpoint: Path, step: int) -> None:
+        self.signum, self.checkpoint, self.step = signum, checkpoint, step
+        super().__init__(f"interrupted by {signal.Signals(signum).name} at step {step}")

@@ -39,7 +39,7 @@ from shoestring.dist.parallelism import (
     micro_batch_of,
     world_from_env,
 )
-from shoestring.errors import ShoestringError
+from shoestring.errors import ShoestringError, TrainingInterrupted  # noqa: F401 (re-export)
 from shoestring.fsutil import check_output_dir, check_writable_dir
 from shoestring.model import build_model
 from shoestring.model.flops import train_flops_per_token
@@ -61,14 +61,6 @@ from shoestring.train.schedule import batch_at, lr_factor
 from shoestring.train import speed as speed_choices
 from shoestring.train.state import TrainState, checkpoint_state, resume_state
 from shoestring.train.window import Window
-
-
-class TrainingInterrupted(Exception):
-    """SIGTERM/SIGINT arrived; a checkpoint was saved. The CLI exits with 128 + signal."""
-
-    def __init__(self, signum: int, checkpoint: Path, step: int) -> None:
-        self.signum, self.checkpoint, self.step = signum, checkpoint, step
-        super().__init__(f"interrupted by {signal.Signals(signum).name} at step {step}")
 
 
 def _progress(console: Console, show: bool = True) -> Progress:
