@@ -159,3 +159,16 @@ def test_sigterm_before_the_first_log_step_shows_real_figures(pydocs_dir: Path,
     bar = [line for line in text.splitlines() if line.startswith("training")][-1]
     assert "loss nan" not in bar and "left ?" not in bar and " 0 tok/s" not in bar, bar
     assert "steps loss " in bar and "--resume" in text
+
+
+def test_a_log_gets_progress_lines_not_only_the_final_bar(pydocs_dir: Path,
+                                                         tmp_path: Path) -> None:
+    """Without a terminal (a log, CI) rich draws the bar only when it ends; train prints plain
+    progress lines there instead (the first step's at once, then at most every 30 s, and the
+    last)."""
+    r = run_cli("train", "-d", str(pydocs_dir), "-o", str(tmp_path / "run"), "--steps", "3",
+                "--set", "train.log_every=1", *TINY)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = [x for x in r.stderr.splitlines() if x.startswith("training ")]
+    assert lines and "tok/s" in lines[0] and "of 3 steps" in lines[0]
+    assert lines[-1].startswith("training 100.0% of 3 steps")

@@ -77,6 +77,39 @@ def _progress(console: Console, show: bool = True) -> Progress:
     )
 
 
+PLAIN_LINE_SECONDS = 30.0  # in a log, a progress line at most this often
+
+
+class _Bar:
+    """The training progress bar. In a log or CI (no terminal) rich draws nothing until the
+    end, so there it prints a plain line instead, at most every ``PLAIN_LINE_SECONDS``."""
+
+    def __init__(self, console: Console, show: bool, budget: str) -> None:
+        self.console, self.budget = console, budget
+        self.plain = show and not console.is_terminal
+        self.progress = _progress(console, show and not self.plain)
+        self.last = -math.inf
+
+    def __enter__(self) -> _Bar:
+        self.progress.__enter__()
+        self.task = self.progress.add_task("train", total=1.0, budget=self.budget, loss="–",
+                                           tps=0.0, mfu=0.0, left="?")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.__exit__(*exc)
+
+    def update(self, fields: dict) -> None:
+        self.progress.update(self.task, **fields)
+        now = time.monotonic()
+        if self.plain and (now - self.last >= PLAIN_LINE_SECONDS or fields["completed"] >= 1):
+            self.last = now
+            self.console.print(
+                f"training {fields['completed']:.1%} of {self.budget} · loss {fields['loss']} · "
+                f"{fields['tps']:,.0f} tok/s · MFU {fields['mfu']:.1%} · left {fields['left']}",
+                highlight=False)
+
+
 @contextlib.contextmanager
 def _signals_caught() -> Iterator[list[int]]:
     """SIGTERM/SIGINT set a flag instead of killing the process (main thread only)."""
@@ -497,9 +530,8 @@ def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
     r.budget.restart(elapsed_before=s.elapsed)
     step_time = 0.0
     try:
-        with _signals_caught() as caught, _progress(console, parallel.is_main) as bar:
-            task = bar.add_task("train", total=1.0, budget=r.budget.describe(),
-                                loss="–", tps=0.0, mfu=0.0, left="?")
+        with _signals_caught() as caught, _Bar(console, parallel.is_main,
+                                               r.budget.describe()) as bar:
             while True:  # at least one step, however small the budget
                 bsz, lr = r.batch_and_lr(s, step_time)
                 train_step(r, s, bsz, lr)
@@ -513,7 +545,7 @@ def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
                 done = p >= 1.0
                 if (s.step % cfg.train.log_every == 0 or done) and r.window.steps:
                     r.log(r.window.record(s, p, lr, bsz))
-                    bar.update(task, **r.window.bar(s, p))
+                    bar.update(r.window.bar(s, p))
                 if r.val_batch is not None and p >= s.next_val and not done:
                     r.validate(s, p)
                     while s.next_val <= p:
@@ -523,7 +555,7 @@ def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
                         s.last_ckpt_time):
                     r.checkpoint(s)
                 if signum:  # the bar shows where it stopped, before the first log step too
-                    bar.update(task, **r.window.bar(s, p))
+                    bar.update(r.window.bar(s, p))
                     r.checkpoint(s)
                     r.close_metrics()
                     raise TrainingInterrupted(int(signum), r.last_ckpt, s.step)
