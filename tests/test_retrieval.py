@@ -295,6 +295,20 @@ def test_search_and_ask_from_the_command_line(work: dict[str, Path]) -> None:
     assert proc.returncode == 2 and "does not generate" in proc.stderr
 
 
+def test_an_empty_query_is_refused(work: dict[str, Path], index: RetrievalIndex) -> None:
+    for query in ("", "  \n"):
+        for mode in ("bm25", "dense", "hybrid"):
+            with pytest.raises(ShoestringError, match="query is empty") as e:
+                index.search(query, 3, mode)
+            assert e.value.where == "query"
+    proc = run_cli("search", str(work["index"]), " ", "--mode", "dense")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "query is empty" in proc.stderr and "QUERY" in proc.stderr and not proc.stdout
+    proc = run_cli("ask", str(work["clm"]), "", "--index", str(work["index"]))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "query is empty" in proc.stderr and "QUESTION" in proc.stderr
+
+
 # --- serve --------------------------------------------------------------------------------------
 
 
@@ -325,6 +339,9 @@ def test_serve_search_and_generate_with_retrieve(work: dict[str, Path],
             assert r.status_code == 422
             r = c.post("/v1/search", json={"query": "x", "mode": "sparse"})
             assert r.status_code == 422
+            for blank in ("", "   "):
+                r = c.post("/v1/search", json={"query": blank})
+                assert r.status_code == 422 and "query" in r.text, r.text
     finally:
         srv.stop()
     settings = make_settings(port=0)  # no --index: a clear 404

@@ -610,11 +610,12 @@ def search(
     """Search an index: the k best passages for QUERY, with their sources."""
     import json
 
-    from shoestring.retrieval.index import RetrievalIndex
+    from shoestring.retrieval.index import RetrievalIndex, check_query
 
+    check_query(query, "QUERY")
     idx = RetrievalIndex(index_dir, encoder=encoder)
     mode = mode if idx.has_dense or mode != "hybrid" or encoder else "bm25"
-    hits = idx.search(query, k, mode)
+    hits = idx.search(query, k, mode, "QUERY")
     if as_json:
         for h in hits:
             out.print(json.dumps(h.to_dict(), ensure_ascii=False), markup=False, highlight=False,
@@ -638,10 +639,11 @@ def ask(
     """Answer QUESTION with the decoder, its context holding the passages retrieved for it."""
     from shoestring.retrieval.ask import ask as run_ask
     from shoestring.retrieval.ask import check_decoder
-    from shoestring.retrieval.index import RetrievalIndex
+    from shoestring.retrieval.index import RetrievalIndex, check_query
     from shoestring.retrieval.passages import Passage
     from shoestring.serve.engine import load_engine
 
+    check_query(question, "QUESTION")
     engine = load_engine(run, max_length=1 << 20)
     check_decoder(engine, str(run))
     idx = RetrievalIndex(index_dir, encoder=encoder)

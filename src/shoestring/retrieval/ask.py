@@ -36,7 +36,7 @@ def check_decoder(engine: Any, where: str) -> None:
 
 def retrieve_prompt(engine: Any, index: RetrievalIndex, question: str, k: int, mode: str,
                     max_new_tokens: int) -> RagPrompt:
-    hits = index.search(question, k, mode)
+    hits = index.search(question, k, mode, where="question")
     return build_prompt(question, hits, engine.tokenizer, decoder_context(engine), max_new_tokens)
 
 

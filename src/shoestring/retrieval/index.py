@@ -183,6 +183,14 @@ def build_index(specs: list[str], out: str | Path, *, encoder: str | Path | None
     return {**manifest, "rebuilt": rebuilt}
 
 
+def check_query(query: str, where: str = "query") -> None:
+    """Refuse a query with no words: BM25 would return nothing and dense search the passages
+    nearest an empty text, i.e. arbitrary ones, both looking like a real answer."""
+    if not query.strip():
+        raise ShoestringError(f"the query is empty ({query!r})", where=where,
+                              fix="give some words to search for")
+
+
 def _write_passages(path: Path, passages: list[Passage]) -> None:
     with path.open("w", encoding="utf-8") as f:
         for p in passages:
@@ -257,11 +265,16 @@ class RetrievalIndex:
             self._dense = DenseIndex.load(self.folder)
         return self._embedder
 
-    def search(self, query: str, k: int = 5, mode: str = "hybrid") -> list[Hit]:
-        return self.search_many([query], k, mode)[0]
+    def search(self, query: str, k: int = 5, mode: str = "hybrid",
+               where: str = "query") -> list[Hit]:
+        return self.search_many([query], k, mode, where)[0]
 
-    def search_many(self, queries: list[str], k: int = 5, mode: str = "hybrid") -> list[list[Hit]]:
-        """Per query, the ``k`` best passages under ``mode`` (bm25, dense, or their RRF)."""
+    def search_many(self, queries: list[str], k: int = 5, mode: str = "hybrid",
+                    where: str = "query") -> list[list[Hit]]:
+        """Per query, the ``k`` best passages under ``mode`` (bm25, dense, or their RRF).
+        ``where`` names the queries in errors (the CLI argument or API field they came from)."""
+        for q in queries:
+            check_query(q, where)
         if mode not in MODES:
             raise ShoestringError(f"unknown retrieval mode {mode!r}", where="--mode",
                                   fix=f"use one of: {', '.join(MODES)}")
