@@ -184,6 +184,26 @@ def test_rebuild_is_incremental(work: dict[str, Path], tmp_path: Path) -> None:
     assert rebuilt["rebuilt"] == ["passages", "bm25"]
 
 
+def test_dense_embedding_reports_progress(work: dict[str, Path], tmp_path: Path) -> None:
+    import re
+
+    from shoestring.retrieval.dense import Embedder
+
+    calls: list[tuple[int, int]] = []
+    Embedder(work["ict"]).embed([f"text number {i}" for i in range(10)], batch=4,
+                                progress=lambda done, total: calls.append((done, total)))
+    assert calls == [(4, 10), (8, 10), (10, 10)]
+    proc = run_cli("index", str(work["corpus"]), "-o", str(tmp_path / "i"), "--encoder",
+                   str(work["ict"]), "--passage-words", str(WORDS))
+    assert proc.returncode == 0, proc.stderr
+    n = len(read_passages(work["index"]))
+    lines = re.findall(r"dense: embedded ([\d,]+)/([\d,]+) passages \([\d.,]+/s", proc.stderr)
+    assert lines, proc.stderr  # the first batch and the end at least (more every 10 s)
+    assert lines[-1] == (f"{n:,}", f"{n:,}") and all(t == f"{n:,}" for _, t in lines)
+    if n > 32:  # more than one batch: the first batch is announced too
+        assert len(lines) >= 2 and lines[0][0] == "32"
+
+
 def test_index_from_a_data_dir_reads_its_sources(work: dict[str, Path], tmp_path: Path) -> None:
     manifest = build_index([str(work["data"])], tmp_path / "idx", passage_words=WORDS)
     assert manifest["sources"] == [str(work["corpus"])]

@@ -157,7 +157,9 @@ def build_index(specs: list[str], out: str | Path, *, encoder: str | Path | None
         if encoder is not None:
             t = time.perf_counter()
             embedder = Embedder(encoder)
-            DenseIndex.build(embedder.embed([p.text for p in passages])).save(tmp)
+            vectors = embedder.embed([p.text for p in passages],
+                                     progress=embedding_progress(announce))
+            DenseIndex.build(vectors).save(tmp)
             seconds["dense"] = round(time.perf_counter() - t, 3)
             enc_info = {"path": str(Path(encoder).resolve()), "sha256": enc_hash,
                         "dim": embedder.dim, "pooling": "mean, L2-normalized"}
@@ -181,6 +183,29 @@ def build_index(specs: list[str], out: str | Path, *, encoder: str | Path | None
         }
         write_json_atomic(tmp / "manifest.json", manifest)
     return {**manifest, "rebuilt": rebuilt}
+
+
+PROGRESS_EVERY_S = 10.0
+
+
+def embedding_progress(announce: Callable[[str], None],
+                       every_s: float = PROGRESS_EVERY_S) -> Callable[[int, int], None]:
+    """A ``progress(done, total)`` for dense embedding that announces a status line (count,
+    rate, time left) on the first batch, every ``every_s`` seconds, and at the end: plain
+    lines, so they also show in logs and CI, where a live progress bar would not."""
+    t0 = time.perf_counter()
+    last: list[float] = []  # when the last line was announced (none yet: empty)
+
+    def progress(done: int, total: int) -> None:
+        now = time.perf_counter() - t0
+        if last and done < total and now - last[-1] < every_s:
+            return
+        last.append(now)
+        rate = done / now if now > 0 else 0.0
+        left = f", {(total - done) / rate:.0f}s left" if rate > 0 and done < total else ""
+        announce(f"dense: embedded {done:,}/{total:,} passages ({rate:,.1f}/s{left})")
+
+    return progress
 
 
 def check_query(query: str, where: str = "query") -> None:
