@@ -14,7 +14,14 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from shoestring.config import ModelConfig
 from shoestring.errors import ShoestringError
-from shoestring.eval.decoder import greedy_samples, multiple_choice, perplexity, read_choices
+from shoestring.eval.decoder import (
+    encode_pair,
+    greedy_samples,
+    multiple_choice,
+    perplexity,
+    pick_choices,
+    read_choices,
+)
 from shoestring.model.decoder import CausalLM
 from shoestring.device import select_device
 
@@ -84,6 +91,27 @@ def test_multiple_choice_prefers_the_learned_continuation(lm, tmp_path: Path) ->
     res = multiple_choice(model, tok, items, seq_len=32, device=dev, bos_id=meta["special_ids"][EOS])
     assert res["accuracy"] == 1.0 and res["accuracy_norm"] == 1.0
     assert res["chance"] == pytest.approx(0.5) and res["items"] == 3
+
+
+def test_choice_scoring_follows_lm_eval_definitions(lm) -> None:
+    # acc: highest summed log-likelihood; acc_norm: highest log-likelihood per *character* of
+    # the choice (lm-eval's acc_norm). Per UTF-8 byte of " " + choice it would pick choice 0
+    # here (-1.5/3 > -3/5); per character it picks choice 1 (-3/4 > -1.5/1).
+    assert pick_choices([-1.5, -3.0], ["é", "abcd"]) == (0, 1)
+    assert pick_choices([-9.0, -4.0, -4.5], ["x", "yy", "zzzzzzzzz"]) == (1, 2)
+    _, tok, _, meta = lm
+    eot = meta["special_ids"][EOS]
+
+    def enc(text: str) -> list[int]:
+        return tok.encode(text, add_special_tokens=False).ids
+
+    # a non-empty context gets no <|endoftext|> before it (lm-eval's _encode_pair) ...
+    ctx, cont = encode_pair(tok, "the cat sat on the", " mat", eot)
+    assert ctx == enc("the cat sat on the") and eot not in ctx
+    assert ctx + cont == enc("the cat sat on the mat")
+    # ... its trailing space moves to the continuation, and an empty context is <|endoftext|>
+    assert encode_pair(tok, "the cat ", "sat", eot) == encode_pair(tok, "the cat", " sat", eot)
+    assert encode_pair(tok, "", "the cat", eot) == ([eot], enc("the cat"))
 
 
 def test_greedy_samples_continue_the_prompt(lm) -> None:

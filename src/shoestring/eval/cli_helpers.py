@@ -152,7 +152,7 @@ def print_decoder(result: dict[str, Any], out: Console) -> None:
     t.add_row(f"held-out loss ({p['source']})", line)
     if "multiple_choice" in result:
         m = result["multiple_choice"]
-        t.add_row("multiple choice", f"accuracy {m['accuracy']:.1%}, per-byte normalized "
+        t.add_row("multiple choice", f"accuracy {m['accuracy']:.1%}, per-character normalized "
                   f"{m['accuracy_norm']:.1%} (chance {m['chance']:.1%}, {m['items']} items)")
     for s in result.get("samples", []):
         t.add_row(f"sample: {s['prompt']!r}", s["continuation"].replace("\n", " ⏎ "))

@@ -5,11 +5,15 @@
   next-token prediction is scored. Besides the per-token loss, bits per byte (total nats /
   ln 2 / UTF-8 bytes) is reported: it does not depend on the tokenizer, so models with
   different vocabularies compare. Without a text file, the run's own validation split is used.
-- **Multiple choice** by log-likelihood, zero-shot (the lm-evaluation-harness method): each
-  JSONL line holds ``{"context": str, "choices": [str, ...], "answer": int | str}``; every
-  choice is scored as the sum of log p(choice tokens | context); ``accuracy`` picks the highest
-  sum, ``accuracy_norm`` the highest per-byte log-likelihood (which removes the bias toward
-  short choices). Chance level is reported beside them.
+- **Multiple choice** by log-likelihood, zero-shot, as lm-evaluation-harness scores its
+  ``multiple_choice`` tasks: each JSONL line holds
+  ``{"context": str, "choices": [str, ...], "answer": int | str}``; every choice is scored as
+  the sum of log p(choice tokens | context), tokenized the way lm-eval's ``_encode_pair`` does
+  (context + choice encoded together, the context's trailing whitespace moved to the choice,
+  no token before the context unless it is empty, then ``<|endoftext|>``). ``accuracy`` is
+  lm-eval's ``acc`` (the highest sum), ``accuracy_norm`` its ``acc_norm`` (the highest sum
+  divided by the choice's length in characters, which removes the bias toward short
+  choices). Chance level is reported beside them.
 - **Samples**: a few greedy continuations of prompts, for a human look.
 """
 
@@ -159,12 +163,38 @@ def read_choices(path: str | Path) -> list[dict[str, Any]]:
     return items
 
 
+def encode_pair(tokenizer: Any, context: str, continuation: str,
+                eot_id: int | None) -> tuple[list[int], list[int]]:
+    """(context ids, continuation ids) as lm-eval's ``HFLM._encode_pair`` makes them: the
+    context's trailing whitespace moves to the continuation, the two are encoded together and
+    split after the context's own tokens (so the boundary tokenizes as in running text), and
+    an empty context becomes ``[eot_id]`` — no token is put before a non-empty one."""
+    def enc(text: str) -> list[int]:
+        return tokenizer.encode(text, add_special_tokens=False).ids
+
+    n_space = len(context) - len(context.rstrip())
+    if n_space:
+        context, continuation = context[:-n_space], context[-n_space:] + continuation
+    if not context:
+        return ([eot_id] if eot_id is not None else []), enc(continuation)
+    ctx = enc(context)
+    return ctx, enc(context + continuation)[len(ctx):]
+
+
+def pick_choices(logliks: list[float], choices: list[str]) -> tuple[int, int]:
+    """The choice lm-eval's ``acc`` picks (the highest summed log-likelihood) and the one its
+    ``acc_norm`` picks (the highest log-likelihood per character of the choice's text)."""
+    norm = [ll / max(1, len(c)) for ll, c in zip(logliks, choices)]
+    return int(np.argmax(logliks)), int(np.argmax(norm))
+
+
 @torch.no_grad()
 def multiple_choice(
     model: torch.nn.Module, tokenizer: Any, items: list[dict[str, Any]], seq_len: int,
     device: DeviceInfo, bos_id: int | None = None, console: Console | None = None,
 ) -> dict[str, Any]:
-    """Zero-shot accuracy by log-likelihood (sum and per-byte normalized)."""
+    """Zero-shot accuracy by log-likelihood: lm-eval's ``acc`` and ``acc_norm`` (module doc).
+    ``bos_id`` is the token an empty context becomes (lm-eval uses the end-of-text token)."""
     tokenizer.no_truncation()
     tokenizer.no_padding()
     model.to(device.device).eval()
@@ -174,19 +204,16 @@ def multiple_choice(
     with progress_bar(console) as bar:
         task = bar.add_task("multiple choice", total=len(items), unit="items")
         for item in items:
-            ctx = tokenizer.encode(item["context"], add_special_tokens=False).ids
-            if bos_id is not None:
-                ctx = [bos_id, *ctx]
             rows, spans = [], []
             for choice in item["choices"]:
                 text = choice
                 if item["context"] and not item["context"][-1].isspace() and not choice[0].isspace():
                     text = " " + choice
-                cont = tokenizer.encode(text, add_special_tokens=False).ids or [0]
+                ctx, cont = encode_pair(tokenizer, item["context"], text, bos_id)
+                cont = cont or [0]
                 seq = (ctx + cont)[-(seq_len + 1):]
-                n_cont = min(len(cont), len(seq) - 1)
                 rows.append(seq)
-                spans.append((n_cont, len(text.encode("utf-8"))))
+                spans.append(min(len(cont), len(seq) - 1))
             width = max(len(r) for r in rows) - 1
             x = torch.zeros(len(rows), width, dtype=torch.long)
             mask = torch.zeros(len(rows), width, dtype=torch.bool)
@@ -196,16 +223,15 @@ def multiple_choice(
             with device.autocast():
                 logits = model(x.to(device.device), mask.to(device.device))
             logp = logits.float().log_softmax(-1).cpu()
-            scores, norm = [], []
+            scores = []
             for i, r in enumerate(rows):
-                n_cont, n_bytes = spans[i]
+                n_cont = spans[i]
                 targets = torch.tensor(r[-n_cont:])
                 pos = torch.arange(len(r) - 1 - n_cont, len(r) - 1)
-                ll = logp[i, pos, targets].sum().item()
-                scores.append(ll)
-                norm.append(ll / max(1, n_bytes))
-            correct += int(int(np.argmax(scores)) == item["answer"])
-            correct_norm += int(int(np.argmax(norm)) == item["answer"])
+                scores.append(logp[i, pos, targets].sum().item())
+            acc, acc_norm = pick_choices(scores, item["choices"])
+            correct += int(acc == item["answer"])
+            correct_norm += int(acc_norm == item["answer"])
             chance += 1.0 / len(item["choices"])
             bar.update(task, advance=1)
     n = len(items)
