@@ -119,6 +119,13 @@ def test_greedy_samples_continue_the_prompt(lm) -> None:
     dev = select_device("fp32", measure_peak=False)
     out = greedy_samples(model, tok, ["the cat sat"], 6, meta["special_ids"][EOS], dev)
     assert out[0]["prompt"] == "the cat sat" and out[0]["continuation"].startswith(" on the mat")
+    # sampling: top-k 1 is the argmax at any temperature; a seed makes a hot sample repeatable
+    top1 = greedy_samples(model, tok, ["the cat sat"], 6, meta["special_ids"][EOS], dev,
+                          temperature=1.0, top_k=1)
+    assert top1 == out
+    hot = [greedy_samples(model, tok, ["the"] * 4, 8, None, dev, temperature=50.0, seed=s)
+           for s in (0, 0, 1)]
+    assert hot[0] == hot[1] and hot[0] != hot[2]  # near-uniform draws over the vocabulary
 
 
 def test_bad_multiple_choice_files_name_the_line(tmp_path: Path) -> None:
@@ -158,5 +165,12 @@ def test_cli_decoder_evals_on_a_decoder_run(lm, tmp_path: Path) -> None:
     assert result["multiple_choice"]["accuracy"] == 1.0
     assert result["perplexity"]["bits_per_byte"] > 0
     assert result["samples"][0]["continuation"].startswith(" ran in")
+    assert result["samples_decoding"] == "greedy (--temperature 0)" and "greedy" in r.stdout
+    r = run_cli("eval", str(run), "--text", str(tmp_path / "held.txt"), "--samples", "1",
+                "--prompt", "the dog", "--precision", "fp32", "--temperature", "0.8", "--top-k", "5")
+    assert r.returncode == 0, r.stderr
+    result = json.loads((run / "decoder_eval.json").read_text())
+    assert result["samples_decoding"] == "sampled (temperature 0.8, top-k 5, seed 0)"
+    assert "sampled" in r.stdout
     r = run_cli("eval", str(run), "--glue", str(tmp_path))
     assert r.returncode == 2 and "needs an encoder" in r.stderr and "Traceback" not in r.stderr

@@ -311,6 +311,13 @@ def test_search_and_ask_from_the_command_line(work: dict[str, Path]) -> None:
                    str(work["index"]), "-k", "3", "--max-new-tokens", "8")
     assert proc.returncode == 0, proc.stderr
     assert "passages used" in proc.stderr and "of 64 tokens" in proc.stderr
+    assert "decoding: greedy" in proc.stderr
+    sampled = [run_cli("ask", str(work["clm"]), "What does sorted() return?", "--index",
+                       str(work["index"]), "-k", "3", "--max-new-tokens", "12", "--temperature",
+                       "1.5", "--top-k", "50", "--seed", str(seed)) for seed in (0, 1, 0)]
+    assert all(p.returncode == 0 for p in sampled), sampled[0].stderr
+    assert "decoding: sampled (temperature 1.5, top-k 50, seed 1)" in sampled[1].stderr
+    assert sampled[0].stdout == sampled[2].stdout  # the seed makes it repeatable
     proc = run_cli("ask", str(work["ict"]), "What?", "--index", str(work["index"]))
     assert proc.returncode == 2 and "does not generate" in proc.stderr
 

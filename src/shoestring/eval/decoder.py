@@ -243,12 +243,16 @@ def multiple_choice(
 def greedy_samples(
     model: torch.nn.Module, tokenizer: Any, prompts: list[str], max_new_tokens: int,
     eos_id: int | None, device: DeviceInfo, bos_id: int | None = None,
+    temperature: float = 0.0, top_k: int | None = None, seed: int = 0,
 ) -> list[dict[str, str]]:
-    """Greedy continuations (temperature 0) of each prompt, decoded."""
+    """Continuations of each prompt, decoded: greedy at temperature 0 (the default), else
+    sampled with ``top_k`` from a generator seeded with ``seed`` (repeatable), as serve
+    samples — a small decoder often loops ("And, And, And") when greedy."""
     tokenizer.no_truncation()
     tokenizer.no_padding()
     model.to(device.device).eval()
     out = []
+    gen = torch.Generator(device=device.device).manual_seed(seed) if temperature > 0 else None
     for prompt in prompts:
         ids = tokenizer.encode(prompt, add_special_tokens=False).ids
         if bos_id is not None:
@@ -257,12 +261,21 @@ def greedy_samples(
             continue
         x = torch.tensor([ids], device=device.device)
         with device.autocast():
-            y = model.generate(x, max_new_tokens, temperature=0.0, eos_id=eos_id)
+            y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k,
+                               eos_id=eos_id, generator=gen)
         new = y[0, len(ids):].tolist()
         if eos_id is not None and eos_id in new:
             new = new[: new.index(eos_id)]
         out.append({"prompt": prompt, "continuation": tokenizer.decode(new)})
     return out
+
+
+def describe_decoding(temperature: float, top_k: int | None, seed: int) -> str:
+    """How text was decoded, printed beside it: greedy and sampled text read differently."""
+    if temperature <= 0:
+        return "greedy (--temperature 0)"
+    return (f"sampled (temperature {temperature:g}"
+            + (f", top-k {top_k}" if top_k is not None else "") + f", seed {seed})")
 
 
 def evaluate_decoder(
@@ -272,13 +285,15 @@ def evaluate_decoder(
     samples: int = 3,
     prompts: list[str] | None = None,
     max_new_tokens: int = 48,
+    temperature: float = 0.0,
+    top_k: int | None = None,
     max_tokens: int | None = None,
     precision: str = "auto",
     out: str | Path | None = None,
     console: Console | None = None,
 ) -> dict[str, Any]:
     """Perplexity (on ``text`` or the run's validation split), multiple choice (``choices``)
-    and ``samples`` greedy samples of a decoder run; writes ``decoder_eval.json``."""
+    and ``samples`` samples (greedy unless ``temperature`` > 0) of a decoder run; writes ``decoder_eval.json``."""
     from shoestring.data.tokenizer import load_tokenizer
     from shoestring.fsutil import write_json_atomic
     run = RunDir(run_dir)
@@ -312,7 +327,8 @@ def evaluate_decoder(
     if samples > 0:
         use = (prompts or DEFAULT_PROMPTS)[:samples] if prompts else DEFAULT_PROMPTS[:samples]
         result["samples"] = greedy_samples(model, tokenizer, use, max_new_tokens, eos_id, device,
-                                           bos_id=eos_id)
+                                           bos_id=eos_id, temperature=temperature, top_k=top_k)
+        result["samples_decoding"] = describe_decoding(temperature, top_k, 0)
     target = Path(out) / run.decoder_eval_path.name if out is not None else run.decoder_eval_path
     target.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(target, result)
