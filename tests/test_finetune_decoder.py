@@ -167,7 +167,8 @@ def test_cli_decoder_evals_on_a_decoder_run(lm, tmp_path: Path) -> None:
     assert result["samples"][0]["continuation"].startswith(" ran in")
     assert result["samples_decoding"] == "greedy (--temperature 0)" and "greedy" in r.stdout
     r = run_cli("eval", str(run), "--text", str(tmp_path / "held.txt"), "--samples", "1",
-                "--prompt", "the dog", "--precision", "fp32", "--temperature", "0.8", "--top-k", "5")
+                "--prompt", "the dog", "--precision", "fp32", "--temperature", "0.8",
+                "--top-k", "5")
     assert r.returncode == 0, r.stderr
     result = json.loads((run / "decoder_eval.json").read_text())
     assert result["samples_decoding"] == "sampled (temperature 0.8, top-k 5, seed 0)"

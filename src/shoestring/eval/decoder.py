@@ -293,7 +293,8 @@ def evaluate_decoder(
     console: Console | None = None,
 ) -> dict[str, Any]:
     """Perplexity (on ``text`` or the run's validation split), multiple choice (``choices``)
-    and ``samples`` samples (greedy unless ``temperature`` > 0) of a decoder run; writes ``decoder_eval.json``."""
+    and ``samples`` samples (greedy unless ``temperature`` > 0) of a decoder run; writes
+    ``decoder_eval.json``."""
     from shoestring.data.tokenizer import load_tokenizer
     from shoestring.fsutil import write_json_atomic
     run = RunDir(run_dir)
