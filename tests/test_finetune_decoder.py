@@ -14,7 +14,14 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from shoestring.config import ModelConfig
 from shoestring.errors import ShoestringError
-from shoestring.eval.decoder import greedy_samples, multiple_choice, perplexity, read_choices
+from shoestring.eval.decoder import (
+    encode_pair,
+    greedy_samples,
+    multiple_choice,
+    perplexity,
+    pick_choices,
+    read_choices,
+)
 from shoestring.model.decoder import CausalLM
 from shoestring.device import select_device
 
@@ -86,11 +93,39 @@ def test_multiple_choice_prefers_the_learned_continuation(lm, tmp_path: Path) ->
     assert res["chance"] == pytest.approx(0.5) and res["items"] == 3
 
 
+def test_choice_scoring_follows_lm_eval_definitions(lm) -> None:
+    # acc: highest summed log-likelihood; acc_norm: highest log-likelihood per *character* of
+    # the choice (lm-eval's acc_norm). Per UTF-8 byte of " " + choice it would pick choice 0
+    # here (-1.5/3 > -3/5); per character it picks choice 1 (-3/4 > -1.5/1).
+    assert pick_choices([-1.5, -3.0], ["é", "abcd"]) == (0, 1)
+    assert pick_choices([-9.0, -4.0, -4.5], ["x", "yy", "zzzzzzzzz"]) == (1, 2)
+    _, tok, _, meta = lm
+    eot = meta["special_ids"][EOS]
+
+    def enc(text: str) -> list[int]:
+        return tok.encode(text, add_special_tokens=False).ids
+
+    # a non-empty context gets no <|endoftext|> before it (lm-eval's _encode_pair) ...
+    ctx, cont = encode_pair(tok, "the cat sat on the", " mat", eot)
+    assert ctx == enc("the cat sat on the") and eot not in ctx
+    assert ctx + cont == enc("the cat sat on the mat")
+    # ... its trailing space moves to the continuation, and an empty context is <|endoftext|>
+    assert encode_pair(tok, "the cat ", "sat", eot) == encode_pair(tok, "the cat", " sat", eot)
+    assert encode_pair(tok, "", "the cat", eot) == ([eot], enc("the cat"))
+
+
 def test_greedy_samples_continue_the_prompt(lm) -> None:
     model, tok, _, meta = lm
     dev = select_device("fp32", measure_peak=False)
     out = greedy_samples(model, tok, ["the cat sat"], 6, meta["special_ids"][EOS], dev)
     assert out[0]["prompt"] == "the cat sat" and out[0]["continuation"].startswith(" on the mat")
+    # sampling: top-k 1 is the argmax at any temperature; a seed makes a hot sample repeatable
+    top1 = greedy_samples(model, tok, ["the cat sat"], 6, meta["special_ids"][EOS], dev,
+                          temperature=1.0, top_k=1)
+    assert top1 == out
+    hot = [greedy_samples(model, tok, ["the"] * 4, 8, None, dev, temperature=50.0, seed=s)
+           for s in (0, 0, 1)]
+    assert hot[0] == hot[1] and hot[0] != hot[2]  # near-uniform draws over the vocabulary
 
 
 def test_bad_multiple_choice_files_name_the_line(tmp_path: Path) -> None:
@@ -130,5 +165,13 @@ def test_cli_decoder_evals_on_a_decoder_run(lm, tmp_path: Path) -> None:
     assert result["multiple_choice"]["accuracy"] == 1.0
     assert result["perplexity"]["bits_per_byte"] > 0
     assert result["samples"][0]["continuation"].startswith(" ran in")
+    assert result["samples_decoding"] == "greedy (--temperature 0)" and "greedy" in r.stdout
+    r = run_cli("eval", str(run), "--text", str(tmp_path / "held.txt"), "--samples", "1",
+                "--prompt", "the dog", "--precision", "fp32", "--temperature", "0.8",
+                "--top-k", "5")
+    assert r.returncode == 0, r.stderr
+    result = json.loads((run / "decoder_eval.json").read_text())
+    assert result["samples_decoding"] == "sampled (temperature 0.8, top-k 5, seed 0)"
+    assert "sampled" in r.stdout
     r = run_cli("eval", str(run), "--glue", str(tmp_path))
     assert r.returncode == 2 and "needs an encoder" in r.stderr and "Traceback" not in r.stderr

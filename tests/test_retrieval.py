@@ -184,6 +184,26 @@ def test_rebuild_is_incremental(work: dict[str, Path], tmp_path: Path) -> None:
     assert rebuilt["rebuilt"] == ["passages", "bm25"]
 
 
+def test_dense_embedding_reports_progress(work: dict[str, Path], tmp_path: Path) -> None:
+    import re
+
+    from shoestring.retrieval.dense import Embedder
+
+    calls: list[tuple[int, int]] = []
+    Embedder(work["ict"]).embed([f"text number {i}" for i in range(10)], batch=4,
+                                progress=lambda done, total: calls.append((done, total)))
+    assert calls == [(4, 10), (8, 10), (10, 10)]
+    proc = run_cli("index", str(work["corpus"]), "-o", str(tmp_path / "i"), "--encoder",
+                   str(work["ict"]), "--passage-words", str(WORDS))
+    assert proc.returncode == 0, proc.stderr
+    n = len(read_passages(work["index"]))
+    lines = re.findall(r"dense: embedded ([\d,]+)/([\d,]+) passages \([\d.,]+/s", proc.stderr)
+    assert lines, proc.stderr  # the first batch and the end at least (more every 10 s)
+    assert lines[-1] == (f"{n:,}", f"{n:,}") and all(t == f"{n:,}" for _, t in lines)
+    if n > 32:  # more than one batch: the first batch is announced too
+        assert len(lines) >= 2 and lines[0][0] == "32"
+
+
 def test_index_from_a_data_dir_reads_its_sources(work: dict[str, Path], tmp_path: Path) -> None:
     manifest = build_index([str(work["data"])], tmp_path / "idx", passage_words=WORDS)
     assert manifest["sources"] == [str(work["corpus"])]
@@ -291,8 +311,29 @@ def test_search_and_ask_from_the_command_line(work: dict[str, Path]) -> None:
                    str(work["index"]), "-k", "3", "--max-new-tokens", "8")
     assert proc.returncode == 0, proc.stderr
     assert "passages used" in proc.stderr and "of 64 tokens" in proc.stderr
+    assert "decoding: greedy" in proc.stderr
+    sampled = [run_cli("ask", str(work["clm"]), "What does sorted() return?", "--index",
+                       str(work["index"]), "-k", "3", "--max-new-tokens", "12", "--temperature",
+                       "1.5", "--top-k", "50", "--seed", str(seed)) for seed in (0, 1, 0)]
+    assert all(p.returncode == 0 for p in sampled), sampled[0].stderr
+    assert "decoding: sampled (temperature 1.5, top-k 50, seed 1)" in sampled[1].stderr
+    assert sampled[0].stdout == sampled[2].stdout  # the seed makes it repeatable
     proc = run_cli("ask", str(work["ict"]), "What?", "--index", str(work["index"]))
     assert proc.returncode == 2 and "does not generate" in proc.stderr
+
+
+def test_an_empty_query_is_refused(work: dict[str, Path], index: RetrievalIndex) -> None:
+    for query in ("", "  \n"):
+        for mode in ("bm25", "dense", "hybrid"):
+            with pytest.raises(ShoestringError, match="query is empty") as e:
+                index.search(query, 3, mode)
+            assert e.value.where == "query"
+    proc = run_cli("search", str(work["index"]), " ", "--mode", "dense")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "query is empty" in proc.stderr and "QUERY" in proc.stderr and not proc.stdout
+    proc = run_cli("ask", str(work["clm"]), "", "--index", str(work["index"]))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "query is empty" in proc.stderr and "QUESTION" in proc.stderr
 
 
 # --- serve --------------------------------------------------------------------------------------
@@ -325,6 +366,9 @@ def test_serve_search_and_generate_with_retrieve(work: dict[str, Path],
             assert r.status_code == 422
             r = c.post("/v1/search", json={"query": "x", "mode": "sparse"})
             assert r.status_code == 422
+            for blank in ("", "   "):
+                r = c.post("/v1/search", json={"query": blank})
+                assert r.status_code == 422 and "query" in r.text, r.text
     finally:
         srv.stop()
     settings = make_settings(port=0)  # no --index: a clear 404

@@ -402,7 +402,9 @@ def eval_(
     precision: Annotated[str, typer.Option("--precision", help="auto, bf16 or fp32.")] = "auto",
     text: Annotated[Optional[Path], typer.Option("--text", help="Decoders: held-out .txt/.jsonl for perplexity (default: the run's val split).")] = None,
     choices: Annotated[Optional[Path], typer.Option("--choices", help="Decoders: JSONL of context/choices/answer, scored zero-shot.")] = None,
-    samples: Annotated[int, typer.Option("--samples", min=0, help="Decoders: greedy samples to show.")] = 3,
+    samples: Annotated[int, typer.Option("--samples", min=0, help="Decoders: samples to show (greedy unless --temperature).")] = 3,
+    temperature: Annotated[float, typer.Option("--temperature", min=0.0, help="Decoders: sample at this temperature (0 = greedy; a small decoder often loops when greedy).")] = 0.0,
+    top_k: Annotated[Optional[int], typer.Option("--top-k", min=1, help="Decoders: sample from the k likeliest tokens only.")] = None,
     prompt: Annotated[Optional[list[str]], typer.Option("--prompt", help="Decoders: prompt for samples (repeatable).", metavar="TEXT")] = None,
     dp_epsilon: Annotated[Optional[float], typer.Option("--dp-epsilon", help="Fine-tune with DP-SGD (Opacus) to this ε (docs/privacy.md).")] = None,
     dp_delta: Annotated[Optional[float], typer.Option("--dp-delta", help="DP-SGD δ (1e-5).")] = None,
@@ -423,7 +425,8 @@ def eval_(
     run_eval(run, data=data, sets=sets, glue=glue, tasks=tasks, task=task, protocol=protocol,
              seeds=seeds, control=control, output=output, max_train=max_train,
              precision=precision, text=text,
-             choices=choices, samples=samples, prompt=prompt, out=out, err=err,
+             choices=choices, samples=samples, prompt=prompt, temperature=temperature,
+             top_k=top_k, out=out, err=err,
              print_mlm=_print_eval, privacy=privacy, resume=resume)
 
 
@@ -625,11 +628,12 @@ def search(
     """Search an index: the k best passages for QUERY, with their sources."""
     import json
 
-    from shoestring.retrieval.index import RetrievalIndex
+    from shoestring.retrieval.index import RetrievalIndex, check_query
 
+    check_query(query, "QUERY")
     idx = RetrievalIndex(index_dir, encoder=encoder)
     mode = mode if idx.has_dense or mode != "hybrid" or encoder else "bm25"
-    hits = idx.search(query, k, mode)
+    hits = idx.search(query, k, mode, "QUERY")
     if as_json:
         for h in hits:
             out.print(json.dumps(h.to_dict(), ensure_ascii=False), markup=False, highlight=False,
@@ -647,23 +651,28 @@ def ask(
     mode: ModeOpt = "hybrid",
     encoder: Annotated[Optional[Path], typer.Option("--encoder", help="Encoder for the query (default: the index's).", metavar="RUN|HF_DIR")] = None,
     max_new_tokens: Annotated[int, typer.Option(min=1, help="Answer length at most, in tokens.")] = 64,
-    temperature: Annotated[float, typer.Option(min=0.0, help="0 = greedy.")] = 0.0,
+    temperature: Annotated[float, typer.Option(min=0.0, help="0 = greedy; e.g. 0.8 samples (a small decoder often loops when greedy).")] = 0.0,
+    top_k: Annotated[Optional[int], typer.Option("--top-k", min=1, help="Sampling: draw from the k likeliest tokens only.")] = None,
     seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
 ) -> None:
     """Answer QUESTION with the decoder, its context holding the passages retrieved for it."""
+    from shoestring.eval.decoder import describe_decoding
     from shoestring.retrieval.ask import ask as run_ask
     from shoestring.retrieval.ask import check_decoder
-    from shoestring.retrieval.index import RetrievalIndex
+    from shoestring.retrieval.index import RetrievalIndex, check_query
     from shoestring.retrieval.passages import Passage
     from shoestring.serve.engine import load_engine
 
+    check_query(question, "QUESTION")
     engine = load_engine(run, max_length=1 << 20)
     check_decoder(engine, str(run))
     idx = RetrievalIndex(index_dir, encoder=encoder)
     mode = mode if idx.has_dense or mode != "hybrid" or encoder else "bm25"
     result = run_ask(engine, idx, question, k=k, mode=mode, max_new_tokens=max_new_tokens,
-                     temperature=temperature, seed=seed)
+                     temperature=temperature, top_k=top_k, seed=seed)
     out.print(result["answer"] or "(empty answer)", markup=False, highlight=False)
+    err.print(f"decoding: {describe_decoding(temperature, top_k, seed)}", markup=False,
+              highlight=False)
     cut = " (the last one cut to fit)" if result["truncated"] else ""
     err.print(f"\npassages used ({len(result['passages'])} of {k} retrieved by {mode}{cut}; "
               f"prompt {result['prompt_tokens']} of {result['context']} tokens):",

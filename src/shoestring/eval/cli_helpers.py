@@ -41,6 +41,8 @@ def run_eval(
     print_mlm: Callable[[dict, Path], None],
     privacy: Any = None,
     resume: bool = False,
+    temperature: float = 0.0,
+    top_k: int | None = None,
 ) -> None:
     if precision not in ("auto", "bf16", "fp32"):
         raise ShoestringError(f"unknown precision {precision!r}", where="--precision",
@@ -79,7 +81,8 @@ def run_eval(
         from shoestring.eval.decoder import evaluate_decoder
 
         result = evaluate_decoder(run, text=text, choices=choices, samples=samples, prompts=prompt,
-                                  precision=precision, out=output, console=err)
+                                  temperature=temperature, top_k=top_k, precision=precision,
+                                  out=output, console=err)
         print_decoder(result, out)
         return
     from shoestring.eval.mlm import evaluate_run
@@ -152,8 +155,10 @@ def print_decoder(result: dict[str, Any], out: Console) -> None:
     t.add_row(f"held-out loss ({p['source']})", line)
     if "multiple_choice" in result:
         m = result["multiple_choice"]
-        t.add_row("multiple choice", f"accuracy {m['accuracy']:.1%}, per-byte normalized "
+        t.add_row("multiple choice", f"accuracy {m['accuracy']:.1%}, per-character normalized "
                   f"{m['accuracy_norm']:.1%} (chance {m['chance']:.1%}, {m['items']} items)")
+    if result.get("samples"):
+        t.add_row("samples decoded", result["samples_decoding"])
     for s in result.get("samples", []):
         t.add_row(f"sample: {s['prompt']!r}", s["continuation"].replace("\n", " ⏎ "))
     out.print(t)

@@ -5,11 +5,15 @@
   next-token prediction is scored. Besides the per-token loss, bits per byte (total nats /
   ln 2 / UTF-8 bytes) is reported: it does not depend on the tokenizer, so models with
   different vocabularies compare. Without a text file, the run's own validation split is used.
-- **Multiple choice** by log-likelihood, zero-shot (the lm-evaluation-harness method): each
-  JSONL line holds ``{"context": str, "choices": [str, ...], "answer": int | str}``; every
-  choice is scored as the sum of log p(choice tokens | context); ``accuracy`` picks the highest
-  sum, ``accuracy_norm`` the highest per-byte log-likelihood (which removes the bias toward
-  short choices). Chance level is reported beside them.
+- **Multiple choice** by log-likelihood, zero-shot, as lm-evaluation-harness scores its
+  ``multiple_choice`` tasks: each JSONL line holds
+  ``{"context": str, "choices": [str, ...], "answer": int | str}``; every choice is scored as
+  the sum of log p(choice tokens | context), tokenized the way lm-eval's ``_encode_pair`` does
+  (context + choice encoded together, the context's trailing whitespace moved to the choice,
+  no token before the context unless it is empty, then ``<|endoftext|>``). ``accuracy`` is
+  lm-eval's ``acc`` (the highest sum), ``accuracy_norm`` its ``acc_norm`` (the highest sum
+  divided by the choice's length in characters, which removes the bias toward short
+  choices). Chance level is reported beside them.
 - **Samples**: a few greedy continuations of prompts, for a human look.
 """
 
@@ -159,12 +163,38 @@ def read_choices(path: str | Path) -> list[dict[str, Any]]:
     return items
 
 
+def encode_pair(tokenizer: Any, context: str, continuation: str,
+                eot_id: int | None) -> tuple[list[int], list[int]]:
+    """(context ids, continuation ids) as lm-eval's ``HFLM._encode_pair`` makes them: the
+    context's trailing whitespace moves to the continuation, the two are encoded together and
+    split after the context's own tokens (so the boundary tokenizes as in running text), and
+    an empty context becomes ``[eot_id]`` — no token is put before a non-empty one."""
+    def enc(text: str) -> list[int]:
+        return tokenizer.encode(text, add_special_tokens=False).ids
+
+    n_space = len(context) - len(context.rstrip())
+    if n_space:
+        context, continuation = context[:-n_space], context[-n_space:] + continuation
+    if not context:
+        return ([eot_id] if eot_id is not None else []), enc(continuation)
+    ctx = enc(context)
+    return ctx, enc(context + continuation)[len(ctx):]
+
+
+def pick_choices(logliks: list[float], choices: list[str]) -> tuple[int, int]:
+    """The choice lm-eval's ``acc`` picks (the highest summed log-likelihood) and the one its
+    ``acc_norm`` picks (the highest log-likelihood per character of the choice's text)."""
+    norm = [ll / max(1, len(c)) for ll, c in zip(logliks, choices)]
+    return int(np.argmax(logliks)), int(np.argmax(norm))
+
+
 @torch.no_grad()
 def multiple_choice(
     model: torch.nn.Module, tokenizer: Any, items: list[dict[str, Any]], seq_len: int,
     device: DeviceInfo, bos_id: int | None = None, console: Console | None = None,
 ) -> dict[str, Any]:
-    """Zero-shot accuracy by log-likelihood (sum and per-byte normalized)."""
+    """Zero-shot accuracy by log-likelihood: lm-eval's ``acc`` and ``acc_norm`` (module doc).
+    ``bos_id`` is the token an empty context becomes (lm-eval uses the end-of-text token)."""
     tokenizer.no_truncation()
     tokenizer.no_padding()
     model.to(device.device).eval()
@@ -174,19 +204,16 @@ def multiple_choice(
     with progress_bar(console) as bar:
         task = bar.add_task("multiple choice", total=len(items), unit="items")
         for item in items:
-            ctx = tokenizer.encode(item["context"], add_special_tokens=False).ids
-            if bos_id is not None:
-                ctx = [bos_id, *ctx]
             rows, spans = [], []
             for choice in item["choices"]:
                 text = choice
                 if item["context"] and not item["context"][-1].isspace() and not choice[0].isspace():
                     text = " " + choice
-                cont = tokenizer.encode(text, add_special_tokens=False).ids or [0]
+                ctx, cont = encode_pair(tokenizer, item["context"], text, bos_id)
+                cont = cont or [0]
                 seq = (ctx + cont)[-(seq_len + 1):]
-                n_cont = min(len(cont), len(seq) - 1)
                 rows.append(seq)
-                spans.append((n_cont, len(text.encode("utf-8"))))
+                spans.append(min(len(cont), len(seq) - 1))
             width = max(len(r) for r in rows) - 1
             x = torch.zeros(len(rows), width, dtype=torch.long)
             mask = torch.zeros(len(rows), width, dtype=torch.bool)
@@ -196,16 +223,15 @@ def multiple_choice(
             with device.autocast():
                 logits = model(x.to(device.device), mask.to(device.device))
             logp = logits.float().log_softmax(-1).cpu()
-            scores, norm = [], []
+            scores = []
             for i, r in enumerate(rows):
-                n_cont, n_bytes = spans[i]
+                n_cont = spans[i]
                 targets = torch.tensor(r[-n_cont:])
                 pos = torch.arange(len(r) - 1 - n_cont, len(r) - 1)
-                ll = logp[i, pos, targets].sum().item()
-                scores.append(ll)
-                norm.append(ll / max(1, n_bytes))
-            correct += int(int(np.argmax(scores)) == item["answer"])
-            correct_norm += int(int(np.argmax(norm)) == item["answer"])
+                scores.append(logp[i, pos, targets].sum().item())
+            acc, acc_norm = pick_choices(scores, item["choices"])
+            correct += int(acc == item["answer"])
+            correct_norm += int(acc_norm == item["answer"])
             chance += 1.0 / len(item["choices"])
             bar.update(task, advance=1)
     n = len(items)
@@ -217,12 +243,16 @@ def multiple_choice(
 def greedy_samples(
     model: torch.nn.Module, tokenizer: Any, prompts: list[str], max_new_tokens: int,
     eos_id: int | None, device: DeviceInfo, bos_id: int | None = None,
+    temperature: float = 0.0, top_k: int | None = None, seed: int = 0,
 ) -> list[dict[str, str]]:
-    """Greedy continuations (temperature 0) of each prompt, decoded."""
+    """Continuations of each prompt, decoded: greedy at temperature 0 (the default), else
+    sampled with ``top_k`` from a generator seeded with ``seed`` (repeatable), as serve
+    samples — a small decoder often loops ("And, And, And") when greedy."""
     tokenizer.no_truncation()
     tokenizer.no_padding()
     model.to(device.device).eval()
     out = []
+    gen = torch.Generator(device=device.device).manual_seed(seed) if temperature > 0 else None
     for prompt in prompts:
         ids = tokenizer.encode(prompt, add_special_tokens=False).ids
         if bos_id is not None:
@@ -231,12 +261,21 @@ def greedy_samples(
             continue
         x = torch.tensor([ids], device=device.device)
         with device.autocast():
-            y = model.generate(x, max_new_tokens, temperature=0.0, eos_id=eos_id)
+            y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k,
+                               eos_id=eos_id, generator=gen)
         new = y[0, len(ids):].tolist()
         if eos_id is not None and eos_id in new:
             new = new[: new.index(eos_id)]
         out.append({"prompt": prompt, "continuation": tokenizer.decode(new)})
     return out
+
+
+def describe_decoding(temperature: float, top_k: int | None, seed: int) -> str:
+    """How text was decoded, printed beside it: greedy and sampled text read differently."""
+    if temperature <= 0:
+        return "greedy (--temperature 0)"
+    return (f"sampled (temperature {temperature:g}"
+            + (f", top-k {top_k}" if top_k is not None else "") + f", seed {seed})")
 
 
 def evaluate_decoder(
@@ -246,13 +285,16 @@ def evaluate_decoder(
     samples: int = 3,
     prompts: list[str] | None = None,
     max_new_tokens: int = 48,
+    temperature: float = 0.0,
+    top_k: int | None = None,
     max_tokens: int | None = None,
     precision: str = "auto",
     out: str | Path | None = None,
     console: Console | None = None,
 ) -> dict[str, Any]:
     """Perplexity (on ``text`` or the run's validation split), multiple choice (``choices``)
-    and ``samples`` greedy samples of a decoder run; writes ``decoder_eval.json``."""
+    and ``samples`` samples (greedy unless ``temperature`` > 0) of a decoder run; writes
+    ``decoder_eval.json``."""
     from shoestring.data.tokenizer import load_tokenizer
     from shoestring.fsutil import write_json_atomic
     run = RunDir(run_dir)
@@ -286,7 +328,8 @@ def evaluate_decoder(
     if samples > 0:
         use = (prompts or DEFAULT_PROMPTS)[:samples] if prompts else DEFAULT_PROMPTS[:samples]
         result["samples"] = greedy_samples(model, tokenizer, use, max_new_tokens, eos_id, device,
-                                           bos_id=eos_id)
+                                           bos_id=eos_id, temperature=temperature, top_k=top_k)
+        result["samples_decoding"] = describe_decoding(temperature, top_k, 0)
     target = Path(out) / run.decoder_eval_path.name if out is not None else run.decoder_eval_path
     target.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(target, result)

@@ -195,7 +195,10 @@ def finetune(
             else:
                 loss = F.cross_entropy(logits, y)
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            if privacy is not None:
+                privacy.backward(loss)
+            else:
+                loss.backward()
             if protocol.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), protocol.grad_clip)
             opt.step()

@@ -28,6 +28,8 @@ import torch
 
 from shoestring.errors import ShoestringError
 
+BACKWARD_HOOK_WARNING = "Full backward hook is firing when gradients are computed"
+
 ACCOUNTANT = "rdp"
 GRAD_SAMPLE_MODE = "hooks"  # with our LayerNorm sampler; functorch mode measured 9x slower
 
@@ -162,6 +164,15 @@ class PrivateTraining:
                 yield idx.numpy()
 
         return model, optimizer, epoch
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """``loss.backward()`` without PyTorch's "Full backward hook is firing when gradients
+        are computed with respect to module outputs…" warning: Opacus' per-example hooks
+        trigger it on every DP run (the embedding layer's inputs are token ids, which need
+        no gradient), and it says nothing the user can act on. Only that message, only here."""
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=BACKWARD_HOOK_WARNING)
+            loss.backward()
 
     def finish(self) -> dict[str, Any]:
         """After training: take Opacus' hooks off the model; returns ``report()``."""

@@ -36,7 +36,7 @@ def check_decoder(engine: Any, where: str) -> None:
 
 def retrieve_prompt(engine: Any, index: RetrievalIndex, question: str, k: int, mode: str,
                     max_new_tokens: int) -> RagPrompt:
-    hits = index.search(question, k, mode)
+    hits = index.search(question, k, mode, where="question")
     return build_prompt(question, hits, engine.tokenizer, decoder_context(engine), max_new_tokens)
 
 
@@ -50,10 +50,12 @@ def generate(engine: Any, prompt: str, max_new_tokens: int, temperature: float =
 
 
 def ask(engine: Any, index: RetrievalIndex, question: str, *, k: int = 5, mode: str = "hybrid",
-        max_new_tokens: int = 64, temperature: float = 0.0, seed: int | None = 0) -> dict[str, Any]:
-    """The decoder's answer to ``question`` with retrieved passages in its context."""
+        max_new_tokens: int = 64, temperature: float = 0.0, top_k: int | None = None,
+        seed: int | None = 0) -> dict[str, Any]:
+    """The decoder's answer to ``question`` with retrieved passages in its context; greedy at
+    temperature 0, else sampled (``top_k``: from the k likeliest tokens) as serve samples."""
     prompt = retrieve_prompt(engine, index, question, k, mode, max_new_tokens)
-    out = generate(engine, prompt.text, max_new_tokens, temperature, seed=seed)
+    out = generate(engine, prompt.text, max_new_tokens, temperature, top_k=top_k, seed=seed)
     return {"answer": out["text"].strip(), "finish_reason": out["finish_reason"],
             "prompt_tokens": prompt.tokens, "context": decoder_context(engine),
             "truncated": prompt.truncated, "passages": [h.to_dict() for h in prompt.used]}

@@ -8,6 +8,7 @@ trains on (a million passages × 256 dims is 1 GB and ~0.1 s a query on one core
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -54,11 +55,16 @@ class Embedder:
                 fix="give an encoder (model.objective=mlm or contrastive) for the dense index",
             )
 
-    def embed(self, texts: list[str], batch: int = EMBED_BATCH) -> np.ndarray:
+    def embed(self, texts: list[str], batch: int = EMBED_BATCH,
+              progress: Callable[[int, int], None] | None = None) -> np.ndarray:
+        """Embeddings of ``texts``, ``batch`` at a time; ``progress(done, total)`` after each
+        batch (a dense index of a real corpus takes minutes on a CPU)."""
         out = [np.zeros((0, self.dim), np.float32)]
         for i in range(0, len(texts), batch):
             payloads = self.engine.prepare_embed(texts[i:i + batch], "mean", True, many=True)
             out.append(np.asarray(self.engine.run(("embed",), payloads), np.float32))
+            if progress is not None:
+                progress(min(i + batch, len(texts)), len(texts))
         return np.concatenate(out)
 
     @property

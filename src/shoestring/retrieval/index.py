@@ -157,7 +157,9 @@ def build_index(specs: list[str], out: str | Path, *, encoder: str | Path | None
         if encoder is not None:
             t = time.perf_counter()
             embedder = Embedder(encoder)
-            DenseIndex.build(embedder.embed([p.text for p in passages])).save(tmp)
+            vectors = embedder.embed([p.text for p in passages],
+                                     progress=embedding_progress(announce))
+            DenseIndex.build(vectors).save(tmp)
             seconds["dense"] = round(time.perf_counter() - t, 3)
             enc_info = {"path": str(Path(encoder).resolve()), "sha256": enc_hash,
                         "dim": embedder.dim, "pooling": "mean, L2-normalized"}
@@ -181,6 +183,37 @@ def build_index(specs: list[str], out: str | Path, *, encoder: str | Path | None
         }
         write_json_atomic(tmp / "manifest.json", manifest)
     return {**manifest, "rebuilt": rebuilt}
+
+
+PROGRESS_EVERY_S = 10.0
+
+
+def embedding_progress(announce: Callable[[str], None],
+                       every_s: float = PROGRESS_EVERY_S) -> Callable[[int, int], None]:
+    """A ``progress(done, total)`` for dense embedding that announces a status line (count,
+    rate, time left) on the first batch, every ``every_s`` seconds, and at the end: plain
+    lines, so they also show in logs and CI, where a live progress bar would not."""
+    t0 = time.perf_counter()
+    last: list[float] = []  # when the last line was announced (none yet: empty)
+
+    def progress(done: int, total: int) -> None:
+        now = time.perf_counter() - t0
+        if last and done < total and now - last[-1] < every_s:
+            return
+        last.append(now)
+        rate = done / now if now > 0 else 0.0
+        left = f", {(total - done) / rate:.0f}s left" if rate > 0 and done < total else ""
+        announce(f"dense: embedded {done:,}/{total:,} passages ({rate:,.1f}/s{left})")
+
+    return progress
+
+
+def check_query(query: str, where: str = "query") -> None:
+    """Refuse a query with no words: BM25 would return nothing and dense search the passages
+    nearest an empty text, i.e. arbitrary ones, both looking like a real answer."""
+    if not query.strip():
+        raise ShoestringError(f"the query is empty ({query!r})", where=where,
+                              fix="give some words to search for")
 
 
 def _write_passages(path: Path, passages: list[Passage]) -> None:
@@ -257,11 +290,16 @@ class RetrievalIndex:
             self._dense = DenseIndex.load(self.folder)
         return self._embedder
 
-    def search(self, query: str, k: int = 5, mode: str = "hybrid") -> list[Hit]:
-        return self.search_many([query], k, mode)[0]
+    def search(self, query: str, k: int = 5, mode: str = "hybrid",
+               where: str = "query") -> list[Hit]:
+        return self.search_many([query], k, mode, where)[0]
 
-    def search_many(self, queries: list[str], k: int = 5, mode: str = "hybrid") -> list[list[Hit]]:
-        """Per query, the ``k`` best passages under ``mode`` (bm25, dense, or their RRF)."""
+    def search_many(self, queries: list[str], k: int = 5, mode: str = "hybrid",
+                    where: str = "query") -> list[list[Hit]]:
+        """Per query, the ``k`` best passages under ``mode`` (bm25, dense, or their RRF).
+        ``where`` names the queries in errors (the CLI argument or API field they came from)."""
+        for q in queries:
+            check_query(q, where)
         if mode not in MODES:
             raise ShoestringError(f"unknown retrieval mode {mode!r}", where="--mode",
                                   fix=f"use one of: {', '.join(MODES)}")

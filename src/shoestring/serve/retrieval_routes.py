@@ -26,7 +26,8 @@ class SearchRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
-    query: Annotated[str, Field(min_length=1, description="what to look for")]
+    query: Annotated[str, Field(min_length=1, pattern=r"\S",
+                                description="what to look for (not blank)")]
     k: Annotated[int, Field(ge=1, le=100)] = Field(5, description="passages to return")
     mode: Literal["bm25", "dense", "hybrid"] = Field("hybrid", description="retrieval mode")
 
