@@ -60,6 +60,10 @@ def test_a_plan_for_other_hardware_is_refused_with_the_memory_numbers(pydocs_dir
                 "-o", str(plan))
     assert p.returncode == 0, p.stderr[-2000:]
     r = run_cli("train", "-d", str(pydocs_dir), "-o", str(tmp_path / "run"), "--plan", str(plan))
+    # the plan's parallel: section asks for 8 processes; one was started
+    _refused(r, "warning: the plan was made for 8 × h100", "8 processes")
+    r = run_cli("train", "-d", str(pydocs_dir), "-o", str(tmp_path / "run"), "--plan", str(plan),
+                "--parallel", "dp=1")  # the layout overridden: the model still does not fit
     _refused(r, "warning: the plan was made for 8 × h100", "this run needs about",
              "but this CPU has", "available")
     assert not (tmp_path / "run" / "config.yaml").exists()
@@ -158,7 +162,7 @@ def test_sigterm_before_the_first_log_step_shows_real_figures(pydocs_dir: Path,
     text = log.read_text()
     bar = [line for line in text.splitlines() if line.startswith("training")][-1]
     assert "loss nan" not in bar and "left ?" not in bar and " 0 tok/s" not in bar, bar
-    assert "steps loss " in bar and "--resume" in text
+    assert "steps · loss " in bar and "--resume" in text  # a log's plain progress line
 
 
 def test_a_log_gets_progress_lines_not_only_the_final_bar(pydocs_dir: Path,
