@@ -479,10 +479,9 @@ class ParallelConfig(_Section):
     def degrees(self) -> dict[str, int]:
         """The degrees that were set (``dp=…,tp=…`` keys), as `dist.layout.make_layout`
         takes them."""
-        keys = ("dp", "dp_replicate", "dp_shard", "tp", "pp")
-        return {k: getattr(self, k) for k in keys
-                if getattr(self, k) is not None and not (k in ("tp", "pp") and
-                                                         getattr(self, k) == 1)}
+        given = {"dp": self.dp, "dp_replicate": self.dp_replicate, "dp_shard": self.dp_shard,
+                 "tp": self.tp if self.tp > 1 else None, "pp": self.pp if self.pp > 1 else None}
+        return {k: v for k, v in given.items() if v is not None}
 
 
 class Config(_Section):

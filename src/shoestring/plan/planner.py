@@ -411,8 +411,8 @@ def make_plan(req: PlanRequest, console: Console | None = None) -> dict[str, Any
         "train": _train_section(total_flops, core.steps, batch, layout.micro_batch, core.lr),
         "data": {"seq_len": seq_len, "vocab_size": core.vocab},
     }
-    if layout.parallel_section():
-        tree["parallel"] = layout.parallel_section()
+    if (section := layout.parallel_section()) is not None:
+        tree["parallel"] = section
     return tree
 
 

@@ -10,6 +10,7 @@ the distributed parity tests and the privacy audit all use these, so a loss is w
 
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -27,7 +28,7 @@ Batch = tuple[torch.Tensor, ...]
 
 
 @dataclass(frozen=True)
-class Objective:
+class Objective(abc.ABC):
     """A family's training objective bound to one run's shapes: what the trainer calls.
 
     ``kind`` is the family name. Subclasses implement the batch and loss methods."""
@@ -48,24 +49,24 @@ class Objective:
         """Fraction of positions the vocabulary head computes (for FLOPs)."""
         return self.spec.head_fraction(self.sparse, self.seq_len, self.mask_rate)
 
+    @abc.abstractmethod
     def make_batch(self, ids: torch.Tensor, gen: torch.Generator) -> Batch:
         """Token rows → what ``loss`` consumes. The whole step's batch is prepared at once
         (then split into micro-batches), so gradient accumulation draws the same masks as
         one big batch."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         """Mean training loss of ``model`` on ``batch`` (logits in fp32)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def validation_batch(self, ids: torch.Tensor, first_index: int, cfg: Any) -> Batch:
         """A deterministic batch for validation (``cfg``: the EvalConfig's ``mask_rate`` and
         ``seed``): the same for every run on the same rows."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def loss_sum(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, int]:
         """(summed loss, scored positions) of ``batch``, for validation averages."""
-        raise NotImplementedError
 
     def pipeline_io(self, batch: Batch) -> tuple[Batch, torch.Tensor]:
         """(first-stage inputs, last-stage target) of a pipeline-parallel step."""
