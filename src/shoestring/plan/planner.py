@@ -34,6 +34,7 @@ from pydantic import ValidationError
 from shoestring import families
 from shoestring.config import DataConfig, TrainConfig, read_plan_sections  # noqa: F401 (re-export)
 from shoestring.errors import ShoestringError
+from shoestring.data.repetition import REPEAT_WARN_EPOCHS
 from shoestring.plan.hardware import Hardware, get_hardware
 from shoestring.plan.laws import Law, load_law, pf_days, training_flops
 from shoestring.plan.placement import PlannedLayout, layout_for
@@ -41,7 +42,6 @@ from shoestring.plan.shapes import Shape, candidates
 from shoestring.units import BudgetSpec, parse_budget
 
 DEFAULT_MFU = 0.4
-REPEAT_WARN_EPOCHS = 4.0
 
 
 
