@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shoestring.artifacts import Kind, identify
 from shoestring.errors import ShoestringError
 from shoestring.fsutil import write_json_atomic
 from shoestring.rundir import RunDir
@@ -101,23 +102,9 @@ def split_ref(ref: str) -> tuple[str, str]:
 
 def _servable(source: Path) -> tuple[str, Path]:
     """(kind, folder to copy) for a run dir or an export/classifier folder; else an error."""
-    if not source.is_dir():
-        raise ShoestringError(
-            "no such folder",
-            where=str(source),
-            fix="give a run dir (shoestring train -o) or an export folder",
-        )
-    run = RunDir(source)
-    if (run.final_dir / "config.json").is_file():
-        return "run", run.final_dir
-    if (source / "config.json").is_file() and (source / "tokenizer.json").is_file():
-        return "folder", source
-    raise ShoestringError(
-        "not a model folder (no final/config.json, or config.json + tokenizer.json)",
-        where=str(source),
-        fix="give a run dir (shoestring train -o), an export (shoestring export -o) or a "
-        "classifier folder (shoestring eval)",
-    )
+    artifact = identify(source, want=(Kind.RUN, Kind.EXPORT, Kind.CLASSIFIER),
+                        command="shoestring models push", trained=True)
+    return ("run", artifact.model_dir) if artifact.kind is Kind.RUN else ("folder", artifact.path)
 
 
 def content_hash(folder: Path) -> str:

@@ -36,7 +36,7 @@ from shoestring.fsutil import (
     write_json_atomic,
     write_text_atomic,
 )
-from shoestring.rundir import RunDir, read_json_object
+from shoestring.rundir import RunDir, parse_metrics, read_json_object
 
 FORMAT = "shoestring-report/1"
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
@@ -62,52 +62,9 @@ def _number(value: Any) -> bool:
 
 
 def read_metrics(path: Path) -> tuple[list[dict], list[dict], list[str]]:
-    """Parse ``metrics.jsonl`` into (train records, validation records, notes).
-
-    Every line must be a JSON object with a numeric ``step`` and a ``loss`` or ``val_loss``;
-    anything else is an error naming the line. The one exception is an unterminated last line
-    (a run killed mid-write, or still writing), which is skipped with a note. When a resumed
-    run logs a step again, the later records replace the earlier ones from that step on.
-    """
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise ShoestringError(f"metrics file is not UTF-8 text ({e.reason})",
-                              where=str(path)) from None
-    except OSError as e:
-        raise ShoestringError(f"cannot read metrics file ({e.strerror})", where=str(path)) from None
-    lines = text.split("\n")
-    notes: list[str] = []
-    records: list[tuple[int, dict]] = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        last_unterminated = number == len(lines) and not text.endswith("\n")
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            if last_unterminated:
-                notes.append(f"skipped an incomplete last line ({number}) of metrics.jsonl")
-                continue
-            raise ShoestringError(
-                f"line {number} is not valid JSON ({e.msg}): {line[:80]!r}",
-                where=f"{path}:{number}",
-                fix="metrics.jsonl holds one JSON object per line, as `shoestring train` writes it",
-            ) from None
-        problem = None
-        if not isinstance(record, dict):
-            problem = f"is a JSON {type(record).__name__}, not an object"
-        elif not _number(record.get("step")):
-            problem = f"has no numeric 'step' (got {record.get('step')!r})"
-        elif not any(_number(record.get(k)) for k in ("loss", "val_loss")):
-            problem = "has neither a numeric 'loss' nor a 'val_loss'"
-        if problem:
-            raise ShoestringError(
-                f"line {number} {problem}",
-                where=f"{path}:{number}",
-                fix="metrics.jsonl holds the records `shoestring train` writes; re-run training",
-            )
-        records.append((number, record))
+    """``metrics.jsonl`` as (train records, validation records, notes), read and checked by
+    the run dir's one reader; a step a resumed run logged again keeps its later record."""
+    records, notes = parse_metrics(path)
     if not records:
         raise ShoestringError(
             "metrics.jsonl has no records",
@@ -116,7 +73,7 @@ def read_metrics(path: Path) -> tuple[list[dict], list[dict], list[str]]:
         )
     train: list[dict] = []
     val: list[dict] = []
-    for _, r in records:
+    for r in records:
         target = train if _number(r.get("loss")) else val
         while target and target[-1]["step"] >= r["step"]:  # a resumed run re-logs steps
             target.pop()

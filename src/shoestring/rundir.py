@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
 MARKER = ".shoestring-run"
 CHECKPOINT_PREFIX = "step_"
 
-__all__ = ["CHECKPOINT_PREFIX", "MARKER", "RunDir", "model_meta"]
+__all__ = ["CHECKPOINT_PREFIX", "MARKER", "RunDir", "model_meta", "parse_metrics"]
 
 
 class RunDir:
@@ -176,13 +177,9 @@ class RunDir:
             ) from None
 
     def read_metrics(self) -> list[dict[str, Any]]:
-        """The records of ``metrics.jsonl`` in order; an unterminated last line (a run killed
-        mid-write, or still writing) is skipped. ``report.read_metrics`` validates more."""
-        text = self.metrics_path.read_text(encoding="utf-8") if self.metrics_path.is_file() else ""
-        lines = text.split("\n")
-        if not text.endswith("\n"):
-            lines = lines[:-1]
-        return [json.loads(line) for line in lines if line.strip()]
+        """The records of ``metrics.jsonl`` in the order written (none when absent); see
+        ``parse_metrics``."""
+        return parse_metrics(self.metrics_path)[0] if self.metrics_path.is_file() else []
 
     # --- the final model -------------------------------------------------------------
     def save_final(self, model: torch.nn.Module, meta: dict[str, Any],
@@ -293,3 +290,55 @@ def read_json_object(path: Path) -> dict[str, Any] | None:
     if not isinstance(value, dict):
         raise ShoestringError("expected a JSON object", where=str(path))
     return value
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def parse_metrics(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """The one reader of ``metrics.jsonl``: (records in the order written, notes).
+
+    Every line must be a JSON object with a numeric ``step`` and a ``loss`` or ``val_loss``;
+    anything else is an error naming the line. The one exception is an unterminated last line
+    (a run killed mid-write, or still writing), which is skipped with a note.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ShoestringError(f"metrics file is not UTF-8 text ({e.reason})",
+                              where=str(path)) from None
+    except OSError as e:
+        raise ShoestringError(f"cannot read metrics file ({e.strerror})", where=str(path)) from None
+    lines = text.split("\n")
+    notes: list[str] = []
+    records: list[dict[str, Any]] = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            if number == len(lines) and not text.endswith("\n"):
+                notes.append(f"skipped an incomplete last line ({number}) of metrics.jsonl")
+                continue
+            raise ShoestringError(
+                f"line {number} is not valid JSON ({e.msg}): {line[:80]!r}",
+                where=f"{path}:{number}",
+                fix="metrics.jsonl holds one JSON object per line, as `shoestring train` writes it",
+            ) from None
+        problem = None
+        if not isinstance(record, dict):
+            problem = f"is a JSON {type(record).__name__}, not an object"
+        elif not _number(record.get("step")):
+            problem = f"has no numeric 'step' (got {record.get('step')!r})"
+        elif not any(_number(record.get(k)) for k in ("loss", "val_loss")):
+            problem = "has neither a numeric 'loss' nor a 'val_loss'"
+        if problem:
+            raise ShoestringError(
+                f"line {number} {problem}",
+                where=f"{path}:{number}",
+                fix="metrics.jsonl holds the records `shoestring train` writes; re-run training",
+            )
+        records.append(record)
+    return records, notes

@@ -48,9 +48,9 @@ def run_eval(
         raise ShoestringError(f"unknown precision {precision!r}", where="--precision",
                               fix="choose auto, bf16 or fp32")
     seed_count = parse_seeds(seeds)
-    from shoestring.export.hub import check_run_dir
+    from shoestring.artifacts import Kind, identify
 
-    check_run_dir(run, "eval")
+    identify(run, want=(Kind.RUN,), command="shoestring eval", trained=True)
     downstream = glue is not None or tasks is not None or bool(task)
     decoder_flags = text is not None or choices is not None or bool(prompt)
     if resume and not downstream:

@@ -16,6 +16,7 @@ from typing import Any
 from torch import nn
 
 from shoestring import families
+from shoestring.artifacts import Artifact, Kind, identify
 from shoestring.errors import ShoestringError
 from shoestring.export.hf import export_encoder, import_encoder
 from shoestring.export.hf_llama import export_decoder, import_decoder
@@ -38,30 +39,10 @@ IMPORTERS: dict[str, Callable[[Path, dict], tuple[nn.Module, dict]]] = {
     "mlm": lambda hf_dir, cfg: import_encoder(hf_dir), "clm": import_decoder}
 
 
-def check_run_dir(path: str | Path, command: str) -> None:
-    """Say what ``path`` is when it is not a trained run dir (missing, an export, a data dir)."""
-    path = Path(path)
-    if not path.exists():
-        raise ShoestringError("not found", where=str(path),
-                              fix="check the path: a run dir written by shoestring train")
-    if (path / "final").is_dir():
-        return
-    if (path / "config.json").is_file() and (path / "model.safetensors").is_file():
-        raise ShoestringError(
-            "this is a Hugging Face export (config.json + model.safetensors), not a run dir",
-            where=str(path),
-            fix=f"use the run dir it was exported from with shoestring {command}; an export "
-            "loads with transformers' Auto classes or serves with shoestring serve",
-        )
-    if (path / "manifest.json").is_file() and (path / "tokenizer.json").is_file():
-        raise ShoestringError("this is a data dir (written by shoestring prep), not a run dir",
-                              where=str(path), fix="pass a run dir written by shoestring train")
-
-
 def export_run(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = False) -> Path:
     """Export a trained run to ``out_dir``; returns it (complete or absent, see fsutil)."""
-    check_run_dir(run_dir, "export")
-    run = RunDir(run_dir)
+    run = RunDir(identify(run_dir, want=(Kind.RUN,), command="shoestring export",
+                          trained=True).path)
     model, meta = run.load_final()
     family = families.by_architecture(meta["architecture"], where=str(run.final_dir))
     if family.name not in EXPORTERS:
@@ -91,3 +72,15 @@ def import_hf(hf_dir: str | Path) -> tuple[nn.Module, dict]:
             where=str(hf_dir / "config.json"),
         ) from None
     return IMPORTERS[family.name](hf_dir, cfg)
+
+
+def open_model(path: str | Path, *, command: str = "this command"
+               ) -> tuple[nn.Module, dict[str, Any], Artifact]:
+    """The model behind a run dir (or its ``final/``) or a Hugging Face export: the one
+    loader that `serve`, ``--init-from`` and the model repository share."""
+    artifact = identify(path, want=(Kind.RUN, Kind.EXPORT), command=command, trained=True)
+    if artifact.kind is Kind.RUN:
+        model, meta = RunDir(artifact.path).load_final()
+    else:
+        model, meta = import_hf(artifact.path)
+    return model, meta, artifact

@@ -26,7 +26,6 @@ from torch import nn
 
 from shoestring import families
 from shoestring.errors import ShoestringError
-from shoestring.rundir import RunDir
 from shoestring.serve.streaming import TextDelta, TokenStream
 
 TASKS = ("fill-mask", "embed", "classify", "generate")
@@ -445,46 +444,20 @@ def load_engine(
 ) -> Engine:
     """The right engine for folder ``path``: a run dir (``final/`` inside, or ``final/``
     itself), an export (`shoestring export`: ModernBERT or Llama), or a classifier folder."""
-    path = Path(path)
+    from shoestring.artifacts import Kind, identify
+
     kw = {"max_length": max_length, "truncate": truncate, "precision": precision}
-    if path.name == "final" and (path / "config.json").is_file() and not (path / "final").is_dir():
-        path = path.parent
-    if not path.is_dir():
-        raise ShoestringError(
-            "no such folder",
-            where=str(path),
-            fix="give a run dir, an export folder or a classifier folder",
-        )
-    run = RunDir(path)
-    if (run.final_dir / "config.json").is_file():
-        model, meta = run.load_final()
-        family = families.by_architecture(meta.get("architecture"), where=str(run.final_dir))
-        return ENGINES[family.name](model, _tokenizer(run.tokenizer_path), meta, path, **kw)
-    if (path / "config.json").is_file():
-        cfg = _read_json(path / "config.json")
-        if cfg.get("architecture") == "shoestring-classifier":
-            from shoestring.eval.classifier import load_classifier
+    artifact = identify(path, want=(Kind.RUN, Kind.EXPORT, Kind.CLASSIFIER),
+                        command="shoestring serve", trained=True)
+    if artifact.kind is Kind.CLASSIFIER:
+        from shoestring.eval.classifier import load_classifier
 
-            model, meta = load_classifier(path)
-            return ClassifierEngine(model, _tokenizer(path / "tokenizer.json"), meta, path, **kw)
-        exported = [f for f in families.all_families() if f.hf_model_type == cfg.get("model_type")]
-        if exported:  # a `shoestring export` folder (ModernBERT or Llama)
-            from shoestring.export.hub import IMPORTERS
+        model, meta = load_classifier(artifact.path)
+        return ClassifierEngine(model, _tokenizer(artifact.tokenizer_path), meta, artifact.path,
+                                **kw)
+    from shoestring.export.hub import open_model
 
-            family = exported[0]
-            model, meta = IMPORTERS[family.name](path, cfg)
-            return ENGINES[family.name](model, _tokenizer(path / "tokenizer.json"), meta, path,
-                                        **kw)
-        what = cfg.get("architecture") or cfg.get("model_type") or "unknown"
-        raise ShoestringError(
-            f"cannot serve this model (config.json says {what!r})",
-            where=str(path / "config.json"),
-            fix="serve a shoestring run dir, its `shoestring export` folder, or a classifier "
-            "folder",
-        )
-    raise ShoestringError(
-        "not a model folder (no final/config.json or config.json)",
-        where=str(path),
-        fix="give a run dir (shoestring train -o), an export (shoestring export -o) or a "
-        "classifier folder (shoestring eval)",
-    )
+    model, meta, _ = open_model(artifact.path)
+    family = families.by_architecture(meta.get("architecture"), where=str(artifact.model_dir))
+    return ENGINES[family.name](model, _tokenizer(artifact.tokenizer_path), meta, artifact.path,
+                                **kw)

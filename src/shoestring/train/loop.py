@@ -150,11 +150,9 @@ def _check_data(cfg: Config, data: DataDir) -> None:
 def _init_from(model: torch.nn.Module, source: str, cfg: Config, data: DataDir) -> None:
     """Copy weights from a Hugging Face folder or a run dir; the architectures and the
     tokenizers must agree (weights trained on other token ids start worse than random)."""
-    from shoestring.export.hub import import_hf
+    from shoestring.export.hub import open_model
 
-    path = Path(source)
-    run = RunDir(path)
-    loaded, meta = run.load_final() if run.is_run else import_hf(path)
+    loaded, meta, artifact = open_model(source, command="--init-from")
     theirs = {k: v for k, v in meta["model"].items() if k not in ("preset", "init_std")}
     ours = {k: v for k, v in cfg.model.model_dump(mode="json").items() if k in theirs}
     for side in (theirs, ours):  # a contrastive run starts from its base (mlm) family's weights
@@ -163,7 +161,7 @@ def _init_from(model: torch.nn.Module, source: str, cfg: Config, data: DataDir) 
     problems = [f"model.{k}: ours {ours.get(k)!r}, theirs {theirs[k]!r}" for k in diff[:4]]
     if meta["vocab_size"] != data.vocab_size:
         problems.append(f"vocabulary: data {data.vocab_size}, theirs {meta['vocab_size']}")
-    their_tok = run.tokenizer_path if run.is_run else path / "tokenizer.json"
+    their_tok = artifact.tokenizer_path
     if not problems and their_tok.is_file() and _vocab(their_tok) != _vocab(data.tokenizer_path):
         problems.append(f"tokenizer: {their_tok} and the data dir's {data.tokenizer_path} "
                         "map tokens to different ids")
