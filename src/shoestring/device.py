@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from shoestring.hardware import from_device_name
+
 
 @dataclass(frozen=True)
 class DeviceInfo:
@@ -26,7 +28,7 @@ class DeviceInfo:
     dtype: torch.dtype  # autocast dtype; float32 means no autocast
     peak_flops: float  # measured dense matmul FLOP/s in that dtype
     name: str
-    # The vendor's dense peak for this device and dtype (plan.hardware table), when known.
+    # The vendor's dense peak for this device and dtype (shoestring.hardware table), when known.
     datasheet_flops: float | None = None
     datasheet_name: str | None = None
 
@@ -177,8 +179,6 @@ def precision_name(dtype: torch.dtype) -> str:
 
 def _datasheet(device_name: str, dtype: torch.dtype) -> tuple[float | None, str | None]:
     """(dense peak FLOP/s, table name) from the datasheet table for a known GPU, else Nones."""
-    from shoestring.plan.hardware import from_device_name
-
     hw = from_device_name(device_name)
     if hw is None:
         return None, None

@@ -12,7 +12,7 @@ import time
 import torch
 
 from shoestring.config import ModelConfig, TrainConfig
-from shoestring.plan.hardware import Hardware
+from shoestring.hardware import Hardware
 from shoestring.plan.shapes import flops_per_token
 
 

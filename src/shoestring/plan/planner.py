@@ -35,7 +35,8 @@ from shoestring import families
 from shoestring.config import DataConfig, TrainConfig, read_plan_sections  # noqa: F401 (re-export)
 from shoestring.errors import ShoestringError
 from shoestring.data.repetition import REPEAT_WARN_EPOCHS
-from shoestring.plan.hardware import Hardware, get_hardware
+from shoestring.hardware import Hardware
+from shoestring.plan.hardware import get_hardware
 from shoestring.plan.laws import Law, load_law, pf_days, training_flops
 from shoestring.plan.placement import PlannedLayout, layout_for
 from shoestring.plan.shapes import Shape, candidates
@@ -463,7 +464,7 @@ def hardware_mismatch(plan_path: str | Path) -> str | None:
         return None
     import torch
 
-    from shoestring.plan.hardware import from_device_name
+    from shoestring.hardware import from_device_name
 
     here = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     known = from_device_name(here) if here else None
