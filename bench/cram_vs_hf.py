@@ -183,7 +183,7 @@ def plain_loop(model: torch.nn.Module, recipe: Recipe, data: DataDir, cfg: Confi
                seconds: float, device_info: DeviceInfo, label: str) -> dict:
     """The loop an HF user writes: same data order as ours (`BatchLoader`, the run's seed),
     the LR set from the elapsed fraction of the wall clock, stop at the budget."""
-    micro = cfg.train.micro_batch
+    micro = cfg.train.micro_batch()
     loader = BatchLoader(data.split("train"), micro, cfg.train.seed)
     model.train()
     steps = tokens = 0
@@ -228,7 +228,7 @@ def modernbert_recipe(model: torch.nn.Module, data: DataDir, cfg: Config) -> Rec
         return {"input_ids": inputs, "labels": mlm_labels(inputs, positions, targets)}
 
     return Recipe(build_optimizer(model, tc), lambda p: tc.lr * lr_factor(tc, p),
-                  lambda p: batch_at(tc, p, tc.micro_batch), make_batch, tc.grad_clip,
+                  lambda p: batch_at(tc, p, tc.micro_batch()), make_batch, tc.grad_clip,
                   f"{modernbert_setup(model)}; shoestring's recipe: AdamW lr {tc.lr} "
                   f"({tc.schedule} keyed to wall clock), {tc.mask_rate:.0%} masking, batch "
                   f"{tc.batch_size}, clip {tc.grad_clip}")
@@ -239,7 +239,7 @@ def pick_hf_attention(cfg: Config, data: DataDir, device_info: DeviceInfo,
     """The careful user's attention choice for ModernBERT: time a few training steps with
     each of its implementations (sdpa, eager) at the run's batch and take the faster, before
     the clock starts (as shoestring's ``train.attention=auto`` does for ours)."""
-    loader = BatchLoader(data.split("train"), cfg.train.micro_batch, cfg.train.seed)
+    loader = BatchLoader(data.split("train"), cfg.train.micro_batch(), cfg.train.seed)
     ids = next(loader)
     loader.close()
     times: dict[str, float] = {}
@@ -472,8 +472,8 @@ def main() -> None:
 
     # The MFU ceiling: only our model's training matmuls, same shapes and precision.
     m = cfg.model
-    tokens = cfg.train.micro_batch * data.seq_len
-    head = cfg.train.micro_batch * num_masked(data.seq_len, cfg.train.mask_rate)
+    tokens = cfg.train.micro_batch() * data.seq_len
+    head = cfg.train.micro_batch() * num_masked(data.seq_len, cfg.train.mask_rate)
     ceiling = matmul_ceiling(encoder_gemms(m, data.vocab_size, tokens, head), device_info.dtype,
                              args.ceiling_seconds)
     fpt = train_flops_per_token(m, data.vocab_size, data.seq_len, head / tokens)

@@ -303,9 +303,10 @@ class TrainConfig(_Section):
             )
         return self
 
-    @property
-    def micro_batch(self) -> int:
-        return self.micro_batch_size or self.batch_size
+    def micro_batch(self, dp: int = 1) -> int:
+        """Sequences per data-parallel rank per forward/backward — the one micro-batch rule:
+        ``micro_batch_size``, or the rank's whole share of the batch (no accumulation)."""
+        return self.micro_batch_size or max(1, self.batch_size // dp)
 
 
 class EvalConfig(_Section):

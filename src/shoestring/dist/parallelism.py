@@ -50,12 +50,6 @@ def world_from_env() -> tuple[int, int, int]:
             int(os.environ.get("LOCAL_RANK", 0)))
 
 
-def micro_batch_of(cfg: Config, layout: Layout) -> int:
-    """Sequences per data-parallel rank per forward/backward: ``train.micro_batch_size``, or
-    the rank's whole share of the batch (no accumulation) when it is unset."""
-    return cfg.train.micro_batch_size or max(1, cfg.train.batch_size // layout.dp)
-
-
 def check_layout(cfg: Config, layout: Layout, vocab_size: int, world_size: int,
                  device_type: str) -> None:
     """Every check of the layout against this model and batch (no process group needed)."""
@@ -64,7 +58,7 @@ def check_layout(cfg: Config, layout: Layout, vocab_size: int, world_size: int,
              hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
              vocab_size=vocab_size, batch_size=t.batch_size,
              num_kv_heads=getattr(m, "num_kv_heads", None), device_type=device_type,
-             micro_batch=micro_batch_of(cfg, layout))
+             micro_batch=t.micro_batch(layout.dp))
     if layout.tp > 1 and m.bias:
         raise ShoestringError(
             "model.bias=true with tp > 1 is not supported: fused q/k/v biases would be stored "

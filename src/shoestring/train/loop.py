@@ -36,7 +36,6 @@ from shoestring.dist.memory import check_fits
 from shoestring.dist.parallelism import (
     Parallelism,
     check_layout,
-    micro_batch_of,
     world_from_env,
 )
 from shoestring.errors import ShoestringError, TrainingInterrupted  # noqa: F401 (re-export)
@@ -291,7 +290,7 @@ def train(
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
     check_layout(cfg, layout, data.vocab_size, world, device_type)
     train_split = data.split("train", verify="sha256")  # a flipped byte must not train silently
-    spare = check_fits(cfg.model, data.vocab_size, data.seq_len, micro_batch_of(cfg, layout),
+    spare = check_fits(cfg.model, data.vocab_size, data.seq_len, cfg.train.micro_batch(layout.dp),
                        layout, cfg.train.precision, device_type,
                        local_ranks=int(os.environ.get("LOCAL_WORLD_SIZE", 1)))["spare"]
     if ckpt is None:
@@ -439,7 +438,7 @@ def _setup(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
     flops_per_token = train_flops_per_token(cfg.model, vocab, seq_len, objective.head_fraction)
     spec = parse_budget(tc.budget) if tc.budget is not None else None
     budget = Budget.from_spec(spec, tc.steps, flops_per_token)
-    micro = micro_batch_of(cfg, parallel.layout)
+    micro = cfg.train.micro_batch(parallel.layout.dp)
     speed = _speed_choices(cfg, parallel, dev, micro, seq_len, budget, flops_per_token,
                            spare_bytes, ckpt.state.get("attention") if ckpt else None)
     set_attention_kernel(model, speed.attention)

@@ -81,7 +81,7 @@ def batch_at(cfg: TrainConfig, progress: float, quantum: int | None = None) -> i
     A micro-step is ``quantum`` sequences: one micro-batch on every data-parallel rank
     (``dp × micro_batch``); one micro-batch in one process.
     """
-    step = quantum or cfg.micro_batch
+    step = quantum or cfg.micro_batch()
     if cfg.batch_ramp <= 0 or progress >= cfg.batch_ramp:
         return cfg.batch_size
     target = cfg.batch_size * progress / cfg.batch_ramp
