@@ -113,7 +113,7 @@ class Curator:
         if cfg.dedup == "substring":
             from shoestring.data.curate.substring import SubstringDedup
 
-            stateful.append(SubstringDedup(cfg.substring_min_span, ex))
+            stateful.append(SubstringDedup(cfg.substring_min_span, ex, cfg.substring_max_mb))
         decontam: list[Block] = []
         if cfg.decontam:
             from shoestring.data.curate.decontam import Decontaminate, EvalNgrams
