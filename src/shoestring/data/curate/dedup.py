@@ -2,8 +2,8 @@
 
 The key is a 128-bit BLAKE2b digest of the text after the normalize block, so documents
 that differ only in Unicode form, invisible characters or whitespace are duplicates too.
-Memory is one set entry per distinct document (a 128-bit int and its set slot: 104 bytes
-per document measured with tracemalloc over 100,000 keys by bench/dedup_rss.py), never the
+Memory is one set entry per distinct document (a 128-bit int and its set slot: 86 bytes
+per document measured with tracemalloc over 200,000 keys by bench/dedup_rss.py), never the
 text. With ``against`` (``--dedup-against``) a document whose key is in an earlier data
 dir's index is dropped too (``duplicate_in_earlier_data``), looked up by binary search in
 the memory-mapped index (``dedup_index``).
