@@ -17,6 +17,11 @@ LSH: the signature is cut into ``bands`` bands of ``rows`` values; each band is 
 64-bit key. Two documents are candidates when any band key is equal, which happens with
 probability ``1 - (1 - J**rows)**bands`` for Jaccard similarity ``J`` (14 × 8: 0.92 at
 J = 0.8, 0.57 at J = 0.7, 0.06 at J = 0.5).
+
+Deciding (``FuzzyDedup``): band keys spill to one file per band and each band is sorted
+once (``first_in_bucket``), so memory holds arrays of a few bytes per document instead of
+dict tables (docs/data.md, "Bounded memory"). The ray executor decides with the same rule
+on its own shuffled buckets (``distributed.shuffle.bucket_firsts``).
 """
 
 from __future__ import annotations
