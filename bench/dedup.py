@@ -18,8 +18,8 @@ batch API (``RMinHash.digest_matrix_from_token_sets`` on shingle strings, and
 ``MinhashDedupSignature`` → ``MinhashDedupBuckets`` → ``MinhashDedupCluster`` stages on one
 worker with its default hashing (xxhash 64-bit, permutations mod 2**61-1) and
 ``get_shingles`` overridden to our shingles. Recall for rensa is of its signatures' band
-collisions; for datatrove of the pairs its bucket stage wrote. Timed: text → shingles → signature → LSH query +
-insert, per document in corpus order; corpus loading and the ground truth are not timed.
+collisions; for datatrove of the pairs its bucket stage wrote. Timed: text → shingles → signature → LSH decision
+(for shoestring: its FuzzyDedup block, spill and replay included); corpus loading and the ground truth are not timed.
 Predicted pairs are the LSH candidate pairs (documents sharing at least one band).
 
     python bench/dedup.py                       # everything, 3 runs (seeds) per side
@@ -42,7 +42,13 @@ from pathlib import Path
 
 import numpy as np
 
-from shoestring.data.curate.minhash import LSHIndex, MinHasher, candidate_probability
+from shoestring.data.curate.minhash import (
+    FuzzyDedup,
+    MinHasher,
+    band_collisions,
+    candidate_probability,
+)
+from shoestring.data.sources import Document
 from shoestring.data.curate.text import words
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "data" / "corpora" / "mixed-en.jsonl"
@@ -114,25 +120,24 @@ def truth_pairs(sets: list[list[str]], threshold: float) -> dict[tuple[int, int]
 
 
 def run_ours(texts: list[str], seed: int = 1, batch: int = 256) -> tuple[float, np.ndarray, int]:
-    """Timed: signatures in batches, band keys, index add per document (the FuzzyDedup path)."""
-    hasher = MinHasher(num_perm=112, ngram=5, bands=14, seed=seed)
-    index = LSHIndex(14)
-    keys_all = []
-    dropped = 0
+    """Timed: the FuzzyDedup block over the texts (batched signatures and band keys spilled
+    per band, the per-band sort, the replay). The keys for the pair score are computed
+    again, untimed."""
+    block = FuzzyDedup(seed=seed, batch=batch)
+    docs = [Document(text, "bench", str(i)) for i, text in enumerate(texts)]
     t = time.perf_counter()
-    for i in range(0, len(texts), batch):
-        sig, has = hasher.signatures(texts[i : i + batch])
-        keys = hasher.band_keys(sig)
-        keys_all.append(keys)
-        for row, ok in zip(keys.tolist(), has.tolist()):
-            if ok and index.add(row) is not None:
-                dropped += 1
+    kept = sum(1 for _ in block.process(docs))
     seconds = time.perf_counter() - t
-    return seconds, np.concatenate(keys_all), dropped
+    hasher = block.hasher
+    keys = np.concatenate([hasher.band_keys(hasher.signatures(texts[i : i + batch])[0])
+                           for i in range(0, len(texts), batch)])
+    return seconds, keys, len(texts) - kept
 
 
 def index_bytes_per_doc(texts: list[str]) -> float:
-    """Memory the LSH index holds per document (band tables + union-find), not timed."""
+    """Peak memory of the dedup decision per document (tracemalloc over ``band_collisions``
+    on the corpus's band keys, spilled as FuzzyDedup spills them), not timed."""
+    import tempfile
     import tracemalloc
 
     hasher = MinHasher(num_perm=112, ngram=5, bands=14)
@@ -141,14 +146,18 @@ def index_bytes_per_doc(texts: list[str]) -> float:
             hasher.band_keys(hasher.signatures(texts[i : i + 256])[0])
             for i in range(0, len(texts), 256)
         ]
-    ).tolist()
-    tracemalloc.start()
-    index = LSHIndex(14)
-    for row in keys:
-        index.add(row)
-    size = tracemalloc.get_traced_memory()[0]
-    tracemalloc.stop()
-    return size / len(keys)
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = [Path(tmp) / f"band-{b}.u64" for b in range(keys.shape[1])]
+        for b, path in enumerate(paths):
+            np.ascontiguousarray(keys[:, b]).tofile(path)
+        n = len(keys)
+        del keys
+        tracemalloc.start()
+        band_collisions(paths, n)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    return peak / n
 
 
 def pairs_from_keys(keys: np.ndarray) -> set[tuple[int, int]]:
@@ -400,7 +409,8 @@ def main() -> None:
     )
     per_doc = index_bytes_per_doc(texts)
     print(
-        f"LSH index memory (tracemalloc, after {len(texts):,} documents): {per_doc:,.0f} bytes/doc"
+        f"LSH decision memory (tracemalloc peak of band_collisions, {len(texts):,} documents): "
+        f"{per_doc:,.0f} bytes/doc"
     )
 
     results: dict[str, dict] = {}

@@ -192,7 +192,8 @@ def test_ray_refuses_what_it_does_not_run(tmp_path: Path) -> None:
     for args, named in ((["--workers", "2"], "--workers"),
                         (["--explain", "3"], "--explain"),
                         (["--canaries", "2"], "--canaries"),
-                        (["--dedup", "substring"], "substring")):
+                        (["--dedup", "substring"], "substring"),
+                        (["--dedup-against", str(tmp_path)], "--dedup-against")):
         proc = run_cli("prep", str(src), "-o", str(tmp_path / "d"), "--executor", "ray", *args,
                        timeout=120)
         assert proc.returncode == 2, proc.stderr

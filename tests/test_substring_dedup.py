@@ -125,3 +125,18 @@ def test_prep_dedup_substring_records_spans_and_explains(tmp_path: Path) -> None
     r = run_cli("prep", str(corpus), "-o", str(tmp_path / "bad"), "--dedup", "substring",
                 "--min-span", "1")
     assert r.returncode == 2 and "--min-span" in r.stderr and "Traceback" not in r.stderr
+    # Over curate.substring_max_mb it refuses (before the suffix array), naming the limit.
+    r = run_cli("prep", str(corpus), "-o", str(tmp_path / "big"), "--dedup", "substring",
+                "--set", "curate.substring_max_mb=0.01")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "substring_max_mb = 0.01 MB" in r.stderr and "--dedup fuzzy" in r.stderr
+    assert not (tmp_path / "big").exists()
+
+
+def test_substring_dedup_refuses_text_over_its_limit() -> None:
+    from shoestring.errors import ShoestringError
+
+    docs = [Document("word " * 300, "t", f"d{i}") for i in range(10)]  # 1,500 chars each
+    assert len(list(SubstringDedup(50, max_mb=0.02).process(docs))) == 1  # 15,000: fits
+    with pytest.raises(ShoestringError, match="at document 7, d6"):
+        list(SubstringDedup(50, max_mb=0.01).process(docs))

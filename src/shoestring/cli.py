@@ -200,6 +200,12 @@ def prep(
         typer.Option("--decontam", help="Evaluation file/folder whose 13-grams are removed (repeatable).",
                      metavar="PATH"),
     ] = None,
+    dedup_against: Annotated[
+        Optional[list[str]],
+        typer.Option("--dedup-against", metavar="DATA_DIR",
+                     help="Also drop documents (near-)duplicating an earlier data dir, from the "
+                     "dedup index prep kept there (repeatable)."),
+    ] = None,
     explain: Annotated[
         Optional[int], typer.Option("--explain", min=0, help="Print N dropped documents per reason.")
     ] = None,
@@ -231,6 +237,8 @@ def prep(
     cfg = _config(config, sets, flags=options)
     if decontam:
         cfg.curate.decontam = [*cfg.curate.decontam, *decontam]
+    if dedup_against:
+        cfg.curate.dedup_against = [*cfg.curate.dedup_against, *dedup_against]
     ray_options = _ray_options(executor, ray_address)
     try:
         manifest = run_prep(sources, output, cfg.data, console=err, curate=cfg.curate,
@@ -284,6 +292,10 @@ def _print_prep(manifest: dict, output: Path) -> None:
         if block["block"] == "substring_dedup":
             t.add_row("substring dedup (spans)", f"{block['spans_removed']:,} repeats of ≥ "
                       f"{block['min_span_words']} words cut ({block['bytes_removed']:,} bytes)")
+    for old in manifest.get("dedup_against", []):
+        dropped = ", ".join(f"{n:,} by {b.replace('_', ' ')}" for b, n in old["dropped"].items())
+        t.add_row("deduped against", f"{old['path']} ({old['indexed']['exact']:,} texts "
+                  f"indexed): dropped {dropped}")
     for block in manifest.get("blocks", []):
         if block["block"] == "canaries":
             t.add_row("canaries", f"{block['canaries']} ({block['copies_inserted']:,} copies, "

@@ -421,6 +421,15 @@ class CurateConfig(_Section):
     substring_min_span: int = Field(
         50, ge=2, le=100_000, description="substring dedup: shortest repeated span cut (words)"
     )
+    substring_max_mb: float = Field(
+        200.0, gt=0, description="substring dedup refuses a corpus of more text than this, in "
+        "MB (million characters): it holds the corpus and a suffix array, ~20 MB of memory "
+        "per MB of text (docs/data.md)"
+    )
+    dedup_against: list[str] = Field(
+        default_factory=list, description="earlier data dirs whose dedup index new documents "
+        "are deduplicated against (exact and, with dedup=fuzzy, MinHash), without their text"
+    )
     canaries: int = Field(0, ge=0, le=10_000, description="random secrets inserted (docs/privacy.md)")
     canary_repeats: _Copies | list[_Copies] = Field(
         1, description="copies of each canary in train; a list [1, 4, 16] cycles over canaries"

@@ -117,10 +117,23 @@ def data_fingerprint(specs: list[str], cfg: DataConfig, curate: CurateConfig | N
     """What a data dir was built from (sources, data settings, curation); `cram` reuses a
     data dir whose fingerprint matches, and an interrupted prep resumes only on a match."""
     fingerprint = _fingerprint(specs, resolve_sources(specs) if files is None else files, cfg)
-    if curate is not None:  # curation changes the output
+    if curate is not None:  # curation changes the output (and so do the dedup-against dirs)
         settings = json.dumps(curate.model_dump(mode="json", exclude={"explain"}), sort_keys=True)
+        if curate.dedup_against:
+            settings += json.dumps(_manifest_fingerprints(curate.dedup_against))
         fingerprint = hashlib.sha256(f"{fingerprint}:{settings}".encode()).hexdigest()
     return fingerprint
+
+
+def _manifest_fingerprints(dirs: list[str]) -> list[str | None]:
+    """The fingerprints of data dirs (None where there is no readable manifest)."""
+    out: list[str | None] = []
+    for d in dirs:
+        try:
+            out.append(json.loads((Path(d) / "manifest.json").read_text()).get("fingerprint"))
+        except (OSError, ValueError):
+            out.append(None)
+    return out
 
 
 def build_dir(out: Path) -> Path:
@@ -326,6 +339,7 @@ class _Pipeline:
         self.encoded: dict[str, dict] = {}
         self._forced_train: set[int] = set()  # spool lines kept in train (canary hosts)
         self._compress = None  # built once the tokenizer is known (run)
+        self._dedup: dict[str, Any] = {}  # dedup_index / dedup_against, for the manifest
         self.median_ratio: float | None = None
 
     def run(self) -> dict:
@@ -439,6 +453,7 @@ class _Pipeline:
             "skipped_examples": stats.skipped[:20],
             "blocks": self.blocks,
             "split": split,
+            **self._dedup,
         }
         self.journal.put("read", result)
         return result
@@ -512,10 +527,18 @@ class _Pipeline:
             return
         from shoestring.data.curate import Curator
 
+        from shoestring.data.curate.dedup_index import DIR
+
         # Cleaning and data.min_chars already ran in _clean (in the workers).
-        curator = Curator.from_config(self.curate_cfg, clean=False)
+        index_dir = self.build / DIR if self.curate_cfg.dedup != "none" else None
+        curator = Curator.from_config(self.curate_cfg, clean=False,
+                                      work_dir=self.build / WORK_DIR, index_dir=index_dir)
         yield from curator.run(docs)
         self.blocks.extend(b for b in curator.stats()["blocks"] if b["block"] != "compressibility")
+        if index_dir is not None:  # persisted for a later prep's --dedup-against
+            self._dedup["dedup_index"] = curator.finish_dedup_index(index_dir)
+        if curator.against:
+            self._dedup["dedup_against"] = curator.against_summary()
         if self.curate_cfg.explain:
             self.console.print(curator.explain(self.curate_cfg.explain), markup=False,
                                highlight=False)
@@ -803,6 +826,7 @@ class _Pipeline:
             "documents": {**read["documents"], "kept": kept,
                           **{name: splits[name]["documents"] for name in ("train", "val")}},
             "split": read["split"],
+            **{k: read[k] for k in ("dedup_index", "dedup_against") if k in read},
             "skipped_examples": read["skipped_examples"],
             "blocks": blocks,
             "tokenizer": {**tok_info, "special_ids": ids},

@@ -17,16 +17,27 @@ LSH: the signature is cut into ``bands`` bands of ``rows`` values; each band is 
 64-bit key. Two documents are candidates when any band key is equal, which happens with
 probability ``1 - (1 - J**rows)**bands`` for Jaccard similarity ``J`` (14 × 8: 0.92 at
 J = 0.8, 0.57 at J = 0.7, 0.06 at J = 0.5).
+
+Deciding (``FuzzyDedup``): band keys spill to one file per band and each band is sorted
+once (``first_in_bucket``), so memory holds arrays of a few bytes per document instead of
+dict tables (docs/data.md, "Bounded memory"). The ray executor decides with the same rule
+on its own shuffled buckets (``distributed.shuffle.bucket_firsts``).
 """
 
 from __future__ import annotations
 
-from array import array
+import itertools
+import pickle
+import tempfile
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from shoestring.data.curate.blocks import Block, Drop
+from shoestring.data.curate.dedup_index import MINHASH_FILE, DedupIndex, save_array_atomic
 from shoestring.data.curate.text import batch_word_hashes, fmix64, ngram_hashes
 from shoestring.data.sources import Document
 
@@ -127,84 +138,113 @@ def candidate_probability(jaccard: float, bands: int, rows: int) -> float:
     return 1.0 - (1.0 - jaccard**rows) ** bands
 
 
-class LSHIndex:
-    """Band tables plus union-find over everything added; decides "seen a near-duplicate?".
+def first_in_bucket(keys: np.ndarray) -> np.ndarray:
+    """For every position, the first position with the same key (itself when it is first).
 
-    Each band table maps a band key to the first document that had it, so memory is one
-    dict entry per new (band, key) plus 16 bytes per document for the union-find arrays:
-    about 0.6 KB per document with 14 bands (559 bytes measured with tracemalloc over 8,018
-    documents by bench/dedup.py), and nothing per document text.
-    Documents are numbered in the order they are added.
+    One stable sort: equal keys end up adjacent, in input order, so the first of each run
+    is the earliest document of that LSH bucket. Memory: about 33 bytes per key besides
+    ``keys`` (the order, a run flag and the answer)."""
+    n = len(keys)
+    order = np.argsort(keys, kind="stable")
+    start = np.empty(n, dtype=bool)
+    start[:1] = True
+    sorted_keys = keys[order]
+    np.not_equal(sorted_keys[1:], sorted_keys[:-1], out=start[1:])
+    del sorted_keys
+    run = np.arange(n, dtype=np.int64)
+    run[~start] = 0
+    np.maximum.accumulate(run, out=run)  # each sorted position → where its run starts
+    first = np.empty(n, dtype=np.int64)
+    first[order] = order[run]
+    return first
+
+
+def _roots(parent: np.ndarray, x: np.ndarray) -> np.ndarray:
+    r = parent[x]
+    while True:
+        up = parent[r]
+        if np.array_equal(up, r):
+            return r
+        r = up
+
+
+def union_pairs(parent: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+    """Union-find over a numpy parent array: merge the components of every pair (a[i], b[i]).
+
+    Vectorized: each round finds the pairs' roots and hooks the larger root under the
+    smallest one it meets (``np.minimum.at``), so every root is the smallest document of
+    its tree and a round merges at least one pair; rounds repeat until no pair spans two
+    components."""
+    while len(a):
+        ra, rb = _roots(parent, a), _roots(parent, b)
+        apart = ra != rb
+        a, b, ra, rb = a[apart], b[apart], ra[apart], rb[apart]
+        np.minimum.at(parent, np.maximum(ra, rb), np.minimum(ra, rb))
+
+
+def component_labels(parent: np.ndarray) -> np.ndarray:
+    """Every document's root (the smallest document of its component), by pointer jumping."""
+    while True:
+        up = parent[parent]
+        if np.array_equal(up, parent):
+            return parent
+        parent = up
+
+
+def band_collisions(band_files: Sequence[Path], n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(earliest, labels) for ``n`` documents whose band keys are in ``band_files`` (one
+    raw uint64 file per band, a key per document in input order).
+
+    ``earliest[i]``: the first document sharing any band with document ``i`` (``i`` when
+    none came before it) — so ``i`` is dropped exactly when ``earliest[i] < i``, the
+    streaming keep rule. ``labels``: the connected components of the "shares a band" graph
+    (the union-find of every document with the first of each bucket it is in).
+    Memory: 16 bytes per document held (the two answers), plus about 41 per document for
+    one band at a time (its keys and ``first_in_bucket``); nothing per text byte.
     """
+    earliest = np.arange(n, dtype=np.int64)
+    parent = np.arange(n, dtype=np.int64)
+    for path in band_files:
+        first = first_in_bucket(np.fromfile(path, dtype=np.uint64, count=n))
+        later = np.flatnonzero(first != np.arange(n, dtype=np.int64))
+        owners = first[later]
+        del first
+        earliest[later] = np.minimum(earliest[later], owners)
+        union_pairs(parent, later, owners)
+    return earliest, component_labels(parent)
 
-    def __init__(self, bands: int) -> None:
-        self._tables: list[dict[int, int]] = [{} for _ in range(bands)]
-        self._parent = array("q")
-        self._size = array("q")
-        self.clusters = 0  # components with two or more documents
 
-    def __len__(self) -> int:
-        return len(self._parent)
-
-    def add(self, keys: Sequence[int]) -> int | None:
-        """Add a document by its band keys; return the earliest document it collides with.
-
-        The new document is merged (union-find) with every document whose band it shares,
-        so clusters are the connected components of the "shares a band" graph. ``None``
-        means it collided with nothing seen before.
-        """
-        doc = len(self._parent)
-        self._parent.append(doc)
-        self._size.append(1)
-        earliest: int | None = None
-        for table, key in zip(self._tables, keys):
-            owner = table.setdefault(key, doc)
-            if owner != doc:
-                self._union(doc, owner)
-                if earliest is None or owner < earliest:
-                    earliest = owner
-        return earliest
-
-    def find(self, doc: int) -> int:
-        parent = self._parent
-        while parent[doc] != doc:
-            parent[doc] = parent[parent[doc]]
-            doc = parent[doc]
-        return doc
-
-    def _union(self, a: int, b: int) -> None:
-        ra, rb = self.find(a), self.find(b)
-        if ra == rb:
-            return
-        sa, sb = self._size[ra], self._size[rb]
-        self.clusters += 1 - (sa >= 2) - (sb >= 2)
-        if sa < sb:
-            ra, rb = rb, ra
-        self._parent[rb] = ra
-        self._size[ra] = sa + sb
-
-    def cluster_sizes(self) -> dict[int, int]:
-        """Size histogram of the clusters with two or more documents (size → count)."""
-        hist: dict[int, int] = {}
-        for doc in range(len(self._parent)):
-            if self._parent[doc] == doc and self._size[doc] >= 2:
-                hist[self._size[doc]] = hist.get(self._size[doc], 0) + 1
-        return dict(sorted(hist.items()))
+def cluster_histogram(labels: np.ndarray) -> dict[int, int]:
+    """Size histogram of the components with two or more documents (size → count)."""
+    sizes = np.bincount(labels)
+    sizes = sizes[sizes >= 2]
+    values, counts = np.unique(sizes, return_counts=True)
+    return {int(v): int(c) for v, c in zip(values, counts)}
 
 
 class FuzzyDedup(Block):
     """Near-duplicate removal with MinHash LSH; keeps the first document seen of a cluster.
 
-    Keep rule (streaming, deterministic): a document is dropped when it shares an LSH band
-    with any document seen before it, i.e. when it joins an existing cluster; the kept
-    document of a cluster is therefore its first in input order. Clusters are the connected
-    components of the "shares a band" graph (union-find). A rare late document that
-    bridges two clusters whose first documents did not collide with each other is dropped,
-    and both first documents stay. Documents without any word are passed through (exact
-    dedup handles empty-ish texts).
+    Keep rule (deterministic): a document is dropped when it shares an LSH band with any
+    document before it, i.e. when it joins an existing cluster; the kept document of a
+    cluster is therefore its first in input order. Clusters are the connected components
+    of the "shares a band" graph (union-find). A rare late document that bridges two
+    clusters whose first documents did not collide with each other is dropped, and both
+    first documents stay. Documents without any word are passed through (exact dedup
+    handles empty-ish texts).
 
-    Documents are hashed in batches of ``batch`` (one vectorized pass each) and then decided
-    one by one in input order, so results do not depend on the batch size.
+    Bounded memory, in three steps (docs/data.md): (1) documents are hashed in batches of
+    ``batch`` and spooled, with their band keys written to one file per band, in a
+    temporary folder under ``work_dir``; (2) each band's keys are sorted to find the first
+    document of every bucket (``band_collisions``); (3) the spool is replayed in order,
+    keeping or dropping each document. Peak memory holds one batch of documents and about
+    60 bytes per document (never the text), so it does not grow with the text's size; the
+    temporary disk is the kept text plus 8 bytes per band per document. Results do not
+    depend on the batch size.
+
+    ``against``: earlier data dirs' indexes (``--dedup-against``); a document sharing a
+    band with any document they indexed is dropped (``near_duplicate_in_earlier_data``).
+    ``index_dir``: where to write this corpus's band keys (``minhash.npy``) for later runs.
     """
 
     name = "fuzzy_dedup"
@@ -218,54 +258,119 @@ class FuzzyDedup(Block):
         seed: int = 1,
         batch: int = 256,
         keep_examples: int = 0,
+        work_dir: Path | None = None,
+        against: Sequence[DedupIndex] = (),
+        index_dir: Path | None = None,
     ) -> None:
         super().__init__(keep_examples)
         self.hasher = MinHasher(num_perm=bands * rows, ngram=ngram, seed=seed, bands=bands)
-        self.index = LSHIndex(bands)
         self.batch = batch
+        self.work_dir = work_dir
+        self.against = list(against)
+        self.against_dropped = [0] * len(self.against)
+        self.index_dir = index_dir
         self.no_words = 0
-        # Only kept when examples are wanted: index number → doc_id, to name the original.
-        self._ids: list[str] | None = [] if keep_examples else None
+        self.indexed = 0
+        self.clusters = 0
+        self.cluster_sizes: dict[int, int] = {}
+
+    def settings(self) -> dict[str, int]:
+        """What the band keys depend on (recorded in the dedup index)."""
+        h = self.hasher
+        return {"ngram": h.ngram, "bands": h.bands, "rows": h.rows, "seed": h.seed}
 
     def process(self, docs: Iterable[Document]) -> Iterator[Document]:
-        pending: list[Document] = []
-        for doc in docs:
-            pending.append(doc)
-            if len(pending) == self.batch:
-                yield from self._decide(pending)
-                pending = []
-        if pending:
-            yield from self._decide(pending)
+        if self.work_dir is not None:
+            self.work_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="fuzzy-dedup-", dir=self.work_dir) as tmp:
+            folder = Path(tmp)
+            n = self._spill(docs, folder)
+            bands = [folder / f"band-{b:03d}.u64" for b in range(self.hasher.bands)]
+            earliest, labels = band_collisions(bands, n)
+            self.indexed = n
+            self.cluster_sizes = cluster_histogram(labels)
+            self.clusters = sum(self.cluster_sizes.values())
+            del labels
+            if self.index_dir is not None:
+                save_array_atomic(self.index_dir / MINHASH_FILE, (len(bands), n),
+                                  (np.sort(np.fromfile(p, dtype=np.uint64)) for p in bands))
+            old = np.fromfile(folder / "old.i8", dtype=np.int8)
+            yield from self._replay(folder / "docs.pkl", earliest, old)
 
-    def _decide(self, docs: list[Document]) -> Iterator[Document]:
-        sig, has = self.hasher.signatures([d.text for d in docs])
-        keys = self.hasher.band_keys(sig).tolist()
+    def _spill(self, docs: Iterable[Document], folder: Path) -> int:
+        """Step 1: hash batches, append band keys per band, spool the documents."""
+        it = iter(docs)
+        n = 0
+        with ExitStack() as files:
+            bands = [files.enter_context(open(folder / f"band-{b:03d}.u64", "wb"))
+                     for b in range(self.hasher.bands)]
+            old = files.enter_context(open(folder / "old.i8", "wb"))
+            spool = files.enter_context(open(folder / "docs.pkl", "wb"))
+            while batch := list(itertools.islice(it, self.batch)):
+                sig, has = self.hasher.signatures([d.text for d in batch])
+                keys = self.hasher.band_keys(sig[has])
+                for b, f in enumerate(bands):
+                    np.ascontiguousarray(keys[:, b]).tofile(f)
+                self._old_hits(keys).tofile(old)
+                pickle.dump((batch, has), spool, protocol=pickle.HIGHEST_PROTOCOL)
+                n += len(keys)
+        return n
+
+    def _old_hits(self, keys: np.ndarray) -> np.ndarray:
+        """Per row of band keys: the first ``against`` index it collides with, else -1."""
+        which = np.full(len(keys), -1, dtype=np.int8)
+        for i, idx in enumerate(self.against):
+            hit = idx.band_hits(keys) & (which < 0)
+            which[hit] = i
+        return which
+
+    def _replay(self, spool: Path, earliest: np.ndarray, old: np.ndarray) -> Iterator[Document]:
+        """Step 3: the spooled documents again, in order, each kept or dropped."""
         stats = self.stats
-        for doc, doc_keys, ok in zip(docs, keys, has.tolist()):
-            stats.docs_in += 1
-            if not ok:
-                self.no_words += 1
-                stats.docs_out += 1
-                yield doc
-                continue
-            earlier = self.index.add(doc_keys)
-            if self._ids is not None:
-                self._ids.append(doc.doc_id)
-            if earlier is None:
-                stats.docs_out += 1
-                yield doc
-            else:
-                first = self._ids[earlier] if self._ids is not None else "an earlier document"
-                self.record_drop(
-                    doc, Drop("near_duplicate", f"shares a MinHash LSH band with {first}")
-                )
+        ids: dict[int, str] = {}
+        need: set[int] = set()
+        if self.keep_examples:  # the originals the first examples name (ids kept: a few)
+            pos = np.arange(len(earliest))
+            dropped = np.flatnonzero((earliest < pos) & (old < 0))[: self.keep_examples]
+            need = set(earliest[dropped].tolist())
+        i = 0
+        with open(spool, "rb") as f:
+            while True:
+                try:
+                    batch, has = pickle.load(f)
+                except EOFError:
+                    break
+                for doc, ok in zip(batch, has.tolist()):
+                    stats.docs_in += 1
+                    if not ok:
+                        self.no_words += 1
+                        stats.docs_out += 1
+                        yield doc
+                        continue
+                    pos, i = i, i + 1
+                    if pos in need:
+                        ids[pos] = doc.doc_id
+                    first, by = int(earliest[pos]), int(old[pos])
+                    if by >= 0:
+                        self.against_dropped[by] += 1
+                        self.record_drop(doc, Drop(
+                            "near_duplicate_in_earlier_data",
+                            f"shares a MinHash LSH band with a document of {self.against[by].path}"))
+                    elif first < pos:
+                        name = ids.get(first, "an earlier document")
+                        self.record_drop(doc, Drop("near_duplicate",
+                                                   f"shares a MinHash LSH band with {name}"))
+                    else:
+                        stats.docs_out += 1
+                        yield doc
 
     def report(self) -> dict:
+        extra: dict[str, Any] = {"against": self.against_dropped} if self.against else {}
         return self.stats.to_dict() | {
-            "clusters": self.index.clusters,
-            "cluster_sizes": {str(k): v for k, v in self.index.cluster_sizes().items()},
-            "indexed": len(self.index),
+            "clusters": self.clusters,
+            "cluster_sizes": {str(k): v for k, v in self.cluster_sizes.items()},
+            "indexed": self.indexed,
             "bands": self.hasher.bands,
             "rows": self.hasher.rows,
             "ngram": self.hasher.ngram,
-        }
+        } | extra

@@ -16,13 +16,16 @@ Integration (what ``prep`` does; its own clean stage already normalized and appl
 A corpus reduced to nothing: ``curator.empty_error(where)`` names what each block removed.
 
 Memory: blocks hold no documents except fuzzy dedup's current batch (256) and the dedup
-indexes (about 100 bytes per distinct document for exact, about 0.6 KB for fuzzy) — except
-substring dedup, which holds the whole corpus plus ~40 bytes per word (docs/data.md).
+indexes (about 100 bytes per distinct document for exact; for fuzzy, at most ~60 bytes per
+document while it decides, its band keys and documents being spilled to disk) — except
+substring dedup, which holds the whole corpus plus ~125 bytes per word, and so refuses more
+than ``curate.substring_max_mb`` of text (docs/data.md).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any, Literal
 
 from shoestring.config import CurateConfig
@@ -37,13 +40,16 @@ Part = Literal["all", "stateless", "stateful"]
 class Curator:
     """An ordered list of blocks and the post-tokenizer compressibility check."""
 
-    def __init__(self, blocks: list[Block], compress: Compressibility | None = None) -> None:
+    def __init__(self, blocks: list[Block], compress: Compressibility | None = None,
+                 against: list[Any] | None = None) -> None:
         self.blocks = blocks
         self.compress = compress
+        self.against = against or []  # dedup_index.DedupIndex of --dedup-against
 
     @classmethod
     def from_config(
-        cls, cfg: CurateConfig, *, min_chars: int = 1, clean: bool = True, part: Part = "all"
+        cls, cfg: CurateConfig, *, min_chars: int = 1, clean: bool = True, part: Part = "all",
+        work_dir: Path | None = None, index_dir: Path | None = None,
     ) -> Curator:
         """Build the blocks ``cfg`` asks for, in the documented order.
 
@@ -54,7 +60,12 @@ class Curator:
         ``part`` splits the pipeline for parallel prep: ``"stateless"`` blocks (normalize,
         length, filters, decontamination) can run in each worker; the ``"stateful"`` ones
         (dedup) must see every document in one process. Decontamination reads its
-        evaluation files here, so a bad path fails before any corpus work.
+        evaluation files here, so a bad path fails before any corpus work; likewise the
+        ``dedup_against`` indexes are opened and checked here.
+
+        ``work_dir``: where fuzzy dedup spills (a temporary folder of its own inside;
+        default: the system's temporary folder). ``index_dir``: where the dedup blocks write
+        this corpus's dedup index (``dedup_index``); None writes none.
         """
         ex = cfg.explain
         stateless: list[Block] = []
@@ -94,10 +105,11 @@ class Curator:
                     ex,
                 )
             )
+        against = _open_against(cfg)
         if cfg.dedup in ("exact", "fuzzy", "substring"):
             from shoestring.data.curate.dedup import ExactDedup
 
-            stateful.append(ExactDedup(ex))
+            stateful.append(ExactDedup(ex, against, index_dir))
         if cfg.dedup == "fuzzy":
             from shoestring.data.curate.minhash import FuzzyDedup
 
@@ -108,12 +120,15 @@ class Curator:
                     cfg.minhash_rows,
                     cfg.minhash_seed,
                     keep_examples=ex,
+                    work_dir=work_dir,
+                    against=against,
+                    index_dir=index_dir,
                 )
             )
         if cfg.dedup == "substring":
             from shoestring.data.curate.substring import SubstringDedup
 
-            stateful.append(SubstringDedup(cfg.substring_min_span, ex))
+            stateful.append(SubstringDedup(cfg.substring_min_span, ex, cfg.substring_max_mb))
         decontam: list[Block] = []
         if cfg.decontam:
             from shoestring.data.curate.decontam import Decontaminate, EvalNgrams
@@ -133,10 +148,29 @@ class Curator:
         if part == "stateless":
             return cls(stateless + decontam, compress)
         if part == "stateful":
-            return cls(stateful)
+            return cls(stateful, against=against)
         # Decontamination last (as in MT-NLG): fewer documents to check, and cut pieces are
         # not re-judged by the filters.
-        return cls(stateless + stateful + decontam, compress)
+        return cls(stateless + stateful + decontam, compress, against)
+
+    def finish_dedup_index(self, folder: Path) -> dict[str, Any] | None:
+        """After ``run``: write ``index.json`` beside the arrays the dedup blocks wrote in
+        ``folder`` (their ``index_dir``); the manifest's ``dedup_index`` (None: no dedup)."""
+        from shoestring.data.curate import dedup_index
+
+        by_name = {b.name: b for b in self.blocks}
+        exact = by_name.get("exact_dedup")
+        if exact is None:
+            return None
+        fuzzy = by_name.get("fuzzy_dedup")
+        minhash = None if fuzzy is None else {**fuzzy.settings(), "documents": fuzzy.indexed}
+        return dedup_index.finish(folder, exact.report()["distinct"], minhash)
+
+    def against_summary(self) -> list[dict[str, Any]]:
+        """The manifest's ``dedup_against``: each earlier data dir and what it dropped."""
+        from shoestring.data.curate.dedup_index import against_summary
+
+        return against_summary(self.stats()["blocks"], self.against)
 
     def run(self, docs: Iterable[Document]) -> Iterator[Document]:
         """The kept documents, in input order, streaming through every block."""
@@ -180,6 +214,21 @@ class Curator:
     def empty_error(self, where: str) -> ShoestringError:
         """The error for a corpus that curation reduced to nothing: which block removed what."""
         return empty_corpus_error(self.stats(), where)
+
+
+def _open_against(cfg: CurateConfig) -> list[Any]:
+    """The ``--dedup-against`` indexes, checked against this run's dedup settings."""
+    if not cfg.dedup_against:
+        return []
+    if cfg.dedup == "none":
+        raise ShoestringError("--dedup-against needs dedup on", where="--dedup none",
+                              fix="use --dedup exact or --dedup fuzzy with --dedup-against")
+    from shoestring.data.curate.dedup_index import open_against
+
+    minhash = None if cfg.dedup != "fuzzy" else {
+        "ngram": cfg.minhash_ngram, "bands": cfg.minhash_bands, "rows": cfg.minhash_rows,
+        "seed": cfg.minhash_seed}
+    return open_against(cfg.dedup_against, minhash)
 
 
 # --- reporting (works from the stats dict, so the CLI prints exactly what the manifest holds)

@@ -23,7 +23,10 @@ Words become integer ids with ``pandas.factorize`` (a C hash table; twice as fas
 
 Memory: the block holds the corpus (it must see every document before it can keep any); its
 peak above that is about 125 bytes per word, mostly the word lists while mapping them to ids
-(docs/data.md has the measured growth).
+(docs/data.md has the measured growth). So it refuses a corpus of more than
+``curate.substring_max_mb`` (200 MB of text, ~4 GB of memory) with a ``ShoestringError``
+instead of running out of memory: a suffix array per bounded shard would silently miss the
+repeats across shards, which is the point of the block.
 """
 
 from __future__ import annotations
@@ -42,6 +45,9 @@ from shoestring.data.sources import Document
 from shoestring.errors import ShoestringError
 
 _WORD = re.compile(r"\S+")
+# Peak memory per MB of text, measured (bench/privacy.py dedup-speed, docs/data.md): ~18 MB
+# above the loaded text, which is itself ~1-2 MB per MB in Python strings.
+MB_PER_MB = 20
 
 
 @dataclass(frozen=True)
@@ -150,14 +156,16 @@ class SubstringDedup(Block):
     name = "substring_dedup"
     stateful = True
 
-    def __init__(self, min_span: int = 50, keep_examples: int = 0) -> None:
+    def __init__(self, min_span: int = 50, keep_examples: int = 0,
+                 max_mb: float = 200.0) -> None:
         super().__init__(keep_examples)
         self.min_span = min_span
+        self.max_mb = max_mb
         self.spans: Counter[str] = Counter()
         self.bytes: Counter[str] = Counter()
 
     def process(self, docs: Iterable[Document]) -> Iterator[Document]:
-        held = list(docs)
+        held = self._hold(docs)
         self.stats.docs_in += len(held)
         texts = [d.text for d in held]
         found = find_repeats(texts, self.min_span)
@@ -176,6 +184,28 @@ class SubstringDedup(Block):
             self.stats.changed += 1
             self.stats.docs_out += 1
             yield Document(text, doc.source, doc.doc_id)
+
+    def _hold(self, docs: Iterable[Document]) -> list[Document]:
+        """Every document, or a ``ShoestringError`` as soon as the text passes ``max_mb``
+        (before the suffix array is built: that is what needs ~20 MB per MB)."""
+        held: list[Document] = []
+        chars = 0
+        limit = self.max_mb * 1e6
+        for doc in docs:
+            held.append(doc)
+            chars += len(doc.text)
+            if chars > limit:
+                raise ShoestringError(
+                    f"substring dedup holds the whole corpus and its suffix array, about "
+                    f"{MB_PER_MB} MB of memory per MB of text; this corpus passed "
+                    f"curate.substring_max_mb = {self.max_mb:g} MB (at document {len(held):,}, "
+                    f"{doc.doc_id}), so it would need more than "
+                    f"{MB_PER_MB * self.max_mb / 1000:.1f} GB",
+                    where="--dedup substring",
+                    fix="use --dedup fuzzy (bounded memory) for a corpus this size, split the "
+                    "corpus and prep the parts (repeats across parts are then not cut), or, "
+                    "with the memory free, raise --set curate.substring_max_mb=MB")
+        return held
 
     def _remember(self, i: int, ranges: list[tuple[int, int]], pieces: list[str],
                   texts: list[str], held: list[Document]) -> None:

@@ -98,11 +98,15 @@ def plan_ray(cfg: DataConfig, curate: CurateConfig | None) -> RayPlan:
     if curate is not None and curate.canaries:
         refuse.append(("--canaries / curate.canaries", "plant canaries with --executor local "
                        "(docs/privacy.md)"))
+    if curate is not None and curate.dedup_against:
+        refuse.append(("--dedup-against / curate.dedup_against",
+                       "dedup against an earlier data dir with --executor local"))
     blocks: list[Block] = []
     if curate is not None:
         from shoestring.data.curate import Curator
 
-        blocks = Curator.from_config(curate, clean=False).blocks
+        blocks = Curator.from_config(curate.model_copy(update={"dedup_against": []}),
+                                     clean=False).blocks
     for block in blocks:
         if block.stateful and block.name not in SHUFFLES:
             refuse.append((f"the {block.name} block",

@@ -1,0 +1,195 @@
+"""The dedup index a data dir keeps, so a later prep can dedup against it (``--dedup-against``).
+
+``prep`` with dedup on writes, in the data dir's ``dedup/`` folder, what its dedup blocks
+kept — never their text:
+
+- ``exact.npy``: the 128-bit exact-dedup key (``dedup.text_key``) of every kept distinct
+  text, as ``(n, 2)`` uint64 rows (high, low), sorted: 16 bytes per document;
+- ``minhash.npy`` (``--dedup fuzzy`` only): the LSH band keys of every document fuzzy dedup
+  kept, ``(bands, n)`` uint64 with each band's row sorted: 8 bytes per band per document
+  (112 bytes with 14 bands);
+- ``index.json``: the format version, the counts and the MinHash settings the keys depend
+  on (shingle n-gram, bands, rows, seed).
+
+The manifest records the folder (``dedup_index``: the files with their sha256). A later
+``prep NEW --dedup-against OLD`` opens the arrays memory-mapped and looks every new key up
+with a binary search, so it reads neither OLD's text nor its index into memory.
+
+The keys are computed where the dedup blocks run: after cleaning and the quality filters,
+before decontamination; a document decontamination later removed is still in the index.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shoestring.errors import ShoestringError
+from shoestring.fsutil import write_json_atomic
+
+FORMAT = 1
+DIR = "dedup"
+EXACT_FILE = "exact.npy"
+MINHASH_FILE = "minhash.npy"
+INDEX_FILE = "index.json"
+MINHASH_SETTINGS = ("ngram", "bands", "rows", "seed")
+_LOW = (1 << 64) - 1
+
+
+def save_array_atomic(path: Path, shape: tuple[int, ...], rows: Iterable[np.ndarray]) -> None:
+    """Write a uint64 ``.npy`` of ``shape`` from its rows in order (memory: one row), through
+    a temporary sibling, so ``path`` is never half-written."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint64, shape=shape)
+        at = 0
+        for row in rows:
+            out[at] = row
+            at += 1
+        out.flush()
+        del out
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def save_exact(folder: Path, keys: Iterable[int], n: int) -> None:
+    """``exact.npy`` from the ``n`` kept 128-bit keys."""
+    table = np.empty((n, 2), dtype=np.uint64)
+    for i, key in enumerate(keys):
+        table[i, 0], table[i, 1] = key >> 64, key & _LOW
+    order = np.lexsort((table[:, 1], table[:, 0]))
+    save_array_atomic(folder / EXACT_FILE, (n, 2), (table[i] for i in order))
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def finish(folder: Path, exact_docs: int, minhash: dict[str, int] | None) -> dict[str, Any]:
+    """Write ``index.json`` beside the arrays the blocks wrote; return the manifest entry.
+
+    ``minhash``: the fuzzy block's settings and kept-document count (None without fuzzy)."""
+    index = {"format": FORMAT, "exact": {"file": EXACT_FILE, "documents": exact_docs},
+             "minhash": None if minhash is None else {"file": MINHASH_FILE, **minhash}}
+    write_json_atomic(folder / INDEX_FILE, index)
+    names = [INDEX_FILE, EXACT_FILE] + ([MINHASH_FILE] if minhash is not None else [])
+    return {**index, "dir": DIR,
+            "files": {f"{DIR}/{n}": {"bytes": (folder / n).stat().st_size,
+                                     "sha256": _sha256(folder / n)} for n in names}}
+
+
+class DedupIndex:
+    """An earlier data dir's dedup index, memory-mapped, for ``--dedup-against``."""
+
+    def __init__(self, path: Path, fingerprint: str, index: dict[str, Any],
+                 exact: np.ndarray, minhash: np.ndarray | None) -> None:
+        self.path, self.fingerprint, self.index = path, fingerprint, index
+        self._hi = exact[:, 0]
+        self._lo = exact[:, 1]
+        self.minhash = minhash
+
+    @classmethod
+    def open(cls, path: str | Path, minhash: dict[str, int] | None) -> DedupIndex:
+        """Open ``path``'s index; ``minhash``: the settings fuzzy dedup will use (None: exact
+        dedup only). Raises a ``ShoestringError`` naming what is missing or different."""
+        where = f"--dedup-against {path}"
+        root = Path(path)
+        manifest_path = root / "manifest.json"
+        if not manifest_path.is_file():
+            raise ShoestringError(f"{root} is not a shoestring data dir (no manifest.json)",
+                                  where=where, fix="name a folder written by shoestring prep")
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        entry = manifest.get("dedup_index")
+        if entry is None:
+            raise ShoestringError(
+                f"{root} has no dedup index: it was prepped with --dedup none, with the ray "
+                "executor, or by a shoestring older than the index", where=where,
+                fix=f"re-prep {root} with --dedup exact or fuzzy (--executor local), then "
+                "dedup against it")
+        if entry.get("format") != FORMAT:
+            raise ShoestringError(
+                f"{root}'s dedup index has format {entry.get('format')}; this shoestring reads "
+                f"format {FORMAT}", where=where, fix=f"re-prep {root} with this shoestring")
+        folder = root / entry.get("dir", DIR)
+        for name in entry["files"]:
+            if not (root / name).is_file():
+                raise ShoestringError(f"{root / name} is missing", where=where,
+                                      fix=f"re-prep {root}")
+        exact = np.load(folder / EXACT_FILE, mmap_mode="r")
+        bands = None
+        if minhash is not None:
+            bands = cls._open_minhash(root, folder, entry, minhash, where)
+        return cls(root, manifest.get("fingerprint", ""), entry, exact, bands)
+
+    @staticmethod
+    def _open_minhash(root: Path, folder: Path, entry: dict[str, Any], want: dict[str, int],
+                      where: str) -> np.ndarray:
+        have = entry.get("minhash")
+        if have is None:
+            raise ShoestringError(
+                f"{root} was prepped without --dedup fuzzy, so its index has no MinHash keys",
+                where=where, fix=f"re-prep {root} with --dedup fuzzy, or dedup the new corpus "
+                "with --dedup exact")
+        differ = [k for k in MINHASH_SETTINGS if have[k] != want[k]]
+        if differ:
+            shown = ", ".join(f"minhash_{k} {have[k]} there, {want[k]} here" for k in differ)
+            raise ShoestringError(
+                f"{root}'s MinHash settings differ from this run's: {shown}", where=where,
+                fix="use the same settings (--set " + " --set ".join(
+                    f"curate.minhash_{k}={have[k]}" for k in differ) + f"), or re-prep {root}")
+        return np.load(folder / MINHASH_FILE, mmap_mode="r")
+
+    def __len__(self) -> int:
+        return len(self._hi)
+
+    def has_exact(self, key: int) -> bool:
+        """Whether ``key`` (a 128-bit ``text_key``) is one of the indexed texts."""
+        hi, lo = np.uint64(key >> 64), np.uint64(key & _LOW)
+        a = int(np.searchsorted(self._hi, hi, "left"))
+        b = int(np.searchsorted(self._hi, hi, "right"))
+        return bool(a < b and (self._lo[a:b] == lo).any())
+
+    def band_hits(self, keys: np.ndarray) -> np.ndarray:
+        """Mask of the rows of ``keys`` (``(n, bands)`` band keys) that share a band with an
+        indexed document."""
+        hit = np.zeros(len(keys), dtype=bool)
+        if self.minhash is None or not self.minhash.shape[1]:
+            return hit
+        last = self.minhash.shape[1] - 1
+        for b in range(keys.shape[1]):
+            row = self.minhash[b]
+            at = np.minimum(np.searchsorted(row, keys[:, b]), last)
+            hit |= row[at] == keys[:, b]
+        return hit
+
+
+def open_against(paths: list[str], minhash: dict[str, int] | None) -> list[DedupIndex]:
+    """The indexes of ``--dedup-against`` (checked before any corpus work)."""
+    return [DedupIndex.open(p, minhash) for p in paths]
+
+
+def against_summary(blocks: list[dict[str, Any]], against: list[DedupIndex]) -> list[dict]:
+    """The manifest's ``dedup_against``: per earlier data dir, what it holds and what it
+    dropped (from the dedup blocks' ``against`` counts)."""
+    out = []
+    for i, idx in enumerate(against):
+        dropped = {b["block"]: b.get("against", [0] * len(against))[i] for b in blocks
+                   if b["block"] in ("exact_dedup", "fuzzy_dedup")}
+        out.append({"path": str(idx.path.resolve()), "fingerprint": idx.fingerprint,
+                    "indexed": {"exact": len(idx),
+                                "minhash": 0 if idx.minhash is None else idx.minhash.shape[1]},
+                    "dropped": dropped})
+    return out
