@@ -32,7 +32,7 @@ import itertools
 import re
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -175,7 +175,7 @@ class SubstringDedup(Block):
                 continue
             self.stats.changed += 1
             self.stats.docs_out += 1
-            yield Document(text, doc.source, doc.doc_id)
+            yield replace(doc, text=text)
 
     def _remember(self, i: int, ranges: list[tuple[int, int]], pieces: list[str],
                   texts: list[str], held: list[Document]) -> None:
