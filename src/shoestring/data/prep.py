@@ -825,7 +825,7 @@ class _Pipeline:
             out[name] = {**r, "tokens": (hi - lo) * self.cfg.seq_len}
             if split == "train" and hi == lo:
                 raise ShoestringError(
-                    f"data.mixture.sources.{name}: {r['documents']:,} training documents with "
+                    f"{r['documents']:,} training documents with "
                     f"{r['document_tokens']:,} tokens do not fill one sequence of "
                     f"{self.cfg.seq_len}", where=f"data.mixture.sources.{name}",
                     fix="add text to this source, or drop it from the mixture")
