@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import SHARED_DATA, fails_cleanly, run_cli
+from conftest import SHARED_DATA, data_dir_digests, fails_cleanly, run_cli
 from shoestring.data.datadir import DataDir
 from shoestring.data.loader import BatchLoader, Cursor
 from shoestring.data.mixture import epochs_at, parse_mix
@@ -271,6 +274,45 @@ def test_bad_recipes_fail_naming_the_field(mixed, tmp_path: Path) -> None:
     fails_cleanly(run_cli(*base, "-o", next(out), "--mix", "brown=1", cwd=folder),
                   "main.jsonl:2", "kind='abc'", "no source of data.mixture takes")
     assert not any((tmp_path / f"d{i}").exists() for i in range(10))
+
+
+def _prep_script(folder: Path, out: Path, fault: str | None) -> subprocess.CompletedProcess:
+    """prep of the recipe in a real process, tokenizing 20 documents a batch and journaling
+    after each; ``fault``: where it dies like `kill -9`."""
+    mixture = {"field": "kind", "sources": {
+        "brown": 0.5, "news": {"weight": 0.2, "value": "abc"},
+        "reviews": {"weight": 0.3, "files": [str(folder / "reviews.jsonl")]}}}
+    data = {"vocab_size": 2000, "seq_len": SEQ, "val_fraction": VAL, "mixture": mixture}
+    code = ("import json, sys; import shoestring.data.prep as p; from shoestring.config import "
+            "DataConfig; p.ENCODE_BATCH = 20; p.CHECKPOINT_CHARS = 1; "
+            f"p.prep([{str(folder / 'main.jsonl')!r}], {str(out)!r}, "
+            "DataConfig.model_validate(json.loads(sys.argv[1])))")
+    env = {k: v for k, v in os.environ.items() if k != "SHOESTRING_PREP_FAULT"}
+    if fault is not None:
+        env["SHOESTRING_PREP_FAULT"] = fault
+    return subprocess.run([sys.executable, "-c", code, json.dumps(data)], env=env, timeout=300,
+                          capture_output=True, text=True, check=False)
+
+
+def test_prep_of_a_mixture_resumes_after_a_kill_while_tokenizing(mixed, tmp_path: Path) -> None:
+    folder = mixed[0].parent
+    ref = _prep_script(folder, tmp_path / "ref", None)
+    assert ref.returncode == 0, ref.stderr
+    killed = _prep_script(folder, tmp_path / "d", "encode.train:2")
+    assert killed.returncode == 137, killed.stderr
+    state = json.loads((tmp_path / ".d.partial" / "journal.json").read_text())["stages"]
+    assert state["encode.train"]["documents"] == 40  # two batches of 20, per source so far
+    assert sum(state["encode.train"]["source_documents"]) == 40
+    resumed = _prep_script(folder, tmp_path / "d", None)
+    assert resumed.returncode == 0, resumed.stderr
+    m, want = (json.loads((tmp_path / d / "manifest.json").read_text()) for d in ("d", "ref"))
+    assert "encode.train" in m["resumed"]["stages"]
+    assert m["splits"]["train"]["sources"] == want["splits"]["train"]["sources"]
+    assert m["mixture"] == want["mixture"]
+    assert data_dir_digests(tmp_path / "d").keys() == data_dir_digests(tmp_path / "ref").keys()
+    shards = {k: v for k, v in data_dir_digests(tmp_path / "d").items() if k != "manifest.json"}
+    assert shards == {k: v for k, v in data_dir_digests(tmp_path / "ref").items()
+                      if k != "manifest.json"}
 
 
 def test_parse_mix_sugar() -> None:
