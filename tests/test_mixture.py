@@ -119,6 +119,9 @@ def test_manifest_counts_every_source_and_packs_each_contiguously(mixed) -> None
         assert part["document_tokens"] == int(lengths.sum())
         lo, hi = part["sequences"]
         assert sources[name]["train_tokens"] == part["tokens"] == (hi - lo) * SEQ
+        assert sources[name]["budget_per_epoch"] == round(part["tokens"] / part["weight"])
+        assert epochs_at(sources[name]["budget_per_epoch"], {name: sources[name]}) == \
+            pytest.approx({name: 1.0}, rel=1e-3)  # budget_per_epoch is rounded
         expected.append(flat)
     stream = np.concatenate(expected)
     n = train["sequences"]

@@ -391,7 +391,8 @@ class _Pipeline:
                               label_field=matcher.label_field if matcher else None)
         kept = self.build / "spool-all.jsonl"
         with progress_bar(self.console) as bar, open(kept, "w", encoding="utf-8") as f, \
-                open(self.build / "spool-all.src", "wb") as fsrc:
+                (open(kept.with_suffix(".src"), "wb") if matcher  # each line's source
+                 else contextlib.nullcontext()) as fsrc:
             task = bar.add_task("read + clean", total=None, unit="docs")
 
             def counted(stream: Iterator[Document]) -> Iterator[Document]:
@@ -415,7 +416,7 @@ class _Pipeline:
                 counts["kept"] += 1
                 counts["chars"] += len(doc.text)
                 f.write(json.dumps(doc.text, ensure_ascii=False) + "\n")
-                if matcher is not None:  # the source of each spooled document, 2 bytes
+                if matcher is not None:  # 2 bytes a document
                     fsrc.write(matcher.index(doc).to_bytes(2, "little"))
         if matcher is not None:
             matcher.check()
@@ -850,6 +851,8 @@ class _Pipeline:
                 "takes": ({"files": src.files} if src.files
                           else {"field": mix.field, "value": src.value or name}),
                 "train_tokens": train["tokens"], "val_tokens": val["tokens"],
+                # training tokens (all sources) per pass over this one: epochs = budget / this
+                "budget_per_epoch": round(train["tokens"] / train["weight"]),
                 "train_documents": train["documents"], "val_documents": val["documents"],
             }
         return {"field": mix.field, "sources": sources}
