@@ -209,6 +209,18 @@ def prep(
     explain: Annotated[
         Optional[int], typer.Option("--explain", min=0, help="Print N dropped documents per reason.")
     ] = None,
+    mix: Annotated[
+        Optional[str],
+        typer.Option("--mix", metavar="NAME=W,…|NAME=Ex,…|RECIPE.yaml",
+                     help="A data mixture: each source's share of the training tokens "
+                     "(wikipedia=0.6,gutenberg=0.4), or its epochs (wikipedia=2x,gutenberg=1x), "
+                     "or a YAML recipe (docs/data.md, Mixtures)."),
+    ] = None,
+    mix_field: Annotated[
+        Optional[str], typer.Option("--mix-field", metavar="FIELD",
+                                    help="With --mix: the JSON field naming each document's "
+                                    "source (default: source).")
+    ] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing data dir.")] = False,
     executor: Annotated[
         str, typer.Option("--executor", metavar="local|ray",
@@ -234,6 +246,12 @@ def prep(
                "--min-span": ("curate.substring_min_span", min_span),
                "--canaries": ("curate.canaries", canaries),
                "--canary-repeats": ("curate.canary_repeats", canary_repeats)}
+    if mix_field is not None and mix is None:
+        raise ShoestringError("--mix-field needs --mix", where="--mix-field")
+    if mix is not None:
+        from shoestring.data.mixture import parse_mix
+
+        options["--mix"] = ("data.mixture", parse_mix(mix, mix_field))
     cfg = _config(config, sets, flags=options)
     if decontam:
         cfg.curate.decontam = [*cfg.curate.decontam, *decontam]
@@ -311,6 +329,9 @@ def _print_prep(manifest: dict, output: Path) -> None:
     for name in ("train", "val"):
         s = splits[name]
         t.add_row(f"{name} sequences × {manifest['seq_len']}", f"{s['sequences']:,} ({s['tokens']:,} tokens)")
+    for name, src in ((manifest.get("mixture") or {}).get("sources") or {}).items():
+        t.add_row(f"source {name}", f"{src['weight']:.1%} of training; {src['train_tokens']:,} "
+                  f"train / {src['val_tokens']:,} val tokens")
     resumed = manifest.get("resumed") or {}
     if resumed.get("stages") or resumed.get("kept_shards"):
         t.add_row("resumed", f"stages {', '.join(resumed['stages']) or '-'}; "

@@ -10,7 +10,8 @@ ablation is one ``--set``.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -30,6 +31,73 @@ from shoestring.units import parse_budget
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class MixtureSource(_Section):
+    """One source of a data mixture: which documents are its, and how much of training it is
+    (see docs/data.md, "Mixtures")."""
+
+    weight: float | None = Field(
+        None, gt=0, description="share of the training tokens (relative: the weights are "
+        "normalized to sum to 1)"
+    )
+    epochs: float | None = Field(
+        None, gt=0, description="passes over this source's training tokens relative to the "
+        "others' (instead of weight; exact at a budget of the sum of epochs × tokens)"
+    )
+    value: str | None = Field(
+        None, min_length=1, description="the value of the mixture's field that selects this "
+        "source's documents (default: the source's name)"
+    )
+    files: list[str] | None = Field(
+        None, min_length=1, description="inputs (files, folders, globs) whose documents are "
+        "this source, instead of a field value"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _number_is_weight(cls, value: Any) -> Any:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return {"weight": value}  # `wikipedia: 0.6`
+        return value
+
+    @model_validator(mode="after")
+    def _one_amount(self) -> MixtureSource:
+        if (self.weight is None) == (self.epochs is None):
+            raise ValueError("give exactly one of weight or epochs")
+        if self.value is not None and self.files is not None:
+            raise ValueError("give value (a field value) or files, not both")
+        return self
+
+
+class MixtureConfig(_Section):
+    """A designed data mixture: named sources, each a share of the training tokens."""
+
+    field: str = Field(
+        "source", min_length=1, description="JSON-lines field whose value names a "
+        "document's source (for sources without files)"
+    )
+    sources: dict[str, MixtureSource] = Field(
+        ..., min_length=1, description="source name → weight (or {weight|epochs, value|files})"
+    )
+
+    @field_validator("sources")
+    @classmethod
+    def _names(cls, value: dict[str, MixtureSource]) -> dict[str, MixtureSource]:
+        for name in value:
+            if not name.strip() or any(c in name for c in ",="):
+                raise ValueError(f"source name {name!r} must be non-empty, without ',' or '='")
+        return value
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> MixtureConfig:
+        by_weight = [n for n, s in self.sources.items() if s.weight is not None]
+        by_epochs = [n for n, s in self.sources.items() if s.epochs is not None]
+        if by_weight and by_epochs:
+            raise ValueError(
+                f"sources {', '.join(by_weight)} give a weight and {', '.join(by_epochs)} give "
+                "epochs: give every source a weight, or every source epochs")
+        return self
 
 
 class DataConfig(_Section):
@@ -75,11 +143,22 @@ class DataConfig(_Section):
         "(Cramming: ascending mean unigram log-probability, read in that order)",
     )
     workers: int = Field(1, ge=1, le=256, description="processes for cleaning and tokenizing")
+    mixture: MixtureConfig | None = Field(
+        None, description="a designed mixture of sources, each a share of the training "
+        "tokens that the loader samples (docs/data.md, Mixtures); prep --mix sets it"
+    )
 
     @field_validator("split_on", mode="before")
     @classmethod
     def _old_split_names(cls, value: Any) -> Any:
         return {"file": "none", "blank-lines": "blank"}.get(value, value)  # the older names
+
+    @model_validator(mode="after")
+    def _mixture_unsorted(self) -> DataConfig:
+        if self.mixture is not None and self.order == "sort":
+            raise ValueError("data.order=sort reads the stored order; a data.mixture samples "
+                             "its sources by weight: use one of them")
+        return self
 
     @property
     def lowercase_resolved(self) -> bool:
@@ -513,6 +592,20 @@ def _describe(model: type[BaseModel]) -> str:
     return ", ".join(sorted(model.model_fields))
 
 
+def _section_at(path: list[str]) -> type[BaseModel]:
+    """The settings model at a dotted path of `Config` (through optional sections and the
+    values of mappings, as in ``data.mixture.sources.NAME``)."""
+    section: Any = Config
+    for p in path:
+        if get_origin(section) is dict:
+            section = get_args(section)[1]
+        else:
+            section = section.model_fields[p].annotation
+        if get_origin(section) in (Union, UnionType):  # `X | None`
+            section = next(a for a in get_args(section) if a is not type(None))
+    return section
+
+
 def _format_validation_error(
     err: ValidationError, source: str, flags: dict[str, str] | None = None
 ) -> ShoestringError:
@@ -527,10 +620,7 @@ def _format_validation_error(
         value = e.get("input")
         shown = "" if isinstance(value, dict) else f" (got {value!r})"
         if e["type"] == "extra_forbidden":
-            section_path = [str(p) for p in e["loc"][:-1]]
-            section: type[BaseModel] = Config
-            for p in section_path:
-                section = section.model_fields[p].annotation  # type: ignore[assignment]
+            section = _section_at([str(p) for p in e["loc"][:-1]])
             lines.append(
                 f"unknown key '{loc}'; allowed keys here: {_describe(section)}"
             )

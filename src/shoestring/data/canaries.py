@@ -19,7 +19,7 @@ dir lists the inserted canaries (with how many copies survived curation) and the
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -114,7 +114,7 @@ class CanaryInserter:
             if pending:
                 c = pending.pop()
                 self.hosts.add(doc.doc_id)
-                doc = Document(embed(doc.text, c.text), doc.source, doc.doc_id)
+                doc = replace(doc, text=embed(doc.text, c.text))
             yield doc
         for n, c in enumerate(reversed(pending)):
             doc_id = f"{c.id}#standalone-{n}"

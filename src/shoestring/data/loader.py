@@ -8,6 +8,11 @@ of that order (running into the next epoch when one ends); with data parallelism
 world``. So the union over ranks of a step is exactly the batch one process would see, and
 the position in the stream is two integers (epoch, offset) that every rank shares.
 
+A split prepared with a data mixture (``data.mixture``) is drawn by its sources' weights
+instead: each epoch is ``len(split)`` sequences, each source's share of them from its own
+stream of permutations (repeated or subsampled as its weight asks), shuffled together by
+(seed, epoch) — see `shoestring.data.mixture`. Resuming and rank slicing are unchanged.
+
 Batches are assembled in a background thread (``prefetch`` batches ahead) so reading
 overlaps the training step; ``last_wait``/``total_wait`` say how long the consumer was
 blocked on data (``data_wait`` in the trainer's metrics). The `Cursor` after the last batch
@@ -27,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from shoestring.data.mixture import MixtureSampler
 from shoestring.data.shards import PackedSplit
 from shoestring.errors import ShoestringError
 
@@ -101,6 +107,7 @@ class BatchLoader:
         self._cursor = Cursor(**(cursor or Cursor()).to_dict())  # handed-out position
         self._next = Cursor(**self._cursor.to_dict())  # producer position
         self._orders: dict[int, np.ndarray] = {}
+        self.mixture = MixtureSampler.of(split)  # a data mixture: sources sampled by weight
         self.last_wait = 0.0
         self.total_wait = 0.0
         self.batches = 0
@@ -120,6 +127,8 @@ class BatchLoader:
 
     def order(self, epoch: int) -> np.ndarray:
         """The global order of sequence indices in ``epoch``."""
+        if self.mixture is not None:
+            return self.mixture.order(self.seed, epoch)
         if epoch == 0 and not self.shuffle:
             return np.arange(len(self.split))
         return np.random.default_rng([self.seed, epoch]).permutation(len(self.split))

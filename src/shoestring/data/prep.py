@@ -36,7 +36,7 @@ import shutil
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,7 @@ from rich.console import Console
 from shoestring import __version__, families
 from shoestring.config import CurateConfig, DataConfig
 from shoestring.data.datadir import FORMAT
+from shoestring.data.mixture import SourceMatcher, mixture_inputs, source_ranges, source_weights
 from shoestring.data.packing import doc_offsets, pack_clm, pack_mlm, unigram_sort_order
 from shoestring.data.shards import shard_intact, token_dtype, write_shard
 from shoestring.data.sources import Document, ReadStats, iter_documents, resolve_sources
@@ -172,6 +173,19 @@ def _check_settings(cfg: DataConfig) -> None:
                               where="data.seq_len")
 
 
+def _check_mixture(cfg: DataConfig, curate: CurateConfig | None, executor: str) -> None:
+    """What a data mixture cannot be combined with, found before any reading."""
+    if cfg.mixture is None:
+        return
+    if executor != "local":
+        raise ShoestringError("data.mixture is prepared by the local executor only",
+                              where="--executor", fix="drop --executor ray, or the mixture")
+    if curate is not None and curate.canaries:
+        raise ShoestringError("--canaries with a data.mixture is not supported (a canary "
+                              "document has no source)", where="curate.canaries",
+                              fix="prep the canary audit corpus without --mix")
+
+
 def _drop_on_disk_error(e: OSError, build: Path, out: Path) -> None:
     """A full or read-only disk: remove the build folder (it is what fills the disk; a
     re-run starts over) and raise the standard error naming ``out``. Other errors return."""
@@ -276,6 +290,8 @@ def prep(
     recover_interrupted_swap(out)
     check_output_dir(out, "data dir", owned=_is_data_dir(out), overwrite=overwrite)
     _check_settings(cfg)
+    _check_mixture(cfg, curate, executor)
+    specs = mixture_inputs(specs, cfg.mixture)
     ray_plan = None
     if executor == "ray":
         from shoestring.data.distributed import RayOptions, plan_ray
@@ -382,11 +398,15 @@ class _Pipeline:
         stats = ReadStats()
         counts = {"read": 0, "too_short": 0, "kept": 0, "train": 0, "val": 0, "chars": 0}
         self.blocks: list[dict] = []
+        matcher = SourceMatcher(cfg.mixture) if cfg.mixture is not None else None
         docs = iter_documents(self.specs, text_field=cfg.text_field, on_error=cfg.on_error,
                               stats=stats, split_on=cfg.split_on,
-                              max_chars=cfg.max_document_chars)
+                              max_chars=cfg.max_document_chars,
+                              label_field=matcher.label_field if matcher else None)
         kept = self.build / "spool-all.jsonl"
-        with progress_bar(self.console) as bar, open(kept, "w", encoding="utf-8") as f:
+        with progress_bar(self.console) as bar, open(kept, "w", encoding="utf-8") as f, \
+                (open(kept.with_suffix(".src"), "wb") if matcher  # each line's source
+                 else contextlib.nullcontext()) as fsrc:
             task = bar.add_task("read + clean", total=None, unit="docs")
 
             def counted(stream: Iterator[Document]) -> Iterator[Document]:
@@ -410,10 +430,14 @@ class _Pipeline:
                 counts["kept"] += 1
                 counts["chars"] += len(doc.text)
                 f.write(json.dumps(doc.text, ensure_ascii=False) + "\n")
+                if matcher is not None:  # 2 bytes a document
+                    fsrc.write(matcher.index(doc).to_bytes(2, "little"))
+        if matcher is not None:
+            matcher.check()
         if self.curate_cfg is not None and self.curate_cfg.explain:
             self.console.print(_long_documents_line(cfg.max_document_chars, stats),
                                markup=False, highlight=False)
-        split = self._split(kept, counts, forced_chars)
+        split = self._split(kept, counts, forced_chars, len(matcher.names) if matcher else 0)
         if canaries is not None:
             self.blocks.append(self._write_canaries(canaries))
         return self._read_result(counts, stats, split, self.blocks)
@@ -437,6 +461,7 @@ class _Pipeline:
         ]
         self._check_read(counts, stats)
         result = {
+            **({"source_documents": self._source_docs} if self.cfg.mixture is not None else {}),
             "files": stats.files,
             "documents": {
                 "read": counts["read"],
@@ -458,43 +483,72 @@ class _Pipeline:
         self.journal.put("read", result)
         return result
 
-    def _split(self, kept: Path, counts: dict[str, int], forced_chars: int = 0) -> dict:
+    def _split(self, kept: Path, counts: dict[str, int], forced_chars: int = 0,
+               n_sources: int = 0) -> dict:
         """Spool the kept documents into train and val; returns how (for the manifest).
 
         By document (content hash) when that holds out at least ``MIN_VAL_DOCUMENTS``;
         otherwise (one file, a few documents) the last ``val_fraction`` of the text, as
-        nanoGPT does, cutting the document at the boundary at a line break."""
+        nanoGPT does, cutting the document at the boundary at a line break. With a data
+        mixture (``n_sources``), each split's documents are grouped by source, in the
+        recipe's order (``self._source_docs``: documents per split and source)."""
         fraction = self.cfg.val_fraction
         by_position = counts["val"] < MIN_VAL_DOCUMENTS
         cut = round((counts["chars"] - forced_chars) * (1 - fraction))
         counts["train"] = counts["val"] = 0
         position = 0
-        with open(self.build / "spool-train.jsonl", "w", encoding="utf-8") as ftr, \
-                open(self.build / "spool-val.jsonl", "w", encoding="utf-8") as fva:
-            def write(split: str, text: str) -> None:
+        sources = (np.fromfile(kept.with_suffix(".src"), dtype="<u2") if n_sources
+                   else np.zeros(0, dtype="<u2"))
+        self._source_docs = {"train": [0] * n_sources, "val": [0] * n_sources}
+        parts = [(split, k) for split in ("train", "val") for k in range(max(n_sources, 1))]
+        with ExitStack() as files:
+            out = {p: files.enter_context(open(self._spool_part(*p, n_sources), "w",
+                                               encoding="utf-8")) for p in parts}
+
+            def write(split: str, text: str, k: int) -> None:
                 if text:
                     counts[split] += 1
-                    (fva if split == "val" else ftr).write(json.dumps(text, ensure_ascii=False) + "\n")
+                    if n_sources:
+                        self._source_docs[split][k] += 1
+                    out[split, k].write(json.dumps(text, ensure_ascii=False) + "\n")
 
             for line, text in enumerate(_read_spool(kept)):
+                k = int(sources[line]) if n_sources else 0
                 if line in self._forced_train:  # canary hosts: train, outside the position cut
-                    write("train", text)
+                    write("train", text, k)
                     continue
                 if not by_position:
-                    write("val" if is_validation(text, fraction) else "train", text)
+                    write("val" if is_validation(text, fraction) else "train", text, k)
                     continue
                 at = min(max(cut - position, 0), len(text))
                 if 0 < at < len(text):
                     at = _line_break_near(text, at)
-                write("train", text[:at].strip())
-                write("val", text[at:].strip())
+                write("train", text[:at].strip(), k)
+                write("val", text[at:].strip(), k)
                 position += len(text)
+        if n_sources:
+            self._join_source_spools(n_sources)
         kept.unlink()
+        kept.with_suffix(".src").unlink(missing_ok=True)
         if not by_position:
             return {"method": "document", "val_fraction": fraction}
         return {"method": "position", "val_fraction": fraction,
                 "reason": f"{counts['kept']:,} document(s) kept: fewer than "
                 f"{MIN_VAL_DOCUMENTS} would be held out by document"}
+
+    def _spool_part(self, split: str, k: int, n_sources: int) -> Path:
+        """The spool of ``split`` (of its ``k``-th source's part, with a mixture)."""
+        return self.build / (f"spool-{split}.{k}.jsonl" if n_sources else f"spool-{split}.jsonl")
+
+    def _join_source_spools(self, n_sources: int) -> None:
+        """Concatenate each split's per-source spools, in the recipe's order."""
+        for split in ("train", "val"):
+            with open(self.build / f"spool-{split}.jsonl", "wb") as joined:
+                for k in range(n_sources):
+                    part = self._spool_part(split, k, n_sources)
+                    with open(part, "rb") as f:
+                        shutil.copyfileobj(f, joined, 1 << 20)
+                    part.unlink()
 
     def _clean(self, docs: Iterator[Document], counts: dict[str, int]) -> Iterator[Document]:
         """Block ``clean``: normalize (in the workers) and drop documents under min_chars."""
@@ -513,7 +567,7 @@ class _Pipeline:
                 if len(text) < min_chars:
                     counts["too_short"] += 1
                 else:
-                    yield Document(text, doc.source, doc.doc_id)
+                    yield replace(doc, text=text)
 
     def _curate(self, docs: Iterator[Document]) -> Iterator[Document]:
         """The curation hook: cleaned documents in, kept documents out, in order.
@@ -555,8 +609,6 @@ class _Pipeline:
 
     def _write_canaries(self, inserter: Any) -> dict:
         """Count the copies that reached train (dedup may cut some) and write canaries.json."""
-        from dataclasses import replace
-
         from shoestring.data import canaries as C
 
         found = C.count_in(_read_spool(self.build / "spool-train.jsonl"), inserter.canaries)
@@ -648,6 +700,11 @@ class _Pipeline:
             next(texts)
         tokenizer: Any = tok if self.pool.workers <= 1 else str(self.build / "tokenizer.json")
         pending: list[list[str]] = []
+        spooled = (self.journal.get("read") or {}).get("source_documents", {}).get(split)
+        bounds = None if spooled is None else np.cumsum(spooled)  # spool line → source
+        if bounds is not None:
+            state = {"source_documents": [0] * len(bounds), **state}
+        kept_per_source = state.get("source_documents", [])
 
         def batches() -> Iterator[list[str]]:
             for batch in batched(texts, ENCODE_BATCH, ENCODE_CHARS):
@@ -673,6 +730,11 @@ class _Pipeline:
                 if keep is not None and not keep.all():
                     flat = flat[np.repeat(keep, lengths + 1)]
                     lengths = lengths[keep]
+                if bounds is not None:  # kept documents per source
+                    at = np.arange(state["documents"], state["documents"] + len(batch))
+                    src = np.searchsorted(bounds, at, side="right")
+                    kept_per_source = (np.asarray(kept_per_source) + np.bincount(
+                        src if keep is None else src[keep], minlength=len(bounds))).tolist()
                 ends = state["tokens"] + np.cumsum(lengths + 1, dtype=np.int64)
                 fs.write(flat.astype(dtype, copy=False).tobytes())
                 fd.write(ends.astype("<u8").tobytes())
@@ -680,7 +742,8 @@ class _Pipeline:
                          "kept_documents": state["kept_documents"] + len(lengths),
                          "tokens": int(state["tokens"] + flat.size),
                          "document_tokens": int(state["document_tokens"] + lengths.sum()),
-                         "done": False}
+                         "done": False,
+                         **({"source_documents": kept_per_source} if bounds is not None else {})}
                 bar.update(task, advance=len(batch))
                 unsaved += sum(len(t) for t in batch)
                 if unsaved >= CHECKPOINT_CHARS:
@@ -759,7 +822,9 @@ class _Pipeline:
                 bar.update(task, advance=1)
                 _fault_point(f"pack.{split}", k + 1)
         del bodies, stream
+        sources = self._source_split(split, enc, doc_ends, body, n)
         return {
+            **({"sources": sources} if sources is not None else {}),
             "sequences": n,
             "tokens": n * cfg.seq_len,
             "documents": len(doc_ends),
@@ -768,6 +833,52 @@ class _Pipeline:
             "order": "sort" if ordered else "none",
             "shards": shards,
         }
+
+    def _source_split(self, split: str, enc: dict, doc_ends: np.ndarray, body: int,
+                      n: int) -> dict | None:
+        """A mixture's per-source part of a split (None without a mixture): documents,
+        tokens and the range of sequences of each source; a source without a training
+        sequence is an error (the loader could not sample it)."""
+        mix = self.cfg.mixture
+        if mix is None:
+            return None
+        ranges = source_ranges(doc_ends, enc["source_documents"], body, n)
+        out = {}
+        for name, r in zip(mix.sources, ranges):
+            lo, hi = r["sequences"]
+            out[name] = {**r, "tokens": (hi - lo) * self.cfg.seq_len}
+            if split == "train" and hi == lo:
+                raise ShoestringError(
+                    f"{r['documents']:,} training documents with "
+                    f"{r['document_tokens']:,} tokens do not fill one sequence of "
+                    f"{self.cfg.seq_len}", where=f"data.mixture.sources.{name}",
+                    fix="add text to this source, or drop it from the mixture")
+        if split == "train":
+            weights = source_weights(mix, {k: v["tokens"] for k, v in out.items()})
+            for name, w in weights.items():
+                out[name]["weight"] = w
+        return out
+
+    def _mixture_manifest(self, splits: dict[str, dict]) -> dict:
+        """The manifest's ``mixture``: the recipe, and per source its share (weight), what
+        it takes, and its tokens in train and val (for `epochs_at`)."""
+        mix = self.cfg.mixture
+        assert mix is not None
+        sources = {}
+        for name, src in mix.sources.items():
+            train, val = splits["train"]["sources"][name], splits["val"]["sources"][name]
+            sources[name] = {
+                "weight": train["weight"],
+                "given": ({"weight": src.weight} if src.weight is not None
+                          else {"epochs": src.epochs}),
+                "takes": ({"files": src.files} if src.files
+                          else {"field": mix.field, "value": src.value or name}),
+                "train_tokens": train["tokens"], "val_tokens": val["tokens"],
+                # training tokens (all sources) per pass over this one: epochs = budget / this
+                "budget_per_epoch": round(train["tokens"] / train["weight"]),
+                "train_documents": train["documents"], "val_documents": val["documents"],
+            }
+        return {"field": mix.field, "sources": sources}
 
     def _check_val(self, val: dict, read: dict) -> None:
         if val["sequences"] > 0:
@@ -835,6 +946,7 @@ class _Pipeline:
             "dtype": dtype.str,
             "order": cfg.order,
             "splits": splits,
+            **({"mixture": self._mixture_manifest(splits)} if cfg.mixture is not None else {}),
             "resumed": {"stages": [s for s in self.journal.resumed if not s.startswith("pack")],
                         "kept_shards": self.kept_shards},
             "stage_seconds": self.seconds,

@@ -46,7 +46,7 @@ import errno
 import json
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -68,6 +68,7 @@ class Document:
     text: str
     source: str
     doc_id: str
+    label: str = ""  # JSON lines: the value of ReadOptions.label_field (a mixture's source)
 
 
 @dataclass
@@ -126,6 +127,7 @@ class ReadOptions:
     text_field: str = "text"
     split_on: str = "blank"
     max_chars: int | None = None  # data.max_document_chars: longer documents are cut
+    label_field: str | None = None  # JSON lines: this field's value becomes Document.label
 
 
 class Splitter:
@@ -183,7 +185,7 @@ def split_long(docs: Iterator[Document], max_chars: int | None,
         stats.split_documents += 1
         stats.split_pieces += len(pieces)
         for k, text in enumerate(pieces, 1):
-            yield Document(text, doc.source, piece_id(doc.doc_id, k))
+            yield replace(doc, text=text, doc_id=piece_id(doc.doc_id, k))
 
 
 def piece_id(doc_id: str, k: int) -> str:
@@ -387,7 +389,8 @@ def read_jsonl(path: str, opts: ReadOptions, report: Report, stats: ReadStats) -
         return
     with stream:
         for lineno, offset, raw in _lines(path, stream, report, stats):
-            doc = _parse_line(raw, path, lineno, offset, opts.text_field, report)
+            doc = _parse_line(raw, path, lineno, offset, opts.text_field, report,
+                              opts.label_field)
             if doc is None:
                 if raw.strip():  # a blank line is no record
                     stats.skip_record(len(raw))
@@ -396,7 +399,8 @@ def read_jsonl(path: str, opts: ReadOptions, report: Report, stats: ReadStats) -
 
 
 def _parse_line(
-    raw: bytes, path: str, lineno: int, offset: int, text_field: str, report: Report
+    raw: bytes, path: str, lineno: int, offset: int, text_field: str, report: Report,
+    label_field: str | None = None,
 ) -> Document | None:
     where = f"{path}:{lineno}"
     try:
@@ -421,7 +425,9 @@ def _parse_line(
             )
         )
         return None
-    return Document(text=obj[text_field], source=path, doc_id=where)
+    label = obj.get(label_field) if label_field else None
+    return Document(text=obj[text_field], source=path, doc_id=where,
+                    label="" if label is None else str(label))
 
 
 def _field_problem(obj: Any, text_field: str) -> str | None:

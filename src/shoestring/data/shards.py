@@ -131,6 +131,7 @@ class PackedSplit:
         mode = _verify_mode(verify)
         self.seq_len = seq_len
         self.ordered = split_info.get("order", "none") != "none"
+        self.sources: dict | None = split_info.get("sources")  # a data mixture's parts
         self._parts: list[np.ndarray] = []
         itemsize = np.dtype(dtype).itemsize
         for shard in split_info["shards"]:

@@ -71,11 +71,13 @@ def iter_documents(
     stats: ReadStats | None = None,
     split_on: str = "blank",
     max_chars: int | None = None,
+    label_field: str | None = None,
 ) -> Iterator[Document]:
     """Yield every document of every source, in order; see `readers` for formats and errors.
 
     ``max_chars`` (``data.max_document_chars``): a longer document comes as several pieces
     of at most that many characters, so memory downstream does not depend on its length.
+    ``label_field``: JSON lines carry that field's value as ``Document.label`` (a mixture).
     """
     if on_error not in ("raise", "skip"):
         raise ShoestringError(
@@ -88,7 +90,8 @@ def iter_documents(
         )
     stats = stats if stats is not None else ReadStats()
     report = _reporter(on_error, stats)
-    opts = ReadOptions(text_field=text_field, split_on=split_on, max_chars=max_chars)
+    opts = ReadOptions(text_field=text_field, split_on=split_on, max_chars=max_chars,
+                       label_field=label_field)
     for source in resolve_sources(specs):
         for doc in split_long(_read_source(source, opts, report, stats), max_chars, stats):
             stats.documents += 1

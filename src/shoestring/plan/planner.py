@@ -102,15 +102,19 @@ def _choose(shapes: list[Shape], law: Law, flops: float) -> tuple[Shape, float, 
 
 def _data_info(path: str) -> dict[str, Any]:
     from shoestring.data.datadir import DataDir
+    from shoestring.data.mixture import manifest_sources
 
     d = DataDir(path)
     splits = d.manifest.get("splits", {})
+    sources = manifest_sources(d.manifest)
     return {
         "dir": str(Path(path).resolve()),
         "seq_len": d.seq_len,
         "vocab_size": d.vocab_size,
         "objective": d.manifest.get("objective", "mlm"),
         "train_tokens": int(splits.get("train", {}).get("tokens", 0)),
+        **({"sources": {n: {"weight": s["weight"], "train_tokens": s["train_tokens"]}
+                        for n, s in sources.items()}} if sources else {}),
     }
 
 
@@ -335,7 +339,21 @@ def _notes(fit: _Fit, law: Law, objective: str, hw: Hardware, data: dict[str, An
             )
             data_out["warning"] = warning
             notes.append(warning)
+        if data.get("sources"):
+            data_out["sources"], warnings = _source_epochs(core.tokens, data["sources"])
+            notes.extend(warnings)
     return notes, loss, data_out
+
+
+def _source_epochs(tokens: float, sources: dict[str, dict[str, Any]]
+                   ) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """A data mixture's sources with their epochs at the plan's tokens, and the warnings
+    for those repeated past `REPEAT_WARN_EPOCHS`."""
+    from shoestring.data.mixture import budget_report, epochs_at
+
+    epochs = epochs_at(tokens, sources)
+    _, warnings = budget_report(tokens, sources)
+    return ({n: {**s, "epochs": round(epochs[n], 3)} for n, s in sources.items()}, warnings)
 
 
 def make_plan(req: PlanRequest, console: Console | None = None) -> dict[str, Any]:
@@ -538,6 +556,9 @@ def plan_table(tree: dict[str, Any]) -> Table:
     if p["data"]:
         t.add_row("data", f"{_si(p['data']['train_tokens'])} train tokens → "
                   f"{p['data']['epochs']:.2f} epochs")
+        for name, src in (p["data"].get("sources") or {}).items():
+            t.add_row(f"  source {name}", f"{src['weight']:.1%} of training, "
+                      f"{_si(src['train_tokens'])} train tokens → {src['epochs']:.2f} epochs")
     for note in p["notes"]:
         t.add_row("note", note)
     return t

@@ -31,6 +31,7 @@ from shoestring.config import Config
 from shoestring.data.datadir import DataDir
 from shoestring.data.shards import PackedSplit
 from shoestring.data.loader import BatchLoader, Cursor
+from shoestring.data.mixture import budget_report, manifest_sources
 from shoestring.dist.layout import Layout, config_of, layout_from_config
 from shoestring.dist.memory import check_fits
 from shoestring.dist.parallelism import (
@@ -508,6 +509,21 @@ def train_step(r: _Run, s: TrainState, bsz: int, lr: float) -> None:
             fix="lower train.lr, raise train.warmup, or --set train.precision=fp32")
 
 
+def _mixture_report(r: _Run, cfg: Config, data: DataDir, console: Console) -> list[str]:
+    """Print the data mixture's epochs per source at this run's budget; returns the
+    warnings for sources repeated past `REPEAT_WARN_EPOCHS` (none without a mixture)."""
+    sources = manifest_sources(data.manifest)
+    if not sources:
+        return []
+    tokens = speed_choices.expected_tokens(r.budget, cfg.train.batch_size * data.seq_len,
+                                           r.flops_per_token, r.dev.peak_flops * r.parallel.world)
+    about = "about " if r.budget.seconds is not None else ""
+    lines, warnings = budget_report(tokens, sources)
+    console.print(f"data mixture at this budget ({about}{tokens:,.0f} tokens): "
+                  + "; ".join(lines), highlight=False, markup=False)
+    return warnings
+
+
 def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
            parallel: Parallelism, console: Console, ckpt: Checkpoint | None,
            spare_bytes: int | None) -> dict:
@@ -520,7 +536,7 @@ def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
             r.dev.peak_flops * parallel.world)
         busy = (busy_note(os.getloadavg()[0], os.cpu_count() or 1)
                 if r.dev.device.type == "cpu" else None)
-        for note in (warning, busy):
+        for note in (warning, busy, *_mixture_report(r, cfg, data, console)):
             if note:
                 console.print(f"[yellow]warning:[/] {note}", highlight=False)
     parallel.train_mode(True)

@@ -96,11 +96,25 @@ def expected_seconds(budget: Budget, tokens_per_step: int, flops_per_token: floa
     the measured peak (steps, tokens or FLOPs, whichever ends first)."""
     if budget.seconds is not None:
         return budget.seconds
-    rate = max(peak_flops * _ASSUMED_MFU / max(flops_per_token, 1.0), 1e-9)  # tokens/s
+    return expected_tokens(budget, tokens_per_step, flops_per_token, peak_flops) / _rate(
+        flops_per_token, peak_flops)
+
+
+def expected_tokens(budget: Budget, tokens_per_step: int, flops_per_token: float,
+                    peak_flops: float) -> float:
+    """Tokens the budget trains on: exact for steps, tokens and FLOPs (whichever ends first),
+    estimated at `_ASSUMED_MFU` of the measured peak for a wall-clock budget."""
     limits = [budget.steps * tokens_per_step if budget.steps is not None else None,
               budget.tokens,
-              budget.flops / flops_per_token if budget.flops and flops_per_token else None]
-    return min(t for t in limits if t is not None) / rate
+              budget.flops / flops_per_token if budget.flops and flops_per_token else None,
+              budget.seconds * _rate(flops_per_token, peak_flops)
+              if budget.seconds is not None else None]
+    return min(t for t in limits if t is not None)
+
+
+def _rate(flops_per_token: float, peak_flops: float) -> float:
+    """Tokens per second at `_ASSUMED_MFU` of ``peak_flops``."""
+    return max(peak_flops * _ASSUMED_MFU / max(flops_per_token, 1.0), 1e-9)
 
 
 LONG_BUDGET_SECONDS = 3600.0  # past this, a budget that is not wall clock gets a warning

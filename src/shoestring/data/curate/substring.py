@@ -35,7 +35,7 @@ import itertools
 import re
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -183,7 +183,7 @@ class SubstringDedup(Block):
                 continue
             self.stats.changed += 1
             self.stats.docs_out += 1
-            yield Document(text, doc.source, doc.doc_id)
+            yield replace(doc, text=text)
 
     def _hold(self, docs: Iterable[Document]) -> list[Document]:
         """Every document, or a ``ShoestringError`` as soon as the text passes ``max_mb``
