@@ -105,7 +105,7 @@ def _measure_mfu(shape: Shape, vocab: int, seq_len: int, micro_batch: int, hw: H
     from shoestring.plan.measure import measure_mfu
 
     if console:
-        console.print(f"measuring MFU: a short training burst of the {shape.label} model …")
+        console.print(f"measuring MFU: timing the trainer's step on the {shape.label} model …")
     return measure_mfu(shape.model, vocab, seq_len, micro_batch, hw, precision)
 
 
@@ -523,7 +523,7 @@ def plan_table(tree: dict[str, Any]) -> Table:
     t.add_row("hardware", f"{p['hardware']['devices']} × {hw['description']}, "
               f"{hw['peak_flops'] / 1e12:,.3g} TFLOP/s {hw['dtype']} peak each")
     t.add_row("compute", f"{b['flops']:.3g} FLOPs = {b['pf_days']:.3g} PF/s-days "
-              f"(MFU {b['mfu']:.0%}, {b['mfu_source']})")
+              f"(MFU {b['mfu']:.1%}, {b['mfu_source']})")
     t.add_row("wall clock", _duration(b["wall_clock_s"]))
     t.add_row("law", f"{p['law']['name']}: L = {p['law']['E']:.4g} + {p['law']['A']:.4g}/N^"
               f"{p['law']['alpha']:.4g} + {p['law']['B']:.4g}/D^{p['law']['beta']:.4g}")
