@@ -1,7 +1,7 @@
 """Compute-optimal batch size and peak learning rate as functions of the compute budget.
 
 DeepSeek-AI (2024), "DeepSeek LLM: Scaling Open-Source Language Models with Longtermism",
-arXiv:2401.02954, §3.1, fitted on decoder LMs trained with AdamW between 1e17 and 3e20 FLOPs:
+arXiv:2401.02954, §3.1, fitted on decoder LMs trained with AdamW at budgets from 1e17 FLOPs up:
 
     B_opt = 0.292 · C^0.3271 tokens,     η_opt = 0.3118 · C^−0.1250,
 
@@ -11,16 +11,18 @@ things do not carry over to this planner as they stand. Its budgets are 1e11–1
 extrapolation; and its C counts every training FLOP `train` counts (the output head
 included), a different unit. So the planner keeps **their exponents** (how the optimum moves
 with compute) and **anchors the constants at the recipe**: the batch and peak LR this project
-trained and measured (`docs/recipe.md`; 32 × 128-token sequences, peak LR 2e-3, chosen by the
-recipe ablations of 2026-11-24) at the compute of those measurements (`RECIPE_FLOPS`):
+trained and measured (`docs/recipe.md`: 32 × 128-token sequences, the recipe's default, whose
+batch ramp 16 → 32 the ablations of 2026-11-24 found within noise; peak LR 2e-3, which they
+kept against 1e-3 and 4e-3) at the compute of those measurements (`RECIPE_FLOPS`):
 
     B(C) = 4,096 · (C / 7.8e13)^0.3271 tokens,   η(C) = 2e-3 · (C / 7.8e13)^−0.125.
 
-At the anchor the raw constants would give 10,200 tokens and 5.7e-3; DeepSeek's paper shows a
-wide near-optimal band around its fit (their Fig. 3), and the recipe's own ablation found 4e-3
-slightly better on loss but worse downstream, so the anchor is the recipe, not the raw law.
+At the anchor the raw constants would give 10,200 tokens and 5.7e-3; DeepSeek report a wide
+band of near-optimal batch sizes and LRs around their fit, and the recipe's own ablation found
+4e-3 slightly better on loss but worse downstream, so the anchor is the recipe, not the raw law.
 
-Limits: both laws are for AdamW with the recipe's schedule; the LR is capped at `LR_MAX`, the
+Limits: both laws are for AdamW (DeepSeek fitted them with a multi-step LR schedule; the recipe
+runs one-cycle, which the anchor measured); the LR is capped at `LR_MAX`, the
 highest peak LR the recipe ablations trained (small budgets would otherwise ask for more).
 Inside DeepSeek's fitted range (1e17+ FLOPs) their own constants are the evidence, and they
 give 2.5× the anchored batch and 2.8× the anchored LR at any C (the exponents are shared): the
