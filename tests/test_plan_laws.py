@@ -121,8 +121,23 @@ def test_the_plan_states_epochs_and_what_repetition_costs(pydocs_dir: Path) -> N
         1 - rep["effective_tokens"] / (unique * d["epochs"]), rel=1e-3)
     assert rep["loss_vs_fresh"] > 0 and "arXiv:2305.16264" in rep["source"]
     assert any("repeats the corpus" in n and "Muennighoff" in n for n in big["plan"]["notes"])
+    shown = _rendered(big)  # what a person reads: epochs, the cost, the rule, the count
+    assert "wasted" in shown and "against fresh data" in shown and "Muennighoff" in shown
+    assert "embeddings included" in shown and "arXiv:2401.02954" in shown
     few = make_plan(PlanRequest(hardware="t4", budget="3e10flops", data=str(pydocs_dir)))
     assert few["plan"]["data"]["epochs"] < 1 and "repetition" not in few["plan"]["data"]
+
+
+def _rendered(tree: dict) -> str:
+    import io
+
+    from rich.console import Console
+
+    from shoestring.plan.planner import plan_table
+
+    console = Console(width=400, record=True, file=io.StringIO())
+    console.print(plan_table(tree))
+    return " ".join(console.export_text().split())
 
 
 # ---------------------------------------------------------------- which N
