@@ -35,7 +35,8 @@ def test_deepseeks_exponents_and_the_constant_ratio_to_their_constants() -> None
         assert hyper.batch_tokens(10 * c) / hyper.batch_tokens(c) == pytest.approx(10 ** 0.3271)
         assert hyper.peak_lr(10 * c) / hyper.peak_lr(c) == pytest.approx(10 ** -0.125)
         # the published law (their C) is the anchored one times a constant: 2.5× and 2.8×
-        assert hyper.deepseek_batch_tokens(c) / hyper.batch_tokens(c) == pytest.approx(2.5, abs=0.05)
+        ratio = hyper.deepseek_batch_tokens(c) / hyper.batch_tokens(c)
+        assert ratio == pytest.approx(2.5, abs=0.05)
         assert hyper.deepseek_lr(c) / hyper.peak_lr(c) == pytest.approx(2.83, abs=0.05)
     # DeepSeek's own numbers at 1e20 FLOPs: ~1M-token batches and LR ~1e-3
     assert hyper.deepseek_batch_tokens(1e20) == pytest.approx(1.0e6, rel=0.1)
@@ -47,7 +48,8 @@ def test_clamps_say_why() -> None:
     assert tiny.batch_sequences == hyper.MIN_BATCH_SEQUENCES and "minimum" in tiny.batch_clamp
     assert tiny.law_lr > hyper.LR_MAX and tiny.lr == hyper.LR_MAX and "0.004" in tiny.lr_clamp
     small_corpus = hyper.plan_hyper(1e16, 128, train_sequences=40)
-    assert small_corpus.batch_sequences == 40 and "40 training sequences" in small_corpus.batch_clamp
+    assert small_corpus.batch_sequences == 40
+    assert "40 training sequences" in small_corpus.batch_clamp
     split = hyper.plan_hyper(1e16, 128, devices=8)
     assert split.batch_sequences % 8 == 0 and (split.batch_sequences // 8) % 8 == 0
 

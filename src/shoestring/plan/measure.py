@@ -5,9 +5,10 @@ choice, model, optimizers, objective, attention-kernel choice and micro-batching
 one micro-batch of the plan's (at most `MAX_ROWS` rows: a CPU would spend minutes on a full
 batch of a large plan) per step, on random token ids (speed does not depend on which ids).
 Warm-up steps are not timed. A step of one micro-batch carries the whole optimizer update, so
-where the plan accumulates several micro-batches per step its MFU is, if anything, higher. It runs uncompiled: `train` compiles runs of 10 minutes or more
-(`train.speed`), which then run faster than measured here, so for those the measured MFU is a
-floor. MFU is tokens/s × FLOPs per token over the same measured peak the plan uses.
+where the plan accumulates several micro-batches per step its MFU is, if anything, higher. It
+runs uncompiled: `train` compiles runs of 10 minutes or more (`train.speed`), which then run
+faster than measured here, so for those the measured MFU is a floor. MFU is tokens/s × FLOPs
+per token over the same measured peak the plan uses.
 """
 
 from __future__ import annotations

@@ -527,8 +527,8 @@ def plan_table(tree: dict[str, Any]) -> Table:
     t.add_row("wall clock", _duration(b["wall_clock_s"]))
     t.add_row("law", f"{p['law']['name']}: L = {p['law']['E']:.4g} + {p['law']['A']:.4g}/N^"
               f"{p['law']['alpha']:.4g} + {p['law']['B']:.4g}/D^{p['law']['beta']:.4g}")
-    t.add_row("compute-optimal (6ND)", f"N {_si(o['params'])} params ({p['law']['params_counted']}), "
-              f"D {_si(o['tokens'])} "
+    t.add_row("compute-optimal (6ND)", f"N {_si(o['params'])} params "
+              f"({p['law']['params_counted']}), D {_si(o['tokens'])} "
               f"tokens ({o['tokens_per_param']:.1f} tokens/param), loss {o['loss']:.3f}")
     mc = tree["model"]
     t.add_row("model", f"{mc['objective']}: {mc['num_layers']} layers × {mc['hidden_size']} "
