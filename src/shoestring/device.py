@@ -21,6 +21,16 @@ import torch
 
 from shoestring.hardware import from_device_name
 
+ASSUMED_MFU = 0.3
+"""The fraction of the measured peak a run is assumed to reach before it is measured: what
+`plan` buys with a wall-clock budget (unless --mfu or --measure), and how long `train`
+expects a FLOP, token or step budget to take (for the compile choice and the long-budget
+warning). 0.3 is near the lowest MFU `train` has recorded on this project's machines (27% to
+81% of the measured peak in BENCHMARKS.md: the `cram` demo on a 846 GFLOP/s host, the `mini`
+preset on a 2-core Xeon); a lower guess errs toward a plan that ends early and a warning that
+comes too soon, rather than a plan that overruns its wall clock. `plan --measure` replaces it
+with the real trainer's step timed here."""
+
 
 @dataclass(frozen=True)
 class DeviceInfo:

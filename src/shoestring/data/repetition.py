@@ -47,3 +47,17 @@ def repetition_cost(unique_tokens: float, epochs: float) -> float:
     if seen <= 0:
         return 0.0
     return 1.0 - effective_tokens(unique_tokens, epochs) / seen
+
+
+def effective_params(params: float, base_params: float, r_star: float = R_STAR_N) -> float:
+    """Parameters that ``params`` are worth when ``base_params`` is all the unique data can
+    use (their U_N: the compute-optimal size for the unique tokens). The excess decays like
+    repeated data, faster (R*_N ≈ 5.3 < R*_D):
+    N' = U_N + U_N · R*_N · (1 − exp(−R_N / R*_N)),
+    R_N = N / U_N − 1 (their reference code: github.com/huggingface/datablations, README,
+    "Parametric Fit")."""
+    base = min(params, base_params)
+    if base <= 0:
+        return 0.0
+    excess = params / base - 1.0
+    return base * (1.0 + r_star * (1.0 - math.exp(-excess / r_star)))

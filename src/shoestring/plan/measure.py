@@ -1,19 +1,23 @@
-"""`plan --measure`: the MFU of a short real training burst of the planned model here.
+"""`plan --measure`: the MFU of the planned model's real training step on this machine.
 
-Real model, real AdamW step, the objective's real loss, bf16 autocast as `train` would pick,
-on random token ids (speed does not depend on which ids). Warm-up steps are not timed. MFU is
-tokens/s × FLOPs per token / the same measured matmul peak the plan uses.
+The step is `train`'s own (`shoestring.train.loop.time_steps`: the same device and precision
+choice, model, optimizers, objective, attention-kernel choice and micro-batching as a run), at
+one micro-batch of the plan's (at most `MAX_ROWS` rows: a CPU would spend minutes on a full
+batch of a large plan) per step, on random token ids (speed does not depend on which ids).
+Warm-up steps are not timed. A step of one micro-batch carries the whole optimizer update, so
+where the plan accumulates several micro-batches per step its MFU is, if anything, higher. It
+runs uncompiled: `train` compiles runs of 10 minutes or more (`train.speed`), which then run
+faster than measured here, so for those the measured MFU is a floor. MFU is tokens/s × FLOPs
+per token over the same measured peak the plan uses.
 """
 
 from __future__ import annotations
 
-import time
-
-import torch
-
-from shoestring.config import ModelConfig, TrainConfig
+from shoestring.config import Config, DataConfig, ModelConfig, TrainConfig
 from shoestring.hardware import Hardware
-from shoestring.plan.shapes import flops_per_token
+
+MAX_ROWS = 64
+"""Rows per timed step at most."""
 
 
 def measure_mfu(
@@ -25,42 +29,18 @@ def measure_mfu(
     precision: str = "auto",
     seconds: float = 3.0,
     warmup: int = 2,
-    max_batch: int = 64,
+    batch: int | None = None,
 ) -> float:
-    """Fraction of ``hw``'s peak that training this model reaches on this device."""
-    from shoestring.device import select_device
-    from shoestring.model import build_model
-    from shoestring.train.objectives import objective_for
+    """Fraction of ``hw``'s peak that training this model reaches on this device: the real
+    trainer's step at ``batch`` sequences (default: one micro-batch) in micro-batches of
+    ``micro_batch``, timed for ``seconds`` after ``warmup`` steps."""
+    from shoestring.train.loop import time_steps
 
-    dev = select_device(precision, measure_peak=False)
-    tc = TrainConfig(budget=None, steps=1)
-    batch = max(1, min(micro_batch, max_batch))
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = build_model(model_cfg, vocab).to(dev.device).train()
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        gen = torch.Generator(device=dev.device).manual_seed(0)
-        ids = torch.randint(8, vocab, (batch, seq_len), device=dev.device, generator=gen)
-        objective = objective_for(model_cfg.objective, seq_len, vocab, {}, tc.mask_rate,
-                                  model_cfg.sparse_prediction)
-
-        def step() -> None:
-            with dev.autocast():
-                loss = objective.loss(model, objective.make_batch(ids, gen))
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-
-        sync = torch.cuda.synchronize if dev.device.type == "cuda" else (lambda: None)
-        for _ in range(warmup):
-            step()
-        sync()
-        start, n = time.perf_counter(), 0
-        while n < 3 or time.perf_counter() - start < seconds:
-            step()
-            n += 1
-        sync()
-        elapsed = time.perf_counter() - start
-    fpt = flops_per_token(model_cfg, vocab, seq_len, tc.mask_rate)
+    micro = max(1, min(micro_batch, MAX_ROWS))
+    batch = max(micro, batch or micro) // micro * micro  # whole micro-batches
+    cfg = Config(model=model_cfg, data=DataConfig(vocab_size=vocab, seq_len=seq_len),
+                 train=TrainConfig(budget=None, steps=1, batch_size=batch,
+                                   micro_batch_size=micro, precision=precision, compile=False))
+    timing = time_steps(cfg, vocab, seq_len, seconds=seconds, warmup=warmup)
     peak, _ = hw.peak("auto" if precision == "auto" else precision)
-    return n * batch * seq_len * fpt / elapsed / peak
+    return timing.tokens_per_s * timing.flops_per_token / peak

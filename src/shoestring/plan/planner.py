@@ -8,9 +8,12 @@ model), attention and the output head included — which is what `train` will ac
 At large scale the two agree; at CPU scale the head and attention are a large share of the
 FLOPs and the exact accounting moves the pick.
 
-N in the law is the non-embedding parameter count (Kaplan et al. 2020 show it is the count
-that gives clean power laws for small models; at the scale the published laws were fitted on
-the embeddings are a few percent, so the constants carry over).
+N in the law is the parameter count the law was fitted on (`Law.params`): all parameters for
+the published laws (Hoffmann et al. count embeddings), non-embedding for a `plan --fit` law.
+With a data dir, a candidate that would repeat the corpus is scored by the data-constrained
+form of the law (Muennighoff et al. 2023, `Law.repeated_loss`), so a budget beyond the corpus
+buys a smaller model and more epochs instead of assuming fresh data. Batch and peak LR come
+from `shoestring.plan.hyper` (DeepSeek LLM's exponents, anchored at the recipe).
 
 The output is a YAML file with `model:`, `train:` and `data:` sections that
 `shoestring train --plan plan.yaml` uses as its base config, plus a `plan:` section that
@@ -34,16 +37,16 @@ from pydantic import ValidationError
 from shoestring import families
 from shoestring.config import DataConfig, TrainConfig, read_plan_sections  # noqa: F401 (re-export)
 from shoestring.errors import ShoestringError
-from shoestring.data.repetition import REPEAT_WARN_EPOCHS
+from shoestring.data.repetition import REPEAT_WARN_EPOCHS, SOURCE as REPETITION_SOURCE
+from shoestring.data.repetition import effective_tokens, repetition_cost
+from shoestring.device import ASSUMED_MFU
 from shoestring.hardware import Hardware
 from shoestring.plan.hardware import get_hardware
-from shoestring.plan.laws import Law, load_law, pf_days, training_flops
+from shoestring.plan.hyper import Hyper, plan_hyper
+from shoestring.plan.laws import PARAM_COUNTS, Law, load_law, pf_days, training_flops
 from shoestring.plan.placement import PlannedLayout, layout_for
 from shoestring.plan.shapes import Shape, candidates
 from shoestring.units import BudgetSpec, parse_budget
-
-DEFAULT_MFU = 0.4
-
 
 
 @dataclass
@@ -62,38 +65,21 @@ class PlanRequest:
     precision: str = "auto"
 
 
-def global_batch_tokens(flops: float) -> float:
-    """Compute-optimal batch in tokens: B = 0.292·C^0.3271 (DeepSeek-AI 2024, 'DeepSeek LLM',
-    arXiv:2401.02954, §3.1, fitted on C = non-embedding FLOPs × tokens)."""
-    return 0.292 * flops**0.3271
-
-
-def peak_lr(flops: float) -> float:
-    """Compute-optimal AdamW peak LR: η = 0.3118·C^-0.125 (same source)."""
-    return 0.3118 * flops**-0.125
-
-
 def default_seq_len(objective: str, params: float) -> int:
     """Sequence length by scale when no data dir fixes it: Cramming's 128 for small encoders."""
     return families.get(objective).default_seq_len(params)
 
 
-def _round_batch(batch: int, devices: int) -> int:
-    """Round the per-device batch to a number with small divisors (micro-batches that divide it):
-    a multiple of 8 from 16 up, of 4 from 4 up."""
-    per = max(1, batch // devices)
-    step = 8 if per >= 16 else 4 if per >= 4 else 1
-    per = max(step, int(round(per / step)) * step)
-    return per * devices
-
-
-def _choose(shapes: list[Shape], law: Law, flops: float) -> tuple[Shape, float, float]:
-    """The shape with the lowest predicted loss when the budget buys C / FLOPs-per-token tokens."""
+def _choose(shapes: list[Shape], law: Law, flops: float,
+            unique: float | None = None) -> tuple[Shape, float, float]:
+    """The shape with the lowest predicted loss when the budget buys C / FLOPs-per-token tokens;
+    with ``unique`` (the corpus' train tokens) the loss of a shape that would repeat them is
+    the data-constrained law's (`Law.repeated_loss`)."""
     best: tuple[float, Shape, float] | None = None
     for s in shapes:
         tokens = flops / s.flops_per_token
-        n = s.params if law.params == "total" else s.params_non_embedding
-        loss = law.loss(n, tokens)
+        n = law.count(s.params, s.params_non_embedding)
+        loss = law.repeated_loss(n, tokens, unique) if unique else law.loss(n, tokens)
         if best is None or loss < best[0]:
             best = (loss, s, tokens)
     assert best is not None
@@ -115,6 +101,7 @@ def _data_info(path: str) -> dict[str, Any]:
         "train_tokens": int(splits.get("train", {}).get("tokens", 0)),
         **({"sources": {n: {"weight": s["weight"], "train_tokens": s["train_tokens"]}
                         for n, s in sources.items()}} if sources else {}),
+        "train_sequences": int(splits.get("train", {}).get("sequences", 0)) or None,
     }
 
 
@@ -123,7 +110,7 @@ def _measure_mfu(shape: Shape, vocab: int, seq_len: int, micro_batch: int, hw: H
     from shoestring.plan.measure import measure_mfu
 
     if console:
-        console.print(f"measuring MFU: a short training burst of the {shape.label} model …")
+        console.print(f"measuring MFU: timing the trainer's step on the {shape.label} model …")
     return measure_mfu(shape.model, vocab, seq_len, micro_batch, hw, precision)
 
 
@@ -143,6 +130,7 @@ class Sizing:
     batch: int
     steps: int
     lr: float
+    hyper: Hyper
 
 
 def size_for_flops(
@@ -172,14 +160,13 @@ def size_for_flops(
             + (f" (≈{need / flops_per_second:.0f} s of this hardware at the planned MFU)"
                if flops_per_second else ""),
         )
-    pick, tokens, loss = _choose(shapes, law, total_flops)
-    batch = max(8, int(round(global_batch_tokens(total_flops) / seq_len)))
-    batch = max(devices, int(math.ceil(batch / devices)) * devices)
-    batch = _round_batch(batch, devices)
-    steps = max(1, int(round(tokens / (batch * seq_len))))
-    lr = min(TrainConfig().lr, peak_lr(total_flops))
-    return Sizing(total_flops, n_opt, d_opt, seq_len, vocab, shapes, pick, tokens, loss, batch,
-                  steps, float(f"{lr:.3g}"))
+    unique = float(data["train_tokens"]) if data and data.get("train_tokens") else None
+    pick, tokens, loss = _choose(shapes, law, total_flops, unique)
+    hyper = plan_hyper(total_flops, seq_len, devices,
+                       data.get("train_sequences") if data else None)
+    steps = max(1, int(round(tokens / (hyper.batch_sequences * seq_len))))
+    return Sizing(total_flops, n_opt, d_opt, seq_len, vocab, shapes, pick, tokens, loss,
+                  hyper.batch_sequences, steps, hyper.lr, hyper)
 
 
 def flops_buying(kind: str, amount: float, objective: str, law: Law,
@@ -256,8 +243,8 @@ def _fit_budget(req: PlanRequest, hw: Hardware, peak: float, seconds: float | No
                 devices_per_node: int, mask_rate: float, console: Console | None) -> _Fit:
     """Size the model for the budget and lay it out; with --measure, re-size at the measured
     MFU until it settles (a wall-clock budget buys FLOPs in proportion to the MFU)."""
-    mfu = req.mfu if req.mfu is not None else DEFAULT_MFU
-    mfu_source = "given" if req.mfu is not None else "default (pass --mfu or --measure)"
+    mfu = req.mfu if req.mfu is not None else ASSUMED_MFU
+    mfu_source = "given" if req.mfu is not None else "assumed (pass --mfu or --measure)"
     for attempt in range(3 if req.measure else 1):
         total_flops = flops if flops is not None else peak * req.devices * seconds * mfu
         core = size_for_flops(total_flops, objective, law, data, req.devices, mask_rate,
@@ -293,9 +280,11 @@ def _notes(fit: _Fit, law: Law, objective: str, hw: Hardware, data: dict[str, An
     core, layout = fit.core, fit.layout
     loss, smallest = core.loss, core.shapes[0]
     notes: list[str] = []
-    if core.pick is smallest and law.optimal(fit.total_flops)[0] < smallest.params_non_embedding:
+    if core.pick is smallest and core.n_opt < law.count(smallest.params,
+                                                        smallest.params_non_embedding):
         notes.append(
-            f"the compute-optimal size ({core.n_opt:,.0f} non-embedding parameters) is below "
+            f"the compute-optimal size ({core.n_opt:,.0f} parameters, {PARAM_COUNTS[law.params]}) "
+            "is below "
             f"the smallest shape; the plan trains {smallest.label} on fewer tokens per "
             "parameter than optimal"
         )
@@ -327,22 +316,42 @@ def _notes(fit: _Fit, law: Law, objective: str, hw: Hardware, data: dict[str, An
             f"{hw.memory_gb:.0f} GB even at micro-batch 1 with checkpointing; add devices or "
             "plan a smaller model"
         )
-    data_out: dict[str, Any] | None = None
-    if data:
-        epochs = core.tokens / data["train_tokens"] if data["train_tokens"] else float("inf")
-        data_out = {**data, "epochs": round(epochs, 3)}
-        if epochs > REPEAT_WARN_EPOCHS:
-            warning = (
-                f"the plan repeats the data {epochs:.1f} times; past ~4 epochs repeated tokens "
-                "are worth much less than fresh ones (Muennighoff et al. 2023, 'Scaling "
-                "Data-Constrained Language Models'): add data, or plan a smaller budget"
-            )
-            data_out["warning"] = warning
-            notes.append(warning)
-        if data.get("sources"):
-            data_out["sources"], warnings = _source_epochs(core.tokens, data["sources"])
-            notes.extend(warnings)
+    data_out = _data_section(core, law, data, notes) if data else None
+    if data_out and data.get("sources"):
+        data_out["sources"], warnings = _source_epochs(core.tokens, data["sources"])
+        notes.extend(warnings)
     return notes, loss, data_out
+
+
+def _data_section(core: Sizing, law: Law, data: dict[str, Any], notes: list[str]
+                  ) -> dict[str, Any]:
+    """The plan's data section: epochs over the corpus and, when they exceed one, what the
+    repetition costs by the data-constrained rule (tokens wasted, loss against fresh data)."""
+    unique = data["train_tokens"]
+    epochs = core.tokens / unique if unique else float("inf")
+    out = {**data, "epochs": round(epochs, 3)}
+    if not unique or epochs <= 1:
+        return out
+    n = law.count(core.pick.params, core.pick.params_non_embedding)
+    fresh = law.loss(n, core.tokens)
+    out["repetition"] = {
+        "effective_tokens": effective_tokens(unique, epochs),
+        "tokens_wasted": repetition_cost(unique, epochs),
+        "loss_vs_fresh": law.repeated_loss(n, core.tokens, unique) - fresh,
+        "source": REPETITION_SOURCE,
+    }
+    r = out["repetition"]
+    notes.append(
+        f"the plan repeats the corpus {epochs:.1f} times: {r['tokens_wasted']:.0%} of the "
+        f"tokens seen are worth nothing new, and the predicted loss is {r['loss_vs_fresh']:+.3f} "
+        "against the same run on fresh data; the size was chosen for repeated data "
+        f"({REPETITION_SOURCE})")
+    if epochs > REPEAT_WARN_EPOCHS:
+        out["warning"] = (
+            f"the plan repeats the data {epochs:.1f} times; past ~4 epochs repeated tokens "
+            "are worth much less than fresh ones: add data, or plan a smaller budget")
+        notes.append(out["warning"])
+    return out
 
 
 def _source_epochs(tokens: float, sources: dict[str, dict[str, Any]]
@@ -402,7 +411,7 @@ def make_plan(req: PlanRequest, console: Console | None = None) -> dict[str, Any
             "mfu": round(mfu, 4), "mfu_source": fit.mfu_source,
             "wall_clock_s": round(total_flops / (peak * req.devices * mfu), 1),
         },
-        "law": law.to_dict(),
+        "law": {**law.to_dict(), "params_counted": PARAM_COUNTS[law.params]},
         "optimum": {  # the closed form on C = 6ND
             "params": core.n_opt, "tokens": core.d_opt,
             "tokens_per_param": core.d_opt / core.n_opt,
@@ -411,12 +420,16 @@ def make_plan(req: PlanRequest, console: Console | None = None) -> dict[str, Any
         "model": {
             "shape": pick.label, "params": pick.params,
             "params_non_embedding": pick.params_non_embedding,
+            "law_params": law.count(pick.params, pick.params_non_embedding),
             "flops_per_token": pick.flops_per_token, "tokens": tokens,
-            "tokens_per_param": tokens / pick.params_non_embedding, "predicted_loss": loss,
-            "six_n_d_flops": training_flops(pick.params_non_embedding, tokens),
+            "tokens_per_param": tokens / law.count(pick.params, pick.params_non_embedding),
+            "predicted_loss": loss,
+            "six_n_d_flops": training_flops(law.count(pick.params, pick.params_non_embedding),
+                                            tokens),
         },
         "batch": {"global_sequences": batch, "seq_len": seq_len,
-                  "tokens_per_step": batch * seq_len, "steps": core.steps},
+                  "tokens_per_step": batch * seq_len, "steps": core.steps,
+                  **core.hyper.to_dict()},
         "layout": layout.to_dict(),
         "data": data_out,
         "notes": notes,
@@ -529,23 +542,27 @@ def plan_table(tree: dict[str, Any]) -> Table:
     t.add_row("hardware", f"{p['hardware']['devices']} × {hw['description']}, "
               f"{hw['peak_flops'] / 1e12:,.3g} TFLOP/s {hw['dtype']} peak each")
     t.add_row("compute", f"{b['flops']:.3g} FLOPs = {b['pf_days']:.3g} PF/s-days "
-              f"(MFU {b['mfu']:.0%}, {b['mfu_source']})")
+              f"(MFU {b['mfu']:.1%}, {b['mfu_source']})")
     t.add_row("wall clock", _duration(b["wall_clock_s"]))
     t.add_row("law", f"{p['law']['name']}: L = {p['law']['E']:.4g} + {p['law']['A']:.4g}/N^"
               f"{p['law']['alpha']:.4g} + {p['law']['B']:.4g}/D^{p['law']['beta']:.4g}")
-    t.add_row("compute-optimal (6ND)", f"N {_si(o['params'])} params, D {_si(o['tokens'])} "
+    t.add_row("compute-optimal (6ND)", f"N {_si(o['params'])} params "
+              f"({p['law']['params_counted']}), D {_si(o['tokens'])} "
               f"tokens ({o['tokens_per_param']:.1f} tokens/param), loss {o['loss']:.3f}")
     mc = tree["model"]
     t.add_row("model", f"{mc['objective']}: {mc['num_layers']} layers × {mc['hidden_size']} "
               f"hidden, {mc['num_heads']} heads, {mc['intermediate_size']} FFN")
     t.add_row("parameters", f"{_si(m['params_non_embedding'])} non-embedding "
-              f"({_si(m['params'])} with embeddings)")
+              f"({_si(m['params'])} with embeddings); the law's N is "
+              f"{p['law']['params_counted']}: {_si(m['law_params'])}")
     t.add_row("tokens", f"{_si(m['tokens'])} ({m['tokens_per_param']:.1f} per parameter), "
               f"{m['flops_per_token'] / 1e6:,.3g} MFLOP/token; predicted loss "
               f"{m['predicted_loss']:.3f}")
     bt = p["batch"]
     t.add_row("batch", f"{bt['global_sequences']} × {bt['seq_len']} tokens, {bt['steps']:,} "
               f"steps, peak lr {tree['train']['lr']:g}")
+    clamps = "; ".join(c for c in (bt["batch_clamp"], bt["lr_clamp"]) if c)
+    t.add_row("batch, lr from", bt["source"] + (f"; {clamps}" if clamps else ""))
     ckpt = ", checkpointing" if lay["checkpointing"] else ""
     t.add_row("layout", f"{lay['kind']}; micro-batch {lay['micro_batch']} × "
               f"{lay['grad_accum']} accumulation{ckpt}")
@@ -554,8 +571,12 @@ def plan_table(tree: dict[str, Any]) -> Table:
     t.add_row("memory / device", f"{lay['memory_gb']:.2f} GB of {hw['memory_gb']:g} GB "
               f"({'fits' if lay['fits'] else 'DOES NOT FIT'}; {lay['model']})")
     if p["data"]:
+        rep = p["data"].get("repetition")
         t.add_row("data", f"{_si(p['data']['train_tokens'])} train tokens → "
-                  f"{p['data']['epochs']:.2f} epochs")
+                  f"{p['data']['epochs']:.2f} epochs" + (
+                      f" (worth {_si(rep['effective_tokens'])} fresh tokens: "
+                      f"{rep['tokens_wasted']:.0%} wasted, loss {rep['loss_vs_fresh']:+.3f} "
+                      "against fresh data)" if rep else ""))
         for name, src in (p["data"].get("sources") or {}).items():
             t.add_row(f"  source {name}", f"{src['weight']:.1%} of training, "
                       f"{_si(src['train_tokens'])} train tokens → {src['epochs']:.2f} epochs")

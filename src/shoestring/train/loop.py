@@ -10,6 +10,7 @@ resumed step-budget run reproduces the uninterrupted run's losses exactly.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import os
 import platform
@@ -17,7 +18,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -327,8 +328,8 @@ class _Run:
     the model and optimizers)."""
 
     cfg: Config
-    data: DataDir
-    run: RunDir
+    data: DataDir | None  # None in `time_steps`, which times steps on random rows
+    run: RunDir | None  # None in `time_steps` (it writes nothing)
     parallel: Parallelism
     dev: DeviceInfo
     peaks: list[float]
@@ -340,7 +341,7 @@ class _Run:
     n_params: tuple[int, int]  # all parameters, non-embedding
     scaler: torch.amp.GradScaler | None
     gen: torch.Generator
-    loader: BatchLoader
+    loader: BatchLoader | Iterator[torch.Tensor]  # `time_steps`: random rows in memory
     val_batch: tuple[torch.Tensor, ...] | None
     interval: tuple[str, float] | None
     metrics: MetricsLog | None
@@ -414,6 +415,52 @@ class _Run:
         )
 
 
+@dataclass
+class _Built:
+    """What a step needs that does not depend on a data dir or a run dir (`_build`)."""
+
+    dev: DeviceInfo
+    peaks: list[float]  # FLOP/s of every device of the job
+    objective: Objective
+    fpt: float  # training FLOPs per token
+    budget: Budget
+    micro: int
+    speed: speed_choices.SpeedChoices
+    n_params: tuple[int, int]
+    scaler: torch.amp.GradScaler | None
+
+
+def _build(cfg: Config, vocab: int, seq_len: int, special_ids: dict[str, int],
+           parallel: Parallelism, spare_bytes: int | None, resumed_kernel: str | None,
+           init: Callable[[torch.nn.Module], None] | None = None) -> _Built:
+    """The device at the agreed precision, the model spread over ``parallel`` with the
+    trainer's optimizers (``init`` loads weights into the canonical model first), the
+    objective, the budget and the speed choices: `_setup` and `time_steps` share it, so the
+    timing probe runs the very step `train` runs."""
+    tc = cfg.train
+    dev = _select_device(tc, parallel)
+    peaks = parallel.gather(dev.peak_flops)
+    torch.manual_seed(tc.seed)
+    model = build_model(cfg.model, vocab)
+    n_params = (model.num_params(), model.num_params(non_embedding=True))
+    if init is not None:
+        init(model)
+    objective = objective_for(cfg.model.objective, seq_len, vocab, special_ids,
+                              tc.mask_rate, cfg.model.sparse_prediction)
+    flops_per_token = train_flops_per_token(cfg.model, vocab, seq_len, objective.head_fraction)
+    spec = parse_budget(tc.budget) if tc.budget is not None else None
+    budget = Budget.from_spec(spec, tc.steps, flops_per_token)
+    micro = cfg.train.micro_batch(parallel.layout.dp)
+    speed = _speed_choices(cfg, parallel, dev, micro, seq_len, budget, flops_per_token,
+                           spare_bytes, resumed_kernel)
+    set_attention_kernel(model, speed.attention)
+    parallel.apply(model, cfg, lambda parts, layout, meshes: build_optimizers(
+        parts, tc, layout, meshes), compiled=speed.compile)
+    del model
+    scaler = torch.amp.GradScaler("cuda") if dev.dtype == torch.float16 else None
+    return _Built(dev, peaks, objective, flops_per_token, budget, micro, speed, n_params, scaler)
+
+
 def _setup(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
            parallel: Parallelism, ckpt: Checkpoint | None,
            spare_bytes: int | None) -> tuple[_Run, TrainState]:
@@ -426,27 +473,12 @@ def _setup(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
         run.write_config(cfg)
     if tc.threads:
         torch.set_num_threads(tc.threads)
-    dev = _select_device(tc, parallel)
-    peaks = parallel.gather(dev.peak_flops)  # FLOP/s of every device of the job
-    vocab, seq_len = data.vocab_size, data.seq_len
-    torch.manual_seed(tc.seed)
-    model = build_model(cfg.model, vocab)
-    n_params = (model.num_params(), model.num_params(non_embedding=True))
-    if tc.init_from and ckpt is None:
-        _init_from(model, tc.init_from, cfg, data)
-    objective = objective_for(cfg.model.objective, seq_len, vocab, data.special_ids,
-                              tc.mask_rate, cfg.model.sparse_prediction)
-    flops_per_token = train_flops_per_token(cfg.model, vocab, seq_len, objective.head_fraction)
-    spec = parse_budget(tc.budget) if tc.budget is not None else None
-    budget = Budget.from_spec(spec, tc.steps, flops_per_token)
-    micro = cfg.train.micro_batch(parallel.layout.dp)
-    speed = _speed_choices(cfg, parallel, dev, micro, seq_len, budget, flops_per_token,
-                           spare_bytes, ckpt.state.get("attention") if ckpt else None)
-    set_attention_kernel(model, speed.attention)
-    parallel.apply(model, cfg, lambda parts, layout, meshes: build_optimizers(
-        parts, tc, layout, meshes), compiled=speed.compile)
-    del model
-    scaler = torch.amp.GradScaler("cuda") if dev.dtype == torch.float16 else None
+    init = ((lambda model: _init_from(model, tc.init_from, cfg, data))
+            if tc.init_from and ckpt is None else None)
+    b = _build(cfg, data.vocab_size, data.seq_len, data.special_ids, parallel, spare_bytes,
+               ckpt.state.get("attention") if ckpt else None, init)
+    dev, peaks, objective, flops_per_token, budget = b.dev, b.peaks, b.objective, b.fpt, b.budget
+    micro, speed, scaler = b.micro, b.speed, b.scaler
     gen = torch.Generator().manual_seed(tc.seed)
     s, cursor = TrainState(next_val=tc.val_every), Cursor()
     if ckpt is not None:
@@ -467,7 +499,7 @@ def _setup(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
                     dev.datasheet_flops * parallel.world if dev.datasheet_flops else None,
                     parallel.world if parallel.distributed else None, start=s.elapsed)
     return _Run(cfg, data, run, parallel, dev, peaks, objective, flops_per_token, budget, speed,
-                micro, n_params, scaler, gen, loader,
+                micro, b.n_params, scaler, gen, loader,
                 _val_batch(data, cfg, objective) if tc.val_every > 0 else None,
                 _ckpt_interval(tc.checkpoint_every), metrics, window,
                 ckpt.path if ckpt else None, resumed=ckpt is not None), s
@@ -485,6 +517,7 @@ def train_step(r: _Run, s: TrainState, bsz: int, lr: float) -> None:
     batch = r.objective.make_batch(ids, r.gen)
     local = parallel.forward_backward(r.objective, parallel.local_rows(batch, accum),
                                       r.dev.autocast, r.scaler)
+    tokens = bsz * ids.shape[1]
     parallel.unscale(r.scaler)
     gnorm = parallel.clip(tc.grad_clip)
     loss = parallel.reduce_loss(local)
@@ -493,8 +526,8 @@ def train_step(r: _Run, s: TrainState, bsz: int, lr: float) -> None:
         parallel.step(lr, r.scaler)
         if r.memory is None:
             r.memory = parallel.measured_memory(grad_bytes)
-        s.good_step(bsz * r.data.seq_len, loss)
-        r.window.add(bsz * r.data.seq_len, loss, gnorm)
+        s.good_step(tokens, loss)
+        r.window.add(tokens, loss, gnorm)
         return
     parallel.zero_grad()  # every rank sees the same reduced loss and global norm: all skip
     if r.scaler is not None:
@@ -505,7 +538,7 @@ def train_step(r: _Run, s: TrainState, bsz: int, lr: float) -> None:
         kept = f"; the last good checkpoint is {r.last_ckpt}" if r.last_ckpt else ""
         raise ShoestringError(
             f"the loss was non-finite ({loss}) {s.bad_in_a_row} steps in a row, "
-            f"at step {s.step}{kept}", where=str(r.run.path),
+            f"at step {s.step}{kept}", where=str(r.run.path) if r.run else "the timed steps",
             fix="lower train.lr, raise train.warmup, or --set train.precision=fp32")
 
 
@@ -649,3 +682,67 @@ def _summary(r: _Run, s: TrainState, train_seconds: float, save_seconds: float,
             "platform": platform.platform(),
         },
     }
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    """What `time_steps` measured: the trainer's own step, on this machine."""
+
+    steps: int  # timed steps (after the warm-up ones)
+    seconds: float
+    tokens_per_s: float
+    flops_per_token: float
+    peak_flops: float  # the device's measured peak, the one `train` quotes MFU against
+    mfu: float  # against that peak
+    micro_batch: int
+    speed: str  # the attention kernel and compile choices, as the run log prints them
+
+
+def time_steps(cfg: Config, vocab: int, seq_len: int, *, seconds: float = 3.0,
+               warmup: int = 2, min_steps: int = 3,
+               special_ids: dict[str, int] | None = None) -> StepTiming:
+    """Time `train_step` — the step `train` runs, built by the same `_build` (device and
+    precision choice, model, layout, optimizers, attention kernel, compile choice, loss
+    scaler) — for ``cfg`` in this process, on random token ids held in memory (a step's speed
+    does not depend on which ids; the loader's wait, which `train` reports as ``data_wait``,
+    is left out). The batch is ``cfg.train.batch_size`` with its micro-batches; warm-up steps
+    (and a compilation, if ``cfg.train.compile`` asks for one) are not timed. Nothing is
+    written and the caller's RNG streams are untouched."""
+    tc = cfg.train
+    layout = layout_from_config(cfg.parallel, 1)
+    parallel = Parallelism.start(cfg, layout, vocab)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            b = _build(cfg, vocab, seq_len, special_ids or {}, parallel, None, None)
+            gen = torch.Generator().manual_seed(tc.seed)
+            rows = [torch.randint(8, vocab, (parallel.dp * b.micro, seq_len), generator=gen)
+                    for _ in range(2)]
+            r = _Run(cfg, None, None, parallel, b.dev, b.peaks, b.objective, b.fpt, b.budget,
+                     b.speed, b.micro, b.n_params, b.scaler, gen, itertools.cycle(rows), None,
+                     None, None, Window(b.fpt, sum(b.peaks), None), None, resumed=False)
+            return _time(r, tc.batch_size, tc.lr * lr_factor(tc, 0.0), seconds, warmup,
+                         min_steps)
+    finally:
+        parallel.close()
+
+
+def _time(r: _Run, bsz: int, lr: float, seconds: float, warmup: int,
+          min_steps: int) -> StepTiming:
+    """Run ``warmup`` untimed steps, then steps until ``min_steps`` and ``seconds`` are both
+    reached; the device is synchronized before the clock starts and before it stops."""
+    s = TrainState()
+    parallel = r.parallel
+    parallel.train_mode(True)
+    sync = torch.cuda.synchronize if r.dev.device.type == "cuda" else (lambda: None)
+    for _ in range(warmup):
+        train_step(r, s, bsz, lr)
+    sync()
+    start, steps, tokens = time.perf_counter(), 0, s.tokens
+    while steps < min_steps or time.perf_counter() - start < seconds:
+        train_step(r, s, bsz, lr)
+        steps += 1
+    sync()
+    elapsed = time.perf_counter() - start
+    tps = (s.tokens - tokens) / elapsed  # a skipped (non-finite) step trains no tokens
+    return StepTiming(steps, elapsed, tps, r.flops_per_token, r.dev.peak_flops,
+                      r.window.mfu(tps), r.micro, r.speed.describe())

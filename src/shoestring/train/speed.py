@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from shoestring.device import ASSUMED_MFU
 from shoestring.model.layers import eager_attention
 from shoestring.train.budget import Budget, format_duration
 
@@ -30,9 +31,6 @@ from shoestring.train.budget import Budget, format_duration
 # and speeds its steps up ~1.25x, so it breaks even near 3 minutes of training; 10 minutes
 # leaves a clear margin (and a warm inductor cache makes later runs' compiles a few seconds).
 COMPILE_MIN_SECONDS = 600.0
-# Without a wall-clock budget, the expected seconds are estimated at this fraction of the
-# measured peak (a conservative MFU for the small models a CPU trains).
-_ASSUMED_MFU = 0.3
 # Eager attention keeps B·heads·T·keys scores per layer; past this length the fused kernels win
 # on memory traffic anyway, so auto does not time it.
 EAGER_MAX_SEQ = 512
@@ -92,7 +90,7 @@ def eager_scores_bytes(rows: int, heads: int, seq_len: int, layers: int, dtype: 
 
 def expected_seconds(budget: Budget, tokens_per_step: int, flops_per_token: float,
                      peak_flops: float) -> float:
-    """The budget's wall clock if it has one, else its length estimated at `_ASSUMED_MFU` of
+    """The budget's wall clock if it has one, else its length estimated at `ASSUMED_MFU` of
     the measured peak (steps, tokens or FLOPs, whichever ends first)."""
     if budget.seconds is not None:
         return budget.seconds
@@ -103,7 +101,7 @@ def expected_seconds(budget: Budget, tokens_per_step: int, flops_per_token: floa
 def expected_tokens(budget: Budget, tokens_per_step: int, flops_per_token: float,
                     peak_flops: float) -> float:
     """Tokens the budget trains on: exact for steps, tokens and FLOPs (whichever ends first),
-    estimated at `_ASSUMED_MFU` of the measured peak for a wall-clock budget."""
+    estimated at `ASSUMED_MFU` of the measured peak for a wall-clock budget."""
     limits = [budget.steps * tokens_per_step if budget.steps is not None else None,
               budget.tokens,
               budget.flops / flops_per_token if budget.flops and flops_per_token else None,
@@ -113,8 +111,8 @@ def expected_tokens(budget: Budget, tokens_per_step: int, flops_per_token: float
 
 
 def _rate(flops_per_token: float, peak_flops: float) -> float:
-    """Tokens per second at `_ASSUMED_MFU` of ``peak_flops``."""
-    return max(peak_flops * _ASSUMED_MFU / max(flops_per_token, 1.0), 1e-9)
+    """Tokens per second at `ASSUMED_MFU` of ``peak_flops``."""
+    return max(peak_flops * ASSUMED_MFU / max(flops_per_token, 1.0), 1e-9)
 
 
 LONG_BUDGET_SECONDS = 3600.0  # past this, a budget that is not wall clock gets a warning
@@ -131,7 +129,7 @@ def long_budget_warning(budget: Budget, tokens_per_step: int, flops_per_token: f
     if seconds <= LONG_BUDGET_SECONDS:
         return None
     return (f"this budget ({budget.describe()}) is expected to take about "
-            f"{format_duration(seconds)} on this hardware (at {_ASSUMED_MFU:.0%} of its "
+            f"{format_duration(seconds)} on this hardware (at {ASSUMED_MFU:.0%} of its "
             "measured peak); give a wall-clock budget (--budget 10m) to bound it")
 
 
