@@ -192,6 +192,7 @@ def test_ray_refuses_what_it_does_not_run(tmp_path: Path) -> None:
     for args, named in ((["--workers", "2"], "--workers"),
                         (["--explain", "3"], "--explain"),
                         (["--canaries", "2"], "--canaries"),
+                        (["--set", "curate.dropped_ids=true"], "curate.dropped_ids"),
                         (["--dedup", "substring"], "substring")):
         proc = run_cli("prep", str(src), "-o", str(tmp_path / "d"), "--executor", "ray", *args,
                        timeout=120)

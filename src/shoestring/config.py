@@ -32,6 +32,11 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+# The tokenizer trains on at most this much text (characters), a uniform sample of the
+# training documents beyond it: its memory and time then stop growing with the corpus.
+TOKENIZER_SAMPLE_CHARS = 1 << 30
+
+
 class DataConfig(_Section):
     """How `prep` turns raw text into packed token shards (see docs/data.md)."""
 
@@ -75,6 +80,11 @@ class DataConfig(_Section):
         "(Cramming: ascending mean unigram log-probability, read in that order)",
     )
     workers: int = Field(1, ge=1, le=256, description="processes for cleaning and tokenizing")
+    tokenizer_sample_chars: int = Field(
+        TOKENIZER_SAMPLE_CHARS, ge=1, description="a trained tokenizer learns from at most this "
+        "many characters: all training documents when they fit, else a uniform sample (by "
+        "content hash) of about this size; the manifest records it (tokenizer.sample)"
+    )
 
     @field_validator("split_on", mode="before")
     @classmethod
@@ -348,6 +358,10 @@ class CurateConfig(_Section):
         default_factory=list, description="evaluation files/folders whose n-grams are removed"
     )
     explain: int = Field(0, ge=0, description="dropped documents kept per reason for --explain")
+    dropped_ids: bool = Field(
+        False, description="write dropped.tsv in the data dir: the id (source:line) and the "
+        "block of every document curation dropped (to score dedup, e.g. bench/prep_scale.py)"
+    )
 
     gopher_min_words: int | None = Field(50, ge=0, description="fewer words: drop")
     gopher_max_words: int | None = Field(

@@ -22,7 +22,8 @@ substring dedup, which holds the whole corpus plus ~40 bytes per word (docs/data
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal
 
 from shoestring.config import CurateConfig
@@ -138,11 +139,17 @@ class Curator:
         # not re-judged by the filters.
         return cls(stateless + stateful + decontam, compress)
 
-    def run(self, docs: Iterable[Document]) -> Iterator[Document]:
-        """The kept documents, in input order, streaming through every block."""
+    def run(self, docs: Iterable[Document],
+            on_drop: Callable[[str, str], None] | None = None) -> Iterator[Document]:
+        """The kept documents, in input order, streaming through every block.
+
+        ``on_drop(doc_id, block_name)``, when given, is told every document a block
+        dropped (``curate.dropped_ids``: the list a benchmark scores dedup against).
+        """
         stream: Iterable[Document] = docs
         for block in self.blocks:
-            stream = block.process(stream)
+            stream = block.process(stream) if on_drop is None else _reporting_drops(
+                block, stream, on_drop)
         yield from stream
 
     def compress_ok(self, n_tokens: int, n_chars: int, doc: Document | None = None) -> bool:
@@ -180,6 +187,33 @@ class Curator:
     def empty_error(self, where: str) -> ShoestringError:
         """The error for a corpus that curation reduced to nothing: which block removed what."""
         return empty_corpus_error(self.stats(), where)
+
+
+def _reporting_drops(block: Block, docs: Iterable[Document],
+                     on_drop: Callable[[str, str], None]) -> Iterator[Document]:
+    """``block.process(docs)``, calling ``on_drop`` for each input document it dropped.
+
+    Works from the outside, for every block alike: blocks keep input order and document
+    ids (a cut document's pieces keep its id), so an input whose id is passed over by the
+    next output was dropped. Memory: the ids a block holds back (fuzzy dedup's batch).
+    """
+    pending: deque[str] = deque()
+    last: str | None = None
+
+    def inputs() -> Iterator[Document]:
+        for doc in docs:
+            pending.append(doc.doc_id)
+            yield doc
+
+    for doc in block.process(inputs()):
+        if doc.doc_id != last:  # not another piece of the previous document
+            while pending and pending[0] != doc.doc_id:
+                on_drop(pending.popleft(), block.name)
+            if pending:
+                last = pending.popleft()
+        yield doc
+    while pending:
+        on_drop(pending.popleft(), block.name)
 
 
 # --- reporting (works from the stats dict, so the CLI prints exactly what the manifest holds)
