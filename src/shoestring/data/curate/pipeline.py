@@ -194,26 +194,38 @@ def _reporting_drops(block: Block, docs: Iterable[Document],
     """``block.process(docs)``, calling ``on_drop`` for each input document it dropped.
 
     Works from the outside, for every block alike: blocks keep input order and document
-    ids (a cut document's pieces keep its id), so an input whose id is passed over by the
-    next output was dropped. Memory: the ids a block holds back (fuzzy dedup's batch).
+    ids (decontamination's pieces of a cut document are ``ID#k``), so an input whose id the
+    next output passes over was dropped. Memory: the ids a block holds back (fuzzy dedup's
+    batch).
     """
     pending: deque[str] = deque()
+    waiting: set[str] = set()
     last: str | None = None
 
     def inputs() -> Iterator[Document]:
         for doc in docs:
             pending.append(doc.doc_id)
+            waiting.add(doc.doc_id)
             yield doc
 
+    def comes_from(out: str, source: str, exact: bool) -> bool:
+        return out == source if exact else out.startswith(f"{source}#")
+
     for doc in block.process(inputs()):
-        if doc.doc_id != last:  # not another piece of the previous document
-            while pending and pending[0] != doc.doc_id:
-                on_drop(pending.popleft(), block.name)
-            if pending:
-                last = pending.popleft()
+        out = doc.doc_id
+        exact = out in waiting
+        if last is not None and not exact and (out == last or comes_from(out, last, False)):
+            yield doc  # a further piece of the document matched last
+            continue
+        while pending and not comes_from(out, pending[0], exact):
+            waiting.discard(pending[0])
+            on_drop(pending.popleft(), block.name)
+        if pending:
+            last = pending.popleft()
+            waiting.discard(last)
         yield doc
-    while pending:
-        on_drop(pending.popleft(), block.name)
+    for doc_id in pending:
+        on_drop(doc_id, block.name)
 
 
 # --- reporting (works from the stats dict, so the CLI prints exactly what the manifest holds)
