@@ -186,3 +186,24 @@ def test_glue_dev_files_as_they_are() -> None:
     block = Decontaminate(index, mode="drop")
     kept = list(block.process([doc(filler(50, 100) + " " + sentence + " " + filler(51, 100))]))
     assert kept == [] and block.stats.dropped == {"contaminated": 1}
+
+
+def test_curator_reports_each_dropped_document_once_with_its_block(eval_dir: Path) -> None:
+    """``Curator.run(on_drop=...)`` (curate.dropped_ids): every dropped input by id and
+    block, none of the kept ones — also when decontamination cuts a document into pieces
+    (``ID#k``) and when the reader's pieces of a long document (``ID``, ``ID#2``) lose the
+    first one."""
+    from shoestring.data.curate import Curator
+    from shoestring.data.curate.dedup import ExactDedup
+
+    block = Decontaminate(index_for(eval_dir), mode="cut", margin_chars=50, min_piece_chars=100)
+    a, b = filler(40, 120), filler(41, 120)
+    docs = [doc(a, "f:1"), doc(a, "f:2"),                           # exact copy: f:2
+            doc(f"{a[:300]} {EVAL_SENTENCE} {b}", "f:3"),          # cut into f:3#1, f:3#2
+            doc(EVAL_SENTENCE, "f:4"),                              # nothing left
+            doc(a, "f:5"), doc(b, "f:5#2"),                         # reader pieces: first a copy
+            doc(filler(42, 80), "f:6")]
+    drops: list[tuple[str, str]] = []
+    kept = list(Curator([ExactDedup(), block]).run(docs, lambda i, name: drops.append((i, name))))
+    assert [d.doc_id for d in kept] == ["f:1", "f:3#1", "f:3#2", "f:5#2", "f:6"]
+    assert sorted(drops) == [("f:2", "exact_dedup"), ("f:4", "decontam"), ("f:5", "exact_dedup")]

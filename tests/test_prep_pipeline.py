@@ -345,3 +345,32 @@ def test_explain_reports_the_long_document_setting(tmp_path: Path) -> None:
     assert f"long documents (data.max_document_chars=2,000): 1 cut into {pieces} pieces" \
         in proc.stderr
     assert f"1 over 2,000 characters cut into {pieces} pieces" in proc.stdout
+
+
+def test_tokenizer_trains_on_a_capped_uniform_sample(corpus: Path, tmp_path: Path) -> None:
+    """Issue 33: the local path caps the tokenizer's text (data.tokenizer_sample_chars, the
+    cap the Ray path shares). Its vocabulary is the one trained on exactly the drawn sample
+    (not on all the text), the manifest says how much of what, and a re-run draws the same."""
+    from shoestring.data.tokenizer import tokenizer_sample
+
+    texts = _train_texts(corpus)
+    total = sum(len(t) for t in texts)
+    cap = total // 3
+    manifests = [prep([str(corpus)], tmp_path / name, _cfg(objective="clm", tokenizer_sample_chars=cap))
+                 for name in ("a", "b")]
+    sample = manifests[0]["tokenizer"]["sample"]
+    drawn = list(tokenizer_sample(texts, cap, total))
+    assert sample == {"documents": len(drawn), "characters": sum(len(t) for t in drawn),
+                      "max_characters": cap, "of_characters": total}
+    assert cap * 0.7 < sample["characters"] <= cap and 0 < len(drawn) < len(texts)
+    # drawn across the corpus, not its first third
+    positions = [texts.index(t) for t in drawn]
+    assert min(positions) < len(texts) // 3 and max(positions) > 2 * len(texts) // 3
+    vocab = json.loads((tmp_path / "a" / "tokenizer.json").read_text())["model"]["vocab"]
+    on_sample = train_tokenizer(drawn, "bpe", "clm", vocab_size=700, lowercase=False)
+    on_all = train_tokenizer(texts, "bpe", "clm", vocab_size=700, lowercase=False)
+    assert vocab == on_sample.get_vocab() != on_all.get_vocab()
+    assert manifests[1]["tokenizer"]["sample"] == sample
+    assert manifests[1]["tokenizer"]["sha256"] == manifests[0]["tokenizer"]["sha256"]
+    full = prep([str(corpus)], tmp_path / "c", _cfg(objective="clm"))  # under the cap: all
+    assert full["tokenizer"]["sample"]["documents"] == len(texts)

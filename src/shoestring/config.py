@@ -33,6 +33,11 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+# The tokenizer trains on at most this much text (characters), a uniform sample of the
+# training documents beyond it: its memory and time then stop growing with the corpus.
+TOKENIZER_SAMPLE_CHARS = 1 << 30
+
+
 class MixtureSource(_Section):
     """One source of a data mixture: which documents are its, and how much of training it is
     (see docs/data.md, "Mixtures")."""
@@ -146,6 +151,11 @@ class DataConfig(_Section):
     mixture: MixtureConfig | None = Field(
         None, description="a designed mixture of sources, each a share of the training "
         "tokens that the loader samples (docs/data.md, Mixtures); prep --mix sets it"
+    )
+    tokenizer_sample_chars: int = Field(
+        TOKENIZER_SAMPLE_CHARS, ge=1, description="a trained tokenizer learns from at most this "
+        "many characters: all training documents when they fit, else a uniform sample (by "
+        "content hash) of about this size; the manifest records it (tokenizer.sample)"
     )
 
     @field_validator("split_on", mode="before")
@@ -428,6 +438,10 @@ class CurateConfig(_Section):
         default_factory=list, description="evaluation files/folders whose n-grams are removed"
     )
     explain: int = Field(0, ge=0, description="dropped documents kept per reason for --explain")
+    dropped_ids: bool = Field(
+        False, description="write dropped.tsv in the data dir: the id (source:line) and the "
+        "block of every document curation dropped (to score dedup, e.g. bench/prep_scale.py)"
+    )
 
     gopher_min_words: int | None = Field(50, ge=0, description="fewer words: drop")
     gopher_max_words: int | None = Field(

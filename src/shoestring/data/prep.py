@@ -60,6 +60,7 @@ from shoestring.data.tokenizer import (
     load_tokenizer,
     special_ids,
     tokenizer_kind,
+    tokenizer_sample,
     train_tokenizer,
 )
 from shoestring.data.workers import WorkerPool, batched, clean_texts, encode_texts
@@ -80,6 +81,7 @@ ENCODE_CHARS = 1 << 19
 # Tokenizing is journaled (resumable) after about this many characters.
 CHECKPOINT_CHARS = 1 << 23
 _JOURNAL = "journal.json"
+DROPPED_IDS = "dropped.tsv"  # curate.dropped_ids: the documents curation dropped
 WORK_DIR = "work"  # executors' intermediate files other than the spools and streams
 # Fewer validation documents than this: validation is the end of the text instead.
 MIN_VAL_DOCUMENTS = 5
@@ -351,6 +353,7 @@ class _Pipeline:
         self.curate_cfg = curate
         self.console, self.journal, self.pool = console, journal, pool
         self.seconds: dict[str, float] = {}
+        self.tokenizer_sample: dict[str, int] | None = None  # set when the tokenizer trains
         self.kept_shards = 0
         self.encoded: dict[str, dict] = {}
         self._forced_train: set[int] = set()  # spool lines kept in train (canary hosts)
@@ -479,6 +482,7 @@ class _Pipeline:
             "blocks": self.blocks,
             "split": split,
             **self._dedup,
+            "train_characters": counts.get("train_chars"),  # the tokenizer sample's total
         }
         self.journal.put("read", result)
         return result
@@ -495,7 +499,7 @@ class _Pipeline:
         fraction = self.cfg.val_fraction
         by_position = counts["val"] < MIN_VAL_DOCUMENTS
         cut = round((counts["chars"] - forced_chars) * (1 - fraction))
-        counts["train"] = counts["val"] = 0
+        counts["train"] = counts["val"] = counts["train_chars"] = counts["val_chars"] = 0
         position = 0
         sources = (np.fromfile(kept.with_suffix(".src"), dtype="<u2") if n_sources
                    else np.zeros(0, dtype="<u2"))
@@ -510,6 +514,7 @@ class _Pipeline:
                     counts[split] += 1
                     if n_sources:
                         self._source_docs[split][k] += 1
+                    counts[f"{split}_chars"] += len(text)
                     out[split, k].write(json.dumps(text, ensure_ascii=False) + "\n")
 
             for line, text in enumerate(_read_spool(kept)):
@@ -587,7 +592,12 @@ class _Pipeline:
         index_dir = self.build / DIR if self.curate_cfg.dedup != "none" else None
         curator = Curator.from_config(self.curate_cfg, clean=False,
                                       work_dir=self.build / WORK_DIR, index_dir=index_dir)
-        yield from curator.run(docs)
+        with ExitStack() as stack:
+            on_drop = None
+            if self.curate_cfg.dropped_ids:  # one "id<TAB>block" line per dropped document
+                log = stack.enter_context(open(self.build / DROPPED_IDS, "w", encoding="utf-8"))
+                on_drop = lambda doc_id, block: log.write(f"{doc_id}\t{block}\n")  # noqa: E731
+            yield from curator.run(docs, on_drop)
         self.blocks.extend(b for b in curator.stats()["blocks"] if b["block"] != "compressibility")
         if index_dir is not None:  # persisted for a later prep's --dedup-against
             self._dedup["dedup_index"] = curator.finish_dedup_index(index_dir)
@@ -663,6 +673,8 @@ class _Pipeline:
             "vocab_size": tok.get_vocab_size(),
             "sha256": file_sha256(self.build / "tokenizer.json"),
         }
+        if path is None and self.tokenizer_sample is not None:
+            info["sample"] = self.tokenizer_sample
         from shoestring.data.curate.compress import median_ratio, needs_median
 
         if needs_median(self.curate_cfg):  # for the compressibility threshold
@@ -675,11 +687,29 @@ class _Pipeline:
         return _read_spool(self.build / "spool-train.jsonl")
 
     def _train_tokenizer(self, kind: str, n_train: int) -> Any:
-        """The tokenizer trained on every training document, in order."""
+        """The tokenizer trained on the training documents, in order: all of them, or a
+        uniform sample of at most ``data.tokenizer_sample_chars`` characters
+        (`tokenizer_sample`); what it used goes to ``self.tokenizer_sample``."""
         cfg = self.cfg
         spool = self.build / "spool-train.jsonl"
-        return train_tokenizer(lambda: _read_spool(spool), kind, cfg.objective,
-                               cfg.vocab_size, cfg.lowercase_resolved, length=n_train)
+        read = self.journal.get("read")
+        total = read.get("train_characters")
+        if total is None:  # a build folder journaled before the count was kept
+            total = sum(len(t) for t in _read_spool(spool))
+        cap = cfg.tokenizer_sample_chars
+        seen = {"documents": 0, "characters": 0}
+
+        def sample() -> Iterator[str]:  # read once, or twice (WordPiece): count one pass
+            seen["documents"] = seen["characters"] = 0
+            for text in tokenizer_sample(_read_spool(spool), cap, total):
+                seen["documents"] += 1
+                seen["characters"] += len(text)
+                yield text
+
+        tok = train_tokenizer(sample, kind, cfg.objective, cfg.vocab_size,
+                              cfg.lowercase_resolved, length=n_train if total <= cap else None)
+        self.tokenizer_sample = {**seen, "max_characters": cap, "of_characters": total}
+        return tok
 
     # --- encode: spool → token stream ---------------------------------------------------
 

@@ -70,6 +70,24 @@ def special_tokens(objective: str, kind: str) -> list[str]:
 Texts = Iterable[str] | Callable[[], Iterable[str]]
 
 
+def tokenizer_sample(texts: Iterable[str], max_chars: int, total_chars: int) -> Iterator[str]:
+    """The texts a tokenizer trains on: all of them when ``total_chars`` fit ``max_chars``;
+    otherwise those whose content hash falls in the first ``max_chars / total_chars`` of the
+    range — a uniform sample that depends on neither the order nor how the texts are split
+    into parts (local and Ray prep draw the same one) — never more than ``max_chars`` in all
+    (a drawn text that would pass the cap is left out)."""
+    if total_chars <= max_chars:
+        yield from texts
+        return
+    fraction, taken = max_chars / total_chars, 0
+    for text in texts:
+        h = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8,
+                            person=b"tok-sample")
+        if int.from_bytes(h.digest(), "little") / 2**64 < fraction and taken + len(text) <= max_chars:
+            taken += len(text)
+            yield text
+
+
 def train_tokenizer(
     texts: Texts,
     kind: str,

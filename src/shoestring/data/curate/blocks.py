@@ -18,7 +18,7 @@ and must see the whole stream in one process.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -100,6 +100,8 @@ class Block:
         self.keep_examples = keep_examples
         self.stats = BlockStats(self.name)
         self.examples: dict[str, list[Example]] = {}
+        # told (doc_id, block name) of every drop (curate.dropped_ids); set by the Curator
+        self.on_drop: Callable[[str, str], None] | None = None
 
     def apply(self, doc: Document) -> Document | Drop:
         """Judge one document: return it (maybe changed) or a ``Drop``.
@@ -127,8 +129,11 @@ class Block:
         return self.process(docs)
 
     def record_drop(self, doc: Document, drop: Drop) -> None:
-        """Count a drop, and keep the document as an example while there is room."""
+        """Count a drop, tell ``on_drop``, and keep the document as an example while there
+        is room. Every block reports its drops here, so the drop list costs no memory."""
         self.stats.dropped[drop.reason] += 1
+        if self.on_drop is not None:
+            self.on_drop(doc.doc_id, self.name)
         if self.keep_examples:
             kept = self.examples.setdefault(drop.reason, [])
             if len(kept) < self.keep_examples:

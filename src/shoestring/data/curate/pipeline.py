@@ -24,7 +24,7 @@ than ``curate.substring_max_mb`` of text (docs/data.md).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -172,10 +172,16 @@ class Curator:
 
         return against_summary(self.stats()["blocks"], self.against)
 
-    def run(self, docs: Iterable[Document]) -> Iterator[Document]:
-        """The kept documents, in input order, streaming through every block."""
+    def run(self, docs: Iterable[Document],
+            on_drop: Callable[[str, str], None] | None = None) -> Iterator[Document]:
+        """The kept documents, in input order, streaming through every block.
+
+        ``on_drop(doc_id, block_name)``, when given, is told every document a block
+        dropped (``curate.dropped_ids``: the list a benchmark scores dedup against).
+        """
         stream: Iterable[Document] = docs
         for block in self.blocks:
+            block.on_drop = on_drop
             stream = block.process(stream)
         yield from stream
 

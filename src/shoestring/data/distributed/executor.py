@@ -76,7 +76,6 @@ class RayOptions:
     part_docs: int = 8192  # documents per part: the unit of every per-part task
     part_chars: int = 64 << 20  # ... or characters, whichever comes first
     partitions: int | None = None  # shuffle partitions; default: the cluster's CPUs
-    tokenizer_sample_chars: int = 1 << 30  # the tokenizer trains on at most this much text
     fault: str | None = field(default=None, repr=False)  # tests: see stages.maybe_fail
 
 
@@ -95,6 +94,8 @@ def plan_ray(cfg: DataConfig, curate: CurateConfig | None) -> RayPlan:
         refuse.append(("--workers / data.workers", "Ray schedules its own tasks: leave it at 1"))
     if curate is not None and curate.explain:
         refuse.append(("--explain / curate.explain", "run --explain with --executor local"))
+    if curate is not None and curate.dropped_ids:
+        refuse.append(("curate.dropped_ids", "list dropped documents with --executor local"))
     if curate is not None and curate.canaries:
         refuse.append(("--canaries / curate.canaries", "plant canaries with --executor local "
                        "(docs/privacy.md)"))
@@ -488,9 +489,9 @@ class RayPipeline(_Pipeline):
         paths = [str(self.work / "kept" / f"{n}.parquet") for n in self._kept_names()]
         train = ray.remote(stages.train_on_sample).options(num_cpus=1, **self.retry)
         tok, sample = self._core(train.remote(
-            paths, self.opts.tokenizer_sample_chars, self.state["final"]["train_chars"], kind,
+            paths, self.cfg.tokenizer_sample_chars, self.state["final"]["train_chars"], kind,
             self.cfg.objective, self.cfg.vocab_size, self.cfg.lowercase_resolved))
-        self.state["tokenizer_sample"] = sample
+        self.state["tokenizer_sample"] = self.tokenizer_sample = sample
         self.journal.put("ray", self.state)
         return tok
 

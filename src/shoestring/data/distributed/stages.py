@@ -335,22 +335,15 @@ def band_rows(arg: tuple) -> dict[str, np.ndarray]:
 
 
 def sample_texts(paths: list[Path], max_chars: int, total_chars: int) -> Iterator[str]:
-    """The training texts, in order: all of them when they fit ``max_chars``, otherwise
-    the ones whose content hash falls in the first ``max_chars / total_chars`` of the
-    range (a uniform sample that does not depend on the order or the parts)."""
-    import hashlib
+    """The training texts of the parts, in order, as `tokenizer.tokenizer_sample` draws them."""
+    from shoestring.data.tokenizer import tokenizer_sample
 
-    fraction = 1.0 if total_chars <= max_chars else max_chars / total_chars
-    for path in paths:
-        part = read_part(path, ["text", "val"])
-        for text, val in zip(part["text"], part["val"].tolist()):
-            if val:
-                continue
-            if fraction < 1.0:
-                h = hashlib.blake2b(text.encode("utf-8"), digest_size=8, person=b"tok-sample")
-                if int.from_bytes(h.digest(), "little") / 2**64 >= fraction:
-                    continue
-            yield text
+    def train_texts() -> Iterator[str]:
+        for path in paths:
+            part = read_part(path, ["text", "val"])
+            yield from (t for t, val in zip(part["text"], part["val"].tolist()) if not val)
+
+    return tokenizer_sample(train_texts(), max_chars, total_chars)
 
 
 def train_on_sample(paths: list[str], max_chars: int, total_chars: int, kind: str,
