@@ -24,12 +24,16 @@ writer (data/shards.py) from random token ids of that vocabulary ([CLS] … [SEP
 loader's speed. The shard files are read through the page cache (they are hot after the
 first pass; a node training on a corpus that fits in RAM sees the same).
 
+``--cold`` evicts the shard files from the page cache (``posix_fadvise(DONTNEED)``) just
+before each measured window, so the window starts by reading from disk (a VM's host may
+still cache them).
+
 ``--baseline-ref REF`` measures the loader and masking of an earlier commit on the same data
 in the same run (a temporary git worktree), alternating with today's. ``--profile`` prints
 cProfile's top functions for the seq-128 encoder pipeline.
 
     python bench/loader.py [--cache DIR] [--shards 1000] [--seconds 2] [--procs 1,2]
-                           [--baseline-ref REF] [--profile]
+                           [--repeats 1] [--baseline-ref REF] [--profile] [--cold]
 """
 
 from __future__ import annotations
@@ -134,7 +138,7 @@ from shoestring.data.datadir import DataDir
 from shoestring.data.loader import BatchLoader
 from shoestring.train.objectives import objective_for
 
-data_path, rows, rank, world, seconds, start_at, profile = sys.argv[1:8]
+data_path, rows, rank, world, seconds, start_at, profile, cold = sys.argv[1:9]
 rows, rank, world, seconds = int(rows), int(rank), int(world), float(seconds)
 data = DataDir(data_path)
 split = data.split("train")
@@ -156,6 +160,11 @@ def one():
 
 for _ in range(5):
     one()
+if cold == "1":  # drop the shard files from the page cache: the window starts from disk
+    for shard in data.manifest["splits"]["train"]["shards"]:
+        fd = os.open(os.path.join(data_path, shard["bin"]), os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
 while time.time() < float(start_at):
     time.sleep(0.001)
 if profile == "1":
@@ -181,14 +190,14 @@ print(json.dumps(out))
 
 
 def measure(src: Path, data: Path, rows: int, procs: int, seconds: float,
-            profile: bool = False) -> list[dict]:
+            profile: bool = False, cold: bool = False) -> list[dict]:
     """``procs`` processes at once, ranks of one world, each one thread; their results."""
     env = {**os.environ, "PYTHONPATH": str(src), "OMP_NUM_THREADS": "1",
            "MKL_NUM_THREADS": "1"}
     start_at = time.time() + 4.0 + procs  # after every process imported torch and warmed up
     running = [subprocess.Popen(
         [sys.executable, "-c", MEASURE, str(data), str(rows), str(r), str(procs), str(seconds),
-         str(start_at), "1" if profile else "0"],
+         str(start_at), "1" if profile else "0", "1" if cold else "0"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         for r in range(procs)]
     results = []
@@ -210,11 +219,15 @@ def main() -> None:
     ap.add_argument("--shards", type=int, default=1000)
     ap.add_argument("--shard-tokens", type=int, default=32768)
     ap.add_argument("--seconds", type=float, default=2.0, help="measured window per process")
+    ap.add_argument("--repeats", type=int, default=1, help="rounds per cell (median)")
     ap.add_argument("--procs", default="1,2", help="process counts (ranks) to run at once")
     ap.add_argument("--baseline-ref", default=None,
                     help="also measure the loader and masking of this git commit")
     ap.add_argument("--profile", action="store_true",
                     help="print where the time goes (cProfile, seq-128 encoder, 1 process)")
+    ap.add_argument("--cold", action="store_true",
+                    help="evict the shard files from the page cache before each window "
+                    "(posix_fadvise DONTNEED), so reads start from disk")
     ap.add_argument("--only", default=None, help="one configuration, e.g. 'encoder seq 128'")
     a = ap.parse_args()
     sys.path.insert(0, str(ROOT / "src"))
@@ -236,7 +249,8 @@ def main() -> None:
           f"CUDA {'yes (pinned batches)' if torch.cuda.is_available() else 'no'}; "
           f"load average {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"{a.shards} shards of {a.shard_tokens:,} tokens per data dir; rows drawn "
-          f"shuffled across all of them; {a.seconds:g} s measured per process, 1 thread each")
+          f"shuffled across all of them; {a.seconds:g} s measured per process, 1 thread each"
+          + ("; page cache dropped before each window (--cold)" if a.cold else ""))
     sources = {"now": ROOT / "src"}
     with tempfile.TemporaryDirectory() as tmp:
         if a.baseline_ref:
@@ -245,7 +259,7 @@ def main() -> None:
                             a.baseline_ref], check=True, capture_output=True)
             sources[a.baseline_ref] = old / "src"
         try:
-            rows_out = _table(configs, dirs, procs, sources, a.seconds)
+            rows_out = _table(configs, dirs, procs, sources, a.seconds, a.cold, a.repeats)
         finally:
             if a.baseline_ref:
                 subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
@@ -261,34 +275,43 @@ def main() -> None:
 
 
 def _table(configs: dict, dirs: dict, procs: list[int], sources: dict[str, Path],
-           seconds: float) -> list[dict]:
+           seconds: float, cold: bool, repeats: int) -> list[dict]:
+    """One row per (configuration, process count, code): the median of ``repeats`` rounds,
+    the codes alternated within each round so that load drifts hit both."""
     out = []
     for name, (_objective, seq, rows) in configs.items():
         for n in procs:
-            for label, src in sources.items():  # alternated, so load drifts hit both
-                res = measure(src, dirs[name], rows, n, seconds)
-                total = sum(r["tokens_per_s"] for r in res)
-                out.append({"config": name, "rows": rows, "seq": seq, "procs": n,
-                            "code": label, "total": total, "per_core": total / n,
-                            "read_ms": sum(r["read_ms"] for r in res) / n,
-                            "batch_ms": sum(r["batch_ms"] for r in res) / n,
-                            "load": max(r["load"] for r in res)})
-                print(f"  {name:17s} {n} proc {label:>10s}: {total:>13,.0f} tokens/s",
-                      file=sys.stderr)
+            runs: dict[str, list[dict]] = {label: [] for label in sources}
+            for _ in range(repeats):
+                for label, src in sources.items():
+                    res = measure(src, dirs[name], rows, n, seconds, cold=cold)
+                    total = sum(r["tokens_per_s"] for r in res)
+                    runs[label].append({
+                        "config": name, "rows": rows, "seq": seq, "procs": n, "code": label,
+                        "total": total, "per_core": total / n,
+                        "read_ms": sum(r["read_ms"] for r in res) / n,
+                        "batch_ms": sum(r["batch_ms"] for r in res) / n,
+                        "load": max(r["load"] for r in res)})
+                    print(f"  {name:17s} {n} proc {label:>10s}: {total:>13,.0f} tokens/s",
+                          file=sys.stderr)
+            for label, got in runs.items():
+                got.sort(key=lambda r: r["total"])
+                out.append({**got[len(got) // 2], "rounds": [r["total"] for r in got]})
     return out
 
 
 def _print_table(rows: list[dict], labels: list[str]) -> None:
     print("\n| configuration | batch | processes | code | tokens/s (all) | tokens/s per core "
-          "| gather ms/batch | make_batch ms/batch | load avg |")
-    print("|---|---|---|---|---:|---:|---:|---:|---:|")
+          "| gather ms/batch | make_batch ms/batch | load avg | rounds (all, tokens/s) |")
+    print("|---|---|---|---|---:|---:|---:|---:|---:|---|")
     for r in rows:
         print(f"| {r['config']} | {r['rows']} × {r['seq']} | {r['procs']} | {r['code']} | "
               f"{r['total']:,.0f} | {r['per_core']:,.0f} | {r['read_ms']:.2f} | "
-              f"{r['batch_ms']:.2f} | {r['load']:.2f} |")
+              f"{r['batch_ms']:.2f} | {r['load']:.2f} | "
+              f"{', '.join(f'{x / 1e6:.2f} M' for x in r['rounds'])} |")
     if len(labels) > 1:
         print()
-        for key in {(r["config"], r["procs"]) for r in rows}:
+        for key in dict.fromkeys((r["config"], r["procs"]) for r in rows):
             got = {r["code"]: r["per_core"] for r in rows if (r["config"], r["procs"]) == key}
             if all(lab in got for lab in labels):
                 print(f"{key[0]}, {key[1]} proc: now / {labels[1]} = "
