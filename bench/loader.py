@@ -138,7 +138,7 @@ from shoestring.data.datadir import DataDir
 from shoestring.data.loader import BatchLoader
 from shoestring.train.objectives import objective_for
 
-data_path, rows, rank, world, seconds, start_at, profile, cold = sys.argv[1:9]
+data_path, rows, rank, world, seconds, profile, cold = sys.argv[1:8]
 rows, rank, world, seconds = int(rows), int(rank), int(world), float(seconds)
 data = DataDir(data_path)
 split = data.split("train")
@@ -165,8 +165,8 @@ if cold == "1":  # drop the shard files from the page cache: the window starts f
         fd = os.open(os.path.join(data_path, shard["bin"]), os.O_RDONLY)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         os.close(fd)
-while time.time() < float(start_at):
-    time.sleep(0.001)
+print("ready", flush=True)
+sys.stdin.readline()  # every process of the world is warm: go
 if profile == "1":
     import cProfile, io, pstats
     prof = cProfile.Profile()
@@ -194,12 +194,18 @@ def measure(src: Path, data: Path, rows: int, procs: int, seconds: float,
     """``procs`` processes at once, ranks of one world, each one thread; their results."""
     env = {**os.environ, "PYTHONPATH": str(src), "OMP_NUM_THREADS": "1",
            "MKL_NUM_THREADS": "1"}
-    start_at = time.time() + 4.0 + procs  # after every process imported torch and warmed up
     running = [subprocess.Popen(
         [sys.executable, "-c", MEASURE, str(data), str(rows), str(r), str(procs), str(seconds),
-         str(start_at), "1" if profile else "0", "1" if cold else "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        for r in range(procs)]
+         "1" if profile else "0", "1" if cold else "0"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=env) for r in range(procs)]
+    for p in running:  # each has imported torch, opened the data and warmed up
+        assert p.stdout is not None
+        p.stdout.readline()
+    for p in running:  # then all start their window together
+        assert p.stdin is not None
+        p.stdin.write("\n")
+        p.stdin.flush()
     results = []
     for p in running:
         out, err = p.communicate(timeout=120 + seconds)
@@ -219,7 +225,7 @@ def main() -> None:
     ap.add_argument("--shards", type=int, default=1000)
     ap.add_argument("--shard-tokens", type=int, default=32768)
     ap.add_argument("--seconds", type=float, default=2.0, help="measured window per process")
-    ap.add_argument("--repeats", type=int, default=1, help="rounds per cell (median)")
+    ap.add_argument("--repeats", type=int, default=1, help="rounds per cell (median; odd counts)")
     ap.add_argument("--procs", default="1,2", help="process counts (ranks) to run at once")
     ap.add_argument("--baseline-ref", default=None,
                     help="also measure the loader and masking of this git commit")
@@ -295,8 +301,8 @@ def _table(configs: dict, dirs: dict, procs: list[int], sources: dict[str, Path]
                     print(f"  {name:17s} {n} proc {label:>10s}: {total:>13,.0f} tokens/s",
                           file=sys.stderr)
             for label, got in runs.items():
-                got.sort(key=lambda r: r["total"])
-                out.append({**got[len(got) // 2], "rounds": [r["total"] for r in got]})
+                got.sort(key=lambda r: r["total"])  # the median (the lower middle if even)
+                out.append({**got[(len(got) - 1) // 2], "rounds": [r["total"] for r in got]})
     return out
 
 
