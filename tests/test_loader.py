@@ -179,3 +179,23 @@ def test_truncated_shard_is_refused_by_the_fast_check(data_copy: Path) -> None:
 def test_unknown_verify_mode(data_copy: Path) -> None:
     with pytest.raises(ShoestringError, match="sha256"):
         DataDir(data_copy).split("train", verify="md5")
+
+
+def test_take_gathers_any_rows_across_shards_in_order(tmp_path: Path) -> None:
+    """Rows in any order, repeated, from many shards (uint32 tokens), into a given buffer."""
+    rows = np.arange(57)[:, None] * 100_000 + np.arange(SEQ)[None, :]  # ids above 2^16
+    writer = ShardWriter(tmp_path, "train", token_dtype(1 << 24), shard_tokens=SEQ * 4)
+    writer.add(rows)
+    info = writer.close()
+    assert len(info["shards"]) == 15
+    split = PackedSplit(tmp_path, info, SEQ, token_dtype(1 << 24).str)
+    idx = np.array([56, 0, 13, 13, 4, 55, 29, 3, 0])
+    out = np.full((len(idx), SEQ), -1, dtype=np.int64)
+    assert split.take(idx, out=out) is out
+    np.testing.assert_array_equal(out, rows[idx])
+    np.testing.assert_array_equal(split.take(idx[::-1]), rows[idx[::-1]])
+    assert split.take(np.zeros(0, dtype=np.int64)).shape == (0, SEQ)
+    with pytest.raises(IndexError):
+        split.take(np.array([57]))
+    with pytest.raises(ValueError, match="int64"):
+        split.take(idx, out=np.empty((len(idx), SEQ), dtype=np.int32))

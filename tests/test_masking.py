@@ -55,3 +55,17 @@ def test_same_generator_seed_same_masks() -> None:
     a = mask_tokens(ids, 0.3, NUM_SPECIAL, MASK_ID, VOCAB, torch.Generator().manual_seed(7))
     b = mask_tokens(ids, 0.3, NUM_SPECIAL, MASK_ID, VOCAB, torch.Generator().manual_seed(7))
     assert torch.equal(a.inputs, b.inputs) and torch.equal(a.positions, b.positions)
+
+
+def test_positions_are_the_k_lowest_scores_of_the_generator() -> None:
+    """The selection (numpy's argpartition on the CPU) picks exactly what ``topk`` on the
+    same draws picks: the masks for a seed are the same as before it was sped up."""
+    ids = _packed(256, 128)
+    b = mask_tokens(ids, 0.4, NUM_SPECIAL, MASK_ID, VOCAB, torch.Generator().manual_seed(3))
+    gen = torch.Generator().manual_seed(3)
+    scores = torch.rand(256, 128, generator=gen).masked_fill_(ids < NUM_SPECIAL, 2.0)
+    k = num_masked(128, 0.4)
+    expected = scores.topk(k, dim=1, largest=False).indices.sort(dim=1).values
+    assert b.positions.dtype == torch.int64 and torch.equal(b.positions, expected)
+    action = torch.rand(256, k, generator=gen)
+    assert torch.equal(b.inputs.gather(1, b.positions) == MASK_ID, action < 0.8)

@@ -161,10 +161,14 @@ class BatchLoader:
         indices, after = self.global_indices(self._next)
         self._next = after
         mine = indices[self.rank * self.local_batch : (self.rank + 1) * self.local_batch]
-        batch = torch.from_numpy(self.split.take(mine))
         if self.pin_memory and torch.cuda.is_available():
-            batch = batch.pin_memory()
-        return batch, after
+            # Gathered straight into page-locked memory (torch's caching host allocator
+            # reuses the blocks), not gathered and then copied by .pin_memory().
+            batch = torch.empty((len(mine), self.split.seq_len), dtype=torch.int64,
+                                pin_memory=True)
+            self.split.take(mine, out=batch.numpy())
+            return batch, after
+        return torch.from_numpy(self.split.take(mine)), after
 
     # --- iteration ----------------------------------------------------------------------
 
