@@ -32,7 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[1]  # the checkout
+SHARED = ROOT.parent / "shared" / "data"  # shared corpora and GLUE, as tests/conftest.py finds them
 RECORDS = ROOT / "runs" / "bench" / "results.jsonl"
 SCHEMA = 1  # the record's layout; bump when a field changes meaning
 HEADER_FIELDS = ("cpu", "cores", "torch_threads", "precision", "device", "torch", "python",

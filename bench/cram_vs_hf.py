@@ -63,7 +63,7 @@ import torch
 import torch.nn.functional as F
 from rich.console import Console
 
-from common import Bench, add_repeats, header_line, load_average, parser
+from common import ROOT, SHARED, Bench, add_repeats, header_line, load_average, parser
 from peers import count_params, counted_train_flops_per_token, encoder_gemms, hf_modernbert, \
     matmul_ceiling, mlm_labels, modernbert_setup, peer_versions
 from shoestring.config import Config, load_config
@@ -83,8 +83,7 @@ from shoestring.train.objectives import objective_for
 from shoestring.train.optim import build_optimizer
 from shoestring.train.schedule import batch_at, linear, lr_factor
 
-ROOT = Path(__file__).resolve().parents[1]
-CORPUS = ROOT.parent / "shared" / "data" / "corpora" / "mixed-en.jsonl"
+CORPUS = SHARED / "corpora" / "mixed-en.jsonl"
 CONTENDERS = ("shoestring", "modernbert", "bert")
 # A fourth, optional (--hf-compile): the careful HF user who also compiles by hand, as
 # transformers' Trainer does with TrainingArguments(torch_compile=True).
@@ -487,12 +486,18 @@ def main() -> None:
         "how": f"F.linear + the two backward matmuls for each of our GEMM shapes "
                f"({tokens} tokens, {head} at the head), {precision}, best pass of "
                f"{args.ceiling_seconds:g} s"}
+    save(results, args, bench)
+
+
+def save(results: dict, args: argparse.Namespace, bench: Bench) -> None:
+    """The record (the load average at the end goes into results["machine"] too), the JSON,
+    then the table."""
     before, after = notes(results, args)
     bench.table(table_rows(results, args.common_rate), notes=before + after, formats={
         "params (M)": ".2f", "MFLOP/tok": ".1f", "tok/s": ",.0f", "loss@own": ".3f",
         "own rate": ".0%", f"loss@{args.common_rate:.0%}": ".3f", "ours / this tok/s": ".2f",
         "this − ours loss": "+.3f"})
-    bench.end()  # the load average at the end, into results["machine"] too
+    bench.end()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(args.out, results)
     print_table(results, args)

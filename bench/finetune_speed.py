@@ -28,7 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from common import Bench, add_repeats, parser
+from common import SHARED, Bench, add_repeats, parser
 from peers import peer_versions
 from shoestring.config import ModelConfig
 from shoestring.data.tokenizer import SPECIAL_TOKENS, train_wordpiece
@@ -38,7 +38,7 @@ from shoestring.eval.glue import load_glue_task
 from shoestring.model.encoder import MaskedLM
 from shoestring.device import precision_name, select_device
 
-GLUE = Path(__file__).resolve().parents[2] / "shared" / "data" / "glue"
+GLUE = SHARED / "glue"
 NAMES = {"CoLA": "cola", "SST-2": "sst2", "MRPC": "mrpc"}
 
 

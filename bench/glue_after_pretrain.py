@@ -24,7 +24,7 @@ from types import SimpleNamespace
 import torch
 from rich.console import Console
 
-from common import Bench, load_average, parser
+from common import ROOT, SHARED, Bench, load_average, parser
 from shoestring.data.tokenizer import load_tokenizer
 from shoestring.eval.downstream import _load_tasks
 from shoestring.eval.finetune import PROTOCOLS, run_task
@@ -33,9 +33,8 @@ from shoestring.eval.report import glue_averages, score_columns
 from shoestring.fsutil import write_json_atomic
 from shoestring.rundir import RunDir
 
-ROOT = Path(__file__).resolve().parents[1]
 WORK = ROOT / "runs" / "bench" / "cram_vs_hf"
-GLUE = ROOT.parent / "shared" / "data" / "glue"
+GLUE = SHARED / "glue"
 console = Console(stderr=True)
 
 

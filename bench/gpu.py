@@ -47,12 +47,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from common import Bench, cpu_name, parser
+from common import ROOT, Bench, cpu_name, parser
 
 if TYPE_CHECKING:
     from shoestring.config import Config
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True)

@@ -30,14 +30,13 @@ import torch
 from rich.console import Console
 from torch import nn
 
-from common import Bench, add_repeats, load_average, parser
+from common import ROOT, Bench, add_repeats, load_average, parser
 from shoestring.config import TrainConfig, load_config
 from shoestring.eval.mlm import evaluate_run
 from shoestring.fsutil import write_json_atomic
 from shoestring.train import loop
 from shoestring.train.optim import build_optimizer, param_groups
 
-ROOT = Path(__file__).resolve().parents[1]
 console = Console(stderr=True)
 
 

@@ -37,9 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
-from common import Bench, parser
+from common import SHARED, Bench, parser
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 CORPUS = SHARED / "corpora" / "mixed-en.jsonl"
 SST2 = SHARED / "glue" / "SST-2"
 
@@ -191,8 +190,9 @@ def dp(a: argparse.Namespace, work: Path) -> None:
         rows.append({"ε target": eps, "dev accuracy": acc, "ε spent": spent, "noise σ": noise,
                      "steps": seed["steps"], "train s": seed["train_seconds"],
                      "× non-private": seed["train_seconds"] / base, "wall s": wall})
-    bench.table(rows, "dp", formats={"dev accuracy": ".1%", "ε spent": ".2f", "noise σ": ".2f",
-                                     "train s": ".0f", "× non-private": ".1f", "wall s": ".0f"})
+    bench.table(rows, "dp", formats={"ε target": "g", "dev accuracy": ".1%", "ε spent": ".2f",
+                                     "noise σ": ".2f", "train s": ".0f", "× non-private": ".1f",
+                                     "wall s": ".0f"})
     bench.end()
 
 

@@ -49,11 +49,8 @@ from typing import Any
 
 import numpy as np
 
-from common import Bench, parser
+from common import ROOT, SHARED, Bench, parser
 from jobs import Scheduler, finished_downstream, log, pretrain
-
-ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared" / "data"
 
 # name → (what changes, --set overrides, data variant)
 ARMS: dict[str, tuple[str, list[str], str]] = {

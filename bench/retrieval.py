@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from rich.console import Console
 
-from common import Bench, parser
+from common import SHARED, Bench, parser
 from shoestring.config import Config, DataConfig, ModelConfig, TrainConfig
 from shoestring.data.prep import is_validation, prep
 from shoestring.data.sources import iter_documents
@@ -46,8 +46,7 @@ from shoestring.retrieval.passages import split_documents
 from shoestring.rundir import RunDir
 from shoestring.train.loop import train
 
-REPO = Path(__file__).resolve().parents[1]
-DEFAULT_CORPUS = REPO.parent / "shared" / "data" / "corpora" / "mixed-en.jsonl"
+DEFAULT_CORPUS = SHARED / "corpora" / "mixed-en.jsonl"
 TARGET = 32
 HELD_OUT = 0.05  # fraction of documents held out
 SENTENCE = re.compile(r"(?<=[.!?])\s+")

@@ -27,7 +27,7 @@ import tempfile
 import textwrap
 from pathlib import Path
 
-from common import Bench, add_repeats, format_load, load_average, parser
+from common import ROOT, Bench, add_repeats, format_load, load_average, parser
 
 PEER = textwrap.dedent('''
     import json, os, sys, time, torch, torch.distributed as dist, torch.nn.functional as F
@@ -80,7 +80,7 @@ def ours(data: str, nproc: int, parallel: str, zero: int, sets: list[str], tmp: 
          timeout: float) -> float:
     run = tmp / f"ours-{parallel}-z{zero}"
     case = [{"output": str(run), "parallel": parallel, "zero": zero}]
-    driver = Path(__file__).resolve().parents[1] / "tests" / "dist_driver.py"
+    driver = ROOT / "tests" / "dist_driver.py"
     _torchrun(nproc, [str(driver), json.dumps(case),
                       json.dumps({"data": data, "overwrite": True,
                                   "sets": [*sets, "train.checkpoint_every=null"]})], timeout)
@@ -123,18 +123,17 @@ def one_process(data: str, sets: list[str], run: Path, src: Path, timeout: float
 def seam_overhead(data: str, sets: list[str], ref: str, repeats: int, tmp: Path,
                   timeout: float) -> tuple[list[float], list[float]]:
     """tokens/s of today's trainer and of the one at ``ref``, alternated ``repeats`` times."""
-    root = Path(__file__).resolve().parents[1]
     old = tmp / "baseline"
-    subprocess.run(["git", "-C", str(root), "worktree", "add", "--detach", str(old), ref],
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(old), ref],
                    check=True, capture_output=True)
     try:
         now, then = [], []
         for i in range(repeats):
-            now.append(one_process(data, sets, tmp / f"now-{i}", root / "src", timeout))
+            now.append(one_process(data, sets, tmp / f"now-{i}", ROOT / "src", timeout))
             then.append(one_process(data, sets, tmp / f"then-{i}", old / "src", timeout))
         return now, then
     finally:
-        subprocess.run(["git", "-C", str(root), "worktree", "remove", "--force", str(old)],
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old)],
                        capture_output=True)
 
 

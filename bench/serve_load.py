@@ -367,6 +367,44 @@ def measure(name: str, server: Server, requests_: list[bytes], c: int, n: int, r
     return out
 
 
+def report(results: dict, off: dict, best: int, top: int, threads: int, cores: int | None
+           ) -> tuple[list[dict], dict[str, str], list[str]]:
+    """Print the servers' table and each yardstick's line; returns the table's rows, their
+    formats and the yardstick lines (the record's)."""
+    ours, ceiling = results["servers"]["shoestring"], results["ceiling"]
+    print()
+    rows = [{"server": name, "clients": c, "req/s": r["throughput"],
+             "% of engine ceiling": r["throughput"] / ceiling, "p50 ms": r["p50_ms"],
+             "p99 ms": r["p99_ms"]} for name, by_c in results["servers"].items()
+            for c, r in by_c.items()]
+    formats = {"req/s": ".0f", "% of engine ceiling": ".0%", "p50 ms": ".1f", "p99 ms": ".1f"}
+    print("| " + " | ".join(rows[0]) + " |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print("| " + " | ".join(format(v, formats.get(k, "")) for k, v in r.items()) + " |")
+    notes = [f"engine ceiling: {ceiling:.0f} seq/s (batch {best}); server at C={top}: "
+             f"{100 * ours[top]['throughput'] / ceiling:.0f}% of it (target >= 90%)"]
+    if 1 in ours:
+        gap = ours[1]["p50_ms"] - off["one_ms"]
+        notes.append(f"single request p50 {ours[1]['p50_ms']:.2f} ms vs one forward pass "
+                     f"{off['one_ms']:.2f} ms: +{gap:.2f} ms (target <= 5 ms)")
+    w2 = results["servers"].get("shoestring --workers 2")
+    if w2:
+        notes.append(f"--workers 2 ({max(1, threads // 2)} threads each) vs 1 "
+                     f"({threads} threads) on {cores} cores at C={top}: "
+                     f"{w2[top]['throughput'] / ours[top]['throughput']:.2f}x throughput, "
+                     f"p99 {w2[top]['p99_ms']:.1f} vs {ours[top]['p99_ms']:.1f} ms")
+    for name in ("infinity-emb", "transformers + FastAPI"):
+        peer = results["servers"].get(name)
+        if peer:
+            notes.append(f"vs {name} at C={top}: "
+                         f"{ours[top]['throughput'] / peer[top]['throughput']:.2f}x throughput, "
+                         f"p99 {ours[top]['p99_ms']:.1f} vs {peer[top]['p99_ms']:.1f} ms")
+    print()
+    print("\n".join(notes))
+    return rows, formats, notes
+
+
 def main() -> None:
     ap = parser(__doc__)
     ap.add_argument("--model", type=Path, help="run dir (default: build the cram-size model)")
@@ -477,37 +515,7 @@ def main() -> None:
         finally:
             server.stop()
 
-    ours = results["servers"]["shoestring"]
-    print()
-    rows = [{"server": name, "clients": c, "req/s": r["throughput"],
-             "% of engine ceiling": r["throughput"] / ceiling, "p50 ms": r["p50_ms"],
-             "p99 ms": r["p99_ms"]} for name, by_c in results["servers"].items()
-            for c, r in by_c.items()]
-    formats = {"req/s": ".0f", "% of engine ceiling": ".0%", "p50 ms": ".1f", "p99 ms": ".1f"}
-    print("| " + " | ".join(rows[0]) + " |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for r in rows:
-        print("| " + " | ".join(format(v, formats.get(k, "")) for k, v in r.items()) + " |")
-    notes = [f"engine ceiling: {ceiling:.0f} seq/s (batch {best}); server at C={top}: "
-             f"{100 * ours[top]['throughput'] / ceiling:.0f}% of it (target >= 90%)"]
-    if 1 in ours:
-        gap = ours[1]["p50_ms"] - off["one_ms"]
-        notes.append(f"single request p50 {ours[1]['p50_ms']:.2f} ms vs one forward pass "
-                     f"{off['one_ms']:.2f} ms: +{gap:.2f} ms (target <= 5 ms)")
-    w2 = results["servers"].get("shoestring --workers 2")
-    if w2:
-        notes.append(f"--workers 2 ({max(1, args.threads // 2)} threads each) vs 1 "
-                     f"({args.threads} threads) on {cores} cores at C={top}: "
-                     f"{w2[top]['throughput'] / ours[top]['throughput']:.2f}x throughput, "
-                     f"p99 {w2[top]['p99_ms']:.1f} vs {ours[top]['p99_ms']:.1f} ms")
-    for name in ("infinity-emb", "transformers + FastAPI"):
-        peer = results["servers"].get(name)
-        if peer:
-            notes.append(f"vs {name} at C={top}: "
-                         f"{ours[top]['throughput'] / peer[top]['throughput']:.2f}x throughput, "
-                         f"p99 {ours[top]['p99_ms']:.1f} vs {peer[top]['p99_ms']:.1f} ms")
-    print()
-    print("\n".join(notes))
+    rows, formats, notes = report(results, off, best, top, args.threads, cores)
     bench.table(rows, formats=formats, notes=notes)
     bench.end()
     if args.json:

@@ -55,9 +55,10 @@ def render(record: dict[str, Any]) -> str:
     for row in rows:
         columns += [k for k in row if k not in columns]
     formats = record.get("formats", {})
-    commit = record.get("commit") or "unknown commit"
-    title = f"`{record['command']}` — {record.get('finished', '')}, commit {commit[:12]}" + \
-        (" (uncommitted changes)" if commit.endswith("+dirty") else "")
+    commit = record.get("commit")
+    title = f"`{record['command']}` — {record.get('finished', '')}, " + (
+        "commit unknown (not run in a git checkout)" if commit is None else
+        f"commit {commit[:12]}" + (" (uncommitted changes)" if commit.endswith("+dirty") else ""))
     name = record["bench"] + ("" if record["table"] == "main" else f" / {record['table']}")
     lines = [f"**{name}**: {title}", "", header_line(record["machine"]), ""]
     if columns:

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -32,7 +33,7 @@ SCRIPTS = sorted(p.stem for p in BENCH.glob("*.py") if p.stem not in LIBRARIES)
 
 
 @pytest.fixture()
-def common(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
+def common(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     """bench/common.py as the scripts import it (their folder first on sys.path)."""
     monkeypatch.syspath_prepend(str(BENCH))
     import common
@@ -40,7 +41,7 @@ def common(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
     return common
 
 
-def test_header_has_the_machine_and_the_load(common) -> None:  # noqa: ANN001
+def test_header_has_the_machine_and_the_load(common: ModuleType) -> None:
     h = common.machine_header("bf16", "cpu", transformers="4.0")
     assert set(common.HEADER_FIELDS) <= set(h)
     assert h["cores"] == os.cpu_count() and h["torch_threads"] == torch.get_num_threads()
@@ -53,7 +54,7 @@ def test_header_has_the_machine_and_the_load(common) -> None:  # noqa: ANN001
     assert common.machine_header(threads=1)["torch_threads"] == 1  # the measured processes'
 
 
-def test_a_record_round_trips_through_the_table(common, tmp_path: Path) -> None:  # noqa: ANN001
+def test_a_record_round_trips_through_the_table(common: ModuleType, tmp_path: Path) -> None:
     import table
 
     out = io.StringIO()
@@ -87,7 +88,7 @@ def test_a_record_round_trips_through_the_table(common, tmp_path: Path) -> None:
     assert "| x | 3.14 |" in table.render(back[1])
 
 
-def test_table_cli_renders_the_newest_and_names_a_bad_line(common, tmp_path: Path) -> None:  # noqa: ANN001
+def test_table_cli_shows_the_newest_and_names_bad_lines(common: ModuleType, tmp_path: Path) -> None:
     path = tmp_path / "r.jsonl"
     for value in (1.0, 2.0):
         bench = common.Bench("demo", argparse.Namespace(record=path), file=io.StringIO())
