@@ -161,6 +161,8 @@ class Bench:
                  threads: int | None = None, file: Any = None, **extra: str) -> None:
         self.name = name
         self.record = getattr(args, "record", None)
+        if self.record is not None:
+            check_record_path(Path(self.record))
         self.file = file or sys.stdout
         self.started = _now()
         self.header = machine_header(precision, device, threads, **extra)
@@ -184,13 +186,29 @@ class Bench:
                     "commit": git_commit(), "started": self.started, "finished": _now(),
                     "machine": self.header} for t in self.tables]
         if self.record is not None and records:
-            append_records(Path(self.record), records)
-            print(f"recorded {len(records)} table(s) in {self.record}", file=self.file)
+            try:
+                append_records(Path(self.record), records)
+                print(f"recorded {len(records)} table(s) in {self.record}", file=self.file)
+            except OSError as e:  # the figures are printed; the script's own outputs still go
+                print(f"error: could not append the record to {self.record} ({e.strerror}); "
+                      "the figures above are not recorded", file=sys.stderr)
         return records
 
 
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def check_record_path(path: Path) -> None:
+    """Refuse a ``--record`` that cannot be written before the measurement, not after it."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SystemExit(f"error: --record {path}: cannot create {path.parent} ({e.strerror}); "
+                         "pass another --record PATH or --no-record") from None
+    if not os.access(path if path.exists() else path.parent, os.W_OK) or path.is_dir():
+        raise SystemExit(f"error: --record {path}: not a writable file; pass another "
+                         "--record PATH or --no-record")
 
 
 def append_records(path: Path, records: list[dict[str, Any]]) -> None:

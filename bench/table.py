@@ -71,7 +71,7 @@ def render(record: dict[str, Any]) -> str:
     else:
         lines.append("(no rows)")
     if record.get("notes"):
-        lines += [""] + [f"- {n}" for n in record["notes"]]
+        lines += [""] + [f"- {n.strip()}" for n in record["notes"]]
     return "\n".join(lines) + "\n"
 
 

@@ -12,6 +12,7 @@ import re
 import shlex
 import subprocess
 import sys
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
@@ -33,12 +34,15 @@ SCRIPTS = sorted(p.stem for p in BENCH.glob("*.py") if p.stem not in LIBRARIES)
 
 
 @pytest.fixture()
-def common(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    """bench/common.py as the scripts import it (their folder first on sys.path)."""
+def common(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
+    """bench/common.py as the scripts import it (their folder first on sys.path); its generic
+    name leaves sys.modules afterwards."""
     monkeypatch.syspath_prepend(str(BENCH))
     import common
 
-    return common
+    yield common
+    for name in ("common", "table"):
+        sys.modules.pop(name, None)
 
 
 def test_header_has_the_machine_and_the_load(common: ModuleType) -> None:
@@ -86,6 +90,10 @@ def test_a_record_round_trips_through_the_table(common: ModuleType, tmp_path: Pa
     assert "before," in text and "after" in text  # the load average both sides of the run
     assert table.select(back, table="second") == [back[1]]
     assert "| x | 3.14 |" in table.render(back[1])
+
+    (tmp_path / "file").write_text("")  # a --record that cannot be written: refused up front
+    with pytest.raises(SystemExit, match="--record .*--no-record"):
+        common.Bench("demo", argparse.Namespace(record=tmp_path / "file" / "r.jsonl"), file=out)
 
 
 def test_table_cli_shows_the_newest_and_names_bad_lines(common: ModuleType, tmp_path: Path) -> None:
