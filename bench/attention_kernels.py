@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from peers import cpu_name, load_average
+from common import Bench, parser
 from shoestring.train.speed import time_attention
 
 # (rows, heads, kv_heads, seq_len, head_dim, causal, what)
@@ -26,14 +26,19 @@ SHAPES = [
 
 
 def main() -> None:
-    print(f"machine: {cpu_name()}, {torch.get_num_threads()} torch threads, torch "
-          f"{torch.__version__}; load average {load_average()}")
-    for rows, heads, kv, T, hd, causal, what in SHAPES:
+    args = parser(__doc__).parse_args()
+    bench = Bench("attention_kernels", args, precision="bf16 and fp32 (each row)")
+    rows = []
+    for batch, heads, kv, T, hd, causal, what in SHAPES:
         for dtype in (torch.bfloat16, torch.float32):
-            t = time_attention(rows, heads, kv, T, hd, dtype, causal, seconds=1.0)
-            print(f"{what}, {str(dtype).removeprefix('torch.')}: sdpa {t['sdpa'] * 1e3:6.1f} ms, "
+            t = time_attention(batch, heads, kv, T, hd, dtype, causal, seconds=1.0)
+            name = str(dtype).removeprefix("torch.")
+            print(f"{what}, {name}: sdpa {t['sdpa'] * 1e3:6.1f} ms, "
                   f"eager {t['eager'] * 1e3:6.1f} ms, sdpa/eager {t['sdpa'] / t['eager']:.2f}")
-    print(f"load average at the end: {load_average()}")
+            rows.append({"shape": what, "dtype": name, "sdpa ms": t["sdpa"] * 1e3,
+                         "eager ms": t["eager"] * 1e3, "sdpa/eager": t["sdpa"] / t["eager"]})
+    bench.table(rows, formats={"sdpa ms": ".1f", "eager ms": ".1f", "sdpa/eager": ".2f"})
+    bench.end()
 
 
 if __name__ == "__main__":

@@ -63,8 +63,9 @@ import torch
 import torch.nn.functional as F
 from rich.console import Console
 
+from common import ROOT, SHARED, Bench, add_repeats, header_line, load_average, parser
 from peers import count_params, counted_train_flops_per_token, encoder_gemms, hf_modernbert, \
-    load_average, machine_info, matmul_ceiling, mlm_labels, modernbert_setup
+    matmul_ceiling, mlm_labels, modernbert_setup, peer_versions
 from shoestring.config import Config, load_config
 from shoestring.data.datadir import DataDir
 from shoestring.data.loader import BatchLoader
@@ -82,8 +83,7 @@ from shoestring.train.objectives import objective_for
 from shoestring.train.optim import build_optimizer
 from shoestring.train.schedule import batch_at, linear, lr_factor
 
-ROOT = Path(__file__).resolve().parents[1]
-CORPUS = ROOT.parent / "shared" / "data" / "corpora" / "mixed-en.jsonl"
+CORPUS = SHARED / "corpora" / "mixed-en.jsonl"
 CONTENDERS = ("shoestring", "modernbert", "bert")
 # A fourth, optional (--hf-compile): the careful HF user who also compiles by hand, as
 # transformers' Trainer does with TrainingArguments(torch_compile=True).
@@ -334,7 +334,7 @@ def sweep_bert_lr(cfg: Config, data: DataDir, width: int, held: HeldOut, args: a
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__doc__)
     ap.add_argument("--budget", default="10m", help="wall clock per contender: 60s, 10m (default)")
     ap.add_argument("--corpus", type=Path, default=CORPUS)
     ap.add_argument("--data", type=Path, default=ROOT / "runs" / "bench" / "mixed-en-data",
@@ -352,7 +352,7 @@ def main() -> None:
     ap.add_argument("--sweep-eval-sequences", type=int, default=512)
     ap.add_argument("--bert-warmup", type=float, default=0.06, help="warmup fraction of the budget")
     ap.add_argument("--bert-mask-rate", type=float, default=0.15)
-    ap.add_argument("--repeats", type=int, default=1, help="rounds of all contenders")
+    add_repeats(ap, 1, "rounds of all contenders")
     ap.add_argument("--order", default=",".join(CONTENDERS),
                     help="contender order of the first round; later rounds rotate it")
     ap.add_argument("--ceiling-seconds", type=float, default=10.0,
@@ -377,6 +377,8 @@ def main() -> None:
     # One precision for all: resolved once here, then pinned in our config.
     device_info = select_device(args.precision, measure_peak=False)
     precision = precision_name(device_info.dtype)
+    bench = Bench("cram_vs_hf", args, precision=f"{precision} for all ({args.precision} requested)",
+                  device=device_info.name, **peer_versions())
     cfg = load_config(None, [f"train.budget={args.budget}", "train.steps=null",
                              f"train.precision={precision}", *args.sets])
     data = ensure_data(args.data, args.corpus, cfg)
@@ -391,7 +393,7 @@ def main() -> None:
                        "ffn_input_width": cfg.model.ffn_input_width},
         "bert_intermediate_size": width, "batch_size": cfg.train.batch_size,
         "precision": f"{precision} for all ({args.precision} requested)",
-        "machine": machine_info(device_info.name), "rounds": [],
+        "machine": bench.header, "rounds": [],
     }
     console.print(f"BERT FFN width {width} matches our {ours_params / 1e6:.3f}M parameters")
     if args.bert_lr is None:
@@ -484,10 +486,21 @@ def main() -> None:
         "how": f"F.linear + the two backward matmuls for each of our GEMM shapes "
                f"({tokens} tokens, {head} at the head), {precision}, best pass of "
                f"{args.ceiling_seconds:g} s"}
-    results["machine"]["load_average_end"] = load_average()
+    save(results, args, bench)
+
+
+def save(results: dict, args: argparse.Namespace, bench: Bench) -> None:
+    """The record (the load average at the end goes into results["machine"] too), the JSON,
+    then the table."""
+    before, after = notes(results, args)
+    bench.table(table_rows(results, args.common_rate), notes=before + after, formats={
+        "params (M)": ".2f", "MFLOP/tok": ".1f", "tok/s": ",.0f", "loss@own": ".3f",
+        "own rate": ".0%", f"loss@{args.common_rate:.0%}": ".3f", "ours / this tok/s": ".2f",
+        "this − ours loss": "+.3f"})
+    bench.end()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(args.out, results)
-    print_table(results, args, precision)
+    print_table(results, args)
     print(f"wrote {args.out}")
 
 
@@ -502,53 +515,77 @@ def ratios(rnd: dict) -> dict:
     } for peer in rnd["order"] if peer != "shoestring"}
 
 
-def print_table(results: dict, args: argparse.Namespace, precision: str) -> None:
-    """The table and the ratios, each with the peer's configuration beside it."""
-    mc = results["machine"]
-    print(f"budget {args.budget} each; {mc['cpu']} ({mc['cores']} cores, {mc['threads']} "
-          f"threads), torch {mc['torch']}, transformers {mc['transformers']}; {precision} for "
-          f"all; load average start {mc['load_average_start']}, end {mc['load_average_end']}")
+def table_rows(results: dict, common_rate: float) -> list[dict]:
+    """One row per round and contender, with the ratio of ours to it: the printed table."""
+    rate = f"loss@{common_rate:.0%}"
+    rows = []
+    for i, rnd in enumerate(results["rounds"]):
+        for name in (c for c in ALL_CONTENDERS if c in rnd):
+            r, ratio = rnd[name], rnd["ratios"].get(name, {})
+            rows.append({"round": i + 1, "contender": name, "params (M)": r["params"] / 1e6,
+                         "MFLOP/tok": r["train_flops_per_token_counted"] / 1e6,
+                         "steps": r["steps"], "tokens": r["tokens"], "tok/s": r["tokens_per_s"],
+                         "loss@own": r["heldout_own_rate"]["loss"],
+                         "own rate": r["heldout_own_rate"]["rate"],
+                         rate: r["heldout_common_rate"]["loss"],
+                         "ours / this tok/s": ratio.get("tokens_per_s"),
+                         "this − ours loss": ratio.get("loss_delta_common_rate")})
+    return rows
+
+
+def notes(results: dict, args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """What each contender was and how the table was made: the lines printed above the
+    table (the choices made before the clock) and below it (recipes, ratios, ceiling)."""
+    before, after = [], []
     att = results["modernbert_attention"]
     if "seconds_per_step" in att:
-        print("ModernBERT attention timed before the clock: " + ", ".join(
+        before.append("ModernBERT attention timed before the clock: " + ", ".join(
             f"{k} {v * 1e3:.0f} ms/step" for k, v in att["seconds_per_step"].items())
             + f"; picked {att['picked']}")
     sweep = results["bert_sweep"]
     if "runs" in sweep:
-        print(f"BERT LR sweep ({sweep['budget_each']} each, held-out at "
-              f"{sweep['mask_rate']:.0%} on {sweep['eval_sequences']} sequences, "
-              f"{sweep['cost_seconds']:.0f} s in all): "
-              + ", ".join(f"{r['lr']:g} → {r['heldout_loss']:.3f}" for r in sweep["runs"])
-              + f"; picked {sweep['best_lr']:g}")
+        before.append(f"BERT LR sweep ({sweep['budget_each']} each, held-out at "
+                      f"{sweep['mask_rate']:.0%} on {sweep['eval_sequences']} sequences, "
+                      f"{sweep['cost_seconds']:.0f} s in all): "
+                      + ", ".join(f"{r['lr']:g} → {r['heldout_loss']:.3f}" for r in sweep["runs"])
+                      + f"; picked {sweep['best_lr']:g}")
     rate = args.common_rate
-    print(f"{'round':>5} {'contender':19} {'params':>8} {'MFLOP/tok':>9} {'steps':>6} "
-          f"{'tokens':>10} {'tok/s':>8} {'loss@own':>13} {f'loss@{rate:.0%}':>9}")
-    for i, rnd in enumerate(results["rounds"]):
-        for name in (c for c in ALL_CONTENDERS if c in rnd):
-            r = rnd[name]
-            own = r["heldout_own_rate"]
-            print(f"{i + 1:5d} {name:19} {r['params'] / 1e6:7.2f}M "
-                  f"{r['train_flops_per_token_counted'] / 1e6:9.1f} {r['steps']:6d} "
-                  f"{r['tokens']:10,d} {r['tokens_per_s']:8,.0f} "
-                  f"{own['loss']:7.3f} @{own['rate']:.0%} {r['heldout_common_rate']['loss']:9.3f}")
     first = results["rounds"][0]
     for name in (c for c in ALL_CONTENDERS if c in first):
-        print(f"  {name}: {first[name]['recipe']}")
+        after.append(f"  {name}: {first[name]['recipe']}")
     for peer in (c for c in ALL_CONTENDERS[1:] if c in first):
         tps = [rnd["ratios"][peer]["tokens_per_s"] for rnd in results["rounds"]]
         dl = [rnd["ratios"][peer]["loss_delta_common_rate"] for rnd in results["rounds"]]
-        print(f"ours / {peer}: tokens/s {statistics.median(tps):.2f}x "
-              f"(rounds: {', '.join(f'{x:.2f}' for x in tps)}); held-out loss at {rate:.0%} "
-              f"{peer} − ours = {statistics.median(dl):+.3f}  "
-              f"[peer: {results['rounds'][0][peer]['recipe']}]")
+        after.append(f"ours / {peer}: tokens/s {statistics.median(tps):.2f}x "
+                     f"(rounds: {', '.join(f'{x:.2f}' for x in tps)}); held-out loss at "
+                     f"{rate:.0%} {peer} − ours = {statistics.median(dl):+.3f}  "
+                     f"[peer: {results['rounds'][0][peer]['recipe']}]")
     c = results["mfu_ceiling"]
-    print(f"matmul ceiling {c['matmul_loop_flops_per_s'] / 1e9:.1f} GFLOP/s ({c['how']}); ours "
-          f"achieved {', '.join(f'{a / 1e9:.1f}' for a in c['ours_achieved_flops_per_s'])} "
-          f"GFLOP/s = {', '.join(f'{f:.0%}' for f in c['fraction_of_ceiling'])} of it")
-    s = results["rounds"][0]["shoestring"]
-    print(f"`shoestring eval` cross-check (round 1) {s['eval_cli_loss']:.3f}; unigram "
-          f"{s['unigram_loss']:.3f}; {s['heldout_common_rate']['masked_tokens']:,} masked tokens "
-          f"({s['heldout_common_rate']['sequences']} sequences) at {rate:.0%}")
+    after.append(f"matmul ceiling {c['matmul_loop_flops_per_s'] / 1e9:.1f} GFLOP/s ({c['how']}); "
+                 f"ours achieved "
+                 f"{', '.join(f'{a / 1e9:.1f}' for a in c['ours_achieved_flops_per_s'])} "
+                 f"GFLOP/s = {', '.join(f'{f:.0%}' for f in c['fraction_of_ceiling'])} of it")
+    s = first["shoestring"]
+    after.append(f"`shoestring eval` cross-check (round 1) {s['eval_cli_loss']:.3f}; unigram "
+                 f"{s['unigram_loss']:.3f}; {s['heldout_common_rate']['masked_tokens']:,} masked "
+                 f"tokens ({s['heldout_common_rate']['sequences']} sequences) at {rate:.0%}")
+    return before, after
+
+
+def print_table(results: dict, args: argparse.Namespace) -> None:
+    """The table and the ratios, each with the peer's configuration beside it."""
+    print(f"budget {args.budget} each; {header_line(results['machine'])}")
+    before, after = notes(results, args)
+    for line in before:
+        print(line)
+    rate = args.common_rate
+    print(f"{'round':>5} {'contender':19} {'params':>8} {'MFLOP/tok':>9} {'steps':>6} "
+          f"{'tokens':>10} {'tok/s':>8} {'loss@own':>13} {f'loss@{rate:.0%}':>9}")
+    for r in table_rows(results, rate):
+        print(f"{r['round']:5d} {r['contender']:19} {r['params (M)']:7.2f}M "
+              f"{r['MFLOP/tok']:9.1f} {r['steps']:6d} {r['tokens']:10,d} {r['tok/s']:8,.0f} "
+              f"{r['loss@own']:7.3f} @{r['own rate']:.0%} {r[f'loss@{rate:.0%}']:9.3f}")
+    print("\n".join(after))
 
 
 if __name__ == "__main__":

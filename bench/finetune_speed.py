@@ -20,7 +20,6 @@ machine may be shared: compare the ratio, not the absolute numbers.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from pathlib import Path
@@ -29,20 +28,22 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from common import SHARED, Bench, add_repeats, parser
+from peers import peer_versions
 from shoestring.config import ModelConfig
 from shoestring.data.tokenizer import SPECIAL_TOKENS, train_wordpiece
 from shoestring.eval.classifier import SequenceClassifier
 from shoestring.eval.finetune import collate, encode_examples, length_bucketed_batches
 from shoestring.eval.glue import load_glue_task
 from shoestring.model.encoder import MaskedLM
-from shoestring.device import select_device
+from shoestring.device import precision_name, select_device
 
-GLUE = Path(__file__).resolve().parents[2] / "shared" / "data" / "glue"
+GLUE = SHARED / "glue"
 NAMES = {"CoLA": "cola", "SST-2": "sst2", "MRPC": "mrpc"}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__doc__)
     ap.add_argument("--glue", type=Path, default=GLUE)
     ap.add_argument("--task", default="CoLA", choices=list(NAMES))
     ap.add_argument("--examples", type=int, default=400, help="training examples per timed block")
@@ -51,7 +52,7 @@ def main() -> None:
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--intermediate", type=int, default=768)
     ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--repeats", type=int, default=3)
+    add_repeats(ap, 3)
     args = ap.parse_args()
 
     data = load_glue_task(args.glue, NAMES[args.task], max_train=args.examples)
@@ -66,6 +67,8 @@ def main() -> None:
     ours = SequenceClassifier(MaskedLM(cfg, vocab), 2)
     theirs = hf_classifier(cfg, vocab)
     lengths = np.array([len(s) for s in seqs])
+    bench = Bench("finetune_speed", args, precision=precision_name(dev.dtype), device=dev.name,
+                  **peer_versions())
     print(f"{args.task}: {len(seqs)} examples, mean length {lengths.mean():.1f} tokens "
           f"(max {lengths.max()}); device {dev.name}, autocast {dev.dtype}; "
           f"HF attention: {theirs.config._attn_implementation}")
@@ -115,6 +118,13 @@ def main() -> None:
     base = med["shoestring (length buckets)"]
     for name in list(runs)[1:]:
         print(f"ratio shoestring / {name}: {base / med[name]:.2f}x")
+    bench.table([{"feeding": name, "examples/s": r, "blocks": rates[name],
+                  "shoestring / this": base / r} for name, r in med.items()],
+                formats={"examples/s": ",.1f", "blocks": ",.1f", "shoestring / this": ".2f"},
+                notes=[f"{args.task}: {len(seqs)} examples, mean length {lengths.mean():.1f} "
+                       f"tokens; batch {args.batch}; HF attention "
+                       f"{theirs.config._attn_implementation}"])
+    bench.end()
 
 
 def _random_batches(n: int, batch: int, rng: np.random.Generator) -> list[np.ndarray]:

@@ -17,8 +17,6 @@ SST-2 accuracy, MRPC mean of F1 and accuracy) and the wall time of each model's 
 
 from __future__ import annotations
 
-import argparse
-import os
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -26,6 +24,7 @@ from types import SimpleNamespace
 import torch
 from rich.console import Console
 
+from common import ROOT, SHARED, Bench, load_average, parser
 from shoestring.data.tokenizer import load_tokenizer
 from shoestring.eval.downstream import _load_tasks
 from shoestring.eval.finetune import PROTOCOLS, run_task
@@ -34,9 +33,8 @@ from shoestring.eval.report import glue_averages, score_columns
 from shoestring.fsutil import write_json_atomic
 from shoestring.rundir import RunDir
 
-ROOT = Path(__file__).resolve().parents[1]
 WORK = ROOT / "runs" / "bench" / "cram_vs_hf"
-GLUE = ROOT.parent / "shared" / "data" / "glue"
+GLUE = SHARED / "glue"
 console = Console(stderr=True)
 
 
@@ -60,12 +58,8 @@ def load_hf_body(path: Path) -> HFBody:
     return HFBody(mlm.bert, mlm.config.hidden_size)
 
 
-def load_avg() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
-
-
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__doc__)
     ap.add_argument("--ours", type=Path, default=WORK / "shoestring", help="our run dir")
     ap.add_argument("--hf", type=Path, default=WORK / "hf", help="the saved BertForMaskedLM")
     ap.add_argument("--glue", type=Path, default=GLUE)
@@ -82,11 +76,12 @@ def main() -> None:
     proto = PROTOCOLS["sane"]
     seeds = list(range(args.seeds))
     bodies = {"shoestring": lambda: ours, "hf": lambda: load_hf_body(args.hf)}
+    bench = Bench("glue_after_pretrain", args, precision="auto (fine-tuning's choice)")
     results: dict = {"protocol": "sane", "seeds": seeds, "max_train": args.max_train,
-                     "threads": torch.get_num_threads(), "models": {}}
+                     "threads": torch.get_num_threads(), "machine": bench.header, "models": {}}
     for name, load in bodies.items():
         base = load()
-        t0, load_start = time.perf_counter(), load_avg()
+        t0, load_start = time.perf_counter(), load_average()
         tasks = {}
         for d in data:
             console.print(f"[bold]{name}[/]: {d.spec.name}, {len(d.train):,} train examples")
@@ -103,19 +98,27 @@ def main() -> None:
                           "examples_per_s": v["seeds"][0]["examples_per_s"],
                           "summary": v["summary"]} for k, v in tasks.items()},
             "wall_seconds": time.perf_counter() - t0,
-            "load_average": [load_start, load_avg()],
+            "load_average": [load_start, load_average()],
         }
         args.out.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(args.out, results)
 
     names = [c["column"] for c in results["models"]["shoestring"]["columns"]]
-    print(f"sane protocol, {len(seeds)} seed(s){', max-train ' + str(args.max_train) if args.max_train else ''}; dev scores x100")
+    setting = (f"sane protocol, {len(seeds)} seed(s)"
+               f"{', max-train ' + str(args.max_train) if args.max_train else ''}; dev scores x100")
+    print(setting)
     print(f"{'model':12} " + " ".join(f"{n:>7}" for n in names) + f" {'mean':>7} {'wall s':>8}")
+    rows = []
     for name, r in results["models"].items():
         vals = [c["median"] for c in r["columns"]]
         print(f"{name:12} " + " ".join(f"{v:7.1f}" for v in vals)
               + f" {sum(vals) / len(vals):7.1f} {r['wall_seconds']:8.0f}")
+        rows.append({"model": name, **dict(zip(names, vals)), "mean": sum(vals) / len(vals),
+                     "wall s": r["wall_seconds"]})
     print(f"wrote {args.out}")
+    bench.table(rows, notes=[setting], formats={**{n: ".1f" for n in names}, "mean": ".1f",
+                                                "wall s": ".0f"})
+    bench.end()
 
 
 if __name__ == "__main__":

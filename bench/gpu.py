@@ -27,7 +27,7 @@ first one (so the compile in the first window is not counted), the same rule as 
 loop (timed after three warm-up steps).
 
     python bench/gpu.py --out runs/gpu/gpu-bench.json --table runs/gpu/gpu-bench.md
-    python bench/gpu.py --seconds 60 --only mlm-base                   # one shape, longer
+    python bench/gpu.py --seconds 60 --only mlm-base --out runs/gpu/base.json  # one shape, longer
     python bench/gpu.py --device cpu --smoke --out /tmp/g.json          # the code path, on CPU
 
 Without a CUDA device it refuses (exit 2) unless ``--device cpu --smoke`` (tiny shapes,
@@ -47,10 +47,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from common import ROOT, Bench, cpu_name, parser
+
 if TYPE_CHECKING:
     from shoestring.config import Config
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True)
@@ -111,8 +111,6 @@ class Device:
             hw = from_device_name(self.name)
             self.datasheet = (hw.bf16, hw.name) if hw and hw.bf16 else (None, None)
         else:
-            from peers import cpu_name
-
             self.name, self.datasheet = f"cpu ({cpu_name()})", (None, None)
         self.square_matmul = measure_matmul_flops(kind, self.dtype)
 
@@ -136,16 +134,19 @@ class Device:
 
         return torch.cuda.max_memory_allocated()
 
-    def facts(self) -> dict:
+    def bench(self, args: argparse.Namespace) -> Bench:
+        """The machine header (printed now) and the record of this run."""
         import torch
 
-        from peers import machine_info
+        from peers import peer_versions
 
-        info = machine_info(self.name)
-        info.update(dtype=self.precision, square_matmul_flops=self.square_matmul,
-                    datasheet_bf16_flops=self.datasheet[0], datasheet_name=self.datasheet[1],
-                    cuda=torch.version.cuda, driver=_driver())
-        return info
+        return Bench("gpu", args, precision=self.precision, device=self.name, **peer_versions(),
+                     cuda=torch.version.cuda, driver=_driver())
+
+    def facts(self) -> dict:
+        """The device's peaks, beside the machine header in the JSON."""
+        return {"square_matmul_flops": self.square_matmul,
+                "datasheet_bf16_flops": self.datasheet[0], "datasheet_name": self.datasheet[1]}
 
 
 def _driver() -> str | None:
@@ -415,10 +416,10 @@ def table(results: dict) -> str:
     """The markdown table BENCHMARKS.md's GPU section takes, with the machine above it."""
     m = results["machine"]
     lines = [f"{m['device']}, driver {m['driver']}, torch {m['torch']} (CUDA {m['cuda']}), "
-             f"transformers {m['transformers']}; {m['dtype']}; dense peak "
+             f"transformers {m['transformers']}; {m['precision']}; dense peak "
              + (f"{m['datasheet_bf16_flops'] / 1e12:.0f} TFLOP/s ({m['datasheet_name']})"
                 if m["datasheet_bf16_flops"] else "unknown")
-             + f", square {m['dtype']} matmul measured {_flops(m['square_matmul_flops'])}"
+             + f", square {m['precision']} matmul measured {_flops(m['square_matmul_flops'])}"
              + (" — SMOKE (toy shapes, not a figure)" if results["smoke"] else ""), "",
              "| shape | side | params | tokens/s | MFU (datasheet) | MFU (GEMM ceiling) | "
              "peak mem | first step (cold) | data wait | ours / peer |",
@@ -427,16 +428,13 @@ def table(results: dict) -> str:
     def pct(x: float | None) -> str:
         return "–" if x is None else f"{x:.1%}"
 
-    for name, r in results["shapes"].items():
-        for side in (r["ours"], r["peer"]):
-            mem = side["peak_allocated_bytes"]
-            lines.append(
-                f"| {name} | {side['side']} | {side['params'] / 1e6:.1f}M | "
-                f"{side['tokens_per_s']:,.0f} | {pct(side['mfu_datasheet'])} | "
-                f"{pct(side['mfu_ceiling'])} | "
-                f"{'–' if mem is None else f'{mem / 2**30:.2f} GiB'} | "
-                f"{side['first_step_s_cold']:.1f} s | {pct(side['data_wait'])} | "
-                + (f"{r['ratio_tokens_per_s']:.2f}x |" if side is r["ours"] else " |"))
+    for row in record_rows(results):
+        mem, ratio = row["peak mem GiB"], row["ours / peer"]
+        lines.append("| " + " | ".join([
+            row["shape"], row["side"], f"{row['params (M)']:.1f}M", f"{row['tokens/s']:,.0f}",
+            pct(row["MFU (datasheet)"]), pct(row["MFU (GEMM ceiling)"]),
+            "–" if mem is None else f"{mem:.2f} GiB", f"{row['first step (cold) s']:.1f} s",
+            pct(row["data wait"]), "" if ratio is None else f"{ratio:.2f}x"]) + " |")
     lines.append("")
     for name, r in results["shapes"].items():
         o = r["ours"]
@@ -458,7 +456,7 @@ def table(results: dict) -> str:
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__doc__)
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--smoke", action="store_true",
                     help="toy shapes and short sides: checks the code path, measures nothing")
@@ -523,11 +521,11 @@ def main(argv: list[str] | None = None) -> int:
     if why:
         print(f"error: {why}", file=sys.stderr)
         return 2
-    sys.path.insert(0, str(Path(__file__).parent))  # peers.py, serve_load.py
     dev = Device(args.device)
+    bench = dev.bench(args)
     args.work.mkdir(parents=True, exist_ok=True)
     results: dict = {"smoke": args.smoke, "seconds_per_side": args.seconds,
-                     "machine": dev.facts(), "shapes": {}}
+                     "machine": {**bench.header, **dev.facts()}, "shapes": {}}
     for name in args.only.split(","):
         shape = smoke_shape(SHAPES[name]) if args.smoke else SHAPES[name]
         results["shapes"][name] = bench_shape(shape, dev, args)
@@ -538,9 +536,32 @@ def main(argv: list[str] | None = None) -> int:
         if name == "mlm-cram" and args.serve:  # serving the run just trained
             results["serving"] = bench_serving(Path(r["ours"]["run_dir"]), args)
         save(results, args)  # each shape as it is done: a run cut off keeps what it measured
+    bench.table(record_rows(results), notes=[table(results).split("\n")[0]], formats={
+        "params (M)": ".1f", "tokens/s": ",.0f", "MFU (datasheet)": ".1%",
+        "MFU (GEMM ceiling)": ".1%", "peak mem GiB": ".2f", "first step (cold) s": ".1f",
+        "data wait": ".1%", "ours / peer": ".2f"})
+    bench.end()
+    results["machine"]["load_after"] = bench.header["load_after"]
     print(save(results, args))
     print(f"wrote {args.out}" + (f" and {args.table}" if args.table else ""))
     return 0
+
+
+def record_rows(results: dict) -> list[dict]:
+    """The table's figures, unformatted: the rows of this run's record."""
+    rows = []
+    for name, r in results["shapes"].items():
+        for side in (r["ours"], r["peer"]):
+            mem = side["peak_allocated_bytes"]
+            rows.append({"shape": name, "side": side["side"], "params (M)": side["params"] / 1e6,
+                         "tokens/s": side["tokens_per_s"],
+                         "MFU (datasheet)": side["mfu_datasheet"],
+                         "MFU (GEMM ceiling)": side["mfu_ceiling"],
+                         "peak mem GiB": None if mem is None else mem / 2**30,
+                         "first step (cold) s": side["first_step_s_cold"],
+                         "data wait": side["data_wait"],
+                         "ours / peer": r["ratio_tokens_per_s"] if side is r["ours"] else None})
+    return rows
 
 
 def save(results: dict, args: argparse.Namespace) -> str:

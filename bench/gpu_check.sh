@@ -3,7 +3,7 @@
 #   1. install the carried wheels (.gpu-wheels/, from `make gpu-wheels`) into a side folder
 #      on PYTHONPATH; --no-deps: the machine's own torch, transformers, ... are used as they are
 #   2. the `cuda`-marked tests (tests/test_cuda.py), log + JUnit XML
-#   3. the GPU benchmark (bench/gpu.py), JSON + markdown table
+#   3. the GPU benchmark (bench/gpu.py), JSON + markdown table + its bench record (JSONL)
 # Everything lands in $GPU_OUT (default: the device tool's $OUT, else runs/gpu-check), at most
 # two folders down and under 8 files, so the device tool brings all of it back.
 # GPU_PART=tests or GPU_PART=bench runs one of the two (each fits one 10-minute device
@@ -44,7 +44,8 @@ if [ "$PART" = all ] || [ "$PART" = tests ]; then
 fi
 if [ "$PART" = all ] || [ "$PART" = bench ]; then
   "$PY" bench/gpu.py --seconds "$SECONDS_EACH" --out "$OUTDIR/gpu-bench.json" \
-    --table "$OUTDIR/gpu-bench.md" --work /tmp/shoestring-gpu-work 2>&1 \
+    --table "$OUTDIR/gpu-bench.md" --record "$OUTDIR/gpu-bench.jsonl" \
+    --work /tmp/shoestring-gpu-work 2>&1 \
     | tee "$OUTDIR/gpu-bench.log"
   bench_rc=$?
 fi

@@ -29,11 +29,12 @@ from collections.abc import Callable
 
 import torch
 
-from peers import count_params, hf_llama, hf_modernbert, load_average, machine_info, \
-    mlm_labels, modernbert_setup
+from common import Bench, add_repeats, parser
+from peers import count_params, hf_llama, hf_modernbert, mlm_labels, modernbert_setup, \
+    peer_versions
 from shoestring.config import ModelConfig
 from shoestring.data.masking import mask_tokens
-from shoestring.device import precision_name, select_device
+from shoestring.device import DeviceInfo, precision_name, select_device
 from shoestring.model.losses import causal_lm_loss, masked_lm_loss
 from shoestring.model.decoder import CausalLM
 from shoestring.model.encoder import MaskedLM
@@ -47,8 +48,55 @@ def time_steps(step: Callable[[], None], n: int) -> float:
     return time.perf_counter() - t
 
 
+def make_step(model: torch.nn.Module, loss_fn: Callable, dev: DeviceInfo) -> Callable[[], None]:
+    """One training step of ``model`` (AdamW foreach, clipping) under the run's autocast."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+
+    def step() -> None:
+        with dev.autocast():
+            loss = loss_fn(model)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def report(rates: dict[str, list[float]], warm: dict[str, float], setup: dict[str, str],
+           peer_rows: list[str], ours_rows: list[str], args: argparse.Namespace,
+           precision: str) -> tuple[list[dict], list[str]]:
+    """Print each row's median tokens/s (and compile seconds); returns the table's rows and
+    the ratio lines (printed by the caller) against the peer at its best."""
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    best_peer = max(peer_rows, key=med.get)
+    table = []
+    for name, r in med.items():
+        extra, compile_s = "", None
+        if "compiled" in name:  # compile time = warm-up beyond what 4 steady steps take
+            compile_s = warm[name] - 4 * args.batch * args.seq_len / r
+            extra = f"  compile {compile_s:.1f} s"
+        print(f"{name:>22}: {r:10,.0f} tokens/s  (blocks: "
+              f"{', '.join(f'{x:,.0f}' for x in rates[name])}){extra}  [{setup[name]}]")
+        table.append({"row": name, "tokens/s": r, "blocks": rates[name], "compile s": compile_s,
+                      "/ best peer": r / med[best_peer], "configuration": setup[name]})
+    notes = [f"the peer at its best (uncompiled, HF's own options): {best_peer}"]
+    for ours_name in ours_rows:
+        notes.append(f"ratio {ours_name} / {best_peer}: {med[ours_name] / med[best_peer]:.2f}x  "
+                     f"(peer: {setup[best_peer]}; {precision}, same dims and batch)")
+    if args.compile:
+        notes.append(f"ratio shoestring compiled / HF compiled: "
+                     f"{med['shoestring compiled'] / med['HF compiled']:.2f}x  "
+                     f"(peer: {setup['HF compiled']})")
+    if "HF ModernBERT dense sdpa" in med:
+        notes.append(f"for reference, shoestring sdpa / HF ModernBERT dense sdpa: "
+                     f"{med['shoestring sdpa'] / med['HF ModernBERT dense sdpa']:.2f}x  (the "
+                     "sparse head's share: ModernBERT with sparse_prediction=False)")
+    return table, notes
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__doc__)
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--heads", type=int, default=4)
@@ -58,7 +106,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--steps", type=int, default=8, help="steps per timed block")
-    ap.add_argument("--repeats", type=int, default=3)
+    add_repeats(ap, 3)
     ap.add_argument("--objective", choices=["mlm", "clm"], default="mlm")
     ap.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
                     help="compute precision for every row (auto: shoestring's measured choice)")
@@ -72,7 +120,6 @@ def main() -> None:
     cfg = ModelConfig(objective=args.objective, hidden_size=args.hidden, num_layers=args.layers,
                       num_heads=args.heads, intermediate_size=args.intermediate)
     dev = select_device(args.precision, measure_peak=False)
-    machine = machine_info(dev.name)
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(5, args.vocab, (args.batch, args.seq_len), generator=gen)
     ids[:, 0], ids[:, -1] = 2, 3
@@ -134,30 +181,16 @@ def main() -> None:
         rows["HF compiled"] = (torch.compile(hf_c), hf_loss,
                                f"torch.compile(model) by hand, attention {kernel}{own}")
 
-    def make_step(model: torch.nn.Module, loss_fn: Callable) -> Callable[[], None]:
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
-
-        def step() -> None:
-            with dev.autocast():
-                loss = loss_fn(model)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-
-        return step
-
     peer = rows[peer_rows[0]][0]
     ours = rows[ours_rows[0]][0]
-    steps = {name: make_step(m, fn) for name, (m, fn, _) in rows.items()}
+    steps = {name: make_step(m, fn, dev) for name, (m, fn, _) in rows.items()}
     precision = precision_name(dev.dtype)
-    print(f"machine: {machine['cpu']} ({machine['cores']} cores, {machine['threads']} torch "
-          f"threads), torch {machine['torch']}, transformers {machine['transformers']}; "
-          f"precision {precision} for every row ({args.precision} requested); load average "
-          f"{machine['load_average_start']}")
-    print(f"dims: hidden {args.hidden}, layers {args.layers}, heads {args.heads}, intermediate "
-          f"{args.intermediate}, vocab {args.vocab}; batch {args.batch} x {args.seq_len}; "
-          f"params ours {count_params(ours) / 1e6:.2f}M, HF {count_params(peer) / 1e6:.2f}M")
+    bench = Bench("model_step", args, device=dev.name, **peer_versions(),
+                  precision=f"{precision} for every row ({args.precision} requested)")
+    dims = (f"dims: hidden {args.hidden}, layers {args.layers}, heads {args.heads}, intermediate "
+            f"{args.intermediate}, vocab {args.vocab}; batch {args.batch} x {args.seq_len}; "
+            f"params ours {count_params(ours) / 1e6:.2f}M, HF {count_params(peer) / 1e6:.2f}M")
+    print(dims)
 
     # Warm-up: allocator, autocast caches; for a compiled model, the compilation itself.
     warm: dict[str, float] = {name: time_steps(step, 4) for name, step in steps.items()}
@@ -166,28 +199,12 @@ def main() -> None:
     for _ in range(args.repeats):  # interleaved: drift in load hits every row alike
         for name, step in steps.items():
             rates[name].append(tokens / time_steps(step, args.steps))
-    med = {k: statistics.median(v) for k, v in rates.items()}
-    for name, r in med.items():
-        extra = ""
-        if "compiled" in name:  # compile time = warm-up beyond what 4 steady steps take
-            compile_s = warm[name] - 4 * args.batch * args.seq_len / r
-            extra = f"  compile {compile_s:.1f} s"
-        print(f"{name:>22}: {r:10,.0f} tokens/s  (blocks: "
-              f"{', '.join(f'{x:,.0f}' for x in rates[name])}){extra}  [{rows[name][2]}]")
-    best_peer = max(peer_rows, key=med.get)
-    print(f"the peer at its best (uncompiled, HF's own options): {best_peer}")
-    for ours_name in ours_rows:
-        print(f"ratio {ours_name} / {best_peer}: {med[ours_name] / med[best_peer]:.2f}x  "
-              f"(peer: {rows[best_peer][2]}; {precision}, same dims and batch)")
-    if args.compile:
-        print(f"ratio shoestring compiled / HF compiled: "
-              f"{med['shoestring compiled'] / med['HF compiled']:.2f}x  "
-              f"(peer: {rows['HF compiled'][2]})")
-    if "HF ModernBERT dense sdpa" in med:
-        print(f"for reference, shoestring sdpa / HF ModernBERT dense sdpa: "
-              f"{med['shoestring sdpa'] / med['HF ModernBERT dense sdpa']:.2f}x  (the sparse "
-              "head's share: ModernBERT with sparse_prediction=False)")
-    print(f"load average at the end: {load_average()}")
+    table, notes = report(rates, warm, {k: v[2] for k, v in rows.items()}, peer_rows,
+                          ours_rows, args, precision)
+    print("\n".join(notes))
+    bench.table(table, notes=[dims] + notes, formats={
+        "tokens/s": ",.0f", "blocks": ",.0f", "compile s": ".1f", "/ best peer": ".2f"})
+    bench.end()
 
 
 if __name__ == "__main__":

@@ -22,8 +22,6 @@ each is scored by `shoestring eval`'s fixed-mask held-out MLM loss on the same s
 
 from __future__ import annotations
 
-import argparse
-import os
 import statistics
 from pathlib import Path
 from typing import Any
@@ -32,13 +30,13 @@ import torch
 from rich.console import Console
 from torch import nn
 
+from common import ROOT, Bench, add_repeats, load_average, parser
 from shoestring.config import TrainConfig, load_config
 from shoestring.eval.mlm import evaluate_run
 from shoestring.fsutil import write_json_atomic
 from shoestring.train import loop
 from shoestring.train.optim import build_optimizer, param_groups
 
-ROOT = Path(__file__).resolve().parents[1]
 console = Console(stderr=True)
 
 
@@ -99,9 +97,9 @@ def muon_builder(adjust: str, lr_mult: float):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__doc__)
     ap.add_argument("--budget", default="3m")
-    ap.add_argument("--repeats", type=int, default=2)
+    add_repeats(ap, 2, "interleaved rounds (seeds 0, 1, ...); the median is reported")
     ap.add_argument("--muon-adjust", default="match_rms_adamw",
                     choices=["match_rms_adamw", "original"])
     ap.add_argument("--muon-lr-mult", type=float, default=1.0,
@@ -117,6 +115,7 @@ def main() -> None:
         raise SystemExit(f"no prepared data dir at {args.data}: run bench/cram_vs_hf.py once, "
                          "or `shoestring prep` a corpus there and pass --data")
 
+    bench = Bench("optimizer", args, precision="train.precision=auto (the trainer's choice)")
     builders = {"adamw": build_optimizer,
                 "muon": muon_builder(args.muon_adjust, args.muon_lr_mult)}
     runs: list[dict] = []
@@ -125,7 +124,7 @@ def main() -> None:
             cfg = load_config(None, [f"train.budget={args.budget}", "train.steps=null",
                                      f"train.seed={seed}", *args.sets])
             run_dir = args.work / f"{name}-seed{seed}"
-            load = os.getloadavg()[0]
+            load = (load_average() or [None])[0]
             loop.build_optimizer = builder
             try:
                 summary = loop.train(cfg, args.data, run_dir, overwrite=True, console=console)
@@ -133,7 +132,7 @@ def main() -> None:
                 loop.build_optimizer = build_optimizer
             ev = evaluate_run(run_dir, args.data, console=console,
                               overrides=[f"eval.max_sequences={args.eval_sequences}"])
-            runs.append({"optimizer": name, "seed": seed, "load_before": round(load, 2),
+            runs.append({"optimizer": name, "seed": seed, "load_before": load,
                          "steps": summary["steps"], "tokens_per_s": summary["tokens_per_s"],
                          "heldout_loss": ev["mlm_loss"]})
             console.print(runs[-1])
@@ -149,9 +148,17 @@ def main() -> None:
     for r in runs:
         print(f"{r['optimizer']:10} {r['seed']:4d} {r['steps']:6d} {r['tokens_per_s']:8,.0f} "
               f"{r['heldout_loss']:14.4f}")
-    print(f"median held-out loss: adamw {medians['adamw']:.4f}, muon {medians['muon']:.4f} "
-          f"({'muon lower' if result['muon_lower'] else 'adamw lower or equal'})")
+    verdict = (f"median held-out loss: adamw {medians['adamw']:.4f}, muon {medians['muon']:.4f} "
+               f"({'muon lower' if result['muon_lower'] else 'adamw lower or equal'})")
+    print(verdict)
     print(f"wrote {args.out}")
+    bench.table([{"optimizer": r["optimizer"], "seed": r["seed"], "steps": r["steps"],
+                  "tok/s": r["tokens_per_s"], "held-out loss": r["heldout_loss"],
+                  "load before": r["load_before"]} for r in runs],
+                formats={"tok/s": ",.0f", "held-out loss": ".4f", "load before": ".2f"},
+                notes=[f"budget {args.budget} each; muon {args.muon_adjust}, lr x "
+                       f"{args.muon_lr_mult:g}", verdict])
+    bench.end()
 
 
 if __name__ == "__main__":

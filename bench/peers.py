@@ -1,16 +1,13 @@
-"""What the speed benchmarks share: the peers, configured as a careful user of each would, the
-machine facts printed beside every ratio, FLOP counts of the peers and a matmul ceiling.
+"""What the speed benchmarks share: the peers, configured as a careful user of each would,
+their library versions, FLOP counts of the peers and a matmul ceiling.
 
-A ratio means nothing without its peer's configuration and the machine it ran on, so every
-script that prints one takes both from here (``bench/model_step.py``, ``bench/cram_vs_hf.py``).
-Scripts in ``bench/`` run as ``python bench/<name>.py``, which puts this folder on ``sys.path``.
+A ratio means nothing without its peer's configuration, so every script that prints one takes
+the peer from here (``bench/model_step.py``, ``bench/cram_vs_hf.py``, ``bench/gpu.py``); the
+machine it ran on is ``bench/common.py``'s header.
 """
 
 from __future__ import annotations
 
-import os
-import platform
-import sys
 import time
 from typing import Any
 
@@ -18,37 +15,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from common import cpu_name  # noqa: F401  (bench/prep.py and bench/loader.py import it here)
 from shoestring.config import ModelConfig
 
 
-def load_average() -> str:
-    """The 1/5/15-minute load average: other work on a 2-core machine moves every figure."""
-    try:
-        return " ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "unknown"
-
-
-def cpu_name() -> str:
-    """The CPU model (``/proc/cpuinfo``'s model name; ``platform`` elsewhere)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def machine_info(device_name: str) -> dict[str, Any]:
-    """Where a number was measured: device, CPU, cores, threads, library versions, load."""
+def peer_versions() -> dict[str, str]:
+    """The peers' library versions, for the machine header (``common.Bench(**peer_versions())``)."""
     import transformers
 
-    return {"device": device_name, "cpu": cpu_name(), "cores": os.cpu_count(),
-            "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "python": sys.version.split()[0],
-            "load_average_start": load_average()}
+    return {"transformers": transformers.__version__}
 
 
 def special_ids() -> dict[str, int]:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import resource
 import subprocess
 import sys
@@ -38,9 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
-from peers import cpu_name, load_average
+from common import SHARED, Bench, parser
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 CORPUS = SHARED / "corpora" / "mixed-en.jsonl"
 SST2 = SHARED / "glue" / "SST-2"
 
@@ -59,9 +57,9 @@ def _texts(limit: int | None = None, max_bytes: int | None = None) -> list[str]:
     return out
 
 
-def _header(part: str) -> None:
-    print(f"== {part} | cpu: {cpu_name()} ({os.cpu_count()} cores) | load average "
-          f"{load_average()} | {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", flush=True)
+def _header(part: str, a: argparse.Namespace) -> Bench:
+    print(f"== {part} | {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", flush=True)
+    return Bench("privacy", a, precision="fp32")
 
 
 # --- memorization --------------------------------------------------------------------------
@@ -75,7 +73,7 @@ def memorization(a: argparse.Namespace, work: Path) -> None:
     from shoestring.privacy.audit import AuditSettings, audit
     from shoestring.train.loop import train
 
-    _header("memorization")
+    bench = _header("memorization", a)
     quiet = Console(stderr=True, quiet=True)
     corpus = work / "corpus.jsonl"
     texts = [t[: a.max_chars] for t in _texts(a.docs)]
@@ -108,11 +106,19 @@ def memorization(a: argparse.Namespace, work: Path) -> None:
         blocks = {b["block"]: b for b in manifest["blocks"]}
         cut = blocks.get("substring_dedup", {}).get("bytes_removed", 0)
         dropped = sum(blocks.get("exact_dedup", {}).get("dropped", {}).values())
-        rows.append((dedup, r))
         print(f"\n[{dedup}] prep {prep_s:.0f}s (exact-dup documents dropped {dropped}, "
               f"substring bytes cut {cut:,}), train {train_s:.0f}s, train tokens "
               f"{manifest['splits']['train']['tokens']:,}; audit {r['seconds']:.0f}s", flush=True)
         c = r["canaries"]
+        rows.append({"dedup": dedup, "prep s": prep_s, "documents dropped": dropped,
+                     "bytes cut": cut, "train s": train_s,
+                     "train tokens": manifest["splits"]["train"]["tokens"],
+                     **{f"exposure, {k} copies": g["mean_exposure"]
+                        for k, g in c["by_copies"].items()},
+                     "exposure, never inserted": c["mean_exposure_references"],
+                     "membership AUC": r["membership"]["auc"],
+                     "verbatim train": r["extraction"]["train"]["verbatim_fraction"],
+                     "verbatim held-out": r["extraction"]["held_out"]["verbatim_fraction"]})
         for copies, g in c["by_copies"].items():
             print(f"  exposure, {copies:>3} copies inserted ({g['mean_copies_in_train']:g} in "
                   f"train): {g['mean_exposure']:.2f} bits (max {c['max_exposure']:.2f})")
@@ -124,7 +130,11 @@ def memorization(a: argparse.Namespace, work: Path) -> None:
               f"{e['held_out']['verbatim_fraction']:.1%} held-out (mean matched "
               f"{e['train']['mean_matched_tokens']:.1f} vs {e['held_out']['mean_matched_tokens']:.1f}"
               " tokens)", flush=True)
-    print(f"\nload average at the end: {load_average()}")
+    bench.table(rows, "memorization", formats={
+        "prep s": ".0f", "train s": ".0f", "membership AUC": ".3f", "verbatim train": ".1%",
+        "verbatim held-out": ".1%", **{k: ".2f" for k in rows[0] if k.startswith("exposure")}})
+    print()
+    bench.end()
 
 
 # --- DP fine-tuning ------------------------------------------------------------------------
@@ -139,7 +149,7 @@ def dp(a: argparse.Namespace, work: Path) -> None:
     from shoestring.eval.private import PrivateTraining
     from shoestring.train.loop import train
 
-    _header("dp")
+    bench = _header("dp", a)
     quiet = Console(stderr=True, quiet=True)
     corpus = work / "corpus-dp.jsonl"
     corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in _texts(a.dp_docs)))
@@ -159,7 +169,7 @@ def dp(a: argparse.Namespace, work: Path) -> None:
           f"{a.sst2_train:,} train examples, full dev; sane protocol but lr {a.lr:g} (batch 16, "
           f"{a.epochs:g} epochs), 1 seed, fp32; DP: Opacus {_opacus()}, RDP accountant, "
           "δ=1e-5, clip 1.0, Poisson sampling, per-sample gradients by hooks", flush=True)
-    base = None
+    base, rows = None, []
     for eps in (math.inf, 8.0, 3.0, 1.0):
         privacy = None if math.isinf(eps) else PrivateTraining(eps, 1e-5, 1.0)
         t = time.perf_counter()
@@ -177,7 +187,13 @@ def dp(a: argparse.Namespace, work: Path) -> None:
               f"{noise:.2f}, {seed['steps']} steps in {seed['train_seconds']:.0f}s "
               f"(×{seed['train_seconds'] / base:.1f} of non-private), wall {wall:.0f}s",
               flush=True)
-    print(f"load average at the end: {load_average()}")
+        rows.append({"ε target": eps, "dev accuracy": acc, "ε spent": spent, "noise σ": noise,
+                     "steps": seed["steps"], "train s": seed["train_seconds"],
+                     "× non-private": seed["train_seconds"] / base, "wall s": wall})
+    bench.table(rows, "dp", formats={"ε target": "g", "dev accuracy": ".1%", "ε spent": ".2f",
+                                     "noise σ": ".2f", "train s": ".0f", "× non-private": ".1f",
+                                     "wall s": ".0f"})
+    bench.end()
 
 
 def _opacus() -> str:
@@ -235,7 +251,7 @@ def _grouping_cut_words(texts: list[str], min_span: int) -> int:
 
 
 def dedup_speed(a: argparse.Namespace, work: Path) -> None:
-    _header("dedup-speed")
+    bench = _header("dedup-speed", a)
     total = CORPUS.stat().st_size
     print(f"substring dedup, min span {a.min_span} words, the block's find_repeats (words → ids "
           f"with pandas.factorize, then pydivsufsort.longest_previous_factor: the library's C "
@@ -244,6 +260,7 @@ def dedup_speed(a: argparse.Namespace, work: Path) -> None:
           f"minus the RSS after loading the texts")
     print(f"{'corpus MB':>9} {'docs':>6} {'words':>10} | {'LPF s':>7} {'MB/s':>6} {'peak MB':>8} "
           f"{'+MB':>6} | {'grouping s':>10} {'MB/s':>6} {'+MB':>6} | {'cut words':>9} same")
+    rows = []
     for frac in (8, 4, 2, 1):
         res = {}
         for method in ("shipped", "grouping"):
@@ -257,11 +274,20 @@ def dedup_speed(a: argparse.Namespace, work: Path) -> None:
               f"{o['mb'] / o['seconds']:6.2f} {o['peak_mb']:8.0f} {o['peak_mb'] - o['texts_mb']:6.0f} | "
               f"{p['seconds']:10.2f} {p['mb'] / p['seconds']:6.2f} {p['peak_mb'] - p['texts_mb']:6.0f} | "
               f"{o['cut_words']:9,} {o['cut_words'] == p['cut_words']}", flush=True)
-    print(f"load average at the end: {load_average()}")
+        rows.append({"corpus MB": o["mb"], "docs": o["docs"], "words": o["words"],
+                     "LPF s": o["seconds"], "LPF MB/s": o["mb"] / o["seconds"],
+                     "LPF peak MB": o["peak_mb"], "LPF +MB": o["peak_mb"] - o["texts_mb"],
+                     "grouping s": p["seconds"], "grouping MB/s": p["mb"] / p["seconds"],
+                     "grouping +MB": p["peak_mb"] - p["texts_mb"], "cut words": o["cut_words"],
+                     "same": o["cut_words"] == p["cut_words"]})
+    bench.table(rows, "dedup-speed", formats={
+        "corpus MB": ".1f", "LPF s": ".2f", "LPF MB/s": ".2f", "LPF peak MB": ".0f",
+        "LPF +MB": ".0f", "grouping s": ".2f", "grouping MB/s": ".2f", "grouping +MB": ".0f"})
+    bench.end()
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = parser(__doc__.split("\n")[0])
     ap.add_argument("part", choices=["memorization", "dp", "dedup-speed", "all", "_measure"])
     ap.add_argument("--work", type=Path, default=Path("build/bench-privacy"))
     ap.add_argument("--docs", type=int, default=300)

@@ -49,12 +49,8 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared" / "data"
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from jobs import Scheduler, finished_downstream, log, pretrain  # noqa: E402  (bench/jobs.py)
-from peers import cpu_name  # noqa: E402  (bench/peers.py: the CPU's model name)
+from common import ROOT, SHARED, Bench, parser
+from jobs import Scheduler, finished_downstream, log, pretrain
 
 # name → (what changes, --set overrides, data variant)
 ARMS: dict[str, tuple[str, list[str], str]] = {
@@ -208,43 +204,69 @@ def report(work: Path, arms: list[str]) -> list[dict]:
     return rows
 
 
-def print_table(rows: list[dict], args: argparse.Namespace) -> None:
-    print(f"\nmachine: {cpu_name()} ({os.cpu_count()} cores); load average at end "
-          f"{tuple(round(x, 2) for x in os.getloadavg())}")
-    print(f"pretraining: {args.budget} wall clock per arm, {args.threads} thread(s) per arm, "
-          f"{args.parallel} arm(s) at a time, mixed-en.jsonl")
-    print(f"fine-tuning: sane protocol, {args.seeds} seeds, "
-          f"{'first ' + str(args.max_train) + ' train rows' if args.max_train else 'full train sets'}"
-          f", tasks {args.tasks}; scratch = same architecture from random init, paired by seed")
-    print("common val = the default data's val split (128-token rows, one tokenizer); "
-          "'~' = the 95% interval contains zero")
+def table_rows(rows: list[dict], names: list[str]) -> list[dict]:
+    """The table's rows (``report``'s rows, one column per printed figure): the paired
+    differences as text, ``~`` when every task's 95% interval contains zero."""
+    base = next((r for r in rows if r["arm"] == "default"), None)
+    out = []
+    for r in rows:
+        d = r["common_val_loss"] - base["common_val_loss"] if base else float("nan")
+        row = {"arm": r["arm"], "tokens": r["tokens"], "tok/s": r["tokens_per_s"],
+               "val MLM": r["common_val_loss"], "Δ vs def": d}
+        for n in names:
+            t = r["tasks"].get(n)
+            row[n] = t["vs_scratch"]["pretrained_median"] if t else None
+        row["mean"] = r.get("downstream_mean")
+        vs = [t["vs_scratch"] for t in r["tasks"].values()]
+        vd = [t["vs_default"] for t in r["tasks"].values() if t["vs_default"]]
+        row["−scratch"] = _difference(vs) if row["mean"] is not None else None
+        row["−default"] = _difference(vd) if row["mean"] is not None and vd else None
+        out.append(row)
+    return out
+
+
+def _difference(comparisons: list[dict]) -> str:
+    mean = np.mean([c["difference_mean"] for c in comparisons])
+    return f"{mean:+.1f}" + ("~" if all(c["within_noise"] for c in comparisons) else "")
+
+
+def _flagged(cell: str) -> str:
+    """A difference cell in the printed layout: the number in 8 columns, then ``~`` or a blank."""
+    return f"{cell.rstrip('~'):>8}{'~' if cell.endswith('~') else ' '}"
+
+
+def print_table(rows: list[dict], args: argparse.Namespace) -> list[str]:
+    """Print the table of `table_rows`; returns its setting lines (the record's notes)."""
+    notes = [f"pretraining: {args.budget} wall clock per arm, {args.threads} thread(s) per arm, "
+             f"{args.parallel} arm(s) at a time, mixed-en.jsonl",
+             f"fine-tuning: sane protocol, {args.seeds} seeds, "
+             f"{'first ' + str(args.max_train) + ' train rows' if args.max_train else 'full train sets'}"
+             f", tasks {args.tasks}; scratch = same architecture from random init, paired by seed",
+             "common val = the default data's val split (128-token rows, one tokenizer); "
+             "'~' = the 95% interval contains zero"]
+    print("\n" + "\n".join(notes))
     names = args.tasks.split(",")
     head = f"{'arm':20} {'tokens':>10} {'tok/s':>6} {'val MLM':>8} {'Δ vs def':>8}"
     head += "".join(f" {n:>7}" for n in names) + f" {'mean':>6} {'−scratch':>9} {'−default':>9}"
     print(head)
-    base = next((r for r in rows if r["arm"] == "default"), None)
-    for r in rows:
-        d = r["common_val_loss"] - base["common_val_loss"] if base else float("nan")
-        line = (f"{r['arm']:20} {r['tokens']:>10,} {r['tokens_per_s']:>6,.0f} "
-                f"{r['common_val_loss']:>8.3f} {d:>+8.3f}")
-        for n in names:
-            t = r["tasks"].get(n)
-            line += f" {t['vs_scratch']['pretrained_median']:>7.1f}" if t else f" {'–':>7}"
-        if "downstream_mean" in r:
-            vs_s = np.mean([t["vs_scratch"]["difference_mean"] for t in r["tasks"].values()])
-            noisy_s = all(t["vs_scratch"]["within_noise"] for t in r["tasks"].values())
-            line += f" {r['downstream_mean']:>6.1f} {vs_s:>+8.1f}{'~' if noisy_s else ' '}"
-            vd = [t["vs_default"] for t in r["tasks"].values() if t["vs_default"]]
-            if vd:
-                noisy_d = all(v["within_noise"] for v in vd)
-                line += f" {np.mean([v['difference_mean'] for v in vd]):>+8.1f}{'~' if noisy_d else ' '}"
+    for row in rows:
+        line = (f"{row['arm']:20} {row['tokens']:>10,} {row['tok/s']:>6,.0f} "
+                f"{row['val MLM']:>8.3f} {row['Δ vs def']:>+8.3f}")
+        line += "".join(f" {row[n]:>7.1f}" if row[n] is not None else f" {'–':>7}"
+                        for n in names)
+        if row["mean"] is not None:
+            line += f" {row['mean']:>6.1f} " + _flagged(row["−scratch"])
+            if row["−default"] is not None:
+                line += " " + _flagged(row["−default"])
         print(line)
-    print("\n−scratch / −default: mean over tasks of the mean paired difference (points); "
-          "'~' when every task's 95% interval contains zero")
+    notes.append("−scratch / −default: mean over tasks of the mean paired difference (points); "
+                 "'~' when every task's 95% interval contains zero")
+    print("\n" + notes[-1])
+    return notes
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = parser(__doc__.split("\n")[0])
     ap.add_argument("--corpus", type=Path, default=SHARED / "corpora" / "mixed-en.jsonl")
     ap.add_argument("--glue", type=Path, default=SHARED / "glue")
     ap.add_argument("--tasks", default="cola,sst2,mrpc")
@@ -270,7 +292,8 @@ def main() -> None:
     if not args.corpus.is_file() or not args.glue.is_dir():
         raise SystemExit(f"needs {args.corpus} and {args.glue} (see ../shared/data/README.md)")
     args.work.mkdir(parents=True, exist_ok=True)
-    log(f"machine: {cpu_name()}, {os.cpu_count()} cores; load average {os.getloadavg()}")
+    bench = Bench("recipe_ablations", args, precision="train.precision=auto (the trainer's choice)",
+                  threads=args.threads)
     started = time.time()
     for variant in ["default"] + sorted({ARMS[a][2] for a in arms} - {"default"}):
         prepare(variant, args.corpus, args.work)
@@ -292,11 +315,15 @@ def main() -> None:
     logs = args.work / "logs"
     failed = sched.run(logs)
     rows = report(args.work, arms)
-    print_table(rows, args)
+    table = table_rows(rows, args.tasks.split(","))
+    notes = print_table(table, args)
     print(f"wall {time.time() - started:.0f}s" + (f"; FAILED: {failed} (see {logs})" if failed else ""))
+    bench.table(table, notes=notes, formats={"tok/s": ",.0f", "val MLM": ".3f", "Δ vs def": "+.3f",
+                                             "mean": ".1f", **{n: ".1f" for n in args.tasks.split(",")}})
+    bench.end()
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"rows": rows, "machine": cpu_name(),
+        args.out.write_text(json.dumps({"rows": rows, "machine": bench.header,
                                         "args": {k: str(v) for k, v in vars(args).items()}},
                                        indent=1))
 

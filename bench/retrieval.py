@@ -23,7 +23,6 @@ thread per process is faster than two contending ones; the load average is print
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import math
@@ -38,7 +37,7 @@ import numpy as np
 import torch
 from rich.console import Console
 
-from peers import cpu_name, load_average
+from common import SHARED, Bench, parser
 from shoestring.config import Config, DataConfig, ModelConfig, TrainConfig
 from shoestring.data.prep import is_validation, prep
 from shoestring.data.sources import iter_documents
@@ -47,8 +46,7 @@ from shoestring.retrieval.passages import split_documents
 from shoestring.rundir import RunDir
 from shoestring.train.loop import train
 
-REPO = Path(__file__).resolve().parents[1]
-DEFAULT_CORPUS = REPO.parent / "shared" / "data" / "corpora" / "mixed-en.jsonl"
+DEFAULT_CORPUS = SHARED / "corpora" / "mixed-en.jsonl"
 TARGET = 32
 HELD_OUT = 0.05  # fraction of documents held out
 SENTENCE = re.compile(r"(?<=[.!?])\s+")
@@ -162,7 +160,7 @@ def rag_perplexity(clm: Path, index: RetrievalIndex, held: list, k: int, limit: 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = parser(__doc__.split("\n")[0])
     ap.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS)
     ap.add_argument("--docs", type=int, default=2500)
     ap.add_argument("--budget", default="3m", help="pretraining budget of each model")
@@ -179,8 +177,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-retrieval-"))
     work.mkdir(parents=True, exist_ok=True)
-    print(f"machine: {cpu_name()}, {args.threads} torch thread(s), fp32 inference, bf16 "
-          f"training where the CPU has it; load average {load_average()}")
+    bench = Bench("retrieval", args, precision="fp32 inference, bf16 training where the CPU "
+                  "has it")
     print(f"libraries: bm25s (Lucene BM25, k1=1.5, b=0.75, English stopwords, no stemming), "
           f"faiss-cpu IndexFlatIP (exact), RRF c=60; corpus {args.corpus.name}, first "
           f"{args.docs} documents")
@@ -231,10 +229,16 @@ def main() -> None:
             ("hybrid BM25 + pretrained", "mlm", "hybrid"),
             ("hybrid BM25 + tuned", "ict", "hybrid")]
     print(f"  {'retriever':<40} {'R@1':>6} {'R@10':>6} {'p50 ms':>8} {'p99 ms':>8}")
+    table = []
     for label, enc, mode in rows:
         indexes[enc].search(queries[0], 10, mode)  # load the encoder outside the timing
         r1, r10, lat = recall(indexes[enc], queries, mode)
         print(f"  {label:<40} {r1:6.3f} {r10:6.3f} {pct(lat, 50):8.2f} {pct(lat, 99):8.2f}")
+        table.append({"retriever": label, "R@1": r1, "R@10": r10, "p50 ms": pct(lat, 50),
+                      "p99 ms": pct(lat, 99)})
+    bench.table(table, "recall", formats={"R@1": ".3f", "R@10": ".3f", "p50 ms": ".2f",
+                                          "p99 ms": ".2f"},
+                notes=[f"inverse-cloze: {len(queries)} queries over {n:,} passages"])
 
     # --- retrieval-augmented LM ----------------------------------------------------------------
     m = build_index([str(corpus)], work / "index-train", passage_words=100, overwrite=True)
@@ -242,11 +246,14 @@ def main() -> None:
           f"{m['passages'] / (m['seconds']['passages'] + m['seconds']['bm25']):,.0f} passages/s")
     ppl = rag_perplexity(work / "clm", RetrievalIndex(work / "index-train"), held, args.k,
                          args.rag_docs, seed=0)
-    print(f"  decoder perplexity on the next {TARGET} tokens of {ppl.pop('n')} held-out "
-          f"documents (top-{args.k} BM25 passages):")
+    what = (f"decoder perplexity on the next {TARGET} tokens of {ppl.pop('n')} held-out "
+            f"documents (top-{args.k} BM25 passages)")
+    print(f"  {what}:")
     for name, v in ppl.items():
         print(f"  {name:<24} {v:8.2f}")
-    print(f"load average at the end: {load_average()}")
+    bench.table([{"context": name, "perplexity": v} for name, v in ppl.items()], "rag",
+                formats={"perplexity": ".2f"}, notes=[what])
+    bench.end()
 
 
 if __name__ == "__main__":

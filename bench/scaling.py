@@ -19,7 +19,6 @@ is printed next to the numbers.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -27,6 +26,8 @@ import sys
 import tempfile
 import textwrap
 from pathlib import Path
+
+from common import ROOT, Bench, add_repeats, format_load, load_average, parser
 
 PEER = textwrap.dedent('''
     import json, os, sys, time, torch, torch.distributed as dist, torch.nn.functional as F
@@ -79,7 +80,7 @@ def ours(data: str, nproc: int, parallel: str, zero: int, sets: list[str], tmp: 
          timeout: float) -> float:
     run = tmp / f"ours-{parallel}-z{zero}"
     case = [{"output": str(run), "parallel": parallel, "zero": zero}]
-    driver = Path(__file__).resolve().parents[1] / "tests" / "dist_driver.py"
+    driver = ROOT / "tests" / "dist_driver.py"
     _torchrun(nproc, [str(driver), json.dumps(case),
                       json.dumps({"data": data, "overwrite": True,
                                   "sets": [*sets, "train.checkpoint_every=null"]})], timeout)
@@ -122,18 +123,17 @@ def one_process(data: str, sets: list[str], run: Path, src: Path, timeout: float
 def seam_overhead(data: str, sets: list[str], ref: str, repeats: int, tmp: Path,
                   timeout: float) -> tuple[list[float], list[float]]:
     """tokens/s of today's trainer and of the one at ``ref``, alternated ``repeats`` times."""
-    root = Path(__file__).resolve().parents[1]
     old = tmp / "baseline"
-    subprocess.run(["git", "-C", str(root), "worktree", "add", "--detach", str(old), ref],
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(old), ref],
                    check=True, capture_output=True)
     try:
         now, then = [], []
         for i in range(repeats):
-            now.append(one_process(data, sets, tmp / f"now-{i}", root / "src", timeout))
+            now.append(one_process(data, sets, tmp / f"now-{i}", ROOT / "src", timeout))
             then.append(one_process(data, sets, tmp / f"then-{i}", old / "src", timeout))
         return now, then
     finally:
-        subprocess.run(["git", "-C", str(root), "worktree", "remove", "--force", str(old)],
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old)],
                        capture_output=True)
 
 
@@ -147,7 +147,7 @@ def peer(data: str, nproc: int, sets: list[str], steps: int, seq_tokens: int, tm
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__doc__)
     ap.add_argument("--data", required=True)
     ap.add_argument("--procs", type=int, default=2)
     ap.add_argument("--steps", type=int, default=12)
@@ -156,7 +156,7 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--baseline-ref", default=None,
                     help="also measure one-process tokens/s against the trainer of this commit")
-    ap.add_argument("--repeats", type=int, default=3, help="interleaved rounds (median)")
+    add_repeats(ap, 3)
     ap.add_argument("--skip-scaling", action="store_true", help="only the seam overhead")
     a = ap.parse_args()
     from shoestring.data.datadir import DataDir
@@ -168,26 +168,27 @@ def main() -> None:
     sets = [*model, f"train.steps={a.steps}", f"train.batch_size={a.batch_size}",
             "train.log_every=1", "train.precision=fp32", "train.threads=1"]
     n = a.procs
-    load = os.getloadavg()
-    import torch
-
-    from peers import cpu_name  # bench/peers.py: the CPU's model name
-
-    print(f"machine: {cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}; "
-          "precision fp32")
+    bench = Bench("scaling", a, precision="fp32", threads=1)
     if a.baseline_ref:
         with tempfile.TemporaryDirectory() as d:
             now, then = seam_overhead(a.data, sets, a.baseline_ref, a.repeats, Path(d),
                                       a.timeout)
         med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
-        print(f"one process, 1 thread, {a.steps} steps × {a.batch_size} × {seq} tokens, "
-              f"{a.repeats} alternating runs each; load average {os.getloadavg()[0]:.1f}")
+        setting = (f"one process, 1 thread, {a.steps} steps × {a.batch_size} × {seq} tokens, "
+                   f"{a.repeats} alternating runs each")
+        print(f"{setting}; load average {format_load(load_average())}")
         print(f"  trainer now            {', '.join(f'{x:,.0f}' for x in now)} tokens/s "
               f"(median {med(now):,.0f})")
         print(f"  trainer at {a.baseline_ref:<11} {', '.join(f'{x:,.0f}' for x in then)} "
               f"tokens/s (median {med(then):,.0f})")
-        print(f"  seam overhead (step time now / then - 1): {med(then) / med(now) - 1:+.1%}")
+        overhead = f"seam overhead (step time now / then - 1): {med(then) / med(now) - 1:+.1%}"
+        print(f"  {overhead}")
+        bench.table([{"trainer": "now", "tokens/s": med(now), "runs": now},
+                     {"trainer": f"at {a.baseline_ref}", "tokens/s": med(then), "runs": then}],
+                    "seam", formats={"tokens/s": ",.0f", "runs": ",.0f"},
+                    notes=[setting, overhead])
     if a.skip_scaling:
+        bench.end()
         return
     # the peer neither validates nor writes TensorBoard: the same work for ours
     ours_sets = [*sets, "train.tensorboard=false", "train.val_every=0"]
@@ -208,21 +209,26 @@ def main() -> None:
         for name, run in runs.items():
             with tempfile.TemporaryDirectory() as d:
                 rows[name].append(run(Path(d)))
-    load_after = os.getloadavg()
-    print(f"global batch {a.batch_size} × {seq} tokens, {a.steps} steps (first 2 skipped), "
-          f"fp32, 1 thread per process, {a.repeats} interleaved rounds (median); shoestring "
-          f"without TensorBoard and periodic validation, like the peer; load average before "
-          f"{load[0]:.1f}, after {load_after[0]:.1f}")
+    setting = (f"global batch {a.batch_size} × {seq} tokens, {a.steps} steps (first 2 "
+               f"skipped), fp32, 1 thread per process, {a.repeats} interleaved rounds (median); "
+               "shoestring without TensorBoard and periodic validation, like the peer")
+    print(setting)
     med = {k: sorted(v)[len(v) // 2] for k, v in rows.items()}
     for k, v in rows.items():
         print(f"  {k:<36} {med[k]:>10,.0f} tokens/s  ({', '.join(f'{x:,.0f}' for x in v)})")
     one, many = med["shoestring 1 proc"], med[f"shoestring dp={n} (DDP)"]
     peer1, peern = med["peer: plain PyTorch 1 proc"], med[f"peer: plain PyTorch DDP {n} procs"]
-    print(f"scaling efficiency shoestring dp={n}: {many / (n * one):.2f}  "
-          f"(peer: {peern / (n * peer1):.2f})")
-    print(f"ratio shoestring / peer at {n} procs: {many / peern:.2f}; at 1 proc: {one / peer1:.2f}"
-          f"  [peer: plain PyTorch loop, DistributedDataParallel on gloo, the same model, "
-          f"AdamW foreach, clip 0.5, rank-sharded batches]")
+    notes = [f"scaling efficiency shoestring dp={n}: {many / (n * one):.2f}  "
+             f"(peer: {peern / (n * peer1):.2f})",
+             f"ratio shoestring / peer at {n} procs: {many / peern:.2f}; at 1 proc: "
+             f"{one / peer1:.2f}  [peer: plain PyTorch loop, DistributedDataParallel on gloo, "
+             "the same model, AdamW foreach, clip 0.5, rank-sharded batches]"]
+    print("\n".join(notes))
+    bench.table([{"run": k, "tokens/s": med[k], "rounds": v} for k, v in rows.items()],
+                "scaling", formats={"tokens/s": ",.0f", "rounds": ",.0f"},
+                notes=[setting] + notes)
+    bench.end()
+
 
 if __name__ == "__main__":
     main()

@@ -22,7 +22,6 @@ HTTP/1.1 keep-alive client on raw asyncio streams (pre-encoded requests), so tha
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -39,6 +38,8 @@ import time
 from pathlib import Path
 
 import httpx
+
+from common import Bench, format_load, load_average, parser
 
 PEER = textwrap.dedent('''
     """A minimal embedding server, as a user would write it with transformers."""
@@ -77,10 +78,6 @@ PEER = textwrap.dedent('''
 
     uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[2]), log_level="warning")
 ''')
-
-
-def loadavg() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def build_model(work: Path, preset: str | None) -> Path:
@@ -179,9 +176,6 @@ class Server:
             self.proc.wait(60)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-
-
-from peers import cpu_name as cpu_model  # bench/peers.py: the CPU's model name
 
 
 class RawClient:
@@ -364,7 +358,7 @@ def measure(name: str, server: Server, requests_: list[bytes], c: int, n: int, r
     for _ in range(rounds):
         parts.append(asyncio.run(load(server.url, requests_, c, -(-n // rounds))))
     out = summarize(parts)
-    out["load"] = loadavg()
+    out["load"] = format_load(load_average())
     print(
         f"  {name} C={c}: {out['throughput']:.1f} req/s, p50 {out['p50_ms']:.1f} ms, "
         f"p99 {out['p99_ms']:.1f} ms, errors {out['errors']}, load {out['load']}",
@@ -373,8 +367,46 @@ def measure(name: str, server: Server, requests_: list[bytes], c: int, n: int, r
     return out
 
 
+def report(results: dict, off: dict, best: int, top: int, threads: int, cores: int | None
+           ) -> tuple[list[dict], dict[str, str], list[str]]:
+    """Print the servers' table and each yardstick's line; returns the table's rows, their
+    formats and the yardstick lines (the record's)."""
+    ours, ceiling = results["servers"]["shoestring"], results["ceiling"]
+    print()
+    rows = [{"server": name, "clients": c, "req/s": r["throughput"],
+             "% of engine ceiling": r["throughput"] / ceiling, "p50 ms": r["p50_ms"],
+             "p99 ms": r["p99_ms"]} for name, by_c in results["servers"].items()
+            for c, r in by_c.items()]
+    formats = {"req/s": ".0f", "% of engine ceiling": ".0%", "p50 ms": ".1f", "p99 ms": ".1f"}
+    print("| " + " | ".join(rows[0]) + " |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print("| " + " | ".join(format(v, formats.get(k, "")) for k, v in r.items()) + " |")
+    notes = [f"engine ceiling: {ceiling:.0f} seq/s (batch {best}); server at C={top}: "
+             f"{100 * ours[top]['throughput'] / ceiling:.0f}% of it (target >= 90%)"]
+    if 1 in ours:
+        gap = ours[1]["p50_ms"] - off["one_ms"]
+        notes.append(f"single request p50 {ours[1]['p50_ms']:.2f} ms vs one forward pass "
+                     f"{off['one_ms']:.2f} ms: +{gap:.2f} ms (target <= 5 ms)")
+    w2 = results["servers"].get("shoestring --workers 2")
+    if w2:
+        notes.append(f"--workers 2 ({max(1, threads // 2)} threads each) vs 1 "
+                     f"({threads} threads) on {cores} cores at C={top}: "
+                     f"{w2[top]['throughput'] / ours[top]['throughput']:.2f}x throughput, "
+                     f"p99 {w2[top]['p99_ms']:.1f} vs {ours[top]['p99_ms']:.1f} ms")
+    for name in ("infinity-emb", "transformers + FastAPI"):
+        peer = results["servers"].get(name)
+        if peer:
+            notes.append(f"vs {name} at C={top}: "
+                         f"{ours[top]['throughput'] / peer[top]['throughput']:.2f}x throughput, "
+                         f"p99 {ours[top]['p99_ms']:.1f} vs {peer[top]['p99_ms']:.1f} ms")
+    print()
+    print("\n".join(notes))
+    return rows, formats, notes
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__doc__)
     ap.add_argument("--model", type=Path, help="run dir (default: build the cram-size model)")
     ap.add_argument("--preset", help="build this encoder preset instead (e.g. base)")
     ap.add_argument(
@@ -408,12 +440,8 @@ def main() -> None:
     hf = export_encoder(run, args.work / "hf", overwrite=True)
     texts = make_texts(max(args.requests, 400))
     cores = os.cpu_count()
-    print(
-        f"machine: {cpu_model()}, {cores} cores; precision fp32; torch threads "
-        f"{args.threads}; model {run} (export {hf}); {len(texts)} texts; "
-        f"load average {loadavg()}",
-        flush=True,
-    )
+    bench = Bench("serve_load", args, precision="fp32", threads=args.threads)
+    print(f"model {run} (export {hf}); {len(texts)} texts", flush=True)
 
     off = offline(run, texts, args.batches, args.threads, seconds=3.0)
     best = max(off["sps"], key=off["sps"].get)
@@ -428,7 +456,7 @@ def main() -> None:
         flush=True,
     )
 
-    results: dict = {"offline": off, "ceiling": ceiling, "servers": {}}
+    results: dict = {"machine": bench.header, "offline": off, "ceiling": ceiling, "servers": {}}
     top = max(args.concurrency)
     servers: list[tuple[str, list[str], str | None, str]] = [
         ("shoestring", ours_cmd(run, args.threads, 1, []), None, "ours")
@@ -487,43 +515,9 @@ def main() -> None:
         finally:
             server.stop()
 
-    ours = results["servers"]["shoestring"]
-    print()
-    print("| server | clients | req/s | % of engine ceiling | p50 ms | p99 ms |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for name, by_c in results["servers"].items():
-        for c, r in by_c.items():
-            print(
-                f"| {name} | {c} | {r['throughput']:.0f} | {100 * r['throughput'] / ceiling:.0f}% "
-                f"| {r['p50_ms']:.1f} | {r['p99_ms']:.1f} |"
-            )
-    print()
-    print(
-        f"engine ceiling: {ceiling:.0f} seq/s (batch {best}); server at C={top}: "
-        f"{100 * ours[top]['throughput'] / ceiling:.0f}% of it (target >= 90%)"
-    )
-    if 1 in ours:
-        gap = ours[1]["p50_ms"] - off["one_ms"]
-        print(
-            f"single request p50 {ours[1]['p50_ms']:.2f} ms vs one forward pass "
-            f"{off['one_ms']:.2f} ms: +{gap:.2f} ms (target <= 5 ms)"
-        )
-    w2 = results["servers"].get("shoestring --workers 2")
-    if w2:
-        print(
-            f"--workers 2 ({max(1, args.threads // 2)} threads each) vs 1 ({args.threads} "
-            f"threads) on {cores} cores at C={top}: "
-            f"{w2[top]['throughput'] / ours[top]['throughput']:.2f}x throughput, "
-            f"p99 {w2[top]['p99_ms']:.1f} vs {ours[top]['p99_ms']:.1f} ms"
-        )
-    for name in ("infinity-emb", "transformers + FastAPI"):
-        peer = results["servers"].get(name)
-        if peer:
-            print(
-                f"vs {name} at C={top}: {ours[top]['throughput'] / peer[top]['throughput']:.2f}x "
-                f"throughput, p99 {ours[top]['p99_ms']:.1f} vs {peer[top]['p99_ms']:.1f} ms"
-            )
-    print(f"load average at the end: {loadavg()}")
+    rows, formats, notes = report(results, off, best, top, args.threads, cores)
+    bench.table(rows, formats=formats, notes=notes)
+    bench.end()
     if args.json:
         args.json.write_text(json.dumps(results, indent=2), encoding="utf-8")
 

@@ -15,9 +15,7 @@ the server's.
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -26,18 +24,17 @@ from pathlib import Path
 
 from prometheus_client import Histogram
 
+from common import Bench, add_repeats, parser
+from serve_load import make_texts
 from shoestring.serve import batcher as batcher_module
 from shoestring.serve.server import ServerThread, load
 from shoestring.serve.settings import make_settings
 
-HERE = Path(__file__).resolve().parent
 CLIENT = """
 import asyncio, json, sys, time
 import httpx
-sys.path.insert(0, {here!r})
-from serve_load import make_texts
 url, warmup, n, c = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-texts = make_texts(300)
+texts = json.loads(sys.stdin.read())  # bench/serve_load.py's make_texts(300)
 async def run(count, lat):
     limits = httpx.Limits(max_connections=c, max_keepalive_connections=c)
     async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as cl:
@@ -45,7 +42,7 @@ async def run(count, lat):
         async def one(i):
             async with sem:
                 t = time.perf_counter()
-                r = await cl.post("/v1/fill-mask", json={{"inputs": texts[i % 300], "top_k": 5}})
+                r = await cl.post("/v1/fill-mask", json={"inputs": texts[i % 300], "top_k": 5})
                 r.raise_for_status()
                 lat.append(time.perf_counter() - t)
         t0 = time.perf_counter()
@@ -54,7 +51,7 @@ async def run(count, lat):
 asyncio.run(run(warmup, []))
 lat = []
 wall = asyncio.run(run(n, lat))
-print(json.dumps({{"latencies": lat, "wall_s": wall}}))
+print(json.dumps({"latencies": lat, "wall_s": wall}))
 """
 
 
@@ -63,7 +60,7 @@ def quantile(xs: list[float], q: float) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__doc__)
     ap.add_argument("--model", type=Path,
                     default=Path(tempfile.gettempdir()) / "shoestring-serve-bench" / "run",
                     help="run dir to serve (default: the model bench/serve_load.py builds)")
@@ -71,7 +68,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=1200)
     ap.add_argument("--warmup", type=int, default=200)
     ap.add_argument("--concurrency", type=int, default=32)
-    ap.add_argument("--repeats", type=int, default=1)
+    add_repeats(ap, 1, "timed runs, each printed")
     ap.add_argument("--port", type=int, default=8765)
     ap.add_argument("--switch-interval", type=float,
                     help="sys.setswitchinterval for the server process, in seconds (default 0.005)")
@@ -105,26 +102,36 @@ def main() -> None:
     batcher_module._deliver = timed_deliver
 
     settings = make_settings(port=args.port, max_batch_size=args.max_batch_size)
-    print(f"model {args.model}, --max-batch-size {args.max_batch_size}, {args.concurrency} "
-          f"clients, {args.requests} requests after {args.warmup} warm-up; load "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    setting = (f"model {args.model}, --max-batch-size {args.max_batch_size}, "
+               f"{args.concurrency} clients, {args.requests} requests after {args.warmup} warm-up")
+    bench = Bench("serve_tail", args, precision="fp32")
+    print(setting)
+    texts = json.dumps(make_texts(300))
+    rows = []
     with ServerThread(load(args.model, settings), settings) as server:
         for r in range(args.repeats):
             server_s.clear()
             queue_s.clear()
             out = subprocess.run(
-                [sys.executable, "-c", CLIENT.format(here=str(HERE)), server.url,
+                [sys.executable, "-c", CLIENT, server.url,
                  str(args.warmup), str(args.requests), str(args.concurrency)],
-                check=True, capture_output=True, text=True,
+                input=texts, check=True, capture_output=True, text=True,
             )
             client = json.loads(out.stdout)
-            timed = server_s[-args.requests:]
-            print(f"run {r + 1}: {args.requests / client['wall_s']:.1f} req/s; p50 / p99 ms: "
-                  f"client {quantile(client['latencies'], .5) * 1e3:.1f} / "
-                  f"{quantile(client['latencies'], .99) * 1e3:.1f}, "
-                  f"server {quantile(timed, .5) * 1e3:.1f} / {quantile(timed, .99) * 1e3:.1f}, "
-                  f"queue→result {quantile(queue_s[-args.requests:], .5) * 1e3:.1f} / "
-                  f"{quantile(queue_s[-args.requests:], .99) * 1e3:.1f}")
+            timed, queued = server_s[-args.requests:], queue_s[-args.requests:]
+            row = {"run": r + 1, "req/s": args.requests / client["wall_s"]}
+            for side, xs in (("client", client["latencies"]), ("server", timed),
+                             ("queue→result", queued)):
+                row[f"{side} p50 ms"] = quantile(xs, .5) * 1e3
+                row[f"{side} p99 ms"] = quantile(xs, .99) * 1e3
+            rows.append(row)
+            print(f"run {r + 1}: {row['req/s']:.1f} req/s; p50 / p99 ms: "
+                  f"client {row['client p50 ms']:.1f} / {row['client p99 ms']:.1f}, "
+                  f"server {row['server p50 ms']:.1f} / {row['server p99 ms']:.1f}, "
+                  f"queue→result {row['queue→result p50 ms']:.1f} / "
+                  f"{row['queue→result p99 ms']:.1f}")
+    bench.table(rows, formats={k: ".1f" for k in rows[0] if k != "run"}, notes=[setting])
+    bench.end()
 
 
 if __name__ == "__main__":

@@ -33,13 +33,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
 from rich.console import Console
 
+from common import ROOT, SHARED, Bench, parser
+from jobs import Scheduler, finished_downstream, pretrain
 from shoestring.config import Config
 from shoestring.data.datadir import DataDir
 from shoestring.data.prep import prep
@@ -49,13 +50,7 @@ from shoestring.eval.downstream import evaluate_downstream
 from shoestring.eval.report import fmt_difference, sweep_choice
 from shoestring.fsutil import write_json_atomic
 
-ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared" / "data"
 console = Console(stderr=True)
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from jobs import Scheduler, finished_downstream, pretrain  # noqa: E402  (bench/jobs.py)
-from peers import cpu_name  # noqa: E402  (bench/peers.py: the CPU's model name)
 
 
 def base_config(preset: str | None, threads: int | None) -> Config:
@@ -95,8 +90,82 @@ def run_name(tag: str, minutes: float) -> str:
     return f"{tag}-{minutes:g}m"
 
 
+def collect(args: argparse.Namespace, tag: str, positive: list[float]
+            ) -> tuple[list[dict], list[tuple[float, str, dict]]]:
+    """One row per (budget, task) whose fine-tuning is complete, compared with the scratch
+    control seed by seed; and each such run's summary."""
+    rows, runs, scratch = [], [], None
+    for minutes in positive:
+        run = args.work / run_name(tag, minutes)
+        done = downstream_dir(run, args.protocol) / "results.json"
+        if not done.is_file() or not json.loads(done.read_text()).get("complete"):
+            continue
+        res = json.loads(done.read_text())
+        if scratch is None:
+            if minutes != positive[0]:
+                break  # the control has not run yet
+            scratch_arm = {k: v["control"] for k, v in res["tasks"].items()}
+            scratch = {k: v["seeds"] for k, v in scratch_arm.items()}
+        summary = json.loads((run / "summary.json").read_text())
+        runs.append((minutes, run.name, summary))
+        for name, task in res["tasks"].items():
+            split = next(iter(task["summary"]))
+            cmp = compare_arms(task["seeds"], scratch[name], split)
+            rows.append({"minutes": minutes, "task": name, "split": split,
+                         "tokens": summary["tokens"], "tokens_per_s": summary["tokens_per_s"],
+                         "dtype": summary.get("dtype"), "val_loss": summary.get("val_loss_subset"),
+                         "device": summary.get("device"), "setting": task["protocol"],
+                         "scratch_setting": scratch_arm[name]["protocol"],
+                         "choice": sweep_choice(task),
+                         "scratch_choice": sweep_choice(scratch_arm[name]), **cmp})
+    return rows, runs
+
+
+def report(args: argparse.Namespace, tag: str, rows: list[dict],
+           runs: list[tuple[float, str, dict]], train_tokens: int, failed: list[str],
+           bench: Bench) -> None:
+    """Print the runs, the settings and the table; hand the table to the bench record."""
+    notes = [f"pretraining: model {tag}, {args.threads or 'all'} thread(s) per run, "
+             f"{args.parallel} run(s) at a time"
+             + ("; minutes are core-minutes" if args.threads == 1 else "")]
+    for minutes, name, s in runs:
+        notes.append(
+            f"{minutes:>5g} {name}: {s['params'] / 1e6:.1f}M params "
+            f"({s['params_non_embedding'] / 1e6:.1f}M non-embedding), {s['tokens_per_s']:,.0f} "
+            f"tok/s, MFU {s['mfu']:.2f} of the measured peak, {s['dtype']}, "
+            f"{s['total_flops']:.3g} FLOPs, "
+            f"{s['tokens'] / train_tokens:.1f} passes over the {train_tokens / 1e6:.2f}M-token "
+            f"train split")
+    notes.append(
+        f"fine-tuning: {args.protocol} protocol, {args.seeds} seeds, "
+        f"{args.finetune_threads or args.threads or 'all'} thread(s) per job, "
+        f"{'first ' + str(args.max_train) + ' train rows' if args.max_train else 'full train sets'};"
+        f" scratch = same architecture from random init, paired by seed")
+    print("\n".join(notes))
+    print(f"{'min':>5} {'task':6} {'tokens':>11} {'val MLM':>8} {'pretrained':>10} "
+          f"{'scratch':>8}  pretrained − scratch [95% CI]  verdict")
+    for r in rows:
+        vl = f"{r['val_loss']:.3f}" if r["val_loss"] is not None else "–"
+        print(f"{r['minutes']:>5g} {r['task']:6} {r['tokens']:>11,} {vl:>8} "
+              f"{r['pretrained_median']:>10.1f} {r['scratch_median']:>8.1f}  "
+              f"{fmt_difference(r):<28} {r['verdict']}")
+    if args.protocol == "sweep":
+        print("settings chosen on dev:")
+        for r in rows:
+            print(f"{r['minutes']:>5g} {r['task']:6} pretrained {r['choice']}")
+            print(f"{'':>5} {'':6} scratch    {r['scratch_choice']}")
+    if failed:
+        print(f"FAILED or not started: {', '.join(failed)} (see {args.work / 'logs'})")
+    bench.table([{"min": r["minutes"], "task": r["task"], "tokens": r["tokens"],
+                  "val MLM": r["val_loss"], "pretrained": r["pretrained_median"],
+                  "scratch": r["scratch_median"], "pretrained − scratch [95% CI]":
+                  fmt_difference(r), "verdict": r["verdict"]} for r in rows],
+                formats={"min": "g", "val MLM": ".3f", "pretrained": ".1f", "scratch": ".1f"},
+                notes=notes)
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = parser(__doc__.split("\n")[0])
     ap.add_argument("--corpus", type=Path, default=SHARED / "corpora" / "mixed-en.jsonl")
     ap.add_argument("--glue", type=Path, default=SHARED / "glue")
     ap.add_argument("--tasks", default="cola,sst2,mrpc")
@@ -132,8 +201,9 @@ def main() -> None:
         return None
     if not args.corpus.is_file() or not args.glue.is_dir():
         raise SystemExit(f"needs {args.corpus} and {args.glue} (see ../shared/data/README.md)")
-    console.print(f"machine: {cpu_name()}, {os.cpu_count()} cores; load average "
-                  f"{os.getloadavg()}; model {tag}; seeds {args.seeds}; max-train {args.max_train}"
+    bench = Bench("transfer_curve", args, precision="train.precision=auto (per run below)",
+                  threads=args.threads)
+    console.print(f"model {tag}; seeds {args.seeds}; max-train {args.max_train}"
                   f"; threads per run {args.threads or 'all'}; {args.parallel} at a time")
     try:
         DataDir(data)
@@ -161,64 +231,14 @@ def main() -> None:
                   me + ["--job", "finetune", "--budgets", f"{minutes:g}", "--control", control],
                   after=[f"pretrain-{run_name(tag, minutes)}"], threads=args.finetune_threads)
     failed = sched.run(args.work / "logs")
-    rows, runs, scratch = [], [], None
-    train_tokens = DataDir(data).manifest["splits"]["train"]["tokens"]
-    for minutes in positive:
-        run = args.work / run_name(tag, minutes)
-        done = downstream_dir(run, args.protocol) / "results.json"
-        if not done.is_file() or not json.loads(done.read_text()).get("complete"):
-            continue
-        res = json.loads(done.read_text())
-        if scratch is None:
-            if minutes != positive[0]:
-                break  # the control has not run yet
-            scratch_arm = {k: v["control"] for k, v in res["tasks"].items()}
-            scratch = {k: v["seeds"] for k, v in scratch_arm.items()}
-        summary = json.loads((run / "summary.json").read_text())
-        runs.append((minutes, run.name, summary))
-        for name, task in res["tasks"].items():
-            split = next(iter(task["summary"]))
-            cmp = compare_arms(task["seeds"], scratch[name], split)
-            rows.append({"minutes": minutes, "task": name, "split": split,
-                         "tokens": summary["tokens"], "tokens_per_s": summary["tokens_per_s"],
-                         "dtype": summary.get("dtype"), "val_loss": summary.get("val_loss_subset"),
-                         "device": summary.get("device"), "setting": task["protocol"],
-                         "scratch_setting": scratch_arm[name]["protocol"],
-                         "choice": sweep_choice(task),
-                         "scratch_choice": sweep_choice(scratch_arm[name]), **cmp})
-    print(f"\nmachine: {cpu_name()} ({os.cpu_count()} cores); load average at end "
-          f"{tuple(round(x, 2) for x in os.getloadavg())}; wall {time.time() - started:.0f}s")
-    print(f"pretraining: model {tag}, {args.threads or 'all'} thread(s) per run, "
-          f"{args.parallel} run(s) at a time"
-          + ("; minutes are core-minutes" if args.threads == 1 else ""))
-    for minutes, name, s in runs:
-        print(f"{minutes:>5g} {name}: {s['params'] / 1e6:.1f}M params "
-              f"({s['params_non_embedding'] / 1e6:.1f}M non-embedding), {s['tokens_per_s']:,.0f} "
-              f"tok/s, MFU {s['mfu']:.2f} of the measured peak, {s['dtype']}, "
-              f"{s['total_flops']:.3g} FLOPs, "
-              f"{s['tokens'] / train_tokens:.1f} passes over the {train_tokens / 1e6:.2f}M-token "
-              f"train split")
-    print(f"fine-tuning: {args.protocol} protocol, {args.seeds} seeds, "
-          f"{args.finetune_threads or args.threads or 'all'} thread(s) per job, "
-          f"{'first ' + str(args.max_train) + ' train rows' if args.max_train else 'full train sets'};"
-          f" scratch = same architecture from random init, paired by seed")
-    print(f"{'min':>5} {'task':6} {'tokens':>11} {'val MLM':>8} {'pretrained':>10} "
-          f"{'scratch':>8}  pretrained − scratch [95% CI]  verdict")
-    for r in rows:
-        vl = f"{r['val_loss']:.3f}" if r["val_loss"] is not None else "–"
-        print(f"{r['minutes']:>5g} {r['task']:6} {r['tokens']:>11,} {vl:>8} "
-              f"{r['pretrained_median']:>10.1f} {r['scratch_median']:>8.1f}  "
-              f"{fmt_difference(r):<28} {r['verdict']}")
-    if args.protocol == "sweep":
-        print("settings chosen on dev:")
-        for r in rows:
-            print(f"{r['minutes']:>5g} {r['task']:6} pretrained {r['choice']}")
-            print(f"{'':>5} {'':6} scratch    {r['scratch_choice']}")
-    if failed:
-        print(f"FAILED or not started: {', '.join(failed)} (see {args.work / 'logs'})")
+    rows, runs = collect(args, tag, positive)
+    print(f"\nwall {time.time() - started:.0f}s")
+    report(args, tag, rows, runs, DataDir(data).manifest["splits"]["train"]["tokens"], failed,
+           bench)
+    bench.end()
     if args.out:
         write_json_atomic(args.out, {"rows": rows, "args": {k: str(v) for k, v in vars(args).items()},
-                                     "machine": cpu_name()})
+                                     "machine": bench.header})
 
 
 if __name__ == "__main__":

@@ -34,9 +34,9 @@ def test_refuses_without_a_gpu_and_says_what_to_do(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_smoke_runs_every_side_on_cpu(tmp_path: Path) -> None:
-    out, md = tmp_path / "g.json", tmp_path / "g.md"
+    out, md, rec = tmp_path / "g.json", tmp_path / "g.md", tmp_path / "g.jsonl"
     r = bench("--device", "cpu", "--smoke", "--only", "mlm-cram,clm-gpt2", "--work",
-              str(tmp_path / "work"), "--out", str(out), "--table", str(md))
+              str(tmp_path / "work"), "--out", str(out), "--table", str(md), "--record", str(rec))
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(out.read_text())
     assert res["smoke"] is True and set(res["shapes"]) == {"mlm-cram", "clm-gpt2"}
@@ -57,3 +57,8 @@ def test_smoke_runs_every_side_on_cpu(tmp_path: Path) -> None:
     table = md.read_text()
     assert "SMOKE" in table and "| mlm-cram | shoestring |" in table
     assert "| clm-gpt2 | LlamaForCausalLM |" in table and table in r.stdout
+    record = json.loads(rec.read_text())  # one line: bench/table.py renders it
+    assert record["bench"] == "gpu" and record["machine"]["load_after"] is not None
+    assert [(row["shape"], row["side"]) for row in record["rows"]] == [
+        ("mlm-cram", "shoestring"), ("mlm-cram", "ModernBertForMaskedLM"),
+        ("clm-gpt2", "shoestring"), ("clm-gpt2", "LlamaForCausalLM")]
