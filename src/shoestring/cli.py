@@ -245,13 +245,8 @@ def prep(
                "--explain": ("curate.explain", explain),
                "--min-span": ("curate.substring_min_span", min_span),
                "--canaries": ("curate.canaries", canaries),
-               "--canary-repeats": ("curate.canary_repeats", canary_repeats)}
-    if mix_field is not None and mix is None:
-        raise ShoestringError("--mix-field needs --mix", where="--mix-field")
-    if mix is not None:
-        from shoestring.data.mixture import parse_mix
-
-        options["--mix"] = ("data.mixture", parse_mix(mix, mix_field))
+               "--canary-repeats": ("curate.canary_repeats", canary_repeats),
+               **_mix_option(mix, mix_field)}
     cfg = _config(config, sets, flags=options)
     if decontam:
         cfg.curate.decontam = [*cfg.curate.decontam, *decontam]
@@ -266,6 +261,17 @@ def prep(
                   "run the same command again to resume", markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(130) from None
     _print_prep(manifest, output)
+
+
+def _mix_option(mix: str | None, mix_field: str | None) -> dict[str, tuple[str, Any]]:
+    """``--mix`` (and ``--mix-field``) as the ``data.mixture`` setting."""
+    if mix_field is not None and mix is None:
+        raise ShoestringError("--mix-field needs --mix", where="--mix-field")
+    if mix is None:
+        return {}
+    from shoestring.data.mixture import parse_mix
+
+    return {"--mix": ("data.mixture", parse_mix(mix, mix_field))}
 
 
 def _ray_options(executor: str, address: str | None):
