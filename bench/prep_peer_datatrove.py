@@ -33,6 +33,7 @@ import json
 import os
 import time
 from collections import Counter
+from importlib.metadata import version
 from pathlib import Path
 
 from datatrove.executor import LocalPipelineExecutor
@@ -65,7 +66,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=8)
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
-    bench = Bench("prep_peer_datatrove", args)
+    bench = Bench("prep_peer_datatrove", args, datatrove=version("datatrove"))
     t = time.perf_counter()
     work = args.work
     files = sorted(glob.glob(os.path.join(args.input, "*.jsonl*")))

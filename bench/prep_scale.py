@@ -373,14 +373,20 @@ ROW_FORMATS = {"size_gb": ".3g", "wall_s": ".1f", "mb_per_s": ".2f", "peak_rss_m
 def record(bench: Bench, rows: list[dict], fits: dict, ratios: list[dict]) -> None:
     """The runs (without the tokenizer's temporary path), the linear fits and the peer
     ratios as the record's tables; then the load average at the end."""
-    bench.table([{k: v for k, v in r.items() if k != "tokenizer"} for r in rows],
-                formats=ROW_FORMATS)
+    bench.table([_flat(r) for r in rows], formats=ROW_FORMATS)
     if fits:
         bench.table([{"tool/mode": k, **(v or {})} for k, v in fits.items()], "fits",
                     formats={"intercept_s": ".1f", "s_per_gb": ".2f", "wall_s": ",.0f"})
     if ratios:
         bench.table(ratios, "peer_ratios", formats={"wall_ratio": ".2f", "rss_ratio": ".2f"})
     bench.end()
+
+
+def _flat(row: dict) -> dict:
+    """A run's row for the record: recall per Jaccard band as columns of its own, without
+    the tokenizer's path (a file of the work folder)."""
+    flat = {k: v for k, v in row.items() if k not in ("tokenizer", "recall_by_jaccard")}
+    return flat | {f"recall J {band}": v for band, v in row["recall_by_jaccard"].items()}
 
 
 def peer_ratios(rows: list[dict]) -> list[dict]:
