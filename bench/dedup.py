@@ -28,7 +28,8 @@ Predicted pairs are the LSH candidate pairs (documents sharing at least one band
 Prints documents/s for each side (best of ``--repeats`` interleaved runs), the ratio, and pair
 precision/recall against the truth, averaged over the runs' permutation seeds (1..repeats),
 since one seed's recall differs from another's by chance.
-The machine may be shared: the ratio is the figure to compare; the load average is printed.
+The machine may be shared: the ratio is the figure to compare; the load average is printed
+(``bench/common.py``'s header) and the tables are recorded (``--record``).
 """
 
 from __future__ import annotations
@@ -51,7 +52,9 @@ from shoestring.data.curate.minhash import (
 from shoestring.data.sources import Document
 from shoestring.data.curate.text import words
 
-CORPUS = Path(__file__).resolve().parents[2] / "shared" / "data" / "corpora" / "mixed-en.jsonl"
+from common import SHARED, Bench, add_repeats, load_average, parser
+
+CORPUS = SHARED / "corpora" / "mixed-en.jsonl"
 
 
 def load_corpus(path: Path, limit: int | None) -> list[str]:
@@ -340,8 +343,9 @@ def numpy_signatures(values: np.ndarray, lengths: np.ndarray, num_perm: int = 11
     return sig
 
 
-def signature_stage(texts: list[str], repeats: int) -> None:
-    """The signature step alone on the same shingle hashes: rensa (used) vs the old numpy."""
+def signature_stage(texts: list[str], repeats: int) -> list[dict]:
+    """The signature step alone on the same shingle hashes: rensa (used) vs the old numpy;
+    prints the comparison and returns its rows."""
     hasher = MinHasher(num_perm=112, ngram=5, bands=14)
     values, lengths = hasher.batch_shingle_hashes(texts)
     times: dict[str, list[float]] = {"rensa digest matrix (used)": [], "numpy (before)": []}
@@ -358,6 +362,8 @@ def signature_stage(texts: list[str], repeats: int) -> None:
         print(f"  {name:28} best {min(ts):.3f} s, median {float(np.median(ts)):.3f} s")
     best = min(times["numpy (before)"]) / min(times["rensa digest matrix (used)"])
     print(f"  rensa is {best:.1f}x faster (best of each)")
+    return [{"signatures": name, "best s": min(ts), "median s": float(np.median(ts)),
+             "runs s": ts} for name, ts in times.items()]
 
 
 def score(pred: set[tuple[int, int]], truth: dict[tuple[int, int], float]) -> tuple[float, float]:
@@ -365,8 +371,8 @@ def score(pred: set[tuple[int, int]], truth: dict[tuple[int, int], float]) -> tu
     return (hit / len(pred) if pred else 1.0), (hit / len(truth) if truth else 1.0)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args() -> argparse.Namespace:
+    ap = parser(__doc__)
     ap.add_argument("--corpus", type=Path, default=CORPUS)
     ap.add_argument("--limit", type=int, default=None, help="use the first N corpus documents")
     ap.add_argument("--bases", type=int, default=2000, help="documents that get an edited copy")
@@ -376,18 +382,104 @@ def main() -> None:
         help="word edit rates, cycled over the copies",
     )
     ap.add_argument("--threshold", type=float, default=0.8, help="Jaccard of a true duplicate pair")
-    ap.add_argument(
-        "--repeats",
-        type=int,
-        default=3,
-        help="runs per side, seeds 1..N: best time kept, precision/recall averaged",
-    )
+    add_repeats(ap, 3, help="runs per side, seeds 1..N: best time kept, precision/recall averaged")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = ap.parse_args()
     if not args.corpus.is_file():
         raise SystemExit(f"corpus not found: {args.corpus} (see ../shared/data/README.md)")
+    return args
 
+
+def sides_to_run(texts: list[str]) -> tuple[dict, dict]:
+    """Every side: {name: datasketch hash function or None} and the peers' runners."""
+    sides: dict = {"shoestring": None, "datasketch": None}
+    try:
+        import xxhash
+
+        sides["datasketch+xxh32"] = xxhash.xxh32_intdigest
+    except ImportError:
+        pass
+    peers = {"rensa (digest matrix)": lambda s: run_rensa(texts, s),
+             "rensa (prehashed)": lambda s: run_rensa(texts, s, prehashed=True),
+             "datatrove": lambda s: run_datatrove(texts, s)}
+    sides.update(dict.fromkeys(peers))
+    return sides, peers
+
+
+def run_sides(texts: list[str], truth: dict[tuple[int, int], float],
+              repeats: int) -> dict[str, list[dict]]:
+    """Every side ``repeats`` times with seeds 1..repeats, interleaved, so load changes hit
+    all sides alike: one run's seconds, pairs, precision, recall and drops per side."""
+    sides, peers = sides_to_run(texts)
+    runs: dict[str, list[dict]] = {name: [] for name in sides}
+    for seed in range(1, repeats + 1):
+        for name, hashfunc in sides.items():
+            if name == "shoestring":  # our shingles → rensa signatures → our LSH index
+                seconds, keys, dropped = run_ours(texts, seed)
+                pairs = pairs_from_keys(keys)
+            elif name in peers:
+                seconds, pairs, dropped = peers[name](seed)
+            else:
+                seconds, pairs, dropped = run_datasketch(texts, hashfunc, seed)
+            precision, recall = score(pairs, truth)
+            runs[name].append({"seconds": seconds, "pairs": len(pairs), "precision": precision,
+                               "recall": recall, "dropped": dropped})
+    return runs
+
+
+def summarize(runs: dict[str, list[dict]], n_docs: int, mb: float) -> dict[str, dict]:
+    """Per side: the best time (and its rates), the median time, and the mean of the
+    pairs, precision, recall and drops over the seeds."""
+    results: dict[str, dict] = {}
+    for name, rs in runs.items():
+        best = min(r["seconds"] for r in rs)
+        results[name] = {"seconds": best, "docs_per_s": n_docs / best, "mb_per_s": mb / best}
+        for key in ("pairs", "precision", "recall", "dropped"):
+            results[name][key] = float(np.mean([r[key] for r in rs]))
+        results[name]["recall_by_seed"] = [round(r["recall"], 4) for r in rs]
+        results[name]["median_seconds"] = float(np.median([r["seconds"] for r in rs]))
+    return results
+
+
+def report(results: dict[str, dict], repeats: int) -> list[dict]:
+    """Print the sides' table (ratios to ours, best and median) and return its rows."""
+    ours = results["shoestring"]
+    print(
+        f"\n{'':18} {'docs/s':>9} {'MB/s':>6} {'seconds':>8} {'pairs':>7} {'precision':>9} "
+        f"{'recall':>7} {'dropped':>8} {'ours ×':>7} {'(median)':>8}"
+    )
+    rows = []
+    for name, r in results.items():
+        ratio = r["seconds"] / ours["seconds"]
+        median_ratio = r["median_seconds"] / ours["median_seconds"]
+        print(
+            f"{name:18} {r['docs_per_s']:9,.0f} {r['mb_per_s']:6.2f} {r['seconds']:8.2f} "
+            f"{r['pairs']:7,.0f} {r['precision']:9.3f} {r['recall']:7.3f} {r['dropped']:8,.0f} "
+            f"{ratio:7.1f} {median_ratio:8.1f}"
+        )
+        rows.append({"side": name, "docs/s": r["docs_per_s"], "MB/s": r["mb_per_s"],
+                     "seconds": r["seconds"], "pairs": r["pairs"], "precision": r["precision"],
+                     "recall": r["recall"], "dropped": r["dropped"], "ours ×": ratio,
+                     "(median)": median_ratio, "recall by seed": r["recall_by_seed"]})
+    print(
+        f"\n{os.cpu_count()} CPUs; time: best of {repeats} interleaved runs per side; "
+        f"pairs, precision, recall: mean over permutation seeds 1..{repeats}"
+    )
+    for name, r in results.items():
+        print(f"recall by seed, {name}: {r['recall_by_seed']}")
+    print("(rensa's 'dropped' counts its duplicate flags, which mark both members of a pair)")
+    return rows
+
+
+FORMATS = {"docs/s": ",.0f", "MB/s": ".2f", "seconds": ".2f", "pairs": ",.0f",
+           "precision": ".3f", "recall": ".3f", "dropped": ",.0f", "ours ×": ".1f",
+           "(median)": ".1f", "recall by seed": ".4f"}
+
+
+def main() -> None:
+    args = parse_args()
+    bench = Bench("dedup", args)
     corpus = load_corpus(args.corpus, args.limit)
     dups = near_duplicates(corpus, args.bases, [float(r) for r in args.rates.split(",")], args.seed)
     texts = corpus + dups
@@ -402,7 +494,6 @@ def main() -> None:
         f"ground truth: {len(truth):,} pairs with exact Jaccard >= {args.threshold} "
         f"({time.perf_counter() - t:.1f}s, not timed)"
     )
-
     expected = float(np.mean([candidate_probability(j, 14, 8) for j in truth.values()]))
     print(
         f"expected recall of 14 × 8 LSH on these pairs (from their exact Jaccard): {expected:.3f}"
@@ -412,85 +503,24 @@ def main() -> None:
         f"LSH decision memory (tracemalloc peak of band_collisions, {len(texts):,} documents): "
         f"{per_doc:,.0f} bytes/doc"
     )
-
-    results: dict[str, dict] = {}
-    sides = {"shoestring": None, "datasketch": None}
-    try:
-        import xxhash
-
-        sides["datasketch+xxh32"] = xxhash.xxh32_intdigest
-    except ImportError:
-        pass
-    peers = {"rensa (digest matrix)": lambda s: run_rensa(texts, s),
-             "rensa (prehashed)": lambda s: run_rensa(texts, s, prehashed=True),
-             "datatrove": lambda s: run_datatrove(texts, s)}
-    sides.update(dict.fromkeys(peers))
-    runs: dict[str, list[dict]] = {name: [] for name in sides}
-    for seed in range(1, args.repeats + 1):  # interleaved, so load changes hit both sides alike
-        for name, hashfunc in sides.items():
-            if name == "shoestring":  # our shingles → rensa signatures → our LSH index
-                seconds, keys, dropped = run_ours(texts, seed)
-                pairs = pairs_from_keys(keys)
-            elif name in peers:
-                seconds, pairs, dropped = peers[name](seed)
-            else:
-                seconds, pairs, dropped = run_datasketch(texts, hashfunc, seed)
-            precision, recall = score(pairs, truth)
-            runs[name].append(
-                {
-                    "seconds": seconds,
-                    "pairs": len(pairs),
-                    "precision": precision,
-                    "recall": recall,
-                    "dropped": dropped,
-                }
-            )
-    for name, rs in runs.items():
-        best = min(r["seconds"] for r in rs)
-        results[name] = {"seconds": best, "docs_per_s": len(texts) / best, "mb_per_s": mb / best}
-        for key in ("pairs", "precision", "recall", "dropped"):
-            results[name][key] = float(np.mean([r[key] for r in rs]))
-        results[name]["recall_by_seed"] = [round(r["recall"], 4) for r in rs]
-        results[name]["median_seconds"] = float(np.median([r["seconds"] for r in rs]))
-    load = os.getloadavg()
-    ours = results["shoestring"]
-    print(
-        f"\n{'':18} {'docs/s':>9} {'MB/s':>6} {'seconds':>8} {'pairs':>7} {'precision':>9} "
-        f"{'recall':>7} {'dropped':>8} {'ours ×':>7} {'(median)':>8}"
-    )
-    for name, r in results.items():
-        ratio = r["seconds"] / ours["seconds"]
-        median_ratio = r["median_seconds"] / ours["median_seconds"]
-        print(
-            f"{name:18} {r['docs_per_s']:9,.0f} {r['mb_per_s']:6.2f} {r['seconds']:8.2f} "
-            f"{r['pairs']:7,.0f} {r['precision']:9.3f} {r['recall']:7.3f} {r['dropped']:8,.0f} "
-            f"{ratio:7.1f} {median_ratio:8.1f}"
-        )
-    print(
-        f"\nload average (1/5/15 min): {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "
-        f"{os.cpu_count()} CPUs; time: best of {args.repeats} interleaved runs per side; "
-        f"pairs, precision, recall: mean over permutation seeds 1..{args.repeats}"
-    )
-    for name, r in results.items():
-        print(f"recall by seed, {name}: {r['recall_by_seed']}")
-    print("(rensa's 'dropped' counts its duplicate flags, which mark both members of a pair)")
-    signature_stage(texts, max(args.repeats, 3))
+    results = summarize(run_sides(texts, truth, args.repeats), len(texts), mb)
+    load = load_average()
+    setting = (f"{len(texts):,} documents, {mb:.1f} MB; {len(truth):,} true pairs (Jaccard >= "
+               f"{args.threshold}); expected recall {expected:.3f}; LSH decision memory "
+               f"{per_doc:,.0f} bytes/doc")
+    bench.table(report(results, args.repeats), formats=FORMATS, notes=[
+        setting, f"time: best of {args.repeats} interleaved runs per side; pairs, precision, "
+        f"recall: mean over permutation seeds 1..{args.repeats}",
+        "rensa's 'dropped' counts its duplicate flags, which mark both members of a pair"])
+    bench.table(signature_stage(texts, max(args.repeats, 3)), "signatures",
+                formats={"best s": ".3f", "median s": ".3f", "runs s": ".3f"})
+    bench.end()
     if args.json:
         results["expected_recall"] = expected  # type: ignore[assignment]
         results["index_bytes_per_doc"] = per_doc  # type: ignore[assignment]
-        args.json.write_text(
-            json.dumps(
-                {
-                    "documents": len(texts),
-                    "mb": mb,
-                    "truth_pairs": len(truth),
-                    "threshold": args.threshold,
-                    "load": load,
-                    "results": results,
-                },
-                indent=2,
-            )
-        )
+        args.json.write_text(json.dumps({"documents": len(texts), "mb": mb,
+                                         "truth_pairs": len(truth), "threshold": args.threshold,
+                                         "load": load, "results": results}, indent=2))
 
 
 if __name__ == "__main__":

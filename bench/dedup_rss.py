@@ -9,7 +9,8 @@ its peak RSS (``VmHWM``), its peak RSS after the imports and before the first do
 difference is what dedup took), the documents, those kept, and the seconds.
 
 ``--ref`` runs the same driver against ``git archive REF src`` (the code before a change),
-interleaved with this tree, so both see the same machine load (printed).
+interleaved with this tree, so both see the same machine load (printed before and after:
+``bench/common.py``'s header; both tables are recorded, ``--record``).
 
 It also measures, with tracemalloc, two per-document constants the docs state: the exact
 dedup index (``ExactDedup`` over ``--exact-docs`` distinct texts) and the fuzzy decision
@@ -20,18 +21,17 @@ dedup index (``ExactDedup`` over ``--exact-docs`` distinct texts) and the fuzzy 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
 import sys
 import tarfile
 import tempfile
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-CORPUS = ROOT.parent / "shared" / "data" / "corpora" / "wiki-books-en.jsonl.zst"
+from common import ROOT, SHARED, Bench, parser
+
+CORPUS = SHARED / "corpora" / "wiki-books-en.jsonl.zst"
 
 CHILD = r"""
 import io, json, sys, time
@@ -145,7 +145,7 @@ def decision_bytes_per_doc(n: int, bands: int = 14) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__doc__)
     ap.add_argument("--corpus", type=Path, default=CORPUS)
     ap.add_argument("--sizes", type=float, nargs="+", default=[10, 30, 100],
                     help="MB of text (million characters) per run")
@@ -156,8 +156,10 @@ def main() -> None:
     args = ap.parse_args()
     if not args.corpus.is_file():
         raise SystemExit(f"corpus not found: {args.corpus} (see ../shared/data/README.md)")
-    print(f"load average (1/5/15 min) at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; "
-          f"{os.cpu_count()} CPUs; corpus {args.corpus.name}, unit: {args.unit}")
+    bench = Bench("dedup_rss", args)
+    setting = f"corpus {args.corpus.name}, unit: {args.unit}"
+    print(f"{os.cpu_count()} CPUs; {setting}")
+    rows = []
     with tempfile.TemporaryDirectory() as tmp:
         sides = {"this tree": source_of(None, Path(tmp))}
         if args.ref:
@@ -170,13 +172,24 @@ def main() -> None:
                 print(f"{name:>12} {mb:>6g} {r['docs']:>9,} {r['kept']:>9,} {r['seconds']:>7.1f} "
                       f"{r['base_mb']:>9.0f} {r['peak_mb']:>9.0f} "
                       f"{r['peak_mb'] - r['base_mb']:>9.0f}", flush=True)
-    print(f"exact dedup index: {exact_bytes_per_doc(args.exact_docs):,.0f} bytes per distinct "
+                rows.append({"side": name, "MB": mb, "docs": r["docs"], "kept": r["kept"],
+                             "s": r["seconds"], "RSS base": r["base_mb"],
+                             "RSS peak": r["peak_mb"], "dedup MB": r["peak_mb"] - r["base_mb"]})
+    bench.table(rows, "rss", formats={"MB": "g", "s": ".1f", "RSS base": ".0f",
+                                      "RSS peak": ".0f", "dedup MB": ".0f"}, notes=[setting])
+    exact = exact_bytes_per_doc(args.exact_docs)
+    print(f"exact dedup index: {exact:,.0f} bytes per distinct "
           f"document (tracemalloc, {args.exact_docs:,} documents)")
+    decision = decision_bytes_per_doc(args.decision_docs)
     print(f"fuzzy decision (band_collisions, 14 bands): "
-          f"{decision_bytes_per_doc(args.decision_docs):,.0f} bytes per document at peak "
+          f"{decision:,.0f} bytes per document at peak "
           f"(tracemalloc, {args.decision_docs:,} documents)")
-    print(f"load average (1/5/15 min) at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; "
-          f"finished {time.strftime('%H:%M:%S')}")
+    bench.table([{"structure": "exact dedup index (per distinct document)", "bytes/doc": exact,
+                  "documents": args.exact_docs},
+                 {"structure": "fuzzy decision, band_collisions, 14 bands (at peak)",
+                  "bytes/doc": decision, "documents": args.decision_docs}], "per_document",
+                formats={"bytes/doc": ",.0f"}, notes=["tracemalloc"])
+    bench.end()
 
 
 if __name__ == "__main__":

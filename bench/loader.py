@@ -38,7 +38,6 @@ cProfile's top functions for the seq-128 encoder pipeline.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -48,7 +47,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from common import ROOT, SHARED, Bench, add_repeats, parser
+
 CONFIGS = {  # name: (objective, seq_len, local batch rows)
     "encoder seq 128": ("mlm", 128, 256),
     "encoder seq 512": ("mlm", 512, 64),
@@ -62,7 +62,7 @@ CONFIGS = {  # name: (objective, seq_len, local batch rows)
 def _small_text(path: Path) -> None:
     """A few hundred KB of text for the tokenizer: the shared corpus when present, else
     generated words (the tokenizer only fixes the vocabulary; the rows are random ids)."""
-    shared = ROOT.parent / "shared" / "data" / "corpora" / "mixed-en.jsonl"
+    shared = SHARED / "corpora" / "mixed-en.jsonl"
     if shared.is_file():
         with open(shared, encoding="utf-8") as f, open(path, "w", encoding="utf-8") as out:
             for i, line in zip(range(300), f):
@@ -220,13 +220,13 @@ def measure(src: Path, data: Path, rows: int, procs: int, seconds: float,
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__doc__)
     ap.add_argument("--cache", default=str(Path(tempfile.gettempdir()) / "shoestring-loader-bench"),
                     help="where the data dirs are built (and reused)")
     ap.add_argument("--shards", type=int, default=1000)
     ap.add_argument("--shard-tokens", type=int, default=32768)
     ap.add_argument("--seconds", type=float, default=2.0, help="measured window per process")
-    ap.add_argument("--repeats", type=int, default=1, help="rounds per cell (median; odd counts)")
+    add_repeats(ap, 1, help="rounds per cell (median; odd counts)")
     ap.add_argument("--procs", default="1,2", help="process counts (ranks) to run at once")
     ap.add_argument("--baseline-ref", default=None,
                     help="also measure the loader and masking of this git commit")
@@ -237,10 +237,7 @@ def main() -> None:
                     "(posix_fadvise DONTNEED), so reads start from disk")
     ap.add_argument("--only", default=None, help="one configuration, e.g. 'encoder seq 128'")
     a = ap.parse_args()
-    sys.path.insert(0, str(ROOT / "src"))
     import torch
-
-    from peers import cpu_name  # bench/peers.py
 
     cache = Path(a.cache)
     configs = {k: v for k, v in CONFIGS.items() if a.only in (None, k)}
@@ -252,12 +249,12 @@ def main() -> None:
         print(f"data dir for {name}: {dirs[name]} ({time.perf_counter() - t:.1f} s)",
               file=sys.stderr)
     procs = [int(p) for p in a.procs.split(",")]
-    print(f"machine: {cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-          f"CUDA {'yes (pinned batches)' if torch.cuda.is_available() else 'no'}; "
-          f"load average {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print(f"{a.shards} shards of {a.shard_tokens:,} tokens per data dir; rows drawn "
-          f"shuffled across all of them; {a.seconds:g} s measured per process, 1 thread each"
-          + ("; page cache dropped before each window (--cold)" if a.cold else ""))
+    bench = Bench("loader", a, threads=1, device="cuda (pinned batches)"
+                  if torch.cuda.is_available() else "cpu")
+    setting = (f"{a.shards} shards of {a.shard_tokens:,} tokens per data dir; rows drawn "
+               f"shuffled across all of them; {a.seconds:g} s measured per process, 1 thread each"
+               + ("; page cache dropped before each window (--cold)" if a.cold else ""))
+    print(setting)
     sources = {"now": ROOT / "src"}
     with tempfile.TemporaryDirectory() as tmp:
         if a.baseline_ref:
@@ -272,13 +269,18 @@ def main() -> None:
                 subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
                                 str(Path(tmp) / "baseline")], capture_output=True)
     _print_table(rows_out, list(sources))
-    print(f"load average after: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    bench.table(rows_out, formats=FORMATS, notes=[setting])
+    bench.end()
     if a.profile:
         name = "encoder seq 128"
         if name in dirs:
             r = measure(ROOT / "src", dirs[name], CONFIGS[name][2], 1, a.seconds, True)[0]
             print(f"\nprofile, {name}, 1 process ({r['tokens_per_s']:,.0f} tokens/s under "
                   f"cProfile):\n{r['profile']}")
+
+
+FORMATS = {"total": ",.0f", "per_core": ",.0f", "read_ms": ".2f", "batch_ms": ".2f",
+           "load": ".2f", "rounds": ",.0f"}
 
 
 def _table(configs: dict, dirs: dict, procs: list[int], sources: dict[str, Path],

@@ -15,7 +15,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common import cpu_name  # noqa: F401  (bench/prep.py and bench/loader.py import it here)
 from shoestring.config import ModelConfig
 
 

@@ -10,7 +10,8 @@ What is compared, on the same text (the documents' text fields, counted in UTF-8
 * prep including training the tokenizer (the default), for reference;
 * peak RSS of a default prep in a fresh process (main process, and the largest worker).
 
-The machine may be shared: the load average is printed before and after; compare ratios.
+The machine may be shared: the load average is printed before and after (``bench/common.py``'s
+header); compare ratios. Each table is recorded (``--record``).
 
     python bench/prep.py [--corpus PATH] [--repeats 2] [--max-mb 0]
 
@@ -25,7 +26,6 @@ LSH shuffle volume:
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import os
@@ -42,12 +42,9 @@ from rich.console import Console
 from shoestring.config import DataConfig
 from shoestring.data.prep import prep
 
-REPO = Path(__file__).resolve().parents[1]
-DEFAULT_CORPUS = REPO.parent / "shared" / "data" / "corpora" / "mixed-en.jsonl"
+from common import SHARED, Bench, add_repeats, parser
 
-
-def load_avg() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+DEFAULT_CORPUS = SHARED / "corpora" / "mixed-en.jsonl"
 
 
 def subset(corpus: Path, max_mb: float, tmp: Path) -> Path:
@@ -105,10 +102,8 @@ def peak_rss(corpus: Path, out: Path, workers: int) -> tuple[float, float]:
     return main_kb / 1024, child_kb / 1024
 
 
-from peers import cpu_name as cpu_model  # bench/peers.py: the CPU's model name
-
-
-def compare_executors(corpus: Path, tmp: Path, nodes: int, node_cores: int) -> None:
+def compare_executors(corpus: Path, tmp: Path, nodes: int, node_cores: int,
+                      bench: Bench) -> None:
     """Local vs Ray wall time on the same prep, per-stage speed per core, the 1 TB model."""
     import ray
 
@@ -137,18 +132,22 @@ def compare_executors(corpus: Path, tmp: Path, nodes: int, node_cores: int) -> N
         print(f"identical train shards: {same}")
     finally:
         ray.shutdown()
+    runs = {"local (one process)": local_s,
+            f"ray, {os.cpu_count()} CPUs, local instance (ray.init not counted)": ray_s,
+            f"ray including ray.init ({init_s:.1f} s)": ray_s + init_s}
+    rows = [{"executor": name, "seconds": s, "documents/s": len(texts) / s, "MB/s": mb / s,
+             "vs local": local_s / s} for name, s in runs.items()]
     print()
     print("| executor | seconds | documents/s | MB/s | vs local |")
     print("|---|---|---|---|---|")
-    print(f"| local (one process) | {local_s:.1f} | {len(texts) / local_s:,.0f} | "
-          f"{mb / local_s:.2f} | 100% |")
-    print(f"| ray, {os.cpu_count()} CPUs, local instance (ray.init not counted) | {ray_s:.1f} | "
-          f"{len(texts) / ray_s:,.0f} | {mb / ray_s:.2f} | {local_s / ray_s:.0%} |")
-    print(f"| ray including ray.init ({init_s:.1f} s) | {ray_s + init_s:.1f} | "
-          f"{len(texts) / (ray_s + init_s):,.0f} | {mb / (ray_s + init_s):.2f} | "
-          f"{local_s / (ray_s + init_s):.0%} |")
+    for r in rows:
+        print(f"| {r['executor']} | {r['seconds']:.1f} | {r['documents/s']:,.0f} | "
+              f"{r['MB/s']:.2f} | {r['vs local']:.0%} |")
+    bench.table(rows, "executors", formats={"seconds": ".1f", "documents/s": ",.0f",
+                                            "MB/s": ".2f", "vs local": ".0%"},
+                notes=[f"identical train shards: {same}"])
     print()
-    stage_speeds(corpus, tmp, local, mb, len(texts), nodes, node_cores)
+    stage_speeds(corpus, tmp, local, mb, len(texts), nodes, node_cores, bench)
 
 
 def time_prep_curated(corpus: Path, out: Path, cfg: DataConfig, curate: Any,
@@ -160,7 +159,7 @@ def time_prep_curated(corpus: Path, out: Path, cfg: DataConfig, curate: Any,
 
 
 def stage_speeds(corpus: Path, tmp: Path, local: dict, mb: float, n_docs: int, nodes: int,
-                 node_cores: int) -> None:
+                 node_cores: int, bench: Bench) -> None:
     """Each Ray task function on the whole corpus in this process (one core), and the model."""
     import numpy as np
 
@@ -224,12 +223,31 @@ def stage_speeds(corpus: Path, tmp: Path, local: dict, mb: float, n_docs: int, n
         {"index": 0, "lo": 0, "hi": n_seq}, work=str(work), build=str(tmp / "packed"),
         parts=parts, split="train", dtype="<u2", seq_len=128, frame=2, cls_id=2, sep_id=sep))
     band_bytes = int(sum(c.nbytes for col in bands for c in col.values()))
+    exact_bytes = int(sum(c.nbytes for col in exact for c in col.values()))
+    print_stages(timings, bench)
+    paper_model(timings, mb, n_docs, nodes, node_cores, (train_s, train_chars),
+                (band_bytes, exact_bytes, kept), bench)
 
+
+def print_stages(timings: list[tuple[str, float, int, str]], bench: Bench) -> None:
+    """The per-core speed of each stage's task function."""
     print("| stage (the Ray task's function, one core) | seconds | per core |")
     print("|---|---|---|")
     for name, seconds, docs, unit in timings:
         print(f"| {name} | {seconds:.2f} | {docs / seconds:,.0f} {unit}/s |")
-    exact_bytes = int(sum(c.nbytes for col in exact for c in col.values()))
+    bench.table([{"stage": name, "seconds": seconds, "per core /s": docs / seconds,
+                  "unit": unit} for name, seconds, docs, unit in timings], "stages",
+                formats={"seconds": ".2f", "per core /s": ",.0f"})
+
+
+def paper_model(timings: list[tuple[str, float, int, str]], mb: float, n_docs: int, nodes: int,
+                node_cores: int, training: tuple[float, int], shuffle: tuple[int, int, int],
+                bench: Bench) -> None:
+    """1 TB of text like this corpus on ``nodes`` × ``node_cores`` cores, from the measured
+    per-core speeds (``training``: tokenizer training seconds and characters; ``shuffle``:
+    the LSH and exact map outputs' bytes and the documents they cover)."""
+    train_s, train_chars = training
+    band_bytes, exact_bytes, kept = shuffle
     scale = 1e12 / (mb * 1e6)  # every stage's work grows with the text
     bytes_per_doc = mb * 1e6 / n_docs
     cores = nodes * node_cores
@@ -241,32 +259,43 @@ def stage_speeds(corpus: Path, tmp: Path, local: dict, mb: float, n_docs: int, n
     print()
     print("| stage | core-hours | hours on the cluster |")
     print("|---|---|---|")
-    total = 0.0
-    for name, seconds, _, _ in timings:
-        core_h = seconds * scale / 3600
-        total += core_h
-        print(f"| {name} | {core_h:,.0f} | {core_h / cores:.2f} |")
+    rows = [{"stage": name, "core-hours": seconds * scale / 3600,
+             "hours on the cluster": seconds * scale / 3600 / cores}
+            for name, seconds, _, _ in timings]
+    for r in rows:
+        print(f"| {r['stage']} | {r['core-hours']:,.0f} | {r['hours on the cluster']:.2f} |")
+    total = sum(r["core-hours"] for r in rows)
     print(f"| total of the parallel stages | {total:,.0f} | {total / cores:.2f} |")
     sample = min(1 << 30, train_chars * scale)
     serial_h = train_s * sample / train_chars / 3600
-    print(f"| tokenizer training: one worker, {sample / 2**30:.0f} GiB sample (measured "
-          f"{train_s:.1f} s on {train_chars / 1e6:.1f} M characters here, scaled linearly) | "
-          f"{serial_h:,.2f} | {serial_h:.2f} |")
+    training = (f"tokenizer training: one worker, {sample / 2**30:.0f} GiB sample (measured "
+                f"{train_s:.1f} s on {train_chars / 1e6:.1f} M characters here, scaled linearly)")
+    print(f"| {training} | {serial_h:,.2f} | {serial_h:.2f} |")
     print(f"| **wall time, parallel + serial** | | **{total / cores + serial_h:.2f}** |")
+    rows += [{"stage": "total of the parallel stages", "core-hours": total,
+              "hours on the cluster": total / cores},
+             {"stage": training, "core-hours": serial_h, "hours on the cluster": serial_h},
+             {"stage": "wall time, parallel + serial", "core-hours": None,
+              "hours on the cluster": total / cores + serial_h}]
     lsh = band_bytes * scale
-    print()
-    print(f"LSH shuffle volume: {band_bytes / kept:,.0f} bytes per document (bands × (band, key, "
+    shuffle_note = (f"LSH shuffle volume: {band_bytes / kept:,.0f} bytes per document (bands × (band, key, "
           f"rid) of 8 bytes each, measured from the map output) → {lsh / 1e9:,.0f} GB for 1 TB; "
           f"{lsh / nodes / 1e9:,.1f} GB out of and into each node, {lsh / nodes / 1.25e9:,.0f} s "
           f"at 10 Gbit/s. Exact dedup shuffles {exact_bytes / kept:,.0f} bytes per document "
           f"({exact_bytes * scale / 1e9:,.0f} GB). A reduce task holds its partition: "
           f"{lsh / cores / 1e6:,.0f} MB of the LSH shuffle with one partition per core.")
+    print()
+    print(shuffle_note)
+    bench.table(rows, "model_1tb", formats={"core-hours": ",.2f", "hours on the cluster": ".2f"},
+                notes=[f"1 TB on {nodes} nodes × {node_cores} cores = {cores:,} cores; per-core "
+                       "speed as measured here, perfect scaling over tasks", shuffle_note])
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__doc__)
     ap.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS)
-    ap.add_argument("--repeats", type=int, default=2)
+    add_repeats(ap, 2, help="interleaved rounds of the ceiling and the preps; the median "
+                "is reported")
     ap.add_argument("--max-mb", type=float, default=0.0, help="use only the first N MB (0: all)")
     ap.add_argument("--ray", action="store_true", help="local vs ray executor, stage speeds")
     ap.add_argument("--nodes", type=int, default=100, help="--ray: nodes in the paper model")
@@ -274,53 +303,62 @@ def main() -> None:
     args = ap.parse_args()
     if not args.corpus.is_file():
         sys.exit(f"corpus not found: {args.corpus}")
-    if args.ray:
-        print(f"machine: {cpu_model()}, {os.cpu_count()} cores; load average before: "
-              f"{load_avg()}")
-        with tempfile.TemporaryDirectory() as tmp_name:
-            tmp = Path(tmp_name)
-            compare_executors(subset(args.corpus, args.max_mb, tmp), tmp, args.nodes,
-                              args.node_cores)
-        print(f"load average after: {load_avg()}")
-        return
-    print(f"load average before: {load_avg()}  (cores: {os.cpu_count()})")
+    bench = Bench("prep", args)
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         corpus = subset(args.corpus, args.max_mb, tmp)
-        texts = texts_of(corpus)
-        mb = sum(len(t.encode("utf-8")) for t in texts) / 1e6
-        print(f"corpus: {corpus} — {len(texts):,} documents, {mb:.1f} MB of text")
+        if args.ray:
+            compare_executors(corpus, tmp, args.nodes, args.node_cores, bench)
+        else:
+            throughput(corpus, tmp, args.repeats, bench)
+    bench.end()
 
-        full_s, manifest = time_prep(corpus, tmp / "full", DataConfig())
-        tok_path = tmp / "full" / "tokenizer.json"
-        print(f"prep with tokenizer training: {full_s:.1f} s; stages {manifest['stage_seconds']}")
 
-        times: dict[str, list[float]] = {"ceiling": [], "prep w1": [], "prep w2": []}
-        for r in range(args.repeats):
-            times["ceiling"].append(time_ceiling(tok_path, texts))
-            for w in (1, 2):
-                s, m = time_prep(corpus, tmp / f"w{w}-{r}", DataConfig(tokenizer=str(tok_path),
-                                                                       workers=w))
-                times[f"prep w{w}"].append(s)
-                print(f"  repeat {r}: workers={w} {s:.1f} s, stages {m['stage_seconds']}")
-            print(f"  repeat {r}: ceiling {times['ceiling'][-1]:.1f} s")
-        main_mb, _ = peak_rss(corpus, tmp / "rss", 1)
-        main2_mb, child2_mb = peak_rss(corpus, tmp / "rss2", 2)
+def throughput(corpus: Path, tmp: Path, repeats: int, bench: Bench) -> None:
+    """prep (given tokenizer, 1 and 2 workers; and with training) vs the bare encoder, and
+    the peak RSS of a default prep."""
+    texts = texts_of(corpus)
+    mb = sum(len(t.encode("utf-8")) for t in texts) / 1e6
+    print(f"corpus: {corpus} — {len(texts):,} documents, {mb:.1f} MB of text")
+
+    full_s, manifest = time_prep(corpus, tmp / "full", DataConfig())
+    tok_path = tmp / "full" / "tokenizer.json"
+    print(f"prep with tokenizer training: {full_s:.1f} s; stages {manifest['stage_seconds']}")
+
+    times: dict[str, list[float]] = {"ceiling": [], "prep w1": [], "prep w2": []}
+    for r in range(repeats):
+        times["ceiling"].append(time_ceiling(tok_path, texts))
+        for w in (1, 2):
+            s, m = time_prep(corpus, tmp / f"w{w}-{r}", DataConfig(tokenizer=str(tok_path),
+                                                                   workers=w))
+            times[f"prep w{w}"].append(s)
+            print(f"  repeat {r}: workers={w} {s:.1f} s, stages {m['stage_seconds']}")
+        print(f"  repeat {r}: ceiling {times['ceiling'][-1]:.1f} s")
+    main_mb, _ = peak_rss(corpus, tmp / "rss", 1)
+    main2_mb, child2_mb = peak_rss(corpus, tmp / "rss2", 2)
 
     ceiling = statistics.median(times["ceiling"])
-    print()
-    print(f"| run | seconds (median of {args.repeats}) | MB/s of text | vs ceiling |")
-    print("|---|---|---|---|")
-    print(f"| bare `tokenizers` encode_batch_fast (ceiling) | {ceiling:.1f} | {mb / ceiling:.2f} | 100% |")
+    runs = {"bare `tokenizers` encode_batch_fast (ceiling)": (ceiling, times["ceiling"])}
     for w in (1, 2):
-        s = statistics.median(times[f"prep w{w}"])
-        print(f"| prep, given tokenizer, --workers {w} | {s:.1f} | {mb / s:.2f} | {ceiling / s:.0%} |")
-    print(f"| prep incl. WordPiece training, --workers 1 (one run) | {full_s:.1f} | {mb / full_s:.2f} "
-          f"| {ceiling / full_s:.0%} |")
+        runs[f"prep, given tokenizer, --workers {w}"] = (statistics.median(times[f"prep w{w}"]),
+                                                          times[f"prep w{w}"])
+    runs["prep incl. WordPiece training, --workers 1 (one run)"] = (full_s, [full_s])
+    rows = [{"run": name, "seconds": s, "MB/s of text": mb / s, "vs ceiling": ceiling / s,
+             "runs s": all_s} for name, (s, all_s) in runs.items()]
     print()
-    print(f"peak RSS, default prep: {main_mb:.0f} MB (--workers 1); "
-          f"{main2_mb:.0f} MB main + {child2_mb:.0f} MB largest worker (--workers 2)")
-    print(f"load average after: {load_avg()}")
+    print(f"| run | seconds (median of {repeats}) | MB/s of text | vs ceiling |")
+    print("|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['run']} | {r['seconds']:.1f} | {r['MB/s of text']:.2f} | "
+              f"{r['vs ceiling']:.0%} |")
+    rss = (f"peak RSS, default prep: {main_mb:.0f} MB (--workers 1); "
+           f"{main2_mb:.0f} MB main + {child2_mb:.0f} MB largest worker (--workers 2)")
+    print()
+    print(rss)
+    bench.table(rows, formats={"seconds": ".1f", "MB/s of text": ".2f", "vs ceiling": ".0%",
+                               "runs s": ".1f"},
+                notes=[f"{len(texts):,} documents, {mb:.1f} MB of text; seconds: median of "
+                       f"{repeats} interleaved rounds", rss])
 
 
 if __name__ == "__main__":

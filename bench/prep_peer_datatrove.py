@@ -17,16 +17,23 @@ There is no separate exact-dedup stage (MinHash finds exact copies: Jaccard 1). 
 documents are written by each step's exclusion writer; ``result.json`` in ``--work`` lists
 them (id → block, named as shoestring names its blocks) and the token count.
 
+Run on its own, it prints ``bench/common.py``'s machine header (torch None: the venv has
+no torch) and records its one row (seconds, tokens, drops per block) with ``--record``;
+bench/prep_scale.py passes ``--no-record`` and records the peer's row in its own table
+(``common`` imports only the standard library, so it loads in the peer's venv).
+
     /work/peers/datatrove-venv/bin/python bench/prep_peer_datatrove.py \\
         --input CORPUS/shards --work OUT --tokenizer DATA/tokenizer.json --workers 2
 """
 
 from __future__ import annotations
 
-import argparse
 import glob
 import json
 import os
+import time
+from collections import Counter
+from importlib.metadata import version
 from pathlib import Path
 
 from datatrove.executor import LocalPipelineExecutor
@@ -42,12 +49,14 @@ from datatrove.pipeline.readers import JsonlReader
 from datatrove.pipeline.tokens import DocumentTokenizer
 from datatrove.pipeline.writers import JsonlWriter
 
+from common import Bench, parser
+
 BLOCKS = {"gopher_quality": "gopher_quality", "gopher_repetition": "gopher_repetition",
           "minhash": "fuzzy_dedup"}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = parser(__doc__)
     ap.add_argument("--input", required=True)
     ap.add_argument("--work", required=True, type=Path)
     ap.add_argument("--tokenizer", required=True)
@@ -57,6 +66,8 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=8)
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
+    bench = Bench("prep_peer_datatrove", args, datatrove=version("datatrove"))
+    t = time.perf_counter()
     work = args.work
     files = sorted(glob.glob(os.path.join(args.input, "*.jsonl*")))
     tasks = len(files)
@@ -100,6 +111,14 @@ def main() -> None:
                                                            recursive=True))
     (work / "result.json").write_text(json.dumps({"tokens": token_bytes // 2, "dropped": dropped,
                                                   "tasks": tasks, "workers": args.workers}))
+    seconds = time.perf_counter() - t
+    drops = Counter(dropped.values())
+    print(f"datatrove: {seconds:.1f} s, {token_bytes // 2:,} tokens, dropped "
+          + ", ".join(f"{drops[b]:,} by {b}" for b in BLOCKS.values()))
+    bench.table([{"seconds": seconds, "tokens": token_bytes // 2, "tasks": tasks,
+                  "workers": args.workers, **{f"dropped {b}": drops[b] for b in BLOCKS.values()}}],
+                formats={"seconds": ".1f"}, notes=[f"input {args.input}"])
+    bench.end()
 
 
 if __name__ == "__main__":

@@ -23,7 +23,9 @@ blocks (bench/prep_peer_datatrove.py, run with ``--peer-python``, a separate ven
 interleaved with ours (fuzzy mode) ``--repeats`` times.
 
 Then a least-squares line through (size, wall) per mode, extrapolated to ``--extrapolate``
-GB (16: the Cramming corpus). The load average is printed before and after every run.
+GB (16: the Cramming corpus). The load average is printed before and after every run (and
+``bench/common.py``'s machine header above them); the runs, the fits and the peer ratios are
+recorded as three tables (``--record``).
 
     python bench/prep_scale.py                       # 0.34, 1.4, 5.5 GB (the lead's run)
     python bench/prep_scale.py --sizes 0.03,0.1      # a quick check
@@ -46,11 +48,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import scale_corpus as SC  # noqa: E402
+import scale_corpus as SC
+from common import ROOT as REPO
+from common import SHARED, Bench, add_repeats, format_load, load_average, parser
 
-REPO = Path(__file__).resolve().parents[1]
-DEFAULT_CORPUS = REPO.parent / "shared" / "data" / "corpora" / "wiki-books-en.jsonl.zst"
+DEFAULT_CORPUS = SHARED / "corpora" / "wiki-books-en.jsonl.zst"
 DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "shoestring-bench"
 MODES = {"default": [], "fuzzy": ["--filters", "gopher", "--dedup", "fuzzy"]}
 DEDUP_BLOCKS = {"exact_dedup", "fuzzy_dedup"}
@@ -61,7 +63,8 @@ JACCARD_BANDS = [(0.7, 0.8), (0.8, 0.9), (0.9, 0.95), (1.0, 1.0)]
 
 
 def load_avg() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    """The load average now, as each row shows it before and after its run."""
+    return format_load(load_average())
 
 
 # --- measuring a process tree ----------------------------------------------------------
@@ -261,7 +264,7 @@ def run_peer(corpus: Path, meta: dict, tokenizer: str, work: Path, args: argpars
     tmp.mkdir(parents=True)
     cmd = [args.peer_python, str(REPO / "bench" / "prep_peer_datatrove.py"),
            "--input", str(corpus / "shards"), "--work", str(peer_work),
-           "--tokenizer", tokenizer, "--workers", str(args.workers or 1)]
+           "--tokenizer", tokenizer, "--workers", str(args.workers or 1), "--no-record"]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"TMPDIR": str(tmp)}
     before = load_avg()
     m = run_measured(cmd, work / "peer-datatrove.log", [peer_work, tmp], env, args.interval)
@@ -306,7 +309,7 @@ def print_table(rows: list[dict]) -> None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = parser(__doc__)
     ap.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS)
     ap.add_argument("--sizes", default="0.34,1.4,5.5", help="GB of text, comma-separated")
     ap.add_argument("--modes", default="default,fuzzy", help=f"of {', '.join(MODES)}")
@@ -319,7 +322,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--interval", type=float, default=0.2, help="seconds between samples")
     ap.add_argument("--peer", choices=["datatrove"], default=None)
     ap.add_argument("--peer-python", default="/work/peers/datatrove-venv/bin/python")
-    ap.add_argument("--repeats", type=int, default=1, help="interleaved runs per size (peer mode)")
+    add_repeats(ap, 1, help="interleaved runs per size (peer mode)")
     ap.add_argument("--extrapolate", type=float, default=16.0, help="GB for the linear fit")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--keep", action="store_true", help="keep the data dirs after scoring")
@@ -331,7 +334,7 @@ def main(argv: list[str] | None = None) -> None:
     sizes = [float(s) for s in args.sizes.split(",") if s]
     modes = [m for m in args.modes.split(",") if m]
     work_root = args.work or args.cache / "runs"
-    print(f"load average {load_avg()}; {os.cpu_count()} CPUs")
+    bench = Bench("prep_scale", args)
     pool: list[SC.Pool] = []
 
     def pool_loader() -> SC.Pool:
@@ -355,11 +358,35 @@ def main(argv: list[str] | None = None) -> None:
     for r in ratios:
         print(f"{r['size_gb']:g} GB, shoestring fuzzy / datatrove (medians of {r['runs']}): "
               f"wall {r['wall_ratio']:.2f}x, peak RSS {r['rss_ratio']:.2f}x")
-    print(f"load average {load_avg()}")
+    record(bench, rows, fits, ratios)
     if args.json:
         args.json.write_text(json.dumps({"rows": rows, "fits": fits, "peer_ratios": ratios,
                                          "cpus": os.cpu_count(), "load_avg_end": load_avg(),
                                          "argv": sys.argv[1:]}, indent=1))
+
+
+ROW_FORMATS = {"size_gb": ".3g", "wall_s": ".1f", "mb_per_s": ".2f", "peak_rss_mb": ".0f",
+               "temp_disk_mb": ".0f", "precision": ".3f", "recall": ".3f",
+               "recall_exact": ".3f", "recall_near": ".3f"}
+
+
+def record(bench: Bench, rows: list[dict], fits: dict, ratios: list[dict]) -> None:
+    """The runs (without the tokenizer's temporary path), the linear fits and the peer
+    ratios as the record's tables; then the load average at the end."""
+    bench.table([_flat(r) for r in rows], formats=ROW_FORMATS)
+    if fits:
+        bench.table([{"tool/mode": k, **(v or {})} for k, v in fits.items()], "fits",
+                    formats={"intercept_s": ".1f", "s_per_gb": ".2f", "wall_s": ",.0f"})
+    if ratios:
+        bench.table(ratios, "peer_ratios", formats={"wall_ratio": ".2f", "rss_ratio": ".2f"})
+    bench.end()
+
+
+def _flat(row: dict) -> dict:
+    """A run's row for the record: recall per Jaccard band as columns of its own, without
+    the tokenizer's path (a file of the work folder)."""
+    flat = {k: v for k, v in row.items() if k not in ("tokenizer", "recall_by_jaccard")}
+    return flat | {f"recall J {band}": v for band, v in row["recall_by_jaccard"].items()}
 
 
 def peer_ratios(rows: list[dict]) -> list[dict]:

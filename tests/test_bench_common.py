@@ -26,8 +26,7 @@ LIBRARIES = {"common", "peers", "jobs", "scale_corpus"}  # imported by the scrip
 # Scripts other branches are editing or adding (issue 36 step 6 converts them once merged):
 # they print their own header and write no record yet. A script leaves this set when it
 # takes `--record` (test_every_script_starts_and_takes_record fails until it does).
-NOT_CONVERTED = {"dedup", "planner_check", "prep", "loader", "dedup_rss", "prep_scale",
-                 "prep_peer_datatrove"}
+NOT_CONVERTED = {"planner_check"}
 TOOLS = {"table"}  # renders records; writes none
 PLACEHOLDERS = {"PART": "all"}  # privacy.py's docstring names its positional argument
 SCRIPTS = sorted(p.stem for p in BENCH.glob("*.py") if p.stem not in LIBRARIES)
