@@ -40,6 +40,7 @@ import argparse
 import json
 import os
 import shutil
+import tempfile
 import statistics
 import subprocess
 import sys
@@ -259,9 +260,9 @@ def run_peer(corpus: Path, meta: dict, tokenizer: str, work: Path, args: argpars
     """datatrove on the same corpus, in its own venv (bench/prep_peer_datatrove.py)."""
     peer_work = work / "datatrove"
     shutil.rmtree(peer_work, ignore_errors=True)
-    tmp = work / "tmp-datatrove"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    # datatrove's workers talk over a Unix socket under TMPDIR, whose path must stay under
+    # ~107 characters: a short folder of its own in the system's temporary folder
+    tmp = Path(tempfile.mkdtemp(prefix="dt-"))
     cmd = [args.peer_python, str(REPO / "bench" / "prep_peer_datatrove.py"),
            "--input", str(corpus / "shards"), "--work", str(peer_work),
            "--tokenizer", tokenizer, "--workers", str(args.workers or 1), "--no-record"]
