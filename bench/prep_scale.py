@@ -40,10 +40,10 @@ import argparse
 import json
 import os
 import shutil
-import tempfile
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
