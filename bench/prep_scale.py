@@ -10,7 +10,8 @@ Measured per run:
 
 * wall time and MB/s (text bytes / wall);
 * peak RSS of the whole process tree (the sum of VmRSS over prep and its workers, sampled
-  from /proc every ``--interval`` seconds);
+  from /proc every ``--interval`` seconds), and of its anonymous part (RssAnon: without the
+  pages of memory-mapped files, which the kernel may drop; the memory prep really holds);
 * peak disk of the build folder and of a private TMPDIR during the run, and what of it was
   temporary (peak minus the finished data dir);
 * dedup precision and recall against the planted truth, by cluster (see ``score``): of a
@@ -82,9 +83,14 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def tree_rss(pid: int) -> int:
-    """Bytes of resident memory of ``pid`` and all its descendants (VmRSS summed)."""
-    total, stack = 0, [pid]
+def tree_rss(pid: int) -> tuple[int, int]:
+    """Bytes of resident memory of ``pid`` and all its descendants: (VmRSS, RssAnon) summed.
+
+    VmRSS counts the pages of memory-mapped files too (prep reads its token streams through
+    np.memmap), which the kernel can drop and re-read at will; RssAnon is the memory a
+    process really holds (heap, arrays), the figure that must stay bounded.
+    """
+    total, anon, stack = 0, 0, [pid]
     while stack:
         p = stack.pop()
         try:
@@ -92,11 +98,12 @@ def tree_rss(pid: int) -> int:
                 for line in f:
                     if line.startswith("VmRSS:"):
                         total += int(line.split()[1]) * 1024
-                        break
+                    elif line.startswith("RssAnon:"):
+                        anon += int(line.split()[1]) * 1024
         except OSError:
             continue
         stack += _children(p)
-    return total
+    return total, anon
 
 
 def disk_usage(paths: list[Path]) -> int:
@@ -115,7 +122,7 @@ def disk_usage(paths: list[Path]) -> int:
 def run_measured(cmd: list[str], log: Path, watch: list[Path], env: dict[str, str],
                  interval: float) -> dict[str, Any]:
     """Run ``cmd``; wall seconds, peak tree RSS and peak disk under ``watch``."""
-    peak = {"rss": 0, "disk": 0}
+    peak = {"rss": 0, "anon": 0, "disk": 0}
     t0 = time.perf_counter()
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
@@ -123,7 +130,8 @@ def run_measured(cmd: list[str], log: Path, watch: list[Path], env: dict[str, st
 
         def sample() -> None:
             while not done.is_set():
-                peak["rss"] = max(peak["rss"], tree_rss(proc.pid))
+                rss, anon = tree_rss(proc.pid)
+                peak["rss"], peak["anon"] = max(peak["rss"], rss), max(peak["anon"], anon)
                 peak["disk"] = max(peak["disk"], disk_usage(watch))
                 done.wait(interval)
 
@@ -137,6 +145,7 @@ def run_measured(cmd: list[str], log: Path, watch: list[Path], env: dict[str, st
         tail = log.read_text(errors="replace")[-3000:]
         raise SystemExit(f"command failed (exit {rc}): {' '.join(cmd)}\n{tail}")
     return {"wall_s": round(wall, 2), "peak_rss_mb": round(peak["rss"] / 1e6, 1),
+            "peak_anon_mb": round(peak["anon"] / 1e6, 1),
             "peak_disk_mb": round(peak["disk"] / 1e6, 1)}
 
 
@@ -296,7 +305,7 @@ def linear_fit(points: list[tuple[float, float]], at: float) -> dict[str, float]
 
 def print_table(rows: list[dict]) -> None:
     head = (f"{'size GB':>8} {'tool':>10} {'mode':>7} {'wall s':>8} {'MB/s':>6} "
-            f"{'peak RSS MB':>11} {'temp MB':>8} {'dedup drops':>11} {'precision':>9} "
+            f"{'peak RSS MB':>11} {'anon MB':>8} {'temp MB':>8} {'dedup drops':>11} {'precision':>9} "
             f"{'recall':>6} {'rec exact':>9} {'rec near':>8}  load before/after")
     print(head)
     for r in rows:
@@ -304,7 +313,8 @@ def print_table(rows: list[dict]) -> None:
             return "-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
 
         print(f"{r['size_gb']:>8.3g} {r['tool']:>10} {r['mode']:>7} {r['wall_s']:>8.1f} "
-              f"{r['mb_per_s']:>6.2f} {r['peak_rss_mb']:>11.0f} {r['temp_disk_mb']:>8.0f} "
+              f"{r['mb_per_s']:>6.2f} {r['peak_rss_mb']:>11.0f} {r.get('peak_anon_mb', 0):>8.0f} "
+              f"{r['temp_disk_mb']:>8.0f} "
               f"{r['dedup_dropped']:>11} {f(r['precision']):>9} {f(r['recall']):>6} {f(r['recall_exact']):>9} "
               f"{f(r['recall_near']):>8}  {r['load_before']} / {r['load_after']}")
 
@@ -367,6 +377,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 ROW_FORMATS = {"size_gb": ".3g", "wall_s": ".1f", "mb_per_s": ".2f", "peak_rss_mb": ".0f",
+               "peak_anon_mb": ".0f",
                "temp_disk_mb": ".0f", "precision": ".3f", "recall": ".3f",
                "recall_exact": ".3f", "recall_near": ".3f"}
 
