@@ -111,6 +111,21 @@ def test_plan_calibrate_refuses_a_budget_too_small(pydocs_dir: Path) -> None:
     fails_cleanly(r, "--calibrate-share")
 
 
+def _law_sweep(path: Path, law: Law) -> Path:
+    """A sweep dir whose 15 points (5 sizes × 3 budgets) lie on ``law``."""
+    path.mkdir()
+    (path / "sweep.json").write_text(json.dumps({"format": "shoestring-sweep/1",
+                                                 "objective": "mlm"}))
+    with open(path / "points.jsonl", "w") as f:
+        for c in (1e10, 4e10, 1.6e11):
+            for n in (4.5e4, 9e4, 1.8e5, 3.6e5, 7.2e5):
+                d = c / (6 * n)
+                f.write(json.dumps({"id": f"C{c:g}-{n:g}", "budget_flops": c, "model":
+                                    {"objective": "mlm"}, "params_non_embedding": n,
+                                    "tokens": d, "val_loss": law.loss(n, d)}) + "\n")
+    return path
+
+
 # ------------------------------------------------------------- real runs, one calibration
 
 # The issue's constraints (3 levels over 1.5 decades, 10 steps a point) cost ~2e12 FLOPs at
@@ -219,15 +234,20 @@ def test_train_records_the_prediction_and_eval_report_history_check_it(
     table = json.loads((tmp_path / "report" / "report.json").read_text())["runs"][0]["table"]
     assert f"achieved {achieved:.3f}" in table["plan's prediction"]
 
-    # --history: the calibration points plus this run refit the law (11 points)
-    cal_dir = calibrated["tree"]["plan"]["calibration"]["dir"]
+    # --history: a sweep dir and this run refit the law. The calibration's own points (2
+    # steps each) do not pin a law; the sweep here holds points of a known law at these
+    # sizes, as a sweep writes them, so the refit is well posed and this run is one more point
+    sweep = _law_sweep(tmp_path / "sweep", Law("known", E=3.5, A=30.0, B=60.0, alpha=0.3,
+                                               beta=0.35))
     out = tmp_path / "next.yaml"
     r = run_cli("plan", "--hardware", "t4", "--budget", BUDGET, "--data", str(tiny_data),
-                "--history", cal_dir, "--history", str(run), "-o", str(out))
+                "--history", str(sweep), "--history", str(run), "-o", str(out))
     assert r.returncode == 0, r.stderr
     tree = yaml.safe_load(out.read_text())["plan"]
-    assert tree["history"]["points"] == 11 and "calibration" not in tree
-    assert tree["prediction"]["law"] == "history" and tree["prediction"]["low"] is not None
+    assert tree["history"]["points"] == 16 and "calibration" not in tree
+    assert tree["prediction"]["law"] == "history" and tree["prediction"]["comparable"]
+    assert tree["prediction"]["low"] <= tree["prediction"]["loss"] <= tree["prediction"]["high"]
+    cal_dir = calibrated["tree"]["plan"]["calibration"]["dir"]
     # a run without a held-out eval cannot teach the law anything
     (run / "eval.json").unlink()
     r = run_cli("plan", "--hardware", "t4", "--budget", BUDGET, "--data", str(tiny_data),
