@@ -80,6 +80,15 @@ def test_check_says_inside_or_outside() -> None:
     assert P.check(pred, None) is None
 
 
+def test_the_achieved_loss_is_evals_on_the_validation_split() -> None:
+    assert P.held_out({"mlm_loss": 5.5, "unigram_loss": 6.0}) == 5.5
+    decoder = {"perplexity": {"source": "run validation split", "loss": 4.25}}
+    assert P.held_out(decoder) == 4.25
+    # a decoder scored on another text is not the loss the plan predicted
+    assert P.held_out({"perplexity": {"source": "other.txt", "loss": 3.0}}) is None
+    assert P.held_out(None) is None
+
+
 def test_calibration_points_meet_the_constraints_within_the_share(pydocs_dir: Path) -> None:
     """The default calibration: ≥ 5 sizes at ≥ 3 levels over ≥ 1.5 decades, each ≥ 10
     steps, all of it within 15% of the budget; a smaller budget is refused with its minimum."""
@@ -203,6 +212,15 @@ def test_a_second_calibration_on_the_same_data_reuses_every_point(calibrated: di
     assert cal["reused_points"] == 10 and cal["flops_trained_now"] == 0
     assert {p: p.stat().st_mtime_ns for p in cal_dir.glob("runs/*/summary.json")} == stamps
     assert tree["plan"]["prediction"]["loss"] == calibrated["tree"]["plan"]["prediction"]["loss"]
+    # a wall-clock budget pays for the calibration's wall time too: at 0.1% of a T4's 65
+    # TFLOP/s, 2e11 FLOPs (the same levels, all reused) are 3.08 s, less the wall it took
+    seconds = 2e11 / (65e12 * 0.001)
+    timed = calibrated_plan(PlanRequest(hardware="t4", budget=f"{seconds!r}s", mfu=0.001,
+                                        data=calibrated["req"].data), TEST_SPEC,
+                            root=calibrated["root"], console=calibrated["log"])["plan"]
+    wall = timed["calibration"]["wall_s"]
+    assert timed["calibration"]["reused_points"] == 10 and wall < seconds
+    assert timed["budget"]["flops"] == pytest.approx((seconds - wall) * 65e12 * 0.001, rel=0.05)
 
 
 @pytest.mark.slow

@@ -363,12 +363,17 @@ def train(
         warning = hardware_mismatch(plan)
         if warning and int(os.environ.get("RANK", "0")) == 0:
             err.print(f"[yellow]warning:[/] {warning}", highlight=False)
+    kept = None  # a resumed run keeps the prediction its plan gave it
+    if resume:
+        from shoestring.rundir import RunDir, read_json_object
+
+        kept = (read_json_object(RunDir(output).summary_path) or {}).get("prediction")
     summary = run_train(cfg, data, output, overwrite=overwrite, console=err, resume=resume)
     if int(os.environ.get("RANK", "0")) == 0:
-        if plan is not None:
+        if plan is not None or kept:
             from shoestring.plan.prediction import record
 
-            summary["prediction"] = record(output, plan)
+            summary["prediction"] = record(output, plan, kept)
         _print_train(summary, output)
 
 

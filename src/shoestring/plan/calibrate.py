@@ -333,7 +333,7 @@ def _remaining(req: PlanRequest, base: dict[str, Any], cal: Calibration | None) 
     top = max(p["budget_flops"] for p in cal.points)
     mfus = sorted(p["mfu"] for p in cal.points if p["budget_flops"] == top and p.get("mfu"))
     mfu = req.mfu if req.mfu is not None else (mfus[len(mfus) // 2] if mfus else None)
-    return replace(req, budget=f"{seconds:.1f}s", mfu=mfu, measure=False if mfu else req.measure)
+    return replace(req, budget=f"{seconds:.6g}s", mfu=mfu, measure=False if mfu else req.measure)
 
 
 def calibration_note(cal: Calibration, base: dict[str, Any]) -> str:

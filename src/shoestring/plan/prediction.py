@@ -122,17 +122,20 @@ def from_plan(plan_path: str | Path) -> dict[str, Any] | None:
     return dict(pred) if isinstance(pred, dict) else None
 
 
-def record(run_dir: str | Path, plan_path: str | Path) -> dict[str, Any] | None:
+def record(run_dir: str | Path, plan_path: str | Path | None,
+           kept: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """Copy the plan's prediction into the run's summary.json as ``prediction`` (with the
-    plan's path), atomically; returns it (None when the plan has none)."""
-    pred = from_plan(plan_path)
+    plan's path), atomically; ``kept``: the prediction a resumed run's earlier summary had.
+    Returns it (None when there is none)."""
+    pred = ({**p, "plan": str(Path(plan_path).resolve())} if plan_path is not None
+            and (p := from_plan(plan_path)) is not None else kept)
     path = Path(run_dir) / "summary.json"
     if pred is None or not path.is_file():
         return None
     summary = json.loads(path.read_text(encoding="utf-8"))
-    summary["prediction"] = {**pred, "plan": str(Path(plan_path).resolve())}
+    summary["prediction"] = pred
     write_json_atomic(path, summary)
-    return summary["prediction"]
+    return pred
 
 
 def held_out(evaluation: dict[str, Any] | None) -> float | None:
