@@ -71,6 +71,20 @@ def test_a_published_law_plan_predicts_on_its_own_scale_without_an_interval() ->
     assert c["inside"] is None and "not comparable" in P.describe(c)
 
 
+def test_a_law_file_without_a_bootstrap_predicts_your_loss_without_an_interval(
+        tmp_path: Path) -> None:
+    from shoestring.plan.laws import law_to_yaml
+
+    path = tmp_path / "law.yaml"
+    path.write_text(law_to_yaml(Law("fit:mine", E=3.5, A=30.0, B=60.0, alpha=0.3, beta=0.35,
+                                    objective="mlm")))
+    pred = make_plan(PlanRequest(hardware="t4", budget="1e12flops", law=str(path)))["plan"][
+        "prediction"]
+    assert pred["comparable"] and pred["low"] is None and "eval.json" in pred["units"]
+    assert "without a bootstrap" in P.line(pred) and "no interval" in P.describe(
+        P.check(pred, 5.0))
+
+
 def test_check_says_inside_or_outside() -> None:
     pred = {"loss": 5.0, "low": 4.8, "high": 5.3, "comparable": True, "law": "calibrated"}
     assert P.check(pred, 5.2)["inside"] is True

@@ -411,7 +411,8 @@ def make_plan(req: PlanRequest, console: Console | None = None,
         "layout": layout.to_dict(),
         "prediction": (prediction.fitted(boot, pick.params_non_embedding, tokens, objective,
                                          ceiling) if boot is not None else
-                       prediction.published(law, pick.params_non_embedding, tokens, loss)),
+                       prediction.published(law, pick.params_non_embedding, tokens, loss,
+                                            objective)),
         "data": data_out,
         "notes": notes,
     }

@@ -49,8 +49,16 @@ def units(objective: str) -> str:
     return UNITS.get(objective, f"held-out {objective} loss as `shoestring eval RUN` reports it")
 
 
-def published(law: Law, n: float, d: float, loss: float) -> dict[str, Any]:
-    """A published law's prediction: its own scale, no interval (see the module)."""
+def published(law: Law, n: float, d: float, loss: float,
+              objective: str = "mlm") -> dict[str, Any]:
+    """A published law's prediction: its own scale, no interval (see the module). A law
+    file without a bootstrap (`plan --fit`) is on your eval's scale but has no interval."""
+    if law.name not in LAWS:
+        return {"loss": loss, "low": None, "high": None, "level": None, "law": law.name,
+                "units": units(objective), "comparable": law.objective == objective,
+                "extrapolated": None, "outside": [],
+                "basis": "a law file without a bootstrap (`plan --fit`): no interval and no "
+                         "fitted span; `plan --calibrate` or `--history` fit one with both"}
     outside = PUBLISHED_SPAN.outside(n, d)
     return {
         "loss": loss, "low": None, "high": None, "level": None, "law": law.name,
@@ -181,9 +189,12 @@ def line(pred: dict[str, Any] | None) -> str:
     """The plan's predicted held-out loss for people: interval, units, extrapolation."""
     if not pred:
         return "—"
-    if pred.get("low") is None:
+    if pred.get("low") is None and not pred.get("comparable"):
         text = f"{pred['loss']:.3f} on the '{pred['law']}' law's own scale, no interval " \
             "(not your eval loss; --calibrate fits one on your data)"
+    elif pred.get("low") is None:
+        text = f"held-out loss {pred['loss']:.3f} ({pred['law']}), no interval (a law file "\
+            "without a bootstrap)"
     else:
         text = (f"held-out loss {pred['loss']:.3f}, {pred['level']:.0%} interval "
                 f"[{pred['low']:.3f}, {pred['high']:.3f}] ({pred['law']})")
