@@ -112,15 +112,15 @@ def calibration_points(data_dir: str, budget_flops: float,
     spec.check()
     cap = spec.share * budget_flops
     ratio = sum(10 ** (-spec.decades * k / (spec.levels - 1)) for k in range(spec.levels))
-    top = cap / (spec.sizes * ratio)
-    for _ in range(40):  # a step's rounding, or a filled-in size, can overshoot: shrink
-        points = _points(data_dir, top, spec)
-        if points is None:
-            break
-        if sum(p["flops"] for p in points) <= cap:
-            return points
-        top *= 0.97
     smallest = _smallest_top(data_dir, spec)
+    tops: list[float] = []
+    if smallest is not None:  # a step's rounding or a filled-in size can overshoot: shrink
+        top = max(cap / (spec.sizes * ratio), smallest)
+        tops = [top * 0.97**k for k in range(40) if top * 0.97**k > smallest] + [smallest]
+    for top in tops:
+        points = _points(data_dir, top, spec)
+        if points is not None and sum(p["flops"] for p in points) <= cap:
+            return points
     need = (f"{sum(p['flops'] for p in _points(data_dir, smallest, spec) or []) / spec.share:.3g}"
             if smallest else "far more")
     raise ShoestringError(
