@@ -259,7 +259,7 @@ def _batch_refit(theta0: np.ndarray, logn: np.ndarray, logd: np.ndarray, logl: n
         g = np.einsum("bni,bn->bi", jac, q * r)
         diag = np.einsum("bii->bi", a)
         m = a + damping[:, None, None] * (np.eye(5) * (diag[:, None, :] + 1e-9))
-        step = np.linalg.solve(m, -g[..., None])[..., 0]
+        step = -(np.linalg.pinv(m) @ g[..., None])[..., 0]  # a term with no weight: singular
         trial = t + step
         trial[:, 3:] = np.maximum(trial[:, 3:], MIN_EXPONENT)
         f_trial = huber(trial)
