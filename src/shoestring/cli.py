@@ -402,8 +402,17 @@ def train(
         warning = hardware_mismatch(plan)
         if warning and int(os.environ.get("RANK", "0")) == 0:
             err.print(f"[yellow]warning:[/] {warning}", highlight=False)
+    kept = None  # a resumed run keeps the prediction its plan gave it
+    if resume:
+        from shoestring.rundir import RunDir, read_json_object
+
+        kept = (read_json_object(RunDir(output).summary_path) or {}).get("prediction")
     summary = run_train(cfg, data, output, overwrite=overwrite, console=err, resume=resume)
     if int(os.environ.get("RANK", "0")) == 0:
+        if plan is not None or kept:
+            from shoestring.plan.prediction import record
+
+            summary["prediction"] = record(output, plan, kept)
         _print_train(summary, output)
 
 
@@ -420,6 +429,11 @@ def _print_train(summary: dict, output: Path) -> None:
         t.add_row("validation loss (subset)", f"{summary['val_loss_subset']:.3f}")
     if summary.get("skipped_steps"):
         t.add_row("skipped (non-finite)", f"{summary['skipped_steps']:,} steps")
+    if summary.get("prediction"):
+        from shoestring.plan.prediction import line
+
+        t.add_row("plan's prediction", line(summary["prediction"])
+                  + f"; check it: shoestring eval {output}")
     out.print(t)
 
 
@@ -480,6 +494,10 @@ def _print_eval(result: dict, run: Path) -> None:
                                      else f": the model is {-gap:.3f} better"))
     t.add_row("masked-token accuracy", f"{result['accuracy']:.1%}")
     t.add_row("scored", f"{result['masked_tokens']:,} masked tokens in {result['sequences']:,} sequences")
+    from shoestring.plan.prediction import check_run, describe
+
+    if (checked := check_run(run, result)) is not None:
+        t.add_row("plan's prediction", describe(checked))
     out.print(t)
 
 
@@ -545,12 +563,21 @@ def cram(
     config: ConfigOpt = None,
     sets: SetOpt = None,
     eval_task: Annotated[Optional[str], typer.Option("--eval-task", help="Also fine-tune on one task (a GLUE task folder, or a spec as for eval --task) from the run and from scratch.", metavar="TASK")] = None,
+    auto: Annotated[bool, typer.Option("--auto", help="Calibrate the scaling law on this data and machine with a share of the budget, then train the plan it gives for the rest (plan --calibrate).")] = False,
+    calibrate_share: Annotated[float, typer.Option("--calibrate-share", help="With --auto: most of the budget's FLOPs calibration may spend.")] = 0.15,
 ) -> None:
     """Everything on the built-in corpus: prep → train (3 minutes) → eval → results table."""
     from shoestring.cram import cram as run_cram
 
     cfg = _config(config, sets, _budget_overrides(budget, steps))
-    result = run_cram(sources or ["builtin:pydocs"], output, cfg, console=err, eval_task=eval_task)
+    spec = None
+    if auto:
+        from shoestring.plan.calibrate import CalibrationSpec
+
+        spec = CalibrationSpec(share=calibrate_share, overrides=tuple(sets or []))
+        spec.check()
+    result = run_cram(sources or ["builtin:pydocs"], output, cfg, console=err, eval_task=eval_task,
+                      auto=spec)
     out.print(result.table())
 
 
@@ -899,6 +926,12 @@ def plan(
     data: Annotated[Optional[Path], typer.Option("--data", "-d", help="Prepared data dir: epochs, seq len, vocab.")] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the plan (YAML) here.")] = None,
     fit: Annotated[Optional[Path], typer.Option("--fit", help="Fit a law to this sweep dir instead.", metavar="SWEEP_DIR")] = None,
+    calibrate: Annotated[bool, typer.Option("--calibrate", help="Spend a share of the budget on an IsoFLOP sweep on --data here, fit the law with intervals, plan the rest with it.")] = False,
+    calibrate_share: Annotated[float, typer.Option("--calibrate-share", help="Most of the budget's FLOPs calibration may spend.")] = 0.15,
+    calibration_dir: Annotated[Optional[Path], typer.Option("--calibration-dir", help="Where calibration sweeps live (default: next to the data dir), one per data and settings.")] = None,
+    history: Annotated[Optional[list[Path]], typer.Option("--history", help="Refit with this finished run (evaluated) or sweep dir (repeatable).", metavar="RUN_DIR")] = None,
+    config: ConfigOpt = None,
+    sets: SetOpt = None,
 ) -> None:
     """How big a model, on how many tokens, for a compute budget (or --fit a law to a sweep)."""
     if fit is not None:
@@ -910,7 +943,16 @@ def plan(
 
     req = PlanRequest(hardware=hardware, devices=devices, budget=budget, mfu=mfu, measure=measure,
                       objective=objective, law=law, data=str(data) if data else None)
-    tree = make_plan(req, console=err)
+    if calibrate or history:
+        from shoestring.plan.calibrate import CalibrationSpec, calibrated_plan
+
+        spec = CalibrationSpec(share=calibrate_share, law=law if law in ("epoch", "chinchilla")
+                               else "epoch", overrides=tuple(sets or []))
+        tree = calibrated_plan(req, spec, calibrate_data=calibrate,
+                               history=[str(h) for h in history or []], root=calibration_dir,
+                               config=config, console=err)
+    else:
+        tree = make_plan(req, console=err)
     out.print(plan_table(tree))
     if output is not None:
         out.print(f"wrote {write_plan(tree, output)}; train it with: "

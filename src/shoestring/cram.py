@@ -32,6 +32,8 @@ class CramResult:
     data_dir: Path
     run_dir: Path
     downstream: dict[str, Any] | None = field(default=None)
+    plan: dict[str, Any] | None = field(default=None)  # --auto: the calibrated plan's tree
+    wall_s: float | None = field(default=None)
 
     def table(self) -> Table:
         m, s, e = self.manifest, self.summary, self.evaluation
@@ -49,6 +51,8 @@ class CramResult:
                   f"accuracy {e['accuracy']:.1%})")
         t.add_row("unigram baseline", f"{e['unigram_loss']:.3f} "
                   f"(the model is {e['unigram_loss'] - e['mlm_loss']:.2f} nats/token better)")
+        if self.plan is not None:
+            _auto_rows(t, self)
         if self.downstream is not None:
             t.add_row(*downstream_line(self.downstream))
         t.add_row("artifacts", f"data: {self.data_dir}\nrun:  {self.run_dir}")
@@ -71,6 +75,47 @@ def downstream_line(results: dict[str, Any]) -> tuple[str, str]:
             f"{c['median']:.1f} pretrained vs {c['scratch']['median']:.1f} from scratch "
             f"(median of {c['seeds']} seeds{cut}); difference {fmt_difference(c['comparison'])}: "
             f"{c['comparison']['verdict']}")
+
+
+def _auto_rows(t: Table, r: CramResult) -> None:
+    """--auto: what calibration cost, the plan, and its prediction against the eval."""
+    from shoestring.plan.prediction import check, describe, held_out
+
+    p = r.plan["plan"]  # type: ignore[index]
+    cal = p.get("calibration") or {}
+    t.add_row("calibration", f"{cal.get('points')} runs, {cal.get('flops', 0):.3g} FLOPs = "
+              f"{cal.get('flops_share', 0):.1%} of the budget (share {cal.get('share', 0):.0%}), "
+              f"{cal.get('wall_s', 0):.0f} s wall; {cal.get('dir')}")
+    t.add_row("plan", f"{p['model']['shape']} ({p['model']['params_non_embedding']:,} "
+              f"non-embedding params) on {p['model']['tokens']:,.0f} tokens")
+    checked = check(p.get("prediction"), held_out(r.evaluation))
+    if checked is not None:
+        t.add_row("plan's prediction", describe(checked))
+    if r.wall_s is not None:
+        t.add_row("wall clock", f"{r.wall_s:.0f} s in all (budget {p['budget']['input']})")
+
+
+def _auto_config(cfg: Config, data_dir: Path, output: Path, spec: Any,
+                 console: Console) -> tuple[Config, dict[str, Any], Path]:
+    """--auto: calibrate on the prepared data, plan the rest of the budget, and the config
+    that trains the plan (the plan's model/train sections over ``cfg``)."""
+    from shoestring.config import read_plan_sections
+    from shoestring.plan.calibrate import calibrated_plan
+    from shoestring.plan.planner import PlanRequest, write_plan
+    from shoestring.units import parse_budget
+
+    if cfg.train.budget is None:
+        raise ShoestringError("--auto plans a FLOP or wall-clock budget, not a step count",
+                              where="--steps", fix="pass --budget (e.g. 10m or 1e14flops)")
+    timed = parse_budget(cfg.train.budget).kind == "seconds"
+    req = PlanRequest(hardware="auto", budget=cfg.train.budget, data=str(data_dir),
+                      measure=timed)
+    tree = calibrated_plan(req, spec, root=output / "calibration", console=console)
+    plan_path = write_plan(tree, output / "plan.yaml")
+    merged = cfg.model_dump()
+    for section, values in read_plan_sections(plan_path).items():
+        merged.setdefault(section, {}).update(values)
+    return Config.model_validate(merged), tree, plan_path
 
 
 def parse_eval_task(spec: str) -> tuple[str | None, list[str] | None, list[Any]]:
@@ -126,9 +171,14 @@ def _reusable_manifest(data_dir: Path, fingerprint: str) -> dict | None:
 
 
 def cram(sources: list[str], output: str | Path, cfg: Config, console: Console | None = None,
-         eval_task: str | None = None) -> CramResult:
+         eval_task: str | None = None, auto: Any = None) -> CramResult:
     """prep → train → held-out MLM loss, and with ``eval_task`` one downstream task fine-tuned
-    from the run and from scratch (``CRAM_TASK_SEEDS`` seeds, ``CRAM_TASK_MAX_TRAIN`` rows)."""
+    from the run and from scratch (``CRAM_TASK_SEEDS`` seeds, ``CRAM_TASK_MAX_TRAIN`` rows).
+    ``auto`` (a `CalibrationSpec`): calibrate on the data, train the calibrated plan of the
+    rest of the budget, and check its prediction."""
+    import time
+
+    start = time.perf_counter()
     console = console or Console(stderr=True)
     output = Path(output)
     task = parse_eval_task(eval_task) if eval_task is not None else None
@@ -139,7 +189,14 @@ def cram(sources: list[str], output: str | Path, cfg: Config, console: Console |
     else:
         manifest = prep(sources, data_dir, cfg.data, console=console, curate=cfg.curate,
                         overwrite=True)
+    tree = None
+    if auto is not None:
+        cfg, tree, plan_path = _auto_config(cfg, data_dir, output, auto, console)
     summary = train(cfg, data_dir, run_dir, overwrite=True, console=console)
+    if tree is not None:
+        from shoestring.plan.prediction import record
+
+        summary["prediction"] = record(run_dir, plan_path)
     evaluation = evaluate_run(run_dir, data_dir, console=console)
     downstream = None
     if task is not None:
@@ -149,4 +206,5 @@ def cram(sources: list[str], output: str | Path, cfg: Config, console: Console |
         downstream = evaluate_downstream(run_dir, glue=glue, tasks=names, custom=custom,
                                          seeds=CRAM_TASK_SEEDS, max_train=CRAM_TASK_MAX_TRAIN,
                                          console=console)
-    return CramResult(manifest, summary, evaluation, data_dir, run_dir, downstream)
+    return CramResult(manifest, summary, evaluation, data_dir, run_dir, downstream, tree,
+                      time.perf_counter() - start if tree is not None else None)

@@ -332,7 +332,18 @@ def summary_rows(run: RunData) -> dict[str, str]:
         "final train loss": _fmt(s.get("final_train_loss", last.get("loss")), "loss"),
         "last validation loss": _fmt(val, "loss"),
         "held-out eval loss": eval_text,
+        "plan's prediction": _prediction_text(s.get("prediction"), run.eval),
     }
+
+
+def _prediction_text(pred: dict[str, Any] | None, evaluation: dict[str, Any] | None) -> str:
+    """Predicted vs achieved held-out loss, and whether it fell in the interval."""
+    from shoestring.plan.prediction import check, describe, held_out, line
+
+    if not pred:
+        return "—"
+    checked = check(pred, held_out(evaluation))
+    return describe(checked) if checked else line(pred) + " (not evaluated yet)"
 
 
 _CSS = """

@@ -161,5 +161,9 @@ def print_decoder(result: dict[str, Any], out: Console) -> None:
         t.add_row("samples decoded", result["samples_decoding"])
     for s in result.get("samples", []):
         t.add_row(f"sample: {s['prompt']!r}", s["continuation"].replace("\n", " ⏎ "))
+    from shoestring.plan.prediction import check_run, describe
+
+    if (checked := check_run(result["run"], result)) is not None:
+        t.add_row("plan's prediction", describe(checked))
     out.print(t)
     out.print(f"written: {result['written']}")

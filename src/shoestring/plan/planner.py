@@ -41,9 +41,11 @@ from shoestring.data.repetition import REPEAT_WARN_EPOCHS, SOURCE as REPETITION_
 from shoestring.data.repetition import effective_tokens, repetition_cost
 from shoestring.device import ASSUMED_MFU
 from shoestring.hardware import Hardware
+from shoestring.plan import prediction
+from shoestring.plan.fit import BootstrapFit
 from shoestring.plan.hardware import get_hardware
 from shoestring.plan.hyper import Hyper, plan_hyper
-from shoestring.plan.laws import PARAM_COUNTS, Law, load_law, pf_days, training_flops
+from shoestring.plan.laws import LAWS, PARAM_COUNTS, Law, load_law, pf_days, training_flops
 from shoestring.plan.placement import PlannedLayout, layout_for
 from shoestring.plan.shapes import Shape, candidates
 from shoestring.units import BudgetSpec, parse_budget
@@ -141,15 +143,17 @@ def size_for_flops(
     devices: int = 1,
     mask_rate: float = families.DEFAULT_MASK_RATE,
     flops_per_second: float | None = None,
+    floor: bool = True,
 ) -> Sizing:
-    """Model shape, tokens, batch and steps for a FLOP budget (what `plan` and `sweep` share)."""
+    """Model shape, tokens, batch and steps for a FLOP budget (what `plan` and `sweep` share);
+    ``floor=False`` (calibration sweeps) sizes budgets below the smallest model's floor too."""
     n_opt, d_opt = law.optimal(total_flops)
     seq_len = data["seq_len"] if data else default_seq_len(objective, n_opt)
     vocab = data["vocab_size"] if data else (DataConfig().vocab_size if n_opt < 1e8 else 32768)
     shapes = candidates(objective, vocab, seq_len, mask_rate, max_params=max(64 * n_opt, 2e6))
     smallest = shapes[0]
     min_tokens = smallest.params_non_embedding  # one token per parameter
-    if total_flops < min_tokens * smallest.flops_per_token:
+    if floor and total_flops < min_tokens * smallest.flops_per_token:
         need = min_tokens * smallest.flops_per_token
         raise ShoestringError(
             f"budget too small: {total_flops:.3g} FLOPs trains even the smallest model "
@@ -288,13 +292,15 @@ def _notes(fit: _Fit, law: Law, objective: str, hw: Hardware, data: dict[str, An
             f"the smallest shape; the plan trains {smallest.label} on fewer tokens per "
             "parameter than optimal"
         )
-    notes.append(
-        f"predicted losses are on the scale of the '{law.name}' law's data "
-        f"({law.objective.upper()}, its tokenizer); MLM and CLM losses, and losses on other "
-        "tokenizers and corpora, are on different scales. The N:D split transfers better "
-        "than the loss value: fit a law on your own objective and data with `shoestring "
-        "sweep` + `shoestring plan --fit`, then plan with --law FILE"
-    )
+    if law.name in LAWS:
+        notes.append(
+            f"predicted losses are on the scale of the '{law.name}' law's data "
+            f"({law.objective.upper()}, its tokenizer); MLM and CLM losses, and losses on "
+            "other tokenizers and corpora, are on different scales. The N:D split transfers "
+            "better than the loss value: `shoestring plan --calibrate` fits a law on your own "
+            "objective and data (or `shoestring sweep` + `shoestring plan --fit`, then --law "
+            "FILE)"
+        )
     ceiling = math.log(core.vocab)  # the loss of a uniform guess over the vocabulary
     if loss > ceiling:
         notes.append(
@@ -365,8 +371,11 @@ def _source_epochs(tokens: float, sources: dict[str, dict[str, Any]]
     return ({n: {**s, "epochs": round(epochs[n], 3)} for n, s in sources.items()}, warnings)
 
 
-def make_plan(req: PlanRequest, console: Console | None = None) -> dict[str, Any]:
-    """The whole plan as a YAML-ready tree (model/train/data sections + plan metadata)."""
+def make_plan(req: PlanRequest, console: Console | None = None,
+              fitted: BootstrapFit | None = None) -> dict[str, Any]:
+    """The whole plan as a YAML-ready tree (model/train/data sections + plan metadata);
+    ``fitted``: plan with this law fitted on your data (calibration, history) instead of
+    ``req.law``, and predict with its interval."""
     _check_request(req)
     spec = _budget(req.budget)
     hw = get_hardware(req.hardware, req.precision)
@@ -376,7 +385,8 @@ def make_plan(req: PlanRequest, console: Console | None = None) -> dict[str, Any
             where="--measure", fix="drop --measure and pass --mfu, or use --hardware auto",
         )
     peak, dtype = hw.peak("auto" if req.precision == "auto" else req.precision)
-    law = load_law(req.law)
+    law = fitted.fit.law if fitted is not None else load_law(req.law)
+    boot = fitted if fitted is not None else prediction.bootstrap_from(law, req.law)
     data = _data_info(req.data) if req.data else None
     objective = req.objective or (data["objective"] if data else "mlm")
     families.get(objective, where="--objective")  # an unknown one names the known families
@@ -431,6 +441,11 @@ def make_plan(req: PlanRequest, console: Console | None = None) -> dict[str, Any
                   "tokens_per_step": batch * seq_len, "steps": core.steps,
                   **core.hyper.to_dict()},
         "layout": layout.to_dict(),
+        "prediction": (prediction.fitted(boot, boot.fit.law.count(
+                           pick.params, pick.params_non_embedding), tokens, objective, ceiling)
+                       if boot is not None else
+                       prediction.published(law, law.count(
+                           pick.params, pick.params_non_embedding), tokens, loss, objective)),
         "data": data_out,
         "notes": notes,
     }
@@ -558,6 +573,7 @@ def plan_table(tree: dict[str, Any]) -> Table:
     t.add_row("tokens", f"{_si(m['tokens'])} ({m['tokens_per_param']:.1f} per parameter), "
               f"{m['flops_per_token'] / 1e6:,.3g} MFLOP/token; predicted loss "
               f"{m['predicted_loss']:.3f}")
+    t.add_row("prediction", prediction.line(p.get("prediction")))
     bt = p["batch"]
     t.add_row("batch", f"{bt['global_sequences']} × {bt['seq_len']} tokens, {bt['steps']:,} "
               f"steps, peak lr {tree['train']['lr']:g}")

@@ -96,29 +96,55 @@ def _val_loss(run_dir: Path, objective: str, max_sequences: int, seq_len: int,
     return held_out_loss(objective, run_dir, max_sequences, seq_len, console)
 
 
+def _steps(c: float, shape: Shape, sizing: Any) -> int:
+    return max(1, int(round(c / (shape.flops_per_token * sizing.batch * sizing.seq_len))))
+
+
+def _level_shapes(c: float, sizing: Any, factors: list[float] | tuple[float, ...],
+                  min_sizes: int, min_steps: int) -> list[tuple[float, Shape]]:
+    """(factor, shape) for one budget: the shape nearest each factor × the pick among those
+    that train at least ``min_steps`` steps on it, then, while fewer than ``min_sizes``
+    distinct ones, the unused shape nearest the pick (factor 0: a fill-in)."""
+    shapes = [s for s in sizing.shapes if _steps(c, s, sizing) >= min_steps]
+    chosen: list[tuple[float, Shape]] = []
+    if not shapes:
+        return chosen
+    for f in sorted(factors):
+        shape = nearest_shape(shapes, f * sizing.pick.params_non_embedding)
+        if all(shape is not s for _, s in chosen):
+            chosen.append((f, shape))
+    pick_n = sizing.pick.params_non_embedding
+    spare = sorted((s for s in shapes if all(s is not c2 for _, c2 in chosen)),
+                   key=lambda s: abs(math.log(s.params_non_embedding / pick_n)))
+    for shape in spare[: max(0, min_sizes - len(chosen))]:
+        chosen.append((shape.params_non_embedding / pick_n, shape))
+    return sorted(chosen, key=lambda fs: fs[1].params_non_embedding)
+
+
 def plan_points(
     data_dir: str | Path,
     budgets: list[float],
     factors: list[float] | tuple[float, ...] = DEFAULT_FACTORS,
     law: str = "epoch",
+    min_sizes: int = 0,
+    min_steps: int = 1,
+    floor: bool = True,
 ) -> list[dict[str, Any]]:
-    """The sweep's points (no training): per budget, the shapes nearest factor × the pick."""
+    """The sweep's points (no training): per budget, the shapes nearest factor × the pick
+    (with ``min_sizes``, filled up to that many distinct shapes; with ``min_steps``, only
+    shapes that train at least that many steps; ``floor=False`` allows budgets below the
+    planner's floor, the smallest model on as many tokens as parameters: a sweep point may be
+    undertrained, that is what an IsoFLOP curve measures)."""
     data = _data_info(str(data_dir))
     the_law = load_law(law)
     points = []
     for c in budgets:
-        sizing = size_for_flops(c, data["objective"], the_law, data)
-        seen: set[str] = set()
-        for f in sorted(factors):
-            shape = nearest_shape(sizing.shapes, f * sizing.pick.params_non_embedding)
-            pid = point_id(c, shape)
-            if pid in seen:
-                continue
-            seen.add(pid)
-            steps = max(1, int(round(c / (shape.flops_per_token * sizing.batch * sizing.seq_len))))
+        sizing = size_for_flops(c, data["objective"], the_law, data, floor=floor)
+        for f, shape in _level_shapes(c, sizing, factors, min_sizes, min_steps):
+            steps = _steps(c, shape, sizing)
             tokens = steps * sizing.batch * sizing.seq_len
             points.append({
-                "id": pid,
+                "id": point_id(c, shape),
                 "budget_flops": c,
                 "factor": f,
                 "is_pick": shape is sizing.pick,
@@ -170,6 +196,9 @@ def run_sweep(
     overrides: list[str] | None = None,
     eval_sequences: int = 4096,
     console: Console | None = None,
+    min_sizes: int = 0,
+    min_steps: int = 1,
+    floor: bool = True,
 ) -> list[dict[str, Any]]:
     """Train and score every point not yet finished; returns all finished points."""
     from shoestring.config import load_config
@@ -182,7 +211,7 @@ def run_sweep(
             "law": law, "overrides": list(overrides or []),
             "config": str(Path(config).resolve()) if config else None}
     _check_spec(sweep_dir, spec)
-    todo = plan_points(data_dir, budgets, factors, law)
+    todo = plan_points(data_dir, budgets, factors, law, min_sizes, min_steps, floor)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     spec_path = sweep_dir / "sweep.json"
     old = json.loads(spec_path.read_text(encoding="utf-8")) if spec_path.is_file() else {}

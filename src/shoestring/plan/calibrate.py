@@ -1,0 +1,351 @@
+"""`shoestring plan --calibrate`: fit the law on your data and hardware, then plan with it.
+
+A stated share of the budget (15% by default) buys a small IsoFLOP sweep (`plan/sweep.py`):
+``levels`` compute levels (3) spaced evenly in log over ``decades`` (1.5), each training
+``sizes`` distinct model sizes (5) around the published law's pick, every point a real
+`train` to a FLOP budget (so the points do not depend on how busy the machine is) and scored
+on the same held-out rows with the same fixed masks `shoestring eval` uses. The top level is
+the largest for which the whole sweep fits in the share. L(N, D) is fitted to the points with
+bootstrap intervals (`plan/fit.py`) and the rest of the budget is planned with that law.
+
+The sweep lives in a calibration dir keyed by the data dir's fingerprint and the settings
+(objective, centring law, overrides, eval rows, minimum steps), so a second calibration on the
+same data and settings reuses every finished point — a larger budget adds its levels beside
+them, and all points of the dir are fitted. ``--history RUN...`` adds finished runs (their N,
+D and achieved held-out loss) and other sweep dirs to the fit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from shoestring.config import EvalConfig
+from shoestring.errors import ShoestringError
+from shoestring.fsutil import write_text_atomic
+from shoestring.plan import prediction
+from shoestring.plan.fit import BootstrapFit, bootstrap_fit
+from shoestring.plan.laws import law_to_yaml
+from shoestring.plan.planner import PlanRequest, _data_info, make_plan
+from shoestring.plan.sweep import plan_points, read_points, run_sweep
+from shoestring.units import parse_budget
+
+
+@dataclass(frozen=True)
+class CalibrationSpec:
+    """How much to spend and how to spread it (the issue's minimums are the defaults)."""
+
+    share: float = 0.15  # at most this fraction of the budget's FLOPs
+    levels: int = 3  # compute levels …
+    decades: float = 1.5  # … spanning this many decades
+    sizes: int = 5  # distinct model sizes per level
+    min_steps: int = 10  # a point trains at least this many optimizer steps
+    eval_sequences: int = EvalConfig().max_sequences  # eval's own default: the same rows
+    law: str = "epoch"  # centres the sizes at each level
+    overrides: tuple[str, ...] = ()
+    resamples: int = 200
+    seed: int = 0
+
+    def check(self) -> None:
+        if not 0 < self.share < 1:
+            raise ShoestringError(f"the calibration share must be in (0, 1); got {self.share}",
+                                  where="--calibrate-share", fix="e.g. 0.15 (15% of the budget)")
+        if self.levels < 2 or self.sizes < 5 or self.decades <= 0:
+            raise ShoestringError("a calibration needs at least 2 levels of 5 sizes over a "
+                                  "positive span of decades", where="calibration settings")
+
+    def key(self, data_dir: str) -> str:
+        """The calibration dir's name: data fingerprint + every setting that changes a point."""
+        data = _data_info(data_dir)
+        manifest = json.loads((Path(data_dir) / "manifest.json").read_text(encoding="utf-8"))
+        fingerprint = manifest.get("fingerprint") or json.dumps(
+            [manifest.get("tokenizer"), manifest.get("splits")], sort_keys=True)
+        blob = json.dumps([fingerprint, data["objective"], self.law, list(self.overrides),
+                           self.eval_sequences, self.min_steps], sort_keys=True)
+        return f"{data['objective']}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
+
+
+def levels_for(top: float, spec: CalibrationSpec) -> list[float]:
+    """The compute levels under a top level: evenly spaced in log over ``spec.decades``."""
+    step = spec.decades / (spec.levels - 1)
+    return [float(f"{top / 10 ** (step * k):.4g}") for k in reversed(range(spec.levels))]
+
+
+def _points(data_dir: str, top: float, spec: CalibrationSpec) -> list[dict[str, Any]] | None:
+    """The sweep's points under ``top``, or None when a level has fewer than ``spec.sizes``
+    sizes that train ``spec.min_steps`` steps (or the law refuses the budget)."""
+    try:
+        points = plan_points(data_dir, levels_for(top, spec), law=spec.law,
+                             min_sizes=spec.sizes, min_steps=spec.min_steps, floor=False)
+    except ShoestringError:
+        return None
+    per_level: dict[float, int] = {}
+    for p in points:
+        per_level[p["budget_flops"]] = per_level.get(p["budget_flops"], 0) + 1
+    if len(per_level) < spec.levels or min(per_level.values()) < spec.sizes:
+        return None
+    return points
+
+
+def _smallest_top(data_dir: str, spec: CalibrationSpec) -> float | None:
+    """The smallest top level whose sweep is feasible (bisection on log C)."""
+    low, high = 3.0, 24.0
+    if _points(data_dir, 10 ** high, spec) is None:
+        return None
+    for _ in range(30):
+        mid = (low + high) / 2
+        low, high = (low, mid) if _points(data_dir, 10 ** mid, spec) is not None else (mid, high)
+    return 10 ** high
+
+
+def calibration_points(data_dir: str, budget_flops: float,
+                       spec: CalibrationSpec) -> list[dict[str, Any]]:
+    """The sweep a budget pays for: the largest top level whose points cost at most
+    ``spec.share`` of it; a budget too small for the constraints is refused with its minimum."""
+    spec.check()
+    cap = spec.share * budget_flops
+    ratio = sum(10 ** (-spec.decades * k / (spec.levels - 1)) for k in range(spec.levels))
+    smallest = _smallest_top(data_dir, spec)
+    tops: list[float] = []
+    if smallest is not None:  # a step's rounding or a filled-in size can overshoot: shrink
+        top = max(cap / (spec.sizes * ratio), smallest)
+        tops = [top * 0.97**k for k in range(40) if top * 0.97**k > smallest] + [smallest]
+    for top in tops:
+        points = _points(data_dir, top, spec)
+        if points is not None and sum(p["flops"] for p in points) <= cap:
+            return points
+    need = (f"{sum(p['flops'] for p in _points(data_dir, smallest, spec) or []) / spec.share:.3g}"
+            if smallest else "far more")
+    raise ShoestringError(
+        f"budget too small to calibrate: {spec.share:.0%} of {budget_flops:.3g} FLOPs cannot "
+        f"train {spec.sizes} model sizes at {spec.levels} compute levels spanning "
+        f"{spec.decades:g} decades, each at least {spec.min_steps} steps",
+        where="--budget",
+        fix=f"give at least {need} FLOPs, raise --calibrate-share, or plan without --calibrate",
+    )
+
+
+@dataclass
+class Calibration:
+    """What the calibration spent and found."""
+
+    dir: Path
+    points: list[dict[str, Any]]  # this budget's levels
+    all_points: list[dict[str, Any]]  # every point fitted (the dir's, plus --history)
+    flops: float  # the FLOPs of this budget's levels (reused points included)
+    flops_now: float  # of which trained by this call
+    wall_s: float  # wall clock of this call's sweep (training and scoring)
+    train_s: float  # training seconds of the points trained now
+    share: float
+    budget_flops: float
+    boot: BootstrapFit | None = None
+    history: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        levels = sorted({p["budget_flops"] for p in self.points})
+        return {
+            "dir": str(self.dir), "share": self.share, "budget_flops": self.budget_flops,
+            "flops": self.flops, "flops_share": self.flops / self.budget_flops,
+            "within_share": self.flops <= self.share * self.budget_flops,
+            "flops_trained_now": self.flops_now, "reused_points":
+                sum(1 for p in self.points if p.get("reused")),
+            "wall_s": round(self.wall_s, 1), "train_s": round(self.train_s, 1),
+            "levels": levels, "sizes_per_level": len(self.points) // max(len(levels), 1),
+            "points": len(self.points), "fitted_points": len(self.all_points),
+            "history": self.history,
+            "decades": math.log10(levels[-1] / levels[0]) if len(levels) > 1 else 0.0,
+        }
+
+
+def calibrate(data_dir: str | Path, budget_flops: float, spec: CalibrationSpec,
+              root: str | Path | None = None, config: str | Path | None = None,
+              console: Console | None = None) -> Calibration:
+    """Run (or reuse) the calibration sweep for this budget; returns its points and cost."""
+    console = console or Console(stderr=True)
+    data_dir = str(Path(data_dir).resolve())
+    points = calibration_points(data_dir, budget_flops, spec)
+    cal_dir = Path(root) if root is not None else Path(data_dir).parent / "calibration"
+    cal_dir = cal_dir / spec.key(data_dir)
+    done = {p["id"] for p in read_points(cal_dir)} if cal_dir.is_dir() else set()
+    levels = sorted({p["budget_flops"] for p in points})
+    console.print(f"calibrating in {cal_dir}: {len(points)} points at {len(levels)} levels "
+                  f"({', '.join(f'{c:.3g}' for c in levels)} FLOPs), "
+                  f"{sum(p['flops'] for p in points):.3g} FLOPs of {spec.share:.0%} × "
+                  f"{budget_flops:.3g}; {len(done & {p['id'] for p in points})} reused")
+    start = time.perf_counter()
+    finished = run_sweep(data_dir, cal_dir, levels, law=spec.law, config=config,
+                         overrides=list(spec.overrides), eval_sequences=spec.eval_sequences,
+                         console=console, min_sizes=spec.sizes, min_steps=spec.min_steps,
+                         floor=False)
+    wall = time.perf_counter() - start
+    ids = {p["id"] for p in points}
+    mine = [{**p, "reused": p["id"] in done} for p in finished if p["id"] in ids]
+    return Calibration(
+        cal_dir, mine, finished, sum(p["flops"] for p in mine),
+        sum(p["flops"] for p in mine if not p["reused"]), wall,
+        sum(p.get("train_seconds") or 0.0 for p in mine if not p["reused"]), spec.share,
+        budget_flops)
+
+
+# ----------------------------------------------------------------------------- history
+
+
+def history_points(paths: list[str | Path], objective: str | None) -> list[dict[str, Any]]:
+    """(N, D, held-out loss) points from finished runs (summary.json + eval) and sweep dirs;
+    a run without a held-out eval, or of another objective, is refused by name."""
+    from shoestring.rundir import RunDir, read_json_object
+
+    out: list[dict[str, Any]] = []
+    for path in map(Path, paths):
+        if (path / "points.jsonl").is_file() or (path / "sweep.json").is_file():
+            out += [{**p, "source": str(path)} for p in read_points(path)
+                    if objective is None or p["model"]["objective"] == objective]
+            continue
+        run = RunDir(path)
+        summary = run.read_summary()
+        loss = prediction.held_out(read_json_object(run.eval_path)
+                                   or read_json_object(run.decoder_eval_path))
+        if loss is None:
+            raise ShoestringError("the run has no held-out loss to learn from", where=str(path),
+                                  fix=f"run `shoestring eval {path}` first")
+        if objective is not None and summary.get("objective", objective) != objective:
+            raise ShoestringError(f"a {summary.get('objective')} run cannot refit a "
+                                  f"{objective} law", where=str(path), fix="drop this run")
+        out.append({"id": f"run:{path}", "params_non_embedding": summary["params_non_embedding"],
+                    "tokens": summary["tokens"], "val_loss": loss, "source": str(path),
+                    "budget_flops": summary.get("total_flops")})
+    return out
+
+
+def fit_points(points: list[dict[str, Any]], objective: str, name: str,
+               spec: CalibrationSpec) -> BootstrapFit:
+    """L(N, D) with bootstrap intervals on these points (the same id counted once)."""
+    unique = list({p["id"]: p for p in points}.values())
+    return bootstrap_fit([p["params_non_embedding"] for p in unique],
+                         [p["tokens"] for p in unique], [p["val_loss"] for p in unique],
+                         resamples=spec.resamples, seed=spec.seed, name=name,
+                         objective=objective,
+                         source=f"shoestring plan --calibrate/--history ({len(unique)} points)")
+
+
+def write_law(boot: BootstrapFit, path: str | Path) -> Path:
+    """The fitted law with its bootstrap, so `plan --law FILE` gives the same intervals."""
+    write_text_atomic(Path(path), law_to_yaml(boot.fit.law,
+                                              {"bootstrap": prediction.bootstrap_to_dict(boot)}))
+    return Path(path)
+
+
+# ------------------------------------------------------------------------------ the plan
+
+
+def calibrated_plan(req: PlanRequest, spec: CalibrationSpec, calibrate_data: bool = True,
+                    history: list[str] | None = None, root: str | Path | None = None,
+                    config: str | Path | None = None,
+                    console: Console | None = None) -> dict[str, Any]:
+    """`plan --calibrate` / `--history`: calibrate (if asked), fit with intervals, and plan
+    the budget left after the calibration with the fitted law."""
+    if req.data is None:
+        raise ShoestringError("calibration and --history fit a law on your data",
+                              where="--data", fix="pass the prepared data dir: --data DATA")
+    budget = parse_budget(req.budget)
+    if budget.kind not in ("flops", "seconds"):
+        raise ShoestringError(f"--calibrate needs a FLOP or wall-clock budget, not {budget.kind}",
+                              where="--budget", fix="e.g. --budget 1e14flops or --budget 30m")
+    if calibrate_data and budget.kind == "flops":  # refuse a budget too small up front
+        calibration_points(str(req.data), budget.amount, spec)
+    base = make_plan(req, console)  # checks the request; the budget in FLOPs
+    total = float(base["plan"]["budget"]["flops"])
+    objective = base["plan"]["objective"]
+    cal = calibrate(req.data, total, spec, root, config, console) if calibrate_data else None
+    points = (cal.all_points if cal else []) + history_points(history or [], objective)
+    boot = fit_points(points, objective, "calibrated" if cal else "history", spec)
+    if cal is not None:
+        cal.boot, cal.history = boot, [str(h) for h in history or []]
+        write_law(boot, cal.dir / "law.yaml")
+    _check_usable(boot, total, cal.dir if cal else None)
+    rest = _remaining(req, base, cal)
+    tree = make_plan(rest, console, fitted=boot)
+    meta = tree["plan"]
+    meta["budget"]["input"] = req.budget
+    meta["budget"]["total_flops"] = total
+    if cal is not None:
+        meta["calibration"] = cal.to_dict()
+        meta["calibration"]["law_file"] = str(cal.dir / "law.yaml")
+        meta["notes"].insert(0, calibration_note(cal, base))
+    if history:
+        meta["history"] = {"runs": [str(h) for h in history], "points": len(points)}
+    if (warning := degenerate(boot)) is not None:
+        meta["notes"].insert(0, warning)
+    return tree
+
+
+def _check_usable(boot: BootstrapFit, flops: float, where: Path | None) -> None:
+    """Refuse a fitted law with no compute-optimal size (its closed form under- or
+    overflows): points that do not pin L(N, D) cannot plan a budget."""
+    law = boot.fit.law
+    try:
+        n_opt = law.optimal(flops)[0]
+    except (ZeroDivisionError, OverflowError, ValueError):
+        n_opt = float("nan")
+    if not (math.isfinite(n_opt) and n_opt > 0):
+        raise ShoestringError(
+            f"the law fitted on {boot.fit.points} points is degenerate (L = {law.E:.3g} + "
+            f"{law.A:.3g}/N^{law.alpha:.3g} + {law.B:.3g}/D^{law.beta:.3g}) and has no "
+            "compute-optimal size: the points do not pin how loss falls with N and D",
+            where=str(where) if where else "--history",
+            fix="calibrate with a larger budget (more steps per point), or add finished runs "
+            "of several sizes with --history")
+
+
+def degenerate(boot: BootstrapFit) -> str | None:
+    """A warning when an exponent sits at its bound: the points do not pin the law (too few
+    steps, too little spread in N or D), so the split it plans is the bound's, not the data's."""
+    law = boot.fit.law
+    low = [f"{k} = {v:.3g}" for k, v in (("α", law.alpha), ("β", law.beta)) if v < 0.01]
+    if not low:
+        return None
+    return (f"the fit is degenerate ({', '.join(low)}: at its bound): the points do not pin "
+            "L(N, D) — give calibration a larger budget (more steps per point) — and the "
+            "interval is only as good as the points")
+
+
+def _remaining(req: PlanRequest, base: dict[str, Any], cal: Calibration | None) -> PlanRequest:
+    """The request for what is left: FLOPs minus the calibration's; a wall-clock budget minus
+    the calibration's wall, at the MFU its largest points measured (unless --mfu was given)."""
+    from dataclasses import replace
+
+    b = base["plan"]["budget"]
+    if cal is None:
+        return req
+    if parse_budget(req.budget).kind == "flops":
+        return replace(req, budget=f"{b['flops'] - cal.flops:.6g}flops")
+    seconds = parse_budget(req.budget).amount - cal.wall_s
+    if seconds <= 0:
+        raise ShoestringError(f"the calibration took {cal.wall_s:.0f} s, the whole budget",
+                              where="--budget", fix="give a longer budget or a FLOP budget")
+    top = max(p["budget_flops"] for p in cal.points)
+    mfus = sorted(p["mfu"] for p in cal.points if p["budget_flops"] == top and p.get("mfu"))
+    mfu = req.mfu if req.mfu is not None else (mfus[len(mfus) // 2] if mfus else None)
+    return replace(req, budget=f"{seconds:.6g}s", mfu=mfu, measure=False if mfu else req.measure)
+
+
+def calibration_note(cal: Calibration, base: dict[str, Any]) -> str:
+    """What the calibration cost, and whether it stayed within its share."""
+    d = cal.to_dict()
+    within = "within" if d["within_share"] else "OVER"
+    budget = parse_budget(base["plan"]["budget"]["input"])
+    wall = f"{cal.wall_s:.0f} s wall here"
+    if budget.kind == "seconds":
+        wall += f" ({cal.wall_s / budget.amount:.0%} of the {budget.amount:.0f} s budget)"
+    return (f"calibration: {d['points']} runs ({d['sizes_per_level']} sizes × "
+            f"{len(d['levels'])} levels, {d['decades']:.2f} decades; {d['reused_points']} "
+            f"reused) cost {cal.flops:.3g} FLOPs = {d['flops_share']:.1%} of the budget, "
+            f"{within} its {cal.share:.0%} share; {wall}; the rest of the budget is planned "
+            f"with the law fitted on {d['fitted_points']} points")

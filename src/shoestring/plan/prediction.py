@@ -1,0 +1,216 @@
+"""The plan's predicted held-out loss, and the check of it after the run.
+
+A plan states ``prediction: {loss, low, high, level, law, units, comparable, extrapolated,
+outside, basis}``:
+
+- with a law fitted on your data (`plan --calibrate`, `plan --history`, or a law file that
+  `plan --fit` / calibration wrote with its bootstrap), the loss is in the units of the
+  held-out loss `shoestring eval RUN` reports (eval.json's ``mlm_loss``; decoders: the
+  next-token loss of decoder_eval.json on the validation split), with a 90% bootstrap interval
+  (`shoestring.plan.fit.bootstrap_fit`) and the extrapolation flags of the fitted span;
+- with a published law (Chinchilla, Epoch), the loss is on that law's own data scale (decoder
+  LMs on MassiveText, their tokenizer): it is not a prediction of your eval loss, so no
+  interval is given (``low``/``high`` null, ``comparable`` false) and the plan says so.
+
+`train --plan` copies the plan's prediction into the run's summary.json (``record``); `eval`
+and `report` set it beside the achieved held-out loss (``check``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from shoestring.errors import ShoestringError
+from shoestring.fsutil import write_json_atomic
+from shoestring.plan.fit import BootstrapFit, FitResult, Span
+from shoestring.plan.laws import LAWS, Law
+
+LEVEL = 0.9
+
+UNITS = {
+    "mlm": "held-out MLM loss, nats per masked token (eval.json mlm_loss: `shoestring eval RUN` "
+           "on the validation split)",
+    "clm": "held-out next-token loss, nats per token (decoder_eval.json perplexity.loss: "
+           "`shoestring eval RUN` on the validation split)",
+}
+
+# What Hoffmann et al. (2022) trained to fit their law (and Epoch's refit of the same data):
+# 70M to 16B parameters, 5B to 500B tokens (§3.3). A plan outside it extrapolates the law.
+PUBLISHED_SPAN = Span((7e7, 1.6e10), (5e9, 5e11), (6 * 7e7 * 5e9, 6 * 1.6e10 * 5e11))
+
+
+def units(objective: str) -> str:
+    """What a fitted law's loss means, for this objective."""
+    return UNITS.get(objective, f"held-out {objective} loss as `shoestring eval RUN` reports it")
+
+
+def published(law: Law, n: float, d: float, loss: float,
+              objective: str = "mlm") -> dict[str, Any]:
+    """A published law's prediction: its own scale, no interval (see the module). A law
+    file without a bootstrap (`plan --fit`) is on your eval's scale but has no interval."""
+    if law.name not in LAWS:
+        return {"loss": loss, "low": None, "high": None, "level": None, "law": law.name,
+                "units": units(objective), "comparable": law.objective == objective,
+                "extrapolated": None, "outside": [],
+                "basis": "a law file without a bootstrap (`plan --fit`): no interval and no "
+                         "fitted span; `plan --calibrate` or `--history` fit one with both"}
+    outside = PUBLISHED_SPAN.outside(n, d)
+    return {
+        "loss": loss, "low": None, "high": None, "level": None, "law": law.name,
+        "units": f"the '{law.name}' law's own data ({law.objective.upper()} on MassiveText, "
+                 "its tokenizer), not your eval loss",
+        "comparable": False, "extrapolated": bool(outside), "outside": [w for w, _ in outside],
+        "basis": "a published law: its loss values belong to another objective, corpus and "
+                 "tokenizer, so no interval on your data is claimed; `plan --calibrate` fits "
+                 "one on your data with a 90% interval",
+    }
+
+
+def fitted(boot: BootstrapFit, n: float, d: float, objective: str,
+           ceiling: float | None = None) -> dict[str, Any]:
+    """A fitted law's prediction with its bootstrap interval (clamped at ``ceiling``,
+    ln(vocabulary): no model is worse than a uniform guess for long)."""
+    p = boot.predict(n, d)
+    clamp = (lambda x: min(x, ceiling)) if ceiling else (lambda x: x)
+    basis = (f"{len(boot.thetas)} bootstrap refits of L(N, D) on {boot.fit.points} points "
+             f"(seed {boot.seed}), times the fit's residuals: the {p.level:.0%} interval of a "
+             "new run")
+    if p.extrapolated:
+        basis += (f"; outside the fitted span, so its half-widths are widened ×{p.widened_by:.2f}"
+                  " (1 + the decades extrapolated)")
+    return {
+        "loss": clamp(p.loss), "low": clamp(p.low), "high": clamp(p.high), "level": p.level,
+        "law": boot.fit.law.name, "units": units(objective), "comparable": True,
+        "extrapolated": p.extrapolated, "outside": list(p.outside), "basis": basis,
+    }
+
+
+def bootstrap_to_dict(boot: BootstrapFit) -> dict[str, Any]:
+    """What a law file keeps so `--law FILE` gives the same intervals (see ``bootstrap_from``)."""
+    s = boot.span
+    return {"level": boot.level, "seed": boot.seed, "points": boot.fit.points,
+            "huber": boot.fit.huber, "rmse_log_loss": boot.fit.rmse_log,
+            "span": {"n": list(s.n), "d": list(s.d), "c": list(s.c)},
+            "residuals": [float(r) for r in boot.residuals],
+            "thetas": [[float(x) for x in t] for t in boot.thetas]}
+
+
+def bootstrap_from(law: Law, path: str | Path) -> BootstrapFit | None:
+    """The bootstrap a law file carries (calibration writes it), or None (published laws,
+    `plan --fit` files without one)."""
+    if law.name in LAWS or not Path(path).is_file():
+        return None
+    tree = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    b = tree.get("bootstrap") if isinstance(tree, dict) else None
+    if not isinstance(b, dict):
+        return None
+    try:
+        span = Span(*(tuple(float(x) for x in b["span"][k]) for k in ("n", "d", "c")))
+        fit = FitResult(law, float(b["huber"]), float(b["rmse_log_loss"]), int(b["points"]))
+        return BootstrapFit(fit, np.array(b["thetas"], dtype=np.float64),
+                            np.array(b["residuals"], dtype=np.float64), span,
+                            float(b["level"]), int(b["seed"]))
+    except (KeyError, TypeError, ValueError):
+        raise ShoestringError("the law file's bootstrap section is damaged", where=str(path),
+                              fix="calibrate again (`shoestring plan --calibrate`)") from None
+
+
+# ------------------------------------------------------------------------- after the run
+
+
+def from_plan(plan_path: str | Path) -> dict[str, Any] | None:
+    """The prediction a plan file states (None for plans written before predictions)."""
+    tree = yaml.safe_load(Path(plan_path).read_text(encoding="utf-8")) or {}
+    pred = (tree.get("plan") or {}).get("prediction") if isinstance(tree, dict) else None
+    return dict(pred) if isinstance(pred, dict) else None
+
+
+def record(run_dir: str | Path, plan_path: str | Path | None,
+           kept: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """Copy the plan's prediction into the run's summary.json as ``prediction`` (with the
+    plan's path), atomically; ``kept``: the prediction a resumed run's earlier summary had.
+    Returns it (None when there is none)."""
+    pred = ({**p, "plan": str(Path(plan_path).resolve())} if plan_path is not None
+            and (p := from_plan(plan_path)) is not None else kept)
+    path = Path(run_dir) / "summary.json"
+    if pred is None or not path.is_file():
+        return None
+    summary = json.loads(path.read_text(encoding="utf-8"))
+    summary["prediction"] = pred
+    write_json_atomic(path, summary)
+    return pred
+
+
+def held_out(evaluation: dict[str, Any] | None) -> float | None:
+    """The held-out loss an eval file states: eval.json's ``mlm_loss``, or decoder_eval.json's
+    next-token loss when it was measured on the run's validation split."""
+    e = evaluation or {}
+    if isinstance(e.get("mlm_loss"), (int, float)):
+        return float(e["mlm_loss"])
+    ppl = e.get("perplexity")
+    if isinstance(ppl, dict) and isinstance(ppl.get("loss"), (int, float)) \
+            and ppl.get("source", "run validation split") == "run validation split":
+        return float(ppl["loss"])
+    return None
+
+
+def check(prediction: dict[str, Any] | None, achieved: float | None) -> dict[str, Any] | None:
+    """Predicted vs achieved: the error, and whether it fell in the interval (None when the
+    prediction is on another scale or there is nothing to compare)."""
+    if not prediction or achieved is None or prediction.get("loss") is None:
+        return None
+    low, high = prediction.get("low"), prediction.get("high")
+    comparable = bool(prediction.get("comparable"))
+    inside = (low <= achieved <= high) if comparable and low is not None and high is not None \
+        else None
+    return {"predicted": prediction["loss"], "low": low, "high": high, "achieved": achieved,
+            "error_pct": 100 * (prediction["loss"] - achieved) / achieved,
+            "inside": inside, "comparable": comparable, "law": prediction.get("law")}
+
+
+def check_run(run_dir: str | Path, evaluation: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``check`` of the prediction `train --plan` recorded in the run's summary.json against
+    this evaluation (None when the run has no prediction)."""
+    path = Path(run_dir) / "summary.json"
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return check(summary.get("prediction") if isinstance(summary, dict) else None,
+                 held_out(evaluation))
+
+
+def line(pred: dict[str, Any] | None) -> str:
+    """The plan's predicted held-out loss for people: interval, units, extrapolation."""
+    if not pred:
+        return "—"
+    if pred.get("low") is None and not pred.get("comparable"):
+        text = f"{pred['loss']:.3f} on the '{pred['law']}' law's own scale, no interval " \
+            "(not your eval loss; --calibrate fits one on your data)"
+    elif pred.get("low") is None:
+        text = f"held-out loss {pred['loss']:.3f} ({pred['law']}), no interval (a law file "\
+            "without a bootstrap)"
+    else:
+        text = (f"held-out loss {pred['loss']:.3f}, {pred['level']:.0%} interval "
+                f"[{pred['low']:.3f}, {pred['high']:.3f}] ({pred['law']})")
+    if pred.get("extrapolated"):
+        text += "; extrapolates: " + "; ".join(pred.get("outside") or [])
+    return text
+
+
+def describe(c: dict[str, Any]) -> str:
+    """One line for people: ``predicted 5.91 [5.80, 6.05], achieved 5.95: inside``."""
+    if not c["comparable"]:
+        return (f"the plan's law ({c['law']}) predicted {c['predicted']:.3f} on its own data's "
+                f"scale; achieved {c['achieved']:.3f} (not comparable: calibrate to predict "
+                "this loss)")
+    interval = f" [{c['low']:.3f}, {c['high']:.3f}]" if c["low"] is not None else ""
+    verdict = {True: "inside the interval", False: "OUTSIDE the interval",
+               None: "no interval"}[c["inside"]]
+    return (f"predicted {c['predicted']:.3f}{interval}, achieved {c['achieved']:.3f} "
+            f"({c['error_pct']:+.1f}%): {verdict}")

@@ -1,0 +1,341 @@
+"""The planner that checks itself: bootstrap intervals, `plan --calibrate`, the prediction a
+plan states, `train --plan` recording it, `eval`/`report` checking it, `plan --history`."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from conftest import TINY_MODEL, fails_cleanly, run_cli
+from shoestring.config import Config, DataConfig, TrainConfig
+from shoestring.errors import ShoestringError
+from shoestring.plan import fit as F
+from shoestring.plan import prediction as P
+from shoestring.plan.calibrate import CalibrationSpec, calibrated_plan, calibration_points
+from shoestring.plan.laws import Law
+from shoestring.plan.planner import PlanRequest, make_plan
+
+TRUTH = Law("truth", E=1.9, A=400.0, B=1500.0, alpha=0.33, beta=0.37)
+
+
+def _points(noise: float, seed: int = 0) -> tuple[list[float], list[float], list[float]]:
+    """5 sizes at 3 budgets over 1.5 decades, losses from TRUTH with log-normal noise."""
+    rng = np.random.default_rng(seed)
+    n, d, loss = [], [], []
+    for c in np.geomspace(1e17, 1e17 * 10**1.5, 3):
+        n0, _ = TRUTH.optimal(c)
+        for f in (1 / 4, 1 / 2, 1, 2, 4):
+            n.append(n0 * f)
+            d.append(c / (6 * n0 * f))
+            loss.append(TRUTH.loss(n[-1], d[-1]) * math.exp(rng.normal(0, noise)))
+    return n, d, loss
+
+
+def test_bootstrap_interval_covers_the_truth_and_widens_past_the_fitted_range() -> None:
+    n, d, loss = _points(noise=0.01)
+    boot = F.bootstrap_fit(n, d, loss, resamples=100, seed=3)
+    assert boot.thetas.shape == (100, 5)
+    inside = boot.predict(*TRUTH.optimal(1e18))
+    assert not inside.extrapolated and inside.outside == () and inside.widened_by == 1
+    assert inside.low < TRUTH.loss(*TRUTH.optimal(1e18)) < inside.high
+    assert (inside.high - inside.low) / inside.loss < 0.1  # 1% noise: a few percent wide
+    far = boot.predict(*TRUTH.optimal(1e21))  # 1.5 decades past the largest budget
+    assert far.extrapolated and any(w.startswith("C = ") for w in far.outside)
+    assert far.widened_by > 2
+    assert (far.high - far.low) / far.loss > (inside.high - inside.low) / inside.loss
+    # seeded: the same points and seed give the same interval
+    again = F.bootstrap_fit(n, d, loss, resamples=100, seed=3).predict(*TRUTH.optimal(1e18))
+    assert (again.low, again.high) == (inside.low, inside.high)
+
+
+# (N, D, held-out loss) of a real default calibration (builtin:pydocs, vocabulary 512,
+# sequences of 32; docs/planning.md): one term's weight vanishes in some resamples, which once
+# made the batched refit's linear system singular.
+REAL_POINTS = [
+    (45312, 89088, 5.3043), (86400, 50688, 5.3821), (344832, 13824, 5.4778),
+    (508928, 9216, 5.6232), (673024, 7680, 5.7071), (45312, 500736, 4.8314),
+    (86400, 284160, 5.04), (344832, 78336, 5.1928), (508928, 53760, 5.2769),
+    (673024, 41472, 5.3439), (45312, 2816000, 4.1332), (86400, 1594880, 4.1065),
+    (344832, 442880, 4.7058), (508928, 302080, 4.7863), (673024, 230400, 4.8982)]
+
+
+def test_bootstrap_of_a_real_calibration_is_finite_and_brackets_its_points() -> None:
+    n, d, loss = zip(*REAL_POINTS)
+    boot = F.bootstrap_fit(n, d, loss)
+    assert np.isfinite(boot.thetas).all()
+    inside = 0
+    for ni, di, li in REAL_POINTS:  # inside the span; a 90% interval holds ~90% of them
+        p = boot.predict(ni, di)
+        assert not p.extrapolated and p.low < p.loss < p.high
+        inside += p.low <= li <= p.high
+    assert inside >= 12  # 14 of 15 when this was written
+
+
+def test_noisier_points_give_a_wider_interval() -> None:
+    c = TRUTH.optimal(3e17)
+    quiet = F.bootstrap_fit(*_points(noise=0.002), resamples=60).predict(*c)
+    noisy = F.bootstrap_fit(*_points(noise=0.03), resamples=60).predict(*c)
+    assert noisy.high - noisy.low > 3 * (quiet.high - quiet.low)
+
+
+def test_a_published_law_plan_predicts_on_its_own_scale_without_an_interval() -> None:
+    tree = make_plan(PlanRequest(hardware="t4", budget="1e12flops"))
+    pred = tree["plan"]["prediction"]
+    assert pred["low"] is None and pred["high"] is None and pred["comparable"] is False
+    assert pred["law"] == "epoch" and "not your eval loss" in pred["units"]
+    assert pred["extrapolated"] and any("below the smallest fitted" in w for w in pred["outside"])
+    # and the check refuses to call it right or wrong
+    c = P.check(pred, 5.0)
+    assert c["inside"] is None and "not comparable" in P.describe(c)
+
+
+def test_a_law_file_without_a_bootstrap_predicts_your_loss_without_an_interval(
+        tmp_path: Path) -> None:
+    from shoestring.plan.laws import law_to_yaml
+
+    path = tmp_path / "law.yaml"
+    path.write_text(law_to_yaml(Law("fit:mine", E=3.5, A=30.0, B=60.0, alpha=0.3, beta=0.35,
+                                    objective="mlm")))
+    pred = make_plan(PlanRequest(hardware="t4", budget="1e12flops", law=str(path)))["plan"][
+        "prediction"]
+    assert pred["comparable"] and pred["low"] is None and "eval.json" in pred["units"]
+    assert "without a bootstrap" in P.line(pred) and "no interval" in P.describe(
+        P.check(pred, 5.0))
+
+
+def test_check_says_inside_or_outside() -> None:
+    pred = {"loss": 5.0, "low": 4.8, "high": 5.3, "comparable": True, "law": "calibrated"}
+    assert P.check(pred, 5.2)["inside"] is True
+    out = P.check(pred, 5.4)
+    assert out["inside"] is False and "OUTSIDE" in P.describe(out)
+    assert out["error_pct"] == pytest.approx(100 * (5.0 - 5.4) / 5.4)
+    assert P.check(pred, None) is None
+
+
+def test_the_achieved_loss_is_evals_on_the_validation_split() -> None:
+    assert P.held_out({"mlm_loss": 5.5, "unigram_loss": 6.0}) == 5.5
+    decoder = {"perplexity": {"source": "run validation split", "loss": 4.25}}
+    assert P.held_out(decoder) == 4.25
+    # a decoder scored on another text is not the loss the plan predicted
+    assert P.held_out({"perplexity": {"source": "other.txt", "loss": 3.0}}) is None
+    assert P.held_out(None) is None
+
+
+def test_calibration_points_meet_the_constraints_within_the_share(pydocs_dir: Path) -> None:
+    """The default calibration: ≥ 5 sizes at ≥ 3 levels over ≥ 1.5 decades, each ≥ 10
+    steps, all of it within 15% of the budget; a smaller budget is refused with its minimum."""
+    spec = CalibrationSpec()
+    budget = 1e14
+    points = calibration_points(str(pydocs_dir), budget, spec)
+    levels = sorted({p["budget_flops"] for p in points})
+    assert len(levels) == 3 and math.log10(levels[-1] / levels[0]) >= 1.5 - 1e-3
+    for c in levels:
+        shapes = {p["shape"] for p in points if p["budget_flops"] == c}
+        assert len(shapes) >= 5
+    assert all(p["steps"] >= 10 for p in points)
+    assert sum(p["flops"] for p in points) <= 0.15 * budget
+    assert sum(p["flops"] for p in points) > 0.05 * budget  # the share is used, not wasted
+    with pytest.raises(ShoestringError, match="too small to calibrate") as e:
+        calibration_points(str(pydocs_dir), 1e10, spec)
+    need = float(e.value.fix.split("at least ")[1].split(" FLOPs")[0])
+    for more in (1.001, 1.02, 1.05):  # the stated minimum is enough, and so is any more
+        points = calibration_points(str(pydocs_dir), need * more, spec)
+        assert sum(p["flops"] for p in points) <= 0.15 * need * more
+
+
+def test_plan_calibrate_refuses_a_budget_too_small(pydocs_dir: Path) -> None:
+    r = run_cli("plan", "--calibrate", "--hardware", "t4", "--budget", "1e10flops",
+                "--data", str(pydocs_dir))
+    fails_cleanly(r, "budget too small to calibrate", "give at least")
+    r = run_cli("plan", "--calibrate", "--hardware", "t4", "--budget", "1e13flops")
+    fails_cleanly(r, "--data")
+    r = run_cli("plan", "--calibrate", "--calibrate-share", "1.5", "--hardware", "t4",
+                "--budget", "1e13flops", "--data", str(pydocs_dir))
+    fails_cleanly(r, "--calibrate-share")
+
+
+def _law_sweep(path: Path, law: Law) -> Path:
+    """A sweep dir whose 15 points (5 sizes × 3 budgets) lie on ``law``."""
+    path.mkdir()
+    (path / "sweep.json").write_text(json.dumps({"format": "shoestring-sweep/1",
+                                                 "objective": "mlm"}))
+    with open(path / "points.jsonl", "w") as f:
+        for c in (1e10, 4e10, 1.6e11):
+            for n in (4.5e4, 9e4, 1.8e5, 3.6e5, 7.2e5):
+                d = c / (6 * n)
+                f.write(json.dumps({"id": f"C{c:g}-{n:g}", "budget_flops": c, "model":
+                                    {"objective": "mlm"}, "params_non_embedding": n,
+                                    "tokens": d, "val_loss": law.loss(n, d)}) + "\n")
+    return path
+
+
+# ------------------------------------------------------------- real runs, one calibration
+
+# The issue's constraints (3 levels over 1.5 decades, 10 steps a point) cost ~2e12 FLOPs at
+# the least, minutes on a busy 2-core CPU; these tests relax them to 2 levels over 0.3
+# decades and 2 steps (10 real runs of seconds each), which exercises the same code.
+TEST_SPEC = CalibrationSpec(levels=2, decades=0.3, min_steps=2, eval_sequences=32, resamples=50,
+                            overrides=("train.val_every=0", "train.tensorboard=false",
+                                       "train.attention=sdpa"))
+BUDGET = "2e11flops"
+
+
+def _cram_config() -> Config:
+    return Config(data=DataConfig(vocab_size=512, seq_len=32), model=TINY_MODEL,
+                  train=TrainConfig(budget="6e10flops", val_every=0, tensorboard=False,
+                                    attention="sdpa"))
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """builtin:pydocs with a 512-token vocabulary and sequences of 32 (the cheapest shapes),
+    prepared where `cram` would, so the cram test below reuses it and its calibration."""
+    from shoestring.data.prep import prep
+
+    out = tmp_path_factory.mktemp("cram") / "data"
+    cfg = _cram_config()
+    prep(["builtin:pydocs"], out, cfg.data, curate=cfg.curate)
+    return out
+
+
+@pytest.fixture(scope="module")
+def calibrated(tiny_data: Path) -> dict:
+    from rich.console import Console
+
+    root = tiny_data.parent / "calibration"  # where `cram --auto` keeps its calibrations
+    root.mkdir()
+    log = Console(file=open(root.parent / "log.txt", "w"), width=120)
+    req = PlanRequest(hardware="t4", budget=BUDGET, data=str(tiny_data))
+    first = calibrated_plan(req, TEST_SPEC, root=root, console=log)
+    plan_file = root / "plan.yaml"
+    from shoestring.plan.planner import write_plan
+
+    write_plan(first, plan_file)
+    return {"tree": first, "plan": plan_file, "root": root, "req": req, "log": log}
+
+
+@pytest.mark.slow
+def test_calibrated_plan_states_its_cost_and_an_interval(calibrated: dict) -> None:
+    meta = calibrated["tree"]["plan"]
+    cal, pred = meta["calibration"], meta["prediction"]
+    assert cal["points"] == 10 and cal["sizes_per_level"] == 5 and cal["reused_points"] == 0
+    assert cal["within_share"] and cal["flops"] <= 0.15 * 2e11
+    assert cal["flops_trained_now"] == cal["flops"] and cal["wall_s"] > 0
+    # the rest of the budget is what the plan trains (to within a step of the trainer's)
+    assert meta["budget"]["flops"] == pytest.approx(2e11 - cal["flops"], rel=1e-4)
+    assert meta["budget"]["total_flops"] == 2e11
+    assert pred["comparable"] and pred["low"] <= pred["loss"] <= pred["high"]
+    assert pred["law"] == "calibrated" and "eval.json mlm_loss" in pred["units"]
+    assert isinstance(pred["extrapolated"], bool)
+    assert "within its 15% share" in meta["notes"][0]
+    # the law file keeps the bootstrap: planning with it gives the same interval
+    law_file = cal["law_file"]
+    again = make_plan(PlanRequest(hardware="t4", budget=f"{meta['budget']['flops']}flops",
+                                  data=calibrated["req"].data, law=law_file))
+    assert again["plan"]["prediction"]["low"] == pytest.approx(pred["low"])
+
+
+@pytest.mark.slow
+def test_a_second_calibration_on_the_same_data_reuses_every_point(calibrated: dict) -> None:
+    cal_dir = Path(calibrated["tree"]["plan"]["calibration"]["dir"])
+    stamps = {p: p.stat().st_mtime_ns for p in cal_dir.glob("runs/*/summary.json")}
+    assert len(stamps) == 10
+    tree = calibrated_plan(calibrated["req"], TEST_SPEC, root=calibrated["root"],
+                           console=calibrated["log"])
+    cal = tree["plan"]["calibration"]
+    assert cal["reused_points"] == 10 and cal["flops_trained_now"] == 0
+    assert {p: p.stat().st_mtime_ns for p in cal_dir.glob("runs/*/summary.json")} == stamps
+    assert tree["plan"]["prediction"]["loss"] == calibrated["tree"]["plan"]["prediction"]["loss"]
+    # a wall-clock budget pays for the calibration's wall time too: at 0.1% of a T4's 65
+    # TFLOP/s, 2e11 FLOPs (the same levels, all reused) are 3.08 s, less the wall it took
+    seconds = 2e11 / (65e12 * 0.001)
+    timed = calibrated_plan(PlanRequest(hardware="t4", budget=f"{seconds!r}s", mfu=0.001,
+                                        data=calibrated["req"].data), TEST_SPEC,
+                            root=calibrated["root"], console=calibrated["log"])["plan"]
+    wall = timed["calibration"]["wall_s"]
+    assert timed["calibration"]["reused_points"] == 10 and wall < seconds
+    assert timed["budget"]["flops"] == pytest.approx((seconds - wall) * 65e12 * 0.001, rel=0.05)
+
+
+@pytest.mark.slow
+def test_train_records_the_prediction_and_eval_report_history_check_it(
+        calibrated: dict, tiny_data: Path, tmp_path: Path) -> None:
+    plan_file, run = calibrated["plan"], tmp_path / "run"
+    # the plan's own budget is minutes on a busy CPU: 30 steps keep this check of the
+    # bookkeeping quick (the loss is then not the planned run's, which is not checked here)
+    r = run_cli("train", "--data", str(tiny_data), "--plan", str(plan_file), "-o", str(run),
+                "--steps", "30", "--set", "train.val_every=0", "--set",
+                "train.tensorboard=false", timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "plan's prediction" in r.stdout
+    summary = json.loads((run / "summary.json").read_text())
+    planned = yaml.safe_load(plan_file.read_text())["plan"]["prediction"]
+    assert summary["prediction"]["loss"] == pytest.approx(planned["loss"])
+    assert summary["prediction"]["plan"] == str(plan_file.resolve())
+
+    r = run_cli("eval", str(run))
+    assert r.returncode == 0, r.stderr
+    achieved = json.loads((run / "eval.json").read_text())["mlm_loss"]
+    line = next(ln for ln in r.stdout.splitlines() if "plan's prediction" in ln)
+    assert f"achieved {achieved:.3f}" in line
+    inside = planned["low"] <= achieved <= planned["high"]
+    assert ("inside the interval" in line) == inside and ("OUTSIDE" in line) == (not inside)
+
+    r = run_cli("report", str(run), "-o", str(tmp_path / "report"))
+    assert r.returncode == 0, r.stderr
+    table = json.loads((tmp_path / "report" / "report.json").read_text())["runs"][0]["table"]
+    assert f"achieved {achieved:.3f}" in table["plan's prediction"]
+
+    # --history: a sweep dir and this run refit the law. The calibration's own points (2
+    # steps each) do not pin a law; the sweep here holds points of a known law at these
+    # sizes, as a sweep writes them, so the refit is well posed and this run is one more point
+    sweep = _law_sweep(tmp_path / "sweep", Law("known", E=3.5, A=30.0, B=60.0, alpha=0.3,
+                                               beta=0.35))
+    out = tmp_path / "next.yaml"
+    r = run_cli("plan", "--hardware", "t4", "--budget", BUDGET, "--data", str(tiny_data),
+                "--history", str(sweep), "--history", str(run), "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    tree = yaml.safe_load(out.read_text())["plan"]
+    assert tree["history"]["points"] == 16 and "calibration" not in tree
+    assert tree["prediction"]["law"] == "history" and tree["prediction"]["comparable"]
+    assert tree["prediction"]["low"] <= tree["prediction"]["loss"] <= tree["prediction"]["high"]
+    cal_dir = calibrated["tree"]["plan"]["calibration"]["dir"]
+    # a run without a held-out eval cannot teach the law anything
+    (run / "eval.json").unlink()
+    r = run_cli("plan", "--hardware", "t4", "--budget", BUDGET, "--data", str(tiny_data),
+                "--history", cal_dir, "--history", str(run))
+    fails_cleanly(r, "no held-out loss", "shoestring eval")
+
+
+@pytest.mark.slow
+def test_cram_auto_trains_the_calibrated_plan_and_checks_it(calibrated: dict,
+                                                            tiny_data: Path) -> None:
+    """`cram --auto`: the same data and settings reuse the calibration (a share of 50% of
+    6e10 FLOPs buys the same levels), then the plan for the rest is trained and checked."""
+    from dataclasses import replace
+
+    from rich.console import Console
+
+    from shoestring.cram import cram
+
+    result = cram(["builtin:pydocs"], tiny_data.parent, _cram_config(),
+                  console=calibrated["log"], auto=replace(TEST_SPEC, share=0.5))
+    meta = result.plan["plan"]
+    cal = meta["calibration"]
+    assert cal["reused_points"] == 10 and cal["within_share"] and cal["flops"] <= 0.5 * 6e10
+    # the run trained the plan: the budget left after calibration, to within a step
+    step = meta["batch"]["tokens_per_step"] * result.summary["flops_per_token"]
+    assert abs(result.summary["total_flops"] - (6e10 - cal["flops"])) <= step
+    recorded = json.loads((result.run_dir / "summary.json").read_text())["prediction"]
+    assert recorded["loss"] == pytest.approx(meta["prediction"]["loss"])
+    console = Console(width=200, record=True)
+    console.print(result.table())
+    text = console.export_text()
+    assert "calibration" in text and "plan's prediction" in text
+    assert f"achieved {result.evaluation['mlm_loss']:.3f}" in text
+    assert result.wall_s is not None and "wall clock" in text
