@@ -46,13 +46,13 @@ import numpy as np
 from shoestring.data.curate.minhash import (
     FuzzyDedup,
     MinHasher,
-    band_collisions,
     candidate_probability,
 )
 from shoestring.data.sources import Document
 from shoestring.data.curate.text import words
 
 from common import SHARED, Bench, add_repeats, load_average, parser
+from dedup_rss import band_decision_peak
 
 CORPUS = SHARED / "corpora" / "mixed-en.jsonl"
 
@@ -140,9 +140,6 @@ def run_ours(texts: list[str], seed: int = 1, batch: int = 256) -> tuple[float, 
 def index_bytes_per_doc(texts: list[str]) -> float:
     """Peak memory of the dedup decision per document (tracemalloc over ``band_collisions``
     on the corpus's band keys, spilled as FuzzyDedup spills them), not timed."""
-    import tempfile
-    import tracemalloc
-
     hasher = MinHasher(num_perm=112, ngram=5, bands=14)
     keys = np.concatenate(
         [
@@ -150,17 +147,7 @@ def index_bytes_per_doc(texts: list[str]) -> float:
             for i in range(0, len(texts), 256)
         ]
     )
-    with tempfile.TemporaryDirectory() as tmp:
-        paths = [Path(tmp) / f"band-{b}.u64" for b in range(keys.shape[1])]
-        for b, path in enumerate(paths):
-            np.ascontiguousarray(keys[:, b]).tofile(path)
-        n = len(keys)
-        del keys
-        tracemalloc.start()
-        band_collisions(paths, n)
-        peak = tracemalloc.get_traced_memory()[1]
-        tracemalloc.stop()
-    return peak / n
+    return band_decision_peak(keys)
 
 
 def pairs_from_keys(keys: np.ndarray) -> set[tuple[int, int]]:

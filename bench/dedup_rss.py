@@ -28,6 +28,7 @@ import sys
 import tarfile
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from common import ROOT, SHARED, Bench, parser
 
@@ -121,21 +122,30 @@ def exact_bytes_per_doc(n: int) -> float:
 
 def decision_bytes_per_doc(n: int, bands: int = 14) -> float:
     """Traced peak of ``band_collisions`` per document (random keys, 1% duplicates)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    keys = rng.integers(0, 1 << 63, (n, bands), dtype=np.uint64)
+    for b in range(bands):
+        dup = rng.choice(n, n // 100, replace=False)
+        keys[dup, b] = keys[rng.integers(0, n, len(dup)), b]
+    return band_decision_peak(keys)
+
+
+def band_decision_peak(keys: Any) -> float:
+    """Traced peak bytes per document of ``band_collisions`` on ``keys`` (documents × bands),
+    spilled one file per band as FuzzyDedup spills them; consumes ``keys``."""
     import tracemalloc
 
     import numpy as np
 
     from shoestring.data.curate.minhash import band_collisions
 
-    rng = np.random.default_rng(0)
+    n = len(keys)
     with tempfile.TemporaryDirectory() as tmp:
-        paths = []
-        for b in range(bands):
-            keys = rng.integers(0, 1 << 63, n, dtype=np.uint64)
-            dup = rng.choice(n, n // 100, replace=False)
-            keys[dup] = keys[rng.integers(0, n, len(dup))]
-            paths.append(Path(tmp) / f"band-{b}.u64")
-            keys.tofile(paths[-1])
+        paths = [Path(tmp) / f"band-{b}.u64" for b in range(keys.shape[1])]
+        for b, path in enumerate(paths):
+            np.ascontiguousarray(keys[:, b]).tofile(path)
         del keys
         tracemalloc.start()
         band_collisions(paths, n)
