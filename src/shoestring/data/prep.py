@@ -689,27 +689,27 @@ class _Pipeline:
     def _train_tokenizer(self, kind: str, n_train: int) -> Any:
         """The tokenizer trained on the training documents, in order: all of them, or a
         uniform sample of at most ``data.tokenizer_sample_chars`` characters
-        (`tokenizer_sample`); what it used goes to ``self.tokenizer_sample``."""
+        (`tokenizer_sample`); what it used goes to ``self.tokenizer_sample``.
+
+        It trains in a child process of its own: the trainer's word counts grow with the
+        sample, and memory a process has freed often stays with it, so training in prep's
+        own process would carry that peak through tokenizing and packing."""
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        from tokenizers import Tokenizer
+
         cfg = self.cfg
-        spool = self.build / "spool-train.jsonl"
-        read = self.journal.get("read")
-        total = read.get("train_characters")
-        if total is None:  # a build folder journaled before the count was kept
-            total = sum(len(t) for t in _read_spool(spool))
-        cap = cfg.tokenizer_sample_chars
-        seen = {"documents": 0, "characters": 0}
-
-        def sample() -> Iterator[str]:  # read once, or twice (WordPiece): count one pass
-            seen["documents"] = seen["characters"] = 0
-            for text in tokenizer_sample(_read_spool(spool), cap, total):
-                seen["documents"] += 1
-                seen["characters"] += len(text)
-                yield text
-
-        tok = train_tokenizer(sample, kind, cfg.objective, cfg.vocab_size,
-                              cfg.lowercase_resolved, length=n_train if total <= cap else None)
-        self.tokenizer_sample = {**seen, "max_characters": cap, "of_characters": total}
-        return tok
+        total = self.journal.get("read").get("train_characters")
+        args = (str(self.build / "spool-train.jsonl"), cfg.tokenizer_sample_chars, total, kind,
+                cfg.objective, cfg.vocab_size, cfg.lowercase_resolved, n_train)
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:
+            saved, seen = child.submit(_train_from_spool, *args).result()
+        self.tokenizer_sample = {"documents": seen["documents"],
+                                 "characters": seen["characters"],
+                                 "max_characters": cfg.tokenizer_sample_chars,
+                                 "of_characters": seen["of_characters"]}
+        return Tokenizer.from_str(saved)
 
     # --- encode: spool → token stream ---------------------------------------------------
 
@@ -982,6 +982,27 @@ class _Pipeline:
             "stage_seconds": self.seconds,
             "seconds": round(seconds, 3),
         }
+
+
+def _train_from_spool(spool: str, cap: int, total: int | None, kind: str, objective: str,
+                      vocab_size: int, lowercase: bool, n_train: int
+                      ) -> tuple[str, dict[str, int]]:
+    """`_Pipeline._train_tokenizer`'s child process: the tokenizer (as JSON) trained on the
+    spool's documents or their uniform sample, and what it read."""
+    if total is None:  # a build folder journaled before the count was kept
+        total = sum(len(t) for t in _read_spool(Path(spool)))
+    seen = {"documents": 0, "characters": 0, "of_characters": total}
+
+    def sample() -> Iterator[str]:  # read once, or twice (WordPiece): count one pass
+        seen["documents"] = seen["characters"] = 0
+        for text in tokenizer_sample(_read_spool(Path(spool)), cap, total):
+            seen["documents"] += 1
+            seen["characters"] += len(text)
+            yield text
+
+    tok = train_tokenizer(sample, kind, objective, vocab_size, lowercase,
+                          length=n_train if total <= cap else None)
+    return tok.to_str(), seen
 
 
 def _long_documents_line(max_chars: int, stats: ReadStats) -> str:
