@@ -121,8 +121,10 @@ def disk_usage(paths: list[Path]) -> int:
 
 def run_measured(cmd: list[str], log: Path, watch: list[Path], env: dict[str, str],
                  interval: float) -> dict[str, Any]:
-    """Run ``cmd``; wall seconds, peak tree RSS and peak disk under ``watch``."""
+    """Run ``cmd``; wall seconds, peak tree RSS and peak disk under ``watch``, and the
+    samples (seconds since start, RSS, anonymous bytes) for `stage_peaks`."""
     peak = {"rss": 0, "anon": 0, "disk": 0}
+    samples: list[tuple[float, int, int]] = []
     t0 = time.perf_counter()
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
@@ -131,6 +133,7 @@ def run_measured(cmd: list[str], log: Path, watch: list[Path], env: dict[str, st
         def sample() -> None:
             while not done.is_set():
                 rss, anon = tree_rss(proc.pid)
+                samples.append((time.perf_counter() - t0, rss, anon))
                 peak["rss"], peak["anon"] = max(peak["rss"], rss), max(peak["anon"], anon)
                 peak["disk"] = max(peak["disk"], disk_usage(watch))
                 done.wait(interval)
@@ -146,7 +149,25 @@ def run_measured(cmd: list[str], log: Path, watch: list[Path], env: dict[str, st
         raise SystemExit(f"command failed (exit {rc}): {' '.join(cmd)}\n{tail}")
     return {"wall_s": round(wall, 2), "peak_rss_mb": round(peak["rss"] / 1e6, 1),
             "peak_anon_mb": round(peak["anon"] / 1e6, 1),
-            "peak_disk_mb": round(peak["disk"] / 1e6, 1)}
+            "peak_disk_mb": round(peak["disk"] / 1e6, 1), "samples": samples}
+
+
+def stage_peaks(samples: list[tuple[float, int, int]], stage_seconds: dict[str, float]
+                ) -> dict[str, float]:
+    """Peak anonymous MB of the process tree in each of prep's stages (read, tokenizer,
+    encode, pack: ``manifest.stage_seconds``, run back to back and ending with the process;
+    the start-up before the first stage counts to it): where the memory goes."""
+    if not samples or not stage_seconds:
+        return {}
+    start = samples[-1][0] - sum(stage_seconds.values())
+    peaks, lo = {}, float("-inf")
+    for name, seconds in stage_seconds.items():
+        hi = start + seconds
+        inside = [anon for t, _, anon in samples if lo <= t < hi]
+        if inside:
+            peaks[f"anon_{name}_mb"] = round(max(inside) / 1e6, 1)
+        lo, start = hi, hi
+    return peaks
 
 
 # --- scoring dedup against the planted truth -------------------------------------------
@@ -245,6 +266,7 @@ def run_prep(corpus: Path, meta: dict, mode: str, work: Path, args: argparse.Nam
     manifest = json.loads((out / "manifest.json").read_text())
     row = _row("shoestring", mode, meta, m, disk_usage([out]), before,
                tokens=sum(s["tokens"] for s in manifest["splits"].values()))
+    row |= stage_peaks(m["samples"], manifest.get("stage_seconds") or {})
     row |= score(SC.load_truth(corpus), read_dropped(out / "dropped.tsv"))
     row["tokenizer"] = str(shutil.copy(out / "tokenizer.json", work / f"tokenizer-{mode}.json"))
     if not args.keep:
@@ -258,7 +280,8 @@ def _row(tool: str, mode: str, meta: dict, m: dict, output_bytes: int, load_befo
     """One table row: the run's measurements, MB/s, and temporary disk (peak − output)."""
     output_mb = output_bytes / 1e6
     return {"size_gb": meta["spec"]["size_bytes"] / 1e9, "tool": tool, "mode": mode,
-            "text_mb": round(meta["text_bytes"] / 1e6, 1), "documents": meta["documents"], **m,
+            "text_mb": round(meta["text_bytes"] / 1e6, 1), "documents": meta["documents"],
+            **{k: v for k, v in m.items() if k != "samples"},
             "mb_per_s": round(meta["text_bytes"] / 1e6 / m["wall_s"], 2),
             "output_mb": round(output_mb, 1),
             "temp_disk_mb": round(max(0.0, m["peak_disk_mb"] - output_mb), 1),
@@ -317,6 +340,11 @@ def print_table(rows: list[dict]) -> None:
               f"{r['temp_disk_mb']:>8.0f} "
               f"{r['dedup_dropped']:>11} {f(r['precision']):>9} {f(r['recall']):>6} {f(r['recall_exact']):>9} "
               f"{f(r['recall_near']):>8}  {r['load_before']} / {r['load_after']}")
+    for r in rows:
+        stages = {k[5:-3]: v for k, v in r.items() if k.startswith("anon_") and k.endswith("_mb")}
+        if stages:
+            print(f"{r['size_gb']:>8.3g} {r['mode']:>7}: anonymous MB by stage: " + ", ".join(
+                f"{name} {mb:.0f}" for name, mb in stages.items()))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
