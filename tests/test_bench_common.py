@@ -28,7 +28,7 @@ LIBRARIES = {"common", "peers", "jobs", "scale_corpus"}  # imported by the scrip
 # takes `--record` (test_every_script_starts_and_takes_record fails until it does).
 NOT_CONVERTED = {"planner_check"}
 TOOLS = {"table"}  # renders records; writes none
-PLACEHOLDERS = {"PART": "all"}  # privacy.py's docstring names its positional argument
+DOC_ARGUMENTS = {"PART": "all"}  # privacy.py's docstring names its positional argument
 SCRIPTS = sorted(p.stem for p in BENCH.glob("*.py") if p.stem not in LIBRARIES)
 
 
@@ -153,7 +153,7 @@ def documented_commands() -> list[tuple[str, list[str]]]:
         for m in re.finditer(r"python (bench/\w+\.py)([^`\n#;|)]*)", text):
             args = re.sub(r"\[([^]]*)\]", r"\1", m.group(2)).replace("\\", " ")  # [--opt X]
             args = re.sub(r"<[^>]*>", "X", re.sub(r"\$\w+", "1", args))  # <dir>, $var
-            argv = [PLACEHOLDERS.get(a, a) for a in shlex.split(args)]
+            argv = [DOC_ARGUMENTS.get(a, a) for a in shlex.split(args)]
             found.append((f"{path.name}: {m.group(0).strip()}", [m.group(1), *argv]))
     return found
 

@@ -28,6 +28,7 @@ from typing import Any
 from rich.console import Console
 
 from shoestring.config import EvalConfig
+from shoestring.data.datadir import DataDir
 from shoestring.errors import ShoestringError
 from shoestring.fsutil import write_text_atomic
 from shoestring.plan import prediction
@@ -64,7 +65,7 @@ class CalibrationSpec:
     def key(self, data_dir: str) -> str:
         """The calibration dir's name: data fingerprint + every setting that changes a point."""
         data = _data_info(data_dir)
-        manifest = json.loads((Path(data_dir) / "manifest.json").read_text(encoding="utf-8"))
+        manifest = DataDir(data_dir).manifest
         fingerprint = manifest.get("fingerprint") or json.dumps(
             [manifest.get("tokenizer"), manifest.get("splits")], sort_keys=True)
         blob = json.dumps([fingerprint, data["objective"], self.law, list(self.overrides),

@@ -18,7 +18,6 @@ and `report` set it beside the achieved held-out loss (``check``).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from shoestring.errors import ShoestringError
 from shoestring.fsutil import write_json_atomic
 from shoestring.plan.fit import BootstrapFit, FitResult, Span
 from shoestring.plan.laws import LAWS, Law
+from shoestring.rundir import RunDir, read_json_object
 
 LEVEL = 0.9
 
@@ -137,10 +137,10 @@ def record(run_dir: str | Path, plan_path: str | Path | None,
     Returns it (None when there is none)."""
     pred = ({**p, "plan": str(Path(plan_path).resolve())} if plan_path is not None
             and (p := from_plan(plan_path)) is not None else kept)
-    path = Path(run_dir) / "summary.json"
-    if pred is None or not path.is_file():
+    path = RunDir(run_dir).summary_path
+    summary = read_json_object(path)
+    if pred is None or summary is None:
         return None
-    summary = json.loads(path.read_text(encoding="utf-8"))
     summary["prediction"] = pred
     write_json_atomic(path, summary)
     return pred
@@ -176,13 +176,11 @@ def check(prediction: dict[str, Any] | None, achieved: float | None) -> dict[str
 def check_run(run_dir: str | Path, evaluation: dict[str, Any] | None) -> dict[str, Any] | None:
     """``check`` of the prediction `train --plan` recorded in the run's summary.json against
     this evaluation (None when the run has no prediction)."""
-    path = Path(run_dir) / "summary.json"
     try:
-        summary = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        summary = read_json_object(RunDir(run_dir).summary_path)
+    except ShoestringError:  # damaged: nothing to check against
         return None
-    return check(summary.get("prediction") if isinstance(summary, dict) else None,
-                 held_out(evaluation))
+    return check((summary or {}).get("prediction"), held_out(evaluation))
 
 
 def line(pred: dict[str, Any] | None) -> str:
