@@ -217,7 +217,7 @@ def test_sigterm_checkpoints_a_cuda_run_and_resume_finishes(pydocs_dir: Path,
 
 
 def test_ddp_and_fsdp2_at_world_size_one_on_nccl(pydocs_dir: Path) -> None:
-    from shoestring.dist.launch import torchrun_command
+    from shoestring.train.launch import torchrun_command
 
     driver = str(Path(__file__).with_name("cuda_dist_driver.py"))
     sets = ["model.hidden_size=64", "model.num_layers=2", "model.num_heads=2",

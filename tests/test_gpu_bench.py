@@ -62,3 +62,24 @@ def test_smoke_runs_every_side_on_cpu(tmp_path: Path) -> None:
     assert [(row["shape"], row["side"]) for row in record["rows"]] == [
         ("mlm-cram", "shoestring"), ("mlm-cram", "ModernBertForMaskedLM"),
         ("clm-gpt2", "shoestring"), ("clm-gpt2", "LlamaForCausalLM")]
+
+
+def test_every_shoestring_name_the_gpu_check_imports_exists() -> None:
+    """The CUDA tests skip on CPU, so a module that moves (``dist/launch`` → ``train/launch``)
+    would only break on the first lent GPU: resolve every ``from shoestring… import …`` of the
+    GPU check's files here instead."""
+    import ast
+    import importlib
+
+    root = BENCH.parents[1]
+    checked = 0
+    for rel in ("tests/test_cuda.py", "tests/cuda_dist_driver.py", "bench/gpu.py"):
+        for node in ast.walk(ast.parse((root / rel).read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("shoestring"):
+                module = importlib.import_module(node.module)
+                for alias in node.names:
+                    assert hasattr(module, alias.name) or importlib.util.find_spec(
+                        f"{node.module}.{alias.name}"), f"{rel}:{node.lineno}: " \
+                        f"{node.module}.{alias.name} does not exist"
+                    checked += 1
+    assert checked > 20

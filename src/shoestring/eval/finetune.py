@@ -173,8 +173,12 @@ def finetune(
         return length_bucketed_batches(lengths, protocol.batch_size, rng)
 
     if privacy is not None:
+        def probe(m: torch.nn.Module) -> torch.Tensor:
+            ids, mask = collate(seqs, np.arange(1), pad_id)
+            return m(ids.to(device.device), mask.to(device.device)).sum()
+
         model, opt, epoch = privacy.wrap(model, opt, len(seqs), protocol.batch_size, total, seed,
-                                         probe=lambda m: m(*collate(seqs, np.arange(1), pad_id)).sum())
+                                         probe=probe)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr_at(s, total, warmup))
     y_all = torch.tensor(labels, dtype=torch.float32 if problem == "regression" else torch.long)
     step, losses, tokens = 0, [], 0
