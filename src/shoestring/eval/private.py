@@ -149,7 +149,8 @@ class PrivateTraining:
         self.planned_steps = steps
         if GRAD_SAMPLE_MODE == "hooks":
             _register_samplers()
-        gen = torch.Generator().manual_seed(seed)
+        # Opacus draws the noise on the parameters' device, so the seeded generator lives there
+        gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the secure_mode notice (a seeded run is wanted)
             self.engine = PrivacyEngine(accountant=ACCOUNTANT, secure_mode=False)
