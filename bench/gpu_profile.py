@@ -28,6 +28,8 @@ GROUPS = (  # first match wins; kernel names lower-cased
 
 def group(name: str) -> str:
     low = name.lower()
+    if low.startswith("triton_"):  # inductor's fused kernels (their names list the ops fused)
+        return "fused (triton)"
     for g, keys in GROUPS:
         if any(k in low for k in keys):
             return g

@@ -107,4 +107,4 @@ def test_rotary_scores_depend_only_on_relative_position() -> None:
     assert score(5, 5) == pytest.approx(float(q @ k), abs=1e-4)
     assert score(10, 3) != pytest.approx(score(10, 4), abs=1e-3)
     # the lowest frequency pair rotates by exactly theta^(-2i/d) radians per position
-    assert torch.allclose(cos[1, :8], torch.cos(10000.0 ** (-torch.arange(0, 16, 2) / 16)))
+    assert torch.allclose(cos[1, 0, :8], torch.cos(10000.0 ** (-torch.arange(0, 16, 2) / 16)))

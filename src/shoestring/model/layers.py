@@ -42,23 +42,24 @@ class Rotary(nn.Module):
         self._cache: tuple[int, torch.device, Tensor, Tensor] | None = None
 
     def forward(self, seq_len: int, device: torch.device) -> tuple[Tensor, Tensor]:
-        """cos, sin tables of shape (seq_len, head_dim) for positions 0..seq_len-1."""
+        """cos, sin tables of shape (seq_len, 1, head_dim) for positions 0..seq_len-1: they
+        broadcast over the heads of a (B, T, heads, head_dim) projection (`apply_rotary`)."""
         if self._cache is None or self._cache[0] < seq_len or self._cache[1] != device:
             t = torch.arange(seq_len, device=device, dtype=torch.float32)
             freqs = torch.outer(t, self.inv_freq.to(device))
             emb = torch.cat((freqs, freqs), dim=-1)
             self._cache = (seq_len, device, emb.cos(), emb.sin())
         _, _, cos, sin = self._cache
-        return cos[:seq_len], sin[:seq_len]
+        return cos[:seq_len, None], sin[:seq_len, None]
 
     def at(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """cos, sin for explicit positions (B, T) → (B, 1, T, head_dim), for KV-cached decoding."""
+        """cos, sin for explicit positions (B, T) → (B, T, 1, head_dim), for KV-cached decoding."""
         cos, sin = self.forward(int(positions.max()) + 1, positions.device)
-        return cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
+        return cos[positions, 0].unsqueeze(2), sin[positions, 0].unsqueeze(2)
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x: (B, heads, T, head_dim); cos/sin broadcastable to it."""
+    """x: (B, T, heads, head_dim), the projection's own layout; cos/sin broadcastable to it."""
     return (x * cos + _rotate_half(x) * sin).to(x.dtype)
 
 
@@ -167,14 +168,14 @@ class Attention(nn.Module):
     ) -> Tensor:
         """``mask``: bool, True = may attend, broadcastable to (B, heads, T, keys)."""
         B, T, _ = x.shape
-        q, k, v = self.Wqkv(x).split(
-            [self.num_heads * self.head_dim, self.kv_heads * self.head_dim,
-             self.kv_heads * self.head_dim], dim=-1)
-        q = q.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
-        k = k.view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = v.view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
-        if rope is not None:
-            q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        H, KV = self.num_heads, self.kv_heads
+        qkv = self.Wqkv(x).view(B, T, H + 2 * KV, self.head_dim)
+        # Rotate q and k together, in the projection's (B, T, heads, head_dim) layout, before
+        # the transpose: one contiguous pass instead of two strided ones (on an H100 the two
+        # strided passes' backward was the step's largest elementwise kernel, bench/gpu_profile.py)
+        qk = qkv[:, :, : H + KV] if rope is None else apply_rotary(qkv[:, :, : H + KV], *rope)
+        q, k = qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2)
+        v = qkv[:, :, H + KV :].transpose(1, 2)
         if cache is not None:
             k, v = cache.update(self.layer, k, v)
         if self.kernel == "eager":
