@@ -412,6 +412,17 @@ def _flops(x: float) -> str:
     return f"{x / 1e12:.1f} TFLOP/s" if x >= 1e12 else f"{x / 1e9:.1f} GFLOP/s"
 
 
+def planned_rate(machine: dict, ours: dict) -> tuple[float, float] | None:
+    """What `shoestring plan` assumes for this run when told nothing about the card (its
+    default MFU, `device.ASSUMED_MFU`, of the datasheet peak): (that MFU, tokens/s)."""
+    from shoestring.device import ASSUMED_MFU
+
+    peak = machine.get("datasheet_bf16_flops")
+    if not peak or not ours.get("flops_per_token"):
+        return None
+    return ASSUMED_MFU, ASSUMED_MFU * peak / ours["flops_per_token"]
+
+
 def table(results: dict) -> str:
     """The markdown table BENCHMARKS.md's GPU section takes, with the machine above it."""
     m = results["machine"]
@@ -438,10 +449,14 @@ def table(results: dict) -> str:
     lines.append("")
     for name, r in results["shapes"].items():
         o = r["ours"]
+        plan = planned_rate(m, o)
         lines.append(f"- {name}: {r['shape']} (vocab {r['vocab']}); GEMM ceiling "
                      f"{_flops(r['matmul_ceiling_flops'])}; memory model "
                      f"{o['memory_estimate'].get('total', 0) / 2**30:.2f} GiB estimated; ours: "
-                     f"{o['recipe']}; peer: {r['peer']['recipe']}")
+                     f"{o['recipe']}; peer: {r['peer']['recipe']}" + (
+                         "" if plan is None else f"; `plan` (no --mfu/--measure) assumes "
+                         f"{plan[0]:.0%} of the datasheet peak: {plan[1]:,.0f} tokens/s, "
+                         f"{plan[1] / o['tokens_per_s']:.2f}x the measured"))
     if "serving" in results:
         s = results["serving"]
         lines.append(f"- serving /v1/embed (mlm-cram run): offline best "
@@ -477,10 +492,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--serve-batches", type=int, nargs="+", default=[32, 128, 512])
     ap.add_argument("--serve-seconds", type=float, default=3.0)
     ap.add_argument("--work", type=Path, default=ROOT / "runs" / "bench" / "gpu")
-    ap.add_argument("--out", type=Path, required=True, help="JSON results file")
+    ap.add_argument("--out", type=Path, help="JSON results file (required unless --render)")
+    ap.add_argument("--render", type=Path, metavar="JSON",
+                    help="print the table of a results file this script wrote; measure nothing")
     ap.add_argument("--table", type=Path, help="also write the markdown table here")
     ap.add_argument("--verbose", action="store_true", help="show the trainer's progress")
     args = ap.parse_args(argv)
+    if args.out is None and args.render is None:
+        ap.error("--out is required (or --render JSON to print a saved run's table)")
     unknown = set(args.only.split(",")) - set(SHAPES)
     if unknown:
         ap.error(f"--only: unknown shape(s) {', '.join(sorted(unknown))}; "
@@ -515,6 +534,9 @@ def refuse(args: argparse.Namespace) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    if args.render is not None:
+        print(table(json.loads(args.render.read_text())), end="")
+        return 0
     if args.device == "cpu":
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the trainer and the engine follow torch
     why = refuse(args)

@@ -62,6 +62,17 @@ def test_smoke_runs_every_side_on_cpu(tmp_path: Path) -> None:
     assert [(row["shape"], row["side"]) for row in record["rows"]] == [
         ("mlm-cram", "shoestring"), ("mlm-cram", "ModernBertForMaskedLM"),
         ("clm-gpt2", "shoestring"), ("clm-gpt2", "LlamaForCausalLM")]
+    # --render prints a saved run's table again, measuring nothing; with a datasheet peak it
+    # adds what `plan` would have assumed for each shape beside the measured rate
+    assert bench("--render", str(out)).stdout == table
+    res["machine"]["datasheet_bf16_flops"] = 1e12
+    (tmp_path / "peak.json").write_text(json.dumps(res))
+    shown = bench("--render", str(tmp_path / "peak.json")).stdout
+    from shoestring.device import ASSUMED_MFU
+
+    ours = res["shapes"]["clm-gpt2"]["ours"]
+    rate = ASSUMED_MFU * 1e12 / ours["flops_per_token"]
+    assert f"{rate:,.0f} tokens/s, {rate / ours['tokens_per_s']:.2f}x the measured" in shown
 
 
 def test_every_shoestring_name_the_gpu_check_imports_exists() -> None:
