@@ -251,7 +251,7 @@ def apply_part(item: dict, *, blocks: Any, dropped: Any, work: str, src: str, ds
                stage: str = "final") -> dict:
     """Drop the rows of ``dropped``, run ``blocks``; with ``val_fraction``, mark the
     validation rows (by content hash, as the local executor does)."""
-    from shoestring.data.prep import is_validation
+    from shoestring.data.driver import is_validation
 
     root = Path(work)
     name = item["name"]
@@ -373,7 +373,7 @@ def encode_part(item: dict, *, work: str, tokenizer: str, sep_id: int, dtype: st
                 fault: str | None = None) -> dict:
     """Tokenize one part's documents of one split; write ``encode-SPLIT/NAME.bin``
     (tokens, each document followed by ``sep_id``) and ``.ends`` (document ends)."""
-    from shoestring.data.prep import ENCODE_BATCH, ENCODE_CHARS
+    from shoestring.data.local import ENCODE_BATCH, ENCODE_CHARS
     from shoestring.data.workers import _init_worker, batched, encode_texts
 
     root = Path(work)
