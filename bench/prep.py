@@ -124,7 +124,7 @@ def compare_executors(corpus: Path, tmp: Path, nodes: int, node_cores: int,
     init_s = time.perf_counter() - t
     try:
         ray_s, remote = time_prep_curated(corpus, tmp / "ray", cfg, curate, executor="ray",
-                                          ray_options=RayOptions(part_docs=1024))
+                                          executor_options=RayOptions(part_docs=1024))
         print(f"ray executor: {ray_s:.1f} s (+ {init_s:.1f} s ray.init); stages "
               f"{remote['stage_seconds']}")
         same = [s["sha256_bin"] for s in local["splits"]["train"]["shards"]] == \

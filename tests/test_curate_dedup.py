@@ -15,6 +15,7 @@ from shoestring.data.curate.minhash import (
     candidate_probability,
     cluster_histogram,
     component_labels,
+    first_in_bucket,
     union_pairs,
 )
 from shoestring.data.sources import Document
@@ -200,6 +201,43 @@ def test_band_collisions_keep_the_first_and_merge_clusters(tmp_path) -> None:
     assert earliest.tolist() == [0, 1, 0, 1, 4, 0, 4]
     assert labels.tolist() == [0, 0, 0, 0, 4, 0, 4]
     assert cluster_histogram(labels) == {2: 1, 5: 1}
+
+
+def test_first_in_bucket_keeps_the_earliest_row_of_each_key() -> None:
+    """The keep rule both executors run: one key with positions (local, per band), two keys
+    with rows' input ids in any row order (ray, per shuffle partition) — against a dict."""
+    rng = np.random.default_rng(11)
+    k0, k1 = rng.integers(0, 4, 400).astype(np.uint64), rng.integers(0, 30, 400).astype(np.uint64)
+    order = rng.permutation(10_000)[:400].astype(np.int64)
+    want: dict[tuple[int, int], int] = {}
+    for a, b, o in zip(k0.tolist(), k1.tolist(), order.tolist()):
+        want[a, b] = min(want.get((a, b), o), o)
+    got = first_in_bucket(k0, k1, order=order)
+    assert got.tolist() == [want[a, b] for a, b in zip(k0.tolist(), k1.tolist())]
+    seen: dict[int, int] = {}
+    firsts = [seen.setdefault(k, i) for i, k in enumerate(k1.tolist())]
+    assert first_in_bucket(k1).tolist() == firsts
+    assert first_in_bucket(k1, order=np.arange(400)).tolist() == firsts
+
+
+def test_ray_reduce_drops_what_the_local_run_drops(tmp_path) -> None:
+    """Fuzzy dedup's decision on the same band keys: the local run's ``band_collisions``
+    and the ray executor's reduce (``bucket_firsts``) over rows shuffled into partitions
+    drop the same documents (both are `first_in_bucket`)."""
+    from shoestring.data.distributed.shuffle import bucket_firsts, split_columns
+
+    rng = np.random.default_rng(2)
+    n, bands = 600, 5
+    keys = rng.integers(0, 900, size=(n, bands)).astype(np.uint64)  # plenty of collisions
+    earliest, _ = band_collisions(write_bands(tmp_path, keys.tolist()), n)
+    local = np.flatnonzero(earliest < np.arange(n))
+    rows = {"k0": np.tile(np.arange(bands, dtype=np.uint64), n), "k1": keys.reshape(-1),
+            "order": np.repeat(np.arange(n, dtype=np.int64), bands)}
+    shuffled = rng.permutation(n * bands)
+    rows = {k: v[shuffled] for k, v in rows.items()}
+    parts = split_columns(rows, "k1", 3)
+    dropped = np.unique(np.concatenate([bucket_firsts(p)[0]["dropped"] for p in parts]))
+    assert len(local) > 50 and dropped.tolist() == local.tolist()
 
 
 def test_union_pairs_matches_a_plain_union_find() -> None:

@@ -287,7 +287,8 @@ def _prep_script(folder: Path, out: Path, fault: str | None) -> subprocess.Compl
         "reviews": {"weight": 0.3, "files": [str(folder / "reviews.jsonl")]}}}
     data = {"vocab_size": 2000, "seq_len": SEQ, "val_fraction": VAL, "mixture": mixture}
     code = ("import json, sys; import shoestring.data.prep as p; from shoestring.config import "
-            "DataConfig; p.ENCODE_BATCH = 20; p.CHECKPOINT_CHARS = 1; "
+            "DataConfig; import shoestring.data.local as L; L.ENCODE_BATCH = 20; "
+            "L.CHECKPOINT_CHARS = 1; "
             f"p.prep([{str(folder / 'main.jsonl')!r}], {str(out)!r}, "
             "DataConfig.model_validate(json.loads(sys.argv[1])))")
     env = {k: v for k, v in os.environ.items() if k != "SHOESTRING_PREP_FAULT"}

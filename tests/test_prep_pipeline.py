@@ -150,7 +150,8 @@ def _killed_prep(corpus: Path, out: Path, fault: str, cfg_args: list[str],
     """A real prep process that dies like `kill -9` at the fault point."""
     code = (
         "import sys; import shoestring.data.prep as p; from shoestring.config import load_config;"
-        f"p.ENCODE_BATCH = {encode_batch}; p.CHECKPOINT_CHARS = 1;"
+        "import shoestring.data.local as L;"  # the local executor's batch and checkpoint sizes
+        f"L.ENCODE_BATCH = {encode_batch}; L.CHECKPOINT_CHARS = 1;"
         f"p.prep([{str(corpus)!r}], {str(out)!r}, load_config(None, sys.argv[1:]).data)"
     )
     env = {**os.environ, "SHOESTRING_PREP_FAULT": fault}

@@ -126,7 +126,7 @@ def test_ray_matches_local_on_planted_duplicates(ray_cluster, planted, local_pla
     assert sum(blocks["gopher_quality"]["dropped"].values()) > 0
     # Small parts, so duplicates sit in different parts, files and shuffle partitions.
     remote = prep(planted["files"], tmp_path / "d", planted["cfg"], curate=_curate(planted),
-                  executor="ray", ray_options=RayOptions(part_docs=25))
+                  executor="ray", executor_options=RayOptions(part_docs=25))
     assert remote["executor"]["parts"] >= 6
     _same(local_planted, remote)
     data = DataDir(tmp_path / "d")  # the loader's view is unchanged
@@ -141,7 +141,7 @@ def test_a_task_killed_once_is_retried_and_changes_nothing(ray_cluster, planted,
     killed = ["read", "fuzzy", "encode", "pack"]
     opts = RayOptions(part_docs=40, fault=f"{','.join(killed)}@{tmp_path}")
     remote = prep(planted["files"], tmp_path / "d", planted["cfg"], curate=_curate(planted),
-                  executor="ray", ray_options=opts)
+                  executor="ray", executor_options=opts)
     assert sorted(p.name for p in tmp_path.glob("fault-*")) == sorted(f"fault-{s}" for s in killed)
     _same(local_planted, remote)
     assert remote["resumed"]["stages"] == []  # retried inside the run, not resumed
@@ -166,7 +166,7 @@ def test_killed_ray_prep_resumes_from_finished_stages(ray_cluster, planted, loca
     assert {"read", "stage0", "stage1"} <= set(journal["stages"]["ray"])
     assert "final" not in journal["stages"]["ray"]
     remote = prep(planted["files"], out, planted["cfg"], curate=_curate(planted),
-                  executor="ray", ray_options=RayOptions(address=ray_cluster))
+                  executor="ray", executor_options=RayOptions(address=ray_cluster))
     assert remote["resumed"]["stages"] == ["ray"]
     _same(local_planted, remote)
 
@@ -262,7 +262,7 @@ def test_ray_matches_local_on_the_shared_corpus(ray_cluster, tmp_path: Path) -> 
     assert proc.returncode == 0, proc.stderr[-2000:]
     local = json.loads((tmp_path / "local" / "manifest.json").read_text())
     remote = prep([str(subset)], tmp_path / "ray", cfg, curate=curate, executor="ray",
-                  ray_options=RayOptions(part_docs=500))
+                  executor_options=RayOptions(part_docs=500))
     split = next(b for b in remote["blocks"] if b["block"] == "split")
     assert remote["executor"]["tokenizer_sample"]["documents"] == split["train"]
     _same(local, remote)
@@ -279,7 +279,7 @@ def test_few_documents_split_by_position_as_in_local_mode(ray_cluster, planted,
     cfg = planted["cfg"].model_copy(update={"val_fraction": 0.2})
     local = prep([str(few)], tmp_path / "local", cfg)
     remote = prep([str(few)], tmp_path / "ray", cfg, executor="ray",
-                  ray_options=RayOptions(part_docs=5))
+                  executor_options=RayOptions(part_docs=5))
     assert local["split"]["method"] == "position"
     _same(local, remote)
 
@@ -318,7 +318,7 @@ def test_sorted_order_matches_local(ray_cluster, planted, tmp_path: Path) -> Non
     cfg = planted["cfg"].model_copy(update={"order": "sort"})
     local = prep(planted["files"], tmp_path / "local", cfg)
     remote = prep(planted["files"], tmp_path / "ray", cfg, executor="ray",
-                  ray_options=RayOptions(part_docs=40))
+                  executor_options=RayOptions(part_docs=40))
     assert remote["splits"]["train"]["order"] == "sort"
     assert len(remote["splits"]["train"]["shards"]) >= 3
     _same(local, remote)
@@ -335,7 +335,7 @@ def test_ray_trains_the_same_wordpiece_as_local(ray_cluster, tmp_path: Path) -> 
     assert proc.returncode == 0, proc.stderr
     cfg = DataConfig(vocab_size=128, seq_len=32)
     remote = prep([str(corpus)], tmp_path / "ray", cfg, curate=CurateConfig(), executor="ray",
-                  ray_options=RayOptions(part_docs=30))
+                  executor_options=RayOptions(part_docs=30))
     _same(json.loads((tmp_path / "local" / "manifest.json").read_text()), remote)
     local, ray_ = data_dir_digests(tmp_path / "local"), data_dir_digests(tmp_path / "ray")
     del local["manifest.json"], ray_["manifest.json"]  # the executor's own figures differ

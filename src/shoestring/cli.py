@@ -255,7 +255,7 @@ def prep(
     ray_options = _ray_options(executor, ray_address)
     try:
         manifest = run_prep(sources, output, cfg.data, console=err, curate=cfg.curate,
-                            overwrite=overwrite, executor=executor, ray_options=ray_options)
+                            overwrite=overwrite, executor=executor, executor_options=ray_options)
     except KeyboardInterrupt:
         err.print(f"interrupted: finished stages are kept in {build_dir(output)}; "
                   "run the same command again to resume", markup=False, highlight=False, soft_wrap=True)

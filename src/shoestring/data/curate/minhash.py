@@ -20,8 +20,9 @@ J = 0.8, 0.57 at J = 0.7, 0.06 at J = 0.5).
 
 Deciding (``FuzzyDedup``): band keys spill to one file per band and each band is sorted
 once (``first_in_bucket``), so memory holds arrays of a few bytes per document instead of
-dict tables (docs/data.md, "Bounded memory"). The ray executor decides with the same rule
-on its own shuffled buckets (``distributed.shuffle.bucket_firsts``).
+dict tables (docs/data.md, "Bounded memory"). The ray executor runs the same code on its
+shuffled buckets: ``MinHasher.text_band_keys`` in its map tasks, `first_in_bucket` in its
+reduce tasks (``distributed.shuffle.bucket_firsts``).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from shoestring.data.curate.dedup_index import MINHASH_FILE, DedupIndex, save_ar
 from shoestring.data.curate.text import batch_word_hashes, fmix64, ngram_hashes
 from shoestring.data.sources import Document
 
+BATCH = 256  # texts hashed at once: the batch does not change a key, it bounds memory
 _BAND_MULT = (
     np.random.default_rng(0xBA4D).integers(0, 1 << 63, 64, dtype=np.uint64) << np.uint64(1)
 ) | np.uint64(1)
@@ -118,6 +120,12 @@ class MinHasher:
         sig[has] = np.asarray(matrix.to_rows(), dtype=np.uint32)
         return sig, has
 
+    def text_band_keys(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(``(k, bands)`` band keys of the ``k`` texts that have a word, that mask): what
+        both executors index, a batch (``BATCH`` texts) at a time."""
+        sig, has = self.signatures(texts)
+        return self.band_keys(sig[has]), has
+
     def band_keys(self, sig: np.ndarray) -> np.ndarray:
         """``(n, bands)`` uint64 keys: each band's ``rows`` values hashed together."""
         bands = sig.reshape(len(sig), self.bands, self.rows).astype(np.uint64)
@@ -138,24 +146,37 @@ def candidate_probability(jaccard: float, bands: int, rows: int) -> float:
     return 1.0 - (1.0 - jaccard**rows) ** bands
 
 
-def first_in_bucket(keys: np.ndarray) -> np.ndarray:
-    """For every position, the first position with the same key (itself when it is first).
+def first_in_bucket(*keys: np.ndarray, order: np.ndarray | None = None) -> np.ndarray:
+    """For every row, the ``order`` of the first row with the same key(s) — itself when it
+    is first; ``order`` defaults to the row's position, i.e. input order.
 
-    One stable sort: equal keys end up adjacent, in input order, so the first of each run
-    is the earliest document of that LSH bucket. Memory: about 33 bytes per key besides
-    ``keys`` (the order, a run flag and the answer)."""
-    n = len(keys)
-    order = np.argsort(keys, kind="stable")
+    The keep rule of both executors' dedup: a row is a duplicate exactly when its answer is
+    not its own ``order``. The local run asks per LSH band with positions
+    (``band_collisions``); the ray executor per shuffle partition with rows' input ids and
+    (band, band key) or the 128-bit text key as the key (``distributed.shuffle``).
+
+    One stable sort: equal keys end up adjacent, in ``order``, so the first of each run is
+    the earliest row of that bucket. Memory (one key, no ``order``): about 33 bytes per key
+    besides ``keys`` (the sort, a run flag and the answer)."""
+    n = len(keys[0])
+    if order is None and len(keys) == 1:
+        perm = np.argsort(keys[0], kind="stable")
+    else:  # np.lexsort: the last key sorts first; it is stable, so ties keep row order
+        perm = np.lexsort(((order,) if order is not None else ()) + keys[::-1])
     start = np.empty(n, dtype=bool)
     start[:1] = True
-    sorted_keys = keys[order]
-    np.not_equal(sorted_keys[1:], sorted_keys[:-1], out=start[1:])
-    del sorted_keys
+    for i, key in enumerate(keys):  # a run starts where any key changes
+        sorted_key = key[perm]
+        if i == 0:
+            np.not_equal(sorted_key[1:], sorted_key[:-1], out=start[1:])
+        else:
+            start[1:] |= sorted_key[1:] != sorted_key[:-1]
+        del sorted_key
     run = np.arange(n, dtype=np.int64)
     run[~start] = 0
     np.maximum.accumulate(run, out=run)  # each sorted position → where its run starts
     first = np.empty(n, dtype=np.int64)
-    first[order] = order[run]
+    first[perm] = perm[run] if order is None else order[perm[run]]
     return first
 
 
@@ -256,7 +277,7 @@ class FuzzyDedup(Block):
         bands: int = 14,
         rows: int = 8,
         seed: int = 1,
-        batch: int = 256,
+        batch: int = BATCH,
         keep_examples: int = 0,
         work_dir: Path | None = None,
         against: Sequence[DedupIndex] = (),
@@ -307,8 +328,7 @@ class FuzzyDedup(Block):
             old = files.enter_context(open(folder / "old.i8", "wb"))
             spool = files.enter_context(open(folder / "docs.pkl", "wb"))
             while batch := list(itertools.islice(it, self.batch)):
-                sig, has = self.hasher.signatures([d.text for d in batch])
-                keys = self.hasher.band_keys(sig[has])
+                keys, has = self.hasher.text_band_keys([d.text for d in batch])
                 for b, f in enumerate(bands):
                     np.ascontiguousarray(keys[:, b]).tofile(f)
                 self._old_hits(keys).tofile(old)

@@ -7,7 +7,18 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["RayOptions", "plan_ray", "run_ray"]
+from shoestring.data.executor import register
+
+__all__ = ["RayExecutor", "RayOptions", "plan_ray"]
+
+
+def _ray_executor(options: Any) -> Any:
+    from shoestring.data.distributed.executor import RayExecutor
+
+    return RayExecutor(options)
+
+
+register("ray", _ray_executor)  # prep --executor ray (prep itself names no executor)
 
 
 def __getattr__(name: str) -> Any:

@@ -1,7 +1,7 @@
 """``shoestring prep --executor ray``: the local pipeline's stages on a Ray cluster.
 
-The driver is the local pipeline (``prep._Pipeline``: journal, split rule, tokenizer
-settings, manifest) with four stages replaced by distributed ones:
+`RayExecutor` runs prep's `driver.Driver` (journal, split rule, tokenizer settings,
+manifest) with `RayStages`, which do the work as Ray tasks:
 
 =============  ==========================================================================
 stage          on Ray
@@ -33,38 +33,29 @@ refuses it by name (exit 2), as it refuses settings it does not implement.
 from __future__ import annotations
 
 import json
-import logging
 import shutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-from rich.console import Console
 
 from shoestring import families
 from shoestring.config import CurateConfig, DataConfig
 from shoestring.data.curate.blocks import Block, BlockStats
 from shoestring.data.distributed import stages
+from shoestring.data.distributed.session import WHERE, ray_session
 from shoestring.data.distributed.shuffle import bucket_firsts, components, shuffle
-from shoestring.data.prep import (
-    MIN_VAL_DOCUMENTS,
-    WORK_DIR,
-    Journal,
-    _fault_point,
-    _Pipeline,
-)
+from shoestring.data.driver import MIN_VAL_DOCUMENTS, Driver
+from shoestring.data.executor import WORK_DIR, Journal, PrepPlan, fault_point
 from shoestring.data.shards import token_dtype
 from shoestring.data.sources import ReadStats
 from shoestring.data.tokenizer import CLS, SEP
-from shoestring.data.workers import WorkerPool
 from shoestring.errors import ShoestringError
 from shoestring.fsutil import write_bytes_atomic
 from shoestring.progress import progress_bar
 
-_WHERE = "--executor ray"
 
 
 @dataclass
@@ -115,7 +106,7 @@ def plan_ray(cfg: DataConfig, curate: CurateConfig | None) -> RayPlan:
                            "--executor local"))
     if refuse:
         what = "; ".join(name for name, _ in refuse)
-        raise ShoestringError(f"not supported by the ray executor: {what}", where=_WHERE,
+        raise ShoestringError(f"not supported by the ray executor: {what}", where=WHERE,
                               fix="; ".join(f"{name}: {fix}" for name, fix in refuse))
     plan: list[tuple[str, list[Block]]] = []
     for block in blocks:
@@ -128,139 +119,31 @@ def plan_ray(cfg: DataConfig, curate: CurateConfig | None) -> RayPlan:
     return RayPlan(blocks, plan)
 
 
-def run_ray(plan: RayPlan, options: Any, specs: list[str], files: list[str], build: Path,
-            cfg: DataConfig, console: Console, journal: Journal,
-            curate: CurateConfig | None) -> dict:
-    """Run prep on Ray (connecting to ``options.address`` or starting a local instance)."""
-    with ray_session(options.address):
-        return RayPipeline(plan, options, specs, files, build, cfg, console, journal,
-                           curate).run()
+class RayExecutor:
+    """``--executor ray``: the `Executor` (``data/executor.py``) that runs prep on Ray."""
 
+    name = "ray"
 
-# An explicit --ray-address must answer (TCP, then the GCS) within this many seconds.
-CONNECT_TIMEOUT_S = 30.0
+    def __init__(self, options: RayOptions | None = None) -> None:
+        self.options = options or RayOptions()
+        self.plan: RayPlan | None = None
 
+    def check(self, cfg: DataConfig, curate: CurateConfig | None) -> None:
+        """Refuse a mixture and what `plan_ray` refuses; keep the plan for `run`."""
+        if cfg.mixture is not None:
+            raise ShoestringError("data.mixture is prepared by the local executor only",
+                                  where="--executor", fix="drop --executor ray, or the mixture")
+        self.plan = plan_ray(cfg, curate)
 
-class ray_session:
-    """Ray for the length of one prep: the running one, a cluster, or a local instance.
+    def session(self) -> ray_session:
+        return ray_session(self.options.address)
 
-    Without an address prep starts a new local instance (``address="local"``): Ray's own
-    default would join whatever address an earlier ``ray start`` left in its session files,
-    and, that cluster being gone, retry for ever. An explicit address is checked first
-    (`check_address`, within ``CONNECT_TIMEOUT_S``), because ``ray.init`` retries an
-    unreachable one for ever, deaf to signals. While Ray runs, SIGTERM stops prep like
-    Ctrl-C (``KeyboardInterrupt``): the journal keeps the finished stages.
-    """
-
-    def __init__(self, address: str | None) -> None:
-        self.address = address
-        self.started = False
-        self._sigterm: Any = None
-
-    def __enter__(self) -> ray_session:
-        try:
-            import ray
-            import ray.data
-        except ImportError:
-            raise ShoestringError("Ray is not installed", where=_WHERE,
-                                  fix="pip install 'shoestring[ray]'") from None
-        if not ray.is_initialized():  # (prep opens the session first; run_ray's then reuses it)
-            address = "local" if self.address is None else check_address(self.address)
-            try:
-                ray.init(address=address, include_dashboard=False,
-                         logging_level=logging.ERROR, log_to_driver=False)
-            except (ConnectionError, ValueError, RuntimeError) as e:
-                raise _unreachable(self.address, str(e)) from None
-            self.started = True
-        self._stop_on_sigterm()
-        ctx = ray.data.DataContext.get_current()
-        ctx.enable_progress_bars = False
-        ctx.print_on_execution_start = False
-        ctx.execution_options.preserve_order = True
-        logging.getLogger("ray.data").setLevel(logging.ERROR)
-        return self
-
-    def _stop_on_sigterm(self) -> None:
-        """SIGTERM → KeyboardInterrupt (``ray.init`` installed a handler that exits with
-        status 15 and no word); only the main thread can set handlers."""
-        import signal
-        import threading
-
-        if threading.current_thread() is not threading.main_thread():
-            return
-
-        def interrupt(signum: int, frame: Any) -> None:
-            raise KeyboardInterrupt
-
-        self._sigterm = signal.signal(signal.SIGTERM, interrupt)
-
-    def __exit__(self, *exc: object) -> None:
-        import signal
-
-        if self._sigterm is not None:
-            signal.signal(signal.SIGTERM, self._sigterm)
-        if self.started:
-            import ray
-
-            ray.shutdown()
-
-
-def check_address(address: str, timeout: float = CONNECT_TIMEOUT_S) -> str:
-    """``address`` ("auto" resolved to HOST:PORT) when a Ray cluster answers there within
-    ``timeout`` seconds; otherwise a ``ShoestringError`` naming it."""
-    import socket
-    import threading
-
-    from ray._private import services
-
-    target = address
-    if address == "auto":
-        try:
-            target = services.canonicalize_bootstrap_address("auto") or ""
-        except (ConnectionError, ValueError) as e:
-            raise _unreachable(address, str(e)) from None
-    hostport = target.split("://", 1)[-1]
-    host, _, port = hostport.rpartition(":")
-    if not host or not port.isdigit():
-        raise ShoestringError(f"not a Ray cluster address: {address!r}",
-                              where=f"--ray-address {address}",
-                              fix="give HOST:PORT (the GCS address `ray start --head` prints), "
-                              "or auto")
-    deadline = time.monotonic() + timeout
-    try:
-        socket.create_connection((host, int(port)), timeout=timeout).close()
-    except OSError as e:
-        raise _unreachable(address, f"{e.strerror or e}", timeout) from None
-    if "://" in target:  # Ray Client (ray://): ray.init fails fast on its own
-        return address
-    answer: dict[str, Any] = {}
-
-    def probe() -> None:  # blocks in C++ (minutes) when no GCS answers: in a thread
-        try:
-            from ray._raylet import GcsClient
-
-            GcsClient(address=hostport)
-            answer["ok"] = True
-        except Exception as e:  # whatever the GCS client raises: not reachable
-            answer["error"] = e
-
-    thread = threading.Thread(target=probe, daemon=True, name="ray-gcs-probe")
-    thread.start()
-    thread.join(max(0.0, deadline - time.monotonic()))
-    if not answer.get("ok"):
-        why = answer.get("error") or "no Ray GCS answered"
-        raise _unreachable(address, str(why).splitlines()[0], timeout)
-    return address
-
-
-def _unreachable(address: str | None, why: str,
-                 timeout: float | None = None) -> ShoestringError:
-    within = f" within {timeout:.0f} s" if timeout else ""
-    return ShoestringError(
-        f"cannot reach a Ray cluster at {address}{within} ({why})",
-        where=f"--ray-address {address}",
-        fix="check the address (`ray status` on the head node prints it), start the cluster "
-        "with `ray start --head`, or leave --ray-address out to start Ray on this machine")
+    def run(self, plan: PrepPlan, journal: Journal) -> dict:
+        """Run prep on Ray (connecting to ``options.address`` or starting a local instance)."""
+        ray_plan = self.plan or plan_ray(plan.cfg, plan.curate)
+        with ray_session(self.options.address):
+            return Driver(plan, journal,
+                          lambda d: RayStages(d, ray_plan, self.options)).run()
 
 
 def _user_error(exc: BaseException) -> ShoestringError | None:
@@ -269,28 +152,28 @@ def _user_error(exc: BaseException) -> ShoestringError | None:
     return cause if isinstance(cause, ShoestringError) else None
 
 
-class RayPipeline(_Pipeline):
-    """``_Pipeline`` with read/curate, tokenizer training, encode and pack on Ray."""
+class RayStages:
+    """The `driver.Stages` on Ray: read/curate, tokenizer training, encode and pack."""
 
-    def __init__(self, plan: RayPlan, options: RayOptions, specs: list[str], files: list[str],
-                 build: Path, cfg: DataConfig, console: Console, journal: Journal,
-                 curate: CurateConfig | None) -> None:
-        super().__init__(specs, files, build, cfg, console, journal, WorkerPool(1), curate)
+    def __init__(self, driver: Driver, plan: RayPlan, options: RayOptions) -> None:
         import ray
 
-        self.plan, self.opts = plan, options
-        self.work = build / WORK_DIR
+        self.d, self.plan, self.opts = driver, plan, options
+        self.files, self.build, self.cfg = driver.files, driver.build, driver.cfg
+        self.curate_cfg, self.console, self.journal = driver.curate_cfg, driver.console, driver.journal
+        self.kept_shards = 0
+        self.work = self.build / WORK_DIR
         # Plain Ray tasks (shuffles, tokenizer training): a dead worker or an I/O error.
         self.retry = {"max_retries": 3, "retry_exceptions": [OSError]}
         self.partitions = options.partitions or max(2, int(ray.cluster_resources().get("CPU", 2)))
-        self.state: dict[str, Any] = journal.get("ray") or {}
+        self.state: dict[str, Any] = self.journal.get("ray") or {}
 
     # --- plumbing -----------------------------------------------------------------------
 
     def _save(self, stage: str, value: Any) -> None:
         self.state[stage] = value
         self.journal.put("ray", self.state)
-        _fault_point(f"ray.{stage}", 1)
+        fault_point(f"ray.{stage}", 1)
 
     def _map(self, label: str, items: list[dict], fn: Callable[..., dict],
              **kwargs: Any) -> list[dict]:
@@ -311,7 +194,7 @@ class RayPipeline(_Pipeline):
                 out.append(json.loads(row["summary"]))
                 stages.raise_user_error(out[-1])
                 bar.update(task, advance=1)
-        self.seconds[label] = round(time.perf_counter() - t, 3)
+        self.d.seconds[label] = round(time.perf_counter() - t, 3)
         return out
 
     def _core(self, refs: list[Any]) -> list[Any]:
@@ -348,7 +231,7 @@ class RayPipeline(_Pipeline):
 
     # --- read + curate ------------------------------------------------------------------
 
-    def _read(self) -> dict:
+    def read(self) -> dict:
         import ray
 
         self.journal.restart("read")
@@ -360,7 +243,7 @@ class RayPipeline(_Pipeline):
         if "read" not in self.state:
             if len(self.files) > stages.MAX_SOURCES:
                 raise ShoestringError(f"{len(self.files):,} sources: the ray executor numbers "
-                                      f"at most {stages.MAX_SOURCES:,}", where=_WHERE,
+                                      f"at most {stages.MAX_SOURCES:,}", where=WHERE,
                                       fix="concatenate small files into bigger ones")
             items = [{"index": i, "source": s} for i, s in enumerate(self.files)]
             done = self._map("read + clean + filters", items, stages.read_source, cfg=self.cfg,
@@ -437,7 +320,7 @@ class RayPipeline(_Pipeline):
         split = {"method": "document", "val_fraction": self.cfg.val_fraction}
         if 0 < counts["kept"] and counts["val"] < MIN_VAL_DOCUMENTS:
             split = self._split_by_position(read["parts"], counts)
-        return self._read_result(counts, stats, split, reports)
+        return self.d.read_result(counts, stats, split, reports)
 
     def _split_by_position(self, parts: list[dict], counts: dict[str, int]) -> dict:
         """Too few validation documents: the local rule (the end of the text), on the driver;
@@ -454,7 +337,7 @@ class RayPipeline(_Pipeline):
             for name in names:
                 for text in stages.read_part(self.work / "kept" / f"{name}.parquet")["text"]:
                     f.write(json.dumps(text, ensure_ascii=False) + "\n")
-        split = self._split(spool, counts)  # writes spool-train / spool-val, removes spool-all
+        split = self.d.split(spool, counts)  # writes spool-train / spool-val, removes spool-all
         texts, val = [], []
         for name, flag in (("train", False), ("val", True)):
             path = self.build / f"spool-{name}.jsonl"
@@ -477,13 +360,13 @@ class RayPipeline(_Pipeline):
 
     # --- tokenizer, encode, pack --------------------------------------------------------
 
-    def _train_texts(self) -> Iterator[str]:
+    def train_texts(self) -> Iterator[str]:
         """The training documents, part by part (read on the driver)."""
         for name in self._kept_names():
             part = stages.read_part(self.work / "kept" / f"{name}.parquet", ["text", "val"])
             yield from (t for t, v in zip(part["text"], part["val"].tolist()) if not v)
 
-    def _train_tokenizer(self, kind: str, n_train: int) -> Any:
+    def train_tokenizer(self, kind: str, n_train: int) -> tuple[Any, dict[str, int]]:
         import ray
 
         paths = [str(self.work / "kept" / f"{n}.parquet") for n in self._kept_names()]
@@ -491,18 +374,18 @@ class RayPipeline(_Pipeline):
         tok, sample = self._core(train.remote(
             paths, self.cfg.tokenizer_sample_chars, self.state["final"]["train_chars"], kind,
             self.cfg.objective, self.cfg.vocab_size, self.cfg.lowercase_resolved))
-        self.state["tokenizer_sample"] = self.tokenizer_sample = sample
+        self.state["tokenizer_sample"] = sample
         self.journal.put("ray", self.state)
-        return tok
+        return tok, sample
 
-    def _encode(self, split: str, tok: Any, ids: dict[str, int], n_docs: int) -> dict:
+    def encode(self, split: str, tok: Any, ids: dict[str, int], n_docs: int) -> dict:
         self.journal.restart(f"pack.{split}")
         sep = ids[families.get(self.cfg.objective).separator_token]
         items = [{"name": n, "split": split} for n in self._kept_names()]
         done = self._map(f"tokenize {split}", items, stages.encode_part, work=str(self.work),
                          tokenizer=str(self.build / "tokenizer.json"), sep_id=sep,
                          dtype=token_dtype(tok.get_vocab_size()).str, curate=self.curate_cfg,
-                         median=self.median_ratio)
+                         median=self.d.median_ratio)
         done.sort(key=lambda s: s["name"])
         offset = 0
         parts = []
@@ -513,10 +396,10 @@ class RayPipeline(_Pipeline):
                  for key in ("documents", "kept_documents", "tokens", "document_tokens")}
         state = {**state, "done": True, "parts": parts}
         self.journal.put(f"encode.{split}", state)
-        _fault_point(f"ray.encode.{split}", 1)
+        fault_point(f"ray.encode.{split}", 1)
         return state
 
-    def _pack(self, split: str, enc: dict, dtype: np.dtype, ids: dict[str, int],
+    def pack(self, split: str, enc: dict, dtype: np.dtype, ids: dict[str, int],
               vocab: int) -> dict:
         cfg = self.cfg
         frame = families.get(cfg.objective).row_frame
@@ -573,11 +456,11 @@ class RayPipeline(_Pipeline):
         write_bytes_atomic(path, buf.getvalue())
         return str(path)
 
-    def _manifest(self, *args: Any) -> dict:
+    def describe(self) -> dict:
+        """The manifest's ``executor``: Ray's version and how the work was cut."""
         import ray
 
-        manifest = super()._manifest(*args)
-        manifest["executor"] = {
+        return {
             "name": "ray",
             "ray_version": ray.__version__,
             "parts": len(self._kept_names()),
@@ -586,7 +469,6 @@ class RayPipeline(_Pipeline):
             "components_iterations": {k: v["iterations"] for k, v in self.state.items()
                                       if isinstance(v, dict) and "iterations" in v},
         }
-        return manifest
 
     # --- the stateful blocks' shuffles ---------------------------------------------------
 
@@ -637,8 +519,8 @@ def _report(block: Block, docs_in: int, dropped: int, reason: str) -> dict:
     return stats.to_dict()
 
 
-# Stateful block name → the RayPipeline method that runs it as a shuffle.
+# Stateful block name → the RayStages method that runs it as a shuffle.
 SHUFFLES: dict[str, Callable[..., tuple[dict, np.ndarray, dict]]] = {
-    "exact_dedup": RayPipeline.exact_dedup,
-    "fuzzy_dedup": RayPipeline.fuzzy_dedup,
+    "exact_dedup": RayStages.exact_dedup,
+    "fuzzy_dedup": RayStages.fuzzy_dedup,
 }

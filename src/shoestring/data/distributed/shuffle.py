@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from shoestring.data.curate.minhash import first_in_bucket
 from shoestring.data.curate.text import fmix64
 
 Columns = dict[str, np.ndarray]
@@ -94,21 +95,20 @@ def shuffle(map_fn: Callable[[Any], Columns], inputs: list[Any], key: str, parts
 def bucket_firsts(cols: Columns) -> tuple[dict[str, Any], np.ndarray]:
     """Reduce of ``buckets``: (summary, edges). Rows: ``k0``, ``k1`` (the key), ``order``.
 
-    summary: ``dropped`` (sorted unique orders that are not first in some bucket),
-    ``buckets`` (distinct keys seen), ``rows``. edges: ``(n, 2)`` int64 rows (duplicate, first).
+    The local keep rule itself (``curate.minhash.first_in_bucket``) over this partition's
+    rows. summary: ``dropped`` (sorted unique orders that are not first in some bucket),
+    ``buckets`` (distinct keys seen), ``rows``. edges: ``(n, 2)`` int64 rows (duplicate,
+    first).
     """
     if not cols or not len(cols["order"]):
         empty = {"dropped": np.zeros(0, np.int64), "buckets": 0, "rows": 0}
         return empty, np.zeros((0, 2), np.int64)
-    k0, k1, order = cols["k0"], cols["k1"], cols["order"]
-    idx = np.lexsort((order, k1, k0))
-    k0, k1, order = k0[idx], k1[idx], order[idx]
-    new = np.ones(len(order), dtype=bool)
-    new[1:] = (k0[1:] != k0[:-1]) | (k1[1:] != k1[:-1])
-    first = order[new][np.cumsum(new) - 1]
-    dup = ~new
+    order = cols["order"]
+    first = first_in_bucket(cols["k0"], cols["k1"], order=order)
+    dup = first != order  # orders are distinct within a bucket: its first row keeps its own
     edges = np.stack([order[dup], first[dup]], axis=1)
-    summary = {"dropped": np.unique(order[dup]), "buckets": int(new.sum()), "rows": len(order)}
+    summary = {"dropped": np.unique(order[dup]), "buckets": int(len(order) - dup.sum()),
+               "rows": len(order)}
     return summary, edges
 
 

@@ -251,7 +251,7 @@ def apply_part(item: dict, *, blocks: Any, dropped: Any, work: str, src: str, ds
                stage: str = "final") -> dict:
     """Drop the rows of ``dropped``, run ``blocks``; with ``val_fraction``, mark the
     validation rows (by content hash, as the local executor does)."""
-    from shoestring.data.prep import is_validation
+    from shoestring.data.driver import is_validation
 
     root = Path(work)
     name = item["name"]
@@ -306,7 +306,7 @@ def exact_rows(arg: tuple) -> dict[str, np.ndarray]:
 def band_rows(arg: tuple) -> dict[str, np.ndarray]:
     """(k0, k1) = (band, LSH band key) of every band of every row with a word; ``hasher``:
     the fuzzy dedup block's `MinHasher` arguments (num_perm, ngram, seed, bands)."""
-    from shoestring.data.curate.minhash import MinHasher
+    from shoestring.data.curate.minhash import BATCH, MinHasher
 
     path, dropped, work, fault, hasher = arg
     maybe_fail(fault, "fuzzy")
@@ -317,13 +317,11 @@ def band_rows(arg: tuple) -> dict[str, np.ndarray]:
     hasher = MinHasher(*hasher)  # its own scratch buffer (a broadcast one is read-only)
     bands = hasher.bands
     out_k0, out_k1, out_rid = [], [], []
-    for i in range(0, len(texts), 256):  # FuzzyDedup's batch: same signatures, bounded memory
-        sig, has = hasher.signatures(texts[i : i + 256])
-        keys = hasher.band_keys(sig[has])
-        n = int(has.sum())
-        out_k0.append(np.tile(np.arange(bands, dtype=np.uint64), n))
+    for i in range(0, len(texts), BATCH):  # FuzzyDedup's own batches of its own keys
+        keys, has = hasher.text_band_keys(texts[i : i + BATCH])
+        out_k0.append(np.tile(np.arange(bands, dtype=np.uint64), len(keys)))
         out_k1.append(keys.reshape(-1))
-        out_rid.append(np.repeat(rids[i : i + 256][has], bands))
+        out_rid.append(np.repeat(rids[i : i + BATCH][has], bands))
     if not out_rid:
         z = np.zeros(0, np.uint64)
         return {"k0": z, "k1": z, "order": np.zeros(0, np.int64)}
@@ -373,7 +371,7 @@ def encode_part(item: dict, *, work: str, tokenizer: str, sep_id: int, dtype: st
                 fault: str | None = None) -> dict:
     """Tokenize one part's documents of one split; write ``encode-SPLIT/NAME.bin``
     (tokens, each document followed by ``sep_id``) and ``.ends`` (document ends)."""
-    from shoestring.data.prep import ENCODE_BATCH, ENCODE_CHARS
+    from shoestring.data.local import ENCODE_BATCH, ENCODE_CHARS
     from shoestring.data.workers import _init_worker, batched, encode_texts
 
     root = Path(work)

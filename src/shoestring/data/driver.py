@@ -1,0 +1,454 @@
+"""The prep stages in order, as every executor runs them: `Driver` and its `Stages`.
+
+The driver owns what does not depend on where the work runs: the order of the stages and
+their journal entries, the train/val split rule, the tokenizer stage (a given file, or one
+trained by the executor), the checks of what read and pack produced, and the manifest. An
+executor supplies the `Stages` that do the work — read + clean + curate (ending in
+`Driver.split` or its equivalent and `Driver.read_result`), tokenizer training, encode and
+pack — and runs ``Driver(plan, journal, stages).run()``: ``data/local.py`` in this process
+and its workers, ``data/distributed/executor.py`` as Ray tasks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from shoestring import __version__, families
+from shoestring.config import DataConfig
+from shoestring.data.datadir import FORMAT
+from shoestring.data.executor import Journal, PrepPlan
+from shoestring.data.mixture import source_ranges, source_weights
+from shoestring.data.shards import token_dtype
+from shoestring.data.sources import ReadStats
+from shoestring.data.tokenizer import (
+    KINDS,
+    default_kind,
+    file_sha256,
+    load_for_objective,
+    load_tokenizer,
+    special_ids,
+    tokenizer_kind,
+)
+from shoestring.errors import ShoestringError
+from shoestring.fsutil import write_json_atomic
+
+# Fewer validation documents than this: validation is the end of the text instead.
+MIN_VAL_DOCUMENTS = 5
+
+
+def is_validation(text: str, val_fraction: float) -> bool:
+    """Deterministic split by the document's content hash (duplicates share a split)."""
+    h = int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little")
+    return h / 2**64 < val_fraction
+
+
+def tokenizer_path(cfg: DataConfig) -> str | None:
+    """``data.tokenizer`` when it names a file (None: a kind to train)."""
+    return None if cfg.tokenizer in ("auto", *KINDS) else cfg.tokenizer
+
+
+class Stages(Protocol):
+    """The work an executor does for the `Driver` (which journals what they return)."""
+
+    kept_shards: int  # shards a resumed pack found intact
+
+    def read(self) -> dict:
+        """Sources → kept documents split into train and val; `Driver.read_result`'s entry."""
+
+    def train_tokenizer(self, kind: str, n_train: int) -> tuple[Any, dict[str, int] | None]:
+        """A ``kind`` tokenizer trained on the training documents, and its sample's size."""
+
+    def train_texts(self) -> Iterator[str]:
+        """The training documents, in order."""
+
+    def encode(self, split: str, tok: Any, ids: dict[str, int], n_docs: int) -> dict:
+        """Tokenize a split; its ``encode.{split}`` journal entry (``done`` set)."""
+
+    def pack(self, split: str, enc: dict, dtype: np.dtype, ids: dict[str, int],
+             vocab: int) -> dict:
+        """Cut the split's token stream into shards; the manifest's entry for the split."""
+
+    def describe(self) -> dict | None:
+        """The manifest's ``executor`` entry (None: none is written)."""
+
+
+class Driver:
+    """One prep's stages in order over a build folder, with ``stages`` doing the work."""
+
+    def __init__(self, plan: PrepPlan, journal: Journal,
+                 stages: Callable[[Driver], Stages]) -> None:
+        self.plan = plan
+        self.specs, self.files, self.build, self.cfg = plan.specs, plan.files, plan.build, plan.cfg
+        self.curate_cfg, self.console, self.journal = plan.curate, plan.console, journal
+        self.seconds: dict[str, float] = {}
+        self.tokenizer_sample: dict[str, int] | None = None  # set when the tokenizer trains
+        self.encoded: dict[str, dict] = {}
+        self.blocks: list[dict] = []  # the read stage's block records
+        self._source_docs: dict[str, list[int]] = {}  # a mixture's documents per split, source
+        self.compress: Any = None  # built once the tokenizer is known (run)
+        self.median_ratio: float | None = None
+        self.stages = stages(self)
+
+    def run(self) -> dict:
+        """Every stage not finished in the journal, then the manifest (written and returned)."""
+        t0 = time.perf_counter()
+        read = self.journal.get("read") or self.timed("read", self.stages.read)
+        tok_info = self.journal.get("tokenizer") or self.timed("tokenizer", self._tokenizer)
+        tok = load_tokenizer(self.build / "tokenizer.json")
+        if self.curate_cfg is not None:  # the threshold may depend on the corpus
+            from shoestring.data.curate.compress import Compressibility
+
+            self.median_ratio = tok_info.get("median_ratio")
+            self.compress = Compressibility.from_config(self.curate_cfg, self.median_ratio)
+        ids = special_ids(tok, self.cfg.objective)
+        dtype = token_dtype(tok.get_vocab_size())
+        splits: dict[str, dict] = {}
+        for split in ("train", "val"):
+            enc = self.journal.get(f"encode.{split}")
+            if not (enc and enc["done"]):
+                enc = self.timed("encode", self.stages.encode, split, tok, ids,
+                                 read["documents"][split])
+            self.encoded[split] = enc
+            splits[split] = self.timed("pack", self.stages.pack, split, enc, dtype, ids,
+                                       tok.get_vocab_size())
+        self._explain_compressibility()
+        self._check_val(splits["val"], read)
+        manifest = self._manifest(read, tok_info, ids, dtype, splits, time.perf_counter() - t0)
+        executor = self.stages.describe()
+        if executor is not None:
+            manifest["executor"] = executor
+        write_json_atomic(self.build / "manifest.json", manifest)
+        return manifest
+
+    def timed(self, name: str, fn: Any, *args: Any) -> Any:
+        """``fn(*args)``, its seconds added to the manifest's ``stage_seconds[name]``."""
+        t = time.perf_counter()
+        result = fn(*args)
+        self.seconds[name] = round(self.seconds.get(name, 0.0) + time.perf_counter() - t, 3)
+        return result
+
+    # --- read: what every executor's read stage ends with -------------------------------
+
+    def read_result(self, counts: dict[str, int], stats: ReadStats, split: dict,
+                    curation: list[dict], dedup: dict | None = None) -> dict:
+        """The read stage's journal entry (and manifest part) from its counts; ``dedup``:
+        the manifest's ``dedup_index`` / ``dedup_against`` entries, where kept."""
+        self.blocks = [
+            {"block": "read", "documents_out": counts["read"],
+             "dropped": {"bad_input": len(stats.skipped)},
+             "skipped": stats.skipped_summary(),
+             "long_documents": {"max_chars": self.cfg.max_document_chars,
+                                "cut": stats.split_documents, "pieces": stats.split_pieces}},
+            {"block": "clean", "documents_in": counts["read"],
+             "documents_out": counts["read"] - counts["too_short"],
+             "dropped": {"too_short": counts["too_short"]}},
+            *curation,
+            {"block": "split", "documents_in": counts["kept"],
+             "documents_out": counts["train"] + counts["val"],
+             "train": counts["train"], "val": counts["val"], **split},
+        ]
+        self._check_read(counts, stats)
+        result = {
+            **({"source_documents": self._source_docs} if self.cfg.mixture is not None else {}),
+            "files": stats.files,
+            "documents": {
+                "read": counts["read"],
+                "skipped_bad_input": len(stats.skipped),
+                "skipped_records": stats.skipped_records,
+                "skipped_files": stats.skipped_files,
+                "skipped_bytes": stats.skipped_bytes,
+                "dropped_too_short": counts["too_short"],
+                "kept": counts["kept"],
+                "train": counts["train"],
+                "val": counts["val"],
+                "characters": counts["chars"],
+            },
+            "skipped_examples": stats.skipped[:20],
+            "blocks": self.blocks,
+            "split": split,
+            **(dedup or {}),
+            "train_characters": counts.get("train_chars"),  # the tokenizer sample's total
+        }
+        self.journal.put("read", result)
+        return result
+
+    def split(self, kept: Path, counts: dict[str, int], forced_chars: int = 0,
+              n_sources: int = 0, forced_train: set[int] | None = None) -> dict:
+        """Spool the kept documents into train and val; returns how (for the manifest).
+
+        By document (content hash) when that holds out at least ``MIN_VAL_DOCUMENTS``;
+        otherwise (one file, a few documents) the last ``val_fraction`` of the text, as
+        nanoGPT does, cutting the document at the boundary at a line break. With a data
+        mixture (``n_sources``), each split's documents are grouped by source, in the
+        recipe's order (``self._source_docs``: documents per split and source).
+        ``forced_train``: spool lines kept in train (canary hosts), ``forced_chars`` long."""
+        forced_train = forced_train or set()
+        fraction = self.cfg.val_fraction
+        by_position = counts["val"] < MIN_VAL_DOCUMENTS
+        cut = round((counts["chars"] - forced_chars) * (1 - fraction))
+        counts["train"] = counts["val"] = counts["train_chars"] = counts["val_chars"] = 0
+        position = 0
+        sources = (np.fromfile(kept.with_suffix(".src"), dtype="<u2") if n_sources
+                   else np.zeros(0, dtype="<u2"))
+        self._source_docs = {"train": [0] * n_sources, "val": [0] * n_sources}
+        parts = [(split, k) for split in ("train", "val") for k in range(max(n_sources, 1))]
+        with ExitStack() as files:
+            out = {p: files.enter_context(open(self._spool_part(*p, n_sources), "w",
+                                               encoding="utf-8")) for p in parts}
+
+            def write(split: str, text: str, k: int) -> None:
+                if text:
+                    counts[split] += 1
+                    if n_sources:
+                        self._source_docs[split][k] += 1
+                    counts[f"{split}_chars"] += len(text)
+                    out[split, k].write(json.dumps(text, ensure_ascii=False) + "\n")
+
+            for line, text in enumerate(read_spool(kept)):
+                k = int(sources[line]) if n_sources else 0
+                if line in forced_train:  # canary hosts: train, outside the position cut
+                    write("train", text, k)
+                    continue
+                if not by_position:
+                    write("val" if is_validation(text, fraction) else "train", text, k)
+                    continue
+                at = min(max(cut - position, 0), len(text))
+                if 0 < at < len(text):
+                    at = _line_break_near(text, at)
+                write("train", text[:at].strip(), k)
+                write("val", text[at:].strip(), k)
+                position += len(text)
+        if n_sources:
+            self._join_source_spools(n_sources)
+        kept.unlink()
+        kept.with_suffix(".src").unlink(missing_ok=True)
+        if not by_position:
+            return {"method": "document", "val_fraction": fraction}
+        return {"method": "position", "val_fraction": fraction,
+                "reason": f"{counts['kept']:,} document(s) kept: fewer than "
+                f"{MIN_VAL_DOCUMENTS} would be held out by document"}
+
+    def _spool_part(self, split: str, k: int, n_sources: int) -> Path:
+        """The spool of ``split`` (of its ``k``-th source's part, with a mixture)."""
+        return self.build / (f"spool-{split}.{k}.jsonl" if n_sources else f"spool-{split}.jsonl")
+
+    def _join_source_spools(self, n_sources: int) -> None:
+        """Concatenate each split's per-source spools, in the recipe's order."""
+        for split in ("train", "val"):
+            with open(self.build / f"spool-{split}.jsonl", "wb") as joined:
+                for k in range(n_sources):
+                    part = self._spool_part(split, k, n_sources)
+                    with open(part, "rb") as f:
+                        shutil.copyfileobj(f, joined, 1 << 20)
+                    part.unlink()
+
+
+    def _check_read(self, counts: dict[str, int], stats: ReadStats) -> None:
+        if counts["kept"] == 0:
+            dropped = "; ".join(
+                f"{b['block']} dropped " + ", ".join(f"{v:,} {k}" for k, v in b["dropped"].items())
+                for b in self.blocks if any(b.get("dropped", {}).values())
+            )
+            raise ShoestringError(
+                f"the corpus is empty after cleaning: {counts['read']} documents read"
+                + (f"; {dropped}" if dropped else "")
+                + f" (data.min_chars={self.cfg.min_chars})",
+                where=", ".join(self.specs),
+                fix="check the sources (and data.text_field for JSON lines, CSV and Parquet)",
+            )
+        if counts["train"] == 0:
+            raise ShoestringError(
+                f"all {counts['kept']} documents fell into the validation split",
+                where=", ".join(self.specs),
+                fix="add more text",
+            )
+
+    # --- tokenizer ----------------------------------------------------------------------
+
+    def _tokenizer(self) -> dict:
+        cfg = self.cfg
+        self.journal.restart("tokenizer")
+        path = tokenizer_path(cfg)
+        if path is not None:
+            tok = load_for_objective(path, cfg.objective)
+            source = str(Path(path).resolve())
+        else:
+            kind = default_kind(cfg.objective) if cfg.tokenizer == "auto" else cfg.tokenizer
+            n_train = self.journal.get("read")["documents"]["train"]
+            with self.console.status(f"training the {kind} tokenizer on {n_train:,} documents"):
+                tok, self.tokenizer_sample = self.stages.train_tokenizer(kind, n_train)
+            source = "trained"
+        tok.save(str(self.build / "tokenizer.json"))
+        info = {
+            "file": "tokenizer.json",
+            "kind": tokenizer_kind(tok),
+            "source": source,
+            "vocab_size": tok.get_vocab_size(),
+            "sha256": file_sha256(self.build / "tokenizer.json"),
+        }
+        if path is None and self.tokenizer_sample is not None:
+            info["sample"] = self.tokenizer_sample
+        from shoestring.data.curate.compress import median_ratio, needs_median
+
+        if needs_median(self.curate_cfg):  # for the compressibility threshold
+            info["median_ratio"] = median_ratio(tok, self.stages.train_texts())
+        self.journal.put("tokenizer", info)
+        return info
+
+
+    def _explain_compressibility(self) -> None:
+        """``--explain``: the compressibility filter's examples (it runs while tokenizing,
+        after the other blocks have been explained)."""
+        if self.compress is None or not self.compress.keep_examples:
+            return
+        from shoestring.data.curate.pipeline import format_explain
+
+        examples = {self.compress.name: self.compress.examples}
+        self.console.print(format_explain(examples if self.compress.examples else {},
+                                          self.curate_cfg.explain), markup=False,
+                           highlight=False)
+
+
+    def source_split(self, split: str, enc: dict, doc_ends: np.ndarray, body: int,
+                      n: int) -> dict | None:
+        """A mixture's per-source part of a split (None without a mixture): documents,
+        tokens and the range of sequences of each source; a source without a training
+        sequence is an error (the loader could not sample it)."""
+        mix = self.cfg.mixture
+        if mix is None:
+            return None
+        ranges = source_ranges(doc_ends, enc["source_documents"], body, n)
+        out = {}
+        for name, r in zip(mix.sources, ranges):
+            lo, hi = r["sequences"]
+            out[name] = {**r, "tokens": (hi - lo) * self.cfg.seq_len}
+            if split == "train" and hi == lo:
+                raise ShoestringError(
+                    f"{r['documents']:,} training documents with "
+                    f"{r['document_tokens']:,} tokens do not fill one sequence of "
+                    f"{self.cfg.seq_len}", where=f"data.mixture.sources.{name}",
+                    fix="add text to this source, or drop it from the mixture")
+        if split == "train":
+            weights = source_weights(mix, {k: v["tokens"] for k, v in out.items()})
+            for name, w in weights.items():
+                out[name]["weight"] = w
+        return out
+
+    def _mixture_manifest(self, splits: dict[str, dict]) -> dict:
+        """The manifest's ``mixture``: the recipe, and per source its share (weight), what
+        it takes, and its tokens in train and val (for `epochs_at`)."""
+        mix = self.cfg.mixture
+        assert mix is not None
+        sources = {}
+        for name, src in mix.sources.items():
+            train, val = splits["train"]["sources"][name], splits["val"]["sources"][name]
+            sources[name] = {
+                "weight": train["weight"],
+                "given": ({"weight": src.weight} if src.weight is not None
+                          else {"epochs": src.epochs}),
+                "takes": ({"files": src.files} if src.files
+                          else {"field": mix.field, "value": src.value or name}),
+                "train_tokens": train["tokens"], "val_tokens": val["tokens"],
+                # training tokens (all sources) per pass over this one: epochs = budget / this
+                "budget_per_epoch": round(train["tokens"] / train["weight"]),
+                "train_documents": train["documents"], "val_documents": val["documents"],
+            }
+        return {"field": mix.field, "sources": sources}
+
+    def _check_val(self, val: dict, read: dict) -> None:
+        if val["sequences"] > 0:
+            return
+        cfg = self.cfg
+        have = self.encoded["val"]["tokens"]  # the stream packing cuts into sequences
+        need = cfg.seq_len - families.get(cfg.objective).row_frame
+        fixes = ["add more text"]
+        if have > 0:  # held-out text grows about in proportion to val_fraction
+            fraction = round(cfg.val_fraction * need / have * 1.2 + 0.005, 2)
+            if fraction < 0.5:
+                fixes.append(f"--set data.val_fraction={fraction}")
+        longest = 1 << max(0, (have + cfg.seq_len - need).bit_length() - 1)
+        if have and longest >= 8:
+            fixes.append(f"--set data.seq_len={longest}")
+        how = ("by document" if read["split"]["method"] == "document"
+               else "the end of the text")
+        raise ShoestringError(
+            f"the validation split ({how}, data.val_fraction={cfg.val_fraction}) has no "
+            f"complete sequence: {val['documents']} documents with {have} tokens, fewer "
+            f"than one sequence of {cfg.seq_len}",
+            where=", ".join(self.specs),
+            fix=" or ".join(fixes),
+        )
+
+    def _manifest(self, read: dict, tok_info: dict, ids: dict[str, int], dtype: np.dtype,
+                  splits: dict[str, dict], seconds: float) -> dict:
+        cfg = self.cfg
+        tokens_out = sum(s["tokens"] for s in splits.values())
+        seen = sum(e["documents"] for e in self.encoded.values())
+        kept = sum(e["kept_documents"] for e in self.encoded.values())
+        compress = [] if self.compress is None else [
+            {"block": "compressibility", "documents_in": seen, "documents_out": kept,
+             "dropped": {"ratio_too_high": seen - kept},
+             "max_ratio": round(self.compress.max_ratio, 4),
+             "median_ratio": self.median_ratio}]
+        blocks = [
+            *read["blocks"],
+            {"block": "tokenize", "documents_in": seen, "documents_out": seen,
+             "tokens": sum(s["document_tokens"] for s in splits.values())},
+            *compress,
+            {"block": "pack", "sequences": sum(s["sequences"] for s in splits.values()),
+             "tokens": tokens_out,
+             "dropped": {"tail_tokens": sum(s["dropped_tail_tokens"] for s in splits.values())}},
+        ]
+        return {
+            "format": FORMAT,
+            "shoestring_version": __version__,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "sources": self.specs,
+            "files": len(self.files),
+            "fingerprint": self.journal.fingerprint,
+            "config": cfg.model_dump(mode="json"),
+            **({"curate": self.curate_cfg.model_dump(mode="json")} if self.curate_cfg else {}),
+            # One source for the counts: what is in the shards (after every block).
+            "documents": {**read["documents"], "kept": kept,
+                          **{name: splits[name]["documents"] for name in ("train", "val")}},
+            "split": read["split"],
+            **{k: read[k] for k in ("dedup_index", "dedup_against") if k in read},
+            "skipped_examples": read["skipped_examples"],
+            "blocks": blocks,
+            "tokenizer": {**tok_info, "special_ids": ids},
+            "objective": cfg.objective,
+            "seq_len": cfg.seq_len,
+            "dtype": dtype.str,
+            "order": cfg.order,
+            "splits": splits,
+            **({"mixture": self._mixture_manifest(splits)} if cfg.mixture is not None else {}),
+            "resumed": {"stages": [s for s in self.journal.resumed if not s.startswith("pack")],
+                        "kept_shards": self.stages.kept_shards},
+            "stage_seconds": self.seconds,
+            "seconds": round(seconds, 3),
+        }
+
+
+
+def _line_break_near(text: str, at: int) -> int:
+    """A cut point near ``at``: the next line break, else the previous, else the next space."""
+    for found in (text.find("\n", at), text.rfind("\n", 0, at), text.find(" ", at)):
+        if 0 < found < len(text):
+            return found
+    return at
+
+
+def read_spool(path: Path) -> Iterator[str]:
+    """The documents of a spool (one JSON string a line)."""
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            yield json.loads(line)

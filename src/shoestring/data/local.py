@@ -1,0 +1,408 @@
+"""The local executor: prep's stages in this process and its worker processes.
+
+`LocalExecutor` runs the `driver.Driver` with `LocalStages`: read + clean (in
+``data.workers`` processes) → canaries → curation blocks → split into spools; the
+tokenizer trained in a child process; encode (in the workers, consumed in order, so the
+output is identical to 1 worker) into a token stream; pack into shards. See ``prep.py``'s
+docstring for the files each stage leaves and how each resumes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any, ContextManager
+
+import numpy as np
+
+from shoestring import families
+from shoestring.config import CurateConfig, DataConfig
+from shoestring.data.driver import Driver, is_validation, read_spool
+from shoestring.data.executor import WORK_DIR, Journal, PrepPlan, fault_point, no_session, register
+from shoestring.data.mixture import SourceMatcher
+from shoestring.data.packing import doc_offsets, unigram_sort_order
+from shoestring.data.shards import shard_intact, token_dtype, write_shard
+from shoestring.data.sources import Document, ReadStats, iter_documents
+from shoestring.data.tokenizer import CLS, SEP, tokenizer_sample, train_tokenizer
+from shoestring.data.workers import WorkerPool, batched, clean_texts, encode_texts
+from shoestring.progress import progress_bar
+
+CLEAN_BATCH = 256
+ENCODE_BATCH = 1024
+# Encodings cost ~150 bytes per token until converted: cap a batch at ~512K characters.
+ENCODE_CHARS = 1 << 19
+# Tokenizing is journaled (resumable) after about this many characters.
+CHECKPOINT_CHARS = 1 << 23
+DROPPED_IDS = "dropped.tsv"  # curate.dropped_ids: the documents curation dropped
+
+
+class LocalExecutor:
+    """``--executor local``: this machine, ``data.workers`` processes."""
+
+    name = "local"
+
+    def __init__(self, options: Any = None) -> None:
+        del options  # nothing to choose: data.workers is a setting
+
+    def check(self, cfg: DataConfig, curate: CurateConfig | None) -> None:
+        """Every setting runs locally."""
+
+    def session(self) -> ContextManager[Any]:
+        return no_session()
+
+    def run(self, plan: PrepPlan, journal: Journal) -> dict:
+        with WorkerPool(plan.cfg.workers).start() as pool:
+            return Driver(plan, journal, lambda d: LocalStages(d, pool)).run()
+
+
+register("local", LocalExecutor)
+
+
+class LocalStages:
+    """The `driver.Stages` of the local executor, working in the build folder's spools."""
+
+    def __init__(self, driver: Driver, pool: WorkerPool) -> None:
+        self.d, self.pool = driver, pool
+        self.specs, self.build, self.cfg = driver.specs, driver.build, driver.cfg
+        self.curate_cfg, self.console, self.journal = driver.curate_cfg, driver.console, driver.journal
+        self.kept_shards = 0
+        self.blocks: list[dict] = []  # the curation blocks' records
+        self._dedup: dict[str, Any] = {}  # dedup_index / dedup_against, for the manifest
+
+    def describe(self) -> dict | None:
+        return None
+
+    # --- read: sources → clean → curate → split → spools --------------------------------
+
+    def read(self) -> dict:
+        cfg = self.cfg
+        self.journal.restart("read")
+        stats = ReadStats()
+        counts = {"read": 0, "too_short": 0, "kept": 0, "train": 0, "val": 0, "chars": 0}
+        self.blocks = []
+        matcher = SourceMatcher(cfg.mixture) if cfg.mixture is not None else None
+        docs = iter_documents(self.specs, text_field=cfg.text_field, on_error=cfg.on_error,
+                              stats=stats, split_on=cfg.split_on,
+                              max_chars=cfg.max_document_chars,
+                              label_field=matcher.label_field if matcher else None)
+        kept = self.build / "spool-all.jsonl"
+        with progress_bar(self.console) as bar, open(kept, "w", encoding="utf-8") as f, \
+                (open(kept.with_suffix(".src"), "wb") if matcher  # each line's source
+                 else contextlib.nullcontext()) as fsrc:
+            task = bar.add_task("read + clean", total=None, unit="docs")
+
+            def counted(stream: Iterator[Document]) -> Iterator[Document]:
+                for doc in stream:
+                    counts["read"] += 1
+                    bar.update(task, advance=1)
+                    yield doc
+
+            cleaned = self._clean(counted(docs), counts)
+            canaries = self._canary_inserter()
+            if canaries is not None:
+                cleaned = canaries(cleaned)
+            forced_train: set[int] = set()  # spool lines kept in train (canary hosts)
+            forced_chars = 0
+            for doc in self._curate(cleaned):
+                if canaries is not None and doc.doc_id in canaries.hosts:
+                    forced_train.add(counts["kept"])
+                    forced_chars += len(doc.text)
+                else:
+                    counts["val"] += is_validation(doc.text, cfg.val_fraction)
+                counts["kept"] += 1
+                counts["chars"] += len(doc.text)
+                f.write(json.dumps(doc.text, ensure_ascii=False) + "\n")
+                if matcher is not None:  # 2 bytes a document
+                    fsrc.write(matcher.index(doc).to_bytes(2, "little"))
+        if matcher is not None:
+            matcher.check()
+        if self.curate_cfg is not None and self.curate_cfg.explain:
+            self.console.print(_long_documents_line(cfg.max_document_chars, stats),
+                               markup=False, highlight=False)
+        split = self.d.split(kept, counts, forced_chars, len(matcher.names) if matcher else 0,
+                             forced_train)
+        if canaries is not None:
+            self.blocks.append(self._write_canaries(canaries))
+        return self.d.read_result(counts, stats, split, self.blocks, self._dedup)
+
+
+    def _clean(self, docs: Iterator[Document], counts: dict[str, int]) -> Iterator[Document]:
+        """Block ``clean``: normalize (in the workers) and drop documents under min_chars."""
+        min_chars = self.cfg.min_chars
+        batches = batched(docs, CLEAN_BATCH)
+        pending: list[list[Document]] = []
+
+        def texts() -> Iterator[list[str]]:
+            for batch in batches:
+                pending.append(batch)
+                yield [d.text for d in batch]
+
+        for cleaned in self.pool.map(clean_texts, texts()):
+            batch = pending.pop(0)
+            for doc, text in zip(batch, cleaned):
+                if len(text) < min_chars:
+                    counts["too_short"] += 1
+                else:
+                    yield replace(doc, text=text)
+
+    def _curate(self, docs: Iterator[Document]) -> Iterator[Document]:
+        """The curation hook: cleaned documents in, kept documents out, in order.
+
+        Curation blocks (quality filters, dedup, decontamination) go here and append one
+        record per block to ``self.blocks`` (``block``, ``documents_in``,
+        ``documents_out``, ``dropped``: reason → count).
+        """
+        if self.curate_cfg is None:
+            yield from docs
+            return
+        from shoestring.data.curate import Curator
+
+        from shoestring.data.curate.dedup_index import DIR
+
+        # Cleaning and data.min_chars already ran in _clean (in the workers).
+        index_dir = self.build / DIR if self.curate_cfg.dedup != "none" else None
+        curator = Curator.from_config(self.curate_cfg, clean=False,
+                                      work_dir=self.build / WORK_DIR, index_dir=index_dir)
+        with ExitStack() as stack:
+            on_drop = None
+            if self.curate_cfg.dropped_ids:  # one "id<TAB>block" line per dropped document
+                log = stack.enter_context(open(self.build / DROPPED_IDS, "w", encoding="utf-8"))
+                on_drop = lambda doc_id, block: log.write(f"{doc_id}\t{block}\n")  # noqa: E731
+            yield from curator.run(docs, on_drop)
+        self.blocks.extend(b for b in curator.stats()["blocks"] if b["block"] != "compressibility")
+        if index_dir is not None:  # persisted for a later prep's --dedup-against
+            self._dedup["dedup_index"] = curator.finish_dedup_index(index_dir)
+        if curator.against:
+            self._dedup["dedup_against"] = curator.against_summary()
+        if self.curate_cfg.explain:
+            self.console.print(curator.explain(self.curate_cfg.explain), markup=False,
+                               highlight=False)
+
+    def _canary_inserter(self) -> Any:
+        """``prep --canaries K``: the stream wrapper that plants them (None when off)."""
+        cur = self.curate_cfg
+        if cur is None or not cur.canaries:
+            return None
+        from shoestring.data.canaries import CanaryInserter, make_canaries
+
+        inserted, self._canary_refs = make_canaries(cur.canaries, cur.canary_seed)
+        return CanaryInserter(inserted, cur.canary_repeats, cur.canary_seed)
+
+    def _write_canaries(self, inserter: Any) -> dict:
+        """Count the copies that reached train (dedup may cut some) and write canaries.json."""
+        from shoestring.data import canaries as C
+
+        found = C.count_in(read_spool(self.build / "spool-train.jsonl"), inserter.canaries)
+        planted = [replace(c, inserted=r, in_train=n)
+                   for c, r, n in zip(inserter.canaries, inserter.copies(), found)]
+        C.write(self.build / C.FILE, planted, self._canary_refs, inserter.repeats,
+                inserter.seed)
+        return {"block": "canaries", "canaries": len(planted), "references": len(planted),
+                "copies_inserted": sum(inserter.copies()),
+                "copies_in_train": sum(found), "file": C.FILE}
+
+
+    def train_texts(self) -> Iterator[str]:
+        """The training documents, in order."""
+        return read_spool(self.build / "spool-train.jsonl")
+
+    def train_tokenizer(self, kind: str, n_train: int) -> tuple[Any, dict[str, int]]:
+        """The tokenizer trained on the training documents, in order: all of them, or a
+        uniform sample of at most ``data.tokenizer_sample_chars`` characters
+        (`tokenizer_sample`), and what it used.
+
+        It trains in a child process of its own: the trainer's word counts grow with the
+        sample, and memory a process has freed often stays with it, so training in prep's
+        own process would carry that peak through tokenizing and packing."""
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        from tokenizers import Tokenizer
+
+        cfg = self.cfg
+        total = self.journal.get("read").get("train_characters")
+        args = (str(self.build / "spool-train.jsonl"), cfg.tokenizer_sample_chars, total, kind,
+                cfg.objective, cfg.vocab_size, cfg.lowercase_resolved, n_train)
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:
+            saved, seen = child.submit(_train_from_spool, *args).result()
+        return Tokenizer.from_str(saved), {"documents": seen["documents"],
+                                           "characters": seen["characters"],
+                                           "max_characters": cfg.tokenizer_sample_chars,
+                                           "of_characters": seen["of_characters"]}
+
+    # --- encode: spool → token stream ---------------------------------------------------
+
+    def encode(self, split: str, tok: Any, ids: dict[str, int], n_docs: int) -> dict:
+        sep = ids[families.get(self.cfg.objective).separator_token]
+        state = self.journal.get(f"encode.{split}") or {
+            "documents": 0, "kept_documents": 0, "tokens": 0, "document_tokens": 0, "done": False}
+        self.journal.restart(f"pack.{split}")
+        stream_path = self.build / f"stream-{split}.bin"
+        docs_path = self.build / f"docs-{split}.bin"
+        dtype = token_dtype(tok.get_vocab_size())
+        for path, size in ((stream_path, state["tokens"] * dtype.itemsize),
+                           (docs_path, state["kept_documents"] * 8)):
+            with open(path, "ab") as f:
+                f.truncate(size)
+        texts = read_spool(self.build / f"spool-{split}.jsonl")
+        for _ in range(state["documents"]):
+            next(texts)
+        tokenizer: Any = tok if self.pool.workers <= 1 else str(self.build / "tokenizer.json")
+        pending: list[list[str]] = []
+        spooled = (self.journal.get("read") or {}).get("source_documents", {}).get(split)
+        bounds = None if spooled is None else np.cumsum(spooled)  # spool line → source
+        if bounds is not None:
+            state = {"source_documents": [0] * len(bounds), **state}
+        kept_per_source = state.get("source_documents", [])
+
+        def batches() -> Iterator[list[str]]:
+            for batch in batched(texts, ENCODE_BATCH, ENCODE_CHARS):
+                pending.append(batch)
+                yield batch
+
+        steps = 0
+        with progress_bar(self.console) as bar, open(stream_path, "ab") as fs, \
+                open(docs_path, "ab") as fd:
+            task = bar.add_task(f"tokenize {split}", total=n_docs, unit="docs",
+                                completed=state["documents"])
+            unsaved = 0
+
+            def checkpoint(done: bool) -> None:
+                for f in (fs, fd):  # the data is on disk before the journal says so
+                    f.flush()
+                    os.fsync(f.fileno())
+                self.journal.put(f"encode.{split}", {**state, "done": done})
+
+            for flat, lengths in self.pool.map(encode_texts, batches(), tokenizer, sep):
+                batch = pending.pop(0)
+                keep = self._keep_encoded(batch, lengths)
+                if keep is not None and not keep.all():
+                    flat = flat[np.repeat(keep, lengths + 1)]
+                    lengths = lengths[keep]
+                if bounds is not None:  # kept documents per source
+                    at = np.arange(state["documents"], state["documents"] + len(batch))
+                    src = np.searchsorted(bounds, at, side="right")
+                    kept_per_source = (np.asarray(kept_per_source) + np.bincount(
+                        src if keep is None else src[keep], minlength=len(bounds))).tolist()
+                ends = state["tokens"] + np.cumsum(lengths + 1, dtype=np.int64)
+                fs.write(flat.astype(dtype, copy=False).tobytes())
+                fd.write(ends.astype("<u8").tobytes())
+                state = {"documents": state["documents"] + len(batch),
+                         "kept_documents": state["kept_documents"] + len(lengths),
+                         "tokens": int(state["tokens"] + flat.size),
+                         "document_tokens": int(state["document_tokens"] + lengths.sum()),
+                         "done": False,
+                         **({"source_documents": kept_per_source} if bounds is not None else {})}
+                bar.update(task, advance=len(batch))
+                unsaved += sum(len(t) for t in batch)
+                if unsaved >= CHECKPOINT_CHARS:
+                    checkpoint(done=False)
+                    unsaved = 0
+                    steps += 1
+                    fault_point(f"encode.{split}", steps)
+            checkpoint(done=True)
+        return {**state, "done": True}
+
+
+    def _keep_encoded(self, texts: list[str], lengths: np.ndarray) -> np.ndarray | None:
+        """Hook for checks that need token counts (Cramming's compressibility filter):
+        a boolean keep-mask over the batch's documents, or None to keep all. Runs in order in
+        the main process; dropped documents leave no tokens in the stream."""
+        if self.d.compress is None:
+            return None
+        docs = None
+        if self.d.compress.keep_examples:  # --explain: the dropped texts as examples
+            seen = self.d.compress.stats.docs_in
+            docs = [Document(t, "", f"tokenized document {seen + i + 1:,}")
+                    for i, t in enumerate(texts)]
+        return self.d.compress.check_batch(lengths, [len(t) for t in texts], docs)
+
+    # --- pack: token stream → shards ----------------------------------------------------
+
+    def pack(self, split: str, enc: dict, dtype: np.dtype, ids: dict[str, int],
+              vocab: int) -> dict:
+        cfg = self.cfg
+        frame = families.get(cfg.objective).row_frame
+        body = cfg.seq_len - frame
+        stream_path = self.build / f"stream-{split}.bin"
+        stream = (np.memmap(stream_path, dtype=dtype, mode="r") if enc["tokens"]
+                  else np.zeros(0, dtype=dtype))
+        doc_ends = np.fromfile(self.build / f"docs-{split}.bin", dtype="<u8").astype(np.int64)
+        doc_starts = np.concatenate([np.zeros(min(1, len(doc_ends)), np.int64), doc_ends[:-1]])
+        n = len(stream) // body
+        bodies = stream[: n * body].reshape(n, body)
+        ordered = cfg.order == "sort" and split == "train"
+        order = unigram_sort_order(bodies, vocab) if ordered and n else None
+        per_shard = max(1, cfg.shard_tokens // cfg.seq_len)
+        n_shards = -(-n // per_shard)
+        previous = (self.journal.get(f"pack.{split}") or {}).get("shards", [])
+        shards: list[dict] = []
+        with progress_bar(self.console) as bar:
+            task = bar.add_task(f"pack {split}", total=n_shards, unit="shards")
+            for k in range(n_shards):
+                lo, hi = k * per_shard, min(n, (k + 1) * per_shard)
+                if k < len(previous) and shard_intact(self.build, previous[k]):
+                    shards.append(previous[k])
+                    self.kept_shards += 1
+                    bar.update(task, advance=1)
+                    continue
+                src = np.arange(lo, hi) if order is None else order[lo:hi]
+                chunk = bodies[lo:hi] if order is None else bodies[src]
+                if frame:  # [CLS] body [SEP]
+                    rows = np.empty((len(src), cfg.seq_len), dtype=dtype)
+                    rows[:, 0], rows[:, -1] = ids[CLS], ids[SEP]
+                    rows[:, 1:-1] = chunk
+                else:
+                    rows = np.asarray(chunk)
+                starts = doc_offsets(doc_starts, src, body, cfg.seq_len, frame // 2)
+                shards.append(asdict(write_shard(self.build, split, k, rows, dtype, starts)))
+                self.journal.put(f"pack.{split}", {"shards": shards})
+                bar.update(task, advance=1)
+                fault_point(f"pack.{split}", k + 1)
+        del bodies, stream
+        sources = self.d.source_split(split, enc, doc_ends, body, n)
+        return {
+            **({"sources": sources} if sources is not None else {}),
+            "sequences": n,
+            "tokens": n * cfg.seq_len,
+            "documents": len(doc_ends),
+            "document_tokens": int(enc["document_tokens"]),
+            "dropped_tail_tokens": int(enc["tokens"] - n * body),
+            "order": "sort" if ordered else "none",
+            "shards": shards,
+        }
+
+
+
+def _train_from_spool(spool: str, cap: int, total: int | None, kind: str, objective: str,
+                      vocab_size: int, lowercase: bool, n_train: int
+                      ) -> tuple[str, dict[str, int]]:
+    """`LocalStages.train_tokenizer`'s child process: the tokenizer (as JSON) trained on the
+    spool's documents or their uniform sample, and what it read."""
+    if total is None:  # a build folder journaled before the count was kept
+        total = sum(len(t) for t in read_spool(Path(spool)))
+    seen = {"documents": 0, "characters": 0, "of_characters": total}
+
+    def sample() -> Iterator[str]:  # read once, or twice (WordPiece): count one pass
+        seen["documents"] = seen["characters"] = 0
+        for text in tokenizer_sample(read_spool(Path(spool)), cap, total):
+            seen["documents"] += 1
+            seen["characters"] += len(text)
+            yield text
+
+    tok = train_tokenizer(sample, kind, objective, vocab_size, lowercase,
+                          length=n_train if total <= cap else None)
+    return tok.to_str(), seen
+
+
+def _long_documents_line(max_chars: int, stats: ReadStats) -> str:
+    """What ``data.max_document_chars`` did (for ``--explain``)."""
+    return (f"long documents (data.max_document_chars={max_chars:,}): "
+            f"{stats.split_documents:,} cut into {stats.split_pieces:,} pieces")
+
+
