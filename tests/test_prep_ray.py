@@ -426,3 +426,24 @@ def _wait_for(done, proc: subprocess.Popen, seconds: float) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("prep never reached the point to interrupt")
         time.sleep(0.1)
+
+
+def test_executors_are_found_by_name_without_importing_their_package() -> None:
+    """`prep` imports no executor package: `get_executor` imports a known one by name the first
+    time it is asked for (a fresh interpreter, so nothing was imported before)."""
+    code = """
+import sys
+from shoestring.data.executor import get_executor
+from shoestring.errors import ShoestringError
+assert "shoestring.data.distributed" not in sys.modules
+print(type(get_executor("ray")).__name__, type(get_executor("local")).__name__)
+try:
+    get_executor("spark")
+except ShoestringError as e:
+    print(e)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "RayExecutor LocalExecutor"
+    assert "unknown executor 'spark'" in r.stdout and "use local or ray" in r.stdout

@@ -5,7 +5,8 @@
 manifest. ``prep`` names no executor: it looks the ``--executor`` name up in a registry that
 each executor's package fills when imported (`register`). The local executor
 (``data/local.py``) registers here; the Ray one (``data/distributed/``) when
-``shoestring.data.distributed`` is imported, as the CLI does for ``--executor ray``.
+``shoestring.data.distributed`` is imported, which `get_executor` does by name the first time
+``ray`` is asked for.
 
 A new executor is a module of its own implementing `Executor` (usually by running
 ``driver.Driver`` with its own stages, see ``data/driver.py``) plus one `register` call.
@@ -14,6 +15,7 @@ A new executor is a module of its own implementing `Executor` (usually by runnin
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import shutil
@@ -65,6 +67,10 @@ class Executor(Protocol):
 
 
 _REGISTRY: dict[str, Callable[[Any], Executor]] = {}
+# Executors whose package registers them on import, found by name the first time one is asked
+# for (like an entry point): a Python caller's ``prep(..., executor="ray")`` works without an
+# import of its own, and nothing here imports them (prep knows no executor).
+_PACKAGES = {"local": "shoestring.data.local", "ray": "shoestring.data.distributed"}
 
 
 def register(name: str, factory: Callable[[Any], Executor]) -> None:
@@ -73,12 +79,13 @@ def register(name: str, factory: Callable[[Any], Executor]) -> None:
 
 
 def get_executor(name: str, options: Any = None) -> Executor:
-    """The registered executor ``name``, built with ``options``."""
+    """The registered executor ``name`` (its package imported first if it is a known one),
+    built with ``options``."""
+    if name not in _REGISTRY and name in _PACKAGES:
+        importlib.import_module(_PACKAGES[name])
     if name not in _REGISTRY:
-        raise ShoestringError(
-            f"unknown executor {name!r}", where="--executor",
-            fix=f"use {' or '.join(sorted({*_REGISTRY, 'ray'}))} (ray: import "
-            "shoestring.data.distributed first, which registers it)")
+        raise ShoestringError(f"unknown executor {name!r}", where="--executor",
+                              fix=f"use {' or '.join(sorted({*_REGISTRY, *_PACKAGES}))}")
     return _REGISTRY[name](options)
 
 
