@@ -115,7 +115,7 @@ def test_the_optimizer_steps_cuda_parameters_with_multi_tensor_kernels() -> None
     cfg = tiny_config(steps=1)
     model = build_model(cfg.model, 500).cuda()
     opt = build_optimizer(model, cfg.train)
-    assert all(g["foreach"] for g in opt.param_groups)
+    assert all(g["fused"] for g in opt.param_groups)  # plain CUDA parameters: one kernel
     before = [p.detach().clone() for p in model.parameters()]
     ids = torch.randint(5, 500, (4, 32), device="cuda")
     with torch.autocast("cuda", dtype=torch.bfloat16):

@@ -257,3 +257,46 @@ def test_old_distributed_checkpoints_are_converted_and_resume(pydocs_dir: Path,
     assert [p.name for p in upgrade_run(run)] == ["step_00000002"]
     assert not (run / "dist_checkpoints").exists()
     assert train(tiny_config(steps=4), pydocs_dir, run, resume=True)["steps"] == 4
+
+
+def test_adamw_is_fused_on_plain_parameters_and_foreach_on_dtensors(tmp_path: Path) -> None:
+    """`build_optimizer` takes the fused kernel where every parameter is a plain tensor and
+    it steps exactly as foreach does (to float rounding); sharded DTensor parameters (a real
+    one-rank gloo mesh) keep foreach."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import distribute_tensor
+
+    from shoestring.model import build_model
+    from shoestring.train.optim import build_optimizer, kernel, param_groups
+
+    cfg = tiny_config(steps=1)
+    torch.manual_seed(0)
+    a = build_model(cfg.model, 300)
+    b = build_model(cfg.model, 300)
+    b.load_state_dict(a.state_dict())
+    fused = build_optimizer(a, cfg.train)
+    assert all(g["fused"] for g in fused.param_groups)
+    foreach = torch.optim.AdamW(param_groups(b, cfg.train.weight_decay), lr=cfg.train.lr,
+                                betas=(cfg.train.beta1, cfg.train.beta2), eps=cfg.train.eps,
+                                foreach=True)
+    for step in range(3):
+        for m in (a, b):
+            torch.manual_seed(step)
+            for p in m.parameters():
+                p.grad = torch.randn_like(p)
+        fused.step()
+        foreach.step()
+    for p, q in zip(a.parameters(), b.parameters()):
+        assert not torch.equal(p, torch.zeros_like(p))
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        shard = distribute_tensor(torch.randn(8, 4), mesh)
+        assert kernel([shard]) == {"foreach": True}
+        assert kernel([torch.randn(3)]) == {"fused": True}
+    finally:
+        dist.destroy_process_group()
