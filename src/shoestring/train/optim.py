@@ -28,8 +28,8 @@ def kernel(params: list[torch.Tensor]) -> dict[str, bool]:
     """AdamW's implementation for these parameters: ``fused`` (one kernel per step) where
     every parameter is a plain CPU or CUDA tensor, else ``foreach``. Fused measured 6.8× faster
     than foreach on the `tiny` preset's optimizer step on a 2-core CPU (14.7 → 2.2 ms; 5.0× on
-    `mini`; `bench/optimizer_kernel.py`); sharded DTensor parameters (FSDP2, TP) keep ``foreach``, the
-    implementation their parity tests ran with."""
+    `mini`; `bench/optimizer_kernel.py`); sharded DTensor parameters (FSDP2, TP) keep
+    ``foreach``, the implementation their parity tests ran with."""
     from torch.distributed.tensor import DTensor
 
     plain = all(not isinstance(p, DTensor) and p.device.type in ("cpu", "cuda") for p in params)
