@@ -46,7 +46,6 @@ from rich.console import Console
 
 from shoestring import families
 from shoestring.config import CurateConfig, DataConfig
-from shoestring.data import local as _local  # noqa: F401  (registers --executor local)
 from shoestring.data.datadir import FORMAT
 from shoestring.data.driver import is_validation, tokenizer_path
 from shoestring.data.executor import JOURNAL, WORK_DIR, Executor, Journal, PrepPlan, get_executor
@@ -178,9 +177,8 @@ def prep(
     ``shoestring.data.curate``); None runs none of them.
 
     ``executor`` runs the stages (``data/executor.py``): an `Executor`, or the name of a
-    registered one built with ``executor_options`` — ``"local"`` (this machine), or
-    ``"ray"`` once ``shoestring.data.distributed`` is imported (a Ray cluster; its
-    options a ``RayOptions``; see docs/data.md).
+    registered one built with ``executor_options`` — ``"local"`` (this machine) or ``"ray"``
+    (a Ray cluster; its options a ``RayOptions``; see docs/data.md), each found by name.
     """
     console = console or Console(stderr=True)
     out = Path(out)
