@@ -125,7 +125,7 @@ class LocalStages:
                 log = stack.enter_context(open(self.build / DROPPED_IDS, "w", encoding="utf-8"))
                 on_drop = lambda doc_id, block: log.write(f"{doc_id}\t{block}\n")  # noqa: E731
             yield from curator.run(docs, on_drop)
-        self.blocks.extend(b for b in curator.stats()["blocks"] if b["block"] != "compressibility")
+        self.blocks.extend(curator.stats()["blocks"])
         if index_dir is not None:  # persisted for a later prep's --dedup-against
             self._dedup["dedup_index"] = curator.finish_dedup_index(index_dir)
         if curator.against:
