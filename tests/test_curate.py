@@ -3,13 +3,18 @@ and config validation (see tests/test_curate_dedup.py and test_curate_decontam.p
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
-from shoestring.config import CurateConfig, load_config
+from shoestring.config import CurateConfig, DataConfig, load_config
 from shoestring.data.curate import Curator, Drop
 from shoestring.data.curate.compress import Compressibility
 from shoestring.data.curate.gopher import GopherQuality, GopherRepetition
 from shoestring.data.curate.normalize import Length, Normalize
+from shoestring.data.distributed.stages import merge_reports
+from shoestring.data.prep import prep
 from shoestring.data.sources import Document
 from shoestring.errors import ShoestringError
 
@@ -233,32 +238,35 @@ def test_explain_shows_up_to_n_examples_per_reason() -> None:
     assert quiet.explain() == "no dropped documents to explain"  # explain=0 keeps nothing
 
 
-def test_a_corpus_filtered_to_nothing_says_which_block_removed_what() -> None:
-    curator = Curator.from_config(CurateConfig(filters="gopher"), min_chars=16)
-    docs = [doc(" ".join(GOOD.split()[:20]), f"s{i}") for i in range(4)] + [doc("x", "tiny")]
-    assert list(curator.run(docs)) == []
-    err = curator.empty_error("corpus.jsonl")
-    assert "curation removed every document" in err.what
-    assert "length: 5 in, 4 out, dropped 1 (too_short 1)" in err.what
-    assert "gopher_quality: 4 in, 0 out, dropped 4 (too_few_words 4)" in err.what
-    assert err.where == "corpus.jsonl" and "--explain" in (err.fix or "")
+def test_a_corpus_filtered_to_nothing_says_which_block_removed_what(tmp_path: Path) -> None:
+    """Prep's error names each block's drops (the clean block's and curation's alike)."""
+    texts = [" ".join(GOOD.split()[:20]) for _ in range(4)] + ["x"]
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    with pytest.raises(ShoestringError) as err:
+        prep([str(tmp_path / "c.jsonl")], tmp_path / "out", DataConfig(),
+             curate=CurateConfig(filters="gopher", dedup="none"))
+    assert "empty after cleaning: 5 documents read" in err.value.what
+    assert "clean dropped 1 too_short" in err.value.what
+    assert "gopher_quality dropped 4 too_few_words" in err.value.what
 
 
 def test_workers_split_and_merge_give_the_same_counts() -> None:
+    """The stateless blocks on two halves (two Ray tasks), their reports merged: the counts
+    of one run over the whole."""
     cfg = CurateConfig(filters="gopher", dedup="exact")
     whole = Curator.from_config(cfg, min_chars=16)
     expected = [d.doc_id for d in whole.run(_corpus())]
-    # Two "workers" run the stateless part on halves; one process dedups their output.
     corpus = _corpus()
-    workers = [Curator.from_config(cfg, min_chars=16, part="stateless") for _ in range(2)]
+    stateless = lambda: [b for b in Curator.from_config(cfg, min_chars=16).blocks  # noqa: E731
+                         if not b.stateful]
+    workers = [Curator(stateless()) for _ in range(2)]
     halves = [list(w.run(part)) for w, part in zip(workers, (corpus[:4], corpus[4:]))]
-    dedup = Curator.from_config(cfg, part="stateful")
+    dedup = Curator([b for b in Curator.from_config(cfg).blocks if b.stateful])
     assert [d.doc_id for d in dedup.run(halves[0] + halves[1])] == expected
-    merged = Curator.from_config(cfg, min_chars=16, part="stateless")
-    for w in workers:
-        merged.merge(w.stats())
+    merged = merge_reports([b.report() for b in stateless()],
+                           [w.stats()["blocks"] for w in workers])
     whole_blocks = {b["block"]: b for b in whole.stats()["blocks"]}
-    for entry in merged.stats()["blocks"]:
+    for entry in merged:
         assert entry == whole_blocks[entry["block"]]
 
 

@@ -306,7 +306,7 @@ def test_new_blocks_plan_onto_ray_or_are_refused_by_name(monkeypatch) -> None:
     monkeypatch.setattr(Curator, "from_config", classmethod(lambda cls, *a, **k: cls(blocks)))
     plan = plan_ray(CFG, CurateConfig())
     assert [(kind, [b.name for b in bs]) for kind, bs in plan.stages] == [
-        ("map", ["shouting"]), ("shuffle", ["exact_dedup"]), ("map", ["shouting"])]
+        ("map", ["clean", "shouting"]), ("shuffle", ["exact_dedup"]), ("map", ["shouting"])]
     blocks.append(SubstringDedup())
     with pytest.raises(ShoestringError, match="the substring_dedup block"):
         plan_ray(CFG, CurateConfig())

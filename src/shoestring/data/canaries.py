@@ -18,15 +18,19 @@ dir lists the inserted canaries (with how many copies survived curation) and the
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from shoestring.data.curate.blocks import Block
 from shoestring.data.sources import Document
 from shoestring.fsutil import write_json_atomic
+
+if TYPE_CHECKING:
+    from shoestring.config import CurateConfig
 
 FILE = "canaries.json"
 CONTEXT_WORDS = 45
@@ -90,23 +94,35 @@ def embed(host: str, line: str) -> str:
     return f"{host[:at]}\n{line}{host[at:]}"
 
 
-@dataclass
-class CanaryInserter:
-    """Writes ``repeats`` copies of each canary into successive documents of a stream, one
-    copy per document, in a seeded shuffled order; copies left when the stream ends become
-    documents of their own. ``hosts`` are the doc ids that carry a copy (kept in train)."""
+class Canaries(Block):
+    """Block ``canaries``: ``repeats`` copies of each canary written into successive documents,
+    one copy per document, in a seeded shuffled order; copies left when the stream ends become
+    documents of their own. ``hosts`` are the doc ids that carry a copy (the split keeps them
+    in train). After the split, `finish` counts the copies that reached train and writes
+    ``canaries.json``; the block's record says what was planted and what survived."""
 
-    canaries: list[Canary]
-    repeats: int | list[int]  # a list cycles over the canaries: several counts in one corpus
-    seed: int
-    hosts: set[str] = field(default_factory=set)
+    name = "canaries"
+
+    def __init__(self, count: int, repeats: int | list[int], seed: int) -> None:
+        super().__init__()
+        self.canaries, self.references = make_canaries(count, seed)
+        self.repeats = repeats  # a list cycles over the canaries: several counts in one corpus
+        self.seed = seed
+        self.hosts: set[str] = set()
+        self.in_train = [0] * count
+
+    @classmethod
+    def from_config(cls, cfg: CurateConfig | None) -> Canaries | None:
+        """``prep --canaries K``'s block; None when off."""
+        return None if cfg is None or not cfg.canaries else cls(
+            cfg.canaries, cfg.canary_repeats, cfg.canary_seed)
 
     def copies(self) -> list[int]:
         """Copies of each canary."""
         r = self.repeats if isinstance(self.repeats, list) else [self.repeats]
         return [r[i % len(r)] for i in range(len(self.canaries))]
 
-    def __call__(self, docs: Iterator[Document]) -> Iterator[Document]:
+    def process(self, docs: Iterable[Document]) -> Iterator[Document]:
         order = np.repeat(np.arange(len(self.canaries)), self.copies())
         np.random.default_rng([self.seed, 0xC0DE]).shuffle(order)
         pending = [self.canaries[int(i)] for i in order]
@@ -121,8 +137,21 @@ class CanaryInserter:
             self.hosts.add(doc_id)
             yield Document(c.text, "canaries", doc_id)
 
+    def finish(self, folder: Path, train: Iterable[str]) -> None:
+        """Count the copies in the training texts (curation may cut some) and write
+        ``canaries.json`` in ``folder``."""
+        self.in_train = count_in(train, self.canaries)
+        planted = [replace(c, inserted=r, in_train=n)
+                   for c, r, n in zip(self.canaries, self.copies(), self.in_train)]
+        write(folder / FILE, planted, self.references, self.repeats, self.seed)
 
-def count_in(texts: Iterator[str], canaries: list[Canary]) -> list[int]:
+    def report(self) -> dict[str, Any]:
+        return {"block": self.name, "canaries": len(self.canaries),
+                "references": len(self.references), "copies_inserted": sum(self.copies()),
+                "copies_in_train": sum(self.in_train), "file": FILE}
+
+
+def count_in(texts: Iterable[str], canaries: list[Canary]) -> list[int]:
     """How many copies of each canary the texts hold."""
     counts = [0] * len(canaries)
     for text in texts:

@@ -1,12 +1,13 @@
 """The prep stages in order, as every executor runs them: `Driver` and its `Stages`.
 
 The driver owns what does not depend on where the work runs: the order of the stages and
-their journal entries, the train/val split rule, the tokenizer stage (a given file, or one
-trained by the executor), the checks of what read and pack produced, and the manifest. An
-executor supplies the `Stages` that do the work — read + clean + curate (ending in
-`Driver.split` or its equivalent and `Driver.read_result`), tokenizer training, encode and
-pack — and runs ``Driver(plan, journal, stages).run()``: ``data/local.py`` in this process
-and its workers, ``data/distributed/executor.py`` as Ray tasks.
+their journal entries, the train/val split rule (the `Split` writer), the tokenizer stage (a
+given file, or one trained by the executor), the checks of what read and pack produced, and
+the manifest. An executor supplies the `Stages` that do the work — the read stage (the
+reader ``sources.Read`` → the blocks clean, canaries and curation → `Split`, ending in
+`Driver.read_result` with their records), tokenizer training, encode and pack — and runs
+``Driver(plan, journal, stages).run()``: ``data/local.py`` in this process and its workers,
+``data/distributed/executor.py`` as Ray tasks.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import hashlib
 import json
 import shutil
 import time
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack
+from collections.abc import Callable, Container, Iterable, Iterator
+from contextlib import ExitStack, nullcontext
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -26,9 +27,9 @@ from shoestring import __version__, families
 from shoestring.config import DataConfig
 from shoestring.data.datadir import FORMAT
 from shoestring.data.executor import Journal, PrepPlan
-from shoestring.data.mixture import source_ranges, source_weights
+from shoestring.data.mixture import SourceMatcher, source_ranges, source_weights
 from shoestring.data.shards import token_dtype
-from shoestring.data.sources import ReadStats
+from shoestring.data.sources import Document, ReadStats
 from shoestring.data.tokenizer import (
     KINDS,
     default_kind,
@@ -93,7 +94,6 @@ class Driver:
         self.tokenizer_sample: dict[str, int] | None = None  # set when the tokenizer trains
         self.encoded: dict[str, dict] = {}
         self.blocks: list[dict] = []  # the read stage's block records
-        self._source_docs: dict[str, list[int]] = {}  # a mixture's documents per split, source
         self.compress: Any = None  # built once the tokenizer is known (run)
         self.median_ratio: float | None = None
         self.stages = stages(self)
@@ -138,136 +138,54 @@ class Driver:
 
     # --- read: what every executor's read stage ends with -------------------------------
 
-    def read_result(self, counts: dict[str, int], stats: ReadStats, split: dict,
-                    curation: list[dict], dedup: dict | None = None) -> dict:
-        """The read stage's journal entry (and manifest part) from its counts; ``dedup``:
-        the manifest's ``dedup_index`` / ``dedup_against`` entries, where kept."""
-        self.blocks = [
-            {"block": "read", "documents_out": counts["read"],
-             "dropped": {"bad_input": len(stats.skipped)},
-             "skipped": stats.skipped_summary(),
-             "long_documents": {"max_chars": self.cfg.max_document_chars,
-                                "cut": stats.split_documents, "pieces": stats.split_pieces}},
-            {"block": "clean", "documents_in": counts["read"],
-             "documents_out": counts["read"] - counts["too_short"],
-             "dropped": {"too_short": counts["too_short"]}},
-            *curation,
-            {"block": "split", "documents_in": counts["kept"],
-             "documents_out": counts["train"] + counts["val"],
-             "train": counts["train"], "val": counts["val"], **split},
-        ]
-        self._check_read(counts, stats)
+    def read_result(self, stats: ReadStats, blocks: list[dict], split: Split,
+                    dedup: dict | None = None) -> dict:
+        """The read stage's journal entry (and manifest part): the records of the reader
+        (its ``stats``), of ``blocks`` (clean, curation, canaries) and of ``split``;
+        ``dedup``: the manifest's ``dedup_index`` / ``dedup_against`` entries, where kept."""
+        self.blocks = [stats.record(self.cfg.max_document_chars), *blocks, split.report()]
+        self._check_read(stats, split)
         result = {
-            **({"source_documents": self._source_docs} if self.cfg.mixture is not None else {}),
+            **({"source_documents": split.source_docs} if self.cfg.mixture is not None else {}),
             "files": stats.files,
             "documents": {
-                "read": counts["read"],
+                "read": stats.documents,
                 "skipped_bad_input": len(stats.skipped),
                 "skipped_records": stats.skipped_records,
                 "skipped_files": stats.skipped_files,
                 "skipped_bytes": stats.skipped_bytes,
-                "dropped_too_short": counts["too_short"],
-                "kept": counts["kept"],
-                "train": counts["train"],
-                "val": counts["val"],
-                "characters": counts["chars"],
+                "dropped_too_short": next(b["dropped"]["too_short"] for b in blocks
+                                          if b["block"] == "clean"),
+                "kept": split.kept,
+                "train": split.n["train"],
+                "val": split.n["val"],
+                "characters": split.chars,
             },
             "skipped_examples": stats.skipped[:20],
             "blocks": self.blocks,
-            "split": split,
+            "split": split.how,
             **(dedup or {}),
-            "train_characters": counts.get("train_chars"),  # the tokenizer sample's total
+            "train_characters": split.train_chars,  # the tokenizer sample's total
         }
         self.journal.put("read", result)
         return result
 
-    def split(self, kept: Path, counts: dict[str, int], forced_chars: int = 0,
-              n_sources: int = 0, forced_train: set[int] | None = None) -> dict:
-        """Spool the kept documents into train and val; returns how (for the manifest).
-
-        By document (content hash) when that holds out at least ``MIN_VAL_DOCUMENTS``;
-        otherwise (one file, a few documents) the last ``val_fraction`` of the text, as
-        nanoGPT does, cutting the document at the boundary at a line break. With a data
-        mixture (``n_sources``), each split's documents are grouped by source, in the
-        recipe's order (``self._source_docs``: documents per split and source).
-        ``forced_train``: spool lines kept in train (canary hosts), ``forced_chars`` long."""
-        forced_train = forced_train or set()
-        fraction = self.cfg.val_fraction
-        by_position = counts["val"] < MIN_VAL_DOCUMENTS
-        cut = round((counts["chars"] - forced_chars) * (1 - fraction))
-        counts["train"] = counts["val"] = counts["train_chars"] = counts["val_chars"] = 0
-        position = 0
-        sources = (np.fromfile(kept.with_suffix(".src"), dtype="<u2") if n_sources
-                   else np.zeros(0, dtype="<u2"))
-        self._source_docs = {"train": [0] * n_sources, "val": [0] * n_sources}
-        parts = [(split, k) for split in ("train", "val") for k in range(max(n_sources, 1))]
-        with ExitStack() as files:
-            out = {p: files.enter_context(open(self._spool_part(*p, n_sources), "w",
-                                               encoding="utf-8")) for p in parts}
-
-            def write(split: str, text: str, k: int) -> None:
-                if text:
-                    counts[split] += 1
-                    if n_sources:
-                        self._source_docs[split][k] += 1
-                    counts[f"{split}_chars"] += len(text)
-                    out[split, k].write(json.dumps(text, ensure_ascii=False) + "\n")
-
-            for line, text in enumerate(read_spool(kept)):
-                k = int(sources[line]) if n_sources else 0
-                if line in forced_train:  # canary hosts: train, outside the position cut
-                    write("train", text, k)
-                    continue
-                if not by_position:
-                    write("val" if is_validation(text, fraction) else "train", text, k)
-                    continue
-                at = min(max(cut - position, 0), len(text))
-                if 0 < at < len(text):
-                    at = _line_break_near(text, at)
-                write("train", text[:at].strip(), k)
-                write("val", text[at:].strip(), k)
-                position += len(text)
-        if n_sources:
-            self._join_source_spools(n_sources)
-        kept.unlink()
-        kept.with_suffix(".src").unlink(missing_ok=True)
-        if not by_position:
-            return {"method": "document", "val_fraction": fraction}
-        return {"method": "position", "val_fraction": fraction,
-                "reason": f"{counts['kept']:,} document(s) kept: fewer than "
-                f"{MIN_VAL_DOCUMENTS} would be held out by document"}
-
-    def _spool_part(self, split: str, k: int, n_sources: int) -> Path:
-        """The spool of ``split`` (of its ``k``-th source's part, with a mixture)."""
-        return self.build / (f"spool-{split}.{k}.jsonl" if n_sources else f"spool-{split}.jsonl")
-
-    def _join_source_spools(self, n_sources: int) -> None:
-        """Concatenate each split's per-source spools, in the recipe's order."""
-        for split in ("train", "val"):
-            with open(self.build / f"spool-{split}.jsonl", "wb") as joined:
-                for k in range(n_sources):
-                    part = self._spool_part(split, k, n_sources)
-                    with open(part, "rb") as f:
-                        shutil.copyfileobj(f, joined, 1 << 20)
-                    part.unlink()
-
-
-    def _check_read(self, counts: dict[str, int], stats: ReadStats) -> None:
-        if counts["kept"] == 0:
+    def _check_read(self, stats: ReadStats, split: Split) -> None:
+        if split.kept == 0:
             dropped = "; ".join(
                 f"{b['block']} dropped " + ", ".join(f"{v:,} {k}" for k, v in b["dropped"].items())
                 for b in self.blocks if any(b.get("dropped", {}).values())
             )
             raise ShoestringError(
-                f"the corpus is empty after cleaning: {counts['read']} documents read"
+                f"the corpus is empty after cleaning: {stats.documents} documents read"
                 + (f"; {dropped}" if dropped else "")
                 + f" (data.min_chars={self.cfg.min_chars})",
                 where=", ".join(self.specs),
                 fix="check the sources (and data.text_field for JSON lines, CSV and Parquet)",
             )
-        if counts["train"] == 0:
+        if split.n["train"] == 0:
             raise ShoestringError(
-                f"all {counts['kept']} documents fell into the validation split",
+                f"all {split.kept} documents fell into the validation split",
                 where=", ".join(self.specs),
                 fix="add more text",
             )
@@ -437,6 +355,115 @@ class Driver:
             "seconds": round(seconds, 3),
         }
 
+
+
+class Split:
+    """Prep's writer, block ``split``: kept documents in, ``spool-{train,val}.jsonl`` out.
+
+    By document (content hash) when that holds out at least ``MIN_VAL_DOCUMENTS``; otherwise
+    (one file, a few documents) the last ``val_fraction`` of the text, as nanoGPT does,
+    cutting the document at the boundary at a line break. Which rule applies is known only at
+    the end, so `write` spools the documents and `close` splits them. With a data mixture
+    (``matcher``), each split's documents are grouped by source, in the recipe's order
+    (``source_docs``: documents per split and source). ``hosts`` (canary hosts' doc ids)
+    stay in train, outside the position cut."""
+
+    name = "split"
+
+    def __init__(self, build: Path, val_fraction: float, matcher: SourceMatcher | None = None,
+                 hosts: Container[str] = ()) -> None:
+        self.build, self.fraction, self.matcher, self.hosts = build, val_fraction, matcher, hosts
+        self.n_sources = len(matcher.names) if matcher else 0
+        self.kept = self.chars = self.by_hash = self.forced_chars = 0
+        self.forced: set[int] = set()  # spool lines kept in train (canary hosts)
+        self.n = {"train": 0, "val": 0}
+        self.train_chars = 0
+        self.source_docs: dict[str, list[int]] = {}
+        self.how: dict = {"method": "document", "val_fraction": val_fraction}
+        self.spool = build / "spool-all.jsonl"
+
+    def write(self, docs: Iterable[Document]) -> None:
+        """Spool the kept documents (and, with a mixture, each one's source)."""
+        with open(self.spool, "w", encoding="utf-8") as f, \
+                (open(self.spool.with_suffix(".src"), "wb") if self.matcher
+                 else nullcontext()) as fsrc:
+            for doc in docs:
+                if doc.doc_id in self.hosts:
+                    self.forced.add(self.kept)
+                    self.forced_chars += len(doc.text)
+                else:
+                    self.by_hash += is_validation(doc.text, self.fraction)
+                self.kept += 1
+                self.chars += len(doc.text)
+                f.write(json.dumps(doc.text, ensure_ascii=False) + "\n")
+                if self.matcher is not None:  # 2 bytes a document
+                    fsrc.write(self.matcher.index(doc).to_bytes(2, "little"))
+        if self.matcher is not None:
+            self.matcher.check()
+
+    def close(self) -> None:
+        """Split the spool into train and val (``how``: which rule, for the manifest)."""
+        by_position = self.by_hash < MIN_VAL_DOCUMENTS
+        cut = round((self.chars - self.forced_chars) * (1 - self.fraction))
+        position = 0
+        n_sources = self.n_sources
+        sources = (np.fromfile(self.spool.with_suffix(".src"), dtype="<u2") if n_sources
+                   else np.zeros(0, dtype="<u2"))
+        self.source_docs = {"train": [0] * n_sources, "val": [0] * n_sources}
+        parts = [(split, k) for split in ("train", "val") for k in range(max(n_sources, 1))]
+        with ExitStack() as files:
+            out = {p: files.enter_context(open(self._part(*p), "w", encoding="utf-8"))
+                   for p in parts}
+
+            def write(split: str, text: str, k: int) -> None:
+                if text:
+                    self.n[split] += 1
+                    if n_sources:
+                        self.source_docs[split][k] += 1
+                    if split == "train":
+                        self.train_chars += len(text)
+                    out[split, k].write(json.dumps(text, ensure_ascii=False) + "\n")
+
+            for line, text in enumerate(read_spool(self.spool)):
+                k = int(sources[line]) if n_sources else 0
+                if line in self.forced:  # canary hosts: train, outside the position cut
+                    write("train", text, k)
+                    continue
+                if not by_position:
+                    write("val" if is_validation(text, self.fraction) else "train", text, k)
+                    continue
+                at = min(max(cut - position, 0), len(text))
+                if 0 < at < len(text):
+                    at = _line_break_near(text, at)
+                write("train", text[:at].strip(), k)
+                write("val", text[at:].strip(), k)
+                position += len(text)
+        if n_sources:
+            self._join_source_spools()
+        self.spool.unlink()
+        self.spool.with_suffix(".src").unlink(missing_ok=True)
+        if by_position:
+            self.how = {"method": "position", "val_fraction": self.fraction,
+                        "reason": f"{self.kept:,} document(s) kept: fewer than "
+                        f"{MIN_VAL_DOCUMENTS} would be held out by document"}
+
+    def report(self) -> dict:
+        return {"block": self.name, "documents_in": self.kept,
+                "documents_out": self.n["train"] + self.n["val"], **self.n, **self.how}
+
+    def _part(self, split: str, k: int) -> Path:
+        """The spool of ``split`` (of its ``k``-th source's part, with a mixture)."""
+        return self.build / (f"spool-{split}.{k}.jsonl" if self.n_sources
+                             else f"spool-{split}.jsonl")
+
+    def _join_source_spools(self) -> None:
+        """Concatenate each split's per-source spools, in the recipe's order."""
+        for split in ("train", "val"):
+            with open(self.build / f"spool-{split}.jsonl", "wb") as joined:
+                for k in range(self.n_sources):
+                    with open(self._part(split, k), "rb") as f:
+                        shutil.copyfileobj(f, joined, 1 << 20)
+                    self._part(split, k).unlink()
 
 
 def _line_break_near(text: str, at: int) -> int:

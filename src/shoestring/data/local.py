@@ -1,7 +1,7 @@
 """The local executor: prep's stages in this process and its worker processes.
 
-`LocalExecutor` runs the `driver.Driver` with `LocalStages`: read + clean (in
-``data.workers`` processes) → canaries → curation blocks → split into spools; the
+`LocalExecutor` runs the `driver.Driver` with `LocalStages`: the reader → blocks clean (in
+``data.workers`` processes), canaries, curation → the split writer's spools; the
 tokenizer trained in a child process; encode (in the workers, consumed in order, so the
 output is identical to 1 worker) into a token stream; pack into shards. See ``prep.py``'s
 docstring for the files each stage leaves and how each resumes.
@@ -9,12 +9,10 @@ docstring for the files each stage leaves and how each resumes.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 from collections.abc import Iterator
 from contextlib import ExitStack
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, ContextManager
 
@@ -22,17 +20,18 @@ import numpy as np
 
 from shoestring import families
 from shoestring.config import CurateConfig, DataConfig
-from shoestring.data.driver import Driver, is_validation, read_spool
+from shoestring.data.canaries import Canaries
+from shoestring.data.curate.normalize import Clean
+from shoestring.data.driver import Driver, Split, read_spool
 from shoestring.data.executor import WORK_DIR, Journal, PrepPlan, fault_point, no_session, register
 from shoestring.data.mixture import SourceMatcher
 from shoestring.data.packing import doc_offsets, unigram_sort_order
 from shoestring.data.shards import shard_intact, token_dtype, write_shard
-from shoestring.data.sources import Document, ReadStats, iter_documents
+from shoestring.data.sources import Document, Read, ReadStats
 from shoestring.data.tokenizer import CLS, SEP, tokenizer_sample, train_tokenizer
-from shoestring.data.workers import WorkerPool, batched, clean_texts, encode_texts
+from shoestring.data.workers import WorkerPool, batched, encode_texts
 from shoestring.progress import progress_bar
 
-CLEAN_BATCH = 256
 ENCODE_BATCH = 1024
 # Encodings cost ~150 bytes per token until converted: cap a batch at ~512K characters.
 ENCODE_CHARS = 1 << 19
@@ -82,73 +81,25 @@ class LocalStages:
     def read(self) -> dict:
         cfg = self.cfg
         self.journal.restart("read")
-        stats = ReadStats()
-        counts = {"read": 0, "too_short": 0, "kept": 0, "train": 0, "val": 0, "chars": 0}
-        self.blocks = []
         matcher = SourceMatcher(cfg.mixture) if cfg.mixture is not None else None
-        docs = iter_documents(self.specs, text_field=cfg.text_field, on_error=cfg.on_error,
-                              stats=stats, split_on=cfg.split_on,
-                              max_chars=cfg.max_document_chars,
-                              label_field=matcher.label_field if matcher else None)
-        kept = self.build / "spool-all.jsonl"
-        with progress_bar(self.console) as bar, open(kept, "w", encoding="utf-8") as f, \
-                (open(kept.with_suffix(".src"), "wb") if matcher  # each line's source
-                 else contextlib.nullcontext()) as fsrc:
+        read = Read(self.specs, cfg, matcher.label_field if matcher else None)
+        clean = Clean(cfg.min_chars, self.pool.map)
+        canaries = Canaries.from_config(self.curate_cfg)
+        split = Split(self.build, cfg.val_fraction, matcher, canaries.hosts if canaries else ())
+        self.blocks = []
+        with progress_bar(self.console) as bar:
             task = bar.add_task("read + clean", total=None, unit="docs")
-
-            def counted(stream: Iterator[Document]) -> Iterator[Document]:
-                for doc in stream:
-                    counts["read"] += 1
-                    bar.update(task, advance=1)
-                    yield doc
-
-            cleaned = self._clean(counted(docs), counts)
-            canaries = self._canary_inserter()
-            if canaries is not None:
-                cleaned = canaries(cleaned)
-            forced_train: set[int] = set()  # spool lines kept in train (canary hosts)
-            forced_chars = 0
-            for doc in self._curate(cleaned):
-                if canaries is not None and doc.doc_id in canaries.hosts:
-                    forced_train.add(counts["kept"])
-                    forced_chars += len(doc.text)
-                else:
-                    counts["val"] += is_validation(doc.text, cfg.val_fraction)
-                counts["kept"] += 1
-                counts["chars"] += len(doc.text)
-                f.write(json.dumps(doc.text, ensure_ascii=False) + "\n")
-                if matcher is not None:  # 2 bytes a document
-                    fsrc.write(matcher.index(doc).to_bytes(2, "little"))
-        if matcher is not None:
-            matcher.check()
+            docs = clean.process(bar.update(task, advance=1) or doc for doc in read)
+            split.write(self._curate(canaries.process(docs) if canaries else docs))
         if self.curate_cfg is not None and self.curate_cfg.explain:
-            self.console.print(_long_documents_line(cfg.max_document_chars, stats),
+            self.console.print(_long_documents_line(cfg.max_document_chars, read.stats),
                                markup=False, highlight=False)
-        split = self.d.split(kept, counts, forced_chars, len(matcher.names) if matcher else 0,
-                             forced_train)
-        if canaries is not None:
-            self.blocks.append(self._write_canaries(canaries))
-        return self.d.read_result(counts, stats, split, self.blocks, self._dedup)
-
-
-    def _clean(self, docs: Iterator[Document], counts: dict[str, int]) -> Iterator[Document]:
-        """Block ``clean``: normalize (in the workers) and drop documents under min_chars."""
-        min_chars = self.cfg.min_chars
-        batches = batched(docs, CLEAN_BATCH)
-        pending: list[list[Document]] = []
-
-        def texts() -> Iterator[list[str]]:
-            for batch in batches:
-                pending.append(batch)
-                yield [d.text for d in batch]
-
-        for cleaned in self.pool.map(clean_texts, texts()):
-            batch = pending.pop(0)
-            for doc, text in zip(batch, cleaned):
-                if len(text) < min_chars:
-                    counts["too_short"] += 1
-                else:
-                    yield replace(doc, text=text)
+        split.close()
+        if canaries is not None:  # its record follows curation's: it counts what they left
+            canaries.finish(self.build, read_spool(self.build / "spool-train.jsonl"))
+            self.blocks.append(canaries.report())
+        return self.d.read_result(read.stats, [clean.report(), *self.blocks], split,
+                                  self._dedup)
 
     def _curate(self, docs: Iterator[Document]) -> Iterator[Document]:
         """The curation hook: cleaned documents in, kept documents out, in order.
@@ -164,7 +115,7 @@ class LocalStages:
 
         from shoestring.data.curate.dedup_index import DIR
 
-        # Cleaning and data.min_chars already ran in _clean (in the workers).
+        # Cleaning and data.min_chars already ran (block clean, in the workers).
         index_dir = self.build / DIR if self.curate_cfg.dedup != "none" else None
         curator = Curator.from_config(self.curate_cfg, clean=False,
                                       work_dir=self.build / WORK_DIR, index_dir=index_dir)
@@ -174,7 +125,7 @@ class LocalStages:
                 log = stack.enter_context(open(self.build / DROPPED_IDS, "w", encoding="utf-8"))
                 on_drop = lambda doc_id, block: log.write(f"{doc_id}\t{block}\n")  # noqa: E731
             yield from curator.run(docs, on_drop)
-        self.blocks.extend(b for b in curator.stats()["blocks"] if b["block"] != "compressibility")
+        self.blocks.extend(curator.stats()["blocks"])
         if index_dir is not None:  # persisted for a later prep's --dedup-against
             self._dedup["dedup_index"] = curator.finish_dedup_index(index_dir)
         if curator.against:
@@ -182,30 +133,6 @@ class LocalStages:
         if self.curate_cfg.explain:
             self.console.print(curator.explain(self.curate_cfg.explain), markup=False,
                                highlight=False)
-
-    def _canary_inserter(self) -> Any:
-        """``prep --canaries K``: the stream wrapper that plants them (None when off)."""
-        cur = self.curate_cfg
-        if cur is None or not cur.canaries:
-            return None
-        from shoestring.data.canaries import CanaryInserter, make_canaries
-
-        inserted, self._canary_refs = make_canaries(cur.canaries, cur.canary_seed)
-        return CanaryInserter(inserted, cur.canary_repeats, cur.canary_seed)
-
-    def _write_canaries(self, inserter: Any) -> dict:
-        """Count the copies that reached train (dedup may cut some) and write canaries.json."""
-        from shoestring.data import canaries as C
-
-        found = C.count_in(read_spool(self.build / "spool-train.jsonl"), inserter.canaries)
-        planted = [replace(c, inserted=r, in_train=n)
-                   for c, r, n in zip(inserter.canaries, inserter.copies(), found)]
-        C.write(self.build / C.FILE, planted, self._canary_refs, inserter.repeats,
-                inserter.seed)
-        return {"block": "canaries", "canaries": len(planted), "references": len(planted),
-                "copies_inserted": sum(inserter.copies()),
-                "copies_in_train": sum(found), "file": C.FILE}
-
 
     def train_texts(self) -> Iterator[str]:
         """The training documents, in order."""

@@ -106,6 +106,14 @@ class ReadStats:
         return {"inputs": len(self.skipped), "records": self.skipped_records,
                 "files": self.skipped_files, "bytes": self.skipped_bytes}
 
+    def record(self, max_chars: int) -> dict:
+        """The reader's record in the manifest's ``blocks`` (``max_chars``: what
+        ``data.max_document_chars`` was)."""
+        return {"block": "read", "documents_out": self.documents,
+                "dropped": {"bad_input": len(self.skipped)}, "skipped": self.skipped_summary(),
+                "long_documents": {"max_chars": max_chars, "cut": self.split_documents,
+                                   "pieces": self.split_pieces}}
+
     def counts(self) -> dict[str, int]:
         """The counters other than ``files`` and ``documents`` (to add up across tasks)."""
         return {name: getattr(self, name) for name in _COUNTERS}

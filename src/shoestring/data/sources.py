@@ -13,6 +13,7 @@ import glob
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from shoestring.data.compression import COMPRESSED_SUFFIXES, split_suffix
 from shoestring.data.readers import (
@@ -29,8 +30,12 @@ from shoestring.data.readers import (
 )
 from shoestring.errors import ShoestringError
 
+if TYPE_CHECKING:
+    from shoestring.config import DataConfig
+
 __all__ = [
-    "BUILTINS", "SUPPORTED_SUFFIXES", "Document", "ReadStats", "iter_documents", "resolve_sources",
+    "BUILTINS", "SUPPORTED_SUFFIXES", "Document", "Read", "ReadStats", "iter_documents",
+    "resolve_sources",
 ]
 
 BUILTINS = {"pydocs": "Python's help topics and standard-library docstrings (offline)"}
@@ -96,6 +101,26 @@ def iter_documents(
         for doc in split_long(_read_source(source, opts, report, stats), max_chars, stats):
             stats.documents += 1
             yield doc
+
+
+class Read:
+    """Prep's reader: the documents of ``specs`` in order, read with ``cfg``'s settings;
+    ``stats`` count what it read and skipped, and `report` is its record in the manifest."""
+
+    name = "read"
+
+    def __init__(self, specs: list[str], cfg: DataConfig, label_field: str | None = None) -> None:
+        self.specs, self.cfg, self.label_field = specs, cfg, label_field
+        self.stats = ReadStats()
+
+    def __iter__(self) -> Iterator[Document]:
+        cfg = self.cfg
+        return iter_documents(self.specs, text_field=cfg.text_field, on_error=cfg.on_error,
+                              stats=self.stats, split_on=cfg.split_on,
+                              max_chars=cfg.max_document_chars, label_field=self.label_field)
+
+    def report(self) -> dict[str, Any]:
+        return self.stats.record(self.cfg.max_document_chars)
 
 
 def _reporter(on_error: str, stats: ReadStats) -> Report:

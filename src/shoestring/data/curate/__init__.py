@@ -7,7 +7,7 @@ used and tested on its own.
 from __future__ import annotations
 
 from shoestring.data.curate.blocks import Block, BlockStats, Drop, Example
-from shoestring.data.curate.pipeline import Curator, curation_table, empty_corpus_error
+from shoestring.data.curate.pipeline import Curator
 
 __all__ = [
     "Block",
@@ -15,6 +15,4 @@ __all__ = [
     "Curator",
     "Drop",
     "Example",
-    "curation_table",
-    "empty_corpus_error",
 ]

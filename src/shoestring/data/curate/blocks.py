@@ -10,9 +10,13 @@ document (the same or changed) or a ``Drop(reason, detail)``. Blocks that need t
 documents at once (fuzzy dedup hashes a batch together) or emit several documents per
 input override ``process`` instead and keep the same counters.
 
-Stateless blocks (``stateful = False``) can run in several worker processes and have their
-counts merged (``BlockStats.merge``); dedup blocks hold an index of what they have seen
-and must see the whole stream in one process.
+Stateless blocks (``stateful = False``) can run in several processes, their records merged
+(the Ray executor's ``stages.merge_reports``); dedup blocks hold an index of what they have
+seen and must see the whole stream in one process.
+
+Prep's own steps are blocks too: the reader (``sources.Read``) → clean
+(``normalize.Clean``) → canaries (``canaries.Canaries``) → these curation blocks → the
+split writer (``driver.Split``); each one's ``report()`` is its record in the manifest.
 """
 
 from __future__ import annotations
@@ -72,22 +76,6 @@ class BlockStats:
             out["changed"] = self.changed
         out.update(self.extra)
         return out
-
-    def merge(self, other: dict[str, Any]) -> None:
-        """Add another worker's counts (a ``to_dict`` of the same block) to these."""
-        self.docs_in += other["documents_in"]
-        self.docs_out += other["documents_out"]
-        self.dropped.update(other["dropped"])
-        self.changed += other.get("changed", 0)
-        for key, value in other.items():
-            if key not in (
-                "block",
-                "documents_in",
-                "documents_out",
-                "dropped",
-                "changed",
-            ) and isinstance(value, int):
-                self.extra[key] = self.extra.get(key, 0) + value
 
 
 class Block:

@@ -39,8 +39,7 @@ class Compressibility(Block):
         with ``curate.compress_relative`` the threshold is the larger of
         ``compress_max_ratio`` and ``compress_relative × median``.
 
-        Cheap to build, so an encode stage (or each worker) can have its own and the counts
-        be merged with ``stats.merge(other.report())``.
+        Cheap to build, so each encode stage (a Ray task) can have its own.
         """
         threshold = threshold_for(cfg, median)
         if threshold is None:

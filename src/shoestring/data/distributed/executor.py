@@ -44,13 +44,14 @@ import numpy as np
 from shoestring import families
 from shoestring.config import CurateConfig, DataConfig
 from shoestring.data.curate.blocks import Block, BlockStats
+from shoestring.data.curate.normalize import Clean
 from shoestring.data.distributed import stages
 from shoestring.data.distributed.session import WHERE, ray_session
 from shoestring.data.distributed.shuffle import bucket_firsts, components, shuffle
-from shoestring.data.driver import MIN_VAL_DOCUMENTS, Driver
+from shoestring.data.driver import MIN_VAL_DOCUMENTS, Driver, Split
 from shoestring.data.executor import WORK_DIR, Journal, PrepPlan, fault_point
 from shoestring.data.shards import token_dtype
-from shoestring.data.sources import ReadStats
+from shoestring.data.sources import Document, ReadStats
 from shoestring.data.tokenizer import CLS, SEP
 from shoestring.errors import ShoestringError
 from shoestring.fsutil import write_bytes_atomic
@@ -72,9 +73,8 @@ class RayOptions:
 
 @dataclass
 class RayPlan:
-    """The curation blocks in order, cut into Ray stages (``plan_ray``)."""
+    """The blocks in order (clean, then curation), cut into Ray stages (``plan_ray``)."""
 
-    blocks: list[Block]
     stages: list[tuple[str, list[Block]]]  # ("map", stateless blocks) / ("shuffle", [block])
 
 
@@ -93,12 +93,12 @@ def plan_ray(cfg: DataConfig, curate: CurateConfig | None) -> RayPlan:
     if curate is not None and curate.dedup_against:
         refuse.append(("--dedup-against / curate.dedup_against",
                        "dedup against an earlier data dir with --executor local"))
-    blocks: list[Block] = []
+    blocks: list[Block] = [Clean(cfg.min_chars)]
     if curate is not None:
         from shoestring.data.curate import Curator
 
-        blocks = Curator.from_config(curate.model_copy(update={"dedup_against": []}),
-                                     clean=False).blocks
+        blocks += Curator.from_config(curate.model_copy(update={"dedup_against": []}),
+                                      clean=False).blocks
     for block in blocks:
         if block.stateful and block.name not in SHUFFLES:
             refuse.append((f"the {block.name} block",
@@ -116,7 +116,7 @@ def plan_ray(cfg: DataConfig, curate: CurateConfig | None) -> RayPlan:
             plan[-1][1].append(block)
         else:
             plan.append(("map", [block]))
-    return RayPlan(blocks, plan)
+    return RayPlan(plan)
 
 
 class RayExecutor:
@@ -253,7 +253,6 @@ class RayStages:
             self._save("read", {
                 "parts": [p for s in done for p in s["parts"]],
                 "read": sum(s["read"] for s in done),
-                "too_short": sum(s["too_short"] for s in done),
                 "files": sum(s["files"] for s in done),
                 "skipped": [x for s in done for x in s["skipped"]],
                 "counts": {k: sum(s["counts"][k] for s in done) for k in done[0]["counts"]}
@@ -262,7 +261,6 @@ class RayStages:
                                                 [s["reports"] for s in done]),
             })
         read = self.state["read"]
-        self._line("read + clean", read["read"], read["read"] - read["too_short"])
         reports: list[dict] = list(read["reports"])
         for report in reports:
             self._line(report["block"], report["documents_in"], report["documents_out"])
@@ -312,32 +310,31 @@ class RayStages:
                                                 [s["reports"] for s in done])}
 
     def _finish_read(self, read: dict, final: dict, reports: list[dict]) -> dict:
-        counts = {"read": read["read"], "too_short": read["too_short"], "kept": final["rows"],
-                  "train": final["rows"] - final["val"], "val": final["val"],
-                  "chars": final["chars"]}
         stats = ReadStats(files=read["files"], documents=read["read"], skipped=read["skipped"])
         stats.add(read.get("counts", {}))
-        split = {"method": "document", "val_fraction": self.cfg.val_fraction}
-        if 0 < counts["kept"] and counts["val"] < MIN_VAL_DOCUMENTS:
-            split = self._split_by_position(read["parts"], counts)
-        return self.d.read_result(counts, stats, split, reports)
+        split = Split(self.build, self.cfg.val_fraction)
+        if 0 < final["rows"] and final["val"] < MIN_VAL_DOCUMENTS:
+            self._split_by_position(read["parts"], split)
+        else:  # by document: the final map marked each row's split
+            split.kept, split.chars, split.train_chars = (final[k] for k in
+                                                          ("rows", "chars", "train_chars"))
+            split.n = {"train": final["rows"] - final["val"], "val": final["val"]}
+        return self.d.read_result(stats, reports, split)
 
-    def _split_by_position(self, parts: list[dict], counts: dict[str, int]) -> dict:
+    def _split_by_position(self, parts: list[dict], split: Split) -> None:
         """Too few validation documents: the local rule (the end of the text), on the driver;
         the kept parts become one part with the cut documents."""
         names = [p["name"] for p in parts]
         final = self.state["final"]
         if "split" in final:  # done before an interruption: the one part holds the flags
             val = stages.read_part(self.work / "kept" / f"{names[0]}.parquet", ["val"])["val"]
-            counts["val"] = int(val.sum())
-            counts["train"] = len(val) - counts["val"]
-            return final["split"]
-        spool = self.build / "spool-all.jsonl"
-        with open(spool, "w", encoding="utf-8") as f:
-            for name in names:
-                for text in stages.read_part(self.work / "kept" / f"{name}.parquet")["text"]:
-                    f.write(json.dumps(text, ensure_ascii=False) + "\n")
-        split = self.d.split(spool, counts)  # writes spool-train / spool-val, removes spool-all
+            split.n = {"train": len(val) - int(val.sum()), "val": int(val.sum())}
+            split.kept, split.chars, split.how = final["rows"], final["chars"], final["split"]
+            split.train_chars = final["train_chars"]
+            return
+        split.write(Document(text, "", "") for name in names
+                    for text in stages.read_part(self.work / "kept" / f"{name}.parquet")["text"])
+        split.close()  # writes spool-train / spool-val, removes the spool of all
         texts, val = [], []
         for name, flag in (("train", False), ("val", True)):
             path = self.build / f"spool-{name}.jsonl"
@@ -349,10 +346,8 @@ class RayStages:
         shutil.rmtree(self.work / "kept")
         stages.write_part(self.work / "kept" / f"{names[0]}.parquet", np.arange(len(texts)),
                           texts, np.array(val, dtype=bool))
-        final.update(names=[names[0]], split=split,
-                     train_chars=sum(len(t) for t, v in zip(texts, val) if not v))
+        final.update(names=[names[0]], split=split.how, train_chars=split.train_chars)
         self.journal.put("ray", self.state)
-        return split
 
     def _kept_names(self) -> list[str]:
         final = self.state["final"]

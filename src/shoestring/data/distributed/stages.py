@@ -1,7 +1,7 @@
 """The work of each Ray task of ``prep --executor ray``: plain functions over files.
 
-Every function here runs the same code the local executor runs — `iter_documents`,
-`clean_text`, the curation blocks' own ``process``, `text_key`, `MinHasher`,
+Every function here runs the same code the local executor runs — the reader `Read`,
+the blocks' own ``process`` (clean, filters, decontamination), `text_key`, `MinHasher`,
 `encode_texts`, `Compressibility`, `doc_offsets`, `write_shard` — on one *part* of the
 corpus, and writes its output next to the build folder atomically, finishing with a small
 JSON *sidecar* that says what it wrote. A task that finds its sidecar returns it without
@@ -29,9 +29,8 @@ from typing import Any
 import numpy as np
 
 from shoestring.config import CurateConfig, DataConfig
-from shoestring.data.clean import clean_text
 from shoestring.data.curate.blocks import Block, BlockStats
-from shoestring.data.sources import Document, ReadStats, iter_documents
+from shoestring.data.sources import Document, Read
 from shoestring.errors import ShoestringError
 from shoestring.fsutil import write_bytes_atomic, write_text_atomic
 
@@ -192,7 +191,7 @@ def merge_reports(pristine: list[dict], parts: list[list[dict]]) -> list[dict]:
 @user_errors
 def read_source(item: dict, *, cfg: DataConfig, blocks: Any, work: str, part_docs: int,
                 part_chars: int, fault: str | None = None) -> dict:
-    """Read one source, clean it, run ``blocks``; write parts ``parts0/SSSSSSS-CCCCC``."""
+    """Read one source, run ``blocks`` (clean first); write parts ``parts0/SSSSSSS-CCCCC``."""
     index, source = int(item["index"]), item["source"]
     root = Path(work)
     sidecar = root / "read" / f"{index:07d}.json"
@@ -203,8 +202,7 @@ def read_source(item: dict, *, cfg: DataConfig, blocks: Any, work: str, part_doc
 
     _init_worker()
     mine = [fresh(b) for b in resolve(blocks)]
-    stats = ReadStats()
-    counts = {"read": 0, "too_short": 0}
+    read = Read([source], cfg)
     parts: list[dict] = []
     rids: list[int] = []
     texts: list[str] = []
@@ -219,16 +217,8 @@ def read_source(item: dict, *, cfg: DataConfig, blocks: Any, work: str, part_doc
         parts.append({"name": name, "rows": len(texts)})
         rids, texts, chars = [], [], 0
 
-    docs = iter_documents([source], text_field=cfg.text_field, on_error=cfg.on_error,
-                          stats=stats, split_on=cfg.split_on,
-                          max_chars=cfg.max_document_chars)
-    for i, doc in enumerate(docs):
-        counts["read"] += 1
-        text = clean_text(doc.text)
-        if len(text) < cfg.min_chars:
-            counts["too_short"] += 1
-            continue
-        for piece, kept in enumerate(apply_blocks(mine, Document(text, doc.source, doc.doc_id))):
+    for i, doc in enumerate(read):
+        for piece, kept in enumerate(apply_blocks(mine, doc)):
             rids.append(make_rid(index, i, piece))
             texts.append(kept.text)
             chars += len(kept.text)
@@ -236,7 +226,8 @@ def read_source(item: dict, *, cfg: DataConfig, blocks: Any, work: str, part_doc
             flush()
     if texts or not parts:
         flush()
-    summary = {"index": index, "parts": parts, **counts, "files": stats.files,
+    stats = read.stats
+    summary = {"index": index, "parts": parts, "read": stats.documents, "files": stats.files,
                "skipped": stats.skipped, "counts": stats.counts(),
                "reports": [b.report() for b in mine]}
     return _finish(sidecar, summary)
