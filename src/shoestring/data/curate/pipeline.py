@@ -82,7 +82,8 @@ class Curator:
         if cfg.decontam:
             index = decontam.EvalNgrams.from_paths(cfg.decontam, cfg.decontam_ngram,
                                                    cfg.decontam_min_words)
-            blocks.append(_build(decontam.Decontaminate, cfg, "decontam_", index, **ex))
+            blocks.append(_build(decontam.Decontaminate, cfg, "decontam_", index, **ex,
+                                 elsewhere=("decontam_ngram", "decontam_min_words")))
         return cls(blocks, against)
 
     def finish_dedup_index(self, folder: Path) -> dict[str, Any] | None:
@@ -150,12 +151,18 @@ def _open_against(cfg: CurateConfig) -> list[Any]:
     return open_against(cfg.dedup_against, minhash)
 
 
-def _build(block: type[Block], cfg: CurateConfig, prefix: str, *args: Any, **kwargs: Any) -> Block:
+def _build(block: type[Block], cfg: CurateConfig, prefix: str, *args: Any,
+           elsewhere: tuple[str, ...] = (), **kwargs: Any) -> Block:
     """``block(*args, **kwargs)``, each of its parameters ``x`` that ``cfg`` names
-    ``PREFIX_x`` set to that setting."""
+    ``PREFIX_x`` set to that setting. A ``PREFIX_`` setting the block has no parameter for
+    (and that is not one of the ``elsewhere`` ones the caller used) is a bug — a renamed
+    parameter would silently fall back to its default — so it raises."""
     names = inspect.signature(block).parameters
-    settings = {x: getattr(cfg, prefix + x) for x in names if hasattr(cfg, prefix + x)}
-    return block(*args, **settings, **kwargs)
+    ours = [f for f in type(cfg).model_fields if f.startswith(prefix) and f not in elsewhere]
+    unused = [f for f in ours if f.removeprefix(prefix) not in names]
+    if unused:
+        raise TypeError(f"{block.__name__} has no parameter for curate.{', curate.'.join(unused)}")
+    return block(*args, **{f.removeprefix(prefix): getattr(cfg, f) for f in ours}, **kwargs)
 
 
 def format_explain(examples: dict[str, dict[str, list[Example]]], n: int | None = None) -> str:
