@@ -175,3 +175,31 @@ def test_the_frontier_travels_in_the_law_file(tmp_path) -> None:
     assert [m.edge for m in back.frontier.minima] == [m.edge for m in boot.frontier.minima]
     assert back.fit.exponent == pytest.approx(boot.fit.exponent)
     assert back.predict(3e5, 3e7).loss == pytest.approx(boot.predict(3e5, 3e7).loss)
+
+
+def test_a_plan_from_the_wiki_fit_says_how_its_size_was_chosen(tmp_path) -> None:
+    from rich.console import Console
+
+    from shoestring.plan.calibrate import write_law
+    from shoestring.plan.planner import PlanRequest, make_plan, plan_table
+
+    n, d, loss, c = _wiki()
+    boot = F.bootstrap_fit(n, d, loss, budgets=c, resamples=60, name="calibrated")
+    tree = make_plan(PlanRequest(hardware="t4", budget="3.06e14flops"), fitted=boot)
+    meta = tree["plan"]
+    rule = meta["size_rule"]
+    assert rule["approach"] == 2 and rule["exponent"] == pytest.approx(boot.frontier.a)
+    assert rule["extrapolation_decades"] == pytest.approx(math.log10(3.06e14 / 8.93e12))
+    assert meta["notes"][0].startswith("size from the calibration's IsoFLOP minima")
+    assert any("edge of the sizes swept" in note for note in meta["notes"])
+    console = Console(record=True, width=200)
+    console.print(plan_table(tree))
+    assert "IsoFLOP minima (approach 2)" in console.export_text()
+    # the calibration's law file plans the same size
+    path = write_law(boot, tmp_path / "law.yaml")
+    again = make_plan(PlanRequest(hardware="t4", budget="3.06e14flops", law=str(path)))
+    assert again["plan"]["model"]["shape"] == meta["model"]["shape"]
+    assert again["plan"]["size_rule"]["approach"] == 2
+    # a published law says which approach it used: the law's own
+    assert make_plan(PlanRequest(hardware="t4", budget="1e12flops"))["plan"]["size_rule"][
+        "approach"] == 3
