@@ -180,7 +180,6 @@ def _at_bounds(theta: np.ndarray, logl: np.ndarray, ratio: float | None) -> tupl
 # and above E_FLOOR: a floor in nats, not a prior on its value — it only stops log E running
 # to −∞ where the points do not pin E, and the plan says so when E ends on it.
 EXPONENT_BOUNDS = (0.05, 1.5)
-MIN_EXPONENT = EXPONENT_BOUNDS[0]
 E_FLOOR = 0.01
 # The approach-2 exponent a = β/(α+β) tied into approach 3 (β = α·a/(1−a)) is kept inside
 # these bounds: beyond them one of the two terms would own the whole compute-optimal split.
