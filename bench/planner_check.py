@@ -154,8 +154,18 @@ def judge(plan: dict[str, Any], sizes: list[dict[str, Any]], seed: list[dict[str
         f"α={law.alpha:.3f} β={law.beta:.3f}; intervals at {boot.level:.0%}",
         f"every point scored on the same {eval_sequences:,} held-out rows with eval's fixed "
         "masks"]
+    rule = plan.get("size_rule") or {}
+    if rule.get("approach") == 2:
+        lo, hi = rule["exponent_interval"]
+        notes.append(
+            f"size from the IsoFLOP minima (approach 2): N_opt ∝ C^{rule['exponent']:.3f} "
+            f"({rule['level']:.0%} interval {lo:.3f}–{hi:.3f}), {rule['target_params']:,.0f} "
+            f"params at {rule['extrapolation_decades']:.2f} decades past the calibration; "
+            f"the law alone picks {rule['law_pick']}"
+            + (f"; edges: {'; '.join(rule['edges'])}" if rule["edges"] else ""))
     return {"rows": rows, "verdict": verdict, "notes": notes,
             "plan": {"shape": plan["model"]["shape"], "prediction": plan["prediction"],
+                     "size_rule": plan.get("size_rule"),
                      "budget": plan["budget"], "calibration": cal}}
 
 

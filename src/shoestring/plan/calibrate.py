@@ -227,10 +227,13 @@ def history_points(paths: list[str | Path], objective: str | None) -> list[dict[
 
 def fit_points(points: list[dict[str, Any]], objective: str, name: str,
                spec: CalibrationSpec) -> BootstrapFit:
-    """L(N, D) with bootstrap intervals on these points (the same id counted once)."""
+    """L(N, D) with bootstrap intervals on these points (the same id counted once): the
+    IsoFLOP minima of each compute level (approach 2) and the law with its exponents tied to
+    theirs (approach 3), resampled within each level (`fit.bootstrap_fit`)."""
     unique = list({p["id"]: p for p in points}.values())
     return bootstrap_fit([p["params_non_embedding"] for p in unique],
                          [p["tokens"] for p in unique], [p["val_loss"] for p in unique],
+                         budgets=[p.get("budget_flops") for p in unique],
                          resamples=spec.resamples, seed=spec.seed, name=name,
                          objective=objective,
                          source=f"shoestring plan --calibrate/--history ({len(unique)} points)")
@@ -282,8 +285,8 @@ def calibrated_plan(req: PlanRequest, spec: CalibrationSpec, calibrate_data: boo
         meta["notes"].insert(0, calibration_note(cal, base))
     if history:
         meta["history"] = {"runs": [str(h) for h in history], "points": len(points)}
-    if (warning := degenerate(boot)) is not None:
-        meta["notes"].insert(0, warning)
+    if (warning := degenerate(boot)) is not None:  # after the calibration's cost
+        meta["notes"].insert(1 if cal is not None else 0, warning)
     return tree
 
 
@@ -306,15 +309,19 @@ def _check_usable(boot: BootstrapFit, flops: float, where: Path | None) -> None:
 
 
 def degenerate(boot: BootstrapFit) -> str | None:
-    """A warning when an exponent sits at its bound: the points do not pin the law (too few
-    steps, too little spread in N or D), so the split it plans is the bound's, not the data's."""
-    law = boot.fit.law
-    low = [f"{k} = {v:.3g}" for k, v in (("α", law.alpha), ("β", law.beta)) if v < 0.01]
-    if not low:
+    """A warning when a constant of the fit ended on its bound (E at its floor, an exponent
+    at 0.05 or 1.5) or the IsoFLOP minima give no usable frontier: the points do not pin that
+    part of L(N, D), so the plan leans on the bound there, not on the data."""
+    parts = list(boot.fit.at_bounds)
+    if boot.frontier is None or not boot.frontier.usable:
+        parts.append("no IsoFLOP frontier with 0 < a < 1, so the law sizes the plan"
+                     if boot.frontier is not None else "")
+    parts = [p for p in parts if p]
+    if not parts:
         return None
-    return (f"the fit is degenerate ({', '.join(low)}: at its bound): the points do not pin "
-            "L(N, D) — give calibration a larger budget (more steps per point) — and the "
-            "interval is only as good as the points")
+    return (f"the fit leans on its bounds ({'; '.join(parts)}): the points do not pin that "
+            "part of L(N, D) — more levels or more steps per point would — and the interval "
+            "is only as good as the points")
 
 
 def _remaining(req: PlanRequest, base: dict[str, Any], cal: Calibration | None) -> PlanRequest:

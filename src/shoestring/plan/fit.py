@@ -1,25 +1,35 @@
-"""Fit L(N, D) = E + A/N^α + B/D^β to measured losses, as Hoffmann et al. (2022) did.
+"""Fit L(N, D) = E + A/N^α + B/D^β to measured losses, as Hoffmann et al. (2022) did, made
+robust for a calibration's few points (docs/planning.md, "How the law is fitted").
 
 Approach 3 of the Chinchilla paper: with a = log A, b = log B, e = log E, minimize
 
     Σ_i Huber_δ( LSE(a − α log N_i, b − β log D_i, e) − log L_i ),   δ = 1e-3,
 
-with L-BFGS from a grid of initializations (α, β ∈ {0, 0.5, …, 2}, e ∈ {−1, −0.5, …, 1},
-a, b ∈ {0, 5, …, 25}), keeping the best. The grid is scored in one vectorized pass and L-BFGS
-(scipy, analytic gradient) runs from the best ``starts`` grid points rather than all 4,500:
-the optimum is the same on every problem we tried and the fit takes a second, not minutes.
+from a grid of initializations (α, β ∈ {0, 0.5, …, 2}, e ∈ {−1, −0.5, …, 1},
+a, b ∈ {0, 5, …, 25}), keeping the best. The grid is scored in one vectorized pass, the best
+``starts`` points are refined at once (batched Levenberg–Marquardt) and L-BFGS-B polishes the
+best of them: the optimum is the same on every problem we tried and the fit takes a second,
+not minutes. Unlike the paper the fit is bounded — α, β ∈ [0.05, 1.5], E between 0.01 nats
+and the lowest loss measured — because 15 short runs at 3 levels otherwise run E to 1e-24
+while β → 0.09 (BENCHMARKS.md's wiki-books calibration).
+
+Approach 2 is here too: at each FLOP budget a parabola in log N through the losses of the
+IsoFLOP sweep gives the loss-minimizing N (clamped to the sizes swept, and marked, when the
+vertex lies outside them); a power law through those minima gives N_opt ∝ C^a (``Frontier``).
+With a sweep's levels (``bootstrap_fit(budgets=...)``) the law's exponents are tied to that a
+(β/(α+β) = a), so its compute-optimal split follows the measured minima, and the planner sizes
+the model by the frontier itself.
 
 Intervals (``bootstrap_fit``): the fit is repeated on bootstrap resamples of the points (drawn
-with replacement, seeded), all refitted at once (a batched Levenberg–Marquardt on the Huber
-loss, warm-started from the full fit), so 200 resamples take under a second. A prediction's 90% interval is the 5th–95th percentile
-of the resampled laws' losses, each multiplied by one of the full fit's log residuals (scaled
-by √(n/(n−5)) for the five constants fitted), so it covers the scatter of a new run around the
-law as well as the law's own uncertainty. Outside the fitted span of N, D and C = 6·N·D the
+with replacement within each compute level, seeded), all refitted at once (a batched
+Levenberg–Marquardt on the Huber loss, projected into the bounds, warm-started from the full
+fit), each tied to its own draw of a from a residual bootstrap of the parabolas, so 200
+resamples take about a second. A prediction's 90% interval is the 5th–95th percentile of the
+resampled laws' losses, each multiplied by one of the full fit's log residuals (scaled by
+√(n/(n−k)) for the k constants fitted), so it covers the scatter of a new run around the law
+as well as the law's own uncertainty. Outside the fitted span of N, D and C = 6·N·D the
 prediction is flagged as an extrapolation and the interval's half-widths are multiplied by
 1 + the decades extrapolated: the bootstrap cannot see a law that bends past its data.
-
-Approach 2 is here too: at each FLOP budget, a parabola in log N through the losses of the
-IsoFLOP sweep gives the loss-minimizing N; a power law through those minima gives N_opt ∝ C^a.
 """
 
 from __future__ import annotations
@@ -84,7 +94,14 @@ class FitResult:
     huber: float
     rmse_log: float  # root-mean-square error of log-loss over the points
     points: int
-    theta: tuple[float, ...] = ()  # (log A, log B, log E, α, β) as fitted (E may underflow)
+    theta: tuple[float, ...] = ()  # (log A, log B, log E, α, β) as fitted
+    exponent: float | None = None  # the approach-2 N_opt exponent β/(α+β) was tied to, if any
+    at_bounds: tuple[str, ...] = ()  # the constants that ended on a bound, for people
+
+    @property
+    def constants(self) -> int:
+        """How many constants were fitted (4 when β is tied to α by the exponent)."""
+        return 5 if self.exponent is None else 4
 
 
 def fit_law(
@@ -96,8 +113,12 @@ def fit_law(
     delta: float = HUBER_DELTA,
     starts: int = 16,
     source: str = "",
+    exponent: float | None = None,
 ) -> FitResult:
-    """The Chinchilla fit of L(N, D) to (N, D, loss) points (at least 5, more is better)."""
+    """The Chinchilla fit of L(N, D) to (N, D, loss) points (at least 5, more is better),
+    inside the physical bounds below; with ``exponent`` (approach 2's a in N_opt ∝ C^a) the
+    exponents are tied, β = α·a/(1−a), so the law's compute-optimal split follows the IsoFLOP
+    minima and one constant fewer is fitted."""
     n = np.asarray(params, dtype=np.float64)
     d = np.asarray(tokens, dtype=np.float64)
     l = np.asarray(losses, dtype=np.float64)
@@ -111,39 +132,121 @@ def fit_law(
     if (n <= 0).any() or (d <= 0).any() or (l <= 0).any() or not np.isfinite(l).all():
         raise ShoestringError("sweep points need positive N, D and finite positive losses")
     logn, logd, logl = np.log(n), np.log(d), np.log(l)
-    grid = np.array(list(itertools.product(AB_GRID, AB_GRID, E_GRID, ALPHA_GRID, ALPHA_GRID)))
+    ratio = _ratio(exponent)
+    if ratio is None:
+        grid = np.array(list(itertools.product(AB_GRID, AB_GRID, E_GRID, ALPHA_GRID,
+                                               ALPHA_GRID)))
+    else:
+        grid = np.array([(*g, ratio * g[3]) for g in
+                         itertools.product(AB_GRID, AB_GRID, E_GRID, ALPHA_GRID)])
+    grid = _project(grid, logl, ratio)
     scores = _grid_scores(grid, logn, logd, logl, delta)
     inits = grid[np.argsort(scores)[:starts]]
     if delta == HUBER_DELTA:  # the batched refit from every start, then L-BFGS from the best
-        starts_fit = _batch_refit(inits, logn, logd, logl, np.ones((len(inits), len(n))))
+        starts_fit = _batch_refit(inits, logn, logd, logl, np.ones((len(inits), len(n))),
+                                  ratio=None if ratio is None else np.full(len(inits), ratio))
         inits = starts_fit[np.argsort(_grid_scores(starts_fit, logn, logd, logl, delta))[:1]]
-    best = _fit_theta(logn, logd, logl, delta, inits)
+    best = _fit_theta(logn, logd, logl, delta, inits, ratio)
     law = _law_from_theta(best[1], name=name, source=source or f"fitted on {len(n)} points",
                           objective=objective)
     pred = np.log([law.loss(ni, di) for ni, di in zip(n, d)])
     return FitResult(law, best[0], float(np.sqrt(np.mean((pred - logl) ** 2))), len(n),
-                     tuple(float(x) for x in best[1]))
+                     tuple(float(x) for x in best[1]),
+                     None if ratio is None else ratio / (1 + ratio),
+                     _at_bounds(best[1], logl, ratio))
 
 
-# The exponents stay positive: a negative α or β (loss growing with N or D) is a degenerate
-# fit of too few or too noisy points, and the compute-optimal split has no meaning under it.
-MIN_EXPONENT = 1e-3
-_BOUNDS = [(None, None)] * 3 + [(MIN_EXPONENT, None)] * 2
-_LOWER = np.array([-np.inf] * 3 + [MIN_EXPONENT] * 2)
+def _at_bounds(theta: np.ndarray, logl: np.ndarray, ratio: float | None) -> tuple[str, ...]:
+    """The constants a fit left on a bound (the points did not pin them), for people."""
+    e_lo, e_hi, _, _ = _limits(logl, None)
+    out = []
+    if theta[2] <= e_lo + 1e-3:
+        out.append(f"E at its floor ({E_FLOOR:g})")
+    elif theta[2] >= e_hi - 1e-3:
+        out.append(f"E at the lowest loss measured ({math.exp(e_hi):.4g})")
+    for name, x in (("α", theta[3]), ("β", theta[4])):
+        for bound in EXPONENT_BOUNDS:
+            if abs(x - bound) <= 1e-3 * bound:
+                out.append(f"{name} at its bound {bound:g}")
+    return tuple(out)
+
+
+# Bounds that keep the fit physical (Chinchilla's approach 3 is unbounded; on 15 short runs
+# at 3 levels that lets E run to 1e-24 while β → 0.09 and B absorbs the loss level, the
+# degenerate fit of BENCHMARKS.md). The exponents stay in [0.05, 1.5]: a negative or vanishing
+# exponent says loss does not fall with N or D, and published fits lie in 0.07–0.8 (Kaplan
+# et al. 2020's 0.076/0.095 to Hoffmann et al.'s 0.34/0.28 and their approach-2 refits). E,
+# the irreducible loss, lies below every loss measured (no run beats the entropy of the text)
+# and above E_FLOOR: a floor in nats, not a prior on its value — it only stops log E running
+# to −∞ where the points do not pin E, and the plan says so when E ends on it.
+EXPONENT_BOUNDS = (0.05, 1.5)
+E_FLOOR = 0.01
+# The approach-2 exponent a = β/(α+β) tied into approach 3 (β = α·a/(1−a)) is kept inside
+# these bounds: beyond them one of the two terms would own the whole compute-optimal split.
+TIE_BOUNDS = (0.05, 0.95)
 _TIGHT = {"maxiter": 2000, "gtol": 1e-10, "ftol": 1e-14}
 
 
+def _ratio(exponent: float | None) -> float | None:
+    """β/α for a tied N_opt exponent a = β/(α+β) (None: untied)."""
+    if exponent is None:
+        return None
+    a = min(max(exponent, TIE_BOUNDS[0]), TIE_BOUNDS[1])
+    return a / (1 - a)
+
+
+def _limits(logl: np.ndarray, ratio: np.ndarray | float | None
+            ) -> tuple[float, float, Any, Any]:
+    """(log E low, log E high, α low, α high); with a tie (β = ratio·α) α's range keeps β
+    inside the exponent bounds too."""
+    e_lo = math.log(E_FLOOR)
+    e_hi = max(float(np.min(logl)) - 1e-6, e_lo + 1e-6)
+    lo, hi = EXPONENT_BOUNDS
+    if ratio is None:
+        return e_lo, e_hi, lo, hi
+    r = np.asarray(ratio, dtype=np.float64)
+    return e_lo, e_hi, np.maximum(lo, lo / r), np.minimum(hi, hi / r)
+
+
+def _project(t: np.ndarray, logl: np.ndarray, ratio: np.ndarray | float | None) -> np.ndarray:
+    """Constants (rows of a, b, e, α, β) clipped into the bounds, β tied to α if asked."""
+    t = np.array(t, dtype=np.float64, copy=True)
+    e_lo, e_hi, a_lo, a_hi = _limits(logl, ratio)
+    t[..., 2] = np.clip(t[..., 2], e_lo, e_hi)
+    t[..., 3] = np.clip(t[..., 3], a_lo, a_hi)
+    if ratio is None:
+        t[..., 4] = np.clip(t[..., 4], *EXPONENT_BOUNDS)
+    else:
+        t[..., 4] = np.asarray(ratio) * t[..., 3]
+    return t
+
+
 def _fit_theta(logn: np.ndarray, logd: np.ndarray, logl: np.ndarray, delta: float,
-               inits: np.ndarray) -> tuple[float, np.ndarray]:
-    """The best L-BFGS optimum from the given starting points."""
+               inits: np.ndarray, ratio: float | None = None) -> tuple[float, np.ndarray]:
+    """The best bounded L-BFGS optimum from the given starting points (with ``ratio``, over
+    a, b, e, α with β = ratio·α)."""
     from scipy.optimize import minimize
 
+    e_lo, e_hi, a_lo, a_hi = _limits(logl, ratio)
+    if ratio is None:
+        bounds = [(None, None)] * 2 + [(e_lo, e_hi), (a_lo, a_hi), EXPONENT_BOUNDS]
+
+        def f(x: np.ndarray) -> tuple[float, np.ndarray]:
+            return _objective(x, logn, logd, logl, delta)
+    else:
+        bounds = [(None, None)] * 2 + [(e_lo, e_hi), (float(a_lo), float(a_hi))]
+
+        def f(x: np.ndarray) -> tuple[float, np.ndarray]:
+            value, g = _objective(np.append(x, ratio * x[3]), logn, logd, logl, delta)
+            return value, np.array([g[0], g[1], g[2], g[3] + ratio * g[4]])
+
     best: tuple[float, np.ndarray] | None = None
-    for x0 in inits:
-        res = minimize(_objective, np.maximum(x0, _LOWER), args=(logn, logd, logl, delta),
-                       jac=True, method="L-BFGS-B", options=_TIGHT, bounds=_BOUNDS)
+    for x0 in _project(inits, logl, ratio):
+        res = minimize(f, x0[: len(bounds)], jac=True, method="L-BFGS-B", options=_TIGHT,
+                       bounds=bounds)
+        x = res.x if ratio is None else np.append(res.x, ratio * res.x[3])
         if best is None or res.fun < best[0]:
-            best = (float(res.fun), res.x)
+            best = (float(res.fun), x)
     assert best is not None
     return best
 
@@ -206,6 +309,7 @@ class BootstrapFit:
     span: Span
     level: float
     seed: int
+    frontier: Frontier | None = None  # approach 2, when the points came from IsoFLOP levels
 
     def predict(self, n: float, d: float) -> Prediction:
         """Loss at N non-embedding parameters and D tokens, with the interval (see module)."""
@@ -237,36 +341,74 @@ def _batch_terms(t: np.ndarray, logn: np.ndarray, logd: np.ndarray
 
 
 def _batch_refit(theta0: np.ndarray, logn: np.ndarray, logd: np.ndarray, logl: np.ndarray,
-                 weights: np.ndarray, iters: int = 200) -> np.ndarray:
-    """The Huber fit for every resample at once (``weights``: (B, n) counts of each point):
-    Levenberg–Marquardt on iteratively reweighted least squares (the Huber weights
-    min(1, δ/|r|)), each resample with its own damping, from the full fit's constants. On
-    200 resamples this takes a fraction of a second and reaches the same or a lower Huber
-    loss than L-BFGS per resample, which took a minute on a busy CPU."""
+                 weights: np.ndarray, iters: int = 200,
+                 ratio: np.ndarray | None = None) -> np.ndarray:
+    """The Huber fit for every resample at once (``weights``: (B, n) counts of each point;
+    ``ratio``: (B,) β/α ties, one per resample, or None): Levenberg–Marquardt on iteratively
+    reweighted least squares (the Huber weights min(1, δ/|r|)), each resample with its own
+    damping, from the full fit's constants, each step projected into the bounds. On 200
+    resamples this takes a fraction of a second and reaches the same or a lower Huber loss
+    than L-BFGS per resample, which took a minute on a busy CPU."""
     def huber(t: np.ndarray) -> np.ndarray:
         return (_huber(_batch_terms(t, logn, logd)[0] - logl, HUBER_DELTA)[0] * weights).sum(1)
 
-    t = np.array(np.broadcast_to(theta0, (len(weights), 5)), dtype=np.float64)
-    t[:, 3:] = np.maximum(t[:, 3:], MIN_EXPONENT)
+    t = _project(np.broadcast_to(theta0, (len(weights), 5)), logl, ratio)
+    k = 5 if ratio is None else 4
     damping = np.full(len(weights), 1e-2)
     f = huber(t)
     for _ in range(iters):
         lse, w = _batch_terms(t, logn, logd)
         r = lse - logl
-        jac = np.stack([w[0], w[1], w[2], -w[0] * logn, -w[1] * logd], axis=-1)
+        d_alpha = -w[0] * logn
+        if ratio is None:
+            jac = np.stack([w[0], w[1], w[2], d_alpha, -w[1] * logd], axis=-1)
+        else:  # β = ratio·α: α's column carries both terms
+            jac = np.stack([w[0], w[1], w[2], d_alpha - ratio[:, None] * w[1] * logd], axis=-1)
         q = weights * np.minimum(1.0, HUBER_DELTA / np.maximum(np.abs(r), 1e-12))
         a = np.einsum("bni,bn,bnj->bij", jac, q, jac)
         g = np.einsum("bni,bn->bi", jac, q * r)
         diag = np.einsum("bii->bi", a)
-        m = a + damping[:, None, None] * (np.eye(5) * (diag[:, None, :] + 1e-9))
+        m = a + damping[:, None, None] * (np.eye(k) * (diag[:, None, :] + 1e-9))
         step = -(np.linalg.pinv(m) @ g[..., None])[..., 0]  # a term with no weight: singular
-        trial = t + step
-        trial[:, 3:] = np.maximum(trial[:, 3:], MIN_EXPONENT)
+        trial = t.copy()
+        trial[:, :k] += step
+        trial = _project(trial, logl, ratio)
         f_trial = huber(trial)
         better = f_trial < f
         t[better], f[better] = trial[better], f_trial[better]
         damping = np.where(better, damping / 3, damping * 4)
     return t
+
+
+def _groups(budgets: list[float | None] | None, count: int) -> list[np.ndarray]:
+    """Indices of the points at each compute level (a point without a level is its own)."""
+    if budgets is None:
+        return [np.arange(count)]
+    by: dict[Any, list[int]] = {}
+    for i, c in enumerate(budgets):
+        by.setdefault(("C", float(c)) if c is not None else ("point", i), []).append(i)
+    return [np.array(v) for v in by.values()]
+
+
+def _resample(rng: np.random.Generator, groups: list[np.ndarray], count: int,
+              stratified: bool) -> np.ndarray:
+    """Counts of each point in one bootstrap resample with at least 5 distinct points;
+    ``stratified``: drawn within each compute level, keeping every level's size and at least
+    3 distinct sizes where it had them (so each level still has an IsoFLOP parabola)."""
+    while True:
+        if not stratified:
+            counts = np.bincount(rng.integers(0, count, count), minlength=count)
+        else:
+            counts = np.zeros(count, dtype=np.int64)
+            for g in groups:
+                need = min(3, len(g))
+                while True:
+                    draw = np.bincount(rng.integers(0, len(g), len(g)), minlength=len(g))
+                    if (draw > 0).sum() >= need:
+                        break
+                counts[g] += draw
+        if (counts > 0).sum() >= 5:
+            return counts
 
 
 def bootstrap_fit(
@@ -276,61 +418,245 @@ def bootstrap_fit(
     resamples: int = 200,
     seed: int = 0,
     level: float = 0.9,
+    budgets: list[float | None] | None = None,
     **fit_kw: Any,
 ) -> BootstrapFit:
     """``fit_law`` plus its refits on ``resamples`` bootstrap resamples of the points (each
-    resample with at least 5 distinct points; all refitted at once by ``_batch_refit``)."""
-    full = fit_law(params, tokens, losses, **fit_kw)
+    resample with at least 5 distinct points; all refitted at once by ``_batch_refit``).
+
+    With ``budgets`` (each point's compute level: an IsoFLOP sweep) the fit is the two
+    approaches together: the IsoFLOP minima give N_opt ∝ C^a (approach 2, ``Frontier``), the
+    law is fitted with its exponents tied to that a (β/(α+β) = a), and the resamples are drawn
+    within each level, each with its own minima, its own a and its own tied refit — so the
+    interval carries the exponent's uncertainty as well as the scatter."""
     n, d, l = (np.asarray(x, dtype=np.float64) for x in (params, tokens, losses))
+    groups = _groups(budgets, len(n))
+    front = _frontier(n, l, budgets, groups, None) if budgets is not None else None
+    usable = front is not None and 0 < front[1] < 1
+    full = fit_law(params, tokens, losses, exponent=front[1] if usable else None, **fit_kw)
     logn, logd, logl = np.log(n), np.log(d), np.log(l)
     law = full.law
-    theta0 = np.array(full.theta)
     rng = np.random.default_rng(seed)
-    weights = []
-    while len(weights) < resamples:
-        counts = np.bincount(rng.integers(0, len(n), len(n)), minlength=len(n))
-        if (counts > 0).sum() >= 5:
-            weights.append(counts)
-    thetas = _batch_refit(theta0[None, :], logn, logd, logl, np.array(weights, dtype=np.float64))
+    weights = np.array([_resample(rng, groups, len(n), budgets is not None)
+                        for _ in range(resamples)], dtype=np.float64)
+    draws = np.full((resamples, 2), np.nan)
+    ratio = None
+    if budgets is not None:
+        draws = _frontier_draws(n, l, budgets, groups, rng, resamples)
+        if usable:  # a resample without a frontier keeps the full fit's exponent
+            a_i = np.where(np.isfinite(draws[:, 1]) & (draws[:, 1] > 0) & (draws[:, 1] < 1),
+                           draws[:, 1], front[1])
+            ratio = np.array([_ratio(float(x)) for x in a_i])
+    thetas = _batch_refit(np.array(full.theta)[None, :], logn, logd, logl, weights,
+                          ratio=ratio)
     pred = np.log([law.loss(ni, di) for ni, di in zip(n, d)])
-    resid = (logl - pred) * math.sqrt(len(n) / max(len(n) - 5, 1))
+    resid = (logl - pred) * math.sqrt(len(n) / max(len(n) - full.constants, 1))
     c = 6 * n * d
     span = Span((float(n.min()), float(n.max())), (float(d.min()), float(d.max())),
                 (float(c.min()), float(c.max())))
-    return BootstrapFit(full, np.array(thetas), resid, span, level, seed)
+    frontier = (Frontier(front[0], front[1], tuple(front[2]), draws, level)
+                if front is not None else None)
+    return BootstrapFit(full, np.array(thetas), resid, span, level, seed, frontier)
+
+
+# ----------------------------------------------------------------------- approach 2
 
 
 @dataclass(frozen=True)
 class IsoFlopMinimum:
     flops: float
-    params: float  # loss-minimizing N on this budget's parabola
+    params: float  # loss-minimizing N on this budget's parabola (clamped to the sizes swept)
     loss: float
     coeffs: tuple[float, float, float]  # loss = c0·x² + c1·x + c2, x = ln N
+    edge: str = ""  # "below"/"above": the minimum is not inside the sizes swept
+    vertex: float | None = None  # the parabola's own vertex N (None: it opens downward)
+    sizes: tuple[float, float] = (0.0, 0.0)  # smallest and largest N swept at this budget
+
+    def describe(self) -> str:
+        """Where this level's minimum lies, for people."""
+        where = f"N* = {self.params:,.0f} at {self.flops:.3g} FLOPs"
+        if not self.edge:
+            return where
+        side = "smallest" if self.edge == "below" else "largest"
+        why = (f"the parabola's vertex ({self.vertex:,.0f}) lies {self.edge} the sizes swept"
+               if self.vertex is not None else "the losses curve downward (no vertex)")
+        return (f"{where}: at the {side} size swept — {why}, so the minimum is only known "
+                f"to lie {self.edge} {self.params:,.0f}")
+
+
+def _level_minimum(c: float, x: np.ndarray, y: np.ndarray,
+                   w: np.ndarray | None = None) -> IsoFlopMinimum | None:
+    """The parabola in x = ln N through one level's losses (``w``: each point's count in a
+    resample) and its minimum; None with fewer than 3 distinct sizes."""
+    if w is not None:
+        keep = w > 0
+        x, y, w = x[keep], y[keep], w[keep]
+    if len(set(np.round(x, 6))) < 3:
+        return None
+    coeffs = np.polyfit(x, y, 2, w=None if w is None else np.sqrt(w))
+    c0, c1, _ = coeffs
+    lo, hi = float(x.min()), float(x.max())
+    vertex = -c1 / (2 * c0) if c0 > 0 else None
+    if vertex is not None and lo <= vertex <= hi:
+        xm, edge = vertex, ""
+    elif vertex is not None:
+        xm, edge = (lo, "below") if vertex < lo else (hi, "above")
+    else:  # opens downward: the lower end of the two is the level's best
+        xm = lo if np.polyval(coeffs, lo) <= np.polyval(coeffs, hi) else hi
+        edge = "below" if xm == lo else "above"
+    return IsoFlopMinimum(float(c), float(math.exp(xm)), float(np.polyval(coeffs, xm)),
+                          tuple(float(k) for k in coeffs), edge,
+                          float(math.exp(vertex)) if vertex is not None else None,
+                          (float(math.exp(lo)), float(math.exp(hi))))
+
+
+def _frontier(n: np.ndarray, l: np.ndarray, budgets: list[float | None] | None,
+              groups: list[np.ndarray], w: np.ndarray | None
+              ) -> tuple[float, float, list[IsoFlopMinimum]] | None:
+    """(k, a, minima) of N_opt = k·C^a through the levels' minima (edges clamped), or None
+    with fewer than 2 levels that have a parabola."""
+    minima = []
+    for g in groups:
+        c = budgets[g[0]] if budgets is not None else None
+        if c is None:
+            continue
+        m = _level_minimum(float(c), np.log(n[g]), l[g], None if w is None else w[g])
+        if m is not None:
+            minima.append(m)
+    minima.sort(key=lambda m: m.flops)
+    fit = power_law([m.flops for m in minima], [m.params for m in minima])
+    if fit is None:
+        return None
+    return fit[0], fit[1], minima
+
+
+def _frontier_draws(n: np.ndarray, l: np.ndarray, budgets: list[float | None],
+                    groups: list[np.ndarray], rng: np.random.Generator, resamples: int
+                    ) -> np.ndarray:
+    """(ln k, a) of the frontier refitted on ``resamples`` residual-bootstrap copies of the
+    sweep: each level's parabola plus residuals drawn from all levels' (pooled, scaled by
+    √(n/(n−p)) for the p parabola constants). The sizes of a sweep are chosen, not sampled,
+    so the residuals are what is resampled (a case resample of 5 sizes leaves a parabola
+    through 3 and its vertex anywhere); NaN where a copy has no frontier."""
+    fitted = np.full(len(n), np.nan)
+    constants = 0
+    for g in groups:
+        c = budgets[g[0]]
+        if c is None or len(set(np.round(np.log(n[g]), 6))) < 3:
+            continue
+        fitted[g] = np.polyval(np.polyfit(np.log(n[g]), l[g], 2), np.log(n[g]))
+        constants += 3
+    draws = np.full((resamples, 2), np.nan)
+    have = np.isfinite(fitted)
+    if have.sum() <= constants:
+        return draws
+    resid = (l - fitted)[have] * math.sqrt(have.sum() / (have.sum() - constants))
+    for i in range(resamples):
+        copy = l.copy()
+        copy[have] = fitted[have] + rng.choice(resid, size=int(have.sum()))
+        got = _frontier(n, copy, budgets, groups, None)
+        if got is not None:
+            draws[i] = math.log(got[0]), got[1]
+    return draws
+
+
+@dataclass(frozen=True)
+class Frontier:
+    """Chinchilla's approach 2 on the sweep: N_opt(C) = k·C^a through the IsoFLOP minima
+    (C in the sweep's FLOPs: the exact count `train` spends), with its bootstrap."""
+
+    k: float
+    a: float
+    minima: tuple[IsoFlopMinimum, ...]
+    draws: np.ndarray  # (resamples, 2): ln k and a of each resample's frontier (NaN: none)
+    level: float = 0.9
+
+    @property
+    def usable(self) -> bool:
+        """Whether it can choose a size: N_opt and D_opt = C/(6·N_opt) both grow with C."""
+        return 0 < self.a < 1
+
+    @property
+    def top(self) -> float:
+        return max(m.flops for m in self.minima)
+
+    def params(self, flops: float) -> float:
+        return self.k * flops**self.a
+
+    def _tails(self, values: np.ndarray) -> tuple[float | None, float | None]:
+        """The level's percentiles of the finite values (None, None: no resample had one)."""
+        values = values[np.isfinite(values)]
+        tail = (1 - self.level) / 2
+        if not len(values):
+            return None, None
+        return tuple(float(x) for x in np.quantile(values, [tail, 1 - tail]))  # type: ignore
+
+    def exponent_interval(self) -> tuple[float, float]:
+        """The bootstrap interval of a (the level's percentiles of the resamples' a)."""
+        lo, hi = self._tails(self.draws[:, 1])
+        return (self.a, self.a) if lo is None else (min(lo, self.a), max(hi, self.a))
+
+    def params_interval(self, flops: float) -> tuple[float, float]:
+        """The bootstrap interval of N_opt at ``flops``."""
+        lo, hi = self._tails(np.exp(self.draws[:, 0] + self.draws[:, 1] * math.log(flops)))
+        n = self.params(flops)
+        return (n, n) if lo is None else (min(lo, n), max(hi, n))
+
+    def edges(self) -> list[str]:
+        return [m.describe() for m in self.minima if m.edge]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"k": self.k, "a": self.a, "level": self.level,
+                "minima": [{"flops": m.flops, "params": m.params, "loss": m.loss,
+                            "coeffs": list(m.coeffs), "edge": m.edge, "vertex": m.vertex,
+                            "sizes": list(m.sizes)} for m in self.minima],
+                "draws": [[float(x) for x in row] for row in self.draws]}
+
+    @staticmethod
+    def from_dict(tree: dict[str, Any]) -> Frontier:
+        minima = tuple(IsoFlopMinimum(float(m["flops"]), float(m["params"]), float(m["loss"]),
+                                      tuple(float(c) for c in m["coeffs"]), str(m["edge"]),
+                                      None if m["vertex"] is None else float(m["vertex"]),
+                                      tuple(float(x) for x in m["sizes"]))
+                       for m in tree["minima"])
+        return Frontier(float(tree["k"]), float(tree["a"]), minima,
+                        np.array(tree["draws"], dtype=np.float64).reshape(-1, 2),
+                        float(tree["level"]))
 
 
 def isoflop_minima(points: list[dict], key_n: str = "params_non_embedding") -> list[IsoFlopMinimum]:
-    """Parabola in ln N through each budget's losses (≥3 sizes, opening up) → its minimum."""
-    by_budget: dict[float, list[dict]] = {}
-    for p in points:
-        by_budget.setdefault(float(p["budget_flops"]), []).append(p)
-    out = []
-    for c, pts in sorted(by_budget.items()):
-        xs = np.log([p[key_n] for p in pts])
-        ys = np.array([p["val_loss"] for p in pts], dtype=np.float64)
-        if len(set(xs.round(6))) < 3:
-            continue
-        c0, c1, c2 = np.polyfit(xs, ys, 2)
-        if c0 <= 0:
-            continue
-        x = -c1 / (2 * c0)
-        out.append(IsoFlopMinimum(c, float(math.exp(x)), float(c0 * x * x + c1 * x + c2),
-                                  (float(c0), float(c1), float(c2))))
-    return out
+    """Parabola in ln N through each budget's losses (≥3 sizes) → its minimum; a minimum
+    outside the sizes swept (or a parabola opening downward) is clamped to the nearest edge
+    and marked (``edge``)."""
+    budgets = [float(p["budget_flops"]) for p in points]
+    n = np.array([p[key_n] for p in points], dtype=np.float64)
+    l = np.array([p["val_loss"] for p in points], dtype=np.float64)
+    got = _frontier(n, l, budgets, _groups(budgets, len(n)), None)
+    if got is not None:
+        return got[2]
+    return [m for g in _groups(budgets, len(n))
+            if (m := _level_minimum(budgets[g[0]], np.log(n[g]), l[g])) is not None]
+
+
+def isoflop_frontier(points: list[dict], key_n: str = "params_non_embedding",
+                     resamples: int = 200, seed: int = 0, level: float = 0.9
+                     ) -> Frontier | None:
+    """Approach 2 on sweep points (dicts with ``budget_flops``, ``val_loss`` and N), with a
+    bootstrap within each level; None with fewer than 2 levels of ≥3 sizes."""
+    budgets = [float(p["budget_flops"]) for p in points]
+    n = np.array([p[key_n] for p in points], dtype=np.float64)
+    l = np.array([p["val_loss"] for p in points], dtype=np.float64)
+    groups = _groups(budgets, len(n))
+    front = _frontier(n, l, budgets, groups, None)
+    if front is None:
+        return None
+    draws = _frontier_draws(n, l, budgets, groups, np.random.default_rng(seed), resamples)
+    return Frontier(front[0], front[1], tuple(front[2]), draws, level)
 
 
 def power_law(xs: list[float], ys: list[float]) -> tuple[float, float] | None:
-    """(k, a) with y = k·x^a, least squares in log-log; None with fewer than 2 points."""
-    if len(xs) < 2:
+    """(k, a) with y = k·x^a, least squares in log-log; None with fewer than 2 distinct x."""
+    if len(set(xs)) < 2:
         return None
     a, logk = np.polyfit(np.log(xs), np.log(ys), 1)
     return float(math.exp(logk)), float(a)

@@ -12,8 +12,12 @@ N in the law is the parameter count the law was fitted on (`Law.params`): all pa
 the published laws (Hoffmann et al. count embeddings), non-embedding for a `plan --fit` law.
 With a data dir, a candidate that would repeat the corpus is scored by the data-constrained
 form of the law (Muennighoff et al. 2023, `Law.repeated_loss`), so a budget beyond the corpus
-buys a smaller model and more epochs instead of assuming fresh data. Batch and peak LR come
-from `shoestring.plan.hyper` (DeepSeek LLM's exponents, anchored at the recipe).
+buys a smaller model and more epochs instead of assuming fresh data. With a law calibrated
+on your IsoFLOP sweep (`plan --calibrate`, or its law file) the size is the sweep's own:
+N_opt ∝ C^a through the minima of its levels (Chinchilla's approach 2, `fit.Frontier`),
+moved by the data-constrained rule when the corpus repeats; the law predicts the loss. Batch
+and peak LR come from `shoestring.plan.hyper` (DeepSeek LLM's exponents, anchored at the
+recipe).
 
 The output is a YAML file with `model:`, `train:` and `data:` sections that
 `shoestring train --plan plan.yaml` uses as its base config, plus a `plan:` section that
@@ -42,7 +46,7 @@ from shoestring.data.repetition import effective_tokens, repetition_cost
 from shoestring.device import ASSUMED_MFU
 from shoestring.hardware import Hardware
 from shoestring.plan import prediction
-from shoestring.plan.fit import BootstrapFit
+from shoestring.plan.fit import BootstrapFit, Frontier
 from shoestring.plan.hardware import get_hardware
 from shoestring.plan.hyper import Hyper, plan_hyper
 from shoestring.plan.laws import LAWS, PARAM_COUNTS, Law, load_law, pf_days, training_flops
@@ -72,20 +76,77 @@ def default_seq_len(objective: str, params: float) -> int:
     return families.get(objective).default_seq_len(params)
 
 
-def _choose(shapes: list[Shape], law: Law, flops: float,
-            unique: float | None = None) -> tuple[Shape, float, float]:
+def _choose(shapes: list[Shape], law: Law, flops: float, unique: float | None = None,
+            frontier: Frontier | None = None
+            ) -> tuple[Shape, float, float, dict[str, Any] | None]:
     """The shape with the lowest predicted loss when the budget buys C / FLOPs-per-token tokens;
     with ``unique`` (the corpus' train tokens) the loss of a shape that would repeat them is
-    the data-constrained law's (`Law.repeated_loss`)."""
-    best: tuple[float, Shape, float] | None = None
-    for s in shapes:
+    the data-constrained law's (`Law.repeated_loss`).
+
+    With a ``frontier`` (approach 2 fitted on your IsoFLOP sweep) the size is the frontier's
+    instead: the shape nearest N_opt(C) = k·C^a in log N, moved by as much as the
+    data-constrained rule moves the law's own pick (the law's pick on repeated data over its
+    pick on fresh data: 1 when nothing repeats). Returns the shape, its tokens, its predicted
+    loss and, with a frontier, the record of how the size was chosen (``size_rule``)."""
+    def score(s: Shape, repeated: bool) -> tuple[float, float]:
         tokens = flops / s.flops_per_token
         n = law.count(s.params, s.params_non_embedding)
-        loss = law.repeated_loss(n, tokens, unique) if unique else law.loss(n, tokens)
-        if best is None or loss < best[0]:
-            best = (loss, s, tokens)
-    assert best is not None
-    return best[1], best[2], best[0]
+        return (law.repeated_loss(n, tokens, unique) if repeated and unique
+                else law.loss(n, tokens)), tokens
+
+    law_pick = min(shapes, key=lambda s: score(s, True)[0])
+    if frontier is None or not frontier.usable:
+        loss, tokens = score(law_pick, True)
+        return law_pick, tokens, loss, None
+    fresh_pick = min(shapes, key=lambda s: score(s, False)[0])
+    n_of = lambda s: law.count(s.params, s.params_non_embedding)  # noqa: E731
+    shift = n_of(law_pick) / n_of(fresh_pick)
+    target = frontier.params(flops) * shift
+    pick = min(shapes, key=lambda s: abs(math.log(n_of(s) / target)))
+    loss, tokens = score(pick, True)
+    lo, hi = frontier.params_interval(flops)
+    a_lo, a_hi = frontier.exponent_interval()
+    rule = {
+        "approach": 2,
+        "basis": "Chinchilla approach 2: a parabola in ln N per calibration level, its vertex "
+                 "N*(C), and N_opt = k·C^a through the vertices; the law (approach 3, its "
+                 "exponents tied to a) predicts the loss",
+        "exponent": frontier.a, "exponent_interval": [a_lo, a_hi], "level": frontier.level,
+        "k": frontier.k, "target_params": target, "frontier_params": frontier.params(flops),
+        "frontier_interval": [lo * shift, hi * shift], "repetition_shift": shift,
+        "law_pick": law_pick.label,
+        "minima": [{"flops": m.flops, "params": m.params, "loss": m.loss, "edge": m.edge}
+                   for m in frontier.minima],
+        "edges": frontier.edges(),
+        "top_flops": frontier.top,
+        "extrapolation_decades": math.log10(flops / frontier.top),
+    }
+    return pick, tokens, loss, rule
+
+
+def size_note(rule: dict[str, Any], pick: str) -> list[str]:
+    """What the plan says about how its size was chosen (approach 2), for people."""
+    a_lo, a_hi = rule["exponent_interval"]
+    lo, hi = rule["frontier_interval"]
+    notes = [
+        "size from the calibration's IsoFLOP minima (approach 2): "
+        f"N_opt ∝ C^{rule['exponent']:.3f} "
+        f"({rule['level']:.0%} interval {a_lo:.3f}–{a_hi:.3f}) gives "
+        f"{rule['target_params']:,.0f} non-embedding parameters "
+        f"({lo:,.0f}–{hi:,.0f}) here, so {pick}; this budget is "
+        f"{rule['extrapolation_decades']:.2f} decades past the largest calibration level "
+        f"({rule['top_flops']:.3g} FLOPs)"]
+    if abs(rule["repetition_shift"] - 1) > 1e-9:
+        notes.append(f"the data-constrained rule moves the size ×{rule['repetition_shift']:.3g} "
+                     "(the fitted law's pick on repeated data over its pick on fresh data)")
+    if rule["law_pick"] != pick:
+        notes.append(f"the fitted law alone (approach 3) would pick {rule['law_pick']}; the "
+                     "IsoFLOP minima are measured where the law is a fit, so their size is "
+                     "planned")
+    for edge in rule["edges"]:
+        notes.append(f"IsoFLOP minimum at the edge of the sizes swept: {edge}; the exponent "
+                     "leans on it")
+    return notes
 
 
 def _data_info(path: str) -> dict[str, Any]:
@@ -133,6 +194,7 @@ class Sizing:
     steps: int
     lr: float
     hyper: Hyper
+    size_rule: dict[str, Any] | None = None  # how approach 2 chose the size (with a frontier)
 
 
 def size_for_flops(
@@ -144,9 +206,11 @@ def size_for_flops(
     mask_rate: float = families.DEFAULT_MASK_RATE,
     flops_per_second: float | None = None,
     floor: bool = True,
+    frontier: Frontier | None = None,
 ) -> Sizing:
     """Model shape, tokens, batch and steps for a FLOP budget (what `plan` and `sweep` share);
-    ``floor=False`` (calibration sweeps) sizes budgets below the smallest model's floor too."""
+    ``floor=False`` (calibration sweeps) sizes budgets below the smallest model's floor too;
+    ``frontier``: the size from your IsoFLOP minima (approach 2, see `_choose`)."""
     n_opt, d_opt = law.optimal(total_flops)
     seq_len = data["seq_len"] if data else default_seq_len(objective, n_opt)
     vocab = data["vocab_size"] if data else (DataConfig().vocab_size if n_opt < 1e8 else 32768)
@@ -165,12 +229,12 @@ def size_for_flops(
                if flops_per_second else ""),
         )
     unique = float(data["train_tokens"]) if data and data.get("train_tokens") else None
-    pick, tokens, loss = _choose(shapes, law, total_flops, unique)
+    pick, tokens, loss, rule = _choose(shapes, law, total_flops, unique, frontier)
     hyper = plan_hyper(total_flops, seq_len, devices,
                        data.get("train_sequences") if data else None)
     steps = max(1, int(round(tokens / (hyper.batch_sequences * seq_len))))
     return Sizing(total_flops, n_opt, d_opt, seq_len, vocab, shapes, pick, tokens, loss,
-                  hyper.batch_sequences, steps, hyper.lr, hyper)
+                  hyper.batch_sequences, steps, hyper.lr, hyper, rule)
 
 
 def flops_buying(kind: str, amount: float, objective: str, law: Law,
@@ -244,7 +308,8 @@ class _Fit:
 
 def _fit_budget(req: PlanRequest, hw: Hardware, peak: float, seconds: float | None,
                 flops: float | None, objective: str, law: Law, data: dict[str, Any] | None,
-                devices_per_node: int, mask_rate: float, console: Console | None) -> _Fit:
+                devices_per_node: int, mask_rate: float, console: Console | None,
+                frontier: Frontier | None = None) -> _Fit:
     """Size the model for the budget and lay it out; with --measure, re-size at the measured
     MFU until it settles (a wall-clock budget buys FLOPs in proportion to the MFU)."""
     mfu = req.mfu if req.mfu is not None else ASSUMED_MFU
@@ -252,7 +317,7 @@ def _fit_budget(req: PlanRequest, hw: Hardware, peak: float, seconds: float | No
     for attempt in range(3 if req.measure else 1):
         total_flops = flops if flops is not None else peak * req.devices * seconds * mfu
         core = size_for_flops(total_flops, objective, law, data, req.devices, mask_rate,
-                              flops_per_second=peak * req.devices * mfu)
+                              flops_per_second=peak * req.devices * mfu, frontier=frontier)
         pick = core.pick
         sparse = families.get(objective).sparse_head and pick.model.sparse_prediction
         layout = layout_for(
@@ -403,10 +468,12 @@ def make_plan(req: PlanRequest, console: Console | None = None,
     share = _cpu_share(devices_per_node) if hw.measured and "cpu" in hw.description else 1.0
     peak *= share  # the ranks of one CPU machine split its cores
     fit = _fit_budget(req, hw, peak, seconds, flops, objective, law, data, devices_per_node,
-                      mask_rate, console)
+                      mask_rate, console, boot.frontier if boot is not None else None)
     core, layout, total_flops, mfu = fit.core, fit.layout, fit.total_flops, fit.mfu
     pick, tokens, seq_len, batch = core.pick, core.tokens, core.seq_len, core.batch
     notes, loss, data_out = _notes(fit, law, objective, hw, data, share, devices_per_node)
+    if core.size_rule is not None:
+        notes[:0] = size_note(core.size_rule, pick.label)
     ceiling = math.log(core.vocab)
     meta = {
         "version": 1,
@@ -441,6 +508,10 @@ def make_plan(req: PlanRequest, console: Console | None = None,
                   "tokens_per_step": batch * seq_len, "steps": core.steps,
                   **core.hyper.to_dict()},
         "layout": layout.to_dict(),
+        "size_rule": core.size_rule or {"approach": 3, "basis": (
+            "the shape with the lowest loss under the law" + (
+                " fitted on your points (no IsoFLOP frontier to size by)"
+                if boot is not None else ""))},
         "prediction": (prediction.fitted(boot, boot.fit.law.count(
                            pick.params, pick.params_non_embedding), tokens, objective, ceiling)
                        if boot is not None else
@@ -574,6 +645,13 @@ def plan_table(tree: dict[str, Any]) -> Table:
               f"{m['flops_per_token'] / 1e6:,.3g} MFLOP/token; predicted loss "
               f"{m['predicted_loss']:.3f}")
     t.add_row("prediction", prediction.line(p.get("prediction")))
+    rule = p.get("size_rule") or {}
+    if rule.get("approach") == 2:
+        a_lo, a_hi = rule["exponent_interval"]
+        t.add_row("size from", f"IsoFLOP minima (approach 2): N_opt ∝ C^{rule['exponent']:.3f} "
+                  f"[{a_lo:.3f}, {a_hi:.3f}] → {_si(rule['target_params'])} params, "
+                  f"{rule['extrapolation_decades']:.2f} decades past the calibration; the law "
+                  f"alone picks {rule['law_pick']}")
     bt = p["batch"]
     t.add_row("batch", f"{bt['global_sequences']} × {bt['seq_len']} tokens, {bt['steps']:,} "
               f"steps, peak lr {tree['train']['lr']:g}")

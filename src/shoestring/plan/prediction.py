@@ -26,7 +26,7 @@ import yaml
 
 from shoestring.errors import ShoestringError
 from shoestring.fsutil import write_json_atomic
-from shoestring.plan.fit import BootstrapFit, FitResult, Span
+from shoestring.plan.fit import BootstrapFit, FitResult, Frontier, Span
 from shoestring.plan.laws import LAWS, Law
 from shoestring.rundir import RunDir, read_json_object
 
@@ -97,7 +97,9 @@ def bootstrap_to_dict(boot: BootstrapFit) -> dict[str, Any]:
             "huber": boot.fit.huber, "rmse_log_loss": boot.fit.rmse_log,
             "span": {"n": list(s.n), "d": list(s.d), "c": list(s.c)},
             "residuals": [float(r) for r in boot.residuals],
-            "thetas": [[float(x) for x in t] for t in boot.thetas]}
+            "thetas": [[float(x) for x in t] for t in boot.thetas],
+            "exponent": boot.fit.exponent, "at_bounds": list(boot.fit.at_bounds),
+            "frontier": boot.frontier.to_dict() if boot.frontier is not None else None}
 
 
 def bootstrap_from(law: Law, path: str | Path) -> BootstrapFit | None:
@@ -111,10 +113,15 @@ def bootstrap_from(law: Law, path: str | Path) -> BootstrapFit | None:
         return None
     try:
         span = Span(*(tuple(float(x) for x in b["span"][k]) for k in ("n", "d", "c")))
-        fit = FitResult(law, float(b["huber"]), float(b["rmse_log_loss"]), int(b["points"]))
+        exponent = b.get("exponent")
+        fit = FitResult(law, float(b["huber"]), float(b["rmse_log_loss"]), int(b["points"]),
+                        exponent=None if exponent is None else float(exponent),
+                        at_bounds=tuple(str(x) for x in b.get("at_bounds") or ()))
+        front = b.get("frontier")
         return BootstrapFit(fit, np.array(b["thetas"], dtype=np.float64),
                             np.array(b["residuals"], dtype=np.float64), span,
-                            float(b["level"]), int(b["seed"]))
+                            float(b["level"]), int(b["seed"]),
+                            Frontier.from_dict(front) if isinstance(front, dict) else None)
     except (KeyError, TypeError, ValueError):
         raise ShoestringError("the law file's bootstrap section is damaged", where=str(path),
                               fix="calibrate again (`shoestring plan --calibrate`)") from None

@@ -135,11 +135,16 @@ def plan_points(
     shapes that train at least that many steps; ``floor=False`` allows budgets below the
     planner's floor, the smallest model on as many tokens as parameters: a sweep point may be
     undertrained, that is what an IsoFLOP curve measures)."""
+    from shoestring.plan.prediction import bootstrap_from
+
     data = _data_info(str(data_dir))
     the_law = load_law(law)
+    boot = bootstrap_from(the_law, law)  # a calibration's law sizes by its IsoFLOP frontier
+    frontier = boot.frontier if boot is not None else None
     points = []
     for c in budgets:
-        sizing = size_for_flops(c, data["objective"], the_law, data, floor=floor)
+        sizing = size_for_flops(c, data["objective"], the_law, data, floor=floor,
+                                frontier=frontier)
         for f, shape in _level_shapes(c, sizing, factors, min_sizes, min_steps):
             steps = _steps(c, shape, sizing)
             tokens = steps * sizing.batch * sizing.seq_len
@@ -256,22 +261,26 @@ def fit_sweep(sweep_dir: str | Path, out: str | Path | None = None,
     spec_path = sweep_dir / "sweep.json"
     spec = json.loads(spec_path.read_text(encoding="utf-8")) if spec_path.is_file() else {}
     objective = spec.get("objective") or (points[0]["model"]["objective"] if points else "mlm")
+    frontier = fit.isoflop_frontier(points)
     result = fit.fit_law(
         [p["params_non_embedding"] for p in points], [p["tokens"] for p in points],
         [p["val_loss"] for p in points], name=f"fit:{sweep_dir.name}", objective=objective,
         source=f"shoestring plan --fit {sweep_dir} ({len(points)} points, data "
         f"{spec.get('data_dir', '?')})",
+        exponent=frontier.a if frontier is not None and frontier.usable else None,
     )
-    minima = fit.isoflop_minima(points)
-    frontier = fit.power_law([m.flops for m in minima], [m.params for m in minima])
+    minima = list(frontier.minima) if frontier is not None else fit.isoflop_minima(points)
     law = result.law
     extra = {
         "fit": {
             "points": result.points, "huber": result.huber, "rmse_log_loss": result.rmse_log,
             "n_opt_exponent": law.beta / (law.alpha + law.beta),
-            "isoflop_minima": [{"flops": m.flops, "params": m.params, "loss": m.loss}
-                               for m in minima],
-            "isoflop_exponent": frontier[1] if frontier else None,
+            "tied_to_isoflop": result.exponent is not None,
+            "at_bounds": list(result.at_bounds),
+            "isoflop_minima": [{"flops": m.flops, "params": m.params, "loss": m.loss,
+                                "edge": m.edge} for m in minima],
+            "isoflop_exponent": frontier.a if frontier else None,
+            "isoflop_exponent_interval": list(frontier.exponent_interval()) if frontier else None,
         }
     }
     out_path = Path(out) if out is not None else sweep_dir / "law.yaml"
@@ -303,9 +312,16 @@ def fit_table(result: dict[str, Any]):
     t.add_row("N_opt ∝ C^a", f"a = {f['n_opt_exponent']:.3f} from the law"
               + (f", {f['isoflop_exponent']:.3f} from the IsoFLOP minima"
                  if f["isoflop_exponent"] is not None else ""))
+    if f.get("isoflop_exponent_interval"):
+        lo, hi = f["isoflop_exponent_interval"]
+        t.add_row("", f"90% interval of the IsoFLOP exponent {lo:.3f}–{hi:.3f}"
+                  + ("; the law's exponents are tied to it" if f.get("tied_to_isoflop") else ""))
+    if f.get("at_bounds"):
+        t.add_row("at a bound", "; ".join(f["at_bounds"]) + " (the points do not pin it)")
     for m in f["isoflop_minima"]:
+        edge = f" (at the {m['edge']} edge of the sizes swept)" if m.get("edge") else ""
         t.add_row(f"IsoFLOP minimum at {m['flops']:.3g}",
-                  f"N = {m['params']:,.0f}, loss {m['loss']:.4f}")
+                  f"N = {m['params']:,.0f}, loss {m['loss']:.4f}{edge}")
     t.add_row("written", "\n".join(result["written"]))
     t.add_row("use it", f"shoestring plan ... --law {result['written'][0]}")
     return t
