@@ -123,6 +123,7 @@ class Curator:
                     work_dir=work_dir,
                     against=against,
                     index_dir=index_dir,
+                    threshold=cfg.minhash_threshold,
                 )
             )
         if cfg.dedup == "substring":

@@ -10,7 +10,8 @@ read           Ray Data map, one task per source: read, clean, the stateless blo
                before the first stateful one (filters); parts of ``part_docs`` documents
 stateful       each stateful block by its registered shuffle (``SHUFFLES``): exact dedup
 blocks         = buckets of the 128-bit text key; fuzzy dedup = MinHash signatures in map
-               tasks, buckets of (band, band key), connected components (``shuffle``)
+               tasks, buckets of (band, band key) whose pairs are verified on the
+               signatures, connected components (``shuffle``)
 final          Ray Data map per part: drop what the dedup stages dropped, run the
                stateless blocks after them (decontamination, its n-gram index broadcast
                once), mark validation documents by content hash
@@ -37,6 +38,7 @@ import shutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -493,8 +495,11 @@ class RayStages:
         hasher = block.hasher  # type: ignore[attr-defined]
         seed = self.curate_cfg.minhash_seed if self.curate_cfg else 1
         args = (hasher.num_perm, hasher.ngram, seed, hasher.bands)
+        verify = partial(bucket_firsts, threshold=block.threshold,  # type: ignore[attr-defined]
+                         signatures=stages.PartSignatures(str(self.work),
+                                                          [p["name"] for p in parts]))
         out = shuffle(stages.band_rows, self._inputs(src, parts, dropped_ref, args),
-                      "k1", self.partitions, bucket_firsts, reduce_returns=2, **self.retry)
+                      "k1", self.partitions, verify, reduce_returns=2, **self.retry)
         summaries = self._core([o[0] for o in out])
         dropped = np.unique(np.concatenate([s["dropped"] for s in summaries]))
         edges = [o[1] for o in out]
@@ -508,6 +513,7 @@ class RayStages:
             "cluster_sizes": {str(k): v for k, v in comps["cluster_sizes"].items()},
             "indexed": sum(s["rows"] for s in summaries) // hasher.bands,
             "bands": hasher.bands, "rows": hasher.rows, "ngram": hasher.ngram,
+            "threshold": block.threshold,  # type: ignore[attr-defined]
         }
         return report, dropped, {"iterations": comps["iterations"]}
 

@@ -13,9 +13,11 @@ spills to disk like any object, and its memory per reduce task is its partition:
 1/P of the shuffled rows.
 
 ``buckets``: within every bucket of rows with an equal key, the row with the smallest
-``order`` is the first; every other row is a duplicate of it (``dropped``), linked to it by
-an edge. Exact dedup is buckets over the 128-bit text key; fuzzy dedup is buckets over
-(band, band key), i.e. one bucket per LSH band bucket.
+``order`` is the first; every other row is a candidate duplicate of it, and with
+signatures a candidate whose signature agrees with the first's (``verify_pairs``) — without,
+every candidate — is a duplicate (``dropped``), linked to it by an edge. Exact dedup is
+buckets over the 128-bit text key; fuzzy dedup is buckets over (band, band key), i.e. one
+bucket per LSH band bucket, verified with the signatures its map tasks wrote.
 
 ``components``: connected components of those edges without ever holding all edges in
 one process: the Large-Star / Small-Star alternation of Kiveris et al. ("Connected
@@ -32,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from shoestring.data.curate.minhash import first_in_bucket
+from shoestring.data.curate.minhash import first_in_bucket, verify_pairs
 from shoestring.data.curate.text import fmix64
 
 Columns = dict[str, np.ndarray]
@@ -92,13 +94,15 @@ def shuffle(map_fn: Callable[[Any], Columns], inputs: list[Any], key: str, parts
 # --- buckets ---------------------------------------------------------------------------
 
 
-def bucket_firsts(cols: Columns) -> tuple[dict[str, Any], np.ndarray]:
+def bucket_firsts(cols: Columns, signatures: Callable[[np.ndarray], np.ndarray] | None = None,
+                  threshold: float = 0.0) -> tuple[dict[str, Any], np.ndarray]:
     """Reduce of ``buckets``: (summary, edges). Rows: ``k0``, ``k1`` (the key), ``order``.
 
-    The local keep rule itself (``curate.minhash.first_in_bucket``) over this partition's
-    rows. summary: ``dropped`` (sorted unique orders that are not first in some bucket),
-    ``buckets`` (distinct keys seen), ``rows``. edges: ``(n, 2)`` int64 rows (duplicate,
-    first).
+    The local keep rule itself (``curate.minhash.first_in_bucket``, then with
+    ``signatures`` — rows by ``order`` — ``curate.minhash.verify_pairs`` at ``threshold``)
+    over this partition's rows. summary: ``dropped`` (sorted unique orders with a counted
+    pair to the first of some bucket), ``buckets`` (distinct keys seen), ``rows``. edges:
+    ``(n, 2)`` int64 rows (duplicate, first).
     """
     if not cols or not len(cols["order"]):
         empty = {"dropped": np.zeros(0, np.int64), "buckets": 0, "rows": 0}
@@ -106,8 +110,12 @@ def bucket_firsts(cols: Columns) -> tuple[dict[str, Any], np.ndarray]:
     order = cols["order"]
     first = first_in_bucket(cols["k0"], cols["k1"], order=order)
     dup = first != order  # orders are distinct within a bucket: its first row keeps its own
-    edges = np.stack([order[dup], first[dup]], axis=1)
-    summary = {"dropped": np.unique(order[dup]), "buckets": int(len(order) - dup.sum()),
+    later, owners = order[dup], first[dup]
+    if signatures is not None:
+        ok = verify_pairs(later, owners, signatures, threshold)
+        later, owners = later[ok], owners[ok]
+    edges = np.stack([later, owners], axis=1)
+    summary = {"dropped": np.unique(later), "buckets": int(len(order) - dup.sum()),
                "rows": len(order)}
     return summary, edges
 

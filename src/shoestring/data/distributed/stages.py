@@ -305,7 +305,8 @@ def exact_rows(arg: tuple) -> dict[str, np.ndarray]:
 
 def band_rows(arg: tuple) -> dict[str, np.ndarray]:
     """(k0, k1) = (band, LSH band key) of every band of every row with a word; ``hasher``:
-    the fuzzy dedup block's `MinHasher` arguments (num_perm, ngram, seed, bands)."""
+    the fuzzy dedup block's `MinHasher` arguments (num_perm, ngram, seed, bands). Writes
+    the part's signatures for the reduce tasks' verification (`PartSignatures`)."""
     from shoestring.data.curate.minhash import BATCH, MinHasher
 
     path, dropped, work, fault, hasher = arg
@@ -316,17 +317,72 @@ def band_rows(arg: tuple) -> dict[str, np.ndarray]:
     rids = part["rid"][keep].astype(np.int64)
     hasher = MinHasher(*hasher)  # its own scratch buffer (a broadcast one is read-only)
     bands = hasher.bands
-    out_k0, out_k1, out_rid = [], [], []
+    out_k0, out_k1, out_rid, sigs = [], [], [], []
     for i in range(0, len(texts), BATCH):  # FuzzyDedup's own batches of its own keys
-        keys, has = hasher.text_band_keys(texts[i : i + BATCH])
+        sig, has = hasher.text_signatures(texts[i : i + BATCH])
+        keys = hasher.band_keys(sig)
+        sigs.append(sig)
         out_k0.append(np.tile(np.arange(bands, dtype=np.uint64), len(keys)))
         out_k1.append(keys.reshape(-1))
         out_rid.append(np.repeat(rids[i : i + BATCH][has], bands))
+    sig_rids = (np.concatenate(out_rid)[::bands] if out_rid else np.zeros(0, np.int64))
+    PartSignatures.write(Path(work), Path(path).stem, sig_rids,
+                         np.concatenate(sigs) if sigs else np.zeros((0, hasher.num_perm),
+                                                                    np.uint32))
     if not out_rid:
         z = np.zeros(0, np.uint64)
         return {"k0": z, "k1": z, "order": np.zeros(0, np.int64)}
     return {"k0": np.concatenate(out_k0), "k1": np.concatenate(out_k1),
             "order": np.concatenate(out_rid)}
+
+
+class PartSignatures:
+    """The signatures ``band_rows`` wrote, one pair of files per part
+    (``fuzzy-sig/NAME.rid.npy``: row ids; ``NAME.sig.npy``: ``(rows, num_perm)`` uint32),
+    looked up by row id in a reduce task: ``signatures(rids)`` for ``verify_pairs``.
+
+    Opened lazily in the task (memory-mapped); holds the ids of every row (16 bytes a row)
+    to find them."""
+
+    DIR = "fuzzy-sig"
+
+    def __init__(self, work: str, names: list[str]) -> None:
+        self.work, self.names = work, list(names)
+        self._open: tuple[np.ndarray, np.ndarray, list[np.ndarray]] | None = None
+
+    @classmethod
+    def write(cls, work: Path, name: str, rids: np.ndarray, sig: np.ndarray) -> None:
+        folder = work / cls.DIR
+        folder.mkdir(parents=True, exist_ok=True)
+        for suffix, array in (("rid", rids.astype(np.int64)), ("sig", sig.astype(np.uint32))):
+            buf = io.BytesIO()
+            np.save(buf, array)
+            write_bytes_atomic(folder / f"{name}.{suffix}.npy", buf.getvalue())
+
+    def __getstate__(self) -> dict:
+        return {"work": self.work, "names": self.names, "_open": None}
+
+    def _tables(self) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+        if self._open is None:
+            folder = Path(self.work) / self.DIR
+            rids = [np.load(folder / f"{n}.rid.npy") for n in self.names]
+            sigs = [np.load(folder / f"{n}.sig.npy", mmap_mode="r") for n in self.names]
+            flat = np.concatenate(rids) if rids else np.zeros(0, np.int64)
+            where = np.concatenate([np.stack([np.full(len(r), k), np.arange(len(r))], axis=1)
+                                    for k, r in enumerate(rids)] or [np.zeros((0, 2), int)])
+            order = np.argsort(flat, kind="stable")
+            self._open = (flat[order], where[order], sigs)
+        return self._open
+
+    def __call__(self, rids: np.ndarray) -> np.ndarray:
+        flat, where, sigs = self._tables()
+        at = np.searchsorted(flat, rids)
+        part, row = where[at, 0], where[at, 1]
+        out = np.empty((len(rids), sigs[0].shape[1] if sigs else 0), dtype=np.uint32)
+        for k in np.unique(part).tolist():
+            sel = part == k
+            out[sel] = sigs[k][row[sel]]
+        return out
 
 
 # --- tokenizer sample -------------------------------------------------------------------
