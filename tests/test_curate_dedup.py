@@ -9,6 +9,7 @@ import pytest
 from shoestring.data.curate import text as T
 from shoestring.data.curate.dedup import ExactDedup
 from shoestring.data.curate.minhash import (
+    Clusters,
     FuzzyDedup,
     MinHasher,
     band_collisions,
@@ -377,5 +378,11 @@ def test_ray_map_and_reduce_tasks_drop_what_fuzzy_dedup_drops(tmp_path) -> None:
     assert [docs[rids.index(r)].doc_id for r in dropped.tolist()] == \
         [d.doc_id for d in docs if d.doc_id not in kept]
     assert planted <= {d.doc_id for d in docs} - kept and len(kept) == len(docs) - len(planted)
-    edges = np.concatenate([o[1] for o in out])
-    assert len(np.unique(edges[:, 0])) == len(dropped) == block.clusters
+    # The clusters: the driver's count over the reduce tasks' edges (sparse row ids) is the
+    # local run's, by the same `Clusters`.
+    nodes = np.unique(np.concatenate([np.concatenate([o[0]["dropped"], o[0]["owners"]])
+                                      for o in out]))
+    clusters = Clusters(nodes)
+    for o in out:
+        clusters.link(o[1][:, 0], o[1][:, 1])
+    assert clusters.sizes() == block.cluster_sizes == {2: len(planted)}

@@ -260,6 +260,35 @@ def component_labels(parent: np.ndarray) -> np.ndarray:
         parent = up
 
 
+class Clusters:
+    """Connected components of documents linked pair by pair: how both executors count
+    fuzzy dedup's clusters (union-find over a numpy parent array, ``union_pairs``).
+
+    ``ids``: a count ``n`` (the documents are positions 0..n-1: the local run), or the
+    sorted ids that links may name (the ray executor's driver: the row ids of the dropped
+    documents and of the first documents they were verified against), mapped to positions
+    by binary search. Memory: 8 bytes per id (and 8 more per id with ``ids``); links are
+    merged a batch at a time, never all held."""
+
+    def __init__(self, ids: int | np.ndarray) -> None:
+        self.ids = None if isinstance(ids, (int, np.integer)) else np.asarray(ids, np.int64)
+        self.parent = np.arange(int(ids) if self.ids is None else len(self.ids), dtype=np.int64)
+
+    def link(self, a: np.ndarray, b: np.ndarray) -> None:
+        """Merge the components of every pair ``(a[i], b[i])``."""
+        if self.ids is not None:
+            a, b = np.searchsorted(self.ids, a), np.searchsorted(self.ids, b)
+        union_pairs(self.parent, a, b)
+
+    def labels(self) -> np.ndarray:
+        """Per position, its component's smallest position."""
+        return component_labels(self.parent)
+
+    def sizes(self) -> dict[int, int]:
+        """Size histogram of the components of two or more (size → count)."""
+        return cluster_histogram(self.labels())
+
+
 def band_collisions(band_files: Sequence[Path], n: int,
                     signatures: Callable[[np.ndarray], np.ndarray] | None = None,
                     threshold: float = THRESHOLD,
@@ -282,7 +311,7 @@ def band_collisions(band_files: Sequence[Path], n: int,
     nothing per text byte.
     """
     earliest = np.arange(n, dtype=np.int64)
-    parent = np.arange(n, dtype=np.int64)
+    clusters = Clusters(n)
     for b, path in enumerate(band_files):
         keys = np.fromfile(path, dtype=np.uint64, count=n)
         if claimed_files is None:
@@ -299,8 +328,8 @@ def band_collisions(band_files: Sequence[Path], n: int,
             ok = verify_pairs(later, owners, signatures, threshold)
             later, owners = later[ok], owners[ok]
         earliest[later] = np.minimum(earliest[later], owners)
-        union_pairs(parent, later, owners)
-    return earliest, component_labels(parent)
+        clusters.link(later, owners)
+    return earliest, clusters.labels()
 
 
 def cluster_histogram(labels: np.ndarray) -> dict[int, int]:

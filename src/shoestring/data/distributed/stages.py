@@ -338,23 +338,27 @@ def band_rows(arg: tuple) -> dict[str, np.ndarray]:
 
 class PartSignatures:
     """The signatures ``band_rows`` wrote, one pair of files per part
-    (``fuzzy-sig/NAME.rid.npy``: row ids; ``NAME.sig.npy``: ``(rows, num_perm)`` uint32),
-    looked up by row id in a reduce task: ``signatures(rids)`` for ``verify_pairs``.
+    (``fuzzy-sig/NAME.rid.npy``: the part's row ids, sorted; ``NAME.sig.npy``: their
+    ``(rows, num_perm)`` uint32 signatures), looked up by row id in a reduce task:
+    ``signatures(rids)`` for ``verify_pairs``.
 
-    Opened lazily in the task (memory-mapped); holds the ids of every row (16 bytes a row)
-    to find them."""
+    Parts hold disjoint ranges of row ids (a source's documents, cut in order), so a row id
+    finds its part by the parts' first ids and its row by a binary search in that part's
+    memory-mapped ids: memory per task is a few numbers per part, not per document."""
 
     DIR = "fuzzy-sig"
 
     def __init__(self, work: str, names: list[str]) -> None:
         self.work, self.names = work, list(names)
-        self._open: tuple[np.ndarray, np.ndarray, list[np.ndarray]] | None = None
+        self._open: tuple[np.ndarray, list[np.ndarray], list[np.ndarray]] | None = None
 
     @classmethod
     def write(cls, work: Path, name: str, rids: np.ndarray, sig: np.ndarray) -> None:
         folder = work / cls.DIR
         folder.mkdir(parents=True, exist_ok=True)
-        for suffix, array in (("rid", rids.astype(np.int64)), ("sig", sig.astype(np.uint32))):
+        order = np.argsort(rids, kind="stable")
+        for suffix, array in (("rid", rids[order].astype(np.int64)),
+                              ("sig", sig[order].astype(np.uint32))):
             buf = io.BytesIO()
             np.save(buf, array)
             write_bytes_atomic(folder / f"{name}.{suffix}.npy", buf.getvalue())
@@ -362,26 +366,30 @@ class PartSignatures:
     def __getstate__(self) -> dict:
         return {"work": self.work, "names": self.names, "_open": None}
 
-    def _tables(self) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    def _tables(self) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
         if self._open is None:
             folder = Path(self.work) / self.DIR
-            rids = [np.load(folder / f"{n}.rid.npy") for n in self.names]
-            sigs = [np.load(folder / f"{n}.sig.npy", mmap_mode="r") for n in self.names]
-            flat = np.concatenate(rids) if rids else np.zeros(0, np.int64)
-            where = np.concatenate([np.stack([np.full(len(r), k), np.arange(len(r))], axis=1)
-                                    for k, r in enumerate(rids)] or [np.zeros((0, 2), int)])
-            order = np.argsort(flat, kind="stable")
-            self._open = (flat[order], where[order], sigs)
+            rids, sigs = [], []
+            for n in self.names:
+                r = np.load(folder / f"{n}.rid.npy", mmap_mode="r")
+                if len(r):
+                    rids.append(r)
+                    sigs.append(np.load(folder / f"{n}.sig.npy", mmap_mode="r"))
+            order = np.argsort([int(r[0]) for r in rids]).tolist()
+            rids, sigs = [rids[k] for k in order], [sigs[k] for k in order]
+            self._open = (np.array([int(r[0]) for r in rids], dtype=np.int64), rids, sigs)
         return self._open
 
     def __call__(self, rids: np.ndarray) -> np.ndarray:
-        flat, where, sigs = self._tables()
-        at = np.searchsorted(flat, rids)
-        part, row = where[at, 0], where[at, 1]
+        starts, part_rids, sigs = self._tables()
+        part = np.searchsorted(starts, rids, side="right") - 1
         out = np.empty((len(rids), sigs[0].shape[1] if sigs else 0), dtype=np.uint32)
         for k in np.unique(part).tolist():
-            sel = part == k
-            out[sel] = sigs[k][row[sel]]
+            sel = np.flatnonzero(part == k)
+            row = np.minimum(np.searchsorted(part_rids[k], rids[sel]), len(part_rids[k]) - 1)
+            if k < 0 or not np.array_equal(part_rids[k][row], rids[sel]):
+                raise ValueError(f"row ids without a signature in {self.work}/{self.DIR}")
+            out[sel] = sigs[k][row]
         return out
 
 
