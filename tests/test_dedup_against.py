@@ -74,7 +74,14 @@ def test_prep_keeps_a_dedup_index_recorded_in_the_manifest(corpora: dict) -> Non
     assert np.load(data / "dedup" / "minhash.npy").shape == (28, 30)
     ids = np.load(data / "dedup" / "minhash_ids.npy")
     assert ids.shape == (28, 30) and all(sorted(r) == list(range(30)) for r in ids.tolist())
-    assert np.load(data / "dedup" / "signatures.npy").shape == (30, 112)
+    sig = np.load(data / "dedup" / "signatures.npy")
+    assert sig.shape == (30, 112)
+    # Each band: the keys of the signatures, sorted, with their documents beside them.
+    keys = FuzzyDedup().hasher.band_keys(sig).T
+    for b in range(28):
+        order = np.argsort(keys[b], kind="stable")
+        assert (np.load(data / "dedup" / "minhash.npy")[b] == keys[b][order]).all()
+        assert (ids[b] == order).all()
     keys = np.load(data / "dedup" / "exact.npy")
     assert keys.shape == (30, 2) and (np.diff(keys[:, 0].astype(np.float64)) >= 0).all()
 

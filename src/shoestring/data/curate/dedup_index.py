@@ -90,15 +90,23 @@ def save_minhash_index(folder: Path, band_files: list[Path], sig: np.ndarray, n:
         raise ShoestringError(f"{n:,} documents: the dedup index numbers them with 32 bits",
                               where="--dedup fuzzy", fix="prep the corpus in parts")
 
-    def band(path: Path) -> tuple[np.ndarray, np.ndarray]:
-        keys = np.fromfile(path, dtype=np.uint64, count=n)
-        order = np.argsort(keys, kind="stable")  # equal keys stay in input order
-        return keys[order], order
+    raw = folder / (IDS_FILE + ".raw")  # each band's sort order, while its keys are written
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        with open(raw, "wb") as ids:
+            def sorted_keys(path: Path) -> np.ndarray:
+                keys = np.fromfile(path, dtype=np.uint64, count=n)
+                order = np.argsort(keys, kind="stable")  # equal keys stay in input order
+                order.astype(np.uint32).tofile(ids)
+                return keys[order]
 
-    save_array_atomic(folder / MINHASH_FILE, (len(band_files), n),
-                      (band(p)[0] for p in band_files))
-    save_array_atomic(folder / IDS_FILE, (len(band_files), n),
-                      (band(p)[1] for p in band_files), np.uint32)
+            save_array_atomic(folder / MINHASH_FILE, (len(band_files), n),
+                              (sorted_keys(p) for p in band_files))
+        save_array_atomic(folder / IDS_FILE, (len(band_files), n),
+                          (np.fromfile(raw, dtype=np.uint32, count=n, offset=4 * n * b)
+                           for b in range(len(band_files))), np.uint32)
+    finally:
+        raw.unlink(missing_ok=True)
     step = 1 << 16
     save_array_atomic(folder / SIGNATURES_FILE, (n, sig.shape[1]),
                       (np.asarray(sig[at : at + step]) for at in range(0, n, step)), np.uint32)
