@@ -66,7 +66,7 @@ def test_prep_keeps_a_dedup_index_recorded_in_the_manifest(corpora: dict) -> Non
     assert entry["format"] == 2 and entry["exact"]["documents"] == 30
     assert {k: entry["minhash"][k] for k in ("ngram", "bands", "rows", "seed", "threshold",
                                              "documents")} == \
-        {"ngram": 5, "bands": 28, "rows": 4, "seed": 1, "threshold": 0.6, "documents": 30}
+        {"ngram": 5, "bands": 28, "rows": 4, "seed": 1, "threshold": 0.65, "documents": 30}
     assert set(entry["files"]) == {"dedup/index.json", "dedup/exact.npy", "dedup/minhash.npy",
                                    "dedup/minhash_ids.npy", "dedup/signatures.npy"}
     for name, info in entry["files"].items():

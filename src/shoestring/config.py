@@ -499,7 +499,7 @@ class CurateConfig(_Section):
                                "Jaccard 0.7 is a candidate with probability 0.9995)")
     minhash_rows: int = Field(4, ge=1, le=64, description="MinHash values per band")
     minhash_threshold: float = Field(
-        0.6, ge=0.0, le=1.0, description="fuzzy dedup drops a candidate pair only when their "
+        0.65, ge=0.0, le=1.0, description="fuzzy dedup drops a candidate pair only when their "
         "signatures agree on at least this fraction of values (estimated Jaccard; 0: plain LSH)")
     minhash_seed: int = Field(1, ge=0, description="seed of the MinHash permutations")
 
