@@ -303,7 +303,8 @@ def test_config_defaults_are_the_published_thresholds() -> None:
     assert c.rep_max_top_ngram_frac == {2: 0.20, 3: 0.18, 4: 0.16}
     assert c.rep_max_dup_ngram_frac[5] == 0.15 and c.rep_max_dup_ngram_frac[10] == 0.10
     assert c.compress_max_ratio == 0.3
-    assert (c.minhash_ngram, c.minhash_bands, c.minhash_rows) == (5, 14, 8)
+    assert (c.minhash_ngram, c.minhash_bands, c.minhash_rows, c.minhash_threshold) == \
+        (5, 28, 4, 0.65)
     assert (c.decontam_ngram, c.decontam_margin_chars, c.decontam_max_pieces) == (13, 200, 10)
 
 

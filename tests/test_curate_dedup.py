@@ -9,6 +9,7 @@ import pytest
 from shoestring.data.curate import text as T
 from shoestring.data.curate.dedup import ExactDedup
 from shoestring.data.curate.minhash import (
+    Clusters,
     FuzzyDedup,
     MinHasher,
     band_collisions,
@@ -16,6 +17,7 @@ from shoestring.data.curate.minhash import (
     cluster_histogram,
     component_labels,
     first_in_bucket,
+    similar,
     union_pairs,
 )
 from shoestring.data.sources import Document
@@ -177,6 +179,40 @@ def test_fuzzy_dedup_finds_planted_near_duplicates_and_keeps_distinct_documents(
         assert e.detail.endswith("base-" + e.doc_id.rsplit("-", 1)[1])
 
 
+def edited_to(words: list[str], target: float, rng: np.random.Generator) -> list[str]:
+    """A copy of ``words`` with single words replaced until its shingle Jaccard with the
+    original falls to ``target`` or just below."""
+    base, out = " ".join(words), list(words)
+    while jaccard(base, " ".join(out)) > target:
+        out[int(rng.integers(len(out)))] = VOCAB[int(rng.integers(len(VOCAB)))]
+    return out
+
+
+def test_verification_drops_a_pair_at_jaccard_072_and_keeps_one_at_05() -> None:
+    """The defaults (28 bands × 4 rows, threshold 0.65): a near copy at J ≈ 0.72 — a pair
+    14 × 8 without verification found only 65% of the time — is dropped; a copy at
+    J ≈ 0.5, which 28 × 4 makes a candidate 84% of the time, is kept because its
+    signature agrees with the original's on well under 0.65 of the values."""
+    rng = np.random.default_rng(21)
+    a, b = random_words(rng, 400), random_words(rng, 400)
+    near, far = edited_to(a, 0.72, rng), edited_to(b, 0.5, rng)
+    texts = [" ".join(w) for w in (a, b, near, far)]
+    assert 0.70 <= jaccard(texts[0], texts[2]) <= 0.72
+    assert 0.48 <= jaccard(texts[1], texts[3]) <= 0.5
+    docs = [Document(t, "t", name) for t, name in zip(texts, ["a", "b", "near-a", "far-b"])]
+    block = FuzzyDedup(keep_examples=5)
+    assert [d.doc_id for d in block.process(docs)] == ["a", "b", "far-b"]
+    assert [e.doc_id for e in block.examples["near_duplicate"]] == ["near-a"]
+    # Both pairs are LSH candidates: verification is what keeps far-b.
+    hasher = block.hasher
+    sig, _ = hasher.signatures(texts)
+    keys = hasher.band_keys(sig)
+    assert (keys[0] == keys[2]).any() and (keys[1] == keys[3]).any()
+    assert similar(sig[[0]], sig[[2]], 0.65)[0] and not similar(sig[[1]], sig[[3]], 0.65)[0]
+    # Without verification (threshold 0) the J = 0.5 copy would be dropped too.
+    assert [d.doc_id for d in FuzzyDedup(threshold=0.0).process(docs)] == ["a", "b"]
+
+
 def test_fuzzy_dedup_results_do_not_depend_on_the_batch_size() -> None:
     docs, _ = docs_with_planted_duplicates()
     runs = [[d.doc_id for d in FuzzyDedup(batch=b).process(docs)] for b in (1, 5, 256)]
@@ -221,23 +257,41 @@ def test_first_in_bucket_keeps_the_earliest_row_of_each_key() -> None:
 
 
 def test_ray_reduce_drops_what_the_local_run_drops(tmp_path) -> None:
-    """Fuzzy dedup's decision on the same band keys: the local run's ``band_collisions``
-    and the ray executor's reduce (``bucket_firsts``) over rows shuffled into partitions
-    drop the same documents (both are `first_in_bucket`)."""
+    """Fuzzy dedup's decision on the same band keys and signatures: the local run's
+    ``band_collisions`` and the ray executor's reduce (``bucket_firsts``) over rows shuffled
+    into partitions drop the same documents (both are `first_in_bucket`, then
+    `verify_pairs`), with verification and without."""
     from shoestring.data.distributed.shuffle import bucket_firsts, split_columns
 
     rng = np.random.default_rng(2)
-    n, bands = 600, 5
+    n, bands, perm = 600, 5, 40
     keys = rng.integers(0, 900, size=(n, bands)).astype(np.uint64)  # plenty of collisions
-    earliest, _ = band_collisions(write_bands(tmp_path, keys.tolist()), n)
-    local = np.flatnonzero(earliest < np.arange(n))
+    # Signatures: 12 families; a document agrees with its family's on ~85% of the values,
+    # with another family's on ~0%, so only some candidate pairs verify.
+    family = rng.integers(0, 12, n)
+    base = rng.integers(0, 1 << 32, size=(12, perm), dtype=np.uint64).astype(np.uint32)
+    sig = base[family].copy()
+    noise = rng.random((n, perm)) < 0.15
+    sig[noise] = rng.integers(0, 1 << 32, int(noise.sum()), dtype=np.uint64).astype(np.uint32)
     rows = {"k0": np.tile(np.arange(bands, dtype=np.uint64), n), "k1": keys.reshape(-1),
             "order": np.repeat(np.arange(n, dtype=np.int64), bands)}
     shuffled = rng.permutation(n * bands)
     rows = {k: v[shuffled] for k, v in rows.items()}
     parts = split_columns(rows, "k1", 3)
-    dropped = np.unique(np.concatenate([bucket_firsts(p)[0]["dropped"] for p in parts]))
-    assert len(local) > 50 and dropped.tolist() == local.tolist()
+    dropped = {}
+    for verify in (None, lambda ids: sig[ids]):
+        earliest, labels = band_collisions(write_bands(tmp_path, keys.tolist()), n, verify, 0.6)
+        local = np.flatnonzero(earliest < np.arange(n))
+        out = [bucket_firsts(p, verify, 0.6) for p in parts]
+        ray = np.unique(np.concatenate([o[0]["dropped"] for o in out]))
+        assert ray.tolist() == local.tolist()
+        edges = np.concatenate([o[1] for o in out])
+        parent = np.arange(n, dtype=np.int64)
+        union_pairs(parent, edges[:, 0], edges[:, 1])
+        assert component_labels(parent).tolist() == labels.tolist()
+        dropped[verify is None] = local
+    assert len(dropped[True]) > 100 and 30 < len(dropped[False]) < len(dropped[True]) - 50
+    assert (family[dropped[False]] == family[earliest[dropped[False]]]).all()
 
 
 def test_union_pairs_matches_a_plain_union_find() -> None:
@@ -293,3 +347,42 @@ def test_exact_dedup_keeps_the_first_copy() -> None:
     assert [d.doc_id for d in block.process(docs)] == ["0", "1", "3"]
     assert [e.detail for e in block.examples["duplicate"]] == ["same text as 0", "same text as 1"]
     assert block.report()["distinct"] == 3
+
+
+def test_ray_map_and_reduce_tasks_drop_what_fuzzy_dedup_drops(tmp_path) -> None:
+    """The ray executor's fuzzy-dedup task functions, called without Ray on two part files:
+    ``band_rows`` (signatures written per part), the shuffle's split, ``bucket_firsts``
+    verifying with `PartSignatures` — the same drops and clusters as `FuzzyDedup`."""
+    from shoestring.data.distributed.shuffle import bucket_firsts, concat_columns, split_columns
+    from shoestring.data.distributed.stages import PartSignatures, band_rows, make_rid, write_part
+
+    docs, planted = docs_with_planted_duplicates()
+    rng = np.random.default_rng(8)
+    for i in rng.choice(len(docs), 6, replace=False).tolist():  # J ≈ 0.5: candidates, kept
+        docs.append(Document(" ".join(edited_to(docs[i].text.split(), 0.5, rng)), "t", f"far{i}"))
+    block = FuzzyDedup(keep_examples=100)
+    kept = {d.doc_id for d in block.process(docs)}
+    rids = [make_rid(0, i) for i in range(len(docs))]
+    names = ["0000000-00000", "0000000-00001"]
+    half = len(docs) // 2
+    for name, lo, hi in ((names[0], 0, half), (names[1], half, len(docs))):
+        write_part(tmp_path / "parts" / f"{name}.parquet", rids[lo:hi], [d.text for d in docs[lo:hi]])
+    h = block.hasher
+    mapped = [band_rows((str(tmp_path / "parts" / f"{n}.parquet"), np.zeros(0, np.int64),
+                         str(tmp_path), None, (h.num_perm, h.ngram, h.seed, h.bands)))
+              for n in names]
+    signatures = PartSignatures(str(tmp_path), names)
+    out = [bucket_firsts(p, signatures, block.threshold)
+           for p in split_columns(concat_columns(mapped), "k1", 3)]
+    dropped = np.unique(np.concatenate([o[0]["dropped"] for o in out]))
+    assert [docs[rids.index(r)].doc_id for r in dropped.tolist()] == \
+        [d.doc_id for d in docs if d.doc_id not in kept]
+    assert planted <= {d.doc_id for d in docs} - kept and len(kept) == len(docs) - len(planted)
+    # The clusters: the driver's count over the reduce tasks' edges (sparse row ids) is the
+    # local run's, by the same `Clusters`.
+    nodes = np.unique(np.concatenate([np.concatenate([o[0]["dropped"], o[0]["owners"]])
+                                      for o in out]))
+    clusters = Clusters(nodes)
+    for o in out:
+        clusters.link(o[1][:, 0], o[1][:, 1])
+    assert clusters.sizes() == block.cluster_sizes == {2: len(planted)}

@@ -63,13 +63,25 @@ def corpora(tmp_path_factory: pytest.TempPathFactory) -> dict:
 def test_prep_keeps_a_dedup_index_recorded_in_the_manifest(corpora: dict) -> None:
     data = corpora["tmp"] / "OLD"
     entry = json.loads((data / "manifest.json").read_text())["dedup_index"]
-    assert entry["format"] == 1 and entry["exact"]["documents"] == 30
-    assert {k: entry["minhash"][k] for k in ("ngram", "bands", "rows", "seed", "documents")} == \
-        {"ngram": 5, "bands": 14, "rows": 8, "seed": 1, "documents": 30}
-    assert set(entry["files"]) == {"dedup/index.json", "dedup/exact.npy", "dedup/minhash.npy"}
+    assert entry["format"] == 2 and entry["exact"]["documents"] == 30
+    assert {k: entry["minhash"][k] for k in ("ngram", "bands", "rows", "seed", "threshold",
+                                             "documents")} == \
+        {"ngram": 5, "bands": 28, "rows": 4, "seed": 1, "threshold": 0.65, "documents": 30}
+    assert set(entry["files"]) == {"dedup/index.json", "dedup/exact.npy", "dedup/minhash.npy",
+                                   "dedup/minhash_ids.npy", "dedup/signatures.npy"}
     for name, info in entry["files"].items():
         assert hashlib.sha256((data / name).read_bytes()).hexdigest() == info["sha256"]
-    assert np.load(data / "dedup" / "minhash.npy").shape == (14, 30)
+    assert np.load(data / "dedup" / "minhash.npy").shape == (28, 30)
+    ids = np.load(data / "dedup" / "minhash_ids.npy")
+    assert ids.shape == (28, 30) and all(sorted(r) == list(range(30)) for r in ids.tolist())
+    sig = np.load(data / "dedup" / "signatures.npy")
+    assert sig.shape == (30, 112)
+    # Each band: the keys of the signatures, sorted, with their documents beside them.
+    keys = FuzzyDedup().hasher.band_keys(sig).T
+    for b in range(28):
+        order = np.argsort(keys[b], kind="stable")
+        assert (np.load(data / "dedup" / "minhash.npy")[b] == keys[b][order]).all()
+        assert (ids[b] == order).all()
     keys = np.load(data / "dedup" / "exact.npy")
     assert keys.shape == (30, 2) and (np.diff(keys[:, 0].astype(np.float64)) >= 0).all()
 
@@ -111,10 +123,17 @@ def test_dedup_against_errors(corpora: dict) -> None:
     manifest = json.loads((unindexed / "manifest.json").read_text())
     del manifest["dedup_index"]
     (unindexed / "manifest.json").write_text(json.dumps(manifest))
+    format1 = tmp / "OLD-format1"  # an index of band keys only, from before verification
+    shutil.copytree(tmp / "OLD", format1)
+    manifest = json.loads((format1 / "manifest.json").read_text())
+    manifest["dedup_index"]["format"] = 1
+    (format1 / "manifest.json").write_text(json.dumps(manifest))
     cases = [
         (["--dedup", "fuzzy", "--dedup-against", str(unindexed)], "has no dedup index"),
+        (["--dedup", "fuzzy", "--dedup-against", str(format1)], "has format 1; this "
+         "shoestring reads format 2"),
         (["--dedup", "fuzzy", "--dedup-against", str(tmp / "OLD"), "--set",
-          "curate.minhash_bands=16"], "minhash_bands 14 there, 16 here"),
+          "curate.minhash_bands=16"], "minhash_bands 28 there, 16 here"),
         (["--dedup", "none", "--dedup-against", str(tmp / "OLD")], "needs dedup on"),
         (["--dedup", "exact", "--dedup-against", str(tmp)], "not a shoestring data dir"),
     ]
@@ -138,7 +157,7 @@ def index_of(tmp: Path, docs: list[Document], fuzzy: bool) -> DedupIndex:
     minhash = {**blocks[1].settings(), "documents": blocks[1].indexed} if fuzzy else None
     entry = finish(folder, exact.report()["distinct"], minhash)
     (tmp / "manifest.json").write_text(json.dumps({"dedup_index": entry, "fingerprint": "x"}))
-    settings = {"ngram": 5, "bands": 14, "rows": 8, "seed": 1}
+    settings = {"ngram": 5, "bands": 28, "rows": 4, "seed": 1}
     return DedupIndex.open(tmp, settings if fuzzy else None)
 
 
@@ -168,4 +187,4 @@ def test_an_exact_only_index_cannot_serve_fuzzy_dedup(tmp_path: Path) -> None:
             enumerate(random_texts(np.random.default_rng(2), 5))]
     index_of(tmp_path, docs, fuzzy=False)
     with pytest.raises(ShoestringError, match="without --dedup fuzzy"):
-        DedupIndex.open(tmp_path, {"ngram": 5, "bands": 14, "rows": 8, "seed": 1})
+        DedupIndex.open(tmp_path, {"ngram": 5, "bands": 28, "rows": 4, "seed": 1})

@@ -495,8 +495,12 @@ class CurateConfig(_Section):
     )
 
     minhash_ngram: int = Field(5, ge=1, le=64, description="fuzzy dedup shingles: word n-grams")
-    minhash_bands: int = Field(14, ge=1, le=512, description="LSH bands")
-    minhash_rows: int = Field(8, ge=1, le=64, description="MinHash values per band")
+    minhash_bands: int = Field(28, ge=1, le=512, description="LSH bands (28 x 4: a pair at "
+                               "Jaccard 0.7 is a candidate with probability 0.9995)")
+    minhash_rows: int = Field(4, ge=1, le=64, description="MinHash values per band")
+    minhash_threshold: float = Field(
+        0.65, ge=0.0, le=1.0, description="fuzzy dedup drops a candidate pair only when their "
+        "signatures agree on at least this fraction of values (estimated Jaccard; 0: plain LSH)")
     minhash_seed: int = Field(1, ge=0, description="seed of the MinHash permutations")
 
     decontam_mode: Literal["cut", "drop"] = Field(

@@ -6,14 +6,21 @@ kept — never their text:
 - ``exact.npy``: the 128-bit exact-dedup key (``dedup.text_key``) of every kept distinct
   text, as ``(n, 2)`` uint64 rows (high, low), sorted: 16 bytes per document;
 - ``minhash.npy`` (``--dedup fuzzy`` only): the LSH band keys of every document fuzzy dedup
-  kept, ``(bands, n)`` uint64 with each band's row sorted: 8 bytes per band per document
-  (112 bytes with 14 bands);
+  saw, ``(bands, n)`` uint64 with each band's row sorted (equal keys in input order): 8
+  bytes per band per document (224 bytes with 28 bands);
+- ``minhash_ids.npy``: beside each sorted key, the document it belongs to (its position in
+  input order), ``(bands, n)`` uint32: 4 bytes per band per document (112 with 28 bands);
+- ``signatures.npy``: every such document's MinHash signature, ``(n, num_perm)`` uint32
+  in input order, to verify a candidate pair: 448 bytes per document with 112 values;
 - ``index.json``: the format version, the counts and the MinHash settings the keys depend
-  on (shingle n-gram, bands, rows, seed).
+  on (shingle n-gram, bands, rows, seed), and the verification threshold used (for the
+  record: a later run may verify at another).
 
 The manifest records the folder (``dedup_index``: the files with their sha256). A later
 ``prep NEW --dedup-against OLD`` opens the arrays memory-mapped and looks every new key up
-with a binary search, so it reads neither OLD's text nor its index into memory.
+with a binary search (the first of equal keys names OLD's first document of that bucket,
+whose signature row is then read to verify the pair), so it reads neither OLD's text nor
+its index into memory.
 
 The keys are computed where the dedup blocks run: after cleaning and the quality filters,
 before decontamination; a document decontamination later removed is still in the index.
@@ -33,26 +40,31 @@ import numpy as np
 from shoestring.errors import ShoestringError
 from shoestring.fsutil import write_json_atomic
 
-FORMAT = 1
+FORMAT = 2  # 2: band keys with their documents, and signatures (verification)
 DIR = "dedup"
 EXACT_FILE = "exact.npy"
 MINHASH_FILE = "minhash.npy"
+IDS_FILE = "minhash_ids.npy"
+SIGNATURES_FILE = "signatures.npy"
 INDEX_FILE = "index.json"
 MINHASH_SETTINGS = ("ngram", "bands", "rows", "seed")
 _LOW = (1 << 64) - 1
 
 
-def save_array_atomic(path: Path, shape: tuple[int, ...], rows: Iterable[np.ndarray]) -> None:
-    """Write a uint64 ``.npy`` of ``shape`` from its rows in order (memory: one row), through
-    a temporary sibling, so ``path`` is never half-written."""
+def save_array_atomic(path: Path, shape: tuple[int, ...], rows: Iterable[np.ndarray],
+                      dtype: type = np.uint64) -> None:
+    """Write a ``.npy`` of ``shape`` from its rows in order — one row, or a block of rows
+    when an item has as many dimensions as ``shape`` (memory: one item) — through a
+    temporary sibling, so ``path`` is never half-written."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     try:
-        out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint64, shape=shape)
+        out = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=shape)
         at = 0
         for row in rows:
-            out[at] = row
-            at += 1
+            k = len(row) if np.ndim(row) == len(shape) else 1
+            out[at : at + k] = row
+            at += k
         out.flush()
         del out
         os.replace(tmp, path)
@@ -70,6 +82,36 @@ def save_exact(folder: Path, keys: Iterable[int], n: int) -> None:
     save_array_atomic(folder / EXACT_FILE, (n, 2), (table[i] for i in order))
 
 
+def save_minhash_index(folder: Path, band_files: list[Path], sig: np.ndarray, n: int) -> None:
+    """``minhash.npy``, ``minhash_ids.npy`` and ``signatures.npy`` of the ``n`` documents
+    whose band keys are in ``band_files`` (a raw uint64 file per band, input order) and
+    whose signatures are ``sig`` (memory: one band's keys and sort order at a time)."""
+    if n >= 1 << 32:
+        raise ShoestringError(f"{n:,} documents: the dedup index numbers them with 32 bits",
+                              where="--dedup fuzzy", fix="prep the corpus in parts")
+
+    raw = folder / (IDS_FILE + ".raw")  # each band's sort order, while its keys are written
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        with open(raw, "wb") as ids:
+            def sorted_keys(path: Path) -> np.ndarray:
+                keys = np.fromfile(path, dtype=np.uint64, count=n)
+                order = np.argsort(keys, kind="stable")  # equal keys stay in input order
+                order.astype(np.uint32).tofile(ids)
+                return keys[order]
+
+            save_array_atomic(folder / MINHASH_FILE, (len(band_files), n),
+                              (sorted_keys(p) for p in band_files))
+        save_array_atomic(folder / IDS_FILE, (len(band_files), n),
+                          (np.fromfile(raw, dtype=np.uint32, count=n, offset=4 * n * b)
+                           for b in range(len(band_files))), np.uint32)
+    finally:
+        raw.unlink(missing_ok=True)
+    step = 1 << 16
+    save_array_atomic(folder / SIGNATURES_FILE, (n, sig.shape[1]),
+                      (np.asarray(sig[at : at + step]) for at in range(0, n, step)), np.uint32)
+
+
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -83,9 +125,12 @@ def finish(folder: Path, exact_docs: int, minhash: dict[str, int] | None) -> dic
 
     ``minhash``: the fuzzy block's settings and kept-document count (None without fuzzy)."""
     index = {"format": FORMAT, "exact": {"file": EXACT_FILE, "documents": exact_docs},
-             "minhash": None if minhash is None else {"file": MINHASH_FILE, **minhash}}
+             "minhash": None if minhash is None else {
+                 "file": MINHASH_FILE, "ids": IDS_FILE, "signatures": SIGNATURES_FILE,
+                 **minhash}}
     write_json_atomic(folder / INDEX_FILE, index)
-    names = [INDEX_FILE, EXACT_FILE] + ([MINHASH_FILE] if minhash is not None else [])
+    names = [INDEX_FILE, EXACT_FILE] + (
+        [MINHASH_FILE, IDS_FILE, SIGNATURES_FILE] if minhash is not None else [])
     return {**index, "dir": DIR,
             "files": {f"{DIR}/{n}": {"bytes": (folder / n).stat().st_size,
                                      "sha256": _sha256(folder / n)} for n in names}}
@@ -95,11 +140,13 @@ class DedupIndex:
     """An earlier data dir's dedup index, memory-mapped, for ``--dedup-against``."""
 
     def __init__(self, path: Path, fingerprint: str, index: dict[str, Any],
-                 exact: np.ndarray, minhash: np.ndarray | None) -> None:
+                 exact: np.ndarray,
+                 minhash: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> None:
         self.path, self.fingerprint, self.index = path, fingerprint, index
         self._hi = exact[:, 0]
         self._lo = exact[:, 1]
-        self.minhash = minhash
+        # (bands, n) sorted keys, their documents, (n, num_perm) signatures; memory-mapped
+        self.minhash, self.minhash_ids, self.signatures = minhash or (None, None, None)
 
     @classmethod
     def open(cls, path: str | Path, minhash: dict[str, int] | None) -> DedupIndex:
@@ -136,7 +183,7 @@ class DedupIndex:
 
     @staticmethod
     def _open_minhash(root: Path, folder: Path, entry: dict[str, Any], want: dict[str, int],
-                      where: str) -> np.ndarray:
+                      where: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         have = entry.get("minhash")
         if have is None:
             raise ShoestringError(
@@ -150,7 +197,8 @@ class DedupIndex:
                 f"{root}'s MinHash settings differ from this run's: {shown}", where=where,
                 fix="use the same settings (--set " + " --set ".join(
                     f"curate.minhash_{k}={have[k]}" for k in differ) + f"), or re-prep {root}")
-        return np.load(folder / MINHASH_FILE, mmap_mode="r")
+        return tuple(np.load(folder / name, mmap_mode="r")  # type: ignore[return-value]
+                     for name in (MINHASH_FILE, IDS_FILE, SIGNATURES_FILE))
 
     def __len__(self) -> int:
         return len(self._hi)
@@ -162,18 +210,24 @@ class DedupIndex:
         b = int(np.searchsorted(self._hi, hi, "right"))
         return bool(a < b and (self._lo[a:b] == lo).any())
 
-    def band_hits(self, keys: np.ndarray) -> np.ndarray:
-        """Mask of the rows of ``keys`` (``(n, bands)`` band keys) that share a band with an
-        indexed document."""
-        hit = np.zeros(len(keys), dtype=bool)
+    def band_owners(self, keys: np.ndarray) -> np.ndarray:
+        """Per row of ``keys`` (``(n, bands)`` band keys) and band: the first indexed
+        document (input order) of that bucket, or -1 where none is indexed."""
+        owner = np.full(keys.shape, -1, dtype=np.int64)
         if self.minhash is None or not self.minhash.shape[1]:
-            return hit
+            return owner
         last = self.minhash.shape[1] - 1
         for b in range(keys.shape[1]):
             row = self.minhash[b]
-            at = np.minimum(np.searchsorted(row, keys[:, b]), last)
-            hit |= row[at] == keys[:, b]
-        return hit
+            at = np.minimum(np.searchsorted(row, keys[:, b]), last)  # first of equal keys
+            hit = row[at] == keys[:, b]
+            owner[hit, b] = self.minhash_ids[b][at[hit]]
+        return owner
+
+    def signature_rows(self, ids: np.ndarray) -> np.ndarray:
+        """The signatures of indexed documents ``ids`` (read from the memory map)."""
+        assert self.signatures is not None
+        return np.asarray(self.signatures[np.asarray(ids, dtype=np.int64)])
 
 
 def open_against(paths: list[str], minhash: dict[str, int] | None) -> list[DedupIndex]:

@@ -10,7 +10,9 @@ read           Ray Data map, one task per source: read, clean, the stateless blo
                before the first stateful one (filters); parts of ``part_docs`` documents
 stateful       each stateful block by its registered shuffle (``SHUFFLES``): exact dedup
 blocks         = buckets of the 128-bit text key; fuzzy dedup = MinHash signatures in map
-               tasks, buckets of (band, band key), connected components (``shuffle``)
+               tasks, buckets of (band, band key) whose pairs are verified on the
+               signatures (``shuffle``); clusters counted on the driver by the local
+               run's union-find (``curate.minhash.Clusters``)
 final          Ray Data map per part: drop what the dedup stages dropped, run the
                stateless blocks after them (decontamination, its n-gram index broadcast
                once), mark validation documents by content hash
@@ -37,6 +39,7 @@ import shutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -47,7 +50,7 @@ from shoestring.data.curate.blocks import Block, BlockStats
 from shoestring.data.curate.normalize import Clean
 from shoestring.data.distributed import stages
 from shoestring.data.distributed.session import WHERE, ray_session
-from shoestring.data.distributed.shuffle import bucket_firsts, components, shuffle
+from shoestring.data.distributed.shuffle import bucket_firsts, cluster_sizes, shuffle
 from shoestring.data.driver import MIN_VAL_DOCUMENTS, Driver, Split
 from shoestring.data.executor import WORK_DIR, Journal, PrepPlan, fault_point
 from shoestring.data.shards import token_dtype
@@ -461,8 +464,6 @@ class RayStages:
             "parts": len(self._kept_names()),
             "shuffle_partitions": self.partitions,
             "tokenizer_sample": self.state.get("tokenizer_sample"),
-            "components_iterations": {k: v["iterations"] for k, v in self.state.items()
-                                      if isinstance(v, dict) and "iterations" in v},
         }
 
     # --- the stateful blocks' shuffles ---------------------------------------------------
@@ -484,27 +485,27 @@ class RayStages:
 
     def fuzzy_dedup(self, block: Block, src: str, parts: list[dict], dropped_ref: Any,
                     rows: int) -> tuple[dict, np.ndarray, dict]:
-        """Fuzzy dedup: signatures in map tasks, (band, key) buckets, connected components."""
+        """Fuzzy dedup: signatures in map tasks, verified (band, key) buckets, clusters."""
         hasher = block.hasher  # type: ignore[attr-defined]
         seed = self.curate_cfg.minhash_seed if self.curate_cfg else 1
         args = (hasher.num_perm, hasher.ngram, seed, hasher.bands)
+        verify = partial(bucket_firsts, threshold=block.threshold,  # type: ignore[attr-defined]
+                         signatures=stages.PartSignatures(str(self.work),
+                                                          [p["name"] for p in parts]))
         out = shuffle(stages.band_rows, self._inputs(src, parts, dropped_ref, args),
-                      "k1", self.partitions, bucket_firsts, reduce_returns=2, **self.retry)
+                      "k1", self.partitions, verify, reduce_returns=2, **self.retry)
         summaries = self._core([o[0] for o in out])
         dropped = np.unique(np.concatenate([s["dropped"] for s in summaries]))
-        edges = [o[1] for o in out]
-        if len(dropped):
-            comps = components(edges, self.partitions, **self.retry)
-        else:
-            comps = {"clusters": 0, "cluster_sizes": {}, "iterations": 0}
+        sizes = cluster_sizes(summaries, [o[1] for o in out])
         report = _report(block, rows, len(dropped), "near_duplicate")
         report |= {
-            "clusters": comps["clusters"],
-            "cluster_sizes": {str(k): v for k, v in comps["cluster_sizes"].items()},
+            "clusters": sum(sizes.values()),
+            "cluster_sizes": {str(k): v for k, v in sizes.items()},
             "indexed": sum(s["rows"] for s in summaries) // hasher.bands,
             "bands": hasher.bands, "rows": hasher.rows, "ngram": hasher.ngram,
+            "threshold": block.threshold,  # type: ignore[attr-defined]
         }
-        return report, dropped, {"iterations": comps["iterations"]}
+        return report, dropped, {}
 
 
 def _report(block: Block, docs_in: int, dropped: int, reason: str) -> dict:

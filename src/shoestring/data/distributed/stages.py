@@ -296,7 +296,8 @@ def exact_rows(arg: tuple) -> dict[str, np.ndarray]:
 
 def band_rows(arg: tuple) -> dict[str, np.ndarray]:
     """(k0, k1) = (band, LSH band key) of every band of every row with a word; ``hasher``:
-    the fuzzy dedup block's `MinHasher` arguments (num_perm, ngram, seed, bands)."""
+    the fuzzy dedup block's `MinHasher` arguments (num_perm, ngram, seed, bands). Writes
+    the part's signatures for the reduce tasks' verification (`PartSignatures`)."""
     from shoestring.data.curate.minhash import BATCH, MinHasher
 
     path, dropped, work, fault, hasher = arg
@@ -307,17 +308,80 @@ def band_rows(arg: tuple) -> dict[str, np.ndarray]:
     rids = part["rid"][keep].astype(np.int64)
     hasher = MinHasher(*hasher)  # its own scratch buffer (a broadcast one is read-only)
     bands = hasher.bands
-    out_k0, out_k1, out_rid = [], [], []
+    out_k0, out_k1, out_rid, sigs = [], [], [], []
     for i in range(0, len(texts), BATCH):  # FuzzyDedup's own batches of its own keys
-        keys, has = hasher.text_band_keys(texts[i : i + BATCH])
+        sig, has = hasher.text_signatures(texts[i : i + BATCH])
+        keys = hasher.band_keys(sig)
+        sigs.append(sig)
         out_k0.append(np.tile(np.arange(bands, dtype=np.uint64), len(keys)))
         out_k1.append(keys.reshape(-1))
         out_rid.append(np.repeat(rids[i : i + BATCH][has], bands))
+    sig_rids = (np.concatenate(out_rid)[::bands] if out_rid else np.zeros(0, np.int64))
+    PartSignatures.write(Path(work), Path(path).stem, sig_rids,
+                         np.concatenate(sigs) if sigs else np.zeros((0, hasher.num_perm),
+                                                                    np.uint32))
     if not out_rid:
         z = np.zeros(0, np.uint64)
         return {"k0": z, "k1": z, "order": np.zeros(0, np.int64)}
     return {"k0": np.concatenate(out_k0), "k1": np.concatenate(out_k1),
             "order": np.concatenate(out_rid)}
+
+
+class PartSignatures:
+    """The signatures ``band_rows`` wrote, one pair of files per part
+    (``fuzzy-sig/NAME.rid.npy``: the part's row ids, sorted; ``NAME.sig.npy``: their
+    ``(rows, num_perm)`` uint32 signatures), looked up by row id in a reduce task:
+    ``signatures(rids)`` for ``verify_pairs``.
+
+    Parts hold disjoint ranges of row ids (a source's documents, cut in order), so a row id
+    finds its part by the parts' first ids and its row by a binary search in that part's
+    memory-mapped ids: memory per task is a few numbers per part, not per document."""
+
+    DIR = "fuzzy-sig"
+
+    def __init__(self, work: str, names: list[str]) -> None:
+        self.work, self.names = work, list(names)
+        self._open: tuple[np.ndarray, list[np.ndarray], list[np.ndarray]] | None = None
+
+    @classmethod
+    def write(cls, work: Path, name: str, rids: np.ndarray, sig: np.ndarray) -> None:
+        folder = work / cls.DIR
+        folder.mkdir(parents=True, exist_ok=True)
+        order = np.argsort(rids, kind="stable")
+        for suffix, array in (("rid", rids[order].astype(np.int64)),
+                              ("sig", sig[order].astype(np.uint32))):
+            buf = io.BytesIO()
+            np.save(buf, array)
+            write_bytes_atomic(folder / f"{name}.{suffix}.npy", buf.getvalue())
+
+    def __getstate__(self) -> dict:
+        return {"work": self.work, "names": self.names, "_open": None}
+
+    def _tables(self) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
+        if self._open is None:
+            folder = Path(self.work) / self.DIR
+            rids, sigs = [], []
+            for n in self.names:
+                r = np.load(folder / f"{n}.rid.npy", mmap_mode="r")
+                if len(r):
+                    rids.append(r)
+                    sigs.append(np.load(folder / f"{n}.sig.npy", mmap_mode="r"))
+            order = np.argsort([int(r[0]) for r in rids]).tolist()
+            rids, sigs = [rids[k] for k in order], [sigs[k] for k in order]
+            self._open = (np.array([int(r[0]) for r in rids], dtype=np.int64), rids, sigs)
+        return self._open
+
+    def __call__(self, rids: np.ndarray) -> np.ndarray:
+        starts, part_rids, sigs = self._tables()
+        part = np.searchsorted(starts, rids, side="right") - 1
+        out = np.empty((len(rids), sigs[0].shape[1] if sigs else 0), dtype=np.uint32)
+        for k in np.unique(part).tolist():
+            sel = np.flatnonzero(part == k)
+            row = np.minimum(np.searchsorted(part_rids[k], rids[sel]), len(part_rids[k]) - 1)
+            if k < 0 or not np.array_equal(part_rids[k][row], rids[sel]):
+                raise ValueError(f"row ids without a signature in {self.work}/{self.DIR}")
+            out[sel] = sigs[k][row]
+        return out
 
 
 # --- tokenizer sample -------------------------------------------------------------------
