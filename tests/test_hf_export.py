@@ -117,6 +117,28 @@ def test_padding_mask_matches_ours(exported: tuple[Path, Path]) -> None:
     assert (a[mask] - b[mask]).abs().max().item() <= TOL
 
 
+def test_sequence_classifier_pools_the_mean_of_real_tokens(plain: tuple[Path, Path]) -> None:
+    """AutoModelForSequenceClassification on the export pools the mean of our encoder's
+    hidden states over the unpadded tokens (the export's ``classifier_pooling``), not [CLS]."""
+    run, out = plain
+    ours, meta = RunDir(run).load_final()
+    torch.manual_seed(0)
+    clf = transformers.AutoModelForSequenceClassification.from_pretrained(out, num_labels=3).eval()
+    ids = torch.randint(5, meta["vocab_size"], (2, 30), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    mask[1, 18:] = False
+    ids[1, 18:] = 0
+    with torch.no_grad():
+        hidden = ours.encode(ids, mask)
+        m = mask.unsqueeze(-1).float()
+        mean = (hidden * m).sum(1) / m.sum(1)
+        expected = clf.classifier(clf.head(mean))
+        cls = clf.classifier(clf.head(hidden[:, 0]))
+        logits = clf(input_ids=ids, attention_mask=mask.long()).logits
+    assert (logits - expected).abs().max().item() <= TOL
+    assert (logits - cls).abs().max().item() > 100 * TOL  # [CLS] pooling would differ
+
+
 def test_loading_reports_no_missing_or_unexpected_weights(plain: tuple[Path, Path]) -> None:
     _, out = plain
     theirs, info = _load_hf(out)

@@ -236,6 +236,11 @@ _FIXED: dict[str, Any] = {
     "embedding_dropout": 0.0,
     "mlp_dropout": 0.0,
     "classifier_dropout": 0.0,
+    # What a sequence classifier built from the export pools: the mean of the tokens, not
+    # [CLS] (ModernBERT's default). MLM pretraining never trains [CLS] as a summary, and
+    # through transformers' AutoModelForSequenceClassification mean pooling fine-tuned
+    # better (bench/hf_transfer.py; docs/export.md, "Fine-tuning the export").
+    "classifier_pooling": "mean",
     "local_attention": 128,  # unused: no sliding-window layers
     "sparse_prediction": False,
 }
