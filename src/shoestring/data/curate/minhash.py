@@ -419,7 +419,7 @@ class FuzzyDedup(Block):
             claimed = ([folder / f"claimed-{b:03d}.u8" for b in range(self.hasher.bands)]
                        if self.against else None)
             sig = self._signatures(folder, n)
-            earliest, labels = band_collisions(bands, n, lambda ids: sig[ids], self.threshold,
+            earliest, labels = band_collisions(bands, n, sig.__getitem__, self.threshold,
                                                claimed)
             self.indexed = n
             self.cluster_sizes = cluster_histogram(labels)
