@@ -302,12 +302,19 @@ def run_datatrove(texts: list[str], seed: int = 1) -> tuple[float, set[tuple[int
     return seconds, pairs, dropped
 
 
+def fmix32(h: np.ndarray) -> np.ndarray:
+    """MurmurHash3's 32-bit finalizer on a uint32 array (returns a new array)."""
+    h = h ^ (h >> np.uint32(16))
+    h *= np.uint32(0x85EBCA6B)
+    h ^= h >> np.uint32(13)
+    h *= np.uint32(0xC2B2AE35)
+    return h ^ (h >> np.uint32(16))
+
+
 def numpy_signatures(values: np.ndarray, lengths: np.ndarray, num_perm: int = 112,
                      seed: int = 1, chunk: int = 4096) -> np.ndarray:
     """The signature code shoestring had before rensa replaced it (kept here to measure
     the choice): datasketch's affine32 permutations in numpy, reduced per document."""
-    from shoestring.data.curate.text import fmix32
-
     gen = np.random.RandomState(seed)
     a = (gen.randint(0, 1 << 31, num_perm, dtype=np.uint32) * np.uint32(2) + np.uint32(1))[:, None]
     b = gen.randint(0, 1 << 32, num_perm, dtype=np.uint32)[:, None]

@@ -40,6 +40,18 @@ def write_jsonl_corpus(path: Path, n_docs: int = 80, field: str = "text") -> Pat
     return path
 
 
+def write_split(root: Path, split: str, rows, dtype, rows_per_shard: int) -> dict:
+    """``rows`` as shards of ``rows_per_shard`` sequences, written by prep's own
+    ``write_shard``; returns the split's manifest entry (what ``PackedSplit`` reads)."""
+    from dataclasses import asdict
+
+    from shoestring.data.shards import write_shard
+
+    shards = [asdict(write_shard(root, split, k, rows[at : at + rows_per_shard], dtype))
+              for k, at in enumerate(range(0, len(rows), rows_per_shard))]
+    return {"sequences": len(rows), "tokens": int(rows.size), "shards": shards}
+
+
 def write_tie_corpus(path: Path, n_docs: int = 100) -> Path:
     """JSON lines whose WordPiece training is all ties: 144 two-letter words ("w" + "a",
     ..., "z" + "9"), each once per document. Every pair (initial, ##c) is equally frequent

@@ -120,13 +120,14 @@ def test_signatures_are_rensas_r_minhash_of_the_shingle_hashes() -> None:
     agrees with the batch one prep uses)."""
     from rensa import RMinHash
 
-    words = T.words("The quick brown fox jumps over the lazy dog, again and again and again.")
+    text = "The quick brown fox jumps over the lazy dog, again and again and again."
     hasher = MinHasher(num_perm=112, seed=3)
-    values = hasher.shingle_hashes(" ".join(words))
-    sig, has = hasher.signatures_from_hashes([values])
+    values, lengths = hasher.batch_shingle_hashes([text])
+    sig, has = hasher.signatures([text])
     peer = RMinHash.digest_matrix_from_token_hash_sets([[int(v) for v in values]], 112, 3)
+    assert lengths[0] == len(values) == len(T.words(text)) - 4
     assert has[0] and np.array_equal(sig[0], np.asarray(peer.to_rows()[0], dtype=np.uint32))
-    other, _ = MinHasher(num_perm=112, seed=4).signatures_from_hashes([values])
+    other, _ = MinHasher(num_perm=112, seed=4).signatures([text])
     assert not np.array_equal(sig[0], other[0])  # the seed draws the permutations
 
 

@@ -12,7 +12,9 @@ import torch
 
 from shoestring.data.datadir import DataDir
 from shoestring.data.loader import BatchLoader, Cursor
-from shoestring.data.shards import PackedSplit, ShardWriter, token_dtype
+from shoestring.data.shards import PackedSplit, token_dtype
+
+from conftest import write_split
 from shoestring.errors import ShoestringError
 
 N, SEQ = 103, 8  # a prime number of rows: batches straddle epoch boundaries
@@ -23,9 +25,8 @@ def split(tmp_path_factory: pytest.TempPathFactory) -> PackedSplit:
     """Row i holds i (then i+1, ...), so a batch's first column names its rows."""
     root = tmp_path_factory.mktemp("loader")
     rows = np.arange(N)[:, None] + np.arange(SEQ)[None, :]
-    writer = ShardWriter(root, "train", token_dtype(1000), shard_tokens=SEQ * 10)
-    writer.add(rows)
-    return PackedSplit(root, writer.close(), SEQ, token_dtype(1000).str, verify="sha256")
+    info = write_split(root, "train", rows, token_dtype(1000), rows_per_shard=10)
+    return PackedSplit(root, info, SEQ, token_dtype(1000).str, verify="sha256")
 
 
 def _ids(batches: list[torch.Tensor]) -> list[list[int]]:
@@ -184,9 +185,7 @@ def test_unknown_verify_mode(data_copy: Path) -> None:
 def test_take_gathers_any_rows_across_shards_in_order(tmp_path: Path) -> None:
     """Rows in any order, repeated, from many shards (uint32 tokens), into a given buffer."""
     rows = np.arange(57)[:, None] * 100_000 + np.arange(SEQ)[None, :]  # ids above 2^16
-    writer = ShardWriter(tmp_path, "train", token_dtype(1 << 24), shard_tokens=SEQ * 4)
-    writer.add(rows)
-    info = writer.close()
+    info = write_split(tmp_path, "train", rows, token_dtype(1 << 24), rows_per_shard=4)
     assert len(info["shards"]) == 15
     split = PackedSplit(tmp_path, info, SEQ, token_dtype(1 << 24).str)
     idx = np.array([56, 0, 13, 13, 4, 55, 29, 3, 0])

@@ -8,7 +8,9 @@ import pytest
 
 from shoestring.data.datadir import DataDir
 from shoestring.data.prep import is_validation, pack_mlm
-from shoestring.data.shards import PackedSplit, ShardWriter, token_dtype
+from shoestring.data.shards import PackedSplit, token_dtype
+
+from conftest import write_split
 from shoestring.errors import ShoestringError
 
 
@@ -22,10 +24,7 @@ def test_dtype_follows_vocab_size() -> None:
 def test_round_trip_across_shards(tmp_path: Path, vocab: int) -> None:
     rng = np.random.default_rng(0)
     rows = rng.integers(0, vocab, size=(1000, 32))
-    writer = ShardWriter(tmp_path, "train", token_dtype(vocab), shard_tokens=32 * 128)
-    writer.add(rows[:400])
-    writer.add(rows[400:])
-    info = writer.close()
+    info = write_split(tmp_path, "train", rows, token_dtype(vocab), rows_per_shard=128)
     assert info["sequences"] == 1000 and info["tokens"] == 32_000
     assert len(info["shards"]) == 8  # 128 sequences per shard, last one partial
     split = PackedSplit(tmp_path, info, 32, token_dtype(vocab).str, verify=True)
@@ -38,9 +37,8 @@ def test_round_trip_across_shards(tmp_path: Path, vocab: int) -> None:
 
 
 def _small_split(tmp_path: Path) -> dict:
-    writer = ShardWriter(tmp_path, "val", token_dtype(100), shard_tokens=1 << 20)
-    writer.add(np.arange(64).reshape(4, 16) % 100)
-    return writer.close()
+    return write_split(tmp_path, "val", np.arange(64).reshape(4, 16) % 100, token_dtype(100),
+                       rows_per_shard=4)
 
 
 def test_truncated_shard_is_named(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ Files are written to a temporary name and renamed, so a shard is complete or abs
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -78,43 +78,6 @@ def shard_intact(root: Path, info: dict) -> bool:
         if not path.is_file() or file_sha256(path) != info[f"sha256_{key}"]:
             return False
     return True
-
-
-class ShardWriter:
-    """Accumulates fixed- or variable-length sequences and writes bounded-size shards."""
-
-    def __init__(self, root: Path, split: str, dtype: np.dtype, shard_tokens: int) -> None:
-        self.root = root
-        self.split = split
-        self.dtype = dtype
-        self.shard_tokens = shard_tokens
-        (root / split).mkdir(parents=True, exist_ok=True)
-        self.shards: list[ShardInfo] = []
-        self._pending: list[np.ndarray] = []
-        self._pending_tokens = 0
-
-    def add(self, sequences: np.ndarray) -> None:
-        """Add a (n, seq_len) block of sequences."""
-        for row in sequences:
-            if self._pending_tokens + len(row) > self.shard_tokens and self._pending:
-                self._flush()
-            self._pending.append(row)
-            self._pending_tokens += len(row)
-
-    def _flush(self) -> None:
-        if not self._pending:
-            return
-        rows = np.stack(self._pending)
-        self.shards.append(write_shard(self.root, self.split, len(self.shards), rows, self.dtype))
-        self._pending, self._pending_tokens = [], 0
-
-    def close(self) -> dict:
-        self._flush()
-        return {
-            "sequences": sum(s.sequences for s in self.shards),
-            "tokens": sum(s.tokens for s in self.shards),
-            "shards": [asdict(s) for s in self.shards],
-        }
 
 
 class PackedSplit:

@@ -82,11 +82,6 @@ def evaluate_mlm(
     }
 
 
-def _run_data_dir(run_dir: Path) -> str:
-    """The run's data dir (kept for older callers: ``RunDir(run_dir).data_dir()``)."""
-    return RunDir(run_dir).data_dir()
-
-
 def evaluate_run(
     run_dir: str | Path,
     data_dir: str | Path | None = None,

@@ -89,10 +89,6 @@ class MinHasher:
         self.bands = bands
         self.rows = num_perm // bands
 
-    def shingle_hashes(self, text: str) -> np.ndarray:
-        """32-bit hashes of the word n-grams of ``text`` (duplicates kept: min ignores them)."""
-        return self.batch_shingle_hashes([text])[0]
-
     def signatures(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """(signatures ``(len(texts), num_perm)`` uint32, mask of texts that have a word).
 
@@ -128,14 +124,6 @@ class MinHasher:
             values = np.insert(values, at, extra)
         return (values >> np.uint64(32)).astype(np.uint32), lengths
 
-    def signatures_from_hashes(
-        self, per_doc: Sequence[np.ndarray]
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Signatures from each document's 32-bit shingle hashes (see ``signatures``)."""
-        lengths = np.fromiter((len(h) for h in per_doc), dtype=np.int64, count=len(per_doc))
-        values = np.concatenate([np.asarray(h, dtype=np.uint32) for h in per_doc] or [[]])
-        return self._signatures(values.astype(np.uint32, copy=False), lengths)
-
     def _signatures(self, values: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         from rensa import RMinHash
 
@@ -164,11 +152,6 @@ class MinHasher:
             acc += bands[:, :, r] * _BAND_MULT[r]
         acc += np.arange(self.bands, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
         return fmix64(acc)
-
-
-def jaccard_estimate(sig_a: np.ndarray, sig_b: np.ndarray) -> float:
-    """Fraction of equal signature values: an unbiased estimate of the shingle-set Jaccard."""
-    return float(np.mean(sig_a == sig_b))
 
 
 def candidate_probability(jaccard: float, bands: int, rows: int) -> float:

@@ -58,15 +58,6 @@ def fmix64(h: np.ndarray) -> np.ndarray:
     return h
 
 
-def fmix32(h: np.ndarray) -> np.ndarray:
-    """MurmurHash3's 32-bit finalizer on a uint32 array (returns a new array)."""
-    h = h ^ (h >> np.uint32(16))
-    h *= np.uint32(0x85EBCA6B)
-    h ^= h >> np.uint32(13)
-    h *= np.uint32(0xC2B2AE35)
-    return h ^ (h >> np.uint32(16))
-
-
 def ascii_lower(text: str) -> str:
     """Lowercase A-Z only: keeps the length, so character offsets stay valid."""
     return text.translate(_ASCII_LOWER)
@@ -238,8 +229,3 @@ def ngram_hashes_upto(
             out[n] = fmix64(acc + _U64(n)) if mix else acc + _U64(n)
     return out
 
-
-def str_ngram_hash(words_: list[str]) -> int:
-    """The ``ngram_hashes`` value of a list of words given as strings (for tests and tools)."""
-    wh = word_hashes(" ".join(words_))
-    return int(ngram_hashes(wh, len(words_))[0])
