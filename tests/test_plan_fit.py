@@ -5,7 +5,9 @@ points of the wiki-books calibration whose unconstrained fit was degenerate (BEN
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -71,25 +73,24 @@ def test_the_tied_law_predicts_a_new_run_inside_its_interval() -> None:
     assert inside >= 9  # of 10
 
 
-# The wiki-books calibration (BENCHMARKS.md, issue 35's run): held-out MLM loss of the five
-# smallest shapes (vocabulary 8192, sequences of 128; non-embedding N, FLOPs per token as
-# `shapes.candidates` counts them) at three levels. Unconstrained, approach 3 fitted
-# E = 9e-24, β = 0.093 and planned 2×64, below the top level's own best size (2×128).
-WIKI_N = (45312, 86400, 344832, 508928, 673024)
-WIKI_FLOPS_PER_TOKEN = (814656.0, 1158720.0, 3307776.0, 4487424.0, 5667072.0)
-WIKI_LOSS = {2.82e11: (6.729, 6.793, 6.968, 7.028, 7.063),
-             1.59e12: (6.192, 6.219, 6.332, 6.488, 6.575),
-             8.93e12: (5.556, 5.027, 4.956, 5.057, 5.204)}
+# The wiki-books calibration (BENCHMARKS.md, issue 35's run; bench/plan_refit.py prints its fit
+# from the same file): held-out MLM loss of the five smallest shapes (vocabulary 8192,
+# sequences of 128; non-embedding N, FLOPs per token as `shapes.candidates` counts them) at
+# three levels. Unconstrained, approach 3 fitted E = 9e-24, β = 0.093 and planned 2×64, below
+# the top level's own best size (2×128).
+WIKI = json.loads((Path(__file__).parents[1] / "bench" / "data"
+                   / "wiki-books-calibration.json").read_text(encoding="utf-8"))
+WIKI_N = tuple(s["params"] for s in WIKI["shapes"])
 
 
 def _wiki() -> tuple[list[float], ...]:
     n, d, loss, c = [], [], [], []
-    for budget, losses in WIKI_LOSS.items():
-        for ni, fpt, li in zip(WIKI_N, WIKI_FLOPS_PER_TOKEN, losses):
-            n.append(ni)
-            d.append(budget / fpt)
+    for level, losses in WIKI["losses"].items():
+        for shape, li in zip(WIKI["shapes"], losses):
+            n.append(shape["params"])
+            d.append(float(level) / shape["flops_per_token"])
             loss.append(li)
-            c.append(budget)
+            c.append(float(level))
     return n, d, loss, c
 
 
@@ -118,8 +119,7 @@ def test_the_wiki_points_plan_a_size_that_grows_with_compute() -> None:
     assert law.beta / (law.alpha + law.beta) == pytest.approx(front.a, abs=1e-6)
     # the plan: the size grows with compute, and past the calibration it is at least the top
     # level's own best (2×128, 344,832 non-embedding parameters)
-    data = {"seq_len": 128, "vocab_size": 8192, "train_tokens": 92_600_000,
-            "train_sequences": 723_000}
+    data = WIKI["data"]
     picks = []
     for budget in (8.93e12, 5e13, 3.06e14):
         sizing = size_for_flops(budget, "mlm", law, data, floor=False, frontier=front)
