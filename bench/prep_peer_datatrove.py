@@ -5,8 +5,9 @@ Run by bench/prep_scale.py ``--peer datatrove`` with the python of a separate ve
 datatrove's own MinHash example, with the settings shoestring uses:
 
 1. JsonlReader → GopherQualityFilter → GopherRepetitionFilter → JsonlWriter (the kept
-   documents) → MinhashDedupSignature (word 5-grams, 14 buckets × 8 hashes, seed 1: the
-   defaults of both); one task per input file;
+   documents) → MinhashDedupSignature (word 5-grams, ``--bands`` buckets × ``--rows``
+   hashes, seed 1; bench/prep_scale.py passes prep's own 28 × 4, datatrove's default is
+   14 × 8); one task per input file;
 2. MinhashDedupBuckets: one task per bucket;
 3. MinhashDedupCluster: one task;
 4. JsonlReader (the kept documents) → MinhashDedupFilter → DocumentTokenizer with the

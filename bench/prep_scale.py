@@ -32,6 +32,10 @@ recorded as three tables (``--record``).
     python bench/prep_scale.py --sizes 0.03,0.1      # a quick check
     python bench/prep_scale.py --sizes 0.03 --peer datatrove \\
         --peer-python /work/peers/datatrove-venv/bin/python
+
+The peer's venv (datatrove 0.10.1 when last run; its Gopher filters need spacy, its JSONL
+reader orjson): ``python3 -m venv /work/peers/datatrove-venv &&
+/work/peers/datatrove-venv/bin/pip install "datatrove[processing]" orjson spacy tokenizers``.
     python bench/prep_scale.py --json scale.json     # also write every figure as JSON
 """
 
@@ -53,6 +57,7 @@ from typing import Any
 import scale_corpus as SC
 from common import ROOT as REPO
 from common import SHARED, Bench, add_repeats, format_load, load_average, parser
+from shoestring.data.curate.minhash import BANDS, ROWS
 
 DEFAULT_CORPUS = SHARED / "corpora" / "wiki-books-en.jsonl.zst"
 DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "shoestring-bench"
@@ -297,7 +302,8 @@ def run_peer(corpus: Path, meta: dict, tokenizer: str, work: Path, args: argpars
     tmp = Path(tempfile.mkdtemp(prefix="dt-"))
     cmd = [args.peer_python, str(REPO / "bench" / "prep_peer_datatrove.py"),
            "--input", str(corpus / "shards"), "--work", str(peer_work),
-           "--tokenizer", tokenizer, "--workers", str(args.workers or 1), "--no-record"]
+           "--tokenizer", tokenizer, "--workers", str(args.workers or 1), "--no-record",
+           "--bands", str(BANDS), "--rows", str(ROWS)]  # prep's own LSH shape
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"TMPDIR": str(tmp)}
     before = load_avg()
     m = run_measured(cmd, work / "peer-datatrove.log", [peer_work, tmp], env, args.interval)
