@@ -38,8 +38,8 @@ ARCHITECTURE = "shoestring-classifier"
 Problem = Literal["classification", "regression"]
 Pooling = Literal["cls", "mean"]
 
-__all__ = ["ARCHITECTURE", "SequenceClassifier", "classifier_from_run", "encode_texts",
-           "load_classifier", "predict", "save_classifier"]
+__all__ = ["ARCHITECTURE", "SequenceClassifier", "encode_texts", "load_classifier", "predict",
+           "save_classifier"]
 
 
 class ClassifierHead(nn.Module):
@@ -92,22 +92,6 @@ class SequenceClassifier(nn.Module):
     def forward(self, ids: Tensor, key_mask: Tensor | None = None) -> Tensor:
         hidden = self.encoder.encode(ids, key_mask)
         return self.head(self.pool(hidden, key_mask))
-
-
-def classifier_from_run(
-    run_dir: str | Path, num_labels: int, pooling: Pooling = "cls", dropout: float = 0.1
-) -> tuple[SequenceClassifier, dict[str, Any]]:
-    """A fresh classifier on a trained run's encoder, and the run's meta (``base``)."""
-    from shoestring.rundir import RunDir
-
-    model, meta = RunDir(run_dir).load_final()
-    if not isinstance(model, MaskedLM):
-        raise ShoestringError(
-            f"fine-tuning needs an encoder (masked LM) run; this one is {meta.get('architecture')!r}",
-            where=str(run_dir),
-            fix="for decoder runs use the decoder evals (perplexity, multiple choice)",
-        )
-    return SequenceClassifier(model, num_labels, pooling, dropout), meta
 
 
 def save_classifier(
