@@ -30,6 +30,7 @@ from rich.console import Console
 
 from shoestring.device import DeviceInfo, select_device
 from shoestring.errors import ShoestringError
+from shoestring.eval.classifier import collate
 from shoestring.model.losses import causal_lm_loss
 from shoestring.progress import progress_bar
 from shoestring.rundir import RunDir
@@ -215,12 +216,8 @@ def multiple_choice(
                 seq = (ctx + cont)[-(seq_len + 1):]
                 rows.append(seq)
                 spans.append(min(len(cont), len(seq) - 1))
-            width = max(len(r) for r in rows) - 1
-            x = torch.zeros(len(rows), width, dtype=torch.long)
-            mask = torch.zeros(len(rows), width, dtype=torch.bool)
-            for i, r in enumerate(rows):  # right-padded: real tokens first
-                x[i, : len(r) - 1] = torch.tensor(r[:-1])
-                mask[i, : len(r) - 1] = True
+            inputs = [np.asarray(r[:-1], dtype=np.int64) for r in rows]
+            x, mask = collate(inputs, np.arange(len(rows)), 0)  # right-padded: real tokens first
             with device.autocast():
                 logits = model(x.to(device.device), mask.to(device.device))
             logp = logits.float().log_softmax(-1).cpu()
