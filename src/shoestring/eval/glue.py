@@ -214,20 +214,15 @@ def load_glue_task(
     if not root.is_dir():
         raise ShoestringError("GLUE directory not found", where=str(root), fix="check --glue")
     folder = _task_dir(root, task)
-    train_path = folder / "train.tsv"
-    if not train_path.is_file():
-        raise ShoestringError(
-            f"{task.folder} has no train.tsv", where=str(folder),
-            fix="download the task's train and dev files (official GLUE layout)",
-        )
-    for split, fname in task.evals:
+    files = (("train", "train.tsv"), *task.evals)
+    for split, fname in files:
         if not (folder / fname).is_file():
             raise ShoestringError(
-                f"{task.folder} has no {fname} ({split} set): nothing to evaluate on",
-                where=str(folder),
-                fix=f"download the task's dev files ({', '.join(f for _, f in task.evals)})",
+                f"{task.folder} has no {fname} (its {split} set)", where=str(folder),
+                fix=f"download the task's files ({', '.join(f for _, f in files)}; official "
+                "GLUE layout)",
             )
-    train, skipped_train = _read_split(task, train_path, max_train)
+    train, skipped_train = _read_split(task, folder / "train.tsv", max_train)
     evals, skipped = {}, {"train": skipped_train}
     for split, fname in task.evals:
         evals[split], skipped[split] = _read_split(task, folder / fname, None)

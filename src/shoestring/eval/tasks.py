@@ -149,7 +149,7 @@ def read_table(path: str | Path, fmt: str = "auto", quoting: str = "auto") -> li
         try:
             for r in reader:
                 # reader.line_num is the last physical line consumed by this row.
-                rows.append((reader.line_num - _extra_lines(r), r))
+                rows.append((reader.line_num - sum(f.count("\n") for f in r), r))
         except csv.Error as e:
             raise ShoestringError(f"malformed CSV ({e})", where=f"{path}:{reader.line_num}") from None
     else:
@@ -157,25 +157,19 @@ def read_table(path: str | Path, fmt: str = "auto", quoting: str = "auto") -> li
     return [(n, r) for n, r in rows if any(f.strip() for f in r)]
 
 
-def _extra_lines(fields: list[str]) -> int:
-    return sum(f.count("\n") for f in fields)
+_FORMATS = {".tsv": "tsv", ".tab": "tsv", ".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl",
+            ".json": "jsonl"}
 
 
 def _format_of(path: Path, fmt: str) -> str:
-    if fmt != "auto":
-        return fmt
     suffix = path.suffix.lower()
-    if suffix in (".tsv", ".tab"):
-        return "tsv"
-    if suffix == ".csv":
-        return "csv"
-    if suffix in (".jsonl", ".ndjson", ".json"):
-        return "jsonl"
-    raise ShoestringError(
-        f"cannot tell the file format from the extension {suffix!r}",
-        where=str(path),
-        fix="use .tsv, .csv or .jsonl, or set format: tsv|csv|jsonl in the task spec",
-    )
+    if fmt == "auto" and suffix not in _FORMATS:
+        raise ShoestringError(
+            f"cannot tell the file format from the extension {suffix!r}",
+            where=str(path),
+            fix="use .tsv, .csv or .jsonl, or set format: tsv|csv|jsonl in the task spec",
+        )
+    return _FORMATS[suffix] if fmt == "auto" else fmt
 
 
 # ---------------------------------------------------------------------------------------------
@@ -301,7 +295,8 @@ def read_columns(
     return rows, [_column_index(names, c, f"{path}:{hline}", column_fix) for c in cols], names
 
 
-def _column_index(names: list[str] | None, col: str | int | None, where: str, fix: str) -> int | None:
+def _column_index(names: list[str] | None, col: str | int | None, where: str,
+                  fix: str) -> int | None:
     if col is None or isinstance(col, int):
         return col
     if names is None:
