@@ -50,11 +50,6 @@ _WORD = re.compile(r"\S+")
 MB_PER_MB = 20
 
 
-def word_starts(text: str) -> np.ndarray:
-    """Character offsets where each word starts."""
-    return np.fromiter((m.start() for m in _WORD.finditer(text)), dtype=np.int64)
-
-
 def word_ids(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """(stream, words per text): every word as an int ≥ 1 (equal words, equal ids), each
     text followed by the separator 0. ``str.split()`` splits where ``\\S+`` does (both use
@@ -126,8 +121,8 @@ def cut_text(text: str, ranges: list[tuple[int, int]]) -> tuple[str, list[str]]:
     pieces, so the caller can count bytes and show examples."""
     if not ranges:
         return text, []
-    starts = word_starts(text)
-    bounds = np.append(starts, len(text))
+    starts = np.fromiter((m.start() for m in _WORD.finditer(text)), dtype=np.int64)
+    bounds = np.append(starts, len(text))  # where each word starts, then the end
     kept, pieces, at = [], [], 0
     for lo, hi in ranges:
         a, b = int(bounds[lo]), int(bounds[hi])
