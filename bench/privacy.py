@@ -214,7 +214,7 @@ def _measure(max_bytes: int, method: str, min_span: int) -> dict:
     if method == "shipped":
         from shoestring.data.curate.substring import find_repeats
 
-        cut = find_repeats(texts, min_span).cut
+        cut = find_repeats(texts, min_span)
         words = sum(hi - lo for c in cut for lo, hi in c)
     else:
         words = _grouping_cut_words(texts, min_span)

@@ -26,10 +26,12 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                  ("export", str(run), "-o", str(hf))):
         r = run_cli(*args)
         assert r.returncode == 0, r.stderr
-    from shoestring.eval.classifier import classifier_from_run, save_classifier
+    from shoestring.eval.classifier import SequenceClassifier, save_classifier
     from shoestring.model_repository import ModelRepository
+    from shoestring.rundir import RunDir
 
-    model, meta = classifier_from_run(run, num_labels=2)
+    encoder, meta = RunDir(run).load_final()
+    model = SequenceClassifier(encoder, num_labels=2)
     clf = save_classifier(root / "clf", model, meta, run / "final" / "tokenizer.json",
                           labels=["no", "yes"], problem="single_label_classification",
                           max_length=32)

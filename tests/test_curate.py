@@ -163,9 +163,9 @@ def test_normalize_and_length_blocks_count() -> None:
 
 def test_compressibility_check_counts_and_explains() -> None:
     check = Compressibility(0.3, keep_examples=1)
-    assert check.check(25, 100)
-    assert not check.check(40, 100, doc("x" * 100, "dense"))
-    assert not check.check(50, 100)
+    keep = check.check_batch([25, 40, 50], [100, 100, 100],
+                             [doc("a", "ok"), doc("x" * 100, "dense"), doc("b", "denser")])
+    assert keep.tolist() == [True, False, False]
     report = check.report()
     assert report["documents_in"] == 3 and report["documents_out"] == 1
     assert report["dropped"] == {"ratio_too_high": 2}

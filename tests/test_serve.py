@@ -284,14 +284,16 @@ def test_serves_the_hugging_face_export_identically(
 def test_classify_with_a_classifier_folder(run_dir: Path, tmp_path: Path) -> None:
     from shoestring.data.tokenizer import load_tokenizer
     from shoestring.eval.classifier import (
-        classifier_from_run,
+        SequenceClassifier,
         load_classifier,
         predict,
         save_classifier,
     )
+    from shoestring.rundir import RunDir
 
     torch.manual_seed(0)
-    model, meta = classifier_from_run(run_dir, num_labels=2)
+    encoder, meta = RunDir(run_dir).load_final()
+    model = SequenceClassifier(encoder, num_labels=2)
     folder = save_classifier(
         tmp_path / "clf",
         model.eval(),

@@ -76,8 +76,8 @@ def test_matches_never_cross_documents_and_whitespace_does_not_matter() -> None:
     texts = [" ".join(words(rng, 5) + w[:40]), " ".join(w[40:] + words(rng, 5)), " ".join(w),
              "\n".join(w)]
     found = find_repeats(texts, 50)
-    assert found.cut[:3] == [[], [], []]
-    assert found.cut[3] == [(0, 80)]  # doc 2's words, separated by newlines instead
+    assert found[:3] == [[], [], []]
+    assert found[3] == [(0, 80)]  # doc 2's words, separated by newlines instead
     block = SubstringDedup(50, keep_examples=1)
     list(block.process([Document(t, "s", f"d{i}") for i, t in enumerate(texts)]))
     assert block.examples["repeated_span"][0].detail == "80 words also in d2"
@@ -100,7 +100,7 @@ def test_agrees_with_a_brute_force_definition_on_repetitive_random_text(seed: in
     min_span = int(rng.integers(2, 6))
     found = find_repeats(texts, min_span)
     expected = brute_force(texts, min_span)
-    for ranges, want in zip(found.cut, expected):
+    for ranges, want in zip(found, expected):
         got = {p for lo, hi in ranges for p in range(lo, hi)}
         assert got == want
 

@@ -139,10 +139,7 @@ class BatchLoader:
         epoch, offset = cursor.epoch, cursor.offset
         while need:
             order = self._cached_order(epoch)
-            if offset >= len(order):  # a cursor from a larger split: start the next epoch
-                epoch, offset = epoch + 1, 0
-                continue
-            take = order[offset : offset + need]
+            take = order[offset : offset + need]  # empty for a cursor from a larger split
             parts.append(take)
             need -= len(take)
             offset += len(take)

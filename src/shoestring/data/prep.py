@@ -144,21 +144,17 @@ def _check_mixture(cfg: DataConfig, curate: CurateConfig | None) -> None:
                               fix="prep the canary audit corpus without --mix")
 
 
-def _drop_on_disk_error(e: OSError, build: Path, out: Path) -> None:
-    """A full or read-only disk: remove the build folder (it is what fills the disk; a
-    re-run starts over) and raise the standard error naming ``out``. Other errors return."""
-    refused = output_error(e, where=out)
-    if refused is not None:
-        shutil.rmtree(build, ignore_errors=True)
-        raise refused from None
-
-
 @contextlib.contextmanager
 def _freed_on_disk_error(build: Path, out: Path) -> Iterator[None]:
+    """A full or read-only disk: remove the build folder (it is what fills the disk; a
+    re-run starts over) and raise the standard error naming ``out``. Other errors pass."""
     try:
         yield
     except OSError as e:
-        _drop_on_disk_error(e, build, out)
+        refused = output_error(e, where=out)
+        if refused is not None:
+            shutil.rmtree(build, ignore_errors=True)
+            raise refused from None
         raise
 
 
@@ -203,12 +199,11 @@ def prep(
             console.print(f"resuming an interrupted prep in {build} "
                           f"(finished: {', '.join(journal.resumed)})")
         try:
-            manifest = runner.run(PrepPlan(specs, files, build, cfg, curate, console), journal)
+            with _freed_on_disk_error(build, out):
+                manifest = runner.run(PrepPlan(specs, files, build, cfg, curate, console),
+                                      journal)
         except ShoestringError:
             shutil.rmtree(build, ignore_errors=True)  # bad input: a re-run would fail the same
-            raise
-        except OSError as e:  # a full or read-only disk: free what the build took, say why
-            _drop_on_disk_error(e, build, out)
             raise
     # Anything else (Ctrl-C, a crash) keeps the build folder, so a re-run resumes.
     for name in os.listdir(build):

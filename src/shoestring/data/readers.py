@@ -209,30 +209,27 @@ def _open_stream(path: str, report: Report, stats: ReadStats) -> BinaryIO | None
     try:
         raw = open(path, "rb")
     except OSError as e:
-        report(unreadable(path, e))
-        stats.skip_file(path)
-        return None
+        return _skip_file(path, unreadable(path, e), report, stats)
     try:
         stream = open_decompressed(path, raw)
         head = stream.peek(_SNIFF_BYTES)[:_SNIFF_BYTES]  # type: ignore[attr-defined]
-    except ShoestringError as e:
+    except (ShoestringError, *decompression_errors()) as e:
         raw.close()
-        report(e)
-        stats.skip_file(path)
-        return None
-    except decompression_errors() as e:
-        raw.close()
-        report(_damaged(path, e, 0))
-        stats.skip_file(path)
-        return None
+        err = e if isinstance(e, ShoestringError) else _damaged(path, e, 0)
+        return _skip_file(path, err, report, stats)
     stats.files += 1
     problem = binary_problem(head, path)
     if problem is not None:
         stream.close()
-        report(problem)
-        stats.skip_file(path)
-        return None
+        return _skip_file(path, problem, report, stats)
     return stream
+
+
+def _skip_file(path: str, err: ShoestringError, report: Report, stats: ReadStats) -> None:
+    """Report ``err`` and count the (rest of the) file as skipped; returns None, the
+    readers' "nothing to read"."""
+    report(err)
+    stats.skip_file(path)
 
 
 def _lines(path: str, stream: BinaryIO, report: Report,
@@ -504,18 +501,17 @@ def read_csv(path: str, opts: ReadOptions, report: Report, stats: ReadStats) -> 
         try:
             header = next(reader, None)
         except csv.Error as e:
-            report(ShoestringError(f"malformed header ({e})", where=f"{path}:1"))
-            stats.skip_file(path)
+            _skip_file(path, ShoestringError(f"malformed header ({e})", where=f"{path}:1"),
+                       report, stats)
             return
         if header is None:
             return
         if opts.text_field not in header:
             shown = _describe_fields(header, "the header has")
-            report(ShoestringError(
+            _skip_file(path, ShoestringError(
                 f"no '{opts.text_field}' column; {shown}", where=f"{path}:1",
                 fix=f"{_FIELD_FIX} (CSV/TSV files need a header row)",
-            ))
-            stats.skip_file(path)
+            ), report, stats)
             return
         column = header.index(opts.text_field)
         while True:
@@ -553,33 +549,21 @@ def read_parquet(
 
     try:
         pf = pq.ParquetFile(path)
-    except OSError as e:
+    except (OSError, pa.ArrowException) as e:
         if isinstance(e, (PermissionError, FileNotFoundError)):
-            report(unreadable(path, e))
+            err = unreadable(path, e)
         else:
-            report(ShoestringError(f"not a readable Parquet file ({e})", where=path,
-                                   fix=f"check the file, or skip it with {SKIP_HINT}"))
-        stats.skip_file(path)
-        return
-    except pa.ArrowException as e:
-        report(ShoestringError(f"not a readable Parquet file ({e})", where=path,
-                               fix=f"check the file, or skip it with {SKIP_HINT}"))
-        stats.skip_file(path)
+            err = ShoestringError(f"not a readable Parquet file ({e})", where=path,
+                                  fix=f"check the file, or skip it with {SKIP_HINT}")
+        _skip_file(path, err, report, stats)
         return
     stats.files += 1
     schema = pf.schema_arrow
-    if opts.text_field not in schema.names:
-        report(ShoestringError(
-            f"no '{opts.text_field}' column; {_describe_fields(schema.names, 'the file has')}",
-            where=path, fix=_FIELD_FIX,
-        ))
-        stats.skip_file(path)
-        return
-    kind = schema.field(opts.text_field).type
-    if not _is_text_type(kind):
-        report(ShoestringError(f"column '{opts.text_field}' holds {kind}, not strings",
-                               where=path, fix=_FIELD_FIX))
-        stats.skip_file(path)
+    kind = schema.field(opts.text_field).type if opts.text_field in schema.names else None
+    if kind is None or not _is_text_type(kind):
+        what = (f"no '{opts.text_field}' column; {_describe_fields(schema.names, 'the file has')}"
+                if kind is None else f"column '{opts.text_field}' holds {kind}, not strings")
+        _skip_file(path, ShoestringError(what, where=path, fix=_FIELD_FIX), report, stats)
         return
     row = 0
     try:

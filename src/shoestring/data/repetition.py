@@ -57,7 +57,4 @@ def effective_params(params: float, base_params: float, r_star: float = R_STAR_N
     R_N = N / U_N − 1 (their reference code: github.com/huggingface/datablations, README,
     "Parametric Fit")."""
     base = min(params, base_params)
-    if base <= 0:
-        return 0.0
-    excess = params / base - 1.0
-    return base * (1.0 + r_star * (1.0 - math.exp(-excess / r_star)))
+    return effective_tokens(base, params / base, r_star) if base > 0 else 0.0

@@ -59,14 +59,7 @@ def resolve_sources(specs: list[str]) -> list[str]:
             fix=f"pass one or more files, folders or globs ({_SUPPORTED_TEXT}), "
             "hf:NAME[:CONFIG][:SPLIT], or builtin:pydocs for the embedded corpus",
         )
-    resolved: list[str] = []
-    seen: set[str] = set()
-    for spec in specs:
-        for item in _resolve_one(spec):
-            if item not in seen:
-                seen.add(item)
-                resolved.append(item)
-    return resolved
+    return list(dict.fromkeys(item for spec in specs for item in _resolve_one(spec)))
 
 
 def iter_documents(

@@ -24,6 +24,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
@@ -38,8 +39,8 @@ ARCHITECTURE = "shoestring-classifier"
 Problem = Literal["classification", "regression"]
 Pooling = Literal["cls", "mean"]
 
-__all__ = ["ARCHITECTURE", "SequenceClassifier", "classifier_from_run", "encode_texts",
-           "load_classifier", "predict", "save_classifier"]
+__all__ = ["ARCHITECTURE", "SequenceClassifier", "collate", "encode_texts", "load_classifier",
+           "predict", "save_classifier"]
 
 
 class ClassifierHead(nn.Module):
@@ -92,22 +93,6 @@ class SequenceClassifier(nn.Module):
     def forward(self, ids: Tensor, key_mask: Tensor | None = None) -> Tensor:
         hidden = self.encoder.encode(ids, key_mask)
         return self.head(self.pool(hidden, key_mask))
-
-
-def classifier_from_run(
-    run_dir: str | Path, num_labels: int, pooling: Pooling = "cls", dropout: float = 0.1
-) -> tuple[SequenceClassifier, dict[str, Any]]:
-    """A fresh classifier on a trained run's encoder, and the run's meta (``base``)."""
-    from shoestring.rundir import RunDir
-
-    model, meta = RunDir(run_dir).load_final()
-    if not isinstance(model, MaskedLM):
-        raise ShoestringError(
-            f"fine-tuning needs an encoder (masked LM) run; this one is {meta.get('architecture')!r}",
-            where=str(run_dir),
-            fix="for decoder runs use the decoder evals (perplexity, multiple choice)",
-        )
-    return SequenceClassifier(model, num_labels, pooling, dropout), meta
 
 
 def save_classifier(
@@ -201,13 +186,19 @@ def encode_texts(
         if len(pairs) != len(texts):
             raise ValueError("texts and pairs must have the same length")
         encs = tokenizer.encode_batch(list(zip(texts, pairs)))
-    width = max((len(e.ids) for e in encs), default=1)
-    ids = torch.full((len(encs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(encs), width), dtype=torch.bool)
-    for i, e in enumerate(encs):
-        ids[i, : len(e.ids)] = torch.tensor(e.ids, dtype=torch.long)
-        mask[i, : len(e.ids)] = True
-    return ids, mask
+    return collate([np.asarray(e.ids, dtype=np.int64) for e in encs], np.arange(len(encs)), pad_id)
+
+
+def collate(seqs: list[np.ndarray], idx: np.ndarray, pad_id: int) -> tuple[Tensor, Tensor]:
+    """Pad the chosen sequences to the longest → (ids, key_mask)."""
+    width = max((len(seqs[i]) for i in idx), default=1)
+    ids = np.full((len(idx), width), pad_id, dtype=np.int64)
+    mask = np.zeros((len(idx), width), dtype=bool)
+    for row, i in enumerate(idx):
+        n = len(seqs[i])
+        ids[row, :n] = seqs[i]
+        mask[row, :n] = True
+    return torch.from_numpy(ids), torch.from_numpy(mask)
 
 
 @torch.no_grad()

@@ -19,8 +19,8 @@
 
 from __future__ import annotations
 
-import json
 import math
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from rich.console import Console
 
 from shoestring.device import DeviceInfo, select_device
 from shoestring.errors import ShoestringError
+from shoestring.eval.classifier import collate
 from shoestring.model.losses import causal_lm_loss
 from shoestring.progress import progress_bar
 from shoestring.rundir import RunDir
@@ -43,27 +44,18 @@ __all__ = ["evaluate_decoder", "greedy_samples", "multiple_choice", "perplexity"
 
 def read_documents(path: str | Path, text_field: str = "text") -> list[str]:
     """Documents of a .txt file (the whole file is one document) or a .jsonl file."""
+    from shoestring.eval.tasks import iter_json_objects, read_utf8
+
     path = Path(path)
-    if not path.is_file():
-        raise ShoestringError("file not found", where=str(path), fix="check the path")
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise ShoestringError(f"not UTF-8 text ({e.reason})", where=str(path)) from None
+    text = read_utf8(path)
     if path.suffix.lower() not in (".jsonl", ".ndjson"):
         docs = [text] if text.strip() else []
     else:
         docs = []
-        for n, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ShoestringError(f"not valid JSON ({e.msg})", where=f"{path}:{n}") from None
-            if not isinstance(obj, dict) or not isinstance(obj.get(text_field), str):
+        for where, obj in iter_json_objects(text, path):
+            if not isinstance(obj.get(text_field), str):
                 raise ShoestringError(f"expected an object with a string field {text_field!r}",
-                                      where=f"{path}:{n}")
+                                      where=where)
             docs.append(obj[text_field])
     if not docs:
         raise ShoestringError("no text to score (the file is empty)", where=str(path))
@@ -95,25 +87,17 @@ def perplexity(
         raise ShoestringError("the text is too short to score (fewer than 2 tokens)")
     ids = torch.tensor(stream, dtype=torch.long)
     # Windows of seq_len inputs, each predicting the next token: all full but maybe the last.
-    n_pred = len(ids) - 1
-    full, tail = divmod(n_pred, seq_len)
+    full, tail = divmod(len(ids) - 1, seq_len)
     groups = [list(range(i, min(i + batch_size, full))) for i in range(0, full, batch_size)]
     if tail:
         groups.append([full])
-    total_nll, count = 0.0, 0
-    model.to(device.device).eval()
-    console = console or Console(stderr=True)
-    with progress_bar(console) as bar:
-        task = bar.add_task("perplexity", total=full + (1 if tail else 0), unit="windows")
-        for group in groups:
-            w = seq_len if group[0] < full else tail
-            rows = torch.stack([ids[k * seq_len : k * seq_len + w + 1] for k in group])
-            rows = rows.to(device.device)
-            with device.autocast():
-                logits = model(rows[:, :-1])
-            total_nll += causal_lm_loss(logits, rows, reduction="sum").item()
-            count += rows[:, 1:].numel()
-            bar.update(task, advance=len(group))
+
+    def window(k: int) -> torch.Tensor:
+        return ids[k * seq_len : k * seq_len + (seq_len if k < full else tail) + 1]
+
+    batches = (torch.stack([window(k) for k in group]) for group in groups)
+    total_nll, count = _next_token_nll(model, batches, device, console, "perplexity",
+                                       full + (1 if tail else 0), "windows")
     loss = total_nll / count
     return {
         "loss": loss,
@@ -126,15 +110,33 @@ def perplexity(
     }
 
 
+def _next_token_nll(
+    model: torch.nn.Module, batches: Iterable[torch.Tensor], device: DeviceInfo,
+    console: Console | None, label: str, total: int, unit: str,
+) -> tuple[float, int]:
+    """(summed next-token loss, tokens predicted) over ``batches`` of rows, each row a window
+    of inputs plus the token after it: the loop both perplexities share."""
+    nll, count = 0.0, 0
+    model.to(device.device).eval()
+    with progress_bar(console or Console(stderr=True)) as bar:
+        task = bar.add_task(label, total=total, unit=unit)
+        for rows in batches:
+            rows = rows.to(device.device)
+            with device.autocast():
+                logits = model(rows[:, :-1])
+            nll += causal_lm_loss(logits, rows, reduction="sum").item()
+            count += rows[:, 1:].numel()
+            bar.update(task, advance=len(rows))
+    return nll, count
+
+
 def read_choices(path: str | Path) -> list[dict[str, Any]]:
     """Multiple-choice items from JSONL: context, choices, answer (index or choice text)."""
-    path = Path(path)
-    if not path.is_file():
-        raise ShoestringError("file not found", where=str(path), fix="check the path")
-    from shoestring.eval.tasks import iter_json_objects
+    from shoestring.eval.tasks import iter_json_objects, read_utf8
 
+    path = Path(path)
     items = []
-    for where, obj in iter_json_objects(path.read_text(encoding="utf-8-sig"), path):
+    for where, obj in iter_json_objects(read_utf8(path), path):
         for key in ("context", "choices", "answer"):
             if key not in obj:
                 raise ShoestringError(
@@ -214,12 +216,8 @@ def multiple_choice(
                 seq = (ctx + cont)[-(seq_len + 1):]
                 rows.append(seq)
                 spans.append(min(len(cont), len(seq) - 1))
-            width = max(len(r) for r in rows) - 1
-            x = torch.zeros(len(rows), width, dtype=torch.long)
-            mask = torch.zeros(len(rows), width, dtype=torch.bool)
-            for i, r in enumerate(rows):  # right-padded: real tokens first
-                x[i, : len(r) - 1] = torch.tensor(r[:-1])
-                mask[i, : len(r) - 1] = True
+            inputs = [np.asarray(r[:-1], dtype=np.int64) for r in rows]
+            x, mask = collate(inputs, np.arange(len(rows)), 0)  # right-padded: real tokens first
             with device.autocast():
                 logits = model(x.to(device.device), mask.to(device.device))
             logp = logits.float().log_softmax(-1).cpu()
@@ -326,7 +324,7 @@ def evaluate_decoder(
         result["multiple_choice"] = {"source": str(choices), **multiple_choice(
             model, tokenizer, items, seq_len, device, bos_id=eos_id, console=console)}
     if samples > 0:
-        use = (prompts or DEFAULT_PROMPTS)[:samples] if prompts else DEFAULT_PROMPTS[:samples]
+        use = (prompts or DEFAULT_PROMPTS)[:samples]
         result["samples"] = greedy_samples(model, tokenizer, use, max_new_tokens, eos_id, device,
                                            bos_id=eos_id, temperature=temperature, top_k=top_k)
         result["samples_decoding"] = describe_decoding(temperature, top_k, 0)
@@ -349,18 +347,9 @@ def _val_split_perplexity(
     n = len(val)
     if max_tokens is not None:
         n = max(1, min(n, max_tokens // data.seq_len))
-    total, count = 0.0, 0
-    model.to(device.device).eval()
-    with progress_bar(console) as bar:
-        task = bar.add_task("perplexity (val)", total=n, unit="seqs")
-        for start in range(0, n, batch_size):
-            ids = torch.from_numpy(val.take(np.arange(start, min(start + batch_size, n))).astype(np.int64))
-            ids = ids.to(device.device)
-            with device.autocast():
-                logits = model(ids[:, :-1])
-            total += causal_lm_loss(logits, ids, reduction="sum").item()
-            count += ids[:, 1:].numel()
-            bar.update(task, advance=len(ids))
+    batches = (torch.from_numpy(val.take(np.arange(start, min(start + batch_size, n))).astype(np.int64))
+               for start in range(0, n, batch_size))
+    total, count = _next_token_nll(model, batches, device, console, "perplexity (val)", n, "seqs")
     loss = total / count
     return {"loss": loss, "perplexity": float(math.exp(min(loss, 50.0))), "tokens": count,
             "sequences": n}

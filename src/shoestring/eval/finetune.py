@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from rich.console import Console
 
 from shoestring.errors import ShoestringError
-from shoestring.eval.classifier import SequenceClassifier, save_classifier
+from shoestring.eval.classifier import SequenceClassifier, collate, save_classifier
 from shoestring.eval.metrics import compute_metrics, main_score
 from shoestring.eval.private import PrivateTraining
 from shoestring.eval.tasks import Example, TaskData
@@ -109,18 +109,6 @@ def length_bucketed_batches(
         chunk = chunk[np.argsort(lengths[chunk], kind="stable")]
         batches += [chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size)]
     return [batches[i] for i in rng.permutation(len(batches))]
-
-
-def collate(seqs: list[np.ndarray], idx: np.ndarray, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pad the chosen sequences to the longest → (ids, key_mask)."""
-    width = max(len(seqs[i]) for i in idx)
-    ids = np.full((len(idx), width), pad_id, dtype=np.int64)
-    mask = np.zeros((len(idx), width), dtype=bool)
-    for row, i in enumerate(idx):
-        n = len(seqs[i])
-        ids[row, :n] = seqs[i]
-        mask[row, :n] = True
-    return torch.from_numpy(ids), torch.from_numpy(mask)
 
 
 def _lr_at(step: int, total: int, warmup_steps: int) -> float:

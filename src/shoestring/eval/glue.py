@@ -39,7 +39,7 @@ from typing import Any
 from pathlib import Path
 
 from shoestring.errors import ShoestringError
-from shoestring.eval.tasks import Example, Problem, TaskData, TaskSpec, read_table
+from shoestring.eval.tasks import Example, Problem, TaskData, TaskSpec, read_columns
 
 __all__ = ["GLUE_TASKS", "SCORE_COLUMNS", "GlueTask", "from_hf_dataset", "load_glue_task",
            "parse_task_list"]
@@ -152,35 +152,14 @@ def _task_dir(root: Path, task: GlueTask) -> Path:
 
 
 def _read_split(task: GlueTask, path: Path, max_rows: int | None) -> tuple[list[Example], int]:
-    rows = read_table(path, "tsv")
-    if not rows or (task.header and len(rows) == 1):
-        raise ShoestringError(
-            "the file has no examples" + (" (only a header)" if rows else " (it is empty)"),
-            where=str(path),
-            fix="re-download the task (official GLUE layout)",
-        )
-    header = None
-    if task.header:
-        (hline, header), rows = rows[0], rows[1:]
-        header = [h.strip() for h in header]
-
-    def col(c: str | int) -> int:
-        if isinstance(c, int):
-            return c
-        if header is None or c not in header:
-            raise ShoestringError(
-                f"{task.folder}: expected a column {c!r}; the header has: "
-                f"{', '.join(repr(h) for h in header or [])}",
-                where=f"{path}:{hline}",
-                fix="is this the official GLUE file for this task?",
-            )
-        return header.index(c)
-
-    ia, il = col(task.a), col(task.label)
-    ib = None if task.b is None else col(task.b)
+    rows, (ia, ib, il), header = read_columns(
+        path, "tsv", task.header, (task.a, task.b, task.label),
+        empty_fix="re-download the task (official GLUE layout)",
+        column_fix="is this the official GLUE file for this task?",
+    )
     need = max(i for i in (ia, ib, il) if i is not None) + 1
-    if header is not None:
-        need = max(need, len(header)) if task.label_last else need
+    if header is not None and task.label_last:
+        need = max(need, len(header))
     out: list[Example] = []
     skipped = 0
     for line, r in rows:
@@ -235,20 +214,15 @@ def load_glue_task(
     if not root.is_dir():
         raise ShoestringError("GLUE directory not found", where=str(root), fix="check --glue")
     folder = _task_dir(root, task)
-    train_path = folder / "train.tsv"
-    if not train_path.is_file():
-        raise ShoestringError(
-            f"{task.folder} has no train.tsv", where=str(folder),
-            fix="download the task's train and dev files (official GLUE layout)",
-        )
-    for split, fname in task.evals:
+    files = (("train", "train.tsv"), *task.evals)
+    for split, fname in files:
         if not (folder / fname).is_file():
             raise ShoestringError(
-                f"{task.folder} has no {fname} ({split} set): nothing to evaluate on",
-                where=str(folder),
-                fix=f"download the task's dev files ({', '.join(f for _, f in task.evals)})",
+                f"{task.folder} has no {fname} (its {split} set)", where=str(folder),
+                fix=f"download the task's files ({', '.join(f for _, f in files)}; official "
+                "GLUE layout)",
             )
-    train, skipped_train = _read_split(task, train_path, max_train)
+    train, skipped_train = _read_split(task, folder / "train.tsv", max_train)
     evals, skipped = {}, {"train": skipped_train}
     for split, fname in task.evals:
         evals[split], skipped[split] = _read_split(task, folder / fname, None)

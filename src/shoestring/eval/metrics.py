@@ -18,23 +18,6 @@ from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 __all__ = ["METRICS", "compute_metrics", "main_score"]
 
 
-def _mcc(y: np.ndarray, p: np.ndarray) -> float:
-    return float(matthews_corrcoef(y, p))
-
-
-def _acc(y: np.ndarray, p: np.ndarray) -> float:
-    return float(accuracy_score(y, p))
-
-
-def _f1(y: np.ndarray, p: np.ndarray) -> float:
-    # Binary F1 of the positive class (label index 1), as GLUE scores MRPC and QQP.
-    return float(f1_score(y, p, pos_label=1, average="binary", zero_division=0.0))
-
-
-def _macro_f1(y: np.ndarray, p: np.ndarray) -> float:
-    return float(f1_score(y, p, average="macro", zero_division=0.0))
-
-
 def _corr(fn: Callable) -> Callable[[np.ndarray, np.ndarray], float]:
     def score(y: np.ndarray, p: np.ndarray) -> float:
         # A constant prediction has no correlation: scipy warns and returns nan; we report 0.
@@ -47,10 +30,11 @@ def _corr(fn: Callable) -> Callable[[np.ndarray, np.ndarray], float]:
 
 
 METRICS: dict[str, Callable[[np.ndarray, np.ndarray], float]] = {
-    "mcc": _mcc,
-    "accuracy": _acc,
-    "f1": _f1,
-    "macro_f1": _macro_f1,
+    "mcc": lambda y, p: float(matthews_corrcoef(y, p)),
+    "accuracy": lambda y, p: float(accuracy_score(y, p)),
+    # Binary F1 of the positive class (label index 1), as GLUE scores MRPC and QQP.
+    "f1": lambda y, p: float(f1_score(y, p, pos_label=1, average="binary", zero_division=0.0)),
+    "macro_f1": lambda y, p: float(f1_score(y, p, average="macro", zero_division=0.0)),
     "pearson": _corr(pearsonr),
     "spearman": _corr(spearmanr),
 }

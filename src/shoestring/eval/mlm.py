@@ -19,9 +19,8 @@ import torch
 from rich.console import Console
 
 from shoestring.config import EvalConfig
-from shoestring.data import masking
 from shoestring.data.datadir import DataDir
-from shoestring.data.masking import MaskedBatch
+from shoestring.data.masking import fixed_masks
 from shoestring.data.tokenizer import MASK, NUM_SPECIAL, file_sha256
 from shoestring.device import select_device
 from shoestring.errors import ShoestringError
@@ -30,12 +29,6 @@ from shoestring.fsutil import write_json_atomic
 from shoestring.model.encoder import MaskedLM
 from shoestring.progress import progress_bar
 from shoestring.rundir import RunDir
-
-
-def fixed_masks(ids: torch.Tensor, first_index: int, cfg: EvalConfig, mask_id: int, vocab: int) -> MaskedBatch:
-    """``data.masking.fixed_masks`` at ``cfg``'s rate and seed (kept for older callers)."""
-    return masking.fixed_masks(ids, first_index, cfg.mask_rate, cfg.seed, NUM_SPECIAL, mask_id,
-                               vocab)
 
 
 @torch.no_grad()
@@ -60,7 +53,7 @@ def evaluate_mlm(
         task = bar.add_task("evaluating", total=n, unit="seqs")
         for start in range(0, n, cfg.batch_size):
             ids = torch.from_numpy(val.take(np.arange(start, min(start + cfg.batch_size, n))))
-            batch = fixed_masks(ids, start, cfg, mask_id, vocab)
+            batch = fixed_masks(ids, start, cfg.mask_rate, cfg.seed, NUM_SPECIAL, mask_id, vocab)
             with dev.autocast():
                 logits = model(batch.inputs.to(dev.device), batch.positions.to(dev.device))
             logits = logits.float().cpu()

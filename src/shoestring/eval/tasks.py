@@ -47,7 +47,8 @@ Problem = Literal["classification", "regression"]
 csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
 
 __all__ = ["CustomTask", "Example", "TaskData", "TaskSpec", "load_custom_task",
-           "parse_task_arg", "read_table"]
+           "parse_task_arg", "read_columns", "read_table",
+           "read_utf8"]
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,9 @@ class TaskData:
 # Reading tables
 
 
-def _open_text(path: Path) -> str:
+def read_utf8(path: Path) -> str:
+    """The text of a UTF-8 file (a leading byte-order mark dropped); a missing file or bad
+    bytes are a `ShoestringError` naming the path."""
     if not path.is_file():
         raise ShoestringError("file not found", where=str(path), fix="check the path")
     try:
@@ -134,7 +137,7 @@ def read_table(path: str | Path, fmt: str = "auto", quoting: str = "auto") -> li
     """
     path = Path(path)
     fmt = _format_of(path, fmt)
-    text = _open_text(path)
+    text = read_utf8(path)
     if fmt == "tsv":
         quote = csv.QUOTE_NONE if quoting in ("auto", "none") else csv.QUOTE_MINIMAL
         reader = csv.reader(text.splitlines(), delimiter="\t", quoting=quote)
@@ -146,7 +149,7 @@ def read_table(path: str | Path, fmt: str = "auto", quoting: str = "auto") -> li
         try:
             for r in reader:
                 # reader.line_num is the last physical line consumed by this row.
-                rows.append((reader.line_num - _extra_lines(r), r))
+                rows.append((reader.line_num - sum(f.count("\n") for f in r), r))
         except csv.Error as e:
             raise ShoestringError(f"malformed CSV ({e})", where=f"{path}:{reader.line_num}") from None
     else:
@@ -154,25 +157,19 @@ def read_table(path: str | Path, fmt: str = "auto", quoting: str = "auto") -> li
     return [(n, r) for n, r in rows if any(f.strip() for f in r)]
 
 
-def _extra_lines(fields: list[str]) -> int:
-    return sum(f.count("\n") for f in fields)
+_FORMATS = {".tsv": "tsv", ".tab": "tsv", ".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl",
+            ".json": "jsonl"}
 
 
 def _format_of(path: Path, fmt: str) -> str:
-    if fmt != "auto":
-        return fmt
     suffix = path.suffix.lower()
-    if suffix in (".tsv", ".tab"):
-        return "tsv"
-    if suffix == ".csv":
-        return "csv"
-    if suffix in (".jsonl", ".ndjson", ".json"):
-        return "jsonl"
-    raise ShoestringError(
-        f"cannot tell the file format from the extension {suffix!r}",
-        where=str(path),
-        fix="use .tsv, .csv or .jsonl, or set format: tsv|csv|jsonl in the task spec",
-    )
+    if fmt == "auto" and suffix not in _FORMATS:
+        raise ShoestringError(
+            f"cannot tell the file format from the extension {suffix!r}",
+            where=str(path),
+            fix="use .tsv, .csv or .jsonl, or set format: tsv|csv|jsonl in the task spec",
+        )
+    return _FORMATS[suffix] if fmt == "auto" else fmt
 
 
 # ---------------------------------------------------------------------------------------------
@@ -274,21 +271,45 @@ def _resolve(base: Path, path: str) -> Path:
     return p if p.is_absolute() else base / p
 
 
-def _column_index(header: list[str] | None, col: str | int, path: Path, line: int) -> int:
-    if isinstance(col, int):
+def read_columns(
+    path: Path, fmt: str, header: bool, cols: tuple[str | int | None, ...], empty_fix: str,
+    column_fix: str,
+) -> tuple[list[tuple[int, list[str]]], list[int | None], list[str] | None]:
+    """(data rows, the index of each of ``cols``, the header's names or None) of a TSV/CSV
+    table: custom tasks and GLUE read their files alike. A column is a name in the header or
+    a 0-based index (None stays None); ``empty_fix``/``column_fix`` say what to do about a
+    file without examples or a column the header lacks."""
+    rows = read_table(path, fmt)
+    if not rows or (header and len(rows) == 1):
+        raise ShoestringError(
+            "the file has no examples" + (" (only a header)" if rows else " (it is empty)"),
+            where=str(path),
+            fix=empty_fix,
+        )
+    names = None
+    if header:
+        (hline, names), rows = rows[0], rows[1:]
+        names = [h.strip() for h in names]
+    else:
+        hline = rows[0][0]
+    return rows, [_column_index(names, c, f"{path}:{hline}", column_fix) for c in cols], names
+
+
+def _column_index(names: list[str] | None, col: str | int | None, where: str,
+                  fix: str) -> int | None:
+    if col is None or isinstance(col, int):
         return col
-    if header is None:
+    if names is None:
         raise ShoestringError(
             f"column {col!r} is named but the file has no header (header: false)",
-            where=str(path),
+            where=where,
             fix="give the column as a 0-based index, or set header: true",
         )
-    names = [h.strip() for h in header]
     if col not in names:
         raise ShoestringError(
             f"column {col!r} not found; the header has: {', '.join(repr(n) for n in names)}",
-            where=f"{path}:{line}",
-            fix="fix the column mapping (text=, text_pair=, label=)",
+            where=where,
+            fix=fix,
         )
     return names.index(col)
 
@@ -297,21 +318,11 @@ def _read_examples(task: CustomTask, path: Path) -> list[Example]:
     fmt = _format_of(path, task.format)
     if fmt == "jsonl":
         return _read_jsonl(task, path)
-    rows = read_table(path, fmt)
-    if not rows or (task.header and len(rows) == 1):
-        raise ShoestringError(
-            "the file has no examples" + (" (only a header)" if rows else " (it is empty)"),
-            where=str(path),
-            fix="point the task at a file with labelled rows",
-        )
-    header = None
-    if task.header:
-        (hline, header), rows = rows[0], rows[1:]
-    else:
-        hline = rows[0][0]
-    ia = _column_index(header, task.text, path, hline)
-    ib = None if task.text_pair is None else _column_index(header, task.text_pair, path, hline)
-    il = _column_index(header, task.label, path, hline)
+    rows, (ia, ib, il), _ = read_columns(
+        path, fmt, task.header, (task.text, task.text_pair, task.label),
+        empty_fix="point the task at a file with labelled rows",
+        column_fix="fix the column mapping (text=, text_pair=, label=)",
+    )
     need = max(i for i in (ia, ib, il) if i is not None) + 1
     out = []
     for line, r in rows:
@@ -343,7 +354,7 @@ def iter_json_objects(text: str, path: Path) -> Iterator[tuple[str, dict]]:
 
 def _read_jsonl(task: CustomTask, path: Path) -> list[Example]:
     out = []
-    for where, obj in iter_json_objects(_open_text(path), path):
+    for where, obj in iter_json_objects(read_utf8(path), path):
         vals = []
         for key in (task.text, task.text_pair, task.label):
             if key is None:

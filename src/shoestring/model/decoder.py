@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from shoestring.config import ModelConfig
-from shoestring.model.layers import KVCache, Trunk, init_weights
+from shoestring.model.layers import KVCache, Trunk
 
 
 def _attention_mask(key_valid: Tensor, q_len: int, offset: int) -> Tensor:
@@ -57,14 +57,10 @@ class CausalLM(Trunk):
 
     def __init__(self, cfg: ModelConfig, vocab_size: int) -> None:
         super().__init__(cfg, vocab_size)
-        self.vocab_size = vocab_size
         self.lm_head = (
             None if cfg.tie_embeddings else nn.Linear(cfg.hidden_size, vocab_size, bias=False)
         )
         self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        init_weights(self, self.cfg)
 
     def logits(self, hidden: Tensor) -> Tensor:
         weight = self.tok_embeddings.weight if self.lm_head is None else self.lm_head.weight

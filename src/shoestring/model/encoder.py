@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from shoestring.config import ModelConfig
-from shoestring.model.layers import Trunk, init_weights, make_norm
+from shoestring.model.layers import Trunk, make_norm
 
 
 class MaskedLM(Trunk):
@@ -25,16 +25,12 @@ class MaskedLM(Trunk):
 
     def __init__(self, cfg: ModelConfig, vocab_size: int) -> None:
         super().__init__(cfg, vocab_size)
-        self.vocab_size = vocab_size
         H = cfg.hidden_size
         self.head_dense = nn.Linear(H, H, bias=cfg.bias)
         self.head_norm = make_norm(cfg)
         self.decoder = None if cfg.tie_embeddings else nn.Linear(H, vocab_size, bias=False)
         self.decoder_bias = nn.Parameter(torch.zeros(vocab_size)) if cfg.bias else None
         self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        init_weights(self, self.cfg)
 
     def encode(self, input_ids: Tensor, key_mask: Tensor | None = None) -> Tensor:
         """(B, T) token ids → (B, T, H) final hidden states.

@@ -245,6 +245,10 @@ class Trunk(nn.Module):
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
         self.final_norm = make_norm(cfg) if cfg.norm_position == "pre" else None
 
+    def reset_parameters(self) -> None:
+        """Fresh weights (`init_weights`); each model calls it once its head is built."""
+        init_weights(self, self.cfg)
+
     def run(self, input_ids: Tensor, positions: Tensor | None = None, mask: Tensor | None = None,
             causal: bool = False, cache: KVCache | None = None) -> Tensor:
         """(B, T) ids → (B, T, H) final hidden states.

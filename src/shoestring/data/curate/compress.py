@@ -4,7 +4,7 @@ Geiping & Goldstein (2022, "Cramming", §4.4) drop documents whose tokens-per-ch
 ratio exceeds 0.3: text that splits into many short tokens (tables, code dumps, encoded
 blobs, other languages than the tokenizer learned) teaches the model little per token of
 budget. The ratio needs the *trained* tokenizer, so this is not a stream block: ``prep``
-calls ``Compressibility.check`` for each document while it tokenizes, and the counts join
+calls ``Compressibility.check_batch`` for each batch while it tokenizes, and the counts join
 the other blocks' in the manifest.
 """
 
@@ -52,7 +52,8 @@ class Compressibility(Block):
         n_chars: Sequence[int] | np.ndarray,
         docs: Sequence[Document] | None = None,
     ) -> np.ndarray:
-        """``check`` for a batch at once: a boolean keep-mask."""
+        """Count a batch of tokenized documents; the boolean keep-mask. ``docs`` (optional)
+        are only used as the ``--explain`` examples of the dropped ones."""
         tokens = np.asarray(n_tokens, dtype=np.float64)
         ratio = tokens / np.maximum(np.asarray(n_chars, dtype=np.float64), 1.0)
         keep = ratio <= self.max_ratio
@@ -67,28 +68,11 @@ class Compressibility(Block):
             self.record_drop(doc, Drop("ratio_too_high", detail))
         return keep
 
-    def check(self, n_tokens: int, n_chars: int, doc: Document | None = None) -> bool:
-        """Count one tokenized document; True if it is kept.
-
-        ``doc`` (optional) is only used as the ``--explain`` example when it is dropped.
-        """
-        self.stats.docs_in += 1
-        ratio = n_tokens / max(n_chars, 1)
-        if ratio <= self.max_ratio:
-            self.stats.docs_out += 1
-            return True
-        drop = Drop(
-            "ratio_too_high",
-            f"{n_tokens} tokens / {n_chars} characters = {ratio:.3f} > {self.max_ratio}",
-        )
-        self.record_drop(doc or Document(text="", source="", doc_id="?"), drop)
-        return False
-
     def report(self) -> dict:
         return {**super().report(), "max_ratio": round(self.max_ratio, 4)}
 
     def apply(self, doc: Document) -> Document | Drop:  # pragma: no cover - not a stream block
-        raise TypeError("compressibility needs token counts: call check(n_tokens, n_chars)")
+        raise TypeError("compressibility needs token counts: call check_batch(n_tokens, n_chars)")
 
 
 # The reference sample: the training documents with the smallest content hashes, up to

@@ -28,7 +28,6 @@ before decontamination; a document decontamination later removed is still in the
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Iterable
@@ -37,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from shoestring.data.tokenizer import file_sha256
 from shoestring.errors import ShoestringError
 from shoestring.fsutil import write_json_atomic
 
@@ -112,14 +112,6 @@ def save_minhash_index(folder: Path, band_files: list[Path], sig: np.ndarray, n:
                       (np.asarray(sig[at : at + step]) for at in range(0, n, step)), np.uint32)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def finish(folder: Path, exact_docs: int, minhash: dict[str, int] | None) -> dict[str, Any]:
     """Write ``index.json`` beside the arrays the blocks wrote; return the manifest entry.
 
@@ -133,7 +125,7 @@ def finish(folder: Path, exact_docs: int, minhash: dict[str, int] | None) -> dic
         [MINHASH_FILE, IDS_FILE, SIGNATURES_FILE] if minhash is not None else [])
     return {**index, "dir": DIR,
             "files": {f"{DIR}/{n}": {"bytes": (folder / n).stat().st_size,
-                                     "sha256": _sha256(folder / n)} for n in names}}
+                                     "sha256": file_sha256(folder / n)} for n in names}}
 
 
 class DedupIndex:
@@ -228,11 +220,6 @@ class DedupIndex:
         """The signatures of indexed documents ``ids`` (read from the memory map)."""
         assert self.signatures is not None
         return np.asarray(self.signatures[np.asarray(ids, dtype=np.int64)])
-
-
-def open_against(paths: list[str], minhash: dict[str, int] | None) -> list[DedupIndex]:
-    """The indexes of ``--dedup-against`` (checked before any corpus work)."""
-    return [DedupIndex.open(p, minhash) for p in paths]
 
 
 def against_summary(blocks: list[dict[str, Any]], against: list[DedupIndex]) -> list[dict]:

@@ -381,7 +381,6 @@ class FuzzyDedup(Block):
         self.against = list(against)
         self.against_dropped = [0] * len(self.against)
         self.index_dir = index_dir
-        self.no_words = 0
         self.indexed = 0
         self.clusters = 0
         self.cluster_sizes: dict[int, int] = {}
@@ -486,7 +485,6 @@ class FuzzyDedup(Block):
                 for doc, ok in zip(batch, has.tolist()):
                     stats.docs_in += 1
                     if not ok:
-                        self.no_words += 1
                         stats.docs_out += 1
                         yield doc
                         continue

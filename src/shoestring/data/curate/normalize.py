@@ -68,7 +68,7 @@ class Clean(Block):
                 pending.append(batch)
                 yield [d.text for d in batch]
 
-        for cleaned in (self.map or _inline)(clean_texts, texts()):
+        for cleaned in (self.map or map)(clean_texts, texts()):  # default: the builtin, inline
             for doc, text in zip(pending.pop(0), cleaned):
                 self.stats.docs_in += 1
                 if len(text) < self.min_chars:
@@ -79,7 +79,3 @@ class Clean(Block):
 
     def report(self) -> dict[str, Any]:
         return {**self.stats.to_dict(), "dropped": {"too_short": self.stats.dropped["too_short"]}}
-
-
-def _inline(fn: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Any]:
-    return (fn(item) for item in items)

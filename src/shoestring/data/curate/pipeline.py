@@ -143,12 +143,12 @@ def _open_against(cfg: CurateConfig) -> list[Any]:
     if cfg.dedup == "none":
         raise ShoestringError("--dedup-against needs dedup on", where="--dedup none",
                               fix="use --dedup exact or --dedup fuzzy with --dedup-against")
-    from shoestring.data.curate.dedup_index import open_against
+    from shoestring.data.curate.dedup_index import DedupIndex
 
     minhash = None if cfg.dedup != "fuzzy" else {
         "ngram": cfg.minhash_ngram, "bands": cfg.minhash_bands, "rows": cfg.minhash_rows,
         "seed": cfg.minhash_seed}
-    return open_against(cfg.dedup_against, minhash)
+    return [DedupIndex.open(p, minhash) for p in cfg.dedup_against]
 
 
 def _build(block: type[Block], cfg: CurateConfig, prefix: str, *args: Any,

@@ -35,7 +35,7 @@ import itertools
 import re
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -48,19 +48,6 @@ _WORD = re.compile(r"\S+")
 # Peak memory per MB of text, measured (bench/privacy.py dedup-speed, docs/data.md): ~18 MB
 # above the loaded text, which is itself ~1-2 MB per MB in Python strings.
 MB_PER_MB = 20
-
-
-@dataclass(frozen=True)
-class Spans:
-    """The repeated word spans of a corpus: per document, sorted disjoint (first word, end
-    word) ranges to cut."""
-
-    cut: list[list[tuple[int, int]]]
-
-
-def word_starts(text: str) -> np.ndarray:
-    """Character offsets where each word starts."""
-    return np.fromiter((m.start() for m in _WORD.finditer(text)), dtype=np.int64)
 
 
 def word_ids(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -94,14 +81,15 @@ def longest_previous_factor(stream: np.ndarray) -> np.ndarray:
     return np.asarray(lpf(stream), dtype=np.int64)
 
 
-def find_repeats(texts: list[str], min_span: int) -> Spans:
-    """Word ranges of each text that repeat an earlier span of ≥ ``min_span`` words."""
+def find_repeats(texts: list[str], min_span: int) -> list[list[tuple[int, int]]]:
+    """Per text, the (first word, end word) ranges that repeat an earlier span of
+    ≥ ``min_span`` words: sorted and disjoint, what to cut."""
     if min_span < 1:
         raise ValueError("min_span must be at least 1")
     cut: list[list[tuple[int, int]]] = [[] for _ in texts]
     stream, lengths = word_ids(texts)
     if not lengths.sum():
-        return Spans(cut)
+        return cut
     starts = np.cumsum(lengths + 1) - (lengths + 1)
     pos = np.arange(len(stream))
     # A match never crosses a document end: clip it at the distance to the separator (the
@@ -115,7 +103,7 @@ def find_repeats(texts: list[str], min_span: int) -> Spans:
     doc_of = np.searchsorted(starts, edges[0::2], side="right") - 1
     for d, lo, hi in zip(doc_of, edges[0::2], edges[1::2]):
         cut[d].append((int(lo - starts[d]), int(hi - starts[d])))
-    return Spans(cut)
+    return cut
 
 
 def earlier_copy(texts: list[str], doc: int, span: str) -> int | None:
@@ -133,8 +121,8 @@ def cut_text(text: str, ranges: list[tuple[int, int]]) -> tuple[str, list[str]]:
     pieces, so the caller can count bytes and show examples."""
     if not ranges:
         return text, []
-    starts = word_starts(text)
-    bounds = np.append(starts, len(text))
+    starts = np.fromiter((m.start() for m in _WORD.finditer(text)), dtype=np.int64)
+    bounds = np.append(starts, len(text))  # where each word starts, then the end
     kept, pieces, at = [], [], 0
     for lo, hi in ranges:
         a, b = int(bounds[lo]), int(bounds[hi])
@@ -169,7 +157,7 @@ class SubstringDedup(Block):
         self.stats.docs_in += len(held)
         texts = [d.text for d in held]
         found = find_repeats(texts, self.min_span)
-        for i, (doc, ranges) in enumerate(zip(held, found.cut)):
+        for i, (doc, ranges) in enumerate(zip(held, found)):
             if not ranges:
                 self.stats.docs_out += 1
                 yield doc

@@ -187,16 +187,7 @@ def ngram_hashes(wh: np.ndarray, n: int) -> np.ndarray:
     Order matters (``a b`` and ``b a`` differ): each position in the n-gram has its own odd
     multiplier before the sum, then the finalizer mixes. Fewer than ``n`` words: empty.
     """
-    count = len(wh) - n + 1
-    if count <= 0:
-        return np.empty(0, dtype=np.uint64)
-    if n > len(_GRAM_MULT):
-        raise ValueError(f"n-grams longer than {len(_GRAM_MULT)} words are not supported")
-    acc = wh[:count] * _GRAM_MULT[0]
-    for k in range(1, n):
-        acc += wh[k : k + count] * _GRAM_MULT[k]
-    acc += _U64(n)
-    return fmix64(acc)
+    return ngram_hashes_upto(wh, [n])[n]
 
 
 def ngram_hashes_upto(

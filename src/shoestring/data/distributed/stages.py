@@ -473,25 +473,6 @@ def encode_part(item: dict, *, work: str, tokenizer: str, sep_id: int, dtype: st
 # --- stage: pack ------------------------------------------------------------------------
 
 
-def read_span(parts: list[dict], root: Path, split: str, dtype: str, t0: int,
-              t1: int) -> tuple[np.ndarray, np.ndarray]:
-    """Tokens [t0, t1) of the split's stream (parts back to back), and the stream offsets
-    of the document starts in that range."""
-    tokens: list[np.ndarray] = []
-    starts: list[np.ndarray] = []
-    for p in parts:
-        lo, hi = p["offset"], p["offset"] + p["tokens"]
-        if hi <= t0 or lo >= t1 or not p["tokens"]:
-            continue
-        stream = np.memmap(root / f"encode-{split}" / f"{p['name']}.bin", dtype=dtype, mode="r")
-        tokens.append(np.asarray(stream[max(t0 - lo, 0) : min(t1, hi) - lo]))
-        ends = np.fromfile(root / f"encode-{split}" / f"{p['name']}.ends", dtype="<u8")
-        doc_starts = lo + np.concatenate([[0], ends[:-1].astype(np.int64)])
-        starts.append(doc_starts[(doc_starts >= t0) & (doc_starts < t1)])
-    flat = np.concatenate(tokens) if tokens else np.zeros(0, dtype)
-    return flat, (np.concatenate(starts) if starts else np.zeros(0, np.int64))
-
-
 class SplitStream:
     """The split's token stream (its parts back to back) for random access by sequence."""
 
@@ -513,13 +494,18 @@ class SplitStream:
             k += 1
         return out[0] if len(out) == 1 else np.concatenate(out)
 
-    def doc_starts(self) -> np.ndarray:
-        """Stream offsets of every document start of the split (8 bytes a document)."""
+    def doc_starts(self, t0: int = 0, t1: int | None = None) -> np.ndarray:
+        """Stream offsets of the split's document starts in [t0, t1) (default: all of them;
+        8 bytes a document), read only from the parts that overlap the range."""
         starts = []
         for p in self.parts:
+            lo, hi = p["offset"], p["offset"] + p["tokens"]
+            if hi <= t0 or (t1 is not None and lo >= t1):
+                continue
             ends = np.fromfile(self.root / f"encode-{self.split}" / f"{p['name']}.ends",
                                dtype="<u8").astype(np.int64)
-            starts.append(p["offset"] + np.concatenate([[0], ends[:-1]]))
+            found = lo + np.concatenate([[0], ends[:-1]])
+            starts.append(found if t1 is None else found[(found >= t0) & (found < t1)])
         return np.concatenate(starts) if starts else np.zeros(0, np.int64)
 
 
@@ -565,13 +551,13 @@ def pack_shard(item: dict, *, work: str, build: str, parts: list[dict], split: s
         return {"summary": json.dumps({**found, "kept": True})}
     maybe_fail(fault, "pack")
     body = seq_len - frame
+    stream = SplitStream(parts, root, split, dtype)
     if order is None:
         src = np.arange(lo, hi)
-        flat, starts = read_span(parts, root, split, dtype, lo * body, hi * body)
-        chunk = flat.reshape(hi - lo, body)
+        chunk = stream.tokens(lo * body, hi * body).reshape(hi - lo, body)
+        starts = stream.doc_starts(lo * body, hi * body)
     else:  # sorted: this shard's sequences are order[lo:hi], from anywhere in the stream
         src = np.load(order, mmap_mode="r")[lo:hi].astype(np.int64)
-        stream = SplitStream(parts, root, split, dtype)
         chunk = np.stack([stream.tokens(s * body, (s + 1) * body) for s in src.tolist()]) \
             if len(src) else np.zeros((0, body), dtype)
         starts = stream.doc_starts()
