@@ -25,16 +25,11 @@ from shoestring.rundir import RunDir
 
 def _export_mlm(run_dir: Path, out: Path, model: nn.Module, meta: dict[str, Any], *,
                 overwrite: bool) -> Path:
-    return export_encoder(run_dir, out, overwrite=overwrite)
-
-
-def _export_clm(run_dir: Path, out: Path, model: nn.Module, meta: dict[str, Any], *,
-                overwrite: bool) -> Path:
-    return export_decoder(run_dir, out, model, meta, overwrite=overwrite)
+    return export_encoder(run_dir, out, overwrite=overwrite)  # it loads the run itself
 
 
 # family name → writer of a run's HF folder (complete or absent); → reader of one
-EXPORTERS: dict[str, Callable[..., Path]] = {"mlm": _export_mlm, "clm": _export_clm}
+EXPORTERS: dict[str, Callable[..., Path]] = {"mlm": _export_mlm, "clm": export_decoder}
 IMPORTERS: dict[str, Callable[[Path, dict], tuple[nn.Module, dict]]] = {
     "mlm": lambda hf_dir, cfg: import_encoder(hf_dir), "clm": import_decoder}
 
