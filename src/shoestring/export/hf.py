@@ -98,8 +98,7 @@ def hf_state_dict(model: MaskedLM) -> dict[str, torch.Tensor]:
         if hf_name is None:
             raise ShoestringError(
                 f"model parameter '{name}' has no ModernBERT equivalent",
-                fix="this model cannot be exported to Hugging Face format",
-            )
+                fix="this model cannot be exported to Hugging Face format")
         state[hf_name] = tensor.detach().to("cpu", torch.float32).contiguous()
     return state
 
@@ -133,8 +132,7 @@ def only(option: str, allowed: Any, why: str, target: str = "ModernBERT"
             raise ShoestringError(
                 f"model option '{option}' = {value!r} has no exact {target} equivalent ({why})",
                 fix=f"only models trained with model.{option}={allowed!r} can be exported "
-                f"to {target}; the run's own final/ weights still work with eval and serve",
-            )
+                f"to {target}; the run's own final/ weights still work with eval and serve")
         return {}
 
     return check
@@ -149,8 +147,7 @@ def map_options(cfg: ModelConfig, table: dict[str, Callable[[Any], dict[str, Any
         if name not in table:
             raise ShoestringError(
                 f"model option '{name}' (= {value!r}) has no exact {target} equivalent",
-                fix="this model cannot be exported to Hugging Face format",
-            )
+                fix="this model cannot be exported to Hugging Face format")
         fields.update(table[name](value))
     return fields
 
@@ -169,18 +166,13 @@ def _ffn(value: str) -> dict[str, Any]:
     return {"hidden_activation": _ACTIVATIONS[value]}
 
 
-def _no_gqa(value: int | None) -> dict[str, Any]:
-    # Config validation already ties num_kv_heads to num_heads for encoders.
-    return {}
-
-
 _EXPORT_OPTIONS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "preset": lambda v: {},  # a name for the sizes below, which are exported themselves
     "objective": only("objective", MLM.name, "ModernBERT is an encoder"),
     "hidden_size": lambda v: {"hidden_size": v},
     "num_layers": _layers,
     "num_heads": lambda v: {"num_attention_heads": v},
-    "num_kv_heads": _no_gqa,
+    "num_kv_heads": lambda v: {},  # config validation ties it to num_heads for encoders
     "intermediate_size": lambda v: {"intermediate_size": v},
     "norm": only("norm", "layernorm", "ModernBERT uses LayerNorm"),
     "norm_position": only("norm_position", "pre", "ModernBERT is a pre-norm model"),
@@ -377,8 +369,7 @@ def _model_config(cfg: dict, where: Path) -> ModelConfig:
         raise ShoestringError(
             "cannot import: the config does not describe a shoestring model "
             f"({type(e).__name__}: {e})",
-            where=str(where / "config.json"),
-        ) from None
+            where=str(where / "config.json")) from None
 
 
 def read_weights(hf_dir: Path) -> dict[str, torch.Tensor]:

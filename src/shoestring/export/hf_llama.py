@@ -236,8 +236,7 @@ def import_decoder(hf_dir: Path, cfg: dict) -> tuple[CausalLM, dict]:
             rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
             tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             bias=bool(cfg.get("attention_bias", False)),
-            init_std=cfg.get("initializer_range", 0.02),
-        )
+            init_std=cfg.get("initializer_range", 0.02))
     except Exception as e:
         raise ShoestringError(
             f"cannot import: the config does not describe a shoestring decoder ({e})",

@@ -55,8 +55,7 @@ def import_hf(hf_dir: str | Path) -> tuple[nn.Module, dict]:
     except (OSError, ValueError) as e:
         raise ShoestringError(
             f"cannot import: no readable config.json ({type(e).__name__})", where=str(hf_dir),
-            fix="point at a folder written by save_pretrained or shoestring export",
-        ) from None
+            fix="point at a folder written by save_pretrained or shoestring export") from None
     kind = cfg.get("model_type")
     try:
         family = families.by_hf_model_type(kind)
@@ -64,8 +63,7 @@ def import_hf(hf_dir: str | Path) -> tuple[nn.Module, dict]:
         known = " and ".join(f.hf_model_type for f in families.all_families())
         raise ShoestringError(
             f"cannot import: model_type = {json.dumps(kind)} (shoestring reads {known})",
-            where=str(hf_dir / "config.json"),
-        ) from None
+            where=str(hf_dir / "config.json")) from None
     return IMPORTERS[family.name](hf_dir, cfg)
 
 

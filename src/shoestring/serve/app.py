@@ -42,26 +42,11 @@ from shoestring.serve.metrics import CONTENT_TYPE, ServeMetrics
 from shoestring.serve.retrieval_routes import attach_retrieval, need
 from shoestring.serve.page import PAGE
 from shoestring.serve.routing import ModelRouter, ModelUnavailable, Slot
-from shoestring.serve.schemas import (
-    ClassifyRequest,
-    ClassifyResponse,
-    EmbedRequest,
-    EmbedResponse,
-    FillMaskRequest,
-    FillMaskResponse,
-    GenerateRequest,
-    GenerateResponse,
-)
-from shoestring.serve.security import (
-    ApiKey,
-    BodyLimit,
-    ConcurrencyLimit,
-    Receive,
-    Refused,
-    RequestGate,
-    Scope,
-    Send,
-)
+from shoestring.serve.schemas import ClassifyRequest, ClassifyResponse, EmbedRequest, EmbedResponse
+from shoestring.serve.schemas import FillMaskRequest, FillMaskResponse, GenerateRequest
+from shoestring.serve.schemas import GenerateResponse
+from shoestring.serve.security import ApiKey, BodyLimit, ConcurrencyLimit, Receive, Refused
+from shoestring.serve.security import RequestGate, Scope, Send
 from shoestring.serve.settings import ServeSettings
 from shoestring.serve.streaming import TokenStream, events
 
@@ -279,7 +264,7 @@ def create_app(engine: Engine | ModelRouter, settings: ServeSettings,
 
 def _add_gauges(metrics: ServeMetrics, router: ModelRouter, settings: ServeSettings,
                 gate: RequestGate) -> None:
-    for name, help, read in [
+    for name, doc, read in [
         ("shoestring_queue_depth", "Inputs waiting for the model.", lambda: router.queue_depth),
         ("shoestring_queue_capacity", "Inputs that may wait (--max-queue).",
          lambda: settings.max_queue),
@@ -289,7 +274,7 @@ def _add_gauges(metrics: ServeMetrics, router: ModelRouter, settings: ServeSetti
         ("shoestring_requests_in_flight",
          "Requests being handled (429 at --max-concurrent-requests).", lambda: gate.active),
     ]:
-        metrics.add_gauge(name, help, read)
+        metrics.add_gauge(name, doc, read)
 
 
 def _add_error_handlers(app: FastAPI, settings: ServeSettings, metrics: ServeMetrics) -> None:
