@@ -35,7 +35,7 @@ from shoestring.model.encoder import MaskedLM
 from shoestring.rundir import RunDir
 
 __all__ = ["EXPORT_MARKER", "export_encoder", "hf_config", "hf_state_dict", "import_encoder",
-           "read_weights", "refuse"]
+           "read_weights", "refuse", "write_export"]
 
 EXPORT_MARKER = ".shoestring-export"
 HF_ARCHITECTURE = "ModernBertForMaskedLM"
@@ -261,16 +261,24 @@ def export_encoder(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool 
     state = hf_state_dict(model)
     tokenizer_json = RunDir(run_dir).tokenizer_path
     special_ids(load_tokenizer(tokenizer_json))  # the fixed special-token layout, checked
+    return write_export(out, run_dir, state, {
+        "config.json": config,
+        "tokenizer_config.json": _tokenizer_config(tokenizer_json, meta["seq_len"]),
+        "special_tokens_map.json": _special_tokens_map()})
 
+
+def write_export(out: Path, run_dir: Path, state: dict[str, torch.Tensor],
+                 files: dict[str, dict[str, Any]]) -> Path:
+    """Write export folder ``out`` (ModernBERT or Llama): ``state`` as safetensors, the run's
+    ``tokenizer.json``, each of ``files`` as JSON, and the marker; built in a hidden sibling
+    folder and renamed into place (fsutil.building_dir), so it is complete or absent."""
     with building_dir(out) as build:
         save_safetensors(state, build / WEIGHTS, metadata={"format": "pt"})
-        write_json_atomic(build / "config.json", config)
-        shutil.copyfile(tokenizer_json, build / "tokenizer.json")
-        tok_config = _tokenizer_config(tokenizer_json, meta["seq_len"])
-        write_json_atomic(build / "tokenizer_config.json", tok_config)
-        write_json_atomic(build / "special_tokens_map.json", _special_tokens_map())
-        marker = f"shoestring {__version__} export of {run_dir.resolve()}\n"
-        write_text_atomic(build / EXPORT_MARKER, marker)
+        shutil.copyfile(RunDir(run_dir).tokenizer_path, build / "tokenizer.json")
+        for name, content in files.items():
+            write_json_atomic(build / name, content)
+        write_text_atomic(build / EXPORT_MARKER,
+                          f"shoestring {__version__} export of {run_dir.resolve()}\n")
     return out
 
 

@@ -12,22 +12,18 @@ the export by name. Like export/hf.py, neither direction imports ``transformers`
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from shoestring import __version__
 from shoestring.config import ModelConfig
 from shoestring.errors import ShoestringError
 from shoestring.families.clm import CLM
-from shoestring.fsutil import building_dir, check_output_dir, save_safetensors
-from shoestring.fsutil import write_json_atomic, write_text_atomic
+from shoestring.fsutil import check_output_dir
 from shoestring.model.decoder import CausalLM
-from shoestring.export.hf import map_options, only, read_weights, refuse
-from shoestring.rundir import RunDir
+from shoestring.export.hf import map_options, only, read_weights, refuse, write_export
 
 EXPORT_MARKER = ".shoestring-export"
 HF_ARCHITECTURE = "LlamaForCausalLM"
@@ -184,21 +180,12 @@ def export_decoder(run_dir: Path, out: Path, model: CausalLM, meta: dict,
     check_output_dir(out, "export", owned=(out / EXPORT_MARKER).is_file(), overwrite=overwrite)
     config = hf_config(model.cfg, meta["vocab_size"], meta["seq_len"], meta["special_ids"])
     state = hf_state_dict(model)
-    tokenizer_json = RunDir(run_dir).tokenizer_path
-    with building_dir(out) as build:
-        save_safetensors(state, build / WEIGHTS, metadata={"format": "pt"})
-        write_json_atomic(build / "config.json", config)
-        write_json_atomic(build / "generation_config.json", {
-            "bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"],
-            "pad_token_id": config["pad_token_id"]})
-        shutil.copyfile(tokenizer_json, build / "tokenizer.json")
-        tok_cfg = _tokenizer_config(meta["special_ids"], meta["seq_len"])
-        write_json_atomic(build / "tokenizer_config.json", tok_cfg)
-        write_json_atomic(build / "special_tokens_map.json",
-                          {k: v for k, v in tok_cfg.items() if k.endswith("_token") and v})
-        write_text_atomic(build / EXPORT_MARKER,
-                          f"shoestring {__version__} export of {run_dir.resolve()}\n")
-    return out
+    tok_cfg = _tokenizer_config(meta["special_ids"], meta["seq_len"])
+    ids = ("bos_token_id", "eos_token_id", "pad_token_id")
+    tokens = {k: v for k, v in tok_cfg.items() if k.endswith("_token") and v}
+    return write_export(out, run_dir, state, {
+        "config.json": config, "generation_config.json": {k: config[k] for k in ids},
+        "tokenizer_config.json": tok_cfg, "special_tokens_map.json": tokens})
 
 
 def _refuse(where: Path, field: str, value: Any, why: str) -> ShoestringError:
