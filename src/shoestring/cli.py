@@ -53,8 +53,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_show_locals=False,
-    rich_markup_mode=None,
-)
+    rich_markup_mode=None)
 config_app = typer.Typer(help="Inspect the configuration.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 
@@ -631,8 +630,7 @@ def serve(
         max_body_bytes=max_body_bytes, max_new_tokens=max_new_tokens,
         request_timeout_s=request_timeout, shutdown_timeout_s=shutdown_timeout, api_key=api_key,
         precision=precision, threads=threads, index=str(index) if index else None,
-        workers=workers,
-    )
+        workers=workers)
     if not settings.loopback and settings.api_key is None:
         err.print(f"[yellow]warning:[/] listening on {host} without --api-key: anyone who can "
                   "reach this machine can use the model")
@@ -673,13 +671,6 @@ def index(
               f"documents (BM25{dense}); built: {done}", markup=False, highlight=False)
 
 
-def _print_hits(hits: list) -> None:
-    for h in hits:
-        text = " ".join(h.passage.text.split())
-        out.print(f"{h.rank}. [{h.score:.4g}] {h.passage.cite}\n   {text[:300]}"
-                  + ("…" if len(text) > 300 else ""), markup=False, highlight=False)
-
-
 @app.command()
 def search(
     index_dir: Annotated[Path, typer.Argument(help="Index dir (shoestring index -o).", show_default=False, metavar="INDEX")],
@@ -699,13 +690,14 @@ def search(
     check_query(query, "QUERY")
     idx = RetrievalIndex(index_dir, encoder=encoder)
     mode = mode if idx.has_dense or mode != "hybrid" or encoder else "bm25"
-    hits = idx.search(query, k, mode, "QUERY")
-    if as_json:
-        for h in hits:
+    for h in idx.search(query, k, mode, "QUERY"):
+        if as_json:
             out.print(json.dumps(h.to_dict(), ensure_ascii=False), markup=False, highlight=False,
                       soft_wrap=True)
-    else:
-        _print_hits(hits)
+            continue
+        text = " ".join(h.passage.text.split())
+        out.print(f"{h.rank}. [{h.score:.4g}] {h.passage.cite}\n   {text[:300]}"
+                  + ("…" if len(text) > 300 else ""), markup=False, highlight=False)
 
 
 @app.command()
@@ -750,8 +742,7 @@ def ask(
 
 models_app = typer.Typer(
     help="The model repository ($SHOESTRING_HOME/models): push, list, tag, rm, verify.",
-    no_args_is_help=True,
-)
+    no_args_is_help=True)
 app.add_typer(models_app, name="models")
 
 
@@ -863,8 +854,7 @@ def models_verify(
             f"{len(bad)} stored version(s) failed the check: {', '.join(bad)}",
             where=str(repo.root),
             fix="push each again from its source (shoestring models push SOURCE --name NAME) "
-            "and remove the bad version (shoestring models rm NAME:VERSION --force)",
-        )
+            "and remove the bad version (shoestring models rm NAME:VERSION --force)")
     out.print(f"{len(versions)} version(s) match their recorded sha256", highlight=False)
 
 

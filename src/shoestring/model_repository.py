@@ -81,11 +81,9 @@ def check_name(value: str, what: str) -> str:
     allowed. The one gate every name and tag passes before it becomes part of a path: the
     pattern has no ``/``, cannot start with ``.``, so ``..`` and absolute paths are refused."""
     if not isinstance(value, str) or not NAME_RE.match(value):
-        raise ShoestringError(
-            f"{what} {value!r} is not allowed",
-            fix="use lower-case letters, digits, '.', '_' and '-' (starting with a letter or "
-            "digit, at most 64 characters)",
-        )
+        raise ShoestringError(f"{what} {value!r} is not allowed", fix="use lower-case letters, "
+                              "digits, '.', '_' and '-' (starting with a letter or digit, at most "
+                              "64 characters)")
     return value
 
 
@@ -285,8 +283,7 @@ class ModelRepository:
                 f"{name}:{version} cannot be used: its manifest.json {problem}",
                 where=str(folder / "manifest.json"),
                 fix=f"push the model again (shoestring models push SOURCE --name {name}) or "
-                f"remove this version (shoestring models rm {name}:{version} --force)",
-            )
+                f"remove this version (shoestring models rm {name}:{version} --force)")
         tags = tuple(sorted(t for t, v in self.tags(name).items() if v == version))
         return ModelVersion(name, version, folder / "model", manifest, tags)
 
@@ -310,8 +307,7 @@ class ModelRepository:
             known = ", ".join(self.names()) or "none yet"
             raise ShoestringError(
                 f"no model named {name!r} in the repository {self.root} (models: {known})",
-                fix=f"store one with: shoestring models push RUN_DIR --name {name}",
-            )
+                fix=f"store one with: shoestring models push RUN_DIR --name {name}")
         if sel == LATEST:  # the newest usable version (a bad one is skipped and recorded)
             for v in reversed(versions[1:]):
                 try:
@@ -321,22 +317,19 @@ class ModelRepository:
             return self.get(name, versions[0])  # raises, saying why, if it is bad too
         if sel.isdigit():
             if int(sel) not in versions:
-                raise ShoestringError(
-                    f"{name} has no version {sel} (versions: {', '.join(map(str, versions))})"
-                )
+                raise ShoestringError(f"{name} has no version {sel} (versions: "
+                                      f"{', '.join(map(str, versions))})")
             return self.get(name, int(sel))
         tags = self.tags(name)
         if sel not in tags:
             raise ShoestringError(
                 f"{name} has no tag {sel!r} (tags: {', '.join(sorted(tags)) or 'none'})",
-                fix=f"tag a version: shoestring models tag {name}:VERSION {sel}",
-            )
+                fix=f"tag a version: shoestring models tag {name}:VERSION {sel}")
         if tags[sel] not in versions:
             raise ShoestringError(
                 f"{name}:{sel} points at version {tags[sel]}, which is not in the repository "
                 f"(versions: {', '.join(map(str, versions))})",
-                fix=f"point it at a stored version: shoestring models tag {name}:VERSION {sel}",
-            )
+                fix=f"point it at a stored version: shoestring models tag {name}:VERSION {sel}")
         return self.get(name, tags[sel])
 
     def verify(self, version: ModelVersion) -> None:
@@ -350,8 +343,7 @@ class ModelRepository:
                 f"(recorded {recorded}, now {actual}): a file was changed or corrupted",
                 where=str(version.content_dir),
                 fix=f"push the model again (shoestring models push SOURCE --name {version.name}) "
-                f"and remove this version (shoestring models rm {version.ref} --force)",
-            )
+                f"and remove this version (shoestring models rm {version.ref} --force)")
 
     # --- writing -------------------------------------------------------------------------------
 
@@ -364,8 +356,7 @@ class ModelRepository:
             fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         except OSError as e:
             raise ShoestringError(
-                f"cannot lock model {name!r} ({e.strerror})",
-                where=str(folder / ".lock"),
+                f"cannot lock model {name!r} ({e.strerror})", where=str(folder / ".lock"),
                 fix="it must be a plain file the repository can write (remove a link there)",
             ) from None
         try:
@@ -396,14 +387,10 @@ class ModelRepository:
         try:
             # A run is stored as a run dir (final/ inside), the shape load_engine expects.
             shutil.copytree(folder, build / "model" / "final" if kind == "run" else build / "model")
-            manifest = {
-                "name": name,
-                "sha256": digest,
-                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "source": str(source.resolve()),
-                "kind": kind,
-                "metrics": _eval_metrics(source, kind),
-            }
+            manifest = {"name": name, "sha256": digest,
+                        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                        "source": str(source.resolve()), "kind": kind,
+                        "metrics": _eval_metrics(source, kind)}
             with self._locked(name) as folder_:
                 existing = self._same_content(name, digest)
                 if existing is None:
@@ -413,9 +400,7 @@ class ModelRepository:
                     os.rename(build, folder_ / str(version))  # atomic: complete or absent
         finally:
             shutil.rmtree(build, ignore_errors=True)  # gone already unless it lost or failed
-        if existing is not None:
-            return existing, False
-        return self.get(name, version), True
+        return (existing, False) if existing is not None else (self.get(name, version), True)
 
     def tag(self, ref: str, tag: str) -> ModelVersion:
         """Point ``tag`` at the version ``ref`` names (moving it if it pointed elsewhere)."""
@@ -423,8 +408,7 @@ class ModelRepository:
         if tag.isdigit() or tag == LATEST:
             raise ShoestringError(
                 f"tag {tag!r} is reserved (numbers are versions; {LATEST!r} is always the newest)",
-                fix="pick another tag",
-            )
+                fix="pick another tag")
         target = self.resolve(ref)
         with self._locked(target.name) as folder:
             tags = self.tags(target.name)
@@ -454,14 +438,12 @@ class ModelRepository:
                 f"{what} is tagged ({', '.join(held)}): a server started with a tag serves "
                 "it, and would have nothing to serve",
                 fix="move the tag first (shoestring models tag NAME:VERSION TAG), or pass "
-                "--force to remove it with its tags",
-            )
+                "--force to remove it with its tags")
         removed = []
         with self._locked(name):
             if not whole:
-                write_json_atomic(
-                    folder / "tags.json", {t: v for t, v in tags.items() if v not in numbers}
-                )
+                write_json_atomic(folder / "tags.json",
+                                  {t: v for t, v in tags.items() if v not in numbers})
             for v in numbers:
                 trash = folder / f".rm-{uuid.uuid4().hex}"
                 os.rename(self._version_dir(name, v), trash)
@@ -480,8 +462,7 @@ def _no_link(path: Path, what: str) -> None:
             f"{what} is a symbolic link (to {os.readlink(path)}); the repository only uses "
             "its own folders",
             where=str(path),
-            fix="remove the link by hand; store models with shoestring models push",
-        )
+            fix="remove the link by hand; store models with shoestring models push")
 
 
 def _manifest_problem(data: Any) -> str | None:

@@ -29,13 +29,8 @@ from typing import Any
 import yaml
 
 from shoestring.errors import ShoestringError
-from shoestring.fsutil import (
-    building_dir,
-    check_output_dir,
-    write_bytes_atomic,
-    write_json_atomic,
-    write_text_atomic,
-)
+from shoestring.fsutil import building_dir, check_output_dir, write_bytes_atomic
+from shoestring.fsutil import write_json_atomic, write_text_atomic
 from shoestring.rundir import RunDir, parse_metrics, read_json_object
 
 FORMAT = "shoestring-report/1"
@@ -66,11 +61,8 @@ def read_metrics(path: Path) -> tuple[list[dict], list[dict], list[str]]:
     the run dir's one reader; a step a resumed run logged again keeps its later record."""
     records, notes = parse_metrics(path)
     if not records:
-        raise ShoestringError(
-            "metrics.jsonl has no records",
-            where=str(path),
-            fix="train for at least train.log_every steps before making a report",
-        )
+        raise ShoestringError("metrics.jsonl has no records", where=str(path),
+                              fix="train for at least train.log_every steps before making a report")
     train: list[dict] = []
     val: list[dict] = []
     for r in records:
@@ -89,11 +81,8 @@ def load_run(path: str | Path, name: str | None = None) -> RunData:
         raise ShoestringError("run dir not found", where=str(path),
                               fix="pass folders written by `shoestring train`")
     if not rd.metrics_path.is_file():
-        raise ShoestringError(
-            "not a shoestring run dir (no metrics.jsonl)",
-            where=str(path),
-            fix="pass folders written by `shoestring train`",
-        )
+        raise ShoestringError("not a shoestring run dir (no metrics.jsonl)", where=str(path),
+                              fix="pass folders written by `shoestring train`")
     train, val, notes = read_metrics(rd.metrics_path)
     run = RunData(path=path, name=name or path.resolve().name, train=train, val=val, notes=notes,
                   summary=read_json_object(rd.summary_path),
@@ -139,9 +128,8 @@ def _flops(run: RunData, r: dict) -> float | None:
     return None
 
 
-def series(
-    run: RunData, x: str, y: str, records: list[dict] | None = None
-) -> tuple[list[float], list[float]]:
+def series(run: RunData, x: str, y: str,
+           records: list[dict] | None = None) -> tuple[list[float], list[float]]:
     """(xs, ys) of ``y`` against ``x`` ("elapsed_s", "tokens", "flops", "progress", "step").
 
     Validation records that lack the x value get it interpolated by step from the training
@@ -176,15 +164,18 @@ def _figure(width: float = 7.5, height: float = 4.5):
     return fig, fig.add_subplot()
 
 
-def _png(fig) -> bytes:
+def _png(fig, ax, **labels: Any) -> bytes:
+    """The plot with its labels (``ax.set``), a grid and a legend, as PNG bytes."""
+    ax.set(**labels)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     return buf.getvalue()
 
 
-def _loss_plot(
-    runs: list[RunData], x: str, xlabel: str, title: str, logx: bool = False
-) -> bytes | None:
+def _loss_plot(runs: list[RunData], x: str, xlabel: str, title: str,
+               logx: bool = False) -> bytes | None:
     fig, ax = _figure()
     drawn = False
     for i, run in enumerate(runs):
@@ -205,15 +196,11 @@ def _loss_plot(
         return None
     if logx:
         ax.set_xscale("log")
-    ax.set(xlabel=xlabel, ylabel="loss (nats per predicted token)", title=title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    return _png(fig)
+    return _png(fig, ax, xlabel=xlabel, ylabel="loss (nats per predicted token)", title=title)
 
 
-def _schedule_plot(
-    runs: list[RunData], y: str, ylabel: str, title: str, default: Any = None
-) -> bytes | None:
+def _schedule_plot(runs: list[RunData], y: str, ylabel: str, title: str,
+                   default: Any = None) -> bytes | None:
     fig, ax = _figure(7.5, 3.6)
     drawn = False
     for i, run in enumerate(runs):
@@ -230,10 +217,7 @@ def _schedule_plot(
             drawn = True
     if not drawn:
         return None
-    ax.set(xlabel="fraction of the budget used", ylabel=ylabel, title=title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    return _png(fig)
+    return _png(fig, ax, xlabel="fraction of the budget used", ylabel=ylabel, title=title)
 
 
 def eval_loss(run: RunData) -> float | None:

@@ -18,32 +18,13 @@ from shoestring.errors import ShoestringError
 from shoestring.rundir import RunDir
 
 
-def run_eval(
-    run: Path,
-    *,
-    data: Path | None,
-    sets: list[str] | None,
-    glue: str | None,
-    tasks: str | None,
-    task: list[str] | None,
-    protocol: str,
-    seeds: str,
-    control: str,
-    output: Path | None,
-    max_train: int | None,
-    precision: str,
-    text: Path | None,
-    choices: Path | None,
-    samples: int,
-    prompt: list[str] | None,
-    out: Console,
-    err: Console,
-    print_mlm: Callable[[dict, Path], None],
-    privacy: Any = None,
-    resume: bool = False,
-    temperature: float = 0.0,
-    top_k: int | None = None,
-) -> None:
+def run_eval(run: Path, *, data: Path | None, sets: list[str] | None, glue: str | None,
+             tasks: str | None, task: list[str] | None, protocol: str, seeds: str, control: str,
+             output: Path | None, max_train: int | None, precision: str, text: Path | None,
+             choices: Path | None, samples: int, prompt: list[str] | None, out: Console,
+             err: Console, print_mlm: Callable[[dict, Path], None], privacy: Any = None,
+             resume: bool = False, temperature: float = 0.0, top_k: int | None = None) -> None:
+    """`shoestring eval`'s options → the evaluation they ask for (module docstring), printed."""
     if precision not in ("auto", "bf16", "fp32"):
         raise ShoestringError(f"unknown precision {precision!r}", where="--precision",
                               fix="choose auto, bf16 or fp32")
@@ -63,17 +44,15 @@ def run_eval(
         if decoder_flags:
             raise ShoestringError(
                 "--text/--choices/--prompt are decoder evals; --glue/--tasks/--task fine-tune "
-                "an encoder", where="shoestring eval", fix="run them separately",
-            )
+                "an encoder", where="shoestring eval", fix="run them separately")
         from shoestring.eval.downstream import evaluate_downstream
         from shoestring.eval.tasks import parse_task_arg
 
         custom = [parse_task_arg(t) for t in task or []]
         results = evaluate_downstream(run, glue=glue, tasks=tasks, custom=custom,
-                                      protocol=protocol, seeds=seed_count,
-                                      control=control, out=output,
-                                      max_train=max_train, precision=precision, console=err,
-                                      privacy=privacy, resume=resume)
+                                      protocol=protocol, seeds=seed_count, control=control,
+                                      out=output, max_train=max_train, precision=precision,
+                                      console=err, privacy=privacy, resume=resume)
         print_downstream(results, out, output or RunDir(run).downstream_dir)
         return
     family = RunDir(run).family()  # None: load_final reports a missing or damaged run
@@ -111,12 +90,9 @@ def print_downstream(results: dict[str, Any], out: Console, folder: Path) -> Non
     controlled = any("scratch" in c for c in results["columns"])
     for name in ("task", "split", "metric", "seeds"):
         t.add_column(name)
-    t.add_column("median ×100", justify="right")
-    t.add_column("min–max", justify="right")
-    if controlled:
-        t.add_column("scratch median", justify="right")
-        t.add_column("pretrained − scratch [95% CI]", justify="right")
-    t.add_column("s/seed", justify="right")
+    scratch = ["scratch median", "pretrained − scratch [95% CI]"] if controlled else []
+    for name in ["median ×100", "min–max", *scratch, "s/seed"]:
+        t.add_column(name, justify="right")
     for c in results["columns"]:
         res = results["tasks"][c["task"]]
         secs = sum(s["train_seconds"] + s["eval_seconds"] for s in res["seeds"]) / len(res["seeds"])

@@ -84,8 +84,7 @@ CONVENTIONS = {
 def score_columns(tasks: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """One column per reported number: GLUE columns in the usual order, then custom tasks.
     Values × 100: the median over seeds, its min/max/std, and the seed count."""
-    cols = []
-    seen = set()
+    cols, seen = [], set()
     for column, task, split in SCORE_COLUMNS:
         if task in tasks and split in tasks[task]["summary"]:
             cols.append(_column(column, task, split, tasks[task]))
@@ -100,15 +99,13 @@ def score_columns(tasks: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _column(column: str, task: str, split: str, res: dict[str, Any]) -> dict[str, Any]:
-    s = res["summary"][split]["score"]
-    col = {"column": column, "task": task, "split": split,
-           "metric": "+".join(res["metrics"]),
-           "median": 100 * s["median"], "min": 100 * s["min"], "max": 100 * s["max"],
-           "std": 100 * s["std"], "seeds": len(res["seeds"])}
+    def scaled(score: dict[str, float]) -> dict[str, float]:
+        return {k: 100 * score[k] for k in ("median", "min", "max", "std")}
+
+    col = {"column": column, "task": task, "split": split, "metric": "+".join(res["metrics"]),
+           **scaled(res["summary"][split]["score"]), "seeds": len(res["seeds"])}
     if "control" in res:
-        c = res["control"]["summary"][split]["score"]
-        col["scratch"] = {"median": 100 * c["median"], "min": 100 * c["min"],
-                          "max": 100 * c["max"], "std": 100 * c["std"]}
+        col["scratch"] = scaled(res["control"]["summary"][split]["score"])
         col["comparison"] = res["comparison"][split]
     return col
 
@@ -161,6 +158,10 @@ def sweep_choice(arm: dict[str, Any]) -> str:
                                                           if grid else "")
 
 
+def _md_row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
 def render_markdown(results: dict[str, Any]) -> str:
     """The report as markdown: measured table, then the external references, then details."""
     cols = results["columns"]
@@ -168,26 +169,22 @@ def render_markdown(results: dict[str, Any]) -> str:
     seeds = results["seeds"]
     seed_text = (f"Seeds: {results.get('seed_rule')}." if seeds == "auto"
                  else f"Seeds: {', '.join(map(str, seeds))}.")
-    lines = [f"# Downstream evaluation of `{results['run']}`", ""]
-    lines.append(
-        f"Protocol **{proto['name']}**: lr {proto['lr']:g}, batch {proto['batch_size']}, "
-        f"{proto['epochs']:g} epochs, {proto['warmup']:.0%} warmup then cosine decay, "
-        f"max length {proto['max_length']}, AdamW β=({proto['beta1']}, {proto['beta2']}), "
-        f"weight decay {proto['weight_decay']:g}; final model scored (no early stopping). "
-        + seed_text
-    )
+    lines = [f"# Downstream evaluation of `{results['run']}`", "",
+             f"Protocol **{proto['name']}**: lr {proto['lr']:g}, batch {proto['batch_size']}, "
+             f"{proto['epochs']:g} epochs, {proto['warmup']:.0%} warmup then cosine decay, "
+             f"max length {proto['max_length']}, AdamW β=({proto['beta1']}, {proto['beta2']}), "
+             f"weight decay {proto['weight_decay']:g}; final model scored (no early stopping). "
+             + seed_text]
     if proto["name"] == "sweep":
-        lines.append("")
-        lines.append("Sweep: each task keeps the (lr, batch) with the best median dev score, so "
-                     "these scores are selected on dev and optimistic.")
+        lines += ["", "Sweep: each task keeps the (lr, batch) with the best median dev score, "
+                  "so these scores are selected on dev and optimistic."]
         for name, task in results["tasks"].items():
             lines.append(f"- {name}: {sweep_choice(task)}"
                          + (f"; scratch control: {sweep_choice(task['control'])}"
                             if "control" in task else "") + ".")
     if results.get("max_train"):
-        lines.append("")
-        lines.append(f"**Not the full protocol:** training sets cut to the first "
-                     f"{results['max_train']:,} examples (--max-train).")
+        lines += ["", f"**Not the full protocol:** training sets cut to the first "
+                  f"{results['max_train']:,} examples (--max-train)."]
     many = any(c["seeds"] > 1 for c in cols)
     lines += ["", "Cells: the task's score × 100 (mean of its metrics), median over seeds "
               "[min–max]." if many else "Cells: the task's score × 100 (mean of its "
@@ -199,23 +196,20 @@ def render_markdown(results: dict[str, Any]) -> str:
     elif avg.get("partial_mean") is not None:
         avg_head = ["partial mean"]
     head = ["model", *[c["column"] for c in cols], *avg_head]
-    lines.append("| " + " | ".join(head) + " |")
-    lines.append("|" + "---|" * len(head))
+    lines += [_md_row(head), "|" + "---|" * len(head)]
     row = [f"measured: {results['run_name']}", *[_fmt(c, c["seeds"]) for c in cols]]
     if avg.get("complete"):
         row.append(f"{avg['glue9']:.1f}")
     elif avg.get("partial_mean") is not None:
         row.append(f"{avg['partial_mean']:.1f}*")
-    lines.append("| " + " | ".join(row) + " |")
+    lines.append(_md_row(row))
     controlled = [c for c in cols if "scratch" in c]
     if controlled:
         pad = ["–"] * len(avg_head)
         scratch = [_fmt(c["scratch"], c["seeds"]) if "scratch" in c else "–" for c in cols]
         diffs = [fmt_difference(c["comparison"]) if "comparison" in c else "–" for c in cols]
-        lines.append("| " + " | ".join(["control: same architecture from scratch", *scratch,
-                                        *pad]) + " |")
-        lines.append("| " + " | ".join(["pretrained − scratch (paired mean [95% CI])", *diffs,
-                                        *pad]) + " |")
+        lines += [_md_row(["control: same architecture from scratch", *scratch, *pad]),
+                  _md_row(["pretrained − scratch (paired mean [95% CI])", *diffs, *pad])]
     lines.append("")
     if controlled:
         lines.append("The control fine-tunes the same architecture from random initialization "
@@ -236,8 +230,7 @@ def render_markdown(results: dict[str, Any]) -> str:
     if glue_cols:
         lines += ["", "## External references (published numbers, not measured here)", ""]
         head = ["reference", "split", *GLUE9, "avg"]
-        lines.append("| " + " | ".join(head) + " |")
-        lines.append("|" + "---|" * len(head))
+        lines += [_md_row(head), "|" + "---|" * len(head)]
         for ref in REFERENCES:
             vals = [f"{ref['scores'][c]:.1f}" if c in ref["scores"] else "–" for c in GLUE9]
             lines.append(f"| {ref['name']} | {ref['split']} | " + " | ".join(vals)
@@ -276,23 +269,21 @@ def render_chart(results: dict[str, Any]) -> bytes:
     cols = results["columns"]
     names = [c["column"] for c in cols]
     x = np.arange(len(cols))
-    med = np.array([c["median"] for c in cols])
-    lo = med - np.array([c["min"] for c in cols])
-    hi = np.array([c["max"] for c in cols]) - med
     fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * len(cols) + 2), 4.2), dpi=120)
     controlled = all("scratch" in c for c in cols)
     width, shift = (0.38, 0.2) if controlled else (0.55, 0.0)
-    ax.bar(x - shift, med, width=width, color="#4c72b0",
-           label=f"measured: {results['run_name']} (median over seeds)")
-    ax.errorbar(x - shift, med, yerr=[lo, hi], fmt="none", ecolor="black", capsize=4, lw=1)
+    arms = [(-shift, cols, "#4c72b0", f"measured: {results['run_name']} (median over seeds)")]
     if controlled:
-        smed = np.array([c["scratch"]["median"] for c in cols])
-        slo = smed - np.array([c["scratch"]["min"] for c in cols])
-        shi = np.array([c["scratch"]["max"] for c in cols]) - smed
-        ax.bar(x + shift, smed, width=width, color="#bbbbbb",
-               label="control: same architecture from scratch")
-        ax.errorbar(x + shift, smed, yerr=[slo, shi], fmt="none", ecolor="black", capsize=4, lw=1)
-        med = np.minimum(med, smed)
+        arms.append((shift, [c["scratch"] for c in cols], "#bbbbbb",
+                     "control: same architecture from scratch"))
+    lowest = []
+    for offset, stats, color, label in arms:
+        med = np.array([s["median"] for s in stats])
+        lo = med - np.array([s["min"] for s in stats])
+        hi = np.array([s["max"] for s in stats]) - med
+        ax.bar(x + offset, med, width=width, color=color, label=label)
+        ax.errorbar(x + offset, med, yerr=[lo, hi], fmt="none", ecolor="black", capsize=4, lw=1)
+        lowest.append(med.min())
     markers = ["D", "o", "s", "^"]
     for k, ref in enumerate(REFERENCES):
         pts = [(i, ref["scores"][n]) for i, n in enumerate(names) if n in ref["scores"]]
@@ -303,8 +294,7 @@ def render_chart(results: dict[str, Any]) -> bytes:
                        label=f"reference: {ref['name']} ({ref['split']})")
     ax.set_xticks(x, names, rotation=30 if len(names) > 6 else 0)
     ax.set_ylabel("score × 100 (task's metric mean)")
-    low = min(0.0, float(med.min()) - 5)
-    ax.set_ylim(low, 100)
+    ax.set_ylim(min(0.0, float(min(lowest)) - 5), 100)
     ax.axhline(0, color="grey", lw=0.6)
     ax.set_title(f"{results['protocol']['name']} fine-tuning of {results['run_name']}", fontsize=10)
     ax.legend(fontsize=7, loc="lower left", framealpha=0.9)

@@ -25,30 +25,17 @@ from safetensors import safe_open
 
 from shoestring import __version__
 from shoestring.config import ModelConfig
-from shoestring.data.tokenizer import (
-    CLS,
-    MASK,
-    NUM_SPECIAL,
-    PAD,
-    SEP,
-    SPECIAL_TOKENS,
-    UNK,
-    load_tokenizer,
-    special_ids,
-)
+from shoestring.data.tokenizer import CLS, MASK, NUM_SPECIAL, PAD, SEP, SPECIAL_TOKENS, UNK
+from shoestring.data.tokenizer import load_tokenizer, special_ids
 from shoestring.errors import ShoestringError
 from shoestring.families.mlm import MLM
-from shoestring.fsutil import (
-    building_dir,
-    check_output_dir,
-    save_safetensors,
-    write_json_atomic,
-    write_text_atomic,
-)
+from shoestring.fsutil import building_dir, check_output_dir, save_safetensors
+from shoestring.fsutil import write_json_atomic, write_text_atomic
 from shoestring.model.encoder import MaskedLM
 from shoestring.rundir import RunDir
 
-__all__ = ["EXPORT_MARKER", "export_encoder", "hf_config", "hf_state_dict", "import_encoder"]
+__all__ = ["EXPORT_MARKER", "export_encoder", "hf_config", "hf_state_dict", "import_encoder",
+           "read_weights", "refuse", "write_export"]
 
 EXPORT_MARKER = ".shoestring-export"
 HF_ARCHITECTURE = "ModernBertForMaskedLM"
@@ -73,20 +60,9 @@ _TOP_LEVEL_NAMES = {
     "head_norm.bias": "head.norm.bias",
     "decoder_bias": "decoder.bias",
 }
-_LAYER_PARAMS = (
-    "attn_norm.weight",  # absent in layer 0 (Identity) on both sides
-    "attn.Wqkv.weight",
-    "attn.Wo.weight",
-    "mlp_norm.weight",
-    "mlp.Wi.weight",
-    "mlp.Wo.weight",
-    "attn_norm.bias",
-    "attn.Wqkv.bias",
-    "attn.Wo.bias",
-    "mlp_norm.bias",
-    "mlp.Wi.bias",
-    "mlp.Wo.bias",
-)
+# attn_norm is absent in layer 0 (Identity) on both sides.
+_LAYER_PARAMS = {f"{module}.{kind}" for kind in ("weight", "bias") for module in
+                 ("attn_norm", "attn.Wqkv", "attn.Wo", "mlp_norm", "mlp.Wi", "mlp.Wo")}
 
 
 def _to_hf_name(name: str) -> str | None:
@@ -122,8 +98,7 @@ def hf_state_dict(model: MaskedLM) -> dict[str, torch.Tensor]:
         if hf_name is None:
             raise ShoestringError(
                 f"model parameter '{name}' has no ModernBERT equivalent",
-                fix="this model cannot be exported to Hugging Face format",
-            )
+                fix="this model cannot be exported to Hugging Face format")
         state[hf_name] = tensor.detach().to("cpu", torch.float32).contiguous()
     return state
 
@@ -136,14 +111,9 @@ def hf_state_dict(model: MaskedLM) -> dict[str, torch.Tensor]:
 def _rope(theta: float) -> dict[str, Any]:
     # transformers ≥ 5 reads rope_parameters; 4.48–4.x read global/local_rope_theta. Every
     # layer is a full-attention layer, so the local theta is unused; set it equal anyway.
-    return {
-        "rope_parameters": {
-            "full_attention": {"rope_type": "default", "rope_theta": theta},
-            "sliding_attention": {"rope_type": "default", "rope_theta": theta},
-        },
-        "global_rope_theta": theta,
-        "local_rope_theta": theta,
-    }
+    return {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": theta},
+                                "sliding_attention": {"rope_type": "default", "rope_theta": theta}},
+            "global_rope_theta": theta, "local_rope_theta": theta}
 
 
 def _layers(n: int) -> dict[str, Any]:
@@ -162,8 +132,7 @@ def only(option: str, allowed: Any, why: str, target: str = "ModernBERT"
             raise ShoestringError(
                 f"model option '{option}' = {value!r} has no exact {target} equivalent ({why})",
                 fix=f"only models trained with model.{option}={allowed!r} can be exported "
-                f"to {target}; the run's own final/ weights still work with eval and serve",
-            )
+                f"to {target}; the run's own final/ weights still work with eval and serve")
         return {}
 
     return check
@@ -178,8 +147,7 @@ def map_options(cfg: ModelConfig, table: dict[str, Callable[[Any], dict[str, Any
         if name not in table:
             raise ShoestringError(
                 f"model option '{name}' (= {value!r}) has no exact {target} equivalent",
-                fix="this model cannot be exported to Hugging Face format",
-            )
+                fix="this model cannot be exported to Hugging Face format")
         fields.update(table[name](value))
     return fields
 
@@ -198,18 +166,13 @@ def _ffn(value: str) -> dict[str, Any]:
     return {"hidden_activation": _ACTIVATIONS[value]}
 
 
-def _no_gqa(value: int | None) -> dict[str, Any]:
-    # Config validation already ties num_kv_heads to num_heads for encoders.
-    return {}
-
-
 _EXPORT_OPTIONS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "preset": lambda v: {},  # a name for the sizes below, which are exported themselves
     "objective": only("objective", MLM.name, "ModernBERT is an encoder"),
     "hidden_size": lambda v: {"hidden_size": v},
     "num_layers": _layers,
     "num_heads": lambda v: {"num_attention_heads": v},
-    "num_kv_heads": _no_gqa,
+    "num_kv_heads": lambda v: {},  # config validation ties it to num_heads for encoders
     "intermediate_size": lambda v: {"intermediate_size": v},
     "norm": only("norm", "layernorm", "ModernBERT uses LayerNorm"),
     "norm_position": only("norm_position", "pre", "ModernBERT is a pre-norm model"),
@@ -255,14 +218,9 @@ def hf_config(model_cfg: ModelConfig, vocab_size: int, seq_len: int, ids: dict[s
         vocab_size=vocab_size,
         # RoPE has no table that caps the length; this is only the length advertised.
         max_position_embeddings=max(seq_len, 512),
-        pad_token_id=ids["[PAD]"],
-        bos_token_id=ids["[CLS]"],
-        eos_token_id=ids["[SEP]"],
-        cls_token_id=ids["[CLS]"],
-        sep_token_id=ids["[SEP]"],
-        mask_token_id=ids["[MASK]"],
-        dtype="float32",
-        torch_dtype="float32",  # the older name, for transformers 4.x
+        pad_token_id=ids["[PAD]"], bos_token_id=ids["[CLS]"], eos_token_id=ids["[SEP]"],
+        cls_token_id=ids["[CLS]"], sep_token_id=ids["[SEP]"], mask_token_id=ids["[MASK]"],
+        dtype="float32", torch_dtype="float32",  # the older name, for transformers 4.x
     )
     return fields
 
@@ -280,14 +238,10 @@ def _tokenizer_config(tokenizer_json: Path, seq_len: int) -> dict[str, Any]:
     """
     spec = json.loads(tokenizer_json.read_text(encoding="utf-8"))
     normalizer = spec.get("normalizer") or {}
-    return {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        **_special_tokens_map(),
-        "model_max_length": seq_len,
-        "do_lower_case": bool(normalizer.get("lowercase", False)),
-        "model_input_names": ["input_ids", "attention_mask"],  # ModernBERT has no token types
-        "clean_up_tokenization_spaces": False,
-    }
+    return {"tokenizer_class": "PreTrainedTokenizerFast", **_special_tokens_map(),
+            "model_max_length": seq_len, "do_lower_case": bool(normalizer.get("lowercase", False)),
+            "model_input_names": ["input_ids", "attention_mask"],  # ModernBERT has no token types
+            "clean_up_tokenization_spaces": False}
 
 
 # --- export ------------------------------------------------------------------------------
@@ -307,16 +261,24 @@ def export_encoder(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool 
     state = hf_state_dict(model)
     tokenizer_json = RunDir(run_dir).tokenizer_path
     special_ids(load_tokenizer(tokenizer_json))  # the fixed special-token layout, checked
+    return write_export(out, run_dir, state, {
+        "config.json": config,
+        "tokenizer_config.json": _tokenizer_config(tokenizer_json, meta["seq_len"]),
+        "special_tokens_map.json": _special_tokens_map()})
 
+
+def write_export(out: Path, run_dir: Path, state: dict[str, torch.Tensor],
+                 files: dict[str, dict[str, Any]]) -> Path:
+    """Write export folder ``out`` (ModernBERT or Llama): ``state`` as safetensors, the run's
+    ``tokenizer.json``, each of ``files`` as JSON, and the marker; built in a hidden sibling
+    folder and renamed into place (fsutil.building_dir), so it is complete or absent."""
     with building_dir(out) as build:
         save_safetensors(state, build / WEIGHTS, metadata={"format": "pt"})
-        write_json_atomic(build / "config.json", config)
-        shutil.copyfile(tokenizer_json, build / "tokenizer.json")
-        tok_config = _tokenizer_config(tokenizer_json, meta["seq_len"])
-        write_json_atomic(build / "tokenizer_config.json", tok_config)
-        write_json_atomic(build / "special_tokens_map.json", _special_tokens_map())
-        marker = f"shoestring {__version__} export of {run_dir.resolve()}\n"
-        write_text_atomic(build / EXPORT_MARKER, marker)
+        shutil.copyfile(RunDir(run_dir).tokenizer_path, build / "tokenizer.json")
+        for name, content in files.items():
+            write_json_atomic(build / name, content)
+        write_text_atomic(build / EXPORT_MARKER,
+                          f"shoestring {__version__} export of {run_dir.resolve()}\n")
     return out
 
 
@@ -340,12 +302,14 @@ _SPECIAL_FIELDS = {"pad_token_id": "[PAD]", "cls_token_id": "[CLS]", "sep_token_
                    "mask_token_id": "[MASK]"}
 
 
-def _refuse(where: Path, field: str, value: Any, why: str) -> ShoestringError:
-    return ShoestringError(
-        f"cannot import: {field} = {json.dumps(value)} ({why})",
-        where=str(where),
-        fix="only ModernBERT models with shoestring's exact architecture can be imported",
-    )
+_IMPORT_FIX = "only ModernBERT models with shoestring's exact architecture can be imported"
+
+
+def refuse(where: Path, field: str, value: Any, why: str,
+           fix: str = _IMPORT_FIX) -> ShoestringError:
+    """An import refused for one config field (or weight), naming it and its value."""
+    return ShoestringError(f"cannot import: {field} = {json.dumps(value)} ({why})",
+                           where=str(where), fix=fix)
 
 
 def _layer_types(cfg: dict) -> list[str]:
@@ -361,76 +325,70 @@ def _rope_theta(cfg: dict, where: Path) -> float:
     params = (cfg.get("rope_parameters") or {}).get("full_attention") or {}
     rope_type = params.get("rope_type", "default")
     if rope_type != "default":
-        raise _refuse(where, "rope_parameters.full_attention.rope_type", rope_type,
+        raise refuse(where, "rope_parameters.full_attention.rope_type", rope_type,
                       "shoestring uses plain RoPE")
     return float(params.get("rope_theta", cfg.get("global_rope_theta", _DEFAULT_GLOBAL_THETA)))
 
 
 def _check_config(cfg: dict, where: Path) -> None:
     if cfg.get("model_type") != MODEL_TYPE:
-        raise _refuse(where, "model_type", cfg.get("model_type"), "only ModernBERT is supported")
+        raise refuse(where, "model_type", cfg.get("model_type"), "only ModernBERT is supported")
     for field, default, needed, why in _REQUIRED:
         value = cfg.get(field, default)
         if value != needed:
-            raise _refuse(where, field, value, why)
+            raise refuse(where, field, value, why)
     biases = {field: bool(cfg.get(field, default)) for field, default in _BIAS_FIELDS.items()}
     if len(set(biases.values())) > 1:
         field = next(f for f, v in biases.items() if v != biases["attention_bias"])
-        raise _refuse(where, field, biases[field],
+        raise refuse(where, field, biases[field],
                       "shoestring's model.bias switches every bias together; here they differ")
     activation = cfg.get("hidden_activation", "gelu")
     if activation not in _ACTIVATIONS.values():
-        raise _refuse(where, "hidden_activation", activation,
+        raise refuse(where, "hidden_activation", activation,
                       "shoestring's gated feed-forward uses exact GELU (geglu) or SiLU (swiglu)")
     for i, kind in enumerate(_layer_types(cfg)):
         if kind != "full_attention":
             given = cfg.get("layer_types") is not None
             field = "layer_types" if given else "global_attn_every_n_layers"
-            raise _refuse(where, field, cfg.get(field, 3),
+            raise refuse(where, field, cfg.get(field, 3),
                           f"layer {i} is {kind!r}; shoestring has only full-attention layers")
     head_dim = cfg.get("head_dim")
     if head_dim is not None and head_dim * cfg["num_attention_heads"] != cfg["hidden_size"]:
-        raise _refuse(where, "head_dim", head_dim, "shoestring heads split hidden_size evenly")
+        raise refuse(where, "head_dim", head_dim, "shoestring heads split hidden_size evenly")
     for field, token in _SPECIAL_FIELDS.items():
         want = _OUR_SPECIAL_IDS[token]
         if cfg.get(field, want) != want:
-            raise _refuse(where, field, cfg.get(field),
+            raise refuse(where, field, cfg.get(field),
                           f"shoestring's tokenizer has {token} at id {want}")
 
 
 def _model_config(cfg: dict, where: Path) -> ModelConfig:
     try:
         return ModelConfig(
-            hidden_size=cfg["hidden_size"],
-            num_layers=cfg["num_hidden_layers"],
-            num_heads=cfg["num_attention_heads"],
-            intermediate_size=cfg["intermediate_size"],
-            norm_eps=cfg.get("norm_eps", 1e-5),
-            rope_theta=_rope_theta(cfg, where),
+            hidden_size=cfg["hidden_size"], num_layers=cfg["num_hidden_layers"],
+            num_heads=cfg["num_attention_heads"], intermediate_size=cfg["intermediate_size"],
+            norm_eps=cfg.get("norm_eps", 1e-5), rope_theta=_rope_theta(cfg, where),
             init_std=cfg.get("initializer_range", 0.02),
             bias=bool(cfg.get("attention_bias", False)),
-            ffn={v: k for k, v in _ACTIVATIONS.items()}[cfg.get("hidden_activation", "gelu")],
-        )
+            ffn={v: k for k, v in _ACTIVATIONS.items()}[cfg.get("hidden_activation", "gelu")])
     except ShoestringError:
         raise
     except Exception as e:  # missing keys and pydantic validation alike
         raise ShoestringError(
             "cannot import: the config does not describe a shoestring model "
             f"({type(e).__name__}: {e})",
-            where=str(where / "config.json"),
-        ) from None
+            where=str(where / "config.json")) from None
 
 
-def _read_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
+def read_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
+    """``model.safetensors`` of a Hugging Face folder (one file: shards are refused)."""
     path = hf_dir / WEIGHTS
     if not path.is_file():
         sharded = (hf_dir / f"{WEIGHTS}.index.json").is_file()
         why = " (sharded checkpoints are not supported)" if sharded else ""
-        raise ShoestringError(
-            f"cannot import: no {WEIGHTS}{why}",
-            where=str(hf_dir),
-            fix="save the model as one file: save_pretrained(..., max_shard_size='100GB')",
-        )
+        raise ShoestringError(f"cannot import: no {WEIGHTS}{why}", where=str(hf_dir),
+                              fix="save the model as one file: save_pretrained(..., "
+                              "max_shard_size='100GB')")
     with safe_open(str(path), framework="pt") as f:
         return {k: f.get_tensor(k) for k in f.keys()}
 
@@ -443,12 +401,12 @@ def _our_state(hf_state: dict[str, torch.Tensor], where: Path) -> dict[str, torc
             continue
         ours = _from_hf_name(name)
         if ours is None:
-            raise _refuse(where, "weight", name, "shoestring has no such parameter")
+            raise refuse(where, "weight", name, "shoestring has no such parameter")
         state[ours] = tensor.to(torch.float32)
     decoder = hf_state.get(TIED_DECODER)
     embeddings = state.get("tok_embeddings.weight")
     if decoder is not None and (embeddings is None or not torch.equal(decoder.float(), embeddings)):
-        raise _refuse(where, "weight", TIED_DECODER,
+        raise refuse(where, "weight", TIED_DECODER,
                       "a decoder that differs from the embeddings; shoestring's is tied")
     return state
 
@@ -477,25 +435,19 @@ def import_encoder(hf_dir: str | Path) -> tuple[MaskedLM, dict]:
     try:
         cfg = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
-        raise ShoestringError(
-            f"cannot import: no readable config.json ({type(e).__name__})", where=str(hf_dir)
-        ) from None
+        raise ShoestringError(f"cannot import: no readable config.json ({type(e).__name__})",
+                              where=str(hf_dir)) from None
     _check_config(cfg, hf_dir)
     model_cfg = _model_config(cfg, hf_dir)
     if (hf_dir / "tokenizer.json").is_file():
         special_ids(load_tokenizer(hf_dir / "tokenizer.json"))  # raises if the layout differs
     model = MaskedLM(model_cfg, cfg["vocab_size"])
     try:
-        model.load_state_dict(_our_state(_read_weights(hf_dir), hf_dir), strict=True)
+        model.load_state_dict(_our_state(read_weights(hf_dir), hf_dir), strict=True)
     except RuntimeError as e:  # missing weights or wrong shapes
-        raise ShoestringError(
-            f"cannot import: the weights do not fit the config ({e})", where=str(hf_dir / WEIGHTS)
-        ) from None
-    meta = {
-        "architecture": MLM.architecture,
-        "model": model_cfg.model_dump(mode="json"),
-        "vocab_size": cfg["vocab_size"],
-        "seq_len": _seq_len(hf_dir, cfg),
-        "special_ids": dict(_OUR_SPECIAL_IDS),
-    }
+        raise ShoestringError(f"cannot import: the weights do not fit the config ({e})",
+                              where=str(hf_dir / WEIGHTS)) from None
+    meta = {"architecture": MLM.architecture, "model": model_cfg.model_dump(mode="json"),
+            "vocab_size": cfg["vocab_size"], "seq_len": _seq_len(hf_dir, cfg),
+            "special_ids": dict(_OUR_SPECIAL_IDS)}
     return model.eval(), meta

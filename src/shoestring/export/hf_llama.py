@@ -12,28 +12,18 @@ the export by name. Like export/hf.py, neither direction imports ``transformers`
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 
-from shoestring import __version__
 from shoestring.config import ModelConfig
 from shoestring.errors import ShoestringError
 from shoestring.families.clm import CLM
-from shoestring.fsutil import (
-    building_dir,
-    check_output_dir,
-    save_safetensors,
-    write_json_atomic,
-    write_text_atomic,
-)
+from shoestring.fsutil import check_output_dir
 from shoestring.model.decoder import CausalLM
-from shoestring.export.hf import map_options, only
-from shoestring.rundir import RunDir
+from shoestring.export.hf import map_options, only, read_weights, refuse, write_export
 
 EXPORT_MARKER = ".shoestring-export"
 HF_ARCHITECTURE = "LlamaForCausalLM"
@@ -75,19 +65,11 @@ def hf_config(cfg: ModelConfig, vocab_size: int, seq_len: int, ids: dict[str, in
     fields.update(map_options(cfg, _EXPORT_OPTIONS, "Llama"))
     eos = ids.get("<|endoftext|>")
     fields.update(
-        num_key_value_heads=cfg.kv_heads,
-        head_dim=cfg.head_dim,
-        hidden_act="silu",
+        num_key_value_heads=cfg.kv_heads, head_dim=cfg.head_dim, hidden_act="silu",
         vocab_size=vocab_size,
         max_position_embeddings=seq_len,  # the trained context (lm-eval sizes its windows by it)
-        attention_dropout=0.0,
-        pretraining_tp=1,
-        bos_token_id=eos,
-        eos_token_id=eos,
-        pad_token_id=ids.get("<|pad|>", eos),
-        dtype="float32",
-        torch_dtype="float32",
-    )
+        attention_dropout=0.0, pretraining_tp=1, bos_token_id=eos, eos_token_id=eos,
+        pad_token_id=ids.get("<|pad|>", eos), dtype="float32", torch_dtype="float32")
     return fields
 
 
@@ -136,10 +118,8 @@ def hf_state_dict(model: CausalLM) -> dict[str, torch.Tensor]:
         else:
             pairs = []
         if not pairs:
-            raise ShoestringError(
-                f"model parameter '{name}' has no Llama equivalent",
-                fix="this model cannot be exported to Hugging Face format",
-            )
+            raise ShoestringError(f"model parameter '{name}' has no Llama equivalent",
+                                  fix="this model cannot be exported to Hugging Face format")
         state.update(pairs)
     return {k: v.contiguous() for k, v in state.items()}
 
@@ -173,9 +153,8 @@ def _our_state(hf: dict[str, torch.Tensor], cfg: ModelConfig, where: Path) -> di
             state[f"layers.{i}.mlp.Wo.{kind}"] = take(f"{p}mlp.down_proj.{kind}")
     extra = sorted(set(hf) - used - {"lm_head.weight"})
     if extra:
-        raise ShoestringError(
-            f"cannot import: weight '{extra[0]}' has no shoestring equivalent", where=str(where)
-        )
+        raise ShoestringError(f"cannot import: weight '{extra[0]}' has no shoestring equivalent",
+                              where=str(where))
     if cfg.tie_embeddings and "lm_head.weight" in hf and not torch.equal(
         hf["lm_head.weight"].float(), state["tok_embeddings.weight"]
     ):
@@ -189,16 +168,10 @@ def _tokenizer_config(ids: dict[str, int], seq_len: int) -> dict[str, Any]:
     by_id = {v: k for k, v in ids.items()}
     eos = by_id.get(ids.get("<|endoftext|>", -1))
     pad = by_id.get(ids.get("<|pad|>", -1), eos)
-    return {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": eos,
-        "eos_token": eos,
-        "pad_token": pad,
-        "unk_token": None,
-        "model_max_length": seq_len,
-        "model_input_names": ["input_ids", "attention_mask"],
-        "clean_up_tokenization_spaces": False,
-    }
+    return {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": eos, "eos_token": eos,
+            "pad_token": pad, "unk_token": None, "model_max_length": seq_len,
+            "model_input_names": ["input_ids", "attention_mask"],
+            "clean_up_tokenization_spaces": False}
 
 
 def export_decoder(run_dir: Path, out: Path, model: CausalLM, meta: dict,
@@ -207,29 +180,17 @@ def export_decoder(run_dir: Path, out: Path, model: CausalLM, meta: dict,
     check_output_dir(out, "export", owned=(out / EXPORT_MARKER).is_file(), overwrite=overwrite)
     config = hf_config(model.cfg, meta["vocab_size"], meta["seq_len"], meta["special_ids"])
     state = hf_state_dict(model)
-    tokenizer_json = RunDir(run_dir).tokenizer_path
-    with building_dir(out) as build:
-        save_safetensors(state, build / WEIGHTS, metadata={"format": "pt"})
-        write_json_atomic(build / "config.json", config)
-        write_json_atomic(build / "generation_config.json", {
-            "bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"],
-            "pad_token_id": config["pad_token_id"]})
-        shutil.copyfile(tokenizer_json, build / "tokenizer.json")
-        tok_cfg = _tokenizer_config(meta["special_ids"], meta["seq_len"])
-        write_json_atomic(build / "tokenizer_config.json", tok_cfg)
-        write_json_atomic(build / "special_tokens_map.json",
-                          {k: v for k, v in tok_cfg.items() if k.endswith("_token") and v})
-        write_text_atomic(build / EXPORT_MARKER,
-                          f"shoestring {__version__} export of {run_dir.resolve()}\n")
-    return out
+    tok_cfg = _tokenizer_config(meta["special_ids"], meta["seq_len"])
+    ids = ("bos_token_id", "eos_token_id", "pad_token_id")
+    tokens = {k: v for k, v in tok_cfg.items() if k.endswith("_token") and v}
+    return write_export(out, run_dir, state, {
+        "config.json": config, "generation_config.json": {k: config[k] for k in ids},
+        "tokenizer_config.json": tok_cfg, "special_tokens_map.json": tokens})
 
 
 def _refuse(where: Path, field: str, value: Any, why: str) -> ShoestringError:
-    return ShoestringError(
-        f"cannot import: {field} = {json.dumps(value)} ({why})",
-        where=str(where),
-        fix="only Llama models that shoestring's decoder computes exactly can be imported",
-    )
+    return refuse(where, field, value, why, fix="only Llama models that shoestring's decoder "
+                  "computes exactly can be imported")
 
 
 def import_decoder(hf_dir: Path, cfg: dict) -> tuple[CausalLM, dict]:
@@ -262,32 +223,23 @@ def import_decoder(hf_dir: Path, cfg: dict) -> tuple[CausalLM, dict]:
             rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
             tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             bias=bool(cfg.get("attention_bias", False)),
-            init_std=cfg.get("initializer_range", 0.02),
-        )
+            init_std=cfg.get("initializer_range", 0.02))
     except Exception as e:
         raise ShoestringError(
             f"cannot import: the config does not describe a shoestring decoder ({e})",
             where=str(hf_dir / "config.json")) from None
     path = hf_dir / WEIGHTS
-    if not path.is_file():
-        raise ShoestringError(f"cannot import: no {WEIGHTS}", where=str(hf_dir),
-                              fix="save the model as one file: save_pretrained(..., max_shard_size='100GB')")
-    with safe_open(str(path), framework="pt") as f:
-        hf_state = {k: f.get_tensor(k) for k in f.keys()}
+    hf_state = read_weights(hf_dir)
     model = CausalLM(model_cfg, cfg["vocab_size"])
     try:
         model.load_state_dict(_our_state(hf_state, model_cfg, path), strict=True)
     except RuntimeError as e:
         raise ShoestringError(f"cannot import: the weights do not fit the config ({e})",
                               where=str(path)) from None
-    ids = _special_ids(hf_dir, cfg)
-    meta = {
-        "architecture": CLM.architecture,
-        "model": model_cfg.model_dump(mode="json"),
-        "vocab_size": cfg["vocab_size"],
-        "seq_len": int(cfg.get("max_position_embeddings", 2048)),
-        "special_ids": ids,
-    }
+    meta = {"architecture": CLM.architecture, "model": model_cfg.model_dump(mode="json"),
+            "vocab_size": cfg["vocab_size"],
+            "seq_len": int(cfg.get("max_position_embeddings", 2048)),
+            "special_ids": _special_ids(hf_dir, cfg)}
     return model.eval(), meta
 
 

@@ -25,16 +25,11 @@ from shoestring.rundir import RunDir
 
 def _export_mlm(run_dir: Path, out: Path, model: nn.Module, meta: dict[str, Any], *,
                 overwrite: bool) -> Path:
-    return export_encoder(run_dir, out, overwrite=overwrite)
-
-
-def _export_clm(run_dir: Path, out: Path, model: nn.Module, meta: dict[str, Any], *,
-                overwrite: bool) -> Path:
-    return export_decoder(run_dir, out, model, meta, overwrite=overwrite)
+    return export_encoder(run_dir, out, overwrite=overwrite)  # it loads the run itself
 
 
 # family name → writer of a run's HF folder (complete or absent); → reader of one
-EXPORTERS: dict[str, Callable[..., Path]] = {"mlm": _export_mlm, "clm": _export_clm}
+EXPORTERS: dict[str, Callable[..., Path]] = {"mlm": _export_mlm, "clm": export_decoder}
 IMPORTERS: dict[str, Callable[[Path, dict], tuple[nn.Module, dict]]] = {
     "mlm": lambda hf_dir, cfg: import_encoder(hf_dir), "clm": import_decoder}
 
@@ -60,8 +55,7 @@ def import_hf(hf_dir: str | Path) -> tuple[nn.Module, dict]:
     except (OSError, ValueError) as e:
         raise ShoestringError(
             f"cannot import: no readable config.json ({type(e).__name__})", where=str(hf_dir),
-            fix="point at a folder written by save_pretrained or shoestring export",
-        ) from None
+            fix="point at a folder written by save_pretrained or shoestring export") from None
     kind = cfg.get("model_type")
     try:
         family = families.by_hf_model_type(kind)
@@ -69,8 +63,7 @@ def import_hf(hf_dir: str | Path) -> tuple[nn.Module, dict]:
         known = " and ".join(f.hf_model_type for f in families.all_families())
         raise ShoestringError(
             f"cannot import: model_type = {json.dumps(kind)} (shoestring reads {known})",
-            where=str(hf_dir / "config.json"),
-        ) from None
+            where=str(hf_dir / "config.json")) from None
     return IMPORTERS[family.name](hf_dir, cfg)
 
 

@@ -85,8 +85,9 @@ def _by_copies(scored: list[dict]) -> dict[str, dict[str, float]]:
             for k, v in sorted(groups.items())}
 
 
-def _pick(n_rows: int, n: int, rng: np.random.Generator) -> np.ndarray:
-    return np.sort(rng.choice(n_rows, min(n, n_rows), replace=False))
+def _sample(split: Any, n: int, rng: np.random.Generator) -> np.ndarray:
+    """``n`` random rows of ``split`` (all of them if it has fewer), in their order."""
+    return split.take(np.sort(rng.choice(len(split), min(n, len(split)), replace=False)))
 
 
 def audit(run_dir: str | Path, data_dir: str | Path, settings: AuditSettings = AuditSettings(),
@@ -140,10 +141,8 @@ def audit(run_dir: str | Path, data_dir: str | Path, settings: AuditSettings = A
     eval_cfg = EvalConfig()
     objective = objective_for(family, data.seq_len, data.vocab_size, special)
     with console.status("membership inference (per-sequence loss)"):
-        tr = sequence_losses(model, objective,
-                             train.take(_pick(len(train), settings.sequences, rng)), eval_cfg)
-        va = sequence_losses(model, objective,
-                             val.take(_pick(len(val), settings.sequences, rng)), eval_cfg)
+        tr = sequence_losses(model, objective, _sample(train, settings.sequences, rng), eval_cfg)
+        va = sequence_losses(model, objective, _sample(val, settings.sequences, rng), eval_cfg)
     result["membership"] = {"auc": membership_auc(tr, va), "train_sequences": len(tr),
                             "held_out_sequences": len(va), "train_mean_loss": float(tr.mean()),
                             "held_out_mean_loss": float(va.mean())}
@@ -159,10 +158,10 @@ def audit(run_dir: str | Path, data_dir: str | Path, settings: AuditSettings = A
             with console.status("extraction (greedy continuations)"):
                 result["extraction"] = {
                     "prefix_tokens": prefix, "match_tokens": match,
-                    "train": verbatim_fraction(model, train.take(
-                        _pick(len(train), settings.extract, rng)), prefix, match),
-                    "held_out": verbatim_fraction(model, val.take(
-                        _pick(len(val), settings.extract, rng)), prefix, match),
+                    "train": verbatim_fraction(model, _sample(train, settings.extract, rng),
+                                               prefix, match),
+                    "held_out": verbatim_fraction(model, _sample(val, settings.extract, rng),
+                                                  prefix, match),
                 }
     else:
         result["extraction"] = {"note": f"{family.description}: no generation to extract with"}

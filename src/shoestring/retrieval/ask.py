@@ -8,7 +8,7 @@ from typing import Any
 
 from shoestring.errors import ShoestringError
 from shoestring.retrieval.index import RetrievalIndex
-from shoestring.retrieval.prompt import RagPrompt, build_prompt
+from shoestring.retrieval.prompt import build_prompt
 
 
 def decoder_context(engine: Any) -> int:
@@ -34,28 +34,17 @@ def check_decoder(engine: Any, where: str) -> None:
             fix="give a decoder run (model.objective=clm) to answer questions")
 
 
-def retrieve_prompt(engine: Any, index: RetrievalIndex, question: str, k: int, mode: str,
-                    max_new_tokens: int) -> RagPrompt:
-    hits = index.search(question, k, mode, where="question")
-    return build_prompt(question, hits, engine.tokenizer, decoder_context(engine), max_new_tokens)
-
-
-def generate(engine: Any, prompt: str, max_new_tokens: int, temperature: float = 0.0,
-             top_k: int | None = None, top_p: float | None = None,
-             seed: int | None = None) -> dict[str, Any]:
-    """One completion by the decoder engine (the same call serve's batcher makes)."""
-    payloads = engine.prepare_generate([prompt], many=False)
-    key = ("generate", max_new_tokens, temperature, top_k, top_p, seed)
-    return engine.run(key, payloads)[0]
-
-
 def ask(engine: Any, index: RetrievalIndex, question: str, *, k: int = 5, mode: str = "hybrid",
         max_new_tokens: int = 64, temperature: float = 0.0, top_k: int | None = None,
         seed: int | None = 0) -> dict[str, Any]:
     """The decoder's answer to ``question`` with retrieved passages in its context; greedy at
     temperature 0, else sampled (``top_k``: from the k likeliest tokens) as serve samples."""
-    prompt = retrieve_prompt(engine, index, question, k, mode, max_new_tokens)
-    out = generate(engine, prompt.text, max_new_tokens, temperature, top_k=top_k, seed=seed)
+    context = decoder_context(engine)
+    hits = index.search(question, k, mode, where="question")
+    prompt = build_prompt(question, hits, engine.tokenizer, context, max_new_tokens)
+    # One completion by the decoder engine: the same call serve's batcher makes.
+    key = ("generate", max_new_tokens, temperature, top_k, None, seed)
+    out = engine.run(key, engine.prepare_generate([prompt.text], many=False))[0]
     return {"answer": out["text"].strip(), "finish_reason": out["finish_reason"],
-            "prompt_tokens": prompt.tokens, "context": decoder_context(engine),
+            "prompt_tokens": prompt.tokens, "context": context,
             "truncated": prompt.truncated, "passages": [h.to_dict() for h in prompt.used]}

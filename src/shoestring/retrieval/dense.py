@@ -27,9 +27,8 @@ def weights_file(path: Path) -> Path:
         if f.is_file():
             return f
     raise ShoestringError("no model weights here (no final/model.safetensors or model.safetensors)",
-                          where=str(path),
-                          fix="give a trained encoder: a run dir (shoestring train -o) or an "
-                          "export folder (shoestring export -o)")
+                          where=str(path), fix="give a trained encoder: a run dir (shoestring "
+                          "train -o) or an export folder (shoestring export -o)")
 
 
 def encoder_hash(path: Path) -> str:
@@ -42,7 +41,7 @@ def encoder_hash(path: Path) -> str:
 class Embedder:
     """Texts → normalized float32 embeddings with a trained encoder (run dir or export)."""
 
-    def __init__(self, path: str | Path, threads: int | None = None) -> None:
+    def __init__(self, path: str | Path) -> None:
         from shoestring.serve.engine import load_engine
 
         self.path = Path(path)
@@ -52,8 +51,7 @@ class Embedder:
             raise ShoestringError(
                 f"this model is a {self.engine.kind}, which has no embeddings",
                 where=str(self.path),
-                fix="give an encoder (model.objective=mlm or contrastive) for the dense index",
-            )
+                fix="give an encoder (model.objective=mlm or contrastive) for the dense index")
 
     def embed(self, texts: list[str], batch: int = EMBED_BATCH,
               progress: Callable[[int, int], None] | None = None) -> np.ndarray:
@@ -90,10 +88,6 @@ class DenseIndex:
     def size(self) -> int:
         return int(self._index.ntotal)
 
-    @property
-    def dim(self) -> int:
-        return int(self._index.d)
-
     def save(self, folder: Path) -> None:
         faiss = require("faiss")
 
@@ -104,10 +98,6 @@ class DenseIndex:
         faiss = require("faiss")
 
         return cls(faiss.read_index(str(folder / _FILE)))
-
-    @staticmethod
-    def exists(folder: Path) -> bool:
-        return (folder / _FILE).is_file()
 
     def search(self, vectors: np.ndarray, k: int) -> list[list[tuple[int, float]]]:
         """Per query vector, the ``k`` most similar (passage row, inner product)."""

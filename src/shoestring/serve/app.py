@@ -42,35 +42,16 @@ from shoestring.serve.metrics import CONTENT_TYPE, ServeMetrics
 from shoestring.serve.retrieval_routes import attach_retrieval, need
 from shoestring.serve.page import PAGE
 from shoestring.serve.routing import ModelRouter, ModelUnavailable, Slot
-from shoestring.serve.schemas import (
-    ClassifyRequest,
-    ClassifyResponse,
-    EmbedRequest,
-    EmbedResponse,
-    FillMaskRequest,
-    FillMaskResponse,
-    GenerateRequest,
-    GenerateResponse,
-)
-from shoestring.serve.security import (
-    ApiKey,
-    BodyLimit,
-    ConcurrencyLimit,
-    Receive,
-    Refused,
-    RequestGate,
-    Scope,
-    Send,
-)
+from shoestring.serve.schemas import ClassifyRequest, ClassifyResponse, EmbedRequest, EmbedResponse
+from shoestring.serve.schemas import FillMaskRequest, FillMaskResponse, GenerateRequest
+from shoestring.serve.schemas import GenerateResponse
+from shoestring.serve.security import ApiKey, BodyLimit, ConcurrencyLimit, Receive, Refused
+from shoestring.serve.security import RequestGate, Scope, Send
 from shoestring.serve.settings import ServeSettings
 from shoestring.serve.streaming import TokenStream, events
 
-ENDPOINTS = {
-    "/v1/fill-mask": "fill-mask",
-    "/v1/embed": "embed",
-    "/v1/classify": "classify",
-    "/v1/generate": "generate",
-}
+ENDPOINTS = {"/v1/fill-mask": "fill-mask", "/v1/embed": "embed", "/v1/classify": "classify",
+             "/v1/generate": "generate"}
 OTHER_PATHS = ("/", "/healthz", "/readyz", "/metrics", "/v1/model", "/v1/models")
 # Newer FastAPI looks up OpenTelemetry providers on every request: 0.5 ms of the event loop
 # per request under load (cProfile of `serve` at 32 clients). This server keeps its own
@@ -152,39 +133,27 @@ class _Api:
 
     async def authorized(self, request: Request) -> None:  # async: a sync one costs a thread hop
         if self.api_key is not None and not self.api_key.check(request.headers):
-            raise HTTPException(
-                401,
-                "missing or wrong API key: send 'Authorization: Bearer KEY' or 'X-API-Key: KEY'",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
+            raise HTTPException(401, "missing or wrong API key: send 'Authorization: Bearer KEY' "
+                                "or 'X-API-Key: KEY'", headers={"WWW-Authenticate": "Bearer"})
 
     async def slot_for(self, body: Any, task: str) -> Slot:
-        """The model ``body.model`` names (404 when it cannot do ``task``)."""
-        slot = await self.router.slot_for(getattr(body, "model", None))
-        engine = slot.engine
-        if task not in engine.tasks:
-            served = ", ".join(f"/v1/{t}" for t in sorted(engine.tasks))
-            raise HTTPException(
-                404,
-                f"this server's model is {_article(engine.kind)} {engine.kind}, which does "
-                f"not do {task}; "
-                f"it serves {served}",
-            )
-        return slot
-
-    def check_count(self, texts: list[str]) -> None:
+        """The model ``body.model`` names, once the input count is within the limit (413) and
+        that model can do ``task`` (404)."""
         # More inputs than one batch holds are split across batches; above the client-batch
         # limit the request is refused whole (TEI's 413).
         limit = self.settings.max_client_batch
-        if len(texts) > limit:
+        if len(body.texts) > limit:
             self.metrics.refused.labels(limit="max_client_batch").inc()
-            raise Refused(
-                413,
-                f"{len(texts)} inputs in one request; this server takes at most "
-                f"{limit} (--max-client-batch): split the request",
-                "max_client_batch",
-                limit,
-            )
+            raise Refused(413, f"{len(body.texts)} inputs in one request; this server takes at "
+                          f"most {limit} (--max-client-batch): split the request",
+                          "max_client_batch", limit)
+        slot = await self.router.slot_for(body.model)
+        engine = slot.engine
+        if task not in engine.tasks:
+            served = ", ".join(f"/v1/{t}" for t in sorted(engine.tasks))
+            raise HTTPException(404, f"this server's model is {_article(engine.kind)} "
+                                f"{engine.kind}, which does not do {task}; it serves {served}")
+        return slot
 
     async def infer(self, request: Request, key: tuple, payloads: list[Any],
                     lengths: list[int], many: bool, slot: Slot) -> list[Any]:
@@ -196,11 +165,8 @@ class _Api:
         results = asyncio.gather(*futures, return_exceptions=True)
         gone = asyncio.ensure_future(_disconnected(request.receive))
         try:
-            done, _ = await asyncio.wait(
-                {results, gone},
-                timeout=self.settings.request_timeout_s,
-                return_when=asyncio.FIRST_COMPLETED,
-            )
+            done, _ = await asyncio.wait({results, gone}, timeout=self.settings.request_timeout_s,
+                                         return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:  # the server gave up on this request (forced shutdown)
             batcher.cancel(jobs, "cancelled")
             results.cancel()
@@ -243,14 +209,12 @@ class _Api:
             finally:
                 slot.batcher.cancel([job], "disconnected")  # if it had not started yet
 
-        return StreamingResponse(
-            body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
-        )
+        return StreamingResponse(body(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
 
 
-def create_app(
-    engine: Engine | ModelRouter, settings: ServeSettings, metrics: ServeMetrics | None = None
-) -> FastAPI:
+def create_app(engine: Engine | ModelRouter, settings: ServeSettings,
+               metrics: ServeMetrics | None = None) -> FastAPI:
     """The FastAPI app serving one ``engine`` or a `ModelRouter`'s models; their batchers
     start and drain with the app's lifespan."""
     if isinstance(engine, ModelRouter):
@@ -262,10 +226,8 @@ def create_app(
     default = router.default_slot
     api = _Api(router, settings, metrics,
                ApiKey(settings.api_key.get_secret_value()) if settings.api_key else None)
-    gate = RequestGate(
-        settings.max_concurrent_requests,
-        lambda: metrics.refused.labels(limit="max_concurrent_requests").inc(),
-    )
+    gate = RequestGate(settings.max_concurrent_requests,
+                       lambda: metrics.refused.labels(limit="max_concurrent_requests").inc())
     _add_gauges(metrics, router, settings, gate)
 
     @asynccontextmanager
@@ -280,14 +242,9 @@ def create_app(
 
     # With a key, the API description is behind it too (added below, with the key check).
     docs = {"docs_url": None, "redoc_url": None, "openapi_url": None} if api.api_key else {}
-    app = FastAPI(
-        title="shoestring",
-        version=__version__,
-        summary=f"Micro-batched inference for a shoestring {default.engine.kind}.",
-        lifespan=lifespan,
-        **docs,
-        **_NO_TELEMETRY,
-    )
+    app = FastAPI(title="shoestring", version=__version__,
+                  summary=f"Micro-batched inference for a shoestring {default.engine.kind}.",
+                  lifespan=lifespan, **docs, **_NO_TELEMETRY)
     app.state.engine, app.state.batcher, app.state.metrics = (
         default.engine, default.batcher, metrics)
     app.state.settings, app.state.router = settings, router
@@ -307,25 +264,17 @@ def create_app(
 
 def _add_gauges(metrics: ServeMetrics, router: ModelRouter, settings: ServeSettings,
                 gate: RequestGate) -> None:
-    metrics.add_gauge(
-        "shoestring_queue_depth", "Inputs waiting for the model.", lambda: router.queue_depth
-    )
-    metrics.add_gauge(
-        "shoestring_queue_capacity",
-        "Inputs that may wait (--max-queue).",
-        lambda: settings.max_queue,
-    )
-    metrics.add_gauge(
-        "shoestring_inputs_in_flight", "Inputs the model is working on.", lambda: router.in_flight
-    )
-    metrics.add_gauge(
-        "shoestring_models_loaded", "Model versions loaded.", lambda: len(router.slots)
-    )
-    metrics.add_gauge(
-        "shoestring_requests_in_flight",
-        "Requests being handled (429 at --max-concurrent-requests).",
-        lambda: gate.active,
-    )
+    for name, doc, read in [
+        ("shoestring_queue_depth", "Inputs waiting for the model.", lambda: router.queue_depth),
+        ("shoestring_queue_capacity", "Inputs that may wait (--max-queue).",
+         lambda: settings.max_queue),
+        ("shoestring_inputs_in_flight", "Inputs the model is working on.",
+         lambda: router.in_flight),
+        ("shoestring_models_loaded", "Model versions loaded.", lambda: len(router.slots)),
+        ("shoestring_requests_in_flight",
+         "Requests being handled (429 at --max-concurrent-requests).", lambda: gate.active),
+    ]:
+        metrics.add_gauge(name, doc, read)
 
 
 def _add_error_handlers(app: FastAPI, settings: ServeSettings, metrics: ServeMetrics) -> None:
@@ -339,10 +288,8 @@ def _add_error_handlers(app: FastAPI, settings: ServeSettings, metrics: ServeMet
 
     @app.exception_handler(InputError)
     async def _bad_input(request: Request, e: InputError) -> JSONResponse:
-        return JSONResponse(
-            {"detail": [{"type": "value_error", "loc": list(e.loc), "msg": e.message}]},
-            status_code=422,
-        )
+        return JSONResponse({"detail": [{"type": "value_error", "loc": list(e.loc),
+                                         "msg": e.message}]}, status_code=422)
 
     @app.exception_handler(ModelUnavailable)
     async def _unavailable(request: Request, e: ModelUnavailable) -> JSONResponse:
@@ -359,21 +306,13 @@ def _add_error_handlers(app: FastAPI, settings: ServeSettings, metrics: ServeMet
 
     @app.exception_handler(BatcherClosed)
     async def _closed(request: Request, e: BatcherClosed) -> JSONResponse:
-        return JSONResponse(
-            {"detail": "the server is shutting down; retry on another replica"},
-            status_code=503,
-            headers={"Retry-After": "1", "Connection": "close"},
-        )
+        return JSONResponse({"detail": "the server is shutting down; retry on another replica"},
+                            status_code=503, headers={"Retry-After": "1", "Connection": "close"})
 
     @app.exception_handler(_Timeout)
     async def _timeout(request: Request, e: _Timeout) -> JSONResponse:
-        return JSONResponse(
-            {
-                "detail": f"no answer within {settings.request_timeout_s:g} s "
-                "(--request-timeout); the server is overloaded"
-            },
-            status_code=504,
-        )
+        return JSONResponse({"detail": f"no answer within {settings.request_timeout_s:g} s "
+                             "(--request-timeout); the server is overloaded"}, status_code=504)
 
     @app.exception_handler(_ClientGone)
     async def _gone(request: Request, e: _ClientGone) -> JSONResponse:
@@ -381,53 +320,48 @@ def _add_error_handlers(app: FastAPI, settings: ServeSettings, metrics: ServeMet
 
 
 def _add_inference_routes(app: FastAPI, api: _Api) -> None:
-    """The /v1 endpoints that run a model."""
+    """The /v1 endpoints that run a model. The engine's results are plain JSON-ready Python
+    already: answering with a `JSONResponse` skips FastAPI's re-validation of them (the
+    response models still document them)."""
     authorized = [Depends(api.authorized)]
 
     @app.post("/v1/fill-mask", response_model=FillMaskResponse, dependencies=authorized)
     async def fill_mask(body: FillMaskRequest, request: Request) -> Any:
         """Top-k tokens, with probabilities, for each [MASK] in each text."""
-        api.check_count(body.texts)
         slot = await api.slot_for(body, "fill-mask")
         payloads = slot.engine.prepare_fill_mask(body.texts, body.top_k, body.many)
         lengths = [len(p[0]) for p in payloads]
         out = await api.infer(request, ("fill-mask",), payloads, lengths, body.many, slot)
-        return _json({"results": out})
+        return JSONResponse({"results": out})
 
     @app.post("/v1/embed", response_model=EmbedResponse, dependencies=authorized)
     async def embed(body: EmbedRequest, request: Request) -> Any:
         """One pooled vector per text (mean or [CLS]; unit length unless normalize=false)."""
-        api.check_count(body.texts)
         slot = await api.slot_for(body, "embed")
         payloads = slot.engine.prepare_embed(body.texts, body.pooling, body.normalize, body.many)
         lengths = [len(p[0]) for p in payloads]
         out = await api.infer(request, ("embed",), payloads, lengths, body.many, slot)
-        return _json({"embeddings": out, "dimensions": len(out[0]) if out else 0})
+        return JSONResponse({"embeddings": out, "dimensions": len(out[0]) if out else 0})
 
     @app.post("/v1/classify", response_model=ClassifyResponse, dependencies=authorized,
               response_model_exclude_none=True)
     async def classify(body: ClassifyRequest, request: Request) -> Any:
         """Label probabilities (or a value) from a fine-tuned classifier."""
-        api.check_count(body.texts)
         slot = await api.slot_for(body, "classify")
         payloads = slot.engine.prepare_classify(body.texts, body.pairs, body.many)
         lengths = [len(p) for p in payloads]
         out = await api.infer(request, ("classify",), payloads, lengths, body.many, slot)
-        return _json({"results": out})
+        return JSONResponse({"results": out})
 
     @app.post("/v1/generate", response_model=GenerateResponse, dependencies=authorized)
     async def generate(body: GenerateRequest, request: Request) -> Any:
         """Continue each prompt (a decoder): up to max_new_tokens, sampled or greedy; with
         ``stream`` one prompt's tokens as server-sent events."""
-        api.check_count(body.texts)
         slot = await api.slot_for(body, "generate")
         limit = api.settings.max_new_tokens
         if body.max_new_tokens > limit:
-            raise InputError(
-                f"max_new_tokens = {body.max_new_tokens} is over this server's "
-                f"limit of {limit} (--max-new-tokens)",
-                ("body", "max_new_tokens"),
-            )
+            raise InputError(f"max_new_tokens = {body.max_new_tokens} is over this server's "
+                             f"limit of {limit} (--max-new-tokens)", ("body", "max_new_tokens"))
         texts, passages = body.texts, None
         if body.retrieve is not None:  # questions → prompts with retrieved passages
             texts, passages = await need(api.retrieval).prompts(
@@ -436,17 +370,14 @@ def _add_inference_routes(app: FastAPI, api: _Api) -> None:
         options = (body.max_new_tokens, body.temperature, body.top_k, body.top_p, body.seed)
         if body.stream:
             if len(payloads) != 1:
-                raise InputError(
-                    f"stream takes one prompt, got {len(payloads)}: send one per request",
-                    ("body", "inputs"),
-                )
+                raise InputError(f"stream takes one prompt, got {len(payloads)}: send one per "
+                                 "request", ("body", "inputs"))
             return api.stream_generation(slot, options, payloads[0])
-        key = ("generate", *options)
-        out = await api.infer(request, key, payloads, [len(p) for p in payloads], body.many,
-                              slot)
+        lengths = [len(p) for p in payloads]
+        out = await api.infer(request, ("generate", *options), payloads, lengths, body.many, slot)
         if passages is not None:
             out = [{**o, "passages": p} for o, p in zip(out, passages)]
-        return _json({"results": out})
+        return JSONResponse({"results": out})
 
 
 def _add_status_routes(app: FastAPI, api: _Api) -> None:
@@ -458,21 +389,11 @@ def _add_status_routes(app: FastAPI, api: _Api) -> None:
     @app.get("/v1/model", dependencies=authorized)
     async def model_info() -> dict:
         """What is loaded, what it serves, and the server's limits."""
-        return {
-            **router.default_slot.engine.describe(),
-            "worker": os.getpid(),
-            "limits": {
-                "max_batch_tokens": settings.max_batch_tokens,
-                "max_batch_size": settings.max_batch_size,
-                "max_wait_ms": settings.max_wait_ms,
-                "max_queue": settings.max_queue,
-                "max_concurrent_requests": settings.max_concurrent_requests,
-                "max_client_batch": settings.max_client_batch,
-                "max_body_bytes": settings.max_body_bytes,
-                "max_new_tokens": settings.max_new_tokens,
-                "request_timeout_s": settings.request_timeout_s,
-            },
-        }
+        limits = ("max_batch_tokens", "max_batch_size", "max_wait_ms", "max_queue",
+                  "max_concurrent_requests", "max_client_batch", "max_body_bytes",
+                  "max_new_tokens", "request_timeout_s")
+        return {**router.default_slot.engine.describe(), "worker": os.getpid(),
+                "limits": {name: getattr(settings, name) for name in limits}}
 
     @app.get("/v1/models", dependencies=authorized)
     async def models() -> dict:
@@ -489,9 +410,8 @@ def _add_status_routes(app: FastAPI, api: _Api) -> None:
         """Liveness: the process answers and its inference workers are alive."""
         threads = [s.batcher._thread for s in router.slots.values()]
         alive = all(t is not None and t.is_alive() for t in threads)
-        return JSONResponse(
-            {"status": "ok" if alive else "worker stopped"}, status_code=200 if alive else 500
-        )
+        return JSONResponse({"status": "ok" if alive else "worker stopped"},
+                            status_code=200 if alive else 500)
 
     @app.get("/readyz")
     async def readyz() -> JSONResponse:
@@ -557,12 +477,6 @@ def _finite(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_finite(v) for v in value]
     return value
-
-
-def _json(content: dict) -> JSONResponse:
-    """The engine's results are plain JSON-ready Python already: answering with a response
-    object skips FastAPI's re-validation of them (the response models still document them)."""
-    return JSONResponse(content)
 
 
 async def _disconnected(receive: Receive) -> None:

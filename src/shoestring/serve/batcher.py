@@ -93,10 +93,8 @@ def choose_batch(
         return []
     budget = max_batch_tokens if max_batch_tokens is not None else float("inf")
     oldest = candidates[0]
-    if (
-        len(candidates) <= max_batch_size
-        and padded_tokens([j.length for j in candidates]) <= budget
-    ):
+    lengths = [j.length for j in candidates]
+    if len(candidates) <= max_batch_size and padded_tokens(lengths) <= budget:
         return list(candidates)
     by_distance = sorted(candidates[1:], key=lambda j: abs(j.length - oldest.length))
     batch, longest = [oldest], oldest.length
@@ -155,18 +153,11 @@ class MicroBatcher:
     equal lengths (for models that cannot mask padding).
     """
 
-    def __init__(
-        self,
-        run: RunFn,
-        *,
-        max_batch_size: int = 1024,
-        max_batch_tokens: int | None = None,
-        max_wait_s: float = 0.0,
-        max_queue: int = 1024,
-        pad: bool | Callable[[tuple], bool] = True,
-        metrics: ServeMetrics | None = None,
-        group_overhead_tokens: float = GROUP_OVERHEAD_TOKENS,
-    ) -> None:
+    def __init__(self, run: RunFn, *, max_batch_size: int = 1024,
+                 max_batch_tokens: int | None = None, max_wait_s: float = 0.0,
+                 max_queue: int = 1024, pad: bool | Callable[[tuple], bool] = True,
+                 metrics: ServeMetrics | None = None,
+                 group_overhead_tokens: float = GROUP_OVERHEAD_TOKENS) -> None:
         if max_batch_size < 1 or max_queue < 1 or max_wait_s < 0:
             raise ValueError("max_batch_size and max_queue must be ≥ 1, max_wait_s ≥ 0")
         self._run = run
@@ -203,9 +194,8 @@ class MicroBatcher:
 
     def start(self) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(
-                target=self._worker, name="shoestring-batcher", daemon=True
-            )
+            self._thread = threading.Thread(target=self._worker, name="shoestring-batcher",
+                                            daemon=True)
             self._thread.start()
 
     def submit(self, jobs: Sequence[Job]) -> list[asyncio.Future]:
@@ -260,8 +250,8 @@ class MicroBatcher:
         with self._cv:
             self._closing = True
             if not drain:
-                for job in self._pending:
-                    _deliver_one(job, BatcherClosed("the server shut down before this input ran"))
+                why = "the server shut down before this input ran"
+                _deliver(self._pending, [BatcherClosed(why) for _ in self._pending])
                 self._pending.clear()
             self._cv.notify_all()
         if self._thread is not None:
@@ -314,8 +304,7 @@ class MicroBatcher:
 
     def _run_group(self, key: tuple, jobs: list[Job]) -> None:
         live = [j for j in jobs if not j.cancelled]
-        skipped = len(jobs) - len(live)
-        if skipped and self.metrics:
+        if self.metrics:
             for j in jobs:
                 if j.cancelled:
                     self.metrics.dropped.labels(reason=j.cancelled).inc()
@@ -332,7 +321,7 @@ class MicroBatcher:
             failed = sum(isinstance(r, BaseException) for r in results)
             if failed:
                 self.metrics.failed.labels(task=str(key[0])).inc(failed)
-        for job, result in zip(live, results):
+        for job in live:
             job.done = True
         _deliver(live, results)
 
@@ -341,34 +330,26 @@ class MicroBatcher:
         try:
             results = self._run(key, [j.payload for j in jobs])
             if len(results) != len(jobs):
-                raise RuntimeError(
-                    f"the engine returned {len(results)} results for {len(jobs)} inputs"
-                )
+                raise RuntimeError(f"the engine returned {len(results)} results for {len(jobs)} "
+                                   "inputs")
         except Exception as e:  # noqa: BLE001 - reported to the requests, never kills the worker
             return e
         if self.metrics:
             lengths = [j.length for j in jobs]
-            self.metrics.observe_batch(
-                str(key[0]),
-                time.perf_counter() - t,
-                lengths,
-                padded_tokens(lengths, self._pad(key)),
-            )
+            self.metrics.observe_batch(str(key[0]), time.perf_counter() - t, lengths,
+                                       padded_tokens(lengths, self._pad(key)))
         return results
 
 
-def _set(future: asyncio.Future, result: Any) -> None:
-    if future.done():
-        return
-    if isinstance(result, BaseException):
-        future.set_exception(result)
-    else:
-        future.set_result(result)
-
-
 def _deliver_batch(pairs: list[tuple[asyncio.Future, Any]]) -> None:
+    """Settle each future with its result (on its event loop); one already done is left."""
     for future, result in pairs:
-        _set(future, result)
+        if future.done():
+            continue
+        if isinstance(result, BaseException):
+            future.set_exception(result)
+        else:
+            future.set_result(result)
 
 
 def _deliver(jobs: Sequence[Job], results: Sequence[Any]) -> None:
@@ -385,16 +366,5 @@ def _deliver(jobs: Sequence[Job], results: Sequence[Any]) -> None:
             pass
 
 
-def _deliver_one(job: Job, result: Any) -> None:
-    _deliver([job], [result])
-
-
-__all__ = [
-    "BatcherClosed",
-    "Job",
-    "MicroBatcher",
-    "QueueFull",
-    "choose_batch",
-    "padded_tokens",
-    "plan_groups",
-]
+__all__ = ["BatcherClosed", "Job", "MicroBatcher", "QueueFull", "choose_batch", "padded_tokens",
+           "plan_groups"]

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import json
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +24,7 @@ import torch
 from torch import nn
 
 from shoestring import families
-from shoestring.errors import ShoestringError
 from shoestring.serve.streaming import TextDelta, TokenStream
-
-TASKS = ("fill-mask", "embed", "classify", "generate")
 
 
 class InputError(ValueError):
@@ -45,22 +41,14 @@ def input_loc(index: int, many: bool) -> tuple[str | int, ...]:
 
 
 class Engine(abc.ABC):
-    """A loaded model with its tokenizer; subclasses serve some of `TASKS`."""
+    """A loaded model with its tokenizer; subclasses serve some of the tasks fill-mask, embed,
+    classify and generate."""
 
     kind = ""
     tasks: frozenset[str] = frozenset()
 
-    def __init__(
-        self,
-        model: nn.Module,
-        tokenizer: Any,
-        meta: dict,
-        source: Path,
-        *,
-        max_length: int,
-        truncate: bool,
-        precision: str = "fp32",
-    ) -> None:
+    def __init__(self, model: nn.Module, tokenizer: Any, meta: dict, source: Path, *,
+                 max_length: int, truncate: bool, precision: str = "fp32") -> None:
         from shoestring.device import select_device
 
         info = select_device(precision, measure_peak=False)
@@ -86,16 +74,13 @@ class Engine(abc.ABC):
         if len(ids) <= self.max_length:
             return ids
         if not self.truncate:
-            raise InputError(
-                f"input is {len(ids)} tokens, over this server's limit of {self.max_length}: "
-                "send shorter text (or start the server with --truncate)",
-                loc,
-            )
+            raise InputError(f"input is {len(ids)} tokens, over this server's limit of "
+                             f"{self.max_length}: send shorter text (or start the server with "
+                             "--truncate)", loc)
         return ids[: self.max_length - 1] + ids[-1:] if keep_last else ids[-self.max_length :]
 
-    def _pad(
-        self, seqs: list[list[int]], pad_id: int, left: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _pad(self, seqs: list[list[int]], pad_id: int,
+             left: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(B, T) ids and a (B, T) bool mask of real tokens (None when nothing is padded)."""
         width = max(len(s) for s in seqs)
         ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
@@ -104,22 +89,13 @@ class Engine(abc.ABC):
             sl = slice(width - len(s), width) if left else slice(0, len(s))
             ids[i, sl] = torch.tensor(s, dtype=torch.long)
             mask[i, sl] = True
-        if bool(mask.all()):
-            return ids.to(self.device), None
-        return ids.to(self.device), mask.to(self.device)
+        return ids.to(self.device), None if bool(mask.all()) else mask.to(self.device)
 
     def describe(self) -> dict[str, Any]:
         params = sum(p.numel() for p in self.model.parameters())
-        return {
-            "kind": self.kind,
-            "source": str(self.source),
-            "tasks": sorted(self.tasks),
-            "parameters": params,
-            "max_length": self.max_length,
-            "truncate": self.truncate,
-            "device": str(self.device),
-            "precision": str(self.dtype).removeprefix("torch."),
-        }
+        return {"kind": self.kind, "source": str(self.source), "tasks": sorted(self.tasks),
+                "parameters": params, "max_length": self.max_length, "truncate": self.truncate,
+                "device": str(self.device), "precision": str(self.dtype).removeprefix("torch.")}
 
     def pad_batches(self, key: tuple) -> bool:
         """Whether inputs of different lengths may share a call (the model masks padding)."""
@@ -148,17 +124,15 @@ class EncoderEngine(Engine):
     kind = "encoder"
     tasks = frozenset({"fill-mask", "embed"})
 
-    def __init__(
-        self, model: nn.Module, tokenizer: Any, meta: dict, source: Path, **kw: Any
-    ) -> None:
+    def __init__(self, model: nn.Module, tokenizer: Any, meta: dict, source: Path,
+                 **kw: Any) -> None:
         super().__init__(model, tokenizer, meta, source, **kw)
         ids = meta["special_ids"]
         self.pad_id, self.mask_id = ids["[PAD]"], ids["[MASK]"]
         self.mask_token = "[MASK]"
 
-    def prepare_fill_mask(
-        self, texts: list[str], top_k: int, many: bool
-    ) -> list[tuple[list[int], list[int], int]]:
+    def prepare_fill_mask(self, texts: list[str], top_k: int,
+                          many: bool) -> list[tuple[list[int], list[int], int]]:
         out = []
         for i, ids in enumerate(_tokenize(self.tokenizer, texts)):
             loc = input_loc(i, many)
@@ -166,23 +140,17 @@ class EncoderEngine(Engine):
             ids = self._fit(ids, loc, keep_last=True)
             positions = [p for p, t in enumerate(ids) if t == self.mask_id]
             if not positions:
-                why = (
-                    "its [MASK] token was cut off by --truncate; put it earlier"
-                    if had_mask
-                    else f"it has no {self.mask_token} token: write {self.mask_token} where "
-                    "a word should be predicted (exactly so, in capitals)"
-                )
+                why = ("its [MASK] token was cut off by --truncate; put it earlier" if had_mask
+                       else f"it has no {self.mask_token} token: write {self.mask_token} where "
+                       "a word should be predicted (exactly so, in capitals)")
                 raise InputError(f"fill-mask needs a {self.mask_token} token, and {why}", loc)
             out.append((ids, positions, top_k))
         return out
 
-    def prepare_embed(
-        self, texts: list[str], pooling: str, normalize: bool, many: bool
-    ) -> list[tuple[list[int], str, bool]]:
-        return [
-            (self._fit(ids, input_loc(i, many), keep_last=True), pooling, normalize)
-            for i, ids in enumerate(_tokenize(self.tokenizer, texts))
-        ]
+    def prepare_embed(self, texts: list[str], pooling: str, normalize: bool,
+                      many: bool) -> list[tuple[list[int], str, bool]]:
+        return [(self._fit(ids, input_loc(i, many), keep_last=True), pooling, normalize)
+                for i, ids in enumerate(_tokenize(self.tokenizer, texts))]
 
     def _hidden(self, seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor | None]:
         ids, mask = self._pad(seqs, self.pad_id)
@@ -226,9 +194,8 @@ class EncoderEngine(Engine):
             m = mask.unsqueeze(-1).to(hidden.dtype)
             mean = (hidden * m).sum(1) / m.sum(1).clamp_min(1.0)
         cls = hidden[:, 0]
-        pooled = torch.stack(
-            [mean[i] if p[1] == "mean" else cls[i] for i, p in enumerate(payloads)]
-        )
+        pooled = torch.stack([mean[i] if p[1] == "mean" else cls[i]
+                              for i, p in enumerate(payloads)])
         norms = pooled.norm(dim=-1, keepdim=True).clamp_min(1e-12)
         want = torch.tensor([p[2] for p in payloads], device=pooled.device)[:, None]
         pooled = torch.where(want, pooled / norms, pooled)
@@ -246,9 +213,8 @@ class ClassifierEngine(Engine):
     kind = "classifier"
     tasks = frozenset({"classify"})
 
-    def __init__(
-        self, model: nn.Module, tokenizer: Any, meta: dict, source: Path, **kw: Any
-    ) -> None:
+    def __init__(self, model: nn.Module, tokenizer: Any, meta: dict, source: Path,
+                 **kw: Any) -> None:
         super().__init__(model, tokenizer, meta, source, **kw)
         self.pad_id = meta["base"].get("special_ids", {}).get("[PAD]", 0)
         self.problem = meta.get("problem", "classification")
@@ -256,29 +222,19 @@ class ClassifierEngine(Engine):
         self.labels = list(meta.get("labels") or [str(i) for i in range(n)])
         self.pair = bool(meta.get("pair", False))
 
-    def prepare_classify(
-        self, texts: list[str], pairs: list[str] | None, many: bool
-    ) -> list[list[int]]:
+    def prepare_classify(self, texts: list[str], pairs: list[str] | None,
+                         many: bool) -> list[list[int]]:
         if self.pair and pairs is None:
-            raise InputError(
-                "this classifier takes text pairs: send 'pairs' (one second text "
-                "per input) beside 'inputs'",
-                ("body", "pairs"),
-            )
+            raise InputError("this classifier takes text pairs: send 'pairs' (one second text "
+                             "per input) beside 'inputs'", ("body", "pairs"))
         if not self.pair and pairs is not None:
-            raise InputError(
-                "this classifier takes single texts: leave out 'pairs'", ("body", "pairs")
-            )
+            raise InputError("this classifier takes single texts: leave out 'pairs'",
+                             ("body", "pairs"))
         if pairs is not None and len(pairs) != len(texts):
-            raise InputError(
-                f"'pairs' has {len(pairs)} texts for {len(texts)} inputs; give one per input",
-                ("body", "pairs"),
-            )
-        encs = (
-            [self.tokenizer.encode(t) for t in texts]
-            if pairs is None
-            else [self.tokenizer.encode(t, p) for t, p in zip(texts, pairs)]
-        )
+            raise InputError(f"'pairs' has {len(pairs)} texts for {len(texts)} inputs; give one "
+                             "per input", ("body", "pairs"))
+        encs = ([self.tokenizer.encode(t) for t in texts] if pairs is None
+                else [self.tokenizer.encode(t, p) for t, p in zip(texts, pairs)])
         return [self._fit(e.ids, input_loc(i, many), keep_last=True) for i, e in enumerate(encs)]
 
     def run(self, key: tuple, payloads: list[Any]) -> list[Any]:
@@ -287,27 +243,16 @@ class ClassifierEngine(Engine):
             logits = self.model(ids, mask).float()
         if self.problem == "regression":
             return [{"value": v} for v in logits[:, 0].cpu().tolist()]
-        probs = logits.softmax(-1).cpu().tolist()
         out = []
-        for row in probs:
+        for row in logits.softmax(-1).cpu().tolist():
             best = max(range(len(row)), key=row.__getitem__)
-            out.append(
-                {
-                    "label": self.labels[best],
-                    "score": row[best],
-                    "scores": dict(zip(self.labels, row)),
-                }
-            )
+            out.append({"label": self.labels[best], "score": row[best],
+                        "scores": dict(zip(self.labels, row))})
         return out
 
     def describe(self) -> dict[str, Any]:
-        return {
-            **super().describe(),
-            "problem": self.problem,
-            "labels": self.labels,
-            "pair": self.pair,
-            "task": self.meta.get("task"),
-        }
+        return {**super().describe(), "problem": self.problem, "labels": self.labels,
+                "pair": self.pair, "task": self.meta.get("task")}
 
     def warmup(self) -> None:
         self.run(("classify",), [[2, 3], [2, 1, 3]])
@@ -319,9 +264,8 @@ class DecoderEngine(Engine):
     kind = "decoder"
     tasks = frozenset({"generate"})
 
-    def __init__(
-        self, model: nn.Module, tokenizer: Any, meta: dict, source: Path, **kw: Any
-    ) -> None:
+    def __init__(self, model: nn.Module, tokenizer: Any, meta: dict, source: Path,
+                 **kw: Any) -> None:
         super().__init__(model, tokenizer, meta, source, **kw)
         ids = meta.get("special_ids", {})
         self.eos_id = ids.get("<|endoftext|>", tokenizer.token_to_id("<|endoftext|>"))
@@ -340,21 +284,9 @@ class DecoderEngine(Engine):
     def run(self, key: tuple, payloads: list[Any]) -> list[Any]:
         if key[0] == "generate-stream":
             return [self._stream(key[1:6], *payloads[0])]
-        _, max_new, temperature, top_k, top_p, seed = key
-        gen = self._generator(seed)
         with self._context():
             ids, mask = self._pad(payloads, self.pad_id, left=True)
-            out = self.model.generate(
-                ids,
-                max_new,
-                temperature=temperature,
-                top_k=top_k,
-                top_p=top_p,
-                eos_id=self.eos_id,
-                generator=gen,
-                attention_mask=mask,
-                pad_id=self.pad_id,
-            )
+            out = self._generate(ids, key[1:], attention_mask=mask, pad_id=self.pad_id)
         new = out[:, ids.shape[1] :].cpu().tolist()
         results = []
         for row in new:
@@ -365,18 +297,16 @@ class DecoderEngine(Engine):
             results.append({"text": text, "tokens": len(row), "finish_reason": finish})
         return results
 
-    def _generator(self, seed: int | None) -> torch.Generator | None:
-        """A seeded generator for a request that asks for repeatable sampling, else None."""
-        if seed is None:
-            return None
-        gen = torch.Generator(device=self.device)
-        gen.manual_seed(seed)
-        return gen
+    def _generate(self, ids: torch.Tensor, options: tuple, **kw: Any) -> torch.Tensor:
+        """``model.generate`` with a request's (max_new, temperature, top_k, top_p, seed); a
+        seed gets its own generator, so that request's sampling is repeatable."""
+        max_new, temperature, top_k, top_p, seed = options
+        gen = None if seed is None else torch.Generator(device=self.device).manual_seed(seed)
+        return self.model.generate(ids, max_new, temperature=temperature, top_k=top_k,
+                                   top_p=top_p, eos_id=self.eos_id, generator=gen, **kw)
 
     def _stream(self, options: tuple, ids: list[int], stream: TokenStream) -> dict[str, Any]:
         """One prompt, token by token into ``stream``; stops early when the client has gone."""
-        max_new, temperature, top_k, top_p, seed = options
-        gen = self._generator(seed)
         text = TextDelta(lambda t: self.tokenizer.decode(t, skip_special_tokens=True))
         finish = "length"
 
@@ -392,16 +322,8 @@ class DecoderEngine(Engine):
             return True
 
         with self._context():
-            self.model.generate(
-                torch.tensor([ids], dtype=torch.long, device=self.device),
-                max_new,
-                temperature=temperature,
-                top_k=top_k,
-                top_p=top_p,
-                eos_id=self.eos_id,
-                generator=gen,
-                on_token=on_token,
-            )
+            self._generate(torch.tensor([ids], dtype=torch.long, device=self.device), options,
+                           on_token=on_token)
         full = self.tokenizer.decode(text.ids, skip_special_tokens=True)
         return {"text": full, "tokens": len(text.ids), "finish_reason": finish}
 
@@ -411,18 +333,6 @@ class DecoderEngine(Engine):
 
 
 # --- loading --------------------------------------------------------------------------------
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise ShoestringError(
-            f"cannot read {path.name} ({type(e).__name__}: {e})", where=str(path)
-        ) from None
-    if not isinstance(data, dict):
-        raise ShoestringError(f"{path.name} is not a JSON object", where=str(path))
-    return data
 
 
 def _tokenizer(path: Path) -> Any:
@@ -439,9 +349,8 @@ ENGINES: dict[str, type[Engine]] = {
     "mlm": EncoderEngine, "clm": DecoderEngine, "contrastive": EncoderEngine}
 
 
-def load_engine(
-    path: str | Path, *, max_length: int = 512, truncate: bool = False, precision: str = "fp32"
-) -> Engine:
+def load_engine(path: str | Path, *, max_length: int = 512, truncate: bool = False,
+                precision: str = "fp32") -> Engine:
     """The right engine for folder ``path``: a run dir (``final/`` inside, or ``final/``
     itself), an export (`shoestring export`: ModernBERT or Llama), or a classifier folder."""
     from shoestring.artifacts import Kind, identify

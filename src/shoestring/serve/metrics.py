@@ -54,81 +54,46 @@ class ServeMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         reg = self.registry
-        self.requests = Counter(
-            "shoestring_requests_total",
-            "HTTP requests answered, by endpoint and status code.",
-            ("endpoint", "status"),
-            registry=reg,
-        )
-        self.latency = Histogram(
-            "shoestring_request_duration_seconds",
-            "Time from request to response, by endpoint.",
-            ("endpoint",),
-            buckets=LATENCY_BUCKETS,
-            registry=reg,
-        )
-        self.batch_size = Histogram(
-            "shoestring_batch_size",
-            "Inputs per model call, by task.",
-            ("task",),
-            buckets=BATCH_BUCKETS,
-            registry=reg,
-        )
-        self.batch_seconds = Histogram(
-            "shoestring_batch_duration_seconds",
-            "Model time per batch, by task.",
-            ("task",),
-            buckets=LATENCY_BUCKETS,
-            registry=reg,
-        )
+        self.requests = Counter("shoestring_requests_total",
+                                "HTTP requests answered, by endpoint and status code.",
+                                ("endpoint", "status"), registry=reg)
+        self.latency = Histogram("shoestring_request_duration_seconds",
+                                 "Time from request to response, by endpoint.", ("endpoint",),
+                                 buckets=LATENCY_BUCKETS, registry=reg)
+        self.batch_size = Histogram("shoestring_batch_size", "Inputs per model call, by task.",
+                                    ("task",), buckets=BATCH_BUCKETS, registry=reg)
+        self.batch_seconds = Histogram("shoestring_batch_duration_seconds",
+                                       "Model time per batch, by task.", ("task",),
+                                       buckets=LATENCY_BUCKETS, registry=reg)
         self.batch_tokens = Histogram(
             "shoestring_batch_padded_tokens",
             "Padded token positions per model call (what --max-batch-tokens bounds), by task.",
-            ("task",),
-            buckets=BATCH_TOKEN_BUCKETS,
-            registry=reg,
-        )
-        self.tokens = Counter(
-            "shoestring_batch_tokens_total",
-            "Token positions computed, by task and kind (real or padding).",
-            ("task", "kind"),
-            registry=reg,
-        )
+            ("task",), buckets=BATCH_TOKEN_BUCKETS, registry=reg)
+        self.tokens = Counter("shoestring_batch_tokens_total",
+                              "Token positions computed, by task and kind (real or padding).",
+                              ("task", "kind"), registry=reg)
         self.dropped = Counter(
             "shoestring_dropped_inputs_total",
             "Queued inputs dropped before inference, by reason (disconnected, timeout, cancelled).",
-            ("reason",),
-            registry=reg,
-        )
+            ("reason",), registry=reg)
         self.failed = Counter(
             "shoestring_failed_inputs_total",
             "Inputs whose inference raised (their batch-mates were retried alone).",
-            ("task",),
-            registry=reg,
-        )
+            ("task",), registry=reg)
         self.refused = Counter(
             "shoestring_refused_requests_total",
             "Requests refused for a limit, by the limit (max_concurrent_requests, max_queue, "
-            "max_client_batch).",
-            ("limit",),
-            registry=reg,
-        )
-        self.streams = Counter(
-            "shoestring_streams_total",
-            "Streamed generations ended, by finish reason (stop, length, cancelled: the "
-            "client went away).",
-            ("finish_reason",),
-            registry=reg,
-        )
-        self.streamed_tokens = Counter(
-            "shoestring_streamed_tokens_total", "Tokens generated for streams.", registry=reg
-        )
+            "max_client_batch).", ("limit",), registry=reg)
+        self.streams = Counter("shoestring_streams_total",
+                               "Streamed generations ended, by finish reason (stop, length, "
+                               "cancelled: the client went away).", ("finish_reason",),
+                               registry=reg)
+        self.streamed_tokens = Counter("shoestring_streamed_tokens_total",
+                                       "Tokens generated for streams.", registry=reg)
         self.rate = TokenRate()
-        self.add_gauge(
-            "shoestring_tokens_per_second",
-            f"Real tokens computed per second over the last {RATE_WINDOW_S:g} s.",
-            self.rate.rate,
-        )
+        self.add_gauge("shoestring_tokens_per_second",
+                       f"Real tokens computed per second over the last {RATE_WINDOW_S:g} s.",
+                       self.rate.rate)
 
     def observe_batch(self, task: str, seconds: float, lengths: list[int], padded: int) -> None:
         """One model call: its size, time, padded tokens and real tokens."""

@@ -65,11 +65,8 @@ def served_from_arg(arg: str, repo: ModelRepository) -> Served:
     if path.is_dir():
         return Served(name=path.resolve().name, ref=None, path=path)
     if "/" in arg or arg.startswith("."):
-        raise ShoestringError(
-            "no such folder",
-            where=arg,
-            fix="give a run dir, an export folder, or a repository model NAME",
-        )
+        raise ShoestringError("no such folder", where=arg,
+                              fix="give a run dir, an export folder, or a repository model NAME")
     repo.resolve(arg)  # fails early, naming what exists
     return Served(name=split_ref(arg)[0], ref=arg)
 
@@ -77,14 +74,8 @@ def served_from_arg(arg: str, repo: ModelRepository) -> Served:
 class ModelRouter:
     """The served models, their loaded versions, and the resolution of a ``model`` field."""
 
-    def __init__(
-        self,
-        served: list[Served],
-        settings: ServeSettings,
-        metrics: ServeMetrics,
-        loader: Loader,
-        repository: ModelRepository | None = None,
-    ) -> None:
+    def __init__(self, served: list[Served], settings: ServeSettings, metrics: ServeMetrics,
+                 loader: Loader, repository: ModelRepository | None = None) -> None:
         if not served:
             raise ValueError("a server needs at least one model")
         self.served = {s.name: s for s in served}
@@ -110,21 +101,12 @@ class ModelRouter:
             engine.run,
             # Unset: the token budget decides (an input is at least one token).
             max_batch_size=s.max_batch_size or s.max_batch_tokens,
-            max_batch_tokens=s.max_batch_tokens,
-            max_wait_s=s.max_wait_ms / 1000.0,
-            max_queue=s.max_queue,
-            pad=engine.pad_batches,
-            metrics=self.metrics,
-        )
+            max_batch_tokens=s.max_batch_tokens, max_wait_s=s.max_wait_ms / 1000.0,
+            max_queue=s.max_queue, pad=engine.pad_batches, metrics=self.metrics)
         slot = self.slots[key] = Slot(key, engine, batcher)
         if self.started:
             batcher.start()
         return slot
-
-    def key_of(self, model: str | None) -> tuple[str, Path]:
-        """(slot key, folder) that ``model`` names now (see `target`)."""
-        key, path, _ = self.target(model)
-        return key, path
 
     def target(self, model: str | None) -> tuple[str, Path, ModelVersion | None]:
         """(slot key, folder, repository version or None) that ``model`` names now.
@@ -137,18 +119,12 @@ class ModelRouter:
             name, _, sel = model.partition(":")
             served = self.served.get(name)
             if served is None:
-                raise InputError(
-                    f"this server serves no model {name!r}; it serves "
-                    f"{', '.join(sorted(self.served))}",
-                    ("body", "model"),
-                )
+                raise InputError(f"this server serves no model {name!r}; it serves "
+                                 f"{', '.join(sorted(self.served))}", ("body", "model"))
         if served.ref is None:
             if sel:
-                raise InputError(
-                    f"{served.name} is served from a folder and has no versions or tags: "
-                    f"send model={served.name!r}",
-                    ("body", "model"),
-                )
+                raise InputError(f"{served.name} is served from a folder and has no versions or "
+                                 f"tags: send model={served.name!r}", ("body", "model"))
             return str(served.path), served.path, None  # type: ignore[return-value]
         ref = f"{served.name}:{sel}" if sel else served.ref
         try:
@@ -159,7 +135,7 @@ class ModelRouter:
             raise ModelUnavailable(ref, f"{ref} cannot be served now: {e.what}") from None
         return version.ref, version.path, version
 
-    def _load(self, key: str, path: Path, version: ModelVersion | None) -> Engine:
+    def _load(self, path: Path, version: ModelVersion | None) -> Engine:
         """The engine for one version, its files checked against the pushed sha256 first."""
         if version is not None:
             self.repository.verify(version)
@@ -170,7 +146,7 @@ class ModelRouter:
         for served in self.served.values():
             key, path, version = self.target(None if served is self.default else served.name)
             if key not in self.slots:
-                self.add(key, self._load(key, path, version))
+                self.add(key, self._load(path, version))
 
     async def slot_for(self, model: str | None) -> Slot:
         """The slot that answers ``model`` now, loading its version on first use (a version
@@ -185,7 +161,7 @@ class ModelRouter:
                 raise ModelUnavailable(key, self.failed[key])
             if key not in self.slots:
                 try:
-                    engine = await asyncio.to_thread(self._load, key, path, version)
+                    engine = await asyncio.to_thread(self._load, path, version)
                 except Exception as e:  # noqa: BLE001 - any load failure: 503 naming it
                     why = e.message if isinstance(e, ShoestringError) else f"{type(e).__name__}: {e}"
                     self.failed[key] = f"{key} cannot be served: {why}"
@@ -198,7 +174,7 @@ class ModelRouter:
         out = []
         for served in self.served.values():
             try:
-                key = self.key_of(None if served is self.default else served.name)[0]
+                key = self.target(None if served is self.default else served.name)[0]
             except (ModelUnavailable, InputError) as e:
                 out.append(e.message)
                 continue
@@ -208,7 +184,7 @@ class ModelRouter:
 
     @property
     def default_slot(self) -> Slot:
-        return self.slots[self.key_of(None)[0]]
+        return self.slots[self.target(None)[0]]
 
     def start(self) -> None:
         self.started = True
@@ -239,7 +215,7 @@ class ModelRouter:
         for served in self.served.values():
             entry: dict = {"name": served.name, "default": served is self.default}
             try:
-                entry["current"] = self.key_of(served.name)[0]
+                entry["current"] = self.target(served.name)[0]
             except (InputError, ModelUnavailable) as e:
                 entry["current"], entry["error"] = None, e.message
             if served.ref is None:
@@ -252,23 +228,14 @@ class ModelRouter:
                 except ShoestringError as e:
                     stored, entry["error"] = [], e.message
                 entry["versions"] = [
-                    {
-                        "version": v.version,
-                        "ref": v.ref,
-                        "tags": list(v.tags),
-                        "created": v.manifest.get("created"),
-                        "sha256": v.manifest.get("sha256"),
-                        "metrics": v.manifest.get("metrics", {}),
-                        "loaded": v.ref in self.slots,
-                    }
-                    for v in stored
-                ]
+                    {"version": v.version, "ref": v.ref, "tags": list(v.tags),
+                     "created": v.manifest.get("created"), "sha256": v.manifest.get("sha256"),
+                     "metrics": v.manifest.get("metrics", {}), "loaded": v.ref in self.slots}
+                    for v in stored]
                 folder = str(self.repository.root / served.name)
-                entry["problems"] = {
-                    path: problem
-                    for path, problem in sorted(self.repository.problems.items())
-                    if path.startswith(folder + os.sep)
-                }
+                entry["problems"] = {path: problem for path, problem
+                                     in sorted(self.repository.problems.items())
+                                     if path.startswith(folder + os.sep)}
             if entry["current"] in self.failed:
                 entry["error"] = self.failed[entry["current"]]
             slot = self.slots.get(entry["current"] or "")

@@ -24,8 +24,7 @@ def _encodable(text: str, where: str) -> None:
         raise PydanticCustomError(
             "invalid_unicode",
             "{where} has a lone surrogate (U+{code}) at character {pos}: send valid Unicode text",
-            {"where": where, "code": f"{ord(text[e.start]):04X}", "pos": e.start},
-        ) from None
+            {"where": where, "code": f"{ord(text[e.start]):04X}", "pos": e.start}) from None
 
 
 STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
@@ -37,26 +36,20 @@ class _Request(BaseModel):
     model_config = STRICT
 
     inputs: str | list[str] = Field(description="one text, or a list of texts")
-    model: str | None = Field(
-        None,
-        description="which served model answers: NAME or NAME:VERSION|TAG (default: the first)",
-    )
+    model: str | None = Field(None, description="which served model answers: NAME or "
+                              "NAME:VERSION|TAG (default: the first)")
 
     @field_validator("inputs")
     @classmethod
     def _not_empty(cls, v: str | list[str]) -> str | list[str]:
         if isinstance(v, list):
             if not v:
-                raise PydanticCustomError(
-                    "empty_inputs", "inputs is an empty list: send at least one text"
-                )
+                raise PydanticCustomError("empty_inputs",
+                                          "inputs is an empty list: send at least one text")
             for i, t in enumerate(v):
                 if not t.strip():
-                    raise PydanticCustomError(
-                        "empty_text",
-                        "inputs[{i}] is empty: every text needs some content",
-                        {"i": i},
-                    )
+                    raise PydanticCustomError("empty_text", "inputs[{i}] is empty: every text "
+                                              "needs some content", {"i": i})
                 _encodable(t, f"inputs[{i}]")
         elif not v.strip():
             raise PydanticCustomError("empty_text", "the text is empty: send some content")
@@ -90,8 +83,7 @@ class ClassifyRequest(_Request):
     """Labels (or a value, for regression) from a fine-tuned classifier."""
 
     pairs: list[str] | None = Field(
-        None, description="second texts, one per input, for pair tasks (e.g. paraphrase)"
-    )
+        None, description="second texts, one per input, for pair tasks (e.g. paraphrase)")
 
     @field_validator("pairs")
     @classmethod
@@ -115,35 +107,27 @@ class GenerateRequest(_Request):
 
     max_new_tokens: Annotated[int, Field(ge=1)] = Field(32, description="tokens to add at most")
     temperature: Annotated[float, Field(ge=0.0, le=10.0)] = Field(
-        1.0, description=f"0 = greedy; else {MIN_TEMPERATURE}–10, higher = more random"
-    )
-    top_k: Annotated[int, Field(ge=1)] | None = Field(
-        None, description="sample from the k likeliest"
-    )
+        1.0, description=f"0 = greedy; else {MIN_TEMPERATURE}–10, higher = more random")
+    top_k: Annotated[int, Field(ge=1)] | None = Field(None,
+                                                      description="sample from the k likeliest")
     top_p: Annotated[float, Field(ge=MIN_TOP_P, le=1.0)] | None = Field(
-        None, description="sample from the smallest set with this much probability"
-    )
+        None, description="sample from the smallest set with this much probability")
     seed: Annotated[int, Field(ge=0, lt=1 << 63)] | None = Field(
-        None, description="make sampling repeatable (such a request runs in its own batch)"
-    )
+        None, description="make sampling repeatable (such a request runs in its own batch)")
     retrieve: RetrieveOption | None = Field(
         None, description="retrieve passages from the server's --index for each input "
-        "(docs/retrieval.md); each result then lists the passages used"
-    )
+        "(docs/retrieval.md); each result then lists the passages used")
     stream: bool = Field(
-        False, description="send tokens as server-sent events as they are made (one prompt)"
-    )
+        False, description="send tokens as server-sent events as they are made (one prompt)")
 
     @field_validator("temperature")
     @classmethod
     def _samplable(cls, v: float) -> float:
         if 0.0 < v < MIN_TEMPERATURE:
             raise PydanticCustomError(
-                "temperature_too_small",
-                "temperature {v} is too small to sample with (the logits overflow): "
-                "send 0 for greedy decoding, or at least {least}",
-                {"v": v, "least": MIN_TEMPERATURE},
-            )
+                "temperature_too_small", "temperature {v} is too small to sample with (the logits "
+                "overflow): send 0 for greedy decoding, or at least {least}",
+                {"v": v, "least": MIN_TEMPERATURE})
         return v
 
 

@@ -49,21 +49,12 @@ class ApiKey:
         return hmac.compare_digest(_digest(given), self._digest)
 
 
-async def send_json(
-    send: Send, status: int, body: dict, headers: list[tuple[bytes, bytes]] = ()
-) -> None:
+async def send_json(send: Send, status: int, body: dict,
+                    headers: list[tuple[bytes, bytes]] = ()) -> None:
     data = json.dumps(body).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(data)).encode()),
-                *headers,
-            ],
-        }
-    )
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(data)).encode()), *headers]})
     await send({"type": "http.response.body", "body": data})
 
 
@@ -79,12 +70,9 @@ class BodyLimit:
         self.app, self.max_bytes = app, max_bytes
 
     def _too_large(self) -> dict:
-        return {
-            "detail": f"request body is over this server's limit of {self.max_bytes} bytes "
-            "(--max-body-bytes): send fewer or shorter inputs per request",
-            "limit": "max_body_bytes",
-            "value": self.max_bytes,
-        }
+        return {"detail": f"request body is over this server's limit of {self.max_bytes} bytes "
+                "(--max-body-bytes): send fewer or shorter inputs per request",
+                "limit": "max_body_bytes", "value": self.max_bytes}
 
     async def _refuse(self, receive: Receive, send: Send, read: int = 0) -> None:
         """413. The unread body is read and dropped first (up to ``DRAIN_FACTOR`` times the
@@ -166,22 +154,15 @@ class ConcurrencyLimit:
         self.app, self.gate = app, gate
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (
-            scope["type"] != "http"
-            or scope.get("method") != "POST"
-            or not str(scope.get("path", "")).startswith("/v1/")
-        ):
+        path = str(scope.get("path", ""))
+        if scope["type"] != "http" or scope.get("method") != "POST" or not path.startswith("/v1/"):
             return await self.app(scope, receive, send)
         gate = self.gate
         if gate.active >= gate.max_requests:
             gate.on_refuse()
-            e = Refused(
-                429,
-                f"the server is handling its limit of {gate.max_requests} requests "
-                "(--max-concurrent-requests); retry after 1 s",
-                "max_concurrent_requests",
-                gate.max_requests,
-            )
+            e = Refused(429, f"the server is handling its limit of {gate.max_requests} requests "
+                        "(--max-concurrent-requests); retry after 1 s", "max_concurrent_requests",
+                        gate.max_requests)
             return await send_json(send, 429, e.body(), e.headers())
         gate.active += 1
         try:

@@ -44,11 +44,8 @@ def bind(host: str, port: int) -> socket.socket:
         sock.bind(addr)
     except OSError as e:
         sock.close()
-        raise ShoestringError(
-            f"cannot listen on {host}:{port} ({e.strerror})",
-            where="--port",
-            fix="pick another port, or --port 0 for any free one",
-        ) from None
+        raise ShoestringError(f"cannot listen on {host}:{port} ({e.strerror})", where="--port",
+                              fix="pick another port, or --port 0 for any free one") from None
     sock.listen(2048)
     sock.set_inheritable(True)
     return sock
@@ -62,15 +59,11 @@ def url_of(sock: socket.socket) -> str:
 def build_server(engine: Engine | ModelRouter, settings: ServeSettings) -> uvicorn.Server:
     app = create_app(engine, settings)
     config = uvicorn.Config(
-        app,
-        log_level="warning",
-        access_log=False,
-        lifespan="on",
+        app, log_level="warning", access_log=False, lifespan="on",
         timeout_graceful_shutdown=settings.shutdown_timeout_s,
         # A safety net under the app's own limits (429 at --max-concurrent-requests):
         # connections beyond this are answered 503 by uvicorn before any parsing.
-        limit_concurrency=settings.max_concurrent_requests + 512,
-        timeout_keep_alive=30,
+        limit_concurrency=settings.max_concurrent_requests + 512, timeout_keep_alive=30,
         proxy_headers=False,  # loopback by default; a proxy in front sets its own headers
     )
     return uvicorn.Server(config)
@@ -82,30 +75,23 @@ def load(path: str | Path, settings: ServeSettings) -> Engine:
         import torch
 
         torch.set_num_threads(settings.threads)
-    engine = load_engine(
-        path,
-        max_length=settings.max_length,
-        truncate=settings.truncate,
-        precision=settings.precision,
-    )
+    engine = load_engine(path, max_length=settings.max_length, truncate=settings.truncate,
+                         precision=settings.precision)
     engine.warmup()
     return engine
 
 
-def load_router(
-    models: list[str], settings: ServeSettings, repository: ModelRepository | None = None
-) -> ModelRouter:
+def load_router(models: list[str], settings: ServeSettings,
+                repository: ModelRepository | None = None) -> ModelRouter:
     """Every model named on the command line (folders or repository references), loaded."""
     repo = repository or ModelRepository()
     served = [served_from_arg(m, repo) for m in models]
     names = [s.name for s in served]
     dup = next((n for n in names if names.count(n) > 1), None)
     if dup is not None:
-        raise ShoestringError(
-            f"two models are named {dup!r}",
-            fix="serve each name once (one server may serve "
-            "several versions of a name: requests pick them with model=NAME:VERSION)",
-        )
+        raise ShoestringError(f"two models are named {dup!r}", fix="serve each name once (one "
+                              "server may serve several versions of a name: requests pick them "
+                              "with model=NAME:VERSION)")
     router = ModelRouter(served, settings, ServeMetrics(), lambda p: load(p, settings), repo)
     router.load_initial()
     return router
@@ -134,9 +120,8 @@ def serve(models: str | Path | list[str], settings: ServeSettings, announce: Any
         sock.close()
 
 
-def _worker_main(
-    models: list[str], settings: ServeSettings, sock: socket.socket, ready: Any
-) -> None:
+def _worker_main(models: list[str], settings: ServeSettings, sock: socket.socket,
+                 ready: Any) -> None:
     """One replica: its own models, batchers and event loop on the shared socket."""
     try:
         router = load_router(models, settings)
@@ -161,18 +146,13 @@ def serve_workers(models: list[str], settings: ServeSettings, announce: Any = pr
     for m in models:  # a bad name or path fails here, once, before any worker starts
         served_from_arg(m, repo)
     if settings.threads is None:  # the cores shared out, not N × all of them
-        settings = settings.model_copy(
-            update={"threads": max(1, (os.cpu_count() or 1) // settings.workers)}
-        )
+        threads = max(1, (os.cpu_count() or 1) // settings.workers)
+        settings = settings.model_copy(update={"threads": threads})
     sock = bind(settings.host, settings.port)
     ctx = mp.get_context("spawn")
     ready = ctx.Queue()
-    procs = [
-        ctx.Process(
-            target=_worker_main, args=(models, settings, sock, ready), name=f"shoestring-worker-{i}"
-        )
-        for i in range(settings.workers)
-    ]
+    procs = [ctx.Process(target=_worker_main, args=(models, settings, sock, ready),
+                         name=f"shoestring-worker-{i}") for i in range(settings.workers)]
     stopping = threading.Event()
 
     def forward(signum: int, frame: Any) -> None:
@@ -202,11 +182,9 @@ def serve_workers(models: list[str], settings: ServeSettings, announce: Any = pr
                 forward(signal.SIGTERM, None)
                 raise ShoestringError(value)
             pids.append(value)
-        announce(
-            f"serving {', '.join(models)} with {settings.workers} workers "
-            f"(pids {', '.join(map(str, pids))}, {settings.threads} threads each) "
-            f"on {url_of(sock)}"
-        )
+        announce(f"serving {', '.join(models)} with {settings.workers} workers "
+                 f"(pids {', '.join(map(str, pids))}, {settings.threads} threads each) "
+                 f"on {url_of(sock)}")
         for p in procs:
             p.join()
     finally:
@@ -232,13 +210,8 @@ class ServerThread:
         self.sock = bind(settings.host, settings.port)
         self.url = url_of(self.sock)
         self.server = build_server(engine, settings)
-        self.app = self.server.config.app
-        self._thread = threading.Thread(
-            target=self.server.run,
-            kwargs={"sockets": [self.sock]},
-            name="shoestring-server",
-            daemon=True,
-        )
+        self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
+                                        name="shoestring-server", daemon=True)
 
     def start(self, timeout: float = 60.0) -> ServerThread:
         if self._thread.ident is not None:  # already started
@@ -255,10 +228,6 @@ class ServerThread:
         self.server.should_exit = True
         self._thread.join(timeout)
         self.sock.close()
-
-    @property
-    def stopped(self) -> bool:
-        return not self._thread.is_alive()
 
     def __enter__(self) -> ServerThread:  # noqa: PYI034
         return self.start()

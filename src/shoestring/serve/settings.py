@@ -9,15 +9,8 @@ from __future__ import annotations
 import ipaddress
 from typing import Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    SecretStr,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import model_validator
 
 from shoestring.errors import ShoestringError
 
@@ -38,11 +31,8 @@ class ServeSettings(BaseModel):
         None, ge=1, le=65536, description="inputs per model call at most (default: tokens decide)"
     )
     max_wait_ms: float = Field(
-        0.0,
-        ge=0.0,
-        le=10_000.0,
-        description="how long the oldest input waits for batch-mates (0: start when free)",
-    )
+        0.0, ge=0.0, le=10_000.0,
+        description="how long the oldest input waits for batch-mates (0: start when free)")
     max_queue: int = Field(4096, ge=1, description="queued inputs before answering 429")
     max_concurrent_requests: int = Field(
         512, ge=1, description="requests being handled at once before answering 429"
@@ -61,13 +51,11 @@ class ServeSettings(BaseModel):
     shutdown_timeout_s: float = Field(
         30.0, ge=0.0, description="on shutdown, wait this long for in-flight requests"
     )
-    max_new_tokens: int = Field(
-        256, ge=1, description="generation: the most tokens one request may ask"
-    )
+    max_new_tokens: int = Field(256, ge=1,
+                                description="generation: the most tokens one request may ask")
     api_key: SecretStr | None = Field(
-        None,
-        description="require this key (Authorization: Bearer … or X-API-Key) on /v1 and /metrics",
-    )
+        None, description="require this key (Authorization: Bearer … or X-API-Key) on /v1 and "
+        "/metrics")
     threads: int | None = Field(
         None, ge=1, description="torch threads for inference (default: torch's, one per core)"
     )
@@ -76,9 +64,8 @@ class ServeSettings(BaseModel):
     )
     workers: int = Field(1, ge=1, le=64, description="engine processes behind the one port")
     precision: Literal["auto", "fp32", "bf16"] = Field(
-        "fp32",
-        description="inference precision: fp32, bf16 autocast, or auto (bf16 where it is faster)",
-    )
+        "fp32", description="inference precision: fp32, bf16 autocast, or auto (bf16 where it is "
+        "faster)")
 
     @field_validator("api_key")
     @classmethod
@@ -127,9 +114,8 @@ def make_settings(**values: object) -> ServeSettings:
             raise ShoestringError(rest, where=flag) from None
         name = str(first["loc"][0])
         value = "***" if name == "api_key" else first.get("input")
-        raise ShoestringError(
-            f"{value!r} is not allowed: {first['msg']}", where=_flag(name)
-        ) from None
+        raise ShoestringError(f"{value!r} is not allowed: {first['msg']}",
+                              where=_flag(name)) from None
 
 
 def _flag(name: str) -> str:

@@ -18,7 +18,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 _ids = itertools.count()
-END = object()
 
 
 class TokenStream:
@@ -42,10 +41,6 @@ class TokenStream:
 
     def stop(self) -> None:
         self._stopped.set()
-
-    @property
-    def stopped(self) -> bool:
-        return self._stopped.is_set()
 
 
 class TextDelta:
