@@ -64,20 +64,6 @@ from shoestring.train.state import TrainState, checkpoint_state, resume_state
 from shoestring.train.window import Window
 
 
-def _progress(console: Console, show: bool = True) -> Progress:
-    return Progress(
-        TextColumn("[bold]training"),
-        BarColumn(),
-        TextColumn("{task.percentage:>5.1f}% of {task.fields[budget]}"),
-        TextColumn("loss {task.fields[loss]}"),
-        TextColumn("{task.fields[tps]:,.0f} tok/s"),
-        TextColumn("MFU {task.fields[mfu]:.1%}"),
-        TextColumn("left {task.fields[left]}"),
-        console=console,
-        disable=not show,
-    )
-
-
 PLAIN_LINE_SECONDS = 30.0  # in a log, a progress line at most this often
 
 
@@ -88,7 +74,12 @@ class _Bar:
     def __init__(self, console: Console, show: bool, budget: str) -> None:
         self.console, self.budget = console, budget
         self.plain = show and not console.is_terminal
-        self.progress = _progress(console, show and not self.plain)
+        self.progress = Progress(
+            TextColumn("[bold]training"), BarColumn(),
+            TextColumn("{task.percentage:>5.1f}% of {task.fields[budget]}"),
+            TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]:,.0f} tok/s"),
+            TextColumn("MFU {task.fields[mfu]:.1%}"), TextColumn("left {task.fields[left]}"),
+            console=console, disable=not show or self.plain)
         self.last = -math.inf
 
     def __enter__(self) -> _Bar:
