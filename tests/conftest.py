@@ -106,6 +106,14 @@ def fails_cleanly(result: subprocess.CompletedProcess, *needles: str) -> None:
         assert needle in result.stderr, (needle, result.stderr)
 
 
+def torchrun_command(nproc: int, args: list[str], *, module: str = "shoestring",
+                     script: str | None = None) -> list[str]:
+    """argv for ``torchrun`` on this machine (a private rendezvous on a free local port)
+    running ``module`` (or a ``script``) with ``args``."""
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
+            "--standalone", *([script] if script else ["-m", module]), *args]
+
+
 def run_cli(*args: str, timeout: float = 300, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """The real console entry point in a subprocess (exit codes and stderr as a user sees them)."""
     env = {**os.environ, "COLUMNS": "200"}

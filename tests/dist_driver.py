@@ -1,8 +1,8 @@
 """Runs several distributed training cases inside ONE torchrun launch (tests/test_dist_*.py).
 
-Each case is one `shoestring.train.launch.run` call (its own process group, created and
-destroyed); batching cases per launch saves the ~10 s interpreter and torch start-up per
-process on the 2-core CI machine. argv[1]: a JSON list of {"output", "parallel", ...} dicts
+Each case is one `run` call: `train` with the layout its ``--parallel`` flags give (its own
+process group, created and destroyed); batching cases per launch saves the ~10 s interpreter
+and torch start-up per process on the 2-core CI machine. argv[1]: a JSON list of {"output", "parallel", ...} dicts
 (keys as `run`'s keyword arguments); common keys in argv[2] (JSON). A `ShoestringError`
 exits 2 with the message, like the CLI.
 
@@ -17,10 +17,24 @@ import os
 import sys
 
 import torch
+from rich.console import Console
 
-from shoestring.train.launch import run
+from shoestring.config import load_config
+from shoestring.dist.layout import make_layout
 from shoestring.errors import ShoestringError
+from shoestring.train.loop import train
 from shoestring.train.objectives import OBJECTIVES
+
+
+def run(data: str, output: str, parallel: str, *, zero: int = 0, offload: str | None = None,
+        ac: str = "none", pp_schedule: str = "1f1b", microbatches: int | None = None,
+        config: str | None = None, sets: list[str] | None = None, overwrite: bool = False,
+        resume: bool = False) -> dict:
+    """This rank's share of one case: `train` with the layout ``--parallel`` and its flags give."""
+    layout = make_layout(parallel, zero=zero, offload=offload, ac=ac, pp_schedule=pp_schedule,
+                         microbatches=microbatches)
+    return train(load_config(config, sets), data, output, overwrite=overwrite, resume=resume,
+                 layout=layout, console=Console(stderr=True, quiet=True))
 
 
 def _inject_nan(rank: int, call: int) -> None:

@@ -28,7 +28,8 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from conftest import SMALL_DATA, run_cli, sigterm_after_records, tiny_config  # noqa: E402
+from conftest import (  # noqa: E402
+    SMALL_DATA, run_cli, sigterm_after_records, tiny_config, torchrun_command)
 
 NO_CUDA = "no CUDA device (torch.cuda.is_available() is False): run `make gpu-check` on a GPU"
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)]
@@ -217,8 +218,6 @@ def test_sigterm_checkpoints_a_cuda_run_and_resume_finishes(pydocs_dir: Path,
 
 
 def test_ddp_and_fsdp2_at_world_size_one_on_nccl(pydocs_dir: Path) -> None:
-    from shoestring.train.launch import torchrun_command
-
     driver = str(Path(__file__).with_name("cuda_dist_driver.py"))
     sets = ["model.hidden_size=64", "model.num_layers=2", "model.num_heads=2",
             "model.intermediate_size=128", "train.batch_size=16", "train.lr=1e-3"]

@@ -8,7 +8,7 @@ import pytest
 from shoestring.config import ModelConfig
 from shoestring.dist.layout import Layout, make_layout, validate
 from shoestring.dist.memory import memory_per_rank, param_counts
-from shoestring.dist.mesh import dry_run, group_ranks, mesh_dims, rank_coords
+from shoestring.dist.mesh import DIM_ORDER, dry_run, mesh_dims, rank_coords
 from shoestring.errors import ShoestringError
 
 MODEL = dict(num_layers=4, num_heads=4, hidden_size=64, intermediate_size=128, vocab_size=2000,
@@ -101,6 +101,22 @@ def test_offload_needs_zero_and_cuda() -> None:
 
 
 # --------------------------------------------------------------------------- mesh
+
+
+def group_ranks(layout: Layout, rank: int, dim: str) -> list[int]:
+    """Ranks in ``rank``'s group along ``dim`` ("tp", "pp", "dp", ...), by arithmetic alone: the
+    oracle the fake-process-group mesh is checked against."""
+    strides, stride = {}, 1
+    for name in reversed(DIM_ORDER):
+        strides[name] = stride
+        stride *= getattr(layout, name)
+    c = rank_coords(layout, rank)
+    dims = ("dp_replicate", "dp_shard") if dim == "dp" else (dim,)
+    base = rank - sum(c[d] * strides[d] for d in dims)
+    out = [base]
+    for d in dims[::-1]:
+        out = [r + i * strides[d] for i in range(getattr(layout, d)) for r in out]
+    return sorted(out)
 
 
 MTNLG = make_layout("dp=16,tp=8,pp=35")  # 4,480 GPUs: TP 8 in a node × PP 35 × DP 16

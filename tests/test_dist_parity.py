@@ -22,9 +22,8 @@ import pytest
 import yaml
 import torch
 
-from conftest import sigterm_after_records
+from conftest import sigterm_after_records, torchrun_command
 from shoestring.config import load_config
-from shoestring.train.launch import torchrun_command
 
 DRIVER = str(Path(__file__).with_name("dist_driver.py"))
 STEPS = 4

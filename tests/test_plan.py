@@ -241,9 +241,8 @@ def test_bigger_budget_bigger_model_and_layout() -> None:
 
 def test_layout_escalates_when_memory_runs_out() -> None:
     def plan(cfg: ModelConfig, **over: int) -> object:
-        kw = dict(params=0, layers=cfg.num_layers, hidden=cfg.hidden_size, heads=cfg.num_heads,
-                  vocab=32768, seq_len=2048, global_batch=512, head_fraction=1.0, devices=64,
-                  devices_per_node=8, memory_gb=80)
+        kw = dict(vocab=32768, seq_len=2048, global_batch=512, devices=64, devices_per_node=8,
+                  memory_gb=80)
         return layout_for(cfg, **{**kw, **over})
 
     small = ModelConfig(objective="clm", hidden_size=768, num_layers=12, num_heads=12,

@@ -43,7 +43,7 @@ def test_config_summary_metrics_and_checkpoints_round_trip(tmp_path: Path) -> No
     assert run.read_summary()["steps"] == 3 and run.data_dir() == "/data"
     run.metrics_path.write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "lo')  # killed mid-write
     assert run.read_metrics() == [{"step": 1, "loss": 2.0}]
-    assert run.checkpoints() == [] and run.latest_checkpoint() is None
+    assert run.checkpoints() == []
     # complete = DCP metadata and state.json (written last); 30 died before its state file
     for step, complete in ((20, True), (10, True), (30, False)):
         ck = run.checkpoints_dir / f"step_{step:08d}"
@@ -52,7 +52,7 @@ def test_config_summary_metrics_and_checkpoints_round_trip(tmp_path: Path) -> No
         if complete:
             (ck / "state.json").write_text("{}")
     assert [p.name for p in run.checkpoints()] == ["step_00000010", "step_00000020"]
-    assert run.latest_checkpoint() == run.checkpoints_dir / "step_00000020"
+    assert run.checkpoints()[-1] == run.checkpoints_dir / "step_00000020"
 
 
 def test_missing_summary_says_how_to_get_the_data_dir(tmp_path: Path) -> None:

@@ -39,7 +39,7 @@ def test_parse_duration_rejects(text: str) -> None:
 def test_step_budget_progress() -> None:
     b = Budget(steps=10)
     assert b.progress(0) == 0.0 and b.progress(5) == 0.5
-    assert not b.exhausted(9) and b.exhausted(10)
+    assert b.progress(9) < 1.0 and b.progress(10) == 1.0  # the loop stops at 1
 
 
 def test_time_budget_progress_uses_wall_clock() -> None:
@@ -153,9 +153,9 @@ def test_whole_amounts_at_the_edges_of_their_ranges_are_budgets() -> None:
 
 def test_token_and_flop_budgets_progress() -> None:
     b = Budget(tokens=1000.0)
-    assert b.progress(3, 250) == 0.25 and b.exhausted(9, 1000)
+    assert b.progress(3, 250) == 0.25 and b.progress(9, 1000) == 1.0
     f = Budget(flops=1e6, flops_per_token=100.0)
-    assert f.progress(1, 5000) == 0.5 and f.exhausted(1, 10_000)
+    assert f.progress(1, 5000) == 0.5 and f.progress(1, 10_000) == 1.0
 
 
 def test_paused_time_is_not_charged() -> None:

@@ -605,11 +605,6 @@ class Config(_Section):
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
 
-def _describe(model: type[BaseModel]) -> str:
-    """Allowed keys of a section, for error messages."""
-    return ", ".join(sorted(model.model_fields))
-
-
 def _section_at(path: list[str]) -> type[BaseModel]:
     """The settings model at a dotted path of `Config` (through optional sections and the
     values of mappings, as in ``data.mixture.sources.NAME``)."""
@@ -639,9 +634,8 @@ def _format_validation_error(
         shown = "" if isinstance(value, dict) else f" (got {value!r})"
         if e["type"] == "extra_forbidden":
             section = _section_at([str(p) for p in e["loc"][:-1]])
-            lines.append(
-                f"unknown key '{loc}'; allowed keys here: {_describe(section)}"
-            )
+            allowed = ", ".join(sorted(section.model_fields))
+            lines.append(f"unknown key '{loc}'; allowed keys here: {allowed}")
         elif e["type"] == "literal_error":
             lines.append(f"{loc}: {e['msg']}{shown}")
         else:

@@ -261,11 +261,6 @@ class RunDir:
                       if p.is_dir() and p.name.startswith(CHECKPOINT_PREFIX)
                       and (p / "state.json").is_file() and (p / ".metadata").is_file())
 
-    def latest_checkpoint(self) -> Path | None:
-        """The newest complete checkpoint, or None."""
-        done = self.checkpoints()
-        return done[-1] if done else None
-
 
 def model_meta(cfg: Config, vocab_size: int, seq_len: int, special_ids: dict[str, int]) -> dict:
     """``final/config.json``: what ``RunDir.load_final`` needs to rebuild the model."""

@@ -53,11 +53,7 @@ def _layout(layout: Any, zero: int | None, ac: str | None):  # noqa: ANN202
     elif isinstance(layout, (str, dict)):
         layout = make_layout(layout, zero=zero if zero is not None else 0,
                              ac=ac if ac is not None else "none")
-    changes: dict[str, Any] = {}
-    if zero is not None and zero != layout.zero:
-        changes["zero"] = zero
-    if ac is not None and ac != layout.ac:
-        changes["ac"] = ac
+    changes = {k: v for k, v in (("zero", zero), ("ac", ac)) if v is not None}
     return replace(layout, **changes) if changes else layout
 
 
@@ -134,10 +130,8 @@ def memory_per_rank(
         last = blocks_per_rank * block_local + head_local
         params = max(first, last)
     shard = L_.dp_shard if L_.fsdp and z >= 2 else 1
-    p_rest = params // shard
-    out: dict[str, int] = {}
     host = 0
-    weights = 4 * p_rest
+    weights = 4 * (params // shard)
     grads = 4 * (params // shard if z >= 2 else params)
     if z == 0:
         optim = 8 * params
@@ -179,10 +173,9 @@ def memory_per_rank(
     scored = round(_family(model_cfg).head_fraction(sparse, T, families.DEFAULT_MASK_RATE) * T)
     logits = micro_batch * scored * vocab_size * (act_bytes + 4) // tp
     activations += logits
-    out.update(params=weights, params_transient=transient, grads=grads, optimizer=optim,
-               activations=activations, host=host, params_per_rank=params)
-    out["total"] = weights + transient + grads + optim + activations
-    return out
+    return {"params": weights, "params_transient": transient, "grads": grads, "optimizer": optim,
+            "activations": activations, "host": host, "params_per_rank": params,
+            "total": weights + transient + grads + optim + activations}
 
 
 def format_bytes(n: int) -> str:

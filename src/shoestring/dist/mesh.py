@@ -46,21 +46,6 @@ def rank_coords(layout: Layout, rank: int) -> dict[str, int]:
     return {k: coords[k] for k in (*DIM_ORDER, "dp")}
 
 
-def group_ranks(layout: Layout, rank: int, dim: str) -> list[int]:
-    """Ranks in ``rank``'s group along ``dim`` ("tp", "pp", "dp", ...), by arithmetic alone."""
-    strides, stride = {}, 1
-    for name in reversed(DIM_ORDER):
-        strides[name] = stride
-        stride *= getattr(layout, name)
-    c = rank_coords(layout, rank)
-    dims = ("dp_replicate", "dp_shard") if dim == "dp" else (dim,)
-    base = rank - sum(c[d] * strides[d] for d in dims)
-    out = [base]
-    for d in dims[::-1]:
-        out = [r + i * strides[d] for i in range(getattr(layout, d)) for r in out]
-    return sorted(out)
-
-
 @dataclass
 class Meshes:
     """The world mesh and the sub-meshes each strategy needs (None where a degree is 1)."""
@@ -97,8 +82,8 @@ def dry_run(layout: Layout, rank: int = 0, device_type: str = "cpu") -> dict:
     """Build ``layout``'s mesh as rank ``rank`` of a fake process group; return its groups.
 
     Uses torch's fake backend (every collective is a no-op), so a 4,480-rank mesh is built by
-    one process in seconds; the result is checked against `group_ranks`' arithmetic by the
-    tests. The default process group is destroyed again before returning.
+    one process in seconds; the tests check the result against the rank arithmetic of
+    `rank_coords`. The default process group is destroyed again before returning.
     """
     from torch.testing._internal.distributed.fake_pg import FakeStore  # registers "fake"
 

@@ -314,20 +314,18 @@ class Parallelism:
                     (scaler.scale(loss) if scaler else loss).backward()
                     total += _local(loss).detach().float()
                 else:
-                    total += self._pipeline_step(objective, micro, accum)
+                    total += self._run_schedule(self.schedule.step, objective, micro,
+                                                accum).to(self.device)
         return total
 
-    def _pipeline_step(self, objective, batch: tuple[Tensor, ...], accum: int) -> Tensor:  # noqa: ANN001
-        """One micro-batch through the pipeline schedule (split again into the layout's
-        pipeline microbatches); the loss function divides by both counts, so gradients
-        accumulate to the mean (the schedule's own scaling is off)."""
+    def _run_schedule(self, run: Callable, objective, batch: tuple[Tensor, ...],  # noqa: ANN001
+                      accum: int = 1) -> Tensor:
+        """``schedule.step`` or ``schedule.eval`` on one batch (one of ``accum`` micro-batches,
+        split again into the layout's pipeline microbatches): the first stage gets the model
+        inputs, the last the targets; the loss function divides by both counts, so gradients
+        accumulate to the mean (the schedule's own scaling is off). Returns the sum of the
+        microbatch losses (0 on ranks without the last stage)."""
         self._loss_scale = float(self.layout.n_microbatches * accum)
-        return self._run_schedule(self.schedule.step, objective, batch).to(self.device)
-
-    def _run_schedule(self, run: Callable, objective, batch: tuple[Tensor, ...]) -> Tensor:  # noqa: ANN001
-        """``schedule.step`` or ``schedule.eval`` on one batch: the first stage gets the
-        model inputs, the last the targets; returns the sum of the microbatch losses (0 on
-        ranks without the last stage)."""
         first = 0 in self.stage_ids
         last = self.layout.num_stages - 1 in self.stage_ids
         self._stage_objective = objective  # the schedule's loss function calls it
@@ -399,35 +397,30 @@ class Parallelism:
     def agree(self, values: list[float]) -> list[float]:
         """The elementwise maximum of ``values`` over all ranks: one small all-reduce turns
         local observations (elapsed wall clock, a caught SIGTERM) into one decision."""
-        if self.meshes is None:
-            return values
-        t = torch.tensor(values, dtype=torch.float64, device=self._collective_device())
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return [float(x) for x in t.cpu()]
+        return self._collective(values, lambda t: dist.all_reduce(t, op=dist.ReduceOp.MAX))
 
     def gather(self, value: float) -> list[float]:
-        """``value`` from every rank, in rank order."""
-        if self.meshes is None:
-            return [value]
-        t = torch.zeros(self.world, dtype=torch.float64, device=self._collective_device())
-        t[self.rank] = value
-        dist.all_reduce(t)
-        return [float(x) for x in t.cpu()]
+        """``value`` from every rank, in rank order (a sum of one-hot vectors)."""
+        return self._collective([value if r == self.rank else 0.0 for r in range(self.world)],
+                                dist.all_reduce)
 
     def broadcast(self, values: list[float]) -> list[float]:
         """Rank 0's ``values`` on every rank (e.g. its choice of precision)."""
+        return self._collective(values, lambda t: dist.broadcast(t, src=0))
+
+    def _collective(self, values: list[float], op: Callable[[Tensor], object]) -> list[float]:
+        """``op`` on ``values`` as one float64 tensor on the collective's device (NCCL needs
+        CUDA); ``values`` unchanged in one process."""
         if self.meshes is None:
             return values
-        t = torch.tensor(values, dtype=torch.float64, device=self._collective_device())
-        dist.broadcast(t, src=0)
+        device = self.device if self.device.type == "cuda" else torch.device("cpu")
+        t = torch.tensor(values, dtype=torch.float64, device=device)
+        op(t)
         return [float(x) for x in t.cpu()]
 
     def barrier(self) -> None:
         if self.meshes is not None:
             dist.barrier()
-
-    def _collective_device(self) -> torch.device:
-        return self.device if self.device.type == "cuda" else torch.device("cpu")
 
     # ------------------------------------------------------------------ evaluation
 
@@ -450,7 +443,7 @@ class Parallelism:
                     if self.schedule is None:
                         loss = _local(objective.loss(self.modules()[0], part)).float()
                     else:
-                        loss = self._pipeline_eval(objective, part)
+                        loss = self._run_schedule(self.schedule.eval, objective, part)
                 total += loss.double().cpu() * part[0].shape[0]
                 rows += part[0].shape[0]
         finally:
@@ -458,10 +451,6 @@ class Parallelism:
         if self.meshes is not None and self.meshes.pp is not None:
             dist.all_reduce(total, group=self.meshes.pp.get_group())
         return float(total) / max(rows, 1)
-
-    def _pipeline_eval(self, objective, batch: tuple[Tensor, ...]) -> Tensor:  # noqa: ANN001
-        self._loss_scale = float(self.layout.n_microbatches)
-        return self._run_schedule(self.schedule.eval, objective, batch)
 
     # ------------------------------------------------------------------ memory
 

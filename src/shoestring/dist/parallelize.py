@@ -265,10 +265,7 @@ def apply_fsdp(model: nn.Module, meshes: Meshes, layout: Layout, fused: Iterable
     forward; ZeRO-3: reshard; HSDP when the mesh is 2-D)."""
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
-    fused_ids = set()
-    for name, p in model.named_parameters():
-        if clean_fqn(name) in fused:
-            fused_ids.add(id(p))
+    fused_ids = {id(p) for name, p in model.named_parameters() if clean_fqn(name) in fused}
 
     def placement(p: nn.Parameter):  # noqa: ANN202
         return Shard(1) if id(p) in fused_ids and p.dim() == 2 else Shard(0)

@@ -21,6 +21,7 @@ import hashlib
 import json
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -87,9 +88,7 @@ def _points(data_dir: str, top: float, spec: CalibrationSpec) -> list[dict[str, 
                              min_sizes=spec.sizes, min_steps=spec.min_steps, floor=False)
     except ShoestringError:
         return None
-    per_level: dict[float, int] = {}
-    for p in points:
-        per_level[p["budget_flops"]] = per_level.get(p["budget_flops"], 0) + 1
+    per_level = Counter(p["budget_flops"] for p in points)
     if len(per_level) < spec.levels or min(per_level.values()) < spec.sizes:
         return None
     return points

@@ -61,21 +61,11 @@ def _huber(r: np.ndarray, delta: float) -> tuple[np.ndarray, np.ndarray]:
 
 def _objective(theta: np.ndarray, logn: np.ndarray, logd: np.ndarray, logl: np.ndarray,
                delta: float) -> tuple[float, np.ndarray]:
-    a, b, e, alpha, beta = theta
-    terms = np.stack([a - alpha * logn, b - beta * logd, np.full_like(logn, e)])
-    top = terms.max(axis=0)
-    w = np.exp(terms - top)
-    s = w.sum(axis=0)
-    lse = top + np.log(s)
-    w = w / s
-    loss, g = _huber(lse - logl, delta)
-    grad = np.array([
-        (g * w[0]).sum(),
-        (g * w[1]).sum(),
-        (g * w[2]).sum(),
-        -(g * w[0] * logn).sum(),
-        -(g * w[1] * logd).sum(),
-    ])
+    lse, w = _batch_terms(theta[None, :], logn, logd)
+    loss, g = _huber(lse[0] - logl, delta)
+    w = w[:, 0]
+    grad = np.array([(g * w[0]).sum(), (g * w[1]).sum(), (g * w[2]).sum(),
+                     -(g * w[0] * logn).sum(), -(g * w[1] * logd).sum()])
     return float(loss.sum()), grad
 
 
@@ -110,7 +100,6 @@ def fit_law(
     losses: np.ndarray | list[float],
     name: str = "fitted",
     objective: str = "mlm",
-    delta: float = HUBER_DELTA,
     starts: int = 16,
     source: str = "",
     exponent: float | None = None,
@@ -140,13 +129,12 @@ def fit_law(
         grid = np.array([(*g, ratio * g[3]) for g in
                          itertools.product(AB_GRID, AB_GRID, E_GRID, ALPHA_GRID)])
     grid = _project(grid, logl, ratio)
-    scores = _grid_scores(grid, logn, logd, logl, delta)
-    inits = grid[np.argsort(scores)[:starts]]
-    if delta == HUBER_DELTA:  # the batched refit from every start, then L-BFGS from the best
-        starts_fit = _batch_refit(inits, logn, logd, logl, np.ones((len(inits), len(n))),
-                                  ratio=None if ratio is None else np.full(len(inits), ratio))
-        inits = starts_fit[np.argsort(_grid_scores(starts_fit, logn, logd, logl, delta))[:1]]
-    best = _fit_theta(logn, logd, logl, delta, inits, ratio)
+    inits = grid[np.argsort(_grid_scores(grid, logn, logd, logl, HUBER_DELTA))[:starts]]
+    # the batched refit from every start, then L-BFGS from the best
+    starts_fit = _batch_refit(inits, logn, logd, logl, np.ones((len(inits), len(n))),
+                              ratio=None if ratio is None else np.full(len(inits), ratio))
+    inits = starts_fit[np.argsort(_grid_scores(starts_fit, logn, logd, logl, HUBER_DELTA))[:1]]
+    best = _fit_theta(logn, logd, logl, HUBER_DELTA, inits, ratio)
     law = _law_from_theta(best[1], name=name, source=source or f"fitted on {len(n)} points",
                           objective=objective)
     pred = np.log([law.loss(ni, di) for ni, di in zip(n, d)])
@@ -431,7 +419,7 @@ def bootstrap_fit(
     interval carries the exponent's uncertainty as well as the scatter."""
     n, d, l = (np.asarray(x, dtype=np.float64) for x in (params, tokens, losses))
     groups = _groups(budgets, len(n))
-    front = _frontier(n, l, budgets, groups, None) if budgets is not None else None
+    front = _frontier(n, l, budgets, groups) if budgets is not None else None
     usable = front is not None and 0 < front[1] < 1
     full = fit_law(params, tokens, losses, exponent=front[1] if usable else None, **fit_kw)
     logn, logd, logl = np.log(n), np.log(d), np.log(l)
@@ -484,16 +472,12 @@ class IsoFlopMinimum:
                 f"to lie {self.edge} {self.params:,.0f}")
 
 
-def _level_minimum(c: float, x: np.ndarray, y: np.ndarray,
-                   w: np.ndarray | None = None) -> IsoFlopMinimum | None:
-    """The parabola in x = ln N through one level's losses (``w``: each point's count in a
-    resample) and its minimum; None with fewer than 3 distinct sizes."""
-    if w is not None:
-        keep = w > 0
-        x, y, w = x[keep], y[keep], w[keep]
+def _level_minimum(c: float, x: np.ndarray, y: np.ndarray) -> IsoFlopMinimum | None:
+    """The parabola in x = ln N through one level's losses and its minimum; None with fewer
+    than 3 distinct sizes."""
     if len(set(np.round(x, 6))) < 3:
         return None
-    coeffs = np.polyfit(x, y, 2, w=None if w is None else np.sqrt(w))
+    coeffs = np.polyfit(x, y, 2)
     c0, c1, _ = coeffs
     lo, hi = float(x.min()), float(x.max())
     vertex = -c1 / (2 * c0) if c0 > 0 else None
@@ -511,8 +495,7 @@ def _level_minimum(c: float, x: np.ndarray, y: np.ndarray,
 
 
 def _frontier(n: np.ndarray, l: np.ndarray, budgets: list[float | None] | None,
-              groups: list[np.ndarray], w: np.ndarray | None
-              ) -> tuple[float, float, list[IsoFlopMinimum]] | None:
+              groups: list[np.ndarray]) -> tuple[float, float, list[IsoFlopMinimum]] | None:
     """(k, a, minima) of N_opt = k·C^a through the levels' minima (edges clamped), or None
     with fewer than 2 levels that have a parabola."""
     minima = []
@@ -520,7 +503,7 @@ def _frontier(n: np.ndarray, l: np.ndarray, budgets: list[float | None] | None,
         c = budgets[g[0]] if budgets is not None else None
         if c is None:
             continue
-        m = _level_minimum(float(c), np.log(n[g]), l[g], None if w is None else w[g])
+        m = _level_minimum(float(c), np.log(n[g]), l[g])
         if m is not None:
             minima.append(m)
     minima.sort(key=lambda m: m.flops)
@@ -554,7 +537,7 @@ def _frontier_draws(n: np.ndarray, l: np.ndarray, budgets: list[float | None],
     for i in range(resamples):
         copy = l.copy()
         copy[have] = fitted[have] + rng.choice(resid, size=int(have.sum()))
-        got = _frontier(n, copy, budgets, groups, None)
+        got = _frontier(n, copy, budgets, groups)
         if got is not None:
             draws[i] = math.log(got[0]), got[1]
     return draws
@@ -624,14 +607,19 @@ class Frontier:
                         float(tree["level"]))
 
 
+def _sweep(points: list[dict], key_n: str) -> tuple[list[float], np.ndarray, np.ndarray]:
+    """Sweep points (dicts with ``budget_flops``, ``val_loss`` and N) → budgets, N, losses."""
+    return ([float(p["budget_flops"]) for p in points],
+            np.array([p[key_n] for p in points], dtype=np.float64),
+            np.array([p["val_loss"] for p in points], dtype=np.float64))
+
+
 def isoflop_minima(points: list[dict], key_n: str = "params_non_embedding") -> list[IsoFlopMinimum]:
     """Parabola in ln N through each budget's losses (≥3 sizes) → its minimum; a minimum
     outside the sizes swept (or a parabola opening downward) is clamped to the nearest edge
     and marked (``edge``)."""
-    budgets = [float(p["budget_flops"]) for p in points]
-    n = np.array([p[key_n] for p in points], dtype=np.float64)
-    l = np.array([p["val_loss"] for p in points], dtype=np.float64)
-    got = _frontier(n, l, budgets, _groups(budgets, len(n)), None)
+    budgets, n, l = _sweep(points, key_n)
+    got = _frontier(n, l, budgets, _groups(budgets, len(n)))
     if got is not None:
         return got[2]
     return [m for g in _groups(budgets, len(n))
@@ -643,11 +631,9 @@ def isoflop_frontier(points: list[dict], key_n: str = "params_non_embedding",
                      ) -> Frontier | None:
     """Approach 2 on sweep points (dicts with ``budget_flops``, ``val_loss`` and N), with a
     bootstrap within each level; None with fewer than 2 levels of ≥3 sizes."""
-    budgets = [float(p["budget_flops"]) for p in points]
-    n = np.array([p[key_n] for p in points], dtype=np.float64)
-    l = np.array([p["val_loss"] for p in points], dtype=np.float64)
+    budgets, n, l = _sweep(points, key_n)
     groups = _groups(budgets, len(n))
-    front = _frontier(n, l, budgets, groups, None)
+    front = _frontier(n, l, budgets, groups)
     if front is None:
         return None
     draws = _frontier_draws(n, l, budgets, groups, np.random.default_rng(seed), resamples)

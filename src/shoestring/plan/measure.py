@@ -20,27 +20,17 @@ MAX_ROWS = 64
 """Rows per timed step at most."""
 
 
-def measure_mfu(
-    model_cfg: ModelConfig,
-    vocab: int,
-    seq_len: int,
-    micro_batch: int,
-    hw: Hardware,
-    precision: str = "auto",
-    seconds: float = 3.0,
-    warmup: int = 2,
-    batch: int | None = None,
-) -> float:
+def measure_mfu(model_cfg: ModelConfig, vocab: int, seq_len: int, micro_batch: int,
+                hw: Hardware, precision: str = "auto", seconds: float = 3.0) -> float:
     """Fraction of ``hw``'s peak that training this model reaches on this device: the real
-    trainer's step at ``batch`` sequences (default: one micro-batch) in micro-batches of
-    ``micro_batch``, timed for ``seconds`` after ``warmup`` steps."""
+    trainer's step on one micro-batch of ``micro_batch`` rows (at most `MAX_ROWS`), timed for
+    ``seconds`` after the warm-up steps."""
     from shoestring.train.loop import time_steps
 
     micro = max(1, min(micro_batch, MAX_ROWS))
-    batch = max(micro, batch or micro) // micro * micro  # whole micro-batches
     cfg = Config(model=model_cfg, data=DataConfig(vocab_size=vocab, seq_len=seq_len),
-                 train=TrainConfig(budget=None, steps=1, batch_size=batch,
+                 train=TrainConfig(budget=None, steps=1, batch_size=micro,
                                    micro_batch_size=micro, precision=precision, compile=False))
-    timing = time_steps(cfg, vocab, seq_len, seconds=seconds, warmup=warmup)
+    timing = time_steps(cfg, vocab, seq_len, seconds=seconds)
     peak, _ = hw.peak("auto" if precision == "auto" else precision)
     return timing.tokens_per_s * timing.flops_per_token / peak

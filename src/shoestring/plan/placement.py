@@ -10,7 +10,6 @@ same with full activation checkpointing.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -18,6 +17,7 @@ from shoestring.dist.memory import memory_per_rank
 from shoestring.errors import ShoestringError
 
 GB = 2**30
+MEMORY_MODEL = "shoestring.dist.memory (per-rank model)"  # what PlannedLayout.model names
 
 
 @dataclass(frozen=True)
@@ -55,24 +55,11 @@ def _usable_bytes(memory_gb: float, is_cpu: bool) -> float:
     return max(0.5, 0.92 * memory_gb - 1.0) * GB  # CUDA context, allocator fragmentation
 
 
-def plan_layout(
-    params: int,
-    layers: int,
-    hidden: int,
-    heads: int,
-    vocab: int,
-    seq_len: int,
-    global_batch: int,
-    head_fraction: float,
-    devices: int,
-    devices_per_node: int,
-    memory_gb: float,
-    estimator: Callable[..., dict[str, float]],
-    estimator_name: str,
-    is_cpu: bool = False,
-) -> PlannedLayout:
-    """The least-communication layout whose estimated memory fits one device;
-    ``estimator(dp=, tp=, pp=, zero=, micro_batch=, checkpointing=)`` → bytes by part."""
+def layout_for(model_cfg: Any, vocab: int, seq_len: int, global_batch: int, devices: int,
+               devices_per_node: int, memory_gb: float, is_cpu: bool = False) -> PlannedLayout:
+    """The least-communication layout for ``model_cfg`` (a ModelConfig) whose memory, by the
+    one memory model, fits one device."""
+    layers, heads = model_cfg.num_layers, model_cfg.num_heads
     usable = _usable_bytes(memory_gb, is_cpu)
     nodes = max(1, devices // max(1, devices_per_node))
     options: list[tuple[int, int, int, int, str]] = []  # dp, tp, pp, zero, kind
@@ -106,15 +93,18 @@ def plan_layout(
         for checkpointing in (False, True):
             for micro in micros:
                 try:
-                    parts = estimator(dp=dp, tp=tp, pp=pp, zero=zero, micro_batch=micro,
-                                      checkpointing=checkpointing)
+                    est = memory_per_rank(model_cfg, vocab, seq_len, micro,
+                                          f"dp={dp},tp={tp},pp={pp}", zero=zero,
+                                          ac="full" if checkpointing else "none")
                 except ShoestringError:  # a layout the distributed package cannot run
                     break
+                parts = {k: float(est[k]) for k in
+                         ("params", "params_transient", "grads", "optimizer", "activations")}
                 total = sum(parts.values())
                 layout = PlannedLayout(
                     dp, tp, pp, zero, micro, per_rank // micro, checkpointing,
                     round(total / GB, 3), {k: round(v / GB, 3) for k, v in parts.items()},
-                    total <= usable, kind, estimator_name,
+                    total <= usable, kind, MEMORY_MODEL,
                 )
                 if layout.fits:
                     return layout
@@ -123,17 +113,3 @@ def plan_layout(
     assert best is not None
     return best
 
-
-def layout_for(model_cfg: Any, **kwargs: Any) -> PlannedLayout:
-    """`plan_layout` for ``model_cfg`` (a ModelConfig), measured by the one memory model."""
-
-    def estimator(dp, tp, pp, zero, micro_batch, checkpointing):  # noqa: ANN001, ANN202
-        parts = memory_per_rank(
-            model_cfg, kwargs["vocab"], kwargs["seq_len"], micro_batch,
-            f"dp={dp},tp={tp},pp={pp}", zero=zero, ac="full" if checkpointing else "none",
-        )
-        return {k: float(parts[k]) for k in
-                ("params", "params_transient", "grads", "optimizer", "activations")}
-
-    return plan_layout(**kwargs, estimator=estimator,
-                       estimator_name="shoestring.dist.memory (per-rank model)")

@@ -36,10 +36,8 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from pydantic import ValidationError
-
 from shoestring import families
-from shoestring.config import DataConfig, TrainConfig, read_plan_sections  # noqa: F401 (re-export)
+from shoestring.config import DataConfig, TrainConfig
 from shoestring.errors import ShoestringError
 from shoestring.data.repetition import REPEAT_WARN_EPOCHS, SOURCE as REPETITION_SOURCE
 from shoestring.data.repetition import effective_tokens, repetition_cost
@@ -69,11 +67,6 @@ class PlanRequest:
     data: str | None = None
     devices_per_node: int | None = None
     precision: str = "auto"
-
-
-def default_seq_len(objective: str, params: float) -> int:
-    """Sequence length by scale when no data dir fixes it: Cramming's 128 for small encoders."""
-    return families.get(objective).default_seq_len(params)
 
 
 def _choose(shapes: list[Shape], law: Law, flops: float, unique: float | None = None,
@@ -168,15 +161,6 @@ def _data_info(path: str) -> dict[str, Any]:
     }
 
 
-def _measure_mfu(shape: Shape, vocab: int, seq_len: int, micro_batch: int, hw: Hardware,
-                 precision: str, console: Console | None) -> float:
-    from shoestring.plan.measure import measure_mfu
-
-    if console:
-        console.print(f"measuring MFU: timing the trainer's step on the {shape.label} model …")
-    return measure_mfu(shape.model, vocab, seq_len, micro_batch, hw, precision)
-
-
 @dataclass
 class Sizing:
     """The law's answer for one FLOP budget: closed-form optimum, the chosen shape, batch."""
@@ -212,7 +196,7 @@ def size_for_flops(
     ``floor=False`` (calibration sweeps) sizes budgets below the smallest model's floor too;
     ``frontier``: the size from your IsoFLOP minima (approach 2, see `_choose`)."""
     n_opt, d_opt = law.optimal(total_flops)
-    seq_len = data["seq_len"] if data else default_seq_len(objective, n_opt)
+    seq_len = data["seq_len"] if data else families.get(objective).default_seq_len(n_opt)
     vocab = data["vocab_size"] if data else (DataConfig().vocab_size if n_opt < 1e8 else 32768)
     shapes = candidates(objective, vocab, seq_len, mask_rate, max_params=max(64 * n_opt, 2e6))
     smallest = shapes[0]
@@ -259,17 +243,11 @@ def flops_buying(kind: str, amount: float, objective: str, law: Law,
     return 10 ** high
 
 
-def _train_section(flops: float, steps: int, batch: int, micro: int, lr: float) -> dict[str, Any]:
-    """The plan's `train:` section: a FLOP budget where the trainer takes one (so a changed
-    batch size keeps the compute), else the equivalent step count."""
-    fields = TrainConfig.model_fields
-    section: dict[str, Any] = {"budget": None, "steps": steps, "batch_size": batch, "lr": lr}
-    try:
-        TrainConfig(budget=f"{flops:.4g}flops", steps=None)
-        section.update(budget=f"{flops:.4g}flops", steps=None)
-    except ValidationError:  # this trainer has no FLOP budgets yet: steps are the same compute
-        pass
-    if "micro_batch_size" in fields and micro < batch:
+def _train_section(flops: float, batch: int, micro: int, lr: float) -> dict[str, Any]:
+    """The plan's `train:` section: a FLOP budget (so a changed batch size keeps the compute)."""
+    section: dict[str, Any] = {"budget": f"{flops:.4g}flops", "steps": None, "batch_size": batch,
+                               "lr": lr}
+    if micro < batch:
         section["micro_batch_size"] = micro
     return section
 
@@ -319,19 +297,17 @@ def _fit_budget(req: PlanRequest, hw: Hardware, peak: float, seconds: float | No
         core = size_for_flops(total_flops, objective, law, data, req.devices, mask_rate,
                               flops_per_second=peak * req.devices * mfu, frontier=frontier)
         pick = core.pick
-        sparse = families.get(objective).sparse_head and pick.model.sparse_prediction
-        layout = layout_for(
-            pick.model, params=pick.params, layers=pick.model.num_layers,
-            hidden=pick.model.hidden_size, heads=pick.model.num_heads, vocab=core.vocab,
-            seq_len=core.seq_len, global_batch=core.batch,
-            head_fraction=mask_rate if sparse else 1.0, devices=req.devices,
-            devices_per_node=devices_per_node, memory_gb=hw.memory_gb,
-            is_cpu=hw.measured and "cpu" in hw.description,
-        )
+        layout = layout_for(pick.model, core.vocab, core.seq_len, core.batch, req.devices,
+                            devices_per_node, hw.memory_gb,
+                            is_cpu=hw.measured and "cpu" in hw.description)
         if not req.measure or attempt == 2:
             break
-        measured = _measure_mfu(pick, core.vocab, core.seq_len, layout.micro_batch, hw,
-                                req.precision, console)
+        from shoestring.plan.measure import measure_mfu
+
+        if console:
+            console.print(f"measuring MFU: timing the trainer's step on the {pick.label} model …")
+        measured = measure_mfu(pick.model, core.vocab, core.seq_len, layout.micro_batch, hw,
+                               req.precision)
         mfu_source = f"measured ({pick.label} model, micro-batch {layout.micro_batch})"
         settled = flops is not None or abs(measured - mfu) < 0.02 * mfu
         mfu = measured
@@ -475,6 +451,7 @@ def make_plan(req: PlanRequest, console: Console | None = None,
     if core.size_rule is not None:
         notes[:0] = size_note(core.size_rule, pick.label)
     ceiling = math.log(core.vocab)
+    n_law = law.count(pick.params, pick.params_non_embedding)  # N as the law counts it
     meta = {
         "version": 1,
         "objective": objective,
@@ -497,12 +474,9 @@ def make_plan(req: PlanRequest, console: Console | None = None,
         "model": {
             "shape": pick.label, "params": pick.params,
             "params_non_embedding": pick.params_non_embedding,
-            "law_params": law.count(pick.params, pick.params_non_embedding),
-            "flops_per_token": pick.flops_per_token, "tokens": tokens,
-            "tokens_per_param": tokens / law.count(pick.params, pick.params_non_embedding),
-            "predicted_loss": loss,
-            "six_n_d_flops": training_flops(law.count(pick.params, pick.params_non_embedding),
-                                            tokens),
+            "law_params": n_law, "flops_per_token": pick.flops_per_token, "tokens": tokens,
+            "tokens_per_param": tokens / n_law, "predicted_loss": loss,
+            "six_n_d_flops": training_flops(n_law, tokens),
         },
         "batch": {"global_sequences": batch, "seq_len": seq_len,
                   "tokens_per_step": batch * seq_len, "steps": core.steps,
@@ -515,8 +489,7 @@ def make_plan(req: PlanRequest, console: Console | None = None,
         "prediction": (prediction.fitted(boot, boot.fit.law.count(
                            pick.params, pick.params_non_embedding), tokens, objective, ceiling)
                        if boot is not None else
-                       prediction.published(law, law.count(
-                           pick.params, pick.params_non_embedding), tokens, loss, objective)),
+                       prediction.published(law, n_law, tokens, loss, objective)),
         "data": data_out,
         "notes": notes,
     }
@@ -526,7 +499,7 @@ def make_plan(req: PlanRequest, console: Console | None = None,
     tree = {
         "plan": meta,
         "model": model_section,
-        "train": _train_section(total_flops, core.steps, batch, layout.micro_batch, core.lr),
+        "train": _train_section(total_flops, batch, layout.micro_batch, core.lr),
         "data": {"seq_len": seq_len, "vocab_size": core.vocab},
     }
     if (section := layout.parallel_section()) is not None:

@@ -21,14 +21,23 @@ def _plt():
     return plt
 
 
-def _save(fig, path: Path) -> Path:
+def _save(plt, fig, ax, path: Path, xlabel: str, ylabel: str, title: str,  # noqa: ANN001
+          legend: bool = True) -> Path:
+    """Label and grid the axes, write the figure to ``path`` atomically and close it."""
     import io
 
     from shoestring.fsutil import write_bytes_atomic
 
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if legend:
+        ax.legend(fontsize=8)
+    ax.grid(True, which="both", alpha=0.3)
     path.parent.mkdir(parents=True, exist_ok=True)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
     write_bytes_atomic(path, buf.getvalue())
     return path
 
@@ -60,14 +69,8 @@ def plot_isoflops(points: list[dict[str, Any]], minima: list[IsoFlopMinimum], la
             ax.plot(ns, [law.loss(x, np.exp(d)) for x, d in zip(ns, ds)], ":", color=color,
                     alpha=0.7)
     ax.set_xscale("log")
-    ax.set_xlabel("non-embedding parameters N")
-    ax.set_ylabel("validation loss")
-    ax.set_title("IsoFLOP curves (points; parabola in log N; ★ minimum; dotted: fitted law)")
-    ax.legend(fontsize=8)
-    ax.grid(True, which="both", alpha=0.3)
-    out = _save(fig, path)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, ax, path, "non-embedding parameters N", "validation loss",
+                 "IsoFLOP curves (points; parabola in log N; ★ minimum; dotted: fitted law)")
 
 
 def plot_frontier(minima: list[IsoFlopMinimum], law: Law, reference: list[Law],
@@ -84,14 +87,8 @@ def plot_frontier(minima: list[IsoFlopMinimum], law: Law, reference: list[Law],
                 color="k", label="IsoFLOP minima")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("training FLOPs C")
-    ax.set_ylabel("compute-optimal non-embedding parameters")
-    ax.set_title("Compute-optimal frontier")
-    ax.legend(fontsize=8)
-    ax.grid(True, which="both", alpha=0.3)
-    out = _save(fig, path)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, ax, path, "training FLOPs C",
+                 "compute-optimal non-embedding parameters", "Compute-optimal frontier")
 
 
 def plot_predicted(points: list[dict[str, Any]], law: Law, path: Path) -> Path:
@@ -104,10 +101,5 @@ def plot_predicted(points: list[dict[str, Any]], law: Law, path: Path) -> Path:
     lo, hi = min(obs.min(), pred.min()), max(obs.max(), pred.max())
     pad = 0.03 * (hi - lo or 1.0)
     ax.plot([lo - pad, hi + pad], [lo - pad, hi + pad], "k--", lw=1)
-    ax.set_xlabel("observed validation loss")
-    ax.set_ylabel("predicted by the fitted law")
-    ax.set_title("Predicted vs observed")
-    ax.grid(True, alpha=0.3)
-    out = _save(fig, path)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, ax, path, "observed validation loss", "predicted by the fitted law",
+                 "Predicted vs observed", legend=False)

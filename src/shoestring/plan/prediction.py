@@ -30,8 +30,6 @@ from shoestring.plan.fit import BootstrapFit, FitResult, Frontier, Span
 from shoestring.plan.laws import LAWS, Law
 from shoestring.rundir import RunDir, read_json_object
 
-LEVEL = 0.9
-
 UNITS = {
     "mlm": "held-out MLM loss, nats per masked token (eval.json mlm_loss: `shoestring eval RUN` "
            "on the validation split)",

@@ -41,13 +41,11 @@ class Shape:
 
 
 def _preset_proportions(objective: str) -> tuple[float, float]:
-    """(hidden per layer, ffn/hidden) from the presets of this objective, with fallbacks."""
-    try:
-        from shoestring.model.presets import presets
+    """(hidden per layer, ffn/hidden) from the presets of this objective; a family without
+    presets has the proportions its spec states."""
+    from shoestring.model.presets import presets
 
-        rows = [c for c in presets().values() if c.objective == objective]
-    except ImportError:  # presets not available: the proportions they were written with
-        rows = []
+    rows = [c for c in presets().values() if c.objective == objective]
     if not rows:
         return families.get(objective).shape
     per_layer = statistics.median(c.hidden_size / c.num_layers for c in rows)
@@ -68,14 +66,8 @@ def make_config(
     if ffn_ratio is None:
         ffn_ratio = _preset_proportions(objective)[1]
     inter = max(64, int(round(ffn_ratio * hidden / 64.0)) * 64)
-    heads = max(1, hidden // HEAD_DIM)
-    return ModelConfig(
-        objective=objective,
-        hidden_size=hidden,
-        num_layers=layers,
-        num_heads=heads,
-        intermediate_size=inter,
-    )
+    return ModelConfig(objective=objective, hidden_size=hidden, num_layers=layers,
+                       num_heads=max(1, hidden // HEAD_DIM), intermediate_size=inter)
 
 
 @functools.lru_cache(maxsize=4096)

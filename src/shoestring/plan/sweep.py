@@ -89,13 +89,6 @@ def _append_point(sweep_dir: Path, point: dict[str, Any]) -> None:
         os.fsync(f.fileno())
 
 
-def _val_loss(run_dir: Path, objective: str, max_sequences: int, seq_len: int,
-              console: Console) -> float:
-    from shoestring.eval.held_out import held_out_loss
-
-    return held_out_loss(objective, run_dir, max_sequences, seq_len, console)
-
-
 def _steps(c: float, shape: Shape, sizing: Any) -> int:
     return max(1, int(round(c / (shape.flops_per_token * sizing.batch * sizing.seq_len))))
 
@@ -207,6 +200,7 @@ def run_sweep(
 ) -> list[dict[str, Any]]:
     """Train and score every point not yet finished; returns all finished points."""
     from shoestring.config import load_config
+    from shoestring.eval.held_out import held_out_loss
     from shoestring.train.loop import train
 
     console = console or Console(stderr=True)
@@ -240,7 +234,7 @@ def run_sweep(
         cfg = load_config(config, [*sets, *(overrides or [])])
         run_dir = sweep_dir / "runs" / point["id"]
         summary = train(cfg, data["dir"], run_dir, overwrite=True, console=console)
-        loss = _val_loss(run_dir, data["objective"], eval_sequences, point["seq_len"], console)
+        loss = held_out_loss(data["objective"], run_dir, eval_sequences, point["seq_len"], console)
         record = {**point, "val_loss": loss, "final_train_loss": summary.get("final_train_loss"),
                   "train_seconds": summary.get("train_seconds"), "mfu": summary.get("mfu"),
                   "tokens": summary.get("tokens", point["tokens"]), "run": str(run_dir)}

@@ -73,9 +73,6 @@ class Budget:
             fractions.append(tokens * self.flops_per_token / self.flops)
         return min(1.0, max(fractions))
 
-    def exhausted(self, step: float, tokens: float = 0.0) -> bool:
-        return self.progress(step, tokens) >= 1.0
-
     def describe(self) -> str:
         parts = []
         if self.seconds is not None:

@@ -50,7 +50,6 @@ from shoestring.rundir import CHECKPOINT_PREFIX, RunDir
 if TYPE_CHECKING:
     from shoestring.dist.parallelism import Parallelism
 
-PREFIX = CHECKPOINT_PREFIX
 STATE = "state.json"
 FORMAT = 2
 PART = ".part"
@@ -196,7 +195,7 @@ def save_checkpoint(run_dir: Path, parallel: Parallelism, state: dict[str, Any],
     """Write ``checkpoints/step_N`` collectively (every rank calls this), atomically, then
     prune to the newest ``keep``."""
     root = RunDir(run_dir).checkpoints_dir
-    path = root / f"{PREFIX}{state['step']:08d}"
+    path = root / f"{CHECKPOINT_PREFIX}{state['step']:08d}"
     build = root / f".{path.name}.partial"
     if parallel.is_main:
         if build.exists():
@@ -303,13 +302,13 @@ def legacy_checkpoints(run_dir: Path) -> list[Path]:
     found = []
     root = RunDir(run_dir).checkpoints_dir
     if root.is_dir():
-        found += [p for p in root.iterdir() if p.name.startswith(PREFIX)
+        found += [p for p in root.iterdir() if p.name.startswith(CHECKPOINT_PREFIX)
                   and (p / "model.safetensors").is_file() and (p / STATE).is_file()]
     old_dist = run_dir / "dist_checkpoints"
     if old_dist.is_dir():
-        found += [p for p in old_dist.iterdir() if p.name.startswith(PREFIX)
+        found += [p for p in old_dist.iterdir() if p.name.startswith(CHECKPOINT_PREFIX)
                   and (p / "trainer.json").is_file() and (p / ".metadata").is_file()]
-    return sorted(found, key=lambda p: int(p.name[len(PREFIX):]))
+    return sorted(found, key=lambda p: int(p.name[len(CHECKPOINT_PREFIX):]))
 
 
 def upgrade_run(run_dir: str | Path) -> list[Path]:
@@ -341,7 +340,7 @@ def upgrade_run(run_dir: str | Path) -> list[Path]:
                                                     "masking": mask},
                      "metrics_lines": len(RunDir(run_dir).read_metrics()),
                      "layout": t.get("layout"), "world_size": t.get("world_size")}
-            dst = RunDir(run_dir).checkpoints_dir / f"{PREFIX}{t['step']:08d}"
+            dst = RunDir(run_dir).checkpoints_dir / f"{CHECKPOINT_PREFIX}{t['step']:08d}"
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copytree(src, dst.parent / f".{dst.name}.partial")
             build = dst.parent / f".{dst.name}.partial"

@@ -64,20 +64,6 @@ from shoestring.train.state import TrainState, checkpoint_state, resume_state
 from shoestring.train.window import Window
 
 
-def _progress(console: Console, show: bool = True) -> Progress:
-    return Progress(
-        TextColumn("[bold]training"),
-        BarColumn(),
-        TextColumn("{task.percentage:>5.1f}% of {task.fields[budget]}"),
-        TextColumn("loss {task.fields[loss]}"),
-        TextColumn("{task.fields[tps]:,.0f} tok/s"),
-        TextColumn("MFU {task.fields[mfu]:.1%}"),
-        TextColumn("left {task.fields[left]}"),
-        console=console,
-        disable=not show,
-    )
-
-
 PLAIN_LINE_SECONDS = 30.0  # in a log, a progress line at most this often
 
 
@@ -88,7 +74,12 @@ class _Bar:
     def __init__(self, console: Console, show: bool, budget: str) -> None:
         self.console, self.budget = console, budget
         self.plain = show and not console.is_terminal
-        self.progress = _progress(console, show and not self.plain)
+        self.progress = Progress(
+            TextColumn("[bold]training"), BarColumn(),
+            TextColumn("{task.percentage:>5.1f}% of {task.fields[budget]}"),
+            TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]:,.0f} tok/s"),
+            TextColumn("MFU {task.fields[mfu]:.1%}"), TextColumn("left {task.fields[left]}"),
+            console=console, disable=not show or self.plain)
         self.last = -math.inf
 
     def __enter__(self) -> _Bar:
@@ -322,24 +313,30 @@ def _layout_of(cfg: Config, world: int, resume: bool, console: Console) -> Layou
 
 
 @dataclass
-class _Run:
-    """Everything fixed for one run, built before the clock starts: the device, objective,
-    budget, speed choices, data, metrics and the objects a step mutates (``parallel`` holds
-    the model and optimizers)."""
+class _Built:
+    """What a step needs that does not depend on a data dir or a run dir (`_build`)."""
+
+    dev: DeviceInfo
+    peaks: list[float]  # FLOP/s of every device of the job
+    objective: Objective
+    flops_per_token: float  # training FLOPs per token
+    budget: Budget
+    micro: int
+    speed: speed_choices.SpeedChoices
+    n_params: tuple[int, int]  # all parameters, non-embedding
+    scaler: torch.amp.GradScaler | None
+
+
+@dataclass
+class _Run(_Built):
+    """Everything fixed for one run, built before the clock starts: what `_build` made (the
+    device, objective, budget, speed choices), the data, the metrics and the objects a step
+    mutates (``parallel`` holds the model and optimizers)."""
 
     cfg: Config
     data: DataDir | None  # None in `time_steps`, which times steps on random rows
     run: RunDir | None  # None in `time_steps` (it writes nothing)
     parallel: Parallelism
-    dev: DeviceInfo
-    peaks: list[float]
-    objective: Objective
-    flops_per_token: float
-    budget: Budget
-    speed: speed_choices.SpeedChoices
-    micro: int
-    n_params: tuple[int, int]  # all parameters, non-embedding
-    scaler: torch.amp.GradScaler | None
     gen: torch.Generator
     loader: BatchLoader | Iterator[torch.Tensor]  # `time_steps`: random rows in memory
     val_batch: tuple[torch.Tensor, ...] | None
@@ -415,21 +412,6 @@ class _Run:
         )
 
 
-@dataclass
-class _Built:
-    """What a step needs that does not depend on a data dir or a run dir (`_build`)."""
-
-    dev: DeviceInfo
-    peaks: list[float]  # FLOP/s of every device of the job
-    objective: Objective
-    fpt: float  # training FLOPs per token
-    budget: Budget
-    micro: int
-    speed: speed_choices.SpeedChoices
-    n_params: tuple[int, int]
-    scaler: torch.amp.GradScaler | None
-
-
 def _build(cfg: Config, vocab: int, seq_len: int, special_ids: dict[str, int],
            parallel: Parallelism, spare_bytes: int | None, resumed_kernel: str | None,
            init: Callable[[torch.nn.Module], None] | None = None) -> _Built:
@@ -477,32 +459,29 @@ def _setup(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
             if tc.init_from and ckpt is None else None)
     b = _build(cfg, data.vocab_size, data.seq_len, data.special_ids, parallel, spare_bytes,
                ckpt.state.get("attention") if ckpt else None, init)
-    dev, peaks, objective, flops_per_token, budget = b.dev, b.peaks, b.objective, b.fpt, b.budget
-    micro, speed, scaler = b.micro, b.speed, b.scaler
     gen = torch.Generator().manual_seed(tc.seed)
     s, cursor = TrainState(next_val=tc.val_every), Cursor()
     if ckpt is not None:
         load_checkpoint(ckpt, parallel)
         elapsed = ckpt.state["elapsed"]
-        s, cursor = resume_state(ckpt.state, budget.progress(
-            ckpt.state["step"], ckpt.state["tokens"], elapsed=elapsed), gen, scaler)
-        if budget.progress(s.step, s.tokens, elapsed=elapsed) >= 1.0:
+        s, cursor = resume_state(ckpt.state, b.budget.progress(
+            ckpt.state["step"], ckpt.state["tokens"], elapsed=elapsed), gen, b.scaler)
+        if b.budget.progress(s.step, s.tokens, elapsed=elapsed) >= 1.0:
             raise ShoestringError(
                 f"nothing to resume: the checkpoint at step {s.step} has used the whole "
-                f"budget ({budget.describe()})", where=str(ckpt.path),
+                f"budget ({b.budget.describe()})", where=str(ckpt.path),
                 fix="extend the budget (--set train.steps=... / train.budget=...) to go on")
-    loader = BatchLoader(train_split, parallel.dp * micro, tc.seed, cursor)
     metrics = (MetricsLog(run_dir, tc.tensorboard,
                           keep_lines=ckpt.state["metrics_lines"] if ckpt else 0)
                if parallel.is_main else None)
-    window = Window(flops_per_token, sum(peaks),
-                    dev.datasheet_flops * parallel.world if dev.datasheet_flops else None,
+    datasheet = b.dev.datasheet_flops * parallel.world if b.dev.datasheet_flops else None
+    window = Window(b.flops_per_token, sum(b.peaks), datasheet,
                     parallel.world if parallel.distributed else None, start=s.elapsed)
-    return _Run(cfg, data, run, parallel, dev, peaks, objective, flops_per_token, budget, speed,
-                micro, b.n_params, scaler, gen, loader,
-                _val_batch(data, cfg, objective) if tc.val_every > 0 else None,
-                _ckpt_interval(tc.checkpoint_every), metrics, window,
-                ckpt.path if ckpt else None, resumed=ckpt is not None), s
+    return _Run(**vars(b), cfg=cfg, data=data, run=run, parallel=parallel, gen=gen,
+                loader=BatchLoader(train_split, parallel.dp * b.micro, tc.seed, cursor),
+                val_batch=_val_batch(data, cfg, b.objective) if tc.val_every > 0 else None,
+                interval=_ckpt_interval(tc.checkpoint_every), metrics=metrics, window=window,
+                last_ckpt=ckpt.path if ckpt else None, resumed=ckpt is not None), s
 
 
 def train_step(r: _Run, s: TrainState, bsz: int, lr: float) -> None:
@@ -717,9 +696,10 @@ def time_steps(cfg: Config, vocab: int, seq_len: int, *, seconds: float = 3.0,
             gen = torch.Generator().manual_seed(tc.seed)
             rows = [torch.randint(8, vocab, (parallel.dp * b.micro, seq_len), generator=gen)
                     for _ in range(2)]
-            r = _Run(cfg, None, None, parallel, b.dev, b.peaks, b.objective, b.fpt, b.budget,
-                     b.speed, b.micro, b.n_params, b.scaler, gen, itertools.cycle(rows), None,
-                     None, None, Window(b.fpt, sum(b.peaks), None), None, resumed=False)
+            r = _Run(**vars(b), cfg=cfg, data=None, run=None, parallel=parallel, gen=gen,
+                     loader=itertools.cycle(rows), val_batch=None, interval=None, metrics=None,
+                     window=Window(b.flops_per_token, sum(b.peaks), None), last_ckpt=None,
+                     resumed=False)
             return _time(r, tc.batch_size, tc.lr * lr_factor(tc, 0.0), seconds, warmup,
                          min_steps)
     finally:
