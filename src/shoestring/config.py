@@ -26,6 +26,7 @@ from pydantic import (
 
 from shoestring import families
 from shoestring.errors import ShoestringError
+from shoestring.fsutil import read_yaml
 from shoestring.units import parse_budget
 
 
@@ -694,16 +695,9 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 def read_plan_sections(path: str | Path) -> dict[str, Any]:
     """A plan file's config sections (``plan:`` dropped), for `train --plan`."""
-    p = Path(path)
-    if not p.is_file():
-        raise ShoestringError("plan file not found", where=str(p),
-                              fix="write one with `shoestring plan ... -o plan.yaml`")
-    try:
-        tree = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        raise ShoestringError(f"cannot read the plan ({e})", where=str(p)) from None
+    tree = read_yaml(path, "plan file", fix="write one with `shoestring plan ... -o plan.yaml`")
     if not isinstance(tree, dict) or "plan" not in tree:
-        raise ShoestringError("not a shoestring plan (no 'plan:' section)", where=str(p),
+        raise ShoestringError("not a shoestring plan (no 'plan:' section)", where=str(path),
                               fix="write one with `shoestring plan ... -o plan.yaml`")
     return {k: v for k, v in tree.items() if k != "plan"}
 
@@ -725,18 +719,8 @@ def load_config(
             tree.setdefault(section, {}).update(values)
         source = str(plan)
     if path is not None:
-        p = Path(path)
-        source = str(p)
-        if not p.is_file():
-            raise ShoestringError("config file not found", where=source, fix="check the path")
-        try:
-            loaded = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
-        except (OSError, UnicodeDecodeError) as e:
-            raise ShoestringError(f"cannot read config file ({e})", where=source) from None
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f"{source}:{mark.line + 1}" if mark else source
-            raise ShoestringError(f"not valid YAML ({e})", where=where) from None
+        source = str(path)
+        loaded = read_yaml(path, "config file") or {}
         if not isinstance(loaded, dict):
             raise ShoestringError("a config file must be a mapping of sections", where=source)
         for section, values in loaded.items():

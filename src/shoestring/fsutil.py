@@ -2,7 +2,8 @@
 
 Write to a temporary sibling, flush it to disk, then rename over the target (rename is atomic
 on POSIX filesystems); folders are built beside their target and swapped in. Outputs are only
-ever replaced when they are shoestring's own.
+ever replaced when they are shoestring's own. And the one YAML reader, whose errors name the
+file (and the line of a syntax error).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from shoestring.errors import ShoestringError
 
@@ -88,6 +91,22 @@ def write_bytes_atomic(path: str | Path, data: bytes) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def read_yaml(path: str | Path, what: str, fix: str = "check the path") -> Any:
+    """The data of a YAML file; a missing, unreadable or invalid one is a ShoestringError
+    naming ``what`` it is meant to be, the file, and the line of a syntax error."""
+    p = Path(path)
+    if not p.is_file():
+        raise ShoestringError(f"{what} not found", where=str(p), fix=fix)
+    try:
+        return yaml.safe_load(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise ShoestringError(f"cannot read the {what} ({e})", where=str(p)) from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{p}:{mark.line + 1}" if mark else str(p)
+        raise ShoestringError(f"not valid YAML ({e})", where=where) from None
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:

@@ -24,14 +24,13 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
 from shoestring import families
 from shoestring.errors import ShoestringError
 from shoestring.fsutil import (
     WRITER_LOCK,
     building_dir,
     check_output_dir,
+    read_yaml,
     write_json_atomic,
     write_text_atomic,
     writer_lock,
@@ -149,10 +148,7 @@ class RunDir:
         written by other versions."""
         if not self.config_path.is_file():
             return None
-        try:
-            value = yaml.safe_load(self.config_path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-            raise ShoestringError(f"not valid YAML ({e})", where=str(self.config_path)) from None
+        value = read_yaml(self.config_path, "run's config.yaml")
         return value if isinstance(value, dict) else None
 
     def write_summary(self, summary: dict[str, Any]) -> None:

@@ -31,13 +31,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 from shoestring.config import MixtureConfig
 from shoestring.data.readers import Document
 from shoestring.data.repetition import REPEAT_WARN_EPOCHS, SOURCE, repetition_cost
 from shoestring.data.sources import resolve_sources
 from shoestring.errors import ShoestringError
+from shoestring.fsutil import read_yaml
 
 _ORDER_SALT = 0x6D6978  # "mix": keeps these streams apart from the plain loader's
 
@@ -61,12 +61,7 @@ def parse_mix(text: str, field: str | None = None) -> dict[str, Any]:
 
 
 def _read_recipe(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise ShoestringError("mixture recipe not found", where=str(path), fix="check the path")
-    try:
-        tree = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        raise ShoestringError(f"cannot read the mixture recipe ({e})", where=str(path)) from None
+    tree = read_yaml(path, "mixture recipe")
     if isinstance(tree, dict) and isinstance(tree.get("mixture"), dict):
         tree = tree["mixture"]  # a config-style file (`mixture:` at the top)
     if not isinstance(tree, dict) or not tree:

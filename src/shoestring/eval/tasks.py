@@ -35,10 +35,10 @@ from pathlib import Path
 from collections.abc import Iterator
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from shoestring.errors import ShoestringError
+from shoestring.fsutil import read_yaml
 from shoestring.eval.metrics import METRICS
 
 Problem = Literal["classification", "regression"]
@@ -229,14 +229,7 @@ def parse_task_arg(arg: str) -> CustomTask:
     """``--task`` value: a YAML file, or ``key=value,key=value`` with the same keys."""
     p = Path(arg)
     if p.suffix.lower() in (".yaml", ".yml") or (p.is_file() and "=" not in arg):
-        if not p.is_file():
-            raise ShoestringError("task spec file not found", where=arg, fix="check the path")
-        try:
-            tree = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f"{arg}:{mark.line + 1}" if mark else arg
-            raise ShoestringError(f"not valid YAML ({e})", where=where) from None
+        tree = read_yaml(p, "task spec file") or {}
         if not isinstance(tree, dict):
             raise ShoestringError("a task spec must be a mapping of keys to values", where=arg)
         spec = _validate(tree, arg)

@@ -36,6 +36,7 @@ import yaml
 
 from shoestring.data.repetition import effective_params, effective_tokens
 from shoestring.errors import ShoestringError
+from shoestring.fsutil import read_yaml
 
 from shoestring.units import PF_DAY  # noqa: E402  (FLOPs in one petaFLOP/s-day)
 
@@ -154,10 +155,7 @@ def load_law(spec: str | Path) -> Law:
             where="--law",
             fix=f"use {' or '.join(LAWS)}, or a law file written by `shoestring plan --fit`",
         )
-    try:
-        tree = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        raise ShoestringError(f"cannot read the law file ({e})", where=str(path)) from None
+    tree = read_yaml(path, "law file")
     body = tree.get("law") if isinstance(tree, dict) else None
     if not isinstance(body, dict):
         raise ShoestringError(
