@@ -10,13 +10,12 @@ how (``export.hub.open_model``, ``eval.classifier.load_classifier``).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any
 
 from shoestring.errors import ShoestringError
+from shoestring.fsutil import json_object_or_none
 from shoestring.rundir import RunDir
 
 __all__ = ["Artifact", "Kind", "identify"]
@@ -65,26 +64,18 @@ class Artifact:
         return self.model_dir / "tokenizer.json"
 
 
-def _json(path: Path) -> dict[str, Any]:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
 def _kind(path: Path) -> Kind | None:
     run = RunDir(path)
     if run.is_run or (run.final_dir / "config.json").is_file():
         return Kind.RUN
     if (path / "config.json").is_file():
-        cfg = _json(path / "config.json")
+        cfg = json_object_or_none(path / "config.json") or {}
         if cfg.get("architecture") == "shoestring-classifier":
             return Kind.CLASSIFIER
         if "model_type" in cfg and (path / "model.safetensors").is_file():
             return Kind.EXPORT
     if (path / "manifest.json").is_file():
-        manifest = _json(path / "manifest.json")
+        manifest = json_object_or_none(path / "manifest.json") or {}
         if str(manifest.get("format", "")).startswith("shoestring-data/"):
             return Kind.DATA
         if manifest.get("kind") in ("run", "folder") and (path / "model").is_dir():

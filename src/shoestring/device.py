@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import math
 import os
 import time
@@ -71,14 +70,10 @@ def peaks_path() -> Path:
 def _best_recorded(key: str, probe: float) -> float:
     """max(probe, the record for ``key``); a higher probe becomes the record. The file is a
     cache: unreadable or unwritable, it is ignored."""
-    from shoestring.fsutil import write_json_atomic
+    from shoestring.fsutil import json_object_or_none, write_json_atomic
 
     path = peaks_path()
-    try:
-        records = json.loads(path.read_text(encoding="utf-8"))
-        records = records if isinstance(records, dict) else {}
-    except (OSError, ValueError):
-        records = {}
+    records = json_object_or_none(path) or {}
     best = records.get(key)
     best = float(best) if isinstance(best, (int, float)) and math.isfinite(best) else 0.0
     if probe > best:

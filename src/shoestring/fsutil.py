@@ -93,6 +93,16 @@ def write_bytes_atomic(path: str | Path, data: bytes) -> None:
         raise
 
 
+def json_object_or_none(path: str | Path) -> dict[str, Any] | None:
+    """A JSON object file's data; None when it is absent, unreadable, not JSON or not an
+    object (for callers to whom a damaged file is as good as none)."""
+    try:
+        value = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def read_yaml(path: str | Path, what: str, fix: str = "check the path") -> Any:
     """The data of a YAML file; a missing, unreadable or invalid one is a ShoestringError
     naming ``what`` it is meant to be, the file, and the line of a syntax error."""

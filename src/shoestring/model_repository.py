@@ -42,7 +42,7 @@ from typing import Any
 
 from shoestring.artifacts import Kind, identify
 from shoestring.errors import ShoestringError
-from shoestring.fsutil import write_json_atomic
+from shoestring.fsutil import json_object_or_none, write_json_atomic
 from shoestring.rundir import RunDir
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
@@ -139,11 +139,8 @@ def _eval_metrics(source: Path, kind: str) -> dict[str, float]:
     run = RunDir(source)
     metrics: dict[str, float] = {}
     for path in (run.eval_path, run.decoder_eval_path):
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        if not isinstance(data, dict):
+        data = json_object_or_none(path)
+        if data is None:
             continue
         metrics.update({k: v for k, v in data.items() if _finite(v)})
         for (section, key), name in _DECODER_METRICS.items():

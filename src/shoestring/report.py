@@ -18,7 +18,6 @@ from __future__ import annotations
 import base64
 import html
 import io
-import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,7 +28,8 @@ from typing import Any
 import yaml
 
 from shoestring.errors import ShoestringError
-from shoestring.fsutil import building_dir, check_output_dir, write_bytes_atomic
+from shoestring.fsutil import building_dir, check_output_dir, json_object_or_none
+from shoestring.fsutil import write_bytes_atomic
 from shoestring.fsutil import write_json_atomic, write_text_atomic
 from shoestring.rundir import RunDir, parse_metrics, read_json_object
 
@@ -393,11 +393,7 @@ def write_report(run_dirs: list[str | Path], out: str | Path) -> Path:
     paths = [Path(p) for p in run_dirs]
     runs = [load_run(p, n) for p, n in zip(paths, _names(paths))]
     out = Path(out)
-    try:
-        previous = json.loads((out / "report.json").read_text(encoding="utf-8"))
-        owned = previous.get("format") == FORMAT
-    except (OSError, ValueError, AttributeError):
-        owned = False
+    owned = (json_object_or_none(out / "report.json") or {}).get("format") == FORMAT
     check_output_dir(out, "report", owned=owned, overwrite=True)
     plots = make_plots(runs)
     with building_dir(out) as tmp:

@@ -30,6 +30,7 @@ from shoestring.fsutil import (
     WRITER_LOCK,
     building_dir,
     check_output_dir,
+    json_object_or_none,
     read_yaml,
     write_json_atomic,
     write_text_atomic,
@@ -195,11 +196,7 @@ class RunDir:
 
     def read_final_meta(self) -> dict[str, Any] | None:
         """``final/config.json`` (None when absent or damaged: ``load_final`` reports why)."""
-        try:
-            value = json.loads((self.final_dir / "config.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
-        return value if isinstance(value, dict) else None
+        return json_object_or_none(self.final_dir / "config.json")
 
     def family(self) -> families.FamilySpec | None:
         """The model family of the final model (None when there is none to read)."""

@@ -31,7 +31,8 @@ from torch import Tensor, nn
 
 from shoestring.config import ModelConfig
 from shoestring.errors import ShoestringError
-from shoestring.fsutil import building_dir, check_output_dir, write_json_atomic
+from shoestring.fsutil import building_dir, check_output_dir, json_object_or_none
+from shoestring.fsutil import write_json_atomic
 from shoestring.model import build_model
 from shoestring.model.encoder import MaskedLM
 
@@ -134,11 +135,7 @@ def save_classifier(
 
 
 def _is_classifier_dir(path: Path) -> bool:
-    try:
-        meta = json.loads((path / "config.json").read_text(encoding="utf-8"))
-        return meta.get("architecture") == ARCHITECTURE
-    except (OSError, ValueError, AttributeError):
-        return False
+    return (json_object_or_none(path / "config.json") or {}).get("architecture") == ARCHITECTURE
 
 
 def load_classifier(path: str | Path) -> tuple[SequenceClassifier, dict[str, Any]]:

@@ -38,6 +38,7 @@ from shoestring.eval.report import (
 from shoestring.eval.tasks import CustomTask, TaskData, load_custom_task
 from shoestring.fsutil import (
     check_output_dir,
+    json_object_or_none,
     write_bytes_atomic,
     write_json_atomic,
     write_text_atomic,
@@ -117,16 +118,11 @@ def finished_tasks(out: Path, results: dict[str, Any], data: list[TaskData]) -> 
     """The tasks of an earlier evaluation in ``out`` that this one may keep: same settings
     (``RESUME_KEYS``), same task data (``TaskData.facts``), and a saved classifier. Empty when
     none qualify."""
-    import json
-
     path = out / "results.json"
     if not (out / MARKER).is_file() or not path.is_file():
         return {}
-    try:
-        before = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    if any(before.get(k) != results.get(k) for k in RESUME_KEYS):
+    before = json_object_or_none(path)
+    if before is None or any(before.get(k) != results.get(k) for k in RESUME_KEYS):
         return {}
     kept: dict[str, Any] = {}
     for d in data:
