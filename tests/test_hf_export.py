@@ -20,7 +20,8 @@ from shoestring.data.tokenizer import load_tokenizer, special_ids, train_wordpie
 from shoestring.errors import ShoestringError
 from shoestring.export import hf
 from shoestring.model.encoder import MaskedLM
-from shoestring.export.hf import EXPORT_MARKER, export_encoder, import_encoder
+from shoestring.export.hf import EXPORT_MARKER, export_encoder
+from shoestring.export.hub import import_hf
 from shoestring.rundir import RunDir, model_meta
 
 transformers = pytest.importorskip("transformers")
@@ -184,7 +185,7 @@ def test_autotokenizer_ids_match_ours(lowercase: bool, tmp_path: Path) -> None:
 def test_round_trip_is_bit_identical(exported: tuple[Path, Path]) -> None:
     run, out = exported
     ours, meta = RunDir(run).load_final()
-    back, back_meta = import_encoder(out)
+    back, back_meta = import_hf(out)
     assert back_meta == meta
     a, b = ours.state_dict(), back.state_dict()
     assert a.keys() == b.keys()
@@ -199,7 +200,7 @@ def test_import_reads_a_checkpoint_transformers_wrote(plain: tuple[Path, Path], 
     _, out = plain
     theirs, _ = _load_hf(out)
     theirs.save_pretrained(tmp_path / "resaved")
-    back, _ = import_encoder(tmp_path / "resaved")
+    back, _ = import_hf(tmp_path / "resaved")
     ids = torch.randint(0, theirs.config.vocab_size, (1, 32))
     with torch.no_grad():
         assert (back(ids) - theirs(input_ids=ids).logits).abs().max().item() <= TOL
@@ -239,7 +240,7 @@ def test_import_refuses_what_it_cannot_represent(
 ) -> None:
     _, out = plain
     with pytest.raises(ShoestringError, match="cannot import") as e:
-        import_encoder(_edited(out, tmp_path, **changes))
+        import_hf(_edited(out, tmp_path, **changes))
     assert named in str(e.value)
 
 
@@ -252,7 +253,7 @@ def test_import_refuses_transformers_default_config(tmp_path: Path) -> None:
     )
     cfg.save_pretrained(tmp_path)
     with pytest.raises(ShoestringError, match="layer_types") as e:
-        import_encoder(tmp_path)
+        import_hf(tmp_path)
     assert "sliding_attention" in str(e.value)
 
 
@@ -265,7 +266,7 @@ def test_import_refuses_an_untied_decoder_weight(plain: tuple[Path, Path], tmp_p
     state["decoder.weight"] = state["model.embeddings.tok_embeddings.weight"] + 1
     save_file(state, str(copy / "model.safetensors"))
     with pytest.raises(ShoestringError, match="decoder.weight"):
-        import_encoder(copy)
+        import_hf(copy)
 
 
 def test_export_refuses_an_option_without_a_modernbert_equivalent(

@@ -423,20 +423,15 @@ def _seq_len(hf_dir: Path, cfg: dict) -> int:
     return int(cfg.get("max_position_embeddings", 8192))
 
 
-def import_encoder(hf_dir: str | Path) -> tuple[MaskedLM, dict]:
+def import_encoder(hf_dir: Path, cfg: dict) -> tuple[MaskedLM, dict]:
     """A ModernBERT folder as our ``MaskedLM`` (CPU, fp32, eval mode) and a ``load_final`` meta.
 
-    Reads ``config.json`` and ``model.safetensors`` directly (no ``transformers``). Refuses,
-    naming the field and its value, any configuration our model cannot compute exactly:
-    sliding-window layers, biases, another activation, an untied decoder, dropout, scaled RoPE,
-    or special tokens at other ids than shoestring's tokenizer uses.
+    Reads ``cfg`` (its ``config.json``, as `hub.import_hf` read it) and ``model.safetensors``
+    directly (no ``transformers``). Refuses, naming the field and its value, any configuration
+    our model cannot compute exactly: sliding-window layers, biases, another activation, an
+    untied decoder, dropout, scaled RoPE, or special tokens at other ids than shoestring's
+    tokenizer uses.
     """
-    hf_dir = Path(hf_dir)
-    try:
-        cfg = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise ShoestringError(f"cannot import: no readable config.json ({type(e).__name__})",
-                              where=str(hf_dir)) from None
     _check_config(cfg, hf_dir)
     model_cfg = _model_config(cfg, hf_dir)
     if (hf_dir / "tokenizer.json").is_file():

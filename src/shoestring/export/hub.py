@@ -31,7 +31,7 @@ def _export_mlm(run_dir: Path, out: Path, model: nn.Module, meta: dict[str, Any]
 # family name → writer of a run's HF folder (complete or absent); → reader of one
 EXPORTERS: dict[str, Callable[..., Path]] = {"mlm": _export_mlm, "clm": export_decoder}
 IMPORTERS: dict[str, Callable[[Path, dict], tuple[nn.Module, dict]]] = {
-    "mlm": lambda hf_dir, cfg: import_encoder(hf_dir), "clm": import_decoder}
+    "mlm": import_encoder, "clm": import_decoder}
 
 
 def export_run(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = False) -> Path:
