@@ -54,7 +54,8 @@ from shoestring.data.packing import pack_clm, pack_mlm, unigram_sort_order
 from shoestring.data.sources import resolve_sources
 from shoestring.data.tokenizer import KINDS, default_kind
 from shoestring.errors import ShoestringError
-from shoestring.fsutil import check_output_dir, output_error, recover_interrupted_swap, swap_in_dir
+from shoestring.fsutil import check_output_dir, json_object_or_none, output_error
+from shoestring.fsutil import recover_interrupted_swap, swap_in_dir
 
 __all__ = ["data_fingerprint", "is_validation", "pack_clm", "pack_mlm", "prep",
            "unigram_sort_order"]
@@ -93,13 +94,8 @@ def data_fingerprint(specs: list[str], cfg: DataConfig, curate: CurateConfig | N
 
 def _manifest_fingerprints(dirs: list[str]) -> list[str | None]:
     """The fingerprints of data dirs (None where there is no readable manifest)."""
-    out: list[str | None] = []
-    for d in dirs:
-        try:
-            out.append(json.loads((Path(d) / "manifest.json").read_text()).get("fingerprint"))
-        except (OSError, ValueError):
-            out.append(None)
-    return out
+    return [(json_object_or_none(Path(d) / "manifest.json") or {}).get("fingerprint")
+            for d in dirs]
 
 
 def build_dir(out: Path) -> Path:
@@ -108,10 +104,7 @@ def build_dir(out: Path) -> Path:
 
 
 def _is_data_dir(path: Path) -> bool:
-    try:
-        return json.loads((path / "manifest.json").read_text(encoding="utf-8")).get("format") == FORMAT
-    except (OSError, ValueError, AttributeError):
-        return False
+    return (json_object_or_none(path / "manifest.json") or {}).get("format") == FORMAT
 
 
 def _check_settings(cfg: DataConfig) -> None:
