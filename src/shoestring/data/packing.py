@@ -7,7 +7,14 @@ the final partial row of a split is dropped.
 
 from __future__ import annotations
 
+import mmap
+import os
+from pathlib import Path
+
 import numpy as np
+
+# Rows a gather copies through the map before it drops the map's pages (`StreamRows.take`).
+GATHER_ROWS = 1 << 13
 
 
 def pack_mlm(stream: np.ndarray, seq_len: int, cls_id: int, sep_id: int) -> tuple[np.ndarray, np.ndarray]:
@@ -33,6 +40,55 @@ def pack_clm(stream: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
     """
     n = len(stream) // seq_len
     return np.asarray(stream[: n * seq_len]).reshape(n, seq_len), stream[n * seq_len :]
+
+
+class StreamRows:
+    """A token stream file read as ``(n, body)`` rows (the final partial row left out),
+    without keeping it in memory: a slice is one positioned read, a gather (`take`) goes
+    through a map whose pages are dropped every `GATHER_ROWS` rows.
+
+    Packing passes over the whole stream (and twice more to sort it); through a plain
+    ``np.memmap`` every page it touched stays in the process's resident set until the map
+    is closed, so prep's RSS grew by the stream's size (~0.5 GB per GB of text). Here a pass
+    holds one slice or one block of a gather at a time, whatever the stream's size.
+    """
+
+    def __init__(self, path: Path | str, dtype: np.dtype | str, body: int) -> None:
+        self.path, self.dtype, self.body = Path(path), np.dtype(dtype), body
+        self.n = os.path.getsize(self.path) // self.dtype.itemsize // body
+        self.shape = (self.n, body)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, key: slice) -> np.ndarray:
+        """Rows ``key`` (a slice with step 1), read from the file."""
+        if not isinstance(key, slice):
+            raise TypeError("StreamRows: index with a slice, or gather with take()")
+        lo, hi, step = key.indices(self.n)
+        if step != 1:
+            raise ValueError("StreamRows: slices have step 1")
+        hi = max(lo, hi)
+        count = (hi - lo) * self.body
+        if not count:
+            return np.zeros((0, self.body), dtype=self.dtype)
+        rows = np.fromfile(self.path, dtype=self.dtype, count=count,
+                           offset=lo * self.body * self.dtype.itemsize)
+        return rows.reshape(hi - lo, self.body)
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        """Rows ``rows`` (indices from anywhere in the stream), in that order."""
+        out = np.empty((len(rows), self.body), dtype=self.dtype)
+        if not len(rows):
+            return out
+        with open(self.path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            view = np.frombuffer(mm, dtype=self.dtype, count=self.n * self.body)
+            view = view.reshape(self.n, self.body)
+            for i in range(0, len(rows), GATHER_ROWS):
+                out[i : i + GATHER_ROWS] = view[rows[i : i + GATHER_ROWS]]
+                mm.madvise(mmap.MADV_DONTNEED)  # the copied pages leave the resident set
+            del view  # the map closes only without views
+        return out
 
 
 def unigram_sort_order(rows: np.ndarray, vocab_size: int, counts: np.ndarray | None = None,
