@@ -7,14 +7,10 @@ the final partial row of a split is dropped.
 
 from __future__ import annotations
 
-import mmap
 import os
 from pathlib import Path
 
 import numpy as np
-
-# Rows a gather copies through the map before it drops the map's pages (`StreamRows.take`).
-GATHER_ROWS = 1 << 13
 
 
 def pack_mlm(stream: np.ndarray, seq_len: int, cls_id: int, sep_id: int) -> tuple[np.ndarray, np.ndarray]:
@@ -44,13 +40,15 @@ def pack_clm(stream: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
 
 class StreamRows:
     """A token stream file read as ``(n, body)`` rows (the final partial row left out),
-    without keeping it in memory: a slice is one positioned read, a gather (`take`) goes
-    through a map whose pages are dropped every `GATHER_ROWS` rows.
+    without keeping it in memory: a slice is one positioned read, a gather (`take`) one
+    positioned read per row.
 
     Packing passes over the whole stream (and twice more to sort it); through a plain
     ``np.memmap`` every page it touched stays in the process's resident set until the map
-    is closed, so prep's RSS grew by the stream's size (~0.5 GB per GB of text). Here a pass
-    holds one slice or one block of a gather at a time, whatever the stream's size.
+    is closed, so prep's RSS grew by the stream's size (~0.5 GB per GB of text). Dropping a
+    map's pages now and then (``madvise``) does not bound a gather: each fault maps the
+    whole cached folio around the row (up to megabytes), so a few hundred random rows
+    touched hundreds of MB. Here a pass holds one slice, or the gathered rows, at a time.
     """
 
     def __init__(self, path: Path | str, dtype: np.dtype | str, body: int) -> None:
@@ -79,15 +77,14 @@ class StreamRows:
     def take(self, rows: np.ndarray) -> np.ndarray:
         """Rows ``rows`` (indices from anywhere in the stream), in that order."""
         out = np.empty((len(rows), self.body), dtype=self.dtype)
-        if not len(rows):
-            return out
-        with open(self.path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            view = np.frombuffer(mm, dtype=self.dtype, count=self.n * self.body)
-            view = view.reshape(self.n, self.body)
-            for i in range(0, len(rows), GATHER_ROWS):
-                out[i : i + GATHER_ROWS] = view[rows[i : i + GATHER_ROWS]]
-                mm.madvise(mmap.MADV_DONTNEED)  # the copied pages leave the resident set
-            del view  # the map closes only without views
+        size = self.body * self.dtype.itemsize
+        with open(self.path, "rb", buffering=0) as f:
+            fd = f.fileno()
+            for i, r in enumerate(np.asarray(rows, dtype=np.int64).tolist()):
+                if not 0 <= r < self.n:
+                    raise IndexError(f"row {r} is outside [0, {self.n})")
+                if os.preadv(fd, [out[i]], r * size) != size:
+                    raise OSError(f"{self.path}: short read at row {r}")
         return out
 
 
