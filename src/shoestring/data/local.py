@@ -282,10 +282,12 @@ class LocalStages:
                     rows = np.empty((len(src), cfg.seq_len), dtype=dtype)
                     rows[:, 0], rows[:, -1] = ids[CLS], ids[SEP]
                     rows[:, 1:-1] = chunk
+                    del chunk  # one shard's buffer at a time
                 else:
                     rows = chunk
                 starts = doc_offsets(doc_starts, src, body, cfg.seq_len, frame // 2)
                 shards.append(asdict(write_shard(self.build, split, k, rows, dtype, starts)))
+                del rows
                 self.journal.put(f"pack.{split}", {"shards": shards})
                 bar.update(task, advance=1)
                 fault_point(f"pack.{split}", k + 1)
