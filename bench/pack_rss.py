@@ -7,20 +7,21 @@ seq_len 128, 2**24 tokens a shard; ``--order sort`` for Cramming's ordering) whi
 samples this process's /proc/self/status: peak VmRSS, RssAnon and RssFile. Run it with
 ``PYTHONPATH`` at the code to measure (e.g. an older checkout's ``src``) to compare.
 
-    python bench/pack_rss.py --tokens 1.4e9 --work /tmp/pack   # ~5.5 GB of text's tokens
+    python bench/pack_rss.py --tokens 1.4e9   # ~5.5 GB of text's tokens (2.8 GB of stream)
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
+import tempfile
 import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+from common import Bench, parser
 
 
 def status() -> dict[str, int]:
@@ -34,13 +35,16 @@ def status() -> dict[str, int]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__doc__)
     ap.add_argument("--tokens", type=float, default=1.4e9)
     ap.add_argument("--doc-tokens", type=int, default=3000)
     ap.add_argument("--order", choices=["none", "sort"], default="none")
-    ap.add_argument("--work", type=Path, required=True)
-    ap.add_argument("--json", type=Path)
+    ap.add_argument("--work", type=Path, default=None,
+                    help="where the build folder goes (default: a temporary folder)")
+    ap.add_argument("--json", type=Path, help="also append the row to this JSON-lines file")
     args = ap.parse_args()
+    bench = Bench("pack_rss", args)
+    work = args.work or Path(tempfile.mkdtemp(prefix="pack-rss-"))
 
     from rich.console import Console
 
@@ -50,7 +54,7 @@ def main() -> None:
     from shoestring.data.tokenizer import CLS, SEP
 
     n = int(args.tokens)
-    build = args.work / "build"
+    build = work / "build"
     shutil.rmtree(build, ignore_errors=True)
     build.mkdir(parents=True)
     rng = np.random.default_rng(0)
@@ -93,6 +97,10 @@ def main() -> None:
         with open(args.json, "a") as f:
             f.write(json.dumps(row) + "\n")
     shutil.rmtree(build)
+    if args.work is None:
+        shutil.rmtree(work, ignore_errors=True)
+    bench.table([row])
+    bench.end()
 
 
 if __name__ == "__main__":

@@ -14,7 +14,8 @@ the sample is large enough.
 
 from __future__ import annotations
 
-import argparse
+from argparse import SUPPRESS
+
 import hashlib
 import json
 import resource
@@ -25,6 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 import scale_corpus as SC  # noqa: E402
+from common import Bench, parser  # noqa: E402
 
 DEFAULT = Path("/work/scale-cache/wb-1.4gb-s0-n0.03-e0.01-j0.7_0.95-g5-v2/shards")
 HELD_OUT = 0.01
@@ -76,17 +78,18 @@ def one(shards: Path, mib: int, total: int, vocab: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__doc__)
     ap.add_argument("--shards", type=Path, default=DEFAULT)
     ap.add_argument("--mib", default="64,256,1024")
     ap.add_argument("--vocab", type=int, default=8192)
     ap.add_argument("--json", type=Path)
-    ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
-    ap.add_argument("--total", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--one", type=int, help=SUPPRESS)
+    ap.add_argument("--total", type=int, help=SUPPRESS)
     args = ap.parse_args()
     if args.one is not None:
         print(json.dumps(one(args.shards, args.one, args.total, args.vocab)))
         return
+    bench = Bench("tokenizer_sample_size", args)
     total = sum(len(t) for t in texts(args.shards, False))
     print(f"{args.shards}: {total:,} characters to draw from, ~{HELD_OUT:.0%} held out", flush=True)
     rows = []
@@ -99,6 +102,8 @@ def main() -> None:
     if args.json:
         args.json.write_text(json.dumps({"shards": str(args.shards), "total_chars": total,
                                          "vocab": args.vocab, "rows": rows}, indent=1))
+    bench.table(rows, formats={"tokens_per_char": ".4f", "unk_per_1k_tokens": ".3f"})
+    bench.end()
 
 
 if __name__ == "__main__":
