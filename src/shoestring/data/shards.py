@@ -55,7 +55,7 @@ def write_shard(
     rel_bin, rel_idx = f"{split}/{index:05d}.bin", f"{split}/{index:05d}.idx"
     (root / split).mkdir(parents=True, exist_ok=True)
     # the array's own bytes, not a copy (tobytes): a shard is written from one buffer
-    data = memoryview(np.ascontiguousarray(rows.astype(dtype, copy=False))).cast("B")
+    data = np.ascontiguousarray(rows.astype(dtype, copy=False)).reshape(-1).view(np.uint8)
     index_bytes = offsets.tobytes() + starts.tobytes()
     write_bytes_atomic(root / rel_bin, data)
     write_bytes_atomic(root / rel_idx, index_bytes)
