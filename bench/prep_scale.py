@@ -11,7 +11,9 @@ Measured per run:
 * wall time and MB/s (text bytes / wall);
 * peak RSS of the whole process tree (the sum of VmRSS over prep and its workers, sampled
   from /proc every ``--interval`` seconds), and of its anonymous part (RssAnon: without the
-  pages of memory-mapped files, which the kernel may drop; the memory prep really holds);
+  pages of memory-mapped files, which the kernel may drop; the memory prep really holds)
+  and its file-backed part (RssFile: mapped files, the interpreters' libraries among them);
+  each also per stage (read, tokenizer, encode, pack; see ``stage_peaks``);
 * peak disk of the build folder and of a private TMPDIR during the run, and what of it was
   temporary (peak minus the finished data dir);
 * dedup precision and recall against the planted truth, by cluster (see ``score``): of a
@@ -88,14 +90,15 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def tree_rss(pid: int) -> tuple[int, int]:
-    """Bytes of resident memory of ``pid`` and all its descendants: (VmRSS, RssAnon) summed.
+def tree_rss(pid: int) -> tuple[int, int, int]:
+    """Bytes of resident memory of ``pid`` and all its descendants: (VmRSS, RssAnon,
+    RssFile) summed.
 
-    VmRSS counts the pages of memory-mapped files too (prep reads its token streams through
-    np.memmap), which the kernel can drop and re-read at will; RssAnon is the memory a
-    process really holds (heap, arrays), the figure that must stay bounded.
+    VmRSS counts the pages of memory-mapped files too (RssFile: prep's token streams and
+    shards when it maps them), which the kernel can drop and re-read at will; RssAnon is the
+    memory a process really holds (heap, arrays), the figure that must stay bounded.
     """
-    total, anon, stack = 0, 0, [pid]
+    total, anon, file, stack = 0, 0, 0, [pid]
     while stack:
         p = stack.pop()
         try:
@@ -105,10 +108,12 @@ def tree_rss(pid: int) -> tuple[int, int]:
                         total += int(line.split()[1]) * 1024
                     elif line.startswith("RssAnon:"):
                         anon += int(line.split()[1]) * 1024
+                    elif line.startswith("RssFile:"):
+                        file += int(line.split()[1]) * 1024
         except OSError:
             continue
         stack += _children(p)
-    return total, anon
+    return total, anon, file
 
 
 def disk_usage(paths: list[Path]) -> int:
@@ -124,22 +129,46 @@ def disk_usage(paths: list[Path]) -> int:
     return total
 
 
+# Files of prep's build folder that mark where tokenizing and packing are: encode creates
+# the split's token stream first, pack the split's shard folder with its first shard.
+PHASE_MARKS = [("stream-train.bin", "encode"), ("train", "pack"), ("stream-val.bin", "encode"),
+               ("val", "pack")]
+
+
+def build_phase(build: Path | None, seen: int) -> int:
+    """How many of `PHASE_MARKS` have appeared in ``build`` (never fewer than ``seen``: the
+    folder is renamed when prep ends)."""
+    if build is None:
+        return seen
+    for k in range(len(PHASE_MARKS), seen, -1):
+        if (build / PHASE_MARKS[k - 1][0]).exists():
+            return k
+    return seen
+
+
 def run_measured(cmd: list[str], log: Path, watch: list[Path], env: dict[str, str],
-                 interval: float) -> dict[str, Any]:
+                 interval: float, build: Path | None = None) -> dict[str, Any]:
     """Run ``cmd``; wall seconds, peak tree RSS and peak disk under ``watch``, and the
-    samples (seconds since start, RSS, anonymous bytes) for `stage_peaks`."""
-    peak = {"rss": 0, "anon": 0, "disk": 0}
-    samples: list[tuple[float, int, int]] = []
+    samples (seconds since start, RSS, anonymous bytes, file-backed bytes, `build_phase`
+    of prep's build folder ``build``) for `stage_peaks`, also written as they come to
+    ``log`` with the suffix ``.samples.tsv`` (what a run stopped early leaves)."""
+    peak = {"rss": 0, "anon": 0, "file": 0, "disk": 0}
+    samples: list[tuple[float, int, int, int, int]] = []
+    phase = [0]
     t0 = time.perf_counter()
-    with open(log, "w") as out:
+    with open(log, "w") as out, open(log.with_suffix(".samples.tsv"), "w", buffering=1) as tsv:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
         done = threading.Event()
+        tsv.write("seconds\trss\tanon\tfile\tphase\n")
 
         def sample() -> None:
             while not done.is_set():
-                rss, anon = tree_rss(proc.pid)
-                samples.append((time.perf_counter() - t0, rss, anon))
+                rss, anon, file = tree_rss(proc.pid)
+                phase[0] = build_phase(build, phase[0])
+                samples.append((time.perf_counter() - t0, rss, anon, file, phase[0]))
+                tsv.write("\t".join(map(str, samples[-1])) + "\n")
                 peak["rss"], peak["anon"] = max(peak["rss"], rss), max(peak["anon"], anon)
+                peak["file"] = max(peak["file"], file)
                 peak["disk"] = max(peak["disk"], disk_usage(watch))
                 done.wait(interval)
 
@@ -154,24 +183,42 @@ def run_measured(cmd: list[str], log: Path, watch: list[Path], env: dict[str, st
         raise SystemExit(f"command failed (exit {rc}): {' '.join(cmd)}\n{tail}")
     return {"wall_s": round(wall, 2), "peak_rss_mb": round(peak["rss"] / 1e6, 1),
             "peak_anon_mb": round(peak["anon"] / 1e6, 1),
+            "peak_file_mb": round(peak["file"] / 1e6, 1),
             "peak_disk_mb": round(peak["disk"] / 1e6, 1), "samples": samples}
 
 
-def stage_peaks(samples: list[tuple[float, int, int]], stage_seconds: dict[str, float]
-                ) -> dict[str, float]:
-    """Peak anonymous MB of the process tree in each of prep's stages (read, tokenizer,
-    encode, pack: ``manifest.stage_seconds``, run back to back and ending with the process;
-    the start-up before the first stage counts to it): where the memory goes."""
+def stage_peaks(samples: list[tuple[float, int, int, int, int]],
+                stage_seconds: dict[str, float]) -> dict[str, float]:
+    """Peak MB of the process tree in each of prep's stages: where the memory goes.
+    ``rss_<stage>_mb`` is VmRSS, ``anon_<stage>_mb`` its anonymous part, ``file_<stage>_mb``
+    its file-backed part (each its own peak within the stage).
+
+    Read and tokenizer run first, back to back: their windows are ``manifest.stage_seconds``
+    counted back from the end of the process (the start-up before the first stage counts
+    to read). Encode and pack alternate per split (train, then val), so the samples after
+    the tokenizer's window go to the stage their `build_phase` names (a sample before the
+    first mark to encode; the manifest written at the end, to pack)."""
     if not samples or not stage_seconds:
         return {}
     start = samples[-1][0] - sum(stage_seconds.values())
-    peaks, lo = {}, float("-inf")
-    for name, seconds in stage_seconds.items():
-        hi = start + seconds
-        inside = [anon for t, _, anon in samples if lo <= t < hi]
+    windows, lo = [], float("-inf")
+    for name in ("read", "tokenizer"):
+        if name in stage_seconds:
+            hi = start + stage_seconds[name]
+            windows.append((name, lo, hi))
+            lo, start = hi, hi
+    groups: dict[str, list[tuple]] = {}
+    for s in samples:
+        name = next((w for w, a, b in windows if a <= s[0] < b), None)
+        if name is None:
+            name = "encode" if s[4] == 0 else PHASE_MARKS[s[4] - 1][1]
+        groups.setdefault(name, []).append(s)
+    peaks = {}
+    for name in [*stage_seconds, *(g for g in groups if g not in stage_seconds)]:
+        inside = groups.get(name)
         if inside:
-            peaks[f"anon_{name}_mb"] = round(max(inside) / 1e6, 1)
-        lo, start = hi, hi
+            for k, label in ((1, "rss"), (2, "anon"), (3, "file")):
+                peaks[f"{label}_{name}_mb"] = round(max(s[k] for s in inside) / 1e6, 1)
     return peaks
 
 
@@ -266,8 +313,8 @@ def run_prep(corpus: Path, meta: dict, mode: str, work: Path, args: argparse.Nam
         cmd += ["--workers", str(args.workers)]
     env = {**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": str(REPO / "src")}
     before = load_avg()
-    m = run_measured(cmd, work / f"prep-{mode}.log", [work / f".{out.name}.partial", tmp],
-                     env, args.interval)
+    build = work / f".{out.name}.partial"
+    m = run_measured(cmd, work / f"prep-{mode}.log", [build, tmp], env, args.interval, build)
     manifest = json.loads((out / "manifest.json").read_text())
     row = _row("shoestring", mode, meta, m, disk_usage([out]), before,
                tokens=sum(s["tokens"] for s in manifest["splits"].values()))
@@ -347,10 +394,12 @@ def print_table(rows: list[dict]) -> None:
               f"{r['dedup_dropped']:>11} {f(r['precision']):>9} {f(r['recall']):>6} {f(r['recall_exact']):>9} "
               f"{f(r['recall_near']):>8}  {r['load_before']} / {r['load_after']}")
     for r in rows:
-        stages = {k[5:-3]: v for k, v in r.items() if k.startswith("anon_") and k.endswith("_mb")}
-        if stages:
-            print(f"{r['size_gb']:>8.3g} {r['mode']:>7}: anonymous MB by stage: " + ", ".join(
-                f"{name} {mb:.0f}" for name, mb in stages.items()))
+        for label, words in (("rss", "RSS"), ("anon", "anonymous"), ("file", "file-backed")):
+            stages = {k[len(label) + 1:-3]: v for k, v in r.items()
+                      if k.startswith(f"{label}_") and k.endswith("_mb")}
+            if stages:
+                print(f"{r['size_gb']:>8.3g} {r['mode']:>7}: {words} MB by stage: " + ", ".join(
+                    f"{name} {mb:.0f}" for name, mb in stages.items()))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -411,7 +460,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 ROW_FORMATS = {"size_gb": ".3g", "wall_s": ".1f", "mb_per_s": ".2f", "peak_rss_mb": ".0f",
-               "peak_anon_mb": ".0f",
+               "peak_anon_mb": ".0f", "peak_file_mb": ".0f",
                "temp_disk_mb": ".0f", "precision": ".3f", "recall": ".3f",
                "recall_exact": ".3f", "recall_near": ".3f"}
 

@@ -375,3 +375,30 @@ def test_tokenizer_trains_on_a_capped_uniform_sample(corpus: Path, tmp_path: Pat
     assert manifests[1]["tokenizer"]["sha256"] == manifests[0]["tokenizer"]["sha256"]
     full = prep([str(corpus)], tmp_path / "c", _cfg(objective="clm"))  # under the cap: all
     assert full["tokenizer"]["sample"]["documents"] == len(texts)
+
+
+def test_stream_rows_read_what_a_map_of_the_stream_holds(tmp_path: Path) -> None:
+    """Issue 33: the packer reads the token stream in slices and row by row (not through a
+    map whose pages stay resident): the rows are those of the mapped stream, the final
+    partial row left out, for any slice and any gather."""
+    from shoestring.data.packing import StreamRows
+
+    body, n_tokens = 7, 7 * 50 + 3
+    stream = np.random.default_rng(0).integers(0, 60000, n_tokens, dtype=np.uint16)
+    path = tmp_path / "stream.bin"
+    stream.tofile(path)
+    mapped = np.memmap(path, dtype=np.uint16, mode="r")[: 50 * body].reshape(50, body)
+    rows = StreamRows(path, np.uint16, body)
+    assert len(rows) == 50 and rows.shape == (50, body)
+    for lo, hi in ((0, 50), (3, 17), (49, 50), (10, 10), (40, 99)):
+        assert np.array_equal(rows[lo:hi], mapped[lo:hi])
+    order = np.random.default_rng(1).permutation(50)
+    assert np.array_equal(rows.take(order), mapped[order])
+    with pytest.raises(IndexError):
+        rows.take(np.array([50]))
+    assert rows.take(np.zeros(0, np.int64)).shape == (0, body)
+    assert np.array_equal(unigram_sort_order(rows, 60000, chunk=8),
+                          unigram_sort_order(mapped, 60000, chunk=8))
+    (tmp_path / "empty.bin").write_bytes(b"")
+    empty = StreamRows(tmp_path / "empty.bin", np.uint16, body)
+    assert len(empty) == 0 and empty[0:0].shape == (0, body)

@@ -36,7 +36,7 @@ class _Section(BaseModel):
 
 # The tokenizer trains on at most this much text (characters), a uniform sample of the
 # training documents beyond it: its memory and time then stop growing with the corpus.
-TOKENIZER_SAMPLE_CHARS = 1 << 30
+TOKENIZER_SAMPLE_CHARS = 1 << 28
 
 
 class MixtureSource(_Section):

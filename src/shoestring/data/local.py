@@ -25,7 +25,7 @@ from shoestring.data.curate.normalize import Clean
 from shoestring.data.driver import Driver, Split, read_spool
 from shoestring.data.executor import WORK_DIR, Journal, PrepPlan, fault_point, no_session, register
 from shoestring.data.mixture import SourceMatcher
-from shoestring.data.packing import doc_offsets, unigram_sort_order
+from shoestring.data.packing import StreamRows, doc_offsets, unigram_sort_order
 from shoestring.data.shards import shard_intact, token_dtype, write_shard
 from shoestring.data.sources import Document, Read, ReadStats
 from shoestring.data.tokenizer import CLS, SEP, tokenizer_sample, train_tokenizer
@@ -256,13 +256,11 @@ class LocalStages:
         cfg = self.cfg
         frame = families.get(cfg.objective).row_frame
         body = cfg.seq_len - frame
-        stream_path = self.build / f"stream-{split}.bin"
-        stream = (np.memmap(stream_path, dtype=dtype, mode="r") if enc["tokens"]
-                  else np.zeros(0, dtype=dtype))
+        # read in slices, not mapped: a map would keep every page of the stream resident
+        bodies = StreamRows(self.build / f"stream-{split}.bin", dtype, body)
         doc_ends = np.fromfile(self.build / f"docs-{split}.bin", dtype="<u8").astype(np.int64)
         doc_starts = np.concatenate([np.zeros(min(1, len(doc_ends)), np.int64), doc_ends[:-1]])
-        n = len(stream) // body
-        bodies = stream[: n * body].reshape(n, body)
+        n = len(bodies)
         ordered = cfg.order == "sort" and split == "train"
         order = unigram_sort_order(bodies, vocab) if ordered and n else None
         per_shard = max(1, cfg.shard_tokens // cfg.seq_len)
@@ -279,19 +277,21 @@ class LocalStages:
                     bar.update(task, advance=1)
                     continue
                 src = np.arange(lo, hi) if order is None else order[lo:hi]
-                chunk = bodies[lo:hi] if order is None else bodies[src]
+                chunk = bodies[lo:hi] if order is None else bodies.take(src)
                 if frame:  # [CLS] body [SEP]
                     rows = np.empty((len(src), cfg.seq_len), dtype=dtype)
                     rows[:, 0], rows[:, -1] = ids[CLS], ids[SEP]
                     rows[:, 1:-1] = chunk
+                    del chunk  # one shard's buffer at a time
                 else:
-                    rows = np.asarray(chunk)
+                    rows = chunk
                 starts = doc_offsets(doc_starts, src, body, cfg.seq_len, frame // 2)
                 shards.append(asdict(write_shard(self.build, split, k, rows, dtype, starts)))
+                del rows
                 self.journal.put(f"pack.{split}", {"shards": shards})
                 bar.update(task, advance=1)
                 fault_point(f"pack.{split}", k + 1)
-        del bodies, stream
+        del bodies
         sources = self.d.source_split(split, enc, doc_ends, body, n)
         return {
             **({"sources": sources} if sources is not None else {}),

@@ -7,6 +7,9 @@ the final partial row of a split is dropped.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import numpy as np
 
 
@@ -33,6 +36,56 @@ def pack_clm(stream: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
     """
     n = len(stream) // seq_len
     return np.asarray(stream[: n * seq_len]).reshape(n, seq_len), stream[n * seq_len :]
+
+
+class StreamRows:
+    """A token stream file read as ``(n, body)`` rows (the final partial row left out),
+    without keeping it in memory: a slice is one positioned read, a gather (`take`) one
+    positioned read per row.
+
+    Packing passes over the whole stream (and twice more to sort it); through a plain
+    ``np.memmap`` every page it touched stays in the process's resident set until the map
+    is closed, so prep's RSS grew by the stream's size (~0.5 GB per GB of text). Dropping a
+    map's pages now and then (``madvise``) does not bound a gather: each fault maps the
+    whole cached folio around the row (up to megabytes), so a few hundred random rows
+    touched hundreds of MB. Here a pass holds one slice, or the gathered rows, at a time.
+    """
+
+    def __init__(self, path: Path | str, dtype: np.dtype | str, body: int) -> None:
+        self.path, self.dtype, self.body = Path(path), np.dtype(dtype), body
+        self.n = os.path.getsize(self.path) // self.dtype.itemsize // body
+        self.shape = (self.n, body)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, key: slice) -> np.ndarray:
+        """Rows ``key`` (a slice with step 1), read from the file."""
+        if not isinstance(key, slice):
+            raise TypeError("StreamRows: index with a slice, or gather with take()")
+        lo, hi, step = key.indices(self.n)
+        if step != 1:
+            raise ValueError("StreamRows: slices have step 1")
+        hi = max(lo, hi)
+        count = (hi - lo) * self.body
+        if not count:
+            return np.zeros((0, self.body), dtype=self.dtype)
+        rows = np.fromfile(self.path, dtype=self.dtype, count=count,
+                           offset=lo * self.body * self.dtype.itemsize)
+        return rows.reshape(hi - lo, self.body)
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        """Rows ``rows`` (indices from anywhere in the stream), in that order."""
+        out = np.empty((len(rows), self.body), dtype=self.dtype)
+        size = self.body * self.dtype.itemsize
+        with open(self.path, "rb", buffering=0) as f:
+            fd = f.fileno()
+            for i, r in enumerate(np.asarray(rows, dtype=np.int64).tolist()):
+                if not 0 <= r < self.n:
+                    raise IndexError(f"row {r} is outside [0, {self.n})")
+                if os.preadv(fd, [out[i]], r * size) != size:
+                    raise OSError(f"{self.path}: short read at row {r}")
+        return out
 
 
 def unigram_sort_order(rows: np.ndarray, vocab_size: int, counts: np.ndarray | None = None,

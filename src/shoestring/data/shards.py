@@ -54,7 +54,8 @@ def write_shard(
     offsets = np.arange(n + 1, dtype="<u8") * np.uint64(seq_len)
     rel_bin, rel_idx = f"{split}/{index:05d}.bin", f"{split}/{index:05d}.idx"
     (root / split).mkdir(parents=True, exist_ok=True)
-    data = np.ascontiguousarray(rows.astype(dtype, copy=False)).tobytes()
+    # the array's own bytes, not a copy (tobytes): a shard is written from one buffer
+    data = np.ascontiguousarray(rows.astype(dtype, copy=False)).reshape(-1).view(np.uint8)
     index_bytes = offsets.tobytes() + starts.tobytes()
     write_bytes_atomic(root / rel_bin, data)
     write_bytes_atomic(root / rel_idx, index_bytes)

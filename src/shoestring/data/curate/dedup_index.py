@@ -29,6 +29,7 @@ before decontamination; a document decontamination later removed is still in the
 from __future__ import annotations
 
 import json
+import mmap
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -54,19 +55,26 @@ _LOW = (1 << 64) - 1
 def save_array_atomic(path: Path, shape: tuple[int, ...], rows: Iterable[np.ndarray],
                       dtype: type = np.uint64) -> None:
     """Write a ``.npy`` of ``shape`` from its rows in order — one row, or a block of rows
-    when an item has as many dimensions as ``shape`` (memory: one item) — through a
-    temporary sibling, so ``path`` is never half-written."""
+    when an item has as many dimensions as ``shape`` (memory: one item; rows not given are
+    zeros) — through a temporary sibling, so ``path`` is never half-written.
+
+    Written with plain writes, not through a writable map: the map's dirty pages counted in
+    prep's resident memory, as much as the whole file (~670 bytes a document for fuzzy
+    dedup's index)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
+    dt = np.dtype(dtype)
+    header = {"descr": np.lib.format.dtype_to_descr(dt), "fortran_order": False,
+              "shape": tuple(shape)}
     try:
-        out = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=shape)
-        at = 0
-        for row in rows:
-            k = len(row) if np.ndim(row) == len(shape) else 1
-            out[at : at + k] = row
-            at += k
-        out.flush()
-        del out
+        with open(tmp, "wb") as f:
+            np.lib.format.write_array_header_1_0(f, header)
+            data_start = f.tell()
+            for row in rows:
+                f.write(np.ascontiguousarray(np.asarray(row).astype(dt, copy=False)).tobytes())
+            f.truncate(data_start + int(np.prod(shape, dtype=np.int64)) * dt.itemsize)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -109,7 +117,19 @@ def save_minhash_index(folder: Path, band_files: list[Path], sig: np.ndarray, n:
         raw.unlink(missing_ok=True)
     step = 1 << 16
     save_array_atomic(folder / SIGNATURES_FILE, (n, sig.shape[1]),
-                      (np.asarray(sig[at : at + step]) for at in range(0, n, step)), np.uint32)
+                      (_rows(sig, at, at + step) for at in range(0, n, step)), np.uint32)
+
+
+def _rows(array: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """``array[lo:hi]`` as an array in memory; from a ``np.memmap``, read from its file
+    rather than through the map, whose touched pages would stay in the resident set."""
+    if isinstance(array, np.memmap) and isinstance(array.base, mmap.mmap) \
+            and array.filename is not None and array.ndim == 2:  # a whole file's map
+        hi = min(hi, len(array))
+        row = array.shape[1]
+        return np.fromfile(array.filename, dtype=array.dtype, count=max(0, hi - lo) * row,
+                           offset=array.offset + lo * row * array.itemsize).reshape(-1, row)
+    return np.asarray(array[lo:hi])
 
 
 def finish(folder: Path, exact_docs: int, minhash: dict[str, int] | None) -> dict[str, Any]:
