@@ -2,8 +2,8 @@
 
 Write to a temporary sibling, flush it to disk, then rename over the target (rename is atomic
 on POSIX filesystems); folders are built beside their target and swapped in. Outputs are only
-ever replaced when they are shoestring's own. And the one YAML reader, whose errors name the
-file (and the line of a syntax error).
+ever replaced when they are shoestring's own. And the readers beside them: YAML, whose errors
+name the file (and the line of a syntax error), and a JSON object where damaged means absent.
 """
 
 from __future__ import annotations
