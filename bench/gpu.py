@@ -476,8 +476,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--smoke", action="store_true",
                     help="toy shapes and short sides: checks the code path, measures nothing")
     ap.add_argument("--seconds", type=float, default=20.0,
-                    help="steady-state seconds per side (default 20: with the compiles, the "
-                    "three shapes and serving fit one 10-minute device command; docs/gpu.md)")
+                    help="steady-state seconds per side (default 20; with the compiles, the "
+                    "three shapes and serving do not fit one 10-minute device command: run "
+                    "--only clm-gpt2 as a second one, docs/gpu.md)")
     ap.add_argument("--ceiling-seconds", type=float, default=3.0)
     ap.add_argument("--only", default=",".join(SHAPES),
                     help=f"comma-separated shapes from {', '.join(SHAPES)}")
