@@ -64,7 +64,7 @@ GPU_WHEELS := pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 \
 GPU_PLATFORMS := $(foreach n,manylinux_2_28 manylinux_2_27 manylinux_2_17 manylinux2014 manylinux1,--platform $(n)_x86_64)
 GPU_SITE ?= /tmp/shoestring-gpu-site
 GPU_OUT  ?= $(if $(OUT),$(OUT),runs/gpu-check)
-GPU_SECONDS ?= 20
+GPU_SECONDS ?= 10
 GPU_PART ?= all
 
 gpu-wheels:

@@ -355,11 +355,13 @@ def bench_shape(shape: Shape, dev: Device, args: argparse.Namespace) -> dict:
     from shoestring.data.datadir import DataDir
 
     print(f"== {shape.name}: {shape.what}", file=sys.stderr, flush=True)
-    data = prepared(args.work, shape)
+    clock = Phases()
+    data = clock.time("prep", prepared, args.work, shape)
     dd = DataDir(data)
-    ours = run_ours(shape, data, args.work, dev, args)
-    top = ceiling(shape, data, dev, args.ceiling_seconds)
-    peer = run_peer(shape, data, dev, args)
+    ours = clock.time("ours", run_ours, shape, data, args.work, dev, args)
+    top = clock.time("ceiling", ceiling, shape, data, dev, args.ceiling_seconds)
+    peer = clock.time("peer", run_peer, shape, data, dev, args)
+    print(f"  {shape.name} wall: {clock}", file=sys.stderr, flush=True)
     achieved = ours["tokens_per_s"] * ours["flops_per_token"]
     peak = dev.datasheet[0]
     for side in (ours, peer):  # same architecture: the peer's FLOPs per token are ours
@@ -369,7 +371,27 @@ def bench_shape(shape: Shape, dev: Device, args: argparse.Namespace) -> dict:
     return {"shape": shape.what, "vocab": dd.vocab_size, "vocab_asked": shape.vocab,
             "seq_len": dd.seq_len, "batch": shape.batch, "matmul_ceiling_flops": top,
             "ours_achieved_flops": achieved, "ours": ours, "peer": peer,
-            "ratio_tokens_per_s": ours["tokens_per_s"] / peer["tokens_per_s"]}
+            "ratio_tokens_per_s": ours["tokens_per_s"] / peer["tokens_per_s"],
+            "phase_s": clock.seconds}
+
+
+class Phases:
+    """Wall seconds per phase of one shape (or of serving): what a 10-minute device command
+    spends where, so the next session can size its command (docs/gpu.md)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def time(self, name: str, fn, *args):  # noqa: ANN001, ANN201 - any callable
+        t = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            self.seconds[name] = round(time.perf_counter() - t, 1)
+
+    def __str__(self) -> str:
+        return ", ".join(f"{k} {v:.0f} s" for k, v in self.seconds.items()) + \
+            f"; total {sum(self.seconds.values()):.0f} s"
 
 
 # ---------------------------------------------------------------------------- serving
@@ -475,10 +497,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--smoke", action="store_true",
                     help="toy shapes and short sides: checks the code path, measures nothing")
-    ap.add_argument("--seconds", type=float, default=20.0,
-                    help="steady-state seconds per side (default 20; with the compiles, the "
-                    "three shapes and serving do not fit one 10-minute device command: run "
-                    "--only clm-gpt2 as a second one, docs/gpu.md)")
+    ap.add_argument("--seconds", type=float, default=10.0,
+                    help="steady-state seconds per side (default 10; with the compiles, the "
+                    "three shapes and serving may not fit one 10-minute device command: "
+                    "each shape's row is saved when it is done, serving last; docs/gpu.md)")
     ap.add_argument("--ceiling-seconds", type=float, default=3.0)
     ap.add_argument("--only", default=",".join(SHAPES),
                     help=f"comma-separated shapes from {', '.join(SHAPES)}")
@@ -556,9 +578,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name}: ours {r['ours']['tokens_per_s']:,.0f} tok/s, "
               f"{r['peer']['side']} {r['peer']['tokens_per_s']:,.0f} tok/s, "
               f"ratio {r['ratio_tokens_per_s']:.2f}x", file=sys.stderr, flush=True)
-        if name == "mlm-cram" and args.serve:  # serving the run just trained
-            results["serving"] = bench_serving(Path(r["ours"]["run_dir"]), args)
         save(results, args)  # each shape as it is done: a run cut off keeps what it measured
+    if "mlm-cram" in results["shapes"] and args.serve:
+        # Serving the cram run, after every shape: a command cut off at its limit loses
+        # serving's figures rather than a shape's row.
+        clock = Phases()
+        run = Path(results["shapes"]["mlm-cram"]["ours"]["run_dir"])
+        results["serving"] = clock.time("serving", bench_serving, run, args)
+        results["serving"]["phase_s"] = clock.seconds
+        print(f"  serving wall: {clock}", file=sys.stderr, flush=True)
+        save(results, args)
     bench.table(record_rows(results), notes=[table(results).split("\n")[0]], formats={
         "params (M)": ".1f", "tokens/s": ",.0f", "MFU (datasheet)": ".1%",
         "MFU (GEMM ceiling)": ".1%", "peak mem GiB": ".2f", "first step (cold) s": ".1f",

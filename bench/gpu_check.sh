@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 WHEELS=${GPU_WHEELS_DIR:-.gpu-wheels}
 SITE=${GPU_SITE:-/tmp/shoestring-gpu-site}
 OUTDIR=${GPU_OUT:-${OUT:-runs/gpu-check}}
-SECONDS_EACH=${GPU_SECONDS:-20}
+SECONDS_EACH=${GPU_SECONDS:-10}
 PART=${GPU_PART:-all}
 PY=${GPU_PYTHON:-python3}
 

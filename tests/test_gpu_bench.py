@@ -51,6 +51,13 @@ def test_smoke_runs_every_side_on_cpu(tmp_path: Path) -> None:
         assert ours["windows"] >= 2 and 0 <= ours["data_wait"] <= 1
         assert ours["mfu_ceiling"] > 0 and ours["mfu_datasheet"] is None  # no CPU datasheet
         assert ours["memory_estimate"]["total"] > 0 and ours["first_step_s_cold"] > 0
+        # each shape's wall time by phase, for sizing a device command
+        assert list(s["phase_s"]) == ["prep", "ours", "ceiling", "peer"]
+        assert all(v >= 0 for v in s["phase_s"].values()) and s["phase_s"]["ours"] > 0
+        assert f"{name} wall: prep " in r.stderr
+    # serving runs after every shape (a command cut off loses serving, not a shape's row)
+    assert r.stderr.index("serving wall:") > r.stderr.index("clm-gpt2 wall:")
+    assert res["serving"]["phase_s"]["serving"] > 0
     serving = res["serving"]["concurrency"]
     assert set(serving) == {"2", "8"}
     assert all(v["errors"] == 0 and v["throughput"] > 0 for v in serving.values())
