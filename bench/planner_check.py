@@ -55,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mfu", type=float, default=None,
                     help="the MFU `plan` turns a wall-clock budget into FLOPs with")
     ap.add_argument("--eval-sequences", type=int, default=EvalConfig().max_sequences)
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="runs trained at once, the cores split between them (the losses are "
+                         "FLOP-budgeted, so only the wall time changes)")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args(argv)
     from shoestring.errors import ShoestringError
@@ -74,7 +77,8 @@ def check(args: Any) -> int:
     console = Console(stderr=True)
     out = Path(args.output)
     factors = parse_floats(args.factors, "--factors")
-    spec = CalibrationSpec(share=args.share, eval_sequences=args.eval_sequences)
+    spec = CalibrationSpec(share=args.share, eval_sequences=args.eval_sequences,
+                           jobs=args.jobs)
     bench = Bench("planner_check", args, precision="auto (the trainer's choice)")
     t0 = time.time()
     tree = calibrated_plan(PlanRequest(budget=args.budget, data=args.data, mfu=args.mfu), spec,
@@ -86,7 +90,7 @@ def check(args: Any) -> int:
     sets = ["train.tensorboard=false", "train.val_every=0"]
     sizes = run_sweep(args.data, out / "sizes", [rest], sorted({1.0, *factors}), law_file,
                       overrides=sets, eval_sequences=args.eval_sequences, console=console,
-                      floor=False)
+                      floor=False, jobs=args.jobs)
     seed = run_sweep(args.data, out / "seed1", [rest], [1.0], law_file,
                      overrides=[*sets, "train.seed=1"], eval_sequences=args.eval_sequences,
                      console=console, floor=False)

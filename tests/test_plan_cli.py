@@ -122,3 +122,35 @@ def test_fit_cli_writes_law_and_plots(tmp_path: Path, pydocs_dir: Path) -> None:
                 str(sweep / "law.yaml"), "--data", str(pydocs_dir))
     assert r.returncode == 0, r.stderr
     assert "fit:sweep" in r.stdout
+
+
+def test_sweep_trains_points_in_parallel_processes_like_one_at_a_time(
+        tmp_path: Path, pydocs_dir: Path) -> None:
+    """`sweep --jobs 2`: the same points, steps and (up to the threads' summation order) losses
+    as the serial sweep, each run with its share of the cores; a worker's bad input comes
+    back as the CLI's clear error."""
+    import os
+
+    sets = ["--set", "train.val_every=0", "--set", "train.tensorboard=false"]
+    common = ["--data", str(pydocs_dir), "--budgets", "4e10", "--sizes", "1,2",
+              "--eval-sequences", "8", *sets]
+    r = run_cli("sweep", *common, "-o", str(tmp_path / "serial"), timeout=600)
+    assert r.returncode == 0, r.stderr
+    r = run_cli("sweep", *common, "--jobs", "2", "-o", str(tmp_path / "parallel"), timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "2 at a time" in r.stderr
+    from shoestring.plan.sweep import read_points
+
+    serial = {p["id"]: p for p in read_points(tmp_path / "serial")}
+    parallel = {p["id"]: p for p in read_points(tmp_path / "parallel")}
+    assert set(serial) == set(parallel) and len(serial) == 2
+    for pid, p in parallel.items():
+        assert p["steps"] == serial[pid]["steps"] and p["tokens"] == serial[pid]["tokens"]
+        assert p["val_loss"] == pytest.approx(serial[pid]["val_loss"], rel=2e-2)
+        cfg = yaml.safe_load((Path(p["run"]) / "config.yaml").read_text())
+        assert cfg["train"]["threads"] == max(1, (os.cpu_count() or 1) // 2)
+        assert str(tmp_path / "parallel") in p["run"]
+    r = run_cli("sweep", *common, "--jobs", "2", "--set", "train.lr=-1", "-o",
+                str(tmp_path / "bad"), timeout=600)
+    _fails(r, "train.lr")
+    assert read_points(tmp_path / "bad") == []

@@ -919,6 +919,7 @@ def plan(
     calibrate: Annotated[bool, typer.Option("--calibrate", help="Spend a share of the budget on an IsoFLOP sweep on --data here, fit the law with intervals, plan the rest with it.")] = False,
     calibrate_share: Annotated[float, typer.Option("--calibrate-share", help="Most of the budget's FLOPs calibration may spend.")] = 0.15,
     calibration_dir: Annotated[Optional[Path], typer.Option("--calibration-dir", help="Where calibration sweeps live (default: next to the data dir), one per data and settings.")] = None,
+    jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Calibration points trained at once, the CPU cores split between them.")] = 1,
     history: Annotated[Optional[list[Path]], typer.Option("--history", help="Refit with this finished run (evaluated) or sweep dir (repeatable).", metavar="RUN_DIR")] = None,
     config: ConfigOpt = None,
     sets: SetOpt = None,
@@ -937,7 +938,7 @@ def plan(
         from shoestring.plan.calibrate import CalibrationSpec, calibrated_plan
 
         spec = CalibrationSpec(share=calibrate_share, law=law if law in ("epoch", "chinchilla")
-                               else "epoch", overrides=tuple(sets or []))
+                               else "epoch", overrides=tuple(sets or []), jobs=jobs)
         tree = calibrated_plan(req, spec, calibrate_data=calibrate,
                                history=[str(h) for h in history or []], root=calibration_dir,
                                config=config, console=err)
@@ -957,6 +958,7 @@ def sweep(
     sizes: Annotated[str, typer.Option("--sizes", help="Sizes as factors of the law's pick.")] = "0.25,0.5,1,2,4",
     law: Annotated[str, typer.Option("--law", help="Law that centres the sizes.")] = "epoch",
     eval_sequences: Annotated[int, typer.Option("--eval-sequences", min=1, help="Validation sequences per point.")] = 4096,
+    jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Points trained at once, the CPU cores split between them.")] = 1,
     config: ConfigOpt = None,
     sets: SetOpt = None,
 ) -> None:
@@ -964,7 +966,8 @@ def sweep(
     from shoestring.plan.sweep import parse_floats, points_table, run_sweep
 
     points = run_sweep(data, output, parse_floats(budgets, "--budgets"),
-                       parse_floats(sizes, "--sizes"), law, config, sets, eval_sequences, console=err)
+                       parse_floats(sizes, "--sizes"), law, config, sets, eval_sequences,
+                       console=err, jobs=jobs)
     out.print(points_table(points))
     out.print(f"fit a law to it: shoestring plan --fit {output}")
 

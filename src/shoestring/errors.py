@@ -30,6 +30,10 @@ class ShoestringError(Exception):
     def __str__(self) -> str:
         return self.message
 
+    def __reduce__(self) -> tuple:
+        # pickled across processes (a sweep's worker) with its where and fix intact
+        return (self.__class__, (self.what,), dict(self.__dict__))
+
 
 class TrainingInterrupted(Exception):
     """SIGTERM/SIGINT arrived during training; a checkpoint was saved. The CLI exits with

@@ -54,11 +54,15 @@ class CalibrationSpec:
     overrides: tuple[str, ...] = ()
     resamples: int = 200
     seed: int = 0
+    jobs: int = 1  # points trained at once (plan/sweep.py); changes the wall time only
 
     def check(self) -> None:
         if not 0 < self.share < 1:
             raise ShoestringError(f"the calibration share must be in (0, 1); got {self.share}",
                                   where="--calibrate-share", fix="e.g. 0.15 (15% of the budget)")
+        if self.jobs < 1:
+            raise ShoestringError(f"jobs must be at least 1; got {self.jobs}", where="--jobs",
+                                  fix="e.g. --jobs 2: two calibration points at a time")
         if self.levels < 2 or self.sizes < 5 or self.decades <= 0:
             raise ShoestringError("a calibration needs at least 2 levels of 5 sizes over a "
                                   "positive span of decades", where="calibration settings")
@@ -183,7 +187,7 @@ def calibrate(data_dir: str | Path, budget_flops: float, spec: CalibrationSpec,
     finished = run_sweep(data_dir, cal_dir, levels, law=spec.law, config=config,
                          overrides=list(spec.overrides), eval_sequences=spec.eval_sequences,
                          console=console, min_sizes=spec.sizes, min_steps=spec.min_steps,
-                         floor=False)
+                         floor=False, jobs=spec.jobs)
     wall = time.perf_counter() - start
     ids = {p["id"] for p in points}
     mine = [{**p, "reused": p["id"] in done} for p in finished if p["id"] in ids]

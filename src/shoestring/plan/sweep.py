@@ -15,6 +15,11 @@ Bookkeeping, so a sweep can be stopped and re-run:
 - ``SWEEP_DIR/runs/<point>/``: each point's run dir; an interrupted point (run dir but no
   line) is trained again from scratch.
 
+``jobs`` > 1 trains that many points at once, each in its own process with the machine's
+cores split between them (``train.threads``). The points are FLOP-budgeted, so this changes
+only the wall time: on a CPU, small models use a core each better than they share two
+(docs/planning.md). The parent process alone writes points.jsonl, as each point finishes.
+
 `shoestring plan --fit SWEEP_DIR` fits the law to points.jsonl (`shoestring.plan.fit`).
 """
 
@@ -197,12 +202,10 @@ def run_sweep(
     min_sizes: int = 0,
     min_steps: int = 1,
     floor: bool = True,
+    jobs: int = 1,
 ) -> list[dict[str, Any]]:
-    """Train and score every point not yet finished; returns all finished points."""
-    from shoestring.config import load_config
-    from shoestring.eval.held_out import held_out_loss
-    from shoestring.train.loop import train
-
+    """Train and score every point not yet finished (``jobs`` at a time); returns all
+    finished points."""
     console = console or Console(stderr=True)
     sweep_dir = Path(sweep_dir)
     data = _data_info(str(data_dir))
@@ -219,28 +222,86 @@ def run_sweep(
     write_json_atomic(sweep_dir / "sweep.json", spec)
 
     done = {p["id"] for p in read_points(sweep_dir)}
+    pending = []
     for i, point in enumerate(todo, 1):
         if point["id"] in done:
             console.print(f"[{i}/{len(todo)}] {point['id']}: done already, skipped")
-            continue
-        console.print(
-            f"[{i}/{len(todo)}] {point['id']}: {point['params_non_embedding']:,} non-embedding "
-            f"params, {point['steps']:,} steps × {point['batch_size']} × {point['seq_len']} "
-            f"= {point['tokens']:,} tokens, {point['flops']:.3g} FLOPs"
-        )
-        sets = [f"model.{k}={v}" for k, v in point["model"].items()]
-        sets += [f"train.steps={point['steps']}", "train.budget=null",
-                 f"train.batch_size={point['batch_size']}", f"train.lr={point['lr']}"]
-        cfg = load_config(config, [*sets, *(overrides or [])])
-        run_dir = sweep_dir / "runs" / point["id"]
-        summary = train(cfg, data["dir"], run_dir, overwrite=True, console=console)
-        loss = held_out_loss(data["objective"], run_dir, eval_sequences, point["seq_len"], console)
-        record = {**point, "val_loss": loss, "final_train_loss": summary.get("final_train_loss"),
-                  "train_seconds": summary.get("train_seconds"), "mfu": summary.get("mfu"),
-                  "tokens": summary.get("tokens", point["tokens"]), "run": str(run_dir)}
-        _append_point(sweep_dir, record)
-        console.print(f"    validation loss {loss:.4f} ({summary.get('train_seconds', 0):.0f}s)")
+        else:
+            pending.append((i, point))
+    threads = _threads_per_job(jobs) if jobs > 1 else None
+    jobs_of = [(point, str(config) if config else None, list(overrides or []), data["dir"],
+                data["objective"], str(sweep_dir / "runs" / point["id"]), eval_sequences,
+                threads) for _, point in pending]
+    if jobs <= 1 or len(pending) <= 1:
+        for (i, point), job in zip(pending, jobs_of):
+            console.print(_announce(i, len(todo), point))
+            _finish(sweep_dir, point, _train_point(*job, console=console), console)
+        return read_points(sweep_dir)
+    import multiprocessing
+    from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+
+    console.print(f"{len(pending)} points, {jobs} at a time, {threads} thread(s) each")
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, max_tasks_per_child=1) as pool:
+        futures = {}
+        for (i, point), job in zip(pending, jobs_of):
+            futures[pool.submit(_train_point, *job)] = point
+            console.print(_announce(i, len(todo), point))
+        remaining = set(futures)
+        while remaining:
+            finished, remaining = wait(remaining, return_when=FIRST_EXCEPTION)
+            for fut in finished:
+                if fut.exception() is not None:  # the others stop; the finished stay recorded
+                    for other in remaining:
+                        other.cancel()
+                    raise fut.exception()
+                _finish(sweep_dir, futures[fut], fut.result(), console)
     return read_points(sweep_dir)
+
+
+def _threads_per_job(jobs: int) -> int:
+    import torch
+
+    return max(1, (os.cpu_count() or torch.get_num_threads()) // jobs)
+
+
+def _announce(i: int, n: int, point: dict[str, Any]) -> str:
+    return (f"[{i}/{n}] {point['id']}: {point['params_non_embedding']:,} non-embedding "
+            f"params, {point['steps']:,} steps × {point['batch_size']} × {point['seq_len']} "
+            f"= {point['tokens']:,} tokens, {point['flops']:.3g} FLOPs")
+
+
+def _train_point(point: dict[str, Any], config: str | None, overrides: list[str],
+                 data_dir: str, objective: str, run_dir: str, eval_sequences: int,
+                 threads: int | None, console: Console | None = None) -> dict[str, Any]:
+    """Train one point to its step count and score it; in a worker process when jobs > 1
+    (then quiet, with ``threads`` CPU threads for training and scoring alike)."""
+    from shoestring.config import load_config
+    from shoestring.eval.held_out import held_out_loss
+    from shoestring.train.loop import train
+
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    console = console or Console(stderr=True, quiet=True)
+    sets = [f"model.{k}={v}" for k, v in point["model"].items()]
+    sets += [f"train.steps={point['steps']}", "train.budget=null",
+             f"train.batch_size={point['batch_size']}", f"train.lr={point['lr']}"]
+    sets += [f"train.threads={threads}"] if threads else []
+    cfg = load_config(config, [*sets, *overrides])
+    summary = train(cfg, data_dir, run_dir, overwrite=True, console=console)
+    loss = held_out_loss(objective, Path(run_dir), eval_sequences, point["seq_len"], console)
+    return {"val_loss": loss, "final_train_loss": summary.get("final_train_loss"),
+            "train_seconds": summary.get("train_seconds"), "mfu": summary.get("mfu"),
+            "tokens": summary.get("tokens", point["tokens"]), "run": run_dir}
+
+
+def _finish(sweep_dir: Path, point: dict[str, Any], result: dict[str, Any],
+            console: Console) -> None:
+    _append_point(sweep_dir, {**point, **result})
+    console.print(f"    {point['id']}: validation loss {result['val_loss']:.4f} "
+                  f"({result.get('train_seconds') or 0:.0f}s)")
 
 
 def fit_sweep(sweep_dir: str | Path, out: str | Path | None = None,
