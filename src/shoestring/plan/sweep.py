@@ -238,24 +238,31 @@ def run_sweep(
             _finish(sweep_dir, point, _train_point(*job, console=console), console)
         return read_points(sweep_dir)
     import multiprocessing
-    from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     console.print(f"{len(pending)} points, {jobs} at a time, {threads} thread(s) each")
     ctx = multiprocessing.get_context("spawn")
+    error: BaseException | None = None
     with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, max_tasks_per_child=1) as pool:
-        futures = {}
-        for (i, point), job in zip(pending, jobs_of):
-            futures[pool.submit(_train_point, *job)] = point
-            console.print(_announce(i, len(todo), point))
+        futures = {pool.submit(_train_point, *job): (i, point)
+                   for (i, point), job in zip(pending, jobs_of)}
         remaining = set(futures)
         while remaining:
-            finished, remaining = wait(remaining, return_when=FIRST_EXCEPTION)
+            finished, remaining = wait(remaining, return_when=FIRST_COMPLETED)
             for fut in finished:
-                if fut.exception() is not None:  # the others stop; the finished stay recorded
+                i, point = futures[fut]
+                if fut.cancelled():
+                    continue
+                if fut.exception() is not None:
+                    # points not started are dropped; running ones finish and are recorded
+                    error = error or fut.exception()
                     for other in remaining:
                         other.cancel()
-                    raise fut.exception()
-                _finish(sweep_dir, futures[fut], fut.result(), console)
+                    continue
+                console.print(_announce(i, len(todo), point))
+                _finish(sweep_dir, point, fut.result(), console)
+    if error is not None:
+        raise error
     return read_points(sweep_dir)
 
 
