@@ -564,6 +564,7 @@ def cram(
     eval_task: Annotated[Optional[str], typer.Option("--eval-task", help="Also fine-tune on one task (a GLUE task folder, or a spec as for eval --task) from the run and from scratch.", metavar="TASK")] = None,
     auto: Annotated[bool, typer.Option("--auto", help="Calibrate the scaling law on this data and machine with a share of the budget, then train the plan it gives for the rest (plan --calibrate).")] = False,
     calibrate_share: Annotated[float, typer.Option("--calibrate-share", help="With --auto: most of the budget's FLOPs calibration may spend.")] = 0.15,
+    jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="With --auto: calibration points trained at once, the CPU cores split between them.")] = 1,
 ) -> None:
     """Everything on the built-in corpus: prep → train (3 minutes) → eval → results table."""
     from shoestring.cram import cram as run_cram
@@ -573,7 +574,7 @@ def cram(
     if auto:
         from shoestring.plan.calibrate import CalibrationSpec
 
-        spec = CalibrationSpec(share=calibrate_share, overrides=tuple(sets or []))
+        spec = CalibrationSpec(share=calibrate_share, overrides=tuple(sets or []), jobs=jobs)
         spec.check()
     result = run_cram(sources or ["builtin:pydocs"], output, cfg, console=err, eval_task=eval_task,
                       auto=spec)
