@@ -123,3 +123,19 @@ def test_help_does_not_import_torch() -> None:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "TORCH False" in r.stdout
+
+
+def test_errors_cross_a_process_boundary_whole() -> None:
+    """A sweep's worker process hands its error back pickled: what, where and fix (and an
+    interruption's signal, checkpoint and step) must survive, or the CLI's message loses them."""
+    import pickle
+    import signal
+
+    from shoestring.errors import ShoestringError, TrainingInterrupted
+
+    e = pickle.loads(pickle.dumps(ShoestringError("bad value", where="c.yaml:3", fix="use 1")))
+    assert (e.what, e.where, e.fix) == ("bad value", "c.yaml:3", "use 1")
+    assert str(e) == "c.yaml:3: bad value\n  → use 1"
+    t = pickle.loads(pickle.dumps(TrainingInterrupted(signal.SIGTERM, Path("/r/ckpt"), 7)))
+    assert (t.signum, t.checkpoint, t.step) == (signal.SIGTERM, Path("/r/ckpt"), 7)
+    assert "SIGTERM at step 7" in str(t)

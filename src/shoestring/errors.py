@@ -43,3 +43,6 @@ class TrainingInterrupted(Exception):
     def __init__(self, signum: int, checkpoint: Path, step: int) -> None:
         self.signum, self.checkpoint, self.step = signum, checkpoint, step
         super().__init__(f"interrupted by {signal.Signals(signum).name} at step {step}")
+
+    def __reduce__(self) -> tuple:
+        return (self.__class__, (self.signum, self.checkpoint, self.step))
