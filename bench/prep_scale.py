@@ -59,7 +59,7 @@ from typing import Any
 import scale_corpus as SC
 from common import ROOT as REPO
 from common import SHARED, Bench, add_repeats, format_load, load_average, parser
-from shoestring.data.curate.minhash import BANDS, ROWS
+from shoestring.data.curate.minhash import BANDS, ROWS, THRESHOLD
 
 DEFAULT_CORPUS = SHARED / "corpora" / "wiki-books-en.jsonl.zst"
 DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "shoestring-bench"
@@ -265,7 +265,7 @@ def score(truth: list[dict], dropped: dict[str, str], key: str = "loc",
             for name in (_kind(c["jaccard"]), _band(c["jaccard"])):
                 seen[name][0] += 1
                 seen[name][1] += missed
-    out: dict[str, Any] = {"dedup_dropped": len(dedup), "planted": len(truth),
+    out: dict[str, Any] = {"dedup_dropped": len(dedup), "planted": len(truth), "right": right,
                            "precision": round(right / len(dedup), 4) if dedup else None,
                            "recall": round(right / needed, 4) if needed else None}
     for name in ("exact", "near"):
@@ -288,13 +288,46 @@ def _band(j: float) -> str:
     return f"{JACCARD_BANDS[0][0]}-{JACCARD_BANDS[0][1]}"
 
 
-def read_dropped(path: Path) -> dict[str, str]:
+def read_dropped(path: Path) -> tuple[dict[str, str], dict[str, str]]:
+    """prep's dropped.tsv as (location → block, location → the partner's location, where
+    the block named the earlier document it matched)."""
     dropped: dict[str, str] = {}
+    partners: dict[str, str] = {}
     with open(path, encoding="utf-8") as f:
         for line in f:
-            doc_id, block = line.rstrip("\n").rsplit("\t", 1)
+            doc_id, block, of = line.rstrip("\n").rsplit("\t", 2)
             dropped[location(doc_id)] = block
-    return dropped
+            if of:
+                partners[location(doc_id)] = location(of)
+    return dropped, partners
+
+
+def unplanted(corpus: Path, truth: list[dict], dropped: dict[str, str],
+              partners: dict[str, str], threshold: float) -> dict[str, Any]:
+    """The dedup drops outside every planted cluster, which ``score`` counts as wrong, with
+    the true Jaccard (on the shingles fuzzy dedup hashes) of each against the earlier
+    document it was matched with. A recombined corpus reuses its source's paragraphs, more
+    often the larger it is, so documents can be near copies that nobody planted; this says
+    whether such a "wrong" drop is a real near copy (at least ``threshold``) or a mistake.
+    One streaming pass over the corpus for the texts of those drops and their partners."""
+    members = {e["loc"] for e in truth} | {e["copy_of_loc"] for e in truth}
+    outside = sorted(d for d, b in dropped.items() if b in DEDUP_BLOCKS and d not in members)
+    pairs = {d: partners[d] for d in outside if d in partners}
+    want = set(pairs) | set(pairs.values())
+    texts: dict[str, str] = {}
+    for shard in sorted((corpus / "shards").glob("*.jsonl.zst")):
+        for line, rec in enumerate(SC.read_jsonl(shard), 1):
+            loc = f"{shard.name}:{line}"
+            if loc in want:
+                texts[loc] = rec["text"]
+    ngram = SC.CorpusSpec(size_bytes=0).ngram
+    sims = sorted(SC.jaccard(SC.shingles(texts[a], ngram), SC.shingles(texts[b], ngram))
+                  for a, b in pairs.items() if a in texts and b in texts)
+    real = sum(j >= threshold for j in sims)
+    return {"unplanted_drops": len(outside), "unplanted_with_partner": len(pairs),
+            "unplanted_real": real,
+            "unplanted_jaccard": {q: round(sims[int(q * (len(sims) - 1))], 4)
+                                  for q in (0.0, 0.1, 0.5, 0.9, 1.0)} if sims else {}}
 
 
 # --- the runs --------------------------------------------------------------------------
@@ -319,7 +352,13 @@ def run_prep(corpus: Path, meta: dict, mode: str, work: Path, args: argparse.Nam
     row = _row("shoestring", mode, meta, m, disk_usage([out]), before,
                tokens=sum(s["tokens"] for s in manifest["splits"].values()))
     row |= stage_peaks(m["samples"], manifest.get("stage_seconds") or {})
-    row |= score(SC.load_truth(corpus), read_dropped(out / "dropped.tsv"))
+    truth = SC.load_truth(corpus)
+    dropped, partners = read_dropped(out / "dropped.tsv")
+    row |= score(truth, dropped)
+    row |= unplanted(corpus, truth, dropped, partners, THRESHOLD)
+    if row["dedup_dropped"]:  # the real near copies nobody planted counted as right drops
+        row["precision_real"] = round((row["right"] + row["unplanted_real"])
+                                      / row["dedup_dropped"], 4)
     row["tokenizer"] = str(shutil.copy(out / "tokenizer.json", work / f"tokenizer-{mode}.json"))
     if not args.keep:
         shutil.rmtree(out)
@@ -394,6 +433,14 @@ def print_table(rows: list[dict]) -> None:
               f"{r['dedup_dropped']:>11} {f(r['precision']):>9} {f(r['recall']):>6} {f(r['recall_exact']):>9} "
               f"{f(r['recall_near']):>8}  {r['load_before']} / {r['load_after']}")
     for r in rows:
+        if r.get("unplanted_drops"):
+            q = r["unplanted_jaccard"]
+            print(f"{r['size_gb']:>8.3g} {r['mode']:>7}: {r['unplanted_drops']} dedup drops "
+                  f"outside the planted clusters; {r['unplanted_with_partner']} with a named "
+                  f"partner, {r['unplanted_real']} of them at true Jaccard >= {THRESHOLD:g}; "
+                  f"precision counting those right {r.get('precision_real')}"
+                  + (f" (quantiles 0/10/50/90/100%: "
+                     + " ".join(f"{v:.3f}" for v in q.values()) + ")" if q else ""))
         for label, words in (("rss", "RSS"), ("anon", "anonymous"), ("file", "file-backed")):
             stages = {k[len(label) + 1:-3]: v for k, v in r.items()
                       if k.startswith(f"{label}_") and k.endswith("_mb")}
@@ -480,7 +527,10 @@ def record(bench: Bench, rows: list[dict], fits: dict, ratios: list[dict]) -> No
 def _flat(row: dict) -> dict:
     """A run's row for the record: recall per Jaccard band as columns of its own, without
     the tokenizer's path (a file of the work folder)."""
-    flat = {k: v for k, v in row.items() if k not in ("tokenizer", "recall_by_jaccard")}
+    flat = {k: v for k, v in row.items()
+            if k not in ("tokenizer", "recall_by_jaccard", "unplanted_jaccard")}
+    if row.get("unplanted_jaccard"):
+        flat["unplanted J median"] = row["unplanted_jaccard"][0.5]
     return flat | {f"recall J {band}": v for band, v in row["recall_by_jaccard"].items()}
 
 

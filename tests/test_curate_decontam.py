@@ -203,7 +203,10 @@ def test_curator_reports_each_dropped_document_once_with_its_block(eval_dir: Pat
             doc(EVAL_SENTENCE, "f:4"),                              # nothing left
             doc(a, "f:5"), doc(b, "f:5#2"),                         # reader pieces: first a copy
             doc(filler(42, 80), "f:6")]
-    drops: list[tuple[str, str]] = []
-    kept = list(Curator([ExactDedup(), block]).run(docs, lambda i, name: drops.append((i, name))))
+    drops: list[tuple[str, str, str]] = []
+    kept = list(Curator([ExactDedup(), block]).run(
+        docs, lambda i, name, of: drops.append((i, name, of))))
     assert [d.doc_id for d in kept] == ["f:1", "f:3#1", "f:3#2", "f:5#2", "f:6"]
-    assert sorted(drops) == [("f:2", "exact_dedup"), ("f:4", "decontam"), ("f:5", "exact_dedup")]
+    # without examples kept, exact dedup does not hold the first ids, so it names none
+    assert sorted(drops) == [("f:2", "exact_dedup", ""), ("f:4", "decontam", ""),
+                             ("f:5", "exact_dedup", "")]

@@ -110,16 +110,32 @@ def test_prep_lists_the_documents_dedup_dropped(pool, tmp_path: Path) -> None:
                    "--dedup", "fuzzy", "--set", "curate.dropped_ids=true",
                    "--set", "data.vocab_size=300", "--set", "data.seq_len=64")
     assert proc.returncode == 0, proc.stderr
-    dropped = bench.read_dropped(out / "dropped.tsv")
+    dropped, partners = bench.read_dropped(out / "dropped.tsv")
     manifest = json.loads((out / "manifest.json").read_text())
     per_block = {b["block"]: sum(b["dropped"].values()) for b in manifest["blocks"]
                  if b["block"] in ("gopher_quality", "gopher_repetition", "exact_dedup",
                                    "fuzzy_dedup")}
     assert {b: list(dropped.values()).count(b) for b in per_block} == per_block
     assert per_block["exact_dedup"] > 0 and per_block["fuzzy_dedup"] > 0
-    scores = bench.score(SC.load_truth(folder), dropped)
+    truth = SC.load_truth(folder)
+    scores = bench.score(truth, dropped)
     assert scores["recall_exact"] == 1.0 and scores["precision"] == 1.0
     assert scores["recall_near"] > 0.5
+    # every fuzzy drop names the earlier document it matched; a planted near copy, its head
+    fuzzy = [d for d, b in dropped.items() if b == "fuzzy_dedup"]
+    assert set(partners) == set(fuzzy)
+
+    def order(loc: str) -> tuple[str, int]:
+        name, line = loc.rsplit(":", 1)
+        return name, int(line)
+
+    assert all(order(partners[d]) < order(d) for d in fuzzy)
+    head_of = {e["loc"]: e["copy_of_loc"] for e in truth if e["kind"] == "near"}
+    named = [partners[d] == head_of[d] for d in fuzzy if d in head_of]
+    assert named and sum(named) >= 0.9 * len(named)
+    # nothing dropped outside the planted clusters here, so nothing to explain
+    extra = bench.unplanted(folder, truth, dropped, partners, 0.65)
+    assert extra["unplanted_drops"] == 0 and extra["unplanted_real"] == 0
 
 
 def test_dedup_scores_count_any_one_survivor_per_cluster() -> None:
@@ -137,3 +153,19 @@ def test_dedup_scores_count_any_one_survivor_per_cluster() -> None:
     assert (s["precision"], s["recall"], s["recall_near"]) == (0.5, round(2 / 3, 4), 0.5)
     s = bench.score(truth, {"h": "gopher_quality"})  # c1 and c2 remain a cluster of two
     assert s["recall"] == 0.0 and s["precision"] is None and s["recall_by_jaccard"]["0.7-0.8"] == 0.0
+
+
+def test_unplanted_drops_are_measured_against_their_partner(pool, tmp_path: Path) -> None:
+    """A drop outside every planted cluster gets the true Jaccard with the document it was
+    matched to: here a planted near pair passed as if nobody had planted it."""
+    bench = _load("prep_scale")
+    folder, _ = SC.cached_corpus(lambda: pool, _spec(), tmp_path)
+    near = next(e for e in SC.load_truth(folder) if e["kind"] == "near")
+    dropped = {near["loc"]: "fuzzy_dedup", "x.jsonl.zst:1": "gopher_quality"}
+    partners = {near["loc"]: near["copy_of_loc"]}
+    got = bench.unplanted(folder, [], dropped, partners, near["jaccard"] - 0.01)
+    assert got["unplanted_drops"] == 1 and got["unplanted_with_partner"] == 1
+    assert got["unplanted_real"] == 1
+    assert got["unplanted_jaccard"][0.5] == pytest.approx(near["jaccard"], abs=1e-4)
+    assert bench.unplanted(folder, [], dropped, partners, near["jaccard"] + 0.01)[
+        "unplanted_real"] == 0

@@ -121,9 +121,10 @@ class LocalStages:
                                       work_dir=self.build / WORK_DIR, index_dir=index_dir)
         with ExitStack() as stack:
             on_drop = None
-            if self.curate_cfg.dropped_ids:  # one "id<TAB>block" line per dropped document
+            if self.curate_cfg.dropped_ids:  # "id<TAB>block<TAB>of" per dropped document
                 log = stack.enter_context(open(self.build / DROPPED_IDS, "w", encoding="utf-8"))
-                on_drop = lambda doc_id, block: log.write(f"{doc_id}\t{block}\n")  # noqa: E731
+                def on_drop(doc_id: str, block: str, of: str) -> None:
+                    log.write(f"{doc_id}\t{block}\t{of}\n")
             yield from curator.run(docs, on_drop)
         self.blocks.extend(curator.stats()["blocks"])
         if index_dir is not None:  # persisted for a later prep's --dedup-against

@@ -37,6 +37,7 @@ class Drop:
 
     reason: str
     detail: str = ""
+    of: str = ""  # the document this one repeats, where the block knows it (dedup)
 
 
 @dataclass(frozen=True)
@@ -88,8 +89,9 @@ class Block:
         self.keep_examples = keep_examples
         self.stats = BlockStats(self.name)
         self.examples: dict[str, list[Example]] = {}
-        # told (doc_id, block name) of every drop (curate.dropped_ids); set by the Curator
-        self.on_drop: Callable[[str, str], None] | None = None
+        # told (doc_id, block name, the document it repeats or "") of every drop
+        # (curate.dropped_ids); set by the Curator
+        self.on_drop: Callable[[str, str, str], None] | None = None
 
     def apply(self, doc: Document) -> Document | Drop:
         """Judge one document: return it (maybe changed) or a ``Drop``.
@@ -121,7 +123,7 @@ class Block:
         is room. Every block reports its drops here, so the drop list costs no memory."""
         self.stats.dropped[drop.reason] += 1
         if self.on_drop is not None:
-            self.on_drop(doc.doc_id, self.name)
+            self.on_drop(doc.doc_id, self.name, drop.of)
         if self.keep_examples:
             kept = self.examples.setdefault(drop.reason, [])
             if len(kept) < self.keep_examples:

@@ -49,7 +49,8 @@ class ExactDedup(Block):
         key = text_key(doc.text)
         if key in self._seen:
             first = self._first.get(key, "?") if self._first is not None else "an earlier document"
-            return Drop("duplicate", f"same text as {first}")
+            return Drop("duplicate", f"same text as {first}",
+                        of=first if self._first is not None else "")
         for i, old in enumerate(self.against):
             if old.has_exact(key):
                 self.against_dropped[i] += 1

@@ -372,8 +372,12 @@ class FuzzyDedup(Block):
         against: Sequence[DedupIndex] = (),
         index_dir: Path | None = None,
         threshold: float = THRESHOLD,
+        name_partners: bool = False,
     ) -> None:
         super().__init__(keep_examples)
+        # name the earlier document of every drop (Drop.of: curate.dropped_ids), at the
+        # cost of one id per drop held until the replay ends
+        self.name_partners = name_partners
         self.hasher = MinHasher(num_perm=bands * rows, ngram=ngram, seed=seed, bands=bands)
         self.threshold = threshold
         self.batch = batch
@@ -470,9 +474,11 @@ class FuzzyDedup(Block):
         stats = self.stats
         ids: dict[int, str] = {}
         need: set[int] = set()
-        if self.keep_examples:  # the originals the first examples name (ids kept: a few)
+        if self.keep_examples or self.name_partners:  # the originals the drops name
             pos = np.arange(len(earliest))
-            dropped = np.flatnonzero((earliest < pos) & (old < 0))[: self.keep_examples]
+            dropped = np.flatnonzero((earliest < pos) & (old < 0))
+            if not self.name_partners:  # only the first examples' (ids kept: a few)
+                dropped = dropped[: self.keep_examples]
             need = set(earliest[dropped].tolist())
         i = 0
         how = f"shares a MinHash LSH band and >= {self.threshold:g} of its signature with"
@@ -499,7 +505,8 @@ class FuzzyDedup(Block):
                             f"{how} a document of {self.against[by].path}"))
                     elif first < pos:
                         name = ids.get(first, "an earlier document")
-                        self.record_drop(doc, Drop("near_duplicate", f"{how} {name}"))
+                        self.record_drop(doc, Drop("near_duplicate", f"{how} {name}",
+                                                   of=ids.get(first, "")))
                     else:
                         stats.docs_out += 1
                         yield doc

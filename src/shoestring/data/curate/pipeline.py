@@ -74,7 +74,8 @@ class Curator:
             blocks.append(dedup.ExactDedup(cfg.explain, against, index_dir))
         if cfg.dedup == "fuzzy":
             blocks.append(_build(minhash.FuzzyDedup, cfg, "minhash_", **ex, work_dir=work_dir,
-                                 against=against, index_dir=index_dir))
+                                 against=against, index_dir=index_dir,
+                                 name_partners=cfg.dropped_ids))
         if cfg.dedup == "substring":
             blocks.append(_build(substring.SubstringDedup, cfg, "substring_", **ex))
         # Decontamination last (as in MT-NLG): fewer documents to check, and cut pieces are
@@ -106,11 +107,12 @@ class Curator:
         return against_summary(self.stats()["blocks"], self.against)
 
     def run(self, docs: Iterable[Document],
-            on_drop: Callable[[str, str], None] | None = None) -> Iterator[Document]:
+            on_drop: Callable[[str, str, str], None] | None = None) -> Iterator[Document]:
         """The kept documents, in input order, streaming through every block.
 
-        ``on_drop(doc_id, block_name)``, when given, is told every document a block
-        dropped (``curate.dropped_ids``: the list a benchmark scores dedup against).
+        ``on_drop(doc_id, block_name, of)``, when given, is told every document a block
+        dropped (``curate.dropped_ids``: the list a benchmark scores dedup against), with
+        the earlier document it repeats where the block names it (``of``, else "").
         """
         stream: Iterable[Document] = docs
         for block in self.blocks:
