@@ -22,6 +22,7 @@ from pathlib import Path
 
 from common import ROOT, Bench, parser
 from rich.console import Console
+from table import render
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     bench.table(rows, formats={"wall s": ".0f", "train s (sum)": ".0f"}, notes=[
         f"median wall: jobs 1 {median[1]:.0f} s, jobs {args.jobs} {median[args.jobs]:.0f} s: "
         f"{median[1] / median[args.jobs]:.2f}x"])
-    bench.end()
+    for record in bench.end():
+        print(render(record), end="")
     return 0
 
 
