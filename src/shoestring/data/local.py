@@ -120,12 +120,13 @@ class LocalStages:
         curator = Curator.from_config(self.curate_cfg, clean=False,
                                       work_dir=self.build / WORK_DIR, index_dir=index_dir)
         with ExitStack() as stack:
-            on_drop = None
-            if self.curate_cfg.dropped_ids:  # "id<TAB>block<TAB>of" per dropped document
-                log = stack.enter_context(open(self.build / DROPPED_IDS, "w", encoding="utf-8"))
-                def on_drop(doc_id: str, block: str, of: str) -> None:
-                    log.write(f"{doc_id}\t{block}\t{of}\n")
-            yield from curator.run(docs, on_drop)
+            log = (stack.enter_context(open(self.build / DROPPED_IDS, "w", encoding="utf-8"))
+                   if self.curate_cfg.dropped_ids else None)
+
+            def on_drop(doc_id: str, block: str, of: str) -> None:
+                log.write(f"{doc_id}\t{block}\t{of}\n")  # "id<TAB>block<TAB>of" per drop
+
+            yield from curator.run(docs, on_drop if log is not None else None)
         self.blocks.extend(curator.stats()["blocks"])
         if index_dir is not None:  # persisted for a later prep's --dedup-against
             self._dedup["dedup_index"] = curator.finish_dedup_index(index_dir)
