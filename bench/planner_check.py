@@ -162,7 +162,9 @@ def judge(plan: dict[str, Any], sizes: list[dict[str, Any]], seed: list[dict[str
     if rule.get("approach") == 2:
         lo, hi = rule["exponent_interval"]
         notes.append(
-            f"size from the IsoFLOP minima (approach 2): N_opt ∝ C^{rule['exponent']:.3f} "
+            f"size from the IsoFLOP minima (approach 2; a from "
+            f"{'the published laws, one minimum inside' if rule.get('exponent_source') == 'prior' else 'the minima inside the sizes swept'}): "
+            f"N_opt ∝ C^{rule['exponent']:.3f} "
             f"({rule['level']:.0%} interval {lo:.3f}–{hi:.3f}), {rule['target_params']:,.0f} "
             f"params at {rule['extrapolation_decades']:.2f} decades past the calibration; "
             f"the law alone picks {rule['law_pick']}"

@@ -203,3 +203,67 @@ def test_a_plan_from_the_wiki_fit_says_how_its_size_was_chosen(tmp_path) -> None
     # a published law says which approach it used: the law's own
     assert make_plan(PlanRequest(hardware="t4", budget="1e12flops"))["plan"]["size_rule"][
         "approach"] == 3
+
+
+def _ladder(factors: tuple[float, ...]) -> tuple[list[float], ...]:
+    """A calibration's ladder: the same sizes (``factors`` × TRUTH's optimum at the top
+    level) at three levels over 1.5 decades, noiseless; the lower levels' optima fall below
+    the sizes when the factors start high."""
+    levels = np.geomspace(1e17, 1e17 * 10**1.5, 3)
+    n_top = TRUTH.optimal(levels[-1])[0]
+    n, d, loss, c = [], [], [], []
+    for budget in levels:
+        for f in factors:
+            n.append(n_top * f)
+            d.append(budget / (6 * n[-1]))
+            loss.append(TRUTH.loss(n[-1], d[-1]))
+            c.append(float(budget))
+    return n, d, loss, c
+
+
+def test_edge_minima_are_bounds_and_one_inside_minimum_takes_the_published_exponent() -> None:
+    """The issue-35 check's calibration: the two lower levels' optima lie below the smallest
+    size, so only the top level measures N*. Fitting a through the clamped edges (what the
+    planner did before) flattens the slope and plans too small a model; anchoring the one
+    measured minimum with the published exponent lands near the truth."""
+    n, d, loss, c = _ladder((0.5, 1, 2, 4, 8))
+    boot = F.bootstrap_fit(n, d, loss, budgets=c, resamples=100)
+    front = boot.frontier
+    assert front is not None and front.usable and front.source == "prior"
+    assert [bool(m.edge) for m in front.minima] == [True, True, False]
+    a, lo, hi = F.prior_exponent()
+    assert front.a == pytest.approx(a) and lo <= a <= hi
+    top = front.minima[-1]
+    assert front.params(top.flops) == pytest.approx(top.params)  # anchored at the measurement
+    law = boot.fit.law  # the law is tied to the exponent it plans with
+    assert law.beta / (law.alpha + law.beta) == pytest.approx(a, abs=1e-6)
+    far = 30 * max(c)
+    truth = TRUTH.optimal(far)[0]
+    clamped = F.power_law([m.flops for m in front.minima], [m.params for m in front.minima])
+    assert clamped is not None and clamped[1] < a  # the edges flatten the slope
+    err_new = abs(math.log(front.params(far) / truth))
+    err_clamped = abs(math.log(clamped[0] * far ** clamped[1] / truth))
+    assert err_new < 0.25 < err_clamped
+    assert front.params_interval(far)[0] < front.params(far) < front.params_interval(far)[1]
+    # the plan says so, and the law file keeps it
+    from shoestring.plan.calibrate import degenerate
+    assert "published laws' a" in (degenerate(boot) or "")
+    back = F.Frontier.from_dict(front.to_dict())
+    assert back.source == "prior" and back.a == pytest.approx(front.a)
+
+
+def test_two_inside_minima_fit_the_exponent_and_edges_stay_out_of_it() -> None:
+    n, d, loss, c = _ladder((0.35, 0.7, 1.4, 2.8, 5.6))
+    front = F.bootstrap_fit(n, d, loss, budgets=c, resamples=50).frontier
+    assert front is not None and front.source == "minima"
+    inside = [m for m in front.minima if not m.edge]
+    assert len(inside) >= 2
+    k, a = F.power_law([m.flops for m in inside], [m.params for m in inside])
+    assert (front.k, front.a) == pytest.approx((k, a))
+    assert a == pytest.approx(A_TRUE, abs=0.08)
+
+
+def test_no_inside_minimum_leaves_no_frontier() -> None:
+    n, d, loss, c = _ladder((4, 8, 16, 32, 64))  # every level's optimum below the sizes
+    boot = F.bootstrap_fit(n, d, loss, budgets=c, resamples=20)
+    assert boot.frontier is None or not boot.frontier.usable

@@ -319,6 +319,9 @@ def degenerate(boot: BootstrapFit) -> str | None:
     if boot.frontier is None or not boot.frontier.usable:
         parts.append("no IsoFLOP frontier with 0 < a < 1, so the law sizes the plan"
                      if boot.frontier is not None else "")
+    elif boot.frontier.source == "prior":
+        parts.append("one IsoFLOP minimum inside the sizes swept, so N_opt ∝ C^a takes the "
+                     "published laws' a")
     parts = [p for p in parts if p]
     if not parts:
         return None

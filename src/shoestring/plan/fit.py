@@ -42,12 +42,31 @@ from typing import Any
 import numpy as np
 
 from shoestring.errors import ShoestringError
-from shoestring.plan.laws import Law
+from shoestring.plan.laws import LAWS, Law
 
 HUBER_DELTA = 1e-3
 ALPHA_GRID = (0.0, 0.5, 1.0, 1.5, 2.0)
 E_GRID = (-1.0, -0.5, 0.0, 0.5, 1.0)
 AB_GRID = (0.0, 5.0, 10.0, 15.0, 20.0, 25.0)
+
+
+# a in N_opt ∝ C^a as published, for a sweep that measured one IsoFLOP minimum only
+PUBLISHED_EXPONENTS = {
+    "Hoffmann et al. 2022, approach 1 (Table 2)": 0.50,
+    "Hoffmann et al. 2022, approach 2 (Table 2)": 0.49,
+    "Hoffmann et al. 2022, approach 3 (Table 2)": 0.46,
+    "Besiroglu et al. 2024, Epoch's refit of approach 3 (the default law)": 0.513,
+    "DeepSeek LLM 2024, model scale M_opt ∝ C^0.5243": 0.5243,
+}
+
+
+def prior_exponent() -> tuple[float, float, float]:
+    """(a, low, high) of N_opt ∝ C^a when a sweep measured only one IsoFLOP minimum: the
+    default law's β/(α+β) (Epoch's refit, 0.513) and the published values' range as its
+    interval (``PUBLISHED_EXPONENTS``)."""
+    default = LAWS["epoch"]
+    values = PUBLISHED_EXPONENTS.values()
+    return default.beta / (default.alpha + default.beta), min(values), max(values)
 
 
 def _huber(r: np.ndarray, delta: float) -> tuple[np.ndarray, np.ndarray]:
@@ -419,7 +438,8 @@ def bootstrap_fit(
     interval carries the exponent's uncertainty as well as the scatter."""
     n, d, l = (np.asarray(x, dtype=np.float64) for x in (params, tokens, losses))
     groups = _groups(budgets, len(n))
-    front = _frontier(n, l, budgets, groups) if budgets is not None else None
+    prior = prior_exponent()
+    front = _frontier(n, l, budgets, groups, prior[0]) if budgets is not None else None
     usable = front is not None and 0 < front[1] < 1
     full = fit_law(params, tokens, losses, exponent=front[1] if usable else None, **fit_kw)
     logn, logd, logl = np.log(n), np.log(d), np.log(l)
@@ -430,7 +450,7 @@ def bootstrap_fit(
     draws = np.full((resamples, 2), np.nan)
     ratio = None
     if budgets is not None:
-        draws = _frontier_draws(n, l, budgets, groups, rng, resamples)
+        draws = _frontier_draws(n, l, budgets, groups, rng, resamples, prior[1:])
         if usable:  # a resample without a frontier keeps the full fit's exponent
             a_i = np.where(np.isfinite(draws[:, 1]) & (draws[:, 1] > 0) & (draws[:, 1] < 1),
                            draws[:, 1], front[1])
@@ -442,7 +462,7 @@ def bootstrap_fit(
     c = 6 * n * d
     span = Span((float(n.min()), float(n.max())), (float(d.min()), float(d.max())),
                 (float(c.min()), float(c.max())))
-    frontier = (Frontier(front[0], front[1], tuple(front[2]), draws, level)
+    frontier = (Frontier(front[0], front[1], tuple(front[2]), draws, level, front[3])
                 if front is not None else None)
     return BootstrapFit(full, np.array(thetas), resid, span, level, seed, frontier)
 
@@ -495,9 +515,15 @@ def _level_minimum(c: float, x: np.ndarray, y: np.ndarray) -> IsoFlopMinimum | N
 
 
 def _frontier(n: np.ndarray, l: np.ndarray, budgets: list[float | None] | None,
-              groups: list[np.ndarray]) -> tuple[float, float, list[IsoFlopMinimum]] | None:
-    """(k, a, minima) of N_opt = k·C^a through the levels' minima (edges clamped), or None
-    with fewer than 2 levels that have a parabola."""
+              groups: list[np.ndarray], prior: float | None = None
+              ) -> tuple[float, float, list[IsoFlopMinimum], str] | None:
+    """(k, a, minima, source) of N_opt = k·C^a; None without a usable line.
+
+    Only minima inside the sizes swept are measurements: an edge minimum is a bound (N* lies
+    somewhere below the smallest size, or above the largest), and treating the edge as N*
+    flattens or steepens the slope by as much as the sizes were misplaced. So a is fitted
+    through the inside minima when there are ≥ 2 (``source`` "minima"); with exactly one,
+    the line is anchored there with the ``prior`` exponent (``source`` "prior"); else None."""
     minima = []
     for g in groups:
         c = budgets[g[0]] if budgets is not None else None
@@ -507,20 +533,25 @@ def _frontier(n: np.ndarray, l: np.ndarray, budgets: list[float | None] | None,
         if m is not None:
             minima.append(m)
     minima.sort(key=lambda m: m.flops)
-    fit = power_law([m.flops for m in minima], [m.params for m in minima])
-    if fit is None:
-        return None
-    return fit[0], fit[1], minima
+    inside = [m for m in minima if not m.edge]
+    fit = power_law([m.flops for m in inside], [m.params for m in inside])
+    if fit is not None:
+        return fit[0], fit[1], minima, "minima"
+    if len(inside) == 1 and prior is not None:
+        return inside[0].params / inside[0].flops**prior, prior, minima, "prior"
+    return None
 
 
 def _frontier_draws(n: np.ndarray, l: np.ndarray, budgets: list[float | None],
-                    groups: list[np.ndarray], rng: np.random.Generator, resamples: int
-                    ) -> np.ndarray:
+                    groups: list[np.ndarray], rng: np.random.Generator, resamples: int,
+                    prior_range: tuple[float, float] | None = None) -> np.ndarray:
     """(ln k, a) of the frontier refitted on ``resamples`` residual-bootstrap copies of the
     sweep: each level's parabola plus residuals drawn from all levels' (pooled, scaled by
     √(n/(n−p)) for the p parabola constants). The sizes of a sweep are chosen, not sampled,
     so the residuals are what is resampled (a case resample of 5 sizes leaves a parabola
-    through 3 and its vertex anywhere); NaN where a copy has no frontier."""
+    through 3 and its vertex anywhere); NaN where a copy has no frontier. A copy with one
+    inside minimum is anchored there with an exponent drawn uniformly from ``prior_range``
+    (the published laws' spread), so the interval says how little one minimum pins."""
     fitted = np.full(len(n), np.nan)
     constants = 0
     for g in groups:
@@ -537,7 +568,8 @@ def _frontier_draws(n: np.ndarray, l: np.ndarray, budgets: list[float | None],
     for i in range(resamples):
         copy = l.copy()
         copy[have] = fitted[have] + rng.choice(resid, size=int(have.sum()))
-        got = _frontier(n, copy, budgets, groups)
+        prior = float(rng.uniform(*prior_range)) if prior_range else None
+        got = _frontier(n, copy, budgets, groups, prior)
         if got is not None:
             draws[i] = math.log(got[0]), got[1]
     return draws
@@ -553,6 +585,7 @@ class Frontier:
     minima: tuple[IsoFlopMinimum, ...]
     draws: np.ndarray  # (resamples, 2): ln k and a of each resample's frontier (NaN: none)
     level: float = 0.9
+    source: str = "minima"  # "minima": a fitted through ≥ 2 inside minima; "prior": one, a assumed
 
     @property
     def usable(self) -> bool:
@@ -589,7 +622,7 @@ class Frontier:
         return [m.describe() for m in self.minima if m.edge]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"k": self.k, "a": self.a, "level": self.level,
+        return {"k": self.k, "a": self.a, "level": self.level, "source": self.source,
                 "minima": [{"flops": m.flops, "params": m.params, "loss": m.loss,
                             "coeffs": list(m.coeffs), "edge": m.edge, "vertex": m.vertex,
                             "sizes": list(m.sizes)} for m in self.minima],
@@ -604,7 +637,7 @@ class Frontier:
                        for m in tree["minima"])
         return Frontier(float(tree["k"]), float(tree["a"]), minima,
                         np.array(tree["draws"], dtype=np.float64).reshape(-1, 2),
-                        float(tree["level"]))
+                        float(tree["level"]), str(tree.get("source", "minima")))
 
 
 def _sweep(points: list[dict], key_n: str) -> tuple[list[float], np.ndarray, np.ndarray]:
@@ -619,7 +652,7 @@ def isoflop_minima(points: list[dict], key_n: str = "params_non_embedding") -> l
     outside the sizes swept (or a parabola opening downward) is clamped to the nearest edge
     and marked (``edge``)."""
     budgets, n, l = _sweep(points, key_n)
-    got = _frontier(n, l, budgets, _groups(budgets, len(n)))
+    got = _frontier(n, l, budgets, _groups(budgets, len(n)), prior_exponent()[0])
     if got is not None:
         return got[2]
     return [m for g in _groups(budgets, len(n))
@@ -633,11 +666,13 @@ def isoflop_frontier(points: list[dict], key_n: str = "params_non_embedding",
     bootstrap within each level; None with fewer than 2 levels of ≥3 sizes."""
     budgets, n, l = _sweep(points, key_n)
     groups = _groups(budgets, len(n))
-    front = _frontier(n, l, budgets, groups)
+    prior = prior_exponent()
+    front = _frontier(n, l, budgets, groups, prior[0])
     if front is None:
         return None
-    draws = _frontier_draws(n, l, budgets, groups, np.random.default_rng(seed), resamples)
-    return Frontier(front[0], front[1], tuple(front[2]), draws, level)
+    draws = _frontier_draws(n, l, budgets, groups, np.random.default_rng(seed), resamples,
+                            prior[1:])
+    return Frontier(front[0], front[1], tuple(front[2]), draws, level, front[3])
 
 
 def power_law(xs: list[float], ys: list[float]) -> tuple[float, float] | None:

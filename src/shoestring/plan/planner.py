@@ -105,6 +105,7 @@ def _choose(shapes: list[Shape], law: Law, flops: float, unique: float | None = 
                  "N*(C), and N_opt = k·C^a through the vertices; the law (approach 3, its "
                  "exponents tied to a) predicts the loss",
         "exponent": frontier.a, "exponent_interval": [a_lo, a_hi], "level": frontier.level,
+        "exponent_source": frontier.source,
         "k": frontier.k, "target_params": target, "frontier_params": frontier.params(flops),
         "frontier_interval": [lo * shift, hi * shift], "repetition_shift": shift,
         "law_pick": law_pick.label,
@@ -121,9 +122,14 @@ def size_note(rule: dict[str, Any], pick: str) -> list[str]:
     """What the plan says about how its size was chosen (approach 2), for people."""
     a_lo, a_hi = rule["exponent_interval"]
     lo, hi = rule["frontier_interval"]
+    if rule.get("exponent_source") == "prior":
+        how = ("size from the calibration's one IsoFLOP minimum inside the sizes swept, with "
+               "the published laws' exponent (the others lie at an edge: bounds, not "
+               "measurements): ")
+    else:
+        how = "size from the calibration's IsoFLOP minima (approach 2): "
     notes = [
-        "size from the calibration's IsoFLOP minima (approach 2): "
-        f"N_opt ∝ C^{rule['exponent']:.3f} "
+        how + f"N_opt ∝ C^{rule['exponent']:.3f} "
         f"({rule['level']:.0%} interval {a_lo:.3f}–{a_hi:.3f}) gives "
         f"{rule['target_params']:,.0f} non-embedding parameters "
         f"({lo:,.0f}–{hi:,.0f}) here, so {pick}; this budget is "
@@ -137,8 +143,8 @@ def size_note(rule: dict[str, Any], pick: str) -> list[str]:
                      "IsoFLOP minima are measured where the law is a fit, so their size is "
                      "planned")
     for edge in rule["edges"]:
-        notes.append(f"IsoFLOP minimum at the edge of the sizes swept: {edge}; the exponent "
-                     "leans on it")
+        notes.append(f"IsoFLOP minimum at the edge of the sizes swept: {edge}; a bound, left "
+                     "out of the exponent's fit")
     return notes
 
 
@@ -621,7 +627,9 @@ def plan_table(tree: dict[str, Any]) -> Table:
     rule = p.get("size_rule") or {}
     if rule.get("approach") == 2:
         a_lo, a_hi = rule["exponent_interval"]
-        t.add_row("size from", f"IsoFLOP minima (approach 2): N_opt ∝ C^{rule['exponent']:.3f} "
+        src = ("one IsoFLOP minimum, published exponent"
+               if rule.get("exponent_source") == "prior" else "IsoFLOP minima (approach 2)")
+        t.add_row("size from", f"{src}: N_opt ∝ C^{rule['exponent']:.3f} "
                   f"[{a_lo:.3f}, {a_hi:.3f}] → {_si(rule['target_params'])} params, "
                   f"{rule['extrapolation_decades']:.2f} decades past the calibration; the law "
                   f"alone picks {rule['law_pick']}")
