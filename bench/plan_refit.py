@@ -72,7 +72,9 @@ def main() -> None:
     rows = []
     if front is not None:
         lo, hi = front.exponent_interval()
-        print(f"approach 2: a = {front.a:.3f} (90% interval {lo:.3f}-{hi:.3f})")
+        how = ("the published exponent, anchored at the one minimum inside the sizes"
+               if front.source == "prior" else "fitted through the minima inside the sizes")
+        print(f"approach 2: a = {front.a:.3f} (90% interval {lo:.3f}-{hi:.3f}; {how})")
         for m in front.minima:
             print(f"  {m.describe()}")
     sizing = size_for_flops(rest, "mlm", fit.law, data, floor=False, frontier=front)
