@@ -15,7 +15,9 @@ while β → 0.09 (BENCHMARKS.md's wiki-books calibration).
 
 Approach 2 is here too: at each FLOP budget a parabola in log N through the losses of the
 IsoFLOP sweep gives the loss-minimizing N (clamped to the sizes swept, and marked, when the
-vertex lies outside them); a power law through those minima gives N_opt ∝ C^a (``Frontier``).
+vertex lies outside them: then it is a bound, not a measurement); a power law through the
+minima inside the sizes gives N_opt ∝ C^a (``Frontier``), or with only one inside, the
+published exponent anchored at it (``prior_exponent``).
 With a sweep's levels (``bootstrap_fit(budgets=...)``) the law's exponents are tied to that a
 (β/(α+β) = a), so its compute-optimal split follows the measured minima, and the planner sizes
 the model by the frontier itself.

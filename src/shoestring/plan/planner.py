@@ -14,7 +14,7 @@ With a data dir, a candidate that would repeat the corpus is scored by the data-
 form of the law (Muennighoff et al. 2023, `Law.repeated_loss`), so a budget beyond the corpus
 buys a smaller model and more epochs instead of assuming fresh data. With a law calibrated
 on your IsoFLOP sweep (`plan --calibrate`, or its law file) the size is the sweep's own:
-N_opt ∝ C^a through the minima of its levels (Chinchilla's approach 2, `fit.Frontier`),
+N_opt ∝ C^a through the minima inside its sizes (Chinchilla's approach 2, `fit.Frontier`),
 moved by the data-constrained rule when the corpus repeats; the law predicts the loss. Batch
 and peak LR come from `shoestring.plan.hyper` (DeepSeek LLM's exponents, anchored at the
 recipe).
@@ -102,7 +102,8 @@ def _choose(shapes: list[Shape], law: Law, flops: float, unique: float | None = 
     rule = {
         "approach": 2,
         "basis": "Chinchilla approach 2: a parabola in ln N per calibration level, its vertex "
-                 "N*(C), and N_opt = k·C^a through the vertices; the law (approach 3, its "
+                 "N*(C), and N_opt = k·C^a through the vertices inside the sizes swept (one: "
+                 "anchored there with the published a); the law (approach 3, its "
                  "exponents tied to a) predicts the loss",
         "exponent": frontier.a, "exponent_interval": [a_lo, a_hi], "level": frontier.level,
         "exponent_source": frontier.source,
