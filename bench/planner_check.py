@@ -161,9 +161,10 @@ def judge(plan: dict[str, Any], sizes: list[dict[str, Any]], seed: list[dict[str
     rule = plan.get("size_rule") or {}
     if rule.get("approach") == 2:
         lo, hi = rule["exponent_interval"]
+        source = ("the published laws, one minimum inside"
+                  if rule.get("exponent_source") == "prior" else "the minima inside the sizes")
         notes.append(
-            f"size from the IsoFLOP minima (approach 2; a from "
-            f"{'the published laws, one minimum inside' if rule.get('exponent_source') == 'prior' else 'the minima inside the sizes swept'}): "
+            f"size from the IsoFLOP minima (approach 2; a from {source}): "
             f"N_opt ∝ C^{rule['exponent']:.3f} "
             f"({rule['level']:.0%} interval {lo:.3f}–{hi:.3f}), {rule['target_params']:,.0f} "
             f"params at {rule['extrapolation_decades']:.2f} decades past the calibration; "

@@ -52,23 +52,27 @@ E_GRID = (-1.0, -0.5, 0.0, 0.5, 1.0)
 AB_GRID = (0.0, 5.0, 10.0, 15.0, 20.0, 25.0)
 
 
+def _split(law: Law) -> float:
+    """a in N_opt ∝ C^a of a law's closed form (`Law.optimal`): β/(α+β)."""
+    return law.beta / (law.alpha + law.beta)
+
+
 # a in N_opt ∝ C^a as published, for a sweep that measured one IsoFLOP minimum only
 PUBLISHED_EXPONENTS = {
     "Hoffmann et al. 2022, approach 1 (Table 2)": 0.50,
     "Hoffmann et al. 2022, approach 2 (Table 2)": 0.49,
     "Hoffmann et al. 2022, approach 3 (Table 2)": 0.46,
-    "Besiroglu et al. 2024, Epoch's refit of approach 3 (the default law)": 0.513,
+    "Besiroglu et al. 2024, Epoch's refit of approach 3 (the default law)": _split(LAWS["epoch"]),
     "DeepSeek LLM 2024, model scale M_opt ∝ C^0.5243": 0.5243,
 }
 
 
 def prior_exponent() -> tuple[float, float, float]:
     """(a, low, high) of N_opt ∝ C^a when a sweep measured only one IsoFLOP minimum: the
-    default law's β/(α+β) (Epoch's refit, 0.513) and the published values' range as its
-    interval (``PUBLISHED_EXPONENTS``)."""
-    default = LAWS["epoch"]
+    default law's (Epoch's refit, 0.513) and the published values' range as its interval
+    (``PUBLISHED_EXPONENTS``)."""
     values = PUBLISHED_EXPONENTS.values()
-    return default.beta / (default.alpha + default.beta), min(values), max(values)
+    return _split(LAWS["epoch"]), min(values), max(values)
 
 
 def _huber(r: np.ndarray, delta: float) -> tuple[np.ndarray, np.ndarray]:
