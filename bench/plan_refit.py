@@ -11,7 +11,8 @@ trained; the figures docs/planning.md quotes ("How the law is fitted") are this 
 Printed: the tied law (approach 2's a fixes β/(α+β)), which constants ended on a bound, the
 RMSE of log-loss; a with its 90% bootstrap interval and each level's minimum (clamped and
 named at an edge); for the remaining budget (``--budget`` less ``--share`` spent on the
-calibration), N_opt with its interval, the pick with tokens and predicted loss [90%]; and,
+calibration), N_opt with its interval, the pick (among shapes of the hidden units per layer
+the calibration swept) with tokens and predicted loss [90%]; and,
 for comparison, the pick of the tied law alone and of the untied five-constant fit
 (inside the same bounds).
 
@@ -31,16 +32,19 @@ DEFAULT_POINTS = ROOT / "bench" / "data" / "wiki-books-calibration.json"
 
 
 def load_points(path: Path) -> tuple[list[float], ...]:
-    """(N, D, loss, level) of every point in a calibration file (see the module docstring)."""
+    """(N, D, loss, level, hidden units per layer) of every point in a calibration file (see
+    the module docstring; a shape's label is LAYERSxHIDDEN)."""
     tree = json.loads(path.read_text(encoding="utf-8"))
-    n, d, loss, c = [], [], [], []
+    n, d, loss, c, w = [], [], [], [], []
     for level, losses in tree["losses"].items():
         for shape, value in zip(tree["shapes"], losses):
+            layers, hidden = (int(x) for x in shape["label"].replace("×", "x").split("x"))
             n.append(float(shape["params"]))
             d.append(float(level) / shape["flops_per_token"])
             loss.append(float(value))
             c.append(float(level))
-    return n, d, loss, c
+            w.append(hidden / layers)
+    return n, d, loss, c, w
 
 
 def _law(law) -> str:
@@ -63,8 +67,8 @@ def main() -> None:
     data = tree["data"]
     rest = (args.budget or tree["budget_flops"]) * (1 - args.share)
     bench = Bench("plan_refit", args)
-    n, d, loss, c = load_points(args.points)
-    boot = F.bootstrap_fit(n, d, loss, budgets=c)
+    n, d, loss, c, w = load_points(args.points)
+    boot = F.bootstrap_fit(n, d, loss, budgets=c, widths=w)
     fit, front = boot.fit, boot.frontier
     print(f"points: {len(n)} from {args.points}")
     print(f"tied law: {_law(fit.law)}; on a bound: {', '.join(fit.at_bounds) or 'none'}; "
@@ -84,6 +88,9 @@ def main() -> None:
     if rule.get("frontier_interval"):
         lo, hi = rule["frontier_interval"]
         print(f"  N_opt = {rule['target_params']:,.0f} ({lo:,.0f}-{hi:,.0f})")
+    if rule.get("widths"):
+        print(f"  among shapes of {rule['widths'][0]:.3g}-{rule['widths'][1]:.3g} hidden units "
+              "per layer (the widths the calibration swept)")
     print(f"  pick {_pick(sizing)}; predicted loss {pred.loss:.3f} "
           f"[{pred.low:.3f}, {pred.high:.3f}]" + (" (extrapolated)" if pred.extrapolated else ""))
     tied = size_for_flops(rest, "mlm", fit.law, data, floor=False)

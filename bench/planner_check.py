@@ -9,12 +9,14 @@
 3. Each is scored on the calibration's held-out rows (eval's fixed masks) and compared with
    the fitted law's prediction and interval for its N and D.
 
-The verdicts are the issue's: the pick's achieved loss inside the predicted 90% interval, the
-point prediction within 2%, and the pick the best of the sizes or within the seed-to-seed
-difference of the best. Everything trains to a FLOP budget, so the losses do not depend on
-how busy the machine is (the wall times do). A wall-clock budget is turned into FLOPs the way
-`plan` does (the measured peak × the planned MFU): `--budget 45m` on a 2-core machine is the
-issue's 90 core-minutes.
+Sizes trained at the same FLOPs, batch and LR by an earlier plan of the same check (the
+``sizes`` dir keeps them; ``--also SWEEP_DIR`` adds another) are ranked with these, so the
+pick is judged against every size tried. The verdicts are the issue's: the pick's achieved
+loss inside the predicted 90% interval, the point prediction within 2%, and the pick the best
+of the sizes or within the seed-to-seed difference of the best. Everything trains to a FLOP
+budget, so the losses do not depend on how busy the machine is (the wall times do). A
+wall-clock budget is turned into FLOPs the way `plan` does (the measured peak × the planned
+MFU): `--budget 45m` on a 2-core machine is the issue's 90 core-minutes.
 
     python bench/planner_check.py --data DATA -o WORK [--budget 45m] [--json out.json]
 
@@ -58,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=1,
                     help="runs trained at once, the cores split between them (the losses are "
                          "FLOP-budgeted, so only the wall time changes)")
+    ap.add_argument("--also", action="append", default=[], metavar="SWEEP_DIR",
+                    help="another sweep dir whose sizes were trained at the same FLOPs, batch, "
+                         "LR and overrides (an earlier plan's pick): ranked with the sizes")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args(argv)
     from shoestring.errors import ShoestringError
@@ -70,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def check(args: Any) -> int:
+    from shoestring.errors import ShoestringError
     from shoestring.plan.calibrate import CalibrationSpec, calibrated_plan
     from shoestring.plan.planner import PlanRequest
     from shoestring.plan.sweep import parse_floats, run_sweep
@@ -94,7 +100,17 @@ def check(args: Any) -> int:
     seed = run_sweep(args.data, out / "seed1", [rest], [1.0], law_file,
                      overrides=[*sets, "train.seed=1"], eval_sequences=args.eval_sequences,
                      console=console, floor=False)
-    result = judge(plan, sizes, seed, law_file, args.data, args.eval_sequences)
+    from shoestring.plan.sweep import read_points
+
+    also = []
+    for d in args.also:
+        theirs = json.loads((Path(d) / "sweep.json").read_text(encoding="utf-8"))
+        mine = str(Path(args.data).resolve())
+        if theirs.get("overrides") != sets or theirs.get("data_dir") != mine:
+            raise ShoestringError("trained with other data or overrides than the check's sizes",
+                                  where=str(d), fix="drop this --also")
+        also += read_points(d)
+    result = judge(plan, sizes + also, seed, law_file, args.data, args.eval_sequences)
     result["wall_s"] = round(time.time() - t0, 1)
     show(result)
     bench.table(result["rows"], "sizes", formats={
@@ -113,7 +129,9 @@ def check(args: Any) -> int:
 
 def judge(plan: dict[str, Any], sizes: list[dict[str, Any]], seed: list[dict[str, Any]],
           law_file: str, data: str, eval_sequences: int) -> dict[str, Any]:
-    """Predicted vs achieved for every size, the pick's rank and the issue's three verdicts."""
+    """Predicted vs achieved for every size trained to the plan's FLOPs the way the plan
+    trains (its batch and LR: sizes an earlier plan of the same check trained count too, so
+    the pick is ranked against every size tried), the pick's rank and the issue's verdicts."""
     from shoestring.data.datadir import DataDir
     from shoestring.plan import prediction
     from shoestring.plan.laws import load_law
@@ -124,20 +142,29 @@ def judge(plan: dict[str, Any], sizes: list[dict[str, Any]], seed: list[dict[str
         raise RuntimeError(f"{law_file} carries no bootstrap: not a calibration's law")
     ceiling = math.log(DataDir(data).vocab_size)
     objective = plan["objective"]
-    pick = next(p for p in sizes if p["is_pick"])
-    if pick["shape"] != plan["model"]["shape"]:
-        raise RuntimeError(f"the sweep's pick {pick['shape']} is not the plan's "
-                           f"{plan['model']['shape']}: the two sizings disagree")
+    rest, shape = float(plan["budget"]["flops"]), plan["model"]["shape"]
+    same = lambda p: math.isclose(p["budget_flops"], rest, rel_tol=1e-9)  # noqa: E731
+    sizes = list({p["id"]: p for p in sizes if same(p)}.values())
+    pick = next((p for p in sizes if p["shape"] == shape), None)
+    if pick is None:
+        raise RuntimeError(f"the plan's pick {shape} was not trained at {rest:.3g} FLOPs")
+    odd = [p["shape"] for p in sizes
+           if (p["batch_size"], p["lr"]) != (pick["batch_size"], pick["lr"])]
+    if odd:
+        raise RuntimeError(f"{', '.join(odd)} trained with another batch or LR than the pick")
     rows = []
     ordered = sorted(sizes, key=lambda p: p["val_loss"])
     for p in sorted(sizes, key=lambda p: p["params_non_embedding"]):
-        rows.append(_row(p, "pick" if p["is_pick"] else
+        rows.append(_row(p, "pick" if p is pick else
                          f"{p['params_non_embedding'] / pick['params_non_embedding']:.2g}× the pick",
                          boot, law, objective, ceiling, 1 + ordered.index(p)))
+    seed = [p for p in seed if same(p)]
     for p in seed:
-        rows.append(_row(p, "pick, seed 1", boot, law, objective, ceiling, None))
+        rows.append(_row(p, "pick, seed 1" if p["shape"] == shape else f"{p['shape']}, seed 1",
+                         boot, law, objective, ceiling, None))
     best = ordered[0]
-    noise = abs(seed[0]["val_loss"] - pick["val_loss"]) if seed else None
+    twin = next((p for p in seed if p["shape"] == shape), None)
+    noise = abs(twin["val_loss"] - pick["val_loss"]) if twin else None
     mine = next(r for r in rows if r["role"] == "pick")
     verdict = {
         "pick": pick["shape"], "best": best["shape"], "pick_rank": mine["rank"],
@@ -169,6 +196,8 @@ def judge(plan: dict[str, Any], sizes: list[dict[str, Any]], seed: list[dict[str
             f"({rule['level']:.0%} interval {lo:.3f}–{hi:.3f}), {rule['target_params']:,.0f} "
             f"params at {rule['extrapolation_decades']:.2f} decades past the calibration; "
             f"the law alone picks {rule['law_pick']}"
+            + (f"; among shapes of {rule['widths'][0]:.3g}–{rule['widths'][1]:.3g} hidden "
+               "units per layer (the calibration's)" if rule.get("widths") else "")
             + (f"; edges: {'; '.join(rule['edges'])}" if rule["edges"] else ""))
     return {"rows": rows, "verdict": verdict, "notes": notes,
             "plan": {"shape": plan["model"]["shape"], "prediction": plan["prediction"],

@@ -304,6 +304,13 @@ def test_train_records_the_prediction_and_eval_report_history_check_it(
     assert tree["history"]["points"] == 16 and "calibration" not in tree
     assert tree["prediction"]["law"] == "history" and tree["prediction"]["comparable"]
     assert tree["prediction"]["low"] <= tree["prediction"]["loss"] <= tree["prediction"]["high"]
+    # a run's shape comes along, so the refit's frontier knows the widths it was measured on
+    from shoestring.plan.calibrate import history_points
+    from shoestring.plan.fit import point_width
+
+    model = yaml.safe_load((run / "config.yaml").read_text())["model"]
+    mine = history_points([run], "mlm")
+    assert point_width(mine[0]) == model["hidden_size"] / model["num_layers"]
     cal_dir = calibrated["tree"]["plan"]["calibration"]["dir"]
     # a run without a held-out eval cannot teach the law anything
     (run / "eval.json").unlink()

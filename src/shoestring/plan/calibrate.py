@@ -33,7 +33,7 @@ from shoestring.data.datadir import DataDir
 from shoestring.errors import ShoestringError
 from shoestring.fsutil import write_text_atomic
 from shoestring.plan import prediction
-from shoestring.plan.fit import BootstrapFit, bootstrap_fit
+from shoestring.plan.fit import BootstrapFit, bootstrap_fit, point_width
 from shoestring.plan.laws import law_to_yaml
 from shoestring.plan.planner import PlanRequest, _data_info, make_plan
 from shoestring.plan.sweep import plan_points, read_points, run_sweep
@@ -222,9 +222,11 @@ def history_points(paths: list[str | Path], objective: str | None) -> list[dict[
         if objective is not None and summary.get("objective", objective) != objective:
             raise ShoestringError(f"a {summary.get('objective')} run cannot refit a "
                                   f"{objective} law", where=str(path), fix="drop this run")
+        model = (run.read_config_dict() or {}).get("model")
         out.append({"id": f"run:{path}", "params_non_embedding": summary["params_non_embedding"],
                     "tokens": summary["tokens"], "val_loss": loss, "source": str(path),
-                    "budget_flops": summary.get("total_flops")})
+                    "budget_flops": summary.get("total_flops"),
+                    **({"model": model} if isinstance(model, dict) else {})})
     return out
 
 
@@ -237,6 +239,7 @@ def fit_points(points: list[dict[str, Any]], objective: str, name: str,
     return bootstrap_fit([p["params_non_embedding"] for p in unique],
                          [p["tokens"] for p in unique], [p["val_loss"] for p in unique],
                          budgets=[p.get("budget_flops") for p in unique],
+                         widths=[point_width(p) for p in unique],
                          resamples=spec.resamples, seed=spec.seed, name=name,
                          objective=objective,
                          source=f"shoestring plan --calibrate/--history ({len(unique)} points)")

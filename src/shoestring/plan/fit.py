@@ -432,6 +432,7 @@ def bootstrap_fit(
     seed: int = 0,
     level: float = 0.9,
     budgets: list[float | None] | None = None,
+    widths: list[float | None] | None = None,
     **fit_kw: Any,
 ) -> BootstrapFit:
     """``fit_law`` plus its refits on ``resamples`` bootstrap resamples of the points (each
@@ -441,7 +442,9 @@ def bootstrap_fit(
     approaches together: the IsoFLOP minima give N_opt ∝ C^a (approach 2, ``Frontier``), the
     law is fitted with its exponents tied to that a (β/(α+β) = a), and the resamples are drawn
     within each level, each with its own minima, its own a and its own tied refit — so the
-    interval carries the exponent's uncertainty as well as the scatter."""
+    interval carries the exponent's uncertainty as well as the scatter. ``widths`` (each
+    point's hidden units per layer, None where unknown) bound the shapes the frontier sizes.
+    """
     n, d, l = (np.asarray(x, dtype=np.float64) for x in (params, tokens, losses))
     groups = _groups(budgets, len(n))
     prior = prior_exponent()
@@ -468,7 +471,8 @@ def bootstrap_fit(
     c = 6 * n * d
     span = Span((float(n.min()), float(n.max())), (float(d.min()), float(d.max())),
                 (float(c.min()), float(c.max())))
-    frontier = (Frontier(front[0], front[1], tuple(front[2]), draws, level, front[3])
+    frontier = (Frontier(front[0], front[1], tuple(front[2]), draws, level, front[3],
+                         width_range(widths))
                 if front is not None else None)
     return BootstrapFit(full, np.array(thetas), resid, span, level, seed, frontier)
 
@@ -592,6 +596,8 @@ class Frontier:
     draws: np.ndarray  # (resamples, 2): ln k and a of each resample's frontier (NaN: none)
     level: float = 0.9
     source: str = "minima"  # "minima": a fitted through ≥ 2 inside minima; "prior": one, a assumed
+    # hidden units per layer of the shapes swept (lowest, highest); None: not known
+    widths: tuple[float, float] | None = None
 
     @property
     def usable(self) -> bool:
@@ -627,12 +633,22 @@ class Frontier:
     def edges(self) -> list[str]:
         return [m.describe() for m in self.minima if m.edge]
 
+    def fits_width(self, hidden: int, layers: int) -> bool:
+        """Whether a shape's hidden units per layer lie within those swept (1% tolerance):
+        N_opt is measured on shapes of those proportions, and at a fixed N a shallower, wider
+        shape can train markedly worse (docs/planning.md, "How the size is chosen")."""
+        if self.widths is None:
+            return True
+        lo, hi = self.widths
+        return lo / 1.01 <= hidden / max(layers, 1) <= hi * 1.01
+
     def to_dict(self) -> dict[str, Any]:
         return {"k": self.k, "a": self.a, "level": self.level, "source": self.source,
                 "minima": [{"flops": m.flops, "params": m.params, "loss": m.loss,
                             "coeffs": list(m.coeffs), "edge": m.edge, "vertex": m.vertex,
                             "sizes": list(m.sizes)} for m in self.minima],
-                "draws": [[float(x) for x in row] for row in self.draws]}
+                "draws": [[float(x) for x in row] for row in self.draws],
+                **({"widths": list(self.widths)} if self.widths is not None else {})}
 
     @staticmethod
     def from_dict(tree: dict[str, Any]) -> Frontier:
@@ -641,9 +657,11 @@ class Frontier:
                                       None if m["vertex"] is None else float(m["vertex"]),
                                       tuple(float(x) for x in m["sizes"]))
                        for m in tree["minima"])
+        widths = tree.get("widths")
         return Frontier(float(tree["k"]), float(tree["a"]), minima,
                         np.array(tree["draws"], dtype=np.float64).reshape(-1, 2),
-                        float(tree["level"]), str(tree.get("source", "minima")))
+                        float(tree["level"]), str(tree.get("source", "minima")),
+                        None if widths is None else (float(widths[0]), float(widths[1])))
 
 
 def _sweep(points: list[dict], key_n: str) -> tuple[list[float], np.ndarray, np.ndarray]:
@@ -678,7 +696,22 @@ def isoflop_frontier(points: list[dict], key_n: str = "params_non_embedding",
         return None
     draws = _frontier_draws(n, l, budgets, groups, np.random.default_rng(seed), resamples,
                             prior[1:])
-    return Frontier(front[0], front[1], tuple(front[2]), draws, level, front[3])
+    return Frontier(front[0], front[1], tuple(front[2]), draws, level, front[3],
+                    width_range([point_width(p) for p in points]))
+
+
+def point_width(point: dict) -> float | None:
+    """A sweep point's or run's hidden units per layer (None when its shape is not recorded)."""
+    model = point.get("model")
+    if not isinstance(model, dict) or not model.get("num_layers"):
+        return None
+    return float(model["hidden_size"]) / float(model["num_layers"])
+
+
+def width_range(widths: list[float | None] | None) -> tuple[float, float] | None:
+    """(lowest, highest) of the known widths; None when none is known."""
+    known = [w for w in widths or () if w is not None and w > 0]
+    return (min(known), max(known)) if known else None
 
 
 def power_law(xs: list[float], ys: list[float]) -> tuple[float, float] | None:

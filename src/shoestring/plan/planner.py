@@ -87,10 +87,11 @@ def _choose(shapes: list[Shape], law: Law, flops: float, unique: float | None = 
         return (law.repeated_loss(n, tokens, unique) if repeated and unique
                 else law.loss(n, tokens)), tokens
 
-    law_pick = min(shapes, key=lambda s: score(s, True)[0])
     if frontier is None or not frontier.usable:
+        law_pick = min(shapes, key=lambda s: score(s, True)[0])
         loss, tokens = score(law_pick, True)
         return law_pick, tokens, loss, None
+    law_pick = min(shapes, key=lambda s: score(s, True)[0])
     fresh_pick = min(shapes, key=lambda s: score(s, False)[0])
     n_of = lambda s: law.count(s.params, s.params_non_embedding)  # noqa: E731
     shift = n_of(law_pick) / n_of(fresh_pick)
@@ -107,6 +108,7 @@ def _choose(shapes: list[Shape], law: Law, flops: float, unique: float | None = 
                  "exponents tied to a) predicts the loss",
         "exponent": frontier.a, "exponent_interval": [a_lo, a_hi], "level": frontier.level,
         "exponent_source": frontier.source,
+        "widths": list(frontier.widths) if frontier.widths is not None else None,
         "k": frontier.k, "target_params": target, "frontier_params": frontier.params(flops),
         "frontier_interval": [lo * shift, hi * shift], "repetition_shift": shift,
         "law_pick": law_pick.label,
@@ -136,6 +138,10 @@ def size_note(rule: dict[str, Any], pick: str) -> list[str]:
         f"({lo:,.0f}–{hi:,.0f}) here, so {pick}; this budget is "
         f"{rule['extrapolation_decades']:.2f} decades past the largest calibration level "
         f"({rule['top_flops']:.3g} FLOPs)"]
+    if rule.get("widths"):
+        w_lo, w_hi = rule["widths"]
+        notes.append(f"chosen among shapes of {w_lo:.3g}–{w_hi:.3g} hidden units per layer, "
+                     "the proportions the calibration swept (N_opt was measured on them)")
     if abs(rule["repetition_shift"] - 1) > 1e-9:
         notes.append(f"the data-constrained rule moves the size ×{rule['repetition_shift']:.3g} "
                      "(the fitted law's pick on repeated data over its pick on fresh data)")
@@ -219,6 +225,12 @@ def size_for_flops(
             + (f" (≈{need / flops_per_second:.0f} s of this hardware at the planned MFU)"
                if flops_per_second else ""),
         )
+    if frontier is not None and frontier.usable:
+        # N_opt was measured on shapes of the widths the sweep trained; at one N a 2-layer
+        # shape 128 wide trained 0.09 nats worse than a 4-layer one 48 wide in the planner's
+        # check (BENCHMARKS.md): choose among (and sweep around) shapes of those widths
+        shapes = [s for s in shapes
+                  if frontier.fits_width(s.model.hidden_size, s.model.num_layers)] or shapes
     unique = float(data["train_tokens"]) if data and data.get("train_tokens") else None
     pick, tokens, loss, rule = _choose(shapes, law, total_flops, unique, frontier)
     hyper = plan_hyper(total_flops, seq_len, devices,
