@@ -636,7 +636,7 @@ class Frontier:
     def fits_width(self, hidden: int, layers: int) -> bool:
         """Whether a shape's hidden units per layer lie within those swept (1% tolerance):
         N_opt is measured on shapes of those proportions, and at a fixed N a shallower, wider
-        shape can train markedly worse (docs/planning.md, "How the size is chosen")."""
+        shape can train markedly worse (docs/planning.md, "How the law is fitted")."""
         if self.widths is None:
             return True
         lo, hi = self.widths

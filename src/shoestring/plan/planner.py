@@ -87,11 +87,10 @@ def _choose(shapes: list[Shape], law: Law, flops: float, unique: float | None = 
         return (law.repeated_loss(n, tokens, unique) if repeated and unique
                 else law.loss(n, tokens)), tokens
 
+    law_pick = min(shapes, key=lambda s: score(s, True)[0])
     if frontier is None or not frontier.usable:
-        law_pick = min(shapes, key=lambda s: score(s, True)[0])
         loss, tokens = score(law_pick, True)
         return law_pick, tokens, loss, None
-    law_pick = min(shapes, key=lambda s: score(s, True)[0])
     fresh_pick = min(shapes, key=lambda s: score(s, False)[0])
     n_of = lambda s: law.count(s.params, s.params_non_embedding)  # noqa: E731
     shift = n_of(law_pick) / n_of(fresh_pick)
