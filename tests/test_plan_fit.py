@@ -316,3 +316,37 @@ def test_no_inside_minimum_leaves_no_frontier() -> None:
     n, d, loss, c = _ladder((4, 8, 16, 32, 64))  # every level's optimum below the sizes
     boot = F.bootstrap_fit(n, d, loss, budgets=c, resamples=20)
     assert boot.frontier is None or not boot.frontier.usable
+
+
+def test_the_backtest_measures_the_fit_extrapolating_its_own_top_level(tmp_path) -> None:
+    """Fit without the top level, predict it: on points from a true law the backtest is
+    right; on the wiki-books points (short runs near unigram statistics) it overshoots the top
+    level, and a prediction past the span is then at least that uncertain per decade."""
+    from shoestring.plan.calibrate import write_law
+    from shoestring.plan.laws import load_law
+
+    n, d, loss, c = _sweep(noise=0.005, seed=3)
+    clean = F.bootstrap_fit(n, d, loss, budgets=c, resamples=40).backtest
+    assert clean is not None and clean["points"] == 5 and clean["held_out_flops"] == max(c)
+    assert clean["max_abs_log_error"] < 0.05 and clean["decades"] > 0.3
+    n, d, loss, c = _wiki()
+    boot = F.bootstrap_fit(n, d, loss, budgets=c, resamples=60, name="calibrated")
+    bt = boot.backtest
+    assert bt["mean_log_error"] > 0.05  # the law fitted below predicts the top level too high
+    assert bt["max_abs_log_error"] > 3 * clean["max_abs_log_error"]
+    p = boot.predict(1.2e6, 2.7e7)
+    assert p.extrapolated and p.backtest_margin > 0
+    decades = max(x for _, x in boot.span.outside(1.2e6, 2.7e7))
+    assert p.backtest_margin == pytest.approx(bt["log_error_per_decade"] * decades)
+    assert p.low <= p.loss * math.exp(-p.backtest_margin) * (1 + 1e-9)
+    assert p.high >= p.loss * math.exp(p.backtest_margin) * (1 - 1e-9)
+    assert not boot.predict(n[-3], d[-3]).backtest_margin  # a fitted point: the bootstrap only
+    # the law file keeps it, so `plan --law FILE` gives the same interval
+    path = write_law(boot, tmp_path / "law.yaml")
+    back = P.bootstrap_from(load_law(path), path)
+    assert back.backtest == pytest.approx(bt)
+    assert back.predict(1.2e6, 2.7e7).low == pytest.approx(p.low)
+    # two levels leave nothing to hold out
+    two = [i for i, ci in enumerate(c) if ci < max(c)]
+    assert F.bootstrap_fit([n[i] for i in two], [d[i] for i in two], [loss[i] for i in two],
+                           budgets=[c[i] for i in two], resamples=20).backtest is None

@@ -310,6 +310,7 @@ class Prediction:
     extrapolated: bool
     outside: tuple[str, ...]
     widened_by: float  # the half-width factor applied for extrapolation (1: none)
+    backtest_margin: float = 0.0  # ln-loss half-width the calibration's backtest asked for
 
 
 @dataclass(frozen=True)
@@ -323,6 +324,7 @@ class BootstrapFit:
     level: float
     seed: int
     frontier: Frontier | None = None  # approach 2, when the points came from IsoFLOP levels
+    backtest: dict[str, Any] | None = None  # see `_backtest`
 
     def predict(self, n: float, d: float) -> Prediction:
         """Loss at N non-embedding parameters and D tokens, with the interval (see module)."""
@@ -334,11 +336,16 @@ class BootstrapFit:
         low, high = (float(x) for x in np.quantile(draws, [tail, 1 - tail]))
         low, high = min(low, loss), max(high, loss)
         outside = self.span.outside(n, d)
-        widen = 1 + max((dec for _, dec in outside), default=0.0)
+        decades = max((dec for _, dec in outside), default=0.0)
+        widen, margin = 1 + decades, 0.0
         if outside:
             low, high = loss - (loss - low) * widen, loss + (high - loss) * widen
+            if self.backtest is not None:
+                # at least the error the fit made extrapolating its own top level, per decade
+                margin = self.backtest["log_error_per_decade"] * decades
+                low, high = min(low, loss * math.exp(-margin)), max(high, loss * math.exp(margin))
         return Prediction(loss, max(low, 0.0), high, self.level, bool(outside),
-                          tuple(why for why, _ in outside), widen)
+                          tuple(why for why, _ in outside), widen, margin)
 
 
 def _batch_terms(t: np.ndarray, logn: np.ndarray, logd: np.ndarray
@@ -433,6 +440,7 @@ def bootstrap_fit(
     level: float = 0.9,
     budgets: list[float | None] | None = None,
     widths: list[float | None] | None = None,
+    backtest: bool = True,
     **fit_kw: Any,
 ) -> BootstrapFit:
     """``fit_law`` plus its refits on ``resamples`` bootstrap resamples of the points (each
@@ -444,6 +452,8 @@ def bootstrap_fit(
     within each level, each with its own minima, its own a and its own tied refit — so the
     interval carries the exponent's uncertainty as well as the scatter. ``widths`` (each
     point's hidden units per layer, None where unknown) bound the shapes the frontier sizes.
+    With ``budgets`` of three or more levels the fit is also backtested (`_backtest`), and
+    predictions past the span are at least as uncertain as that backtest was wrong.
     """
     n, d, l = (np.asarray(x, dtype=np.float64) for x in (params, tokens, losses))
     groups = _groups(budgets, len(n))
@@ -474,7 +484,43 @@ def bootstrap_fit(
     frontier = (Frontier(front[0], front[1], tuple(front[2]), draws, level, front[3],
                          width_range(widths))
                 if front is not None else None)
-    return BootstrapFit(full, np.array(thetas), resid, span, level, seed, frontier)
+    checked = (_backtest(n, d, l, budgets, widths, seed, level, fit_kw)
+               if backtest and budgets is not None else None)
+    return BootstrapFit(full, np.array(thetas), resid, span, level, seed, frontier, checked)
+
+
+def _backtest(n: np.ndarray, d: np.ndarray, l: np.ndarray, budgets: list[float | None],
+              widths: list[float | None] | None, seed: int, level: float,
+              fit_kw: dict[str, Any]) -> dict[str, Any] | None:
+    """Fit without the top compute level and predict it: how wrong this fit is when it
+    extrapolates, on your own data (None with fewer than three levels). A plan extrapolates
+    further past the top level; the bootstrap covers the scatter and the exponent, not a law
+    whose form misfits the points (short runs near unigram statistics bend the curve), so the
+    backtest's worst error per decade extrapolated bounds the interval from below."""
+    levels = sorted({b for b in budgets if b is not None})
+    if len(levels) < 3:
+        return None
+    top = levels[-1]
+    keep = np.array([b is not None and b < top for b in budgets])
+    held = np.array([b == top for b in budgets])
+    sub = bootstrap_fit(n[keep], d[keep], l[keep], resamples=20, seed=seed, level=level,
+                        budgets=[b for b, k in zip(budgets, keep) if k],
+                        widths=None if widths is None else [w for w, k in zip(widths, keep) if k],
+                        backtest=False, **fit_kw)
+    errors, rates, spans = [], [], []
+    for ni, di, li in zip(n[held], d[held], l[held]):
+        err = math.log(sub.fit.law.loss(ni, di) / li)
+        dec = max((x for _, x in sub.span.outside(ni, di)), default=0.0)
+        errors.append(err)
+        spans.append(dec)
+        if dec > 0:
+            rates.append(abs(err) / dec)
+    if not rates:
+        return None
+    return {"held_out_flops": float(top), "points": int(held.sum()),
+            "mean_log_error": float(np.mean(errors)),
+            "max_abs_log_error": float(np.max(np.abs(errors))),
+            "decades": float(max(spans)), "log_error_per_decade": float(max(rates))}
 
 
 # ----------------------------------------------------------------------- approach 2

@@ -81,6 +81,12 @@ def fitted(boot: BootstrapFit, n: float, d: float, objective: str,
     if p.extrapolated:
         basis += (f"; outside the fitted span, so its half-widths are widened ×{p.widened_by:.2f}"
                   " (1 + the decades extrapolated)")
+        if p.backtest_margin > 0:
+            bt = boot.backtest or {}
+            basis += (f", and to at least ±{p.backtest_margin:.3f} in ln-loss: the fit "
+                      f"without its top level missed that level by up to "
+                      f"{bt.get('max_abs_log_error', 0):.3f} "
+                      f"({bt.get('log_error_per_decade', 0):.3f} per decade extrapolated)")
     return {
         "loss": clamp(p.loss), "low": clamp(p.low), "high": clamp(p.high), "level": p.level,
         "law": boot.fit.law.name, "units": units(objective), "comparable": True,
@@ -97,7 +103,8 @@ def bootstrap_to_dict(boot: BootstrapFit) -> dict[str, Any]:
             "residuals": [float(r) for r in boot.residuals],
             "thetas": [[float(x) for x in t] for t in boot.thetas],
             "exponent": boot.fit.exponent, "at_bounds": list(boot.fit.at_bounds),
-            "frontier": boot.frontier.to_dict() if boot.frontier is not None else None}
+            "frontier": boot.frontier.to_dict() if boot.frontier is not None else None,
+            "backtest": boot.backtest}
 
 
 def bootstrap_from(law: Law, path: str | Path) -> BootstrapFit | None:
@@ -119,10 +126,18 @@ def bootstrap_from(law: Law, path: str | Path) -> BootstrapFit | None:
         return BootstrapFit(fit, np.array(b["thetas"], dtype=np.float64),
                             np.array(b["residuals"], dtype=np.float64), span,
                             float(b["level"]), int(b["seed"]),
-                            Frontier.from_dict(front) if isinstance(front, dict) else None)
+                            Frontier.from_dict(front) if isinstance(front, dict) else None,
+                            _backtest_from(b.get("backtest")))
     except (KeyError, TypeError, ValueError):
         raise ShoestringError("the law file's bootstrap section is damaged", where=str(path),
                               fix="calibrate again (`shoestring plan --calibrate`)") from None
+
+
+def _backtest_from(tree: Any) -> dict[str, Any] | None:
+    """A law file's backtest (None: none, or a file from before backtests)."""
+    if not isinstance(tree, dict):
+        return None
+    return {k: float(v) if k != "points" else int(v) for k, v in tree.items()}
 
 
 # ------------------------------------------------------------------------- after the run
