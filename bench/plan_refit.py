@@ -9,12 +9,12 @@ train tokens). Tokens of a point are its level over the shape's FLOPs per token.
 trained; the figures docs/planning.md quotes ("How the law is fitted") are this script's.
 
 Printed: the tied law (approach 2's a fixes β/(α+β)), which constants ended on a bound, the
-RMSE of log-loss; a with its 90% bootstrap interval and each level's minimum (clamped and
-named at an edge); for the remaining budget (``--budget`` less ``--share`` spent on the
-calibration), N_opt with its interval, the pick (among shapes of the hidden units per layer
-the calibration swept) with tokens and predicted loss [90%]; and,
-for comparison, the pick of the tied law alone and of the untied five-constant fit
-(inside the same bounds).
+RMSE of log-loss; the backtest (the fit without its top level predicting it); a with its 90%
+bootstrap interval and each level's minimum (clamped and named at an edge); for the
+remaining budget (``--budget`` less ``--share`` spent on the calibration), N_opt with its
+interval, the pick (among shapes of the hidden units per layer the calibration swept) with
+tokens and predicted loss [90%]; and, for comparison, the pick of the tied law alone and of
+the untied five-constant fit (inside the same bounds).
 
     python bench/plan_refit.py [--points FILE] [--budget 3.6e14] [--share 0.15]
 """
@@ -74,6 +74,13 @@ def main() -> None:
     print(f"tied law: {_law(fit.law)}; on a bound: {', '.join(fit.at_bounds) or 'none'}; "
           f"RMSE of log-loss {fit.rmse_log:.3f}")
     rows = []
+    bt = boot.backtest
+    if bt is not None:
+        print(f"backtest (the fit without its top level, {bt['held_out_flops']:.3g} FLOPs, "
+              f"predicting its {bt['points']} points): ln(predicted/achieved) mean "
+              f"{bt['mean_log_error']:+.3f}, worst {bt['max_abs_log_error']:.3f} at "
+              f"{bt['decades']:.2f} decades past the rest: {bt['log_error_per_decade']:.3f} "
+              "per decade")
     if front is not None:
         lo, hi = front.exponent_interval()
         how = ("the published exponent, anchored at the one minimum inside the sizes"
