@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from common import ROOT, Bench, parser
+from table import render
 
 
 def _train(job: tuple) -> dict[str, Any]:
@@ -121,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
                **{f"seed {s}": ".4f" for s in columns}}
     bench.table(rows, "losses", formats=formats, notes=notes)
     bench.table(minima, "minima", formats={"minimum_params": ",.0f"})
-    bench.end()
+    for record in bench.end():
+        print(render(record), end="")
     return 0
 
 
