@@ -78,7 +78,7 @@ def check(args: Any) -> int:
     from shoestring.errors import ShoestringError
     from shoestring.plan.calibrate import CalibrationSpec, calibrated_plan
     from shoestring.plan.planner import PlanRequest
-    from shoestring.plan.sweep import parse_floats, run_sweep
+    from shoestring.plan.sweep import parse_floats, read_points, run_sweep
 
     console = Console(stderr=True)
     out = Path(args.output)
@@ -100,8 +100,6 @@ def check(args: Any) -> int:
     seed = run_sweep(args.data, out / "seed1", [rest], [1.0], law_file,
                      overrides=[*sets, "train.seed=1"], eval_sequences=args.eval_sequences,
                      console=console, floor=False)
-    from shoestring.plan.sweep import read_points
-
     also = []
     for d in args.also:
         theirs = json.loads((Path(d) / "sweep.json").read_text(encoding="utf-8"))
