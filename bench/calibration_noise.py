@@ -49,8 +49,6 @@ def main(argv: list[str] | None = None) -> int:
                          "--eval-sequences was given to it)")
     ap.add_argument("--work", type=Path, default=ROOT / "runs" / "bench" / "calibration_noise")
     args = ap.parse_args(argv)
-    import numpy as np
-
     from shoestring.plan import fit as F
     from shoestring.plan.sweep import parse_floats, read_points
 
@@ -106,13 +104,13 @@ def main(argv: list[str] | None = None) -> int:
                      "steps": p["steps"],
                      **{f"seed {s}": columns[s][i] for s in columns},
                      "spread": max(losses) - min(losses)})
-    x = np.log([p["params_non_embedding"] for p in points])
     minima = []
     for s, losses in columns.items():
-        m = F._level_minimum(level, x, np.array(losses))
+        found = F.isoflop_minima([{**p, "val_loss": v} for p, v in zip(points, losses)])
+        m = found[0] if found else None
         minima.append({"seed": s, "minimum_params": m.params if m else None,
                        "edge": (m.edge or "inside") if m else "none",
-                       "best_shape": points[int(np.argmin(losses))]["shape"]})
+                       "best_shape": min(zip(losses, (p["shape"] for p in points)))[1]})
     spreads = sorted(r["spread"] for r in rows)
     notes = [f"level {level:.3g} FLOPs of {args.calibration}; seed 0 is the calibration's own "
              f"run; {args.eval_sequences:,} held-out rows",

@@ -440,7 +440,6 @@ def bootstrap_fit(
     level: float = 0.9,
     budgets: list[float | None] | None = None,
     widths: list[float | None] | None = None,
-    backtest: bool = True,
     **fit_kw: Any,
 ) -> BootstrapFit:
     """``fit_law`` plus its refits on ``resamples`` bootstrap resamples of the points (each
@@ -458,9 +457,8 @@ def bootstrap_fit(
     n, d, l = (np.asarray(x, dtype=np.float64) for x in (params, tokens, losses))
     groups = _groups(budgets, len(n))
     prior = prior_exponent()
-    front = _frontier(n, l, budgets, groups, prior[0]) if budgets is not None else None
+    front, full = _tied_fit(n, d, l, budgets, fit_kw)
     usable = front is not None and 0 < front[1] < 1
-    full = fit_law(params, tokens, losses, exponent=front[1] if usable else None, **fit_kw)
     logn, logd, logl = np.log(n), np.log(d), np.log(l)
     law = full.law
     rng = np.random.default_rng(seed)
@@ -478,19 +476,31 @@ def bootstrap_fit(
                           ratio=ratio)
     pred = np.log([law.loss(ni, di) for ni, di in zip(n, d)])
     resid = (logl - pred) * math.sqrt(len(n) / max(len(n) - full.constants, 1))
-    c = 6 * n * d
-    span = Span((float(n.min()), float(n.max())), (float(d.min()), float(d.max())),
-                (float(c.min()), float(c.max())))
+    span = _span(n, d)
     frontier = (Frontier(front[0], front[1], tuple(front[2]), draws, level, front[3],
                          width_range(widths))
                 if front is not None else None)
-    checked = (_backtest(n, d, l, budgets, widths, seed, level, fit_kw)
-               if backtest and budgets is not None else None)
+    checked = _backtest(n, d, l, budgets, fit_kw) if budgets is not None else None
     return BootstrapFit(full, np.array(thetas), resid, span, level, seed, frontier, checked)
 
 
+def _tied_fit(n: np.ndarray, d: np.ndarray, l: np.ndarray, budgets: list[float | None] | None,
+              fit_kw: dict[str, Any]) -> tuple[tuple | None, FitResult]:
+    """Approach 2's frontier (with ``budgets``) and the law fitted with its exponents tied to
+    the frontier's a when that is usable (0 < a < 1), else free."""
+    front = (_frontier(n, l, budgets, _groups(budgets, len(n)), prior_exponent()[0])
+             if budgets is not None else None)
+    usable = front is not None and 0 < front[1] < 1
+    return front, fit_law(n, d, l, exponent=front[1] if usable else None, **fit_kw)
+
+
+def _span(n: np.ndarray, d: np.ndarray) -> Span:
+    c = 6 * n * d
+    return Span((float(n.min()), float(n.max())), (float(d.min()), float(d.max())),
+                (float(c.min()), float(c.max())))
+
+
 def _backtest(n: np.ndarray, d: np.ndarray, l: np.ndarray, budgets: list[float | None],
-              widths: list[float | None] | None, seed: int, level: float,
               fit_kw: dict[str, Any]) -> dict[str, Any] | None:
     """Fit without the top compute level and predict it: how wrong this fit is when it
     extrapolates, on your own data (None with fewer than three levels). A plan extrapolates
@@ -503,14 +513,13 @@ def _backtest(n: np.ndarray, d: np.ndarray, l: np.ndarray, budgets: list[float |
     top = levels[-1]
     keep = np.array([b is not None and b < top for b in budgets])
     held = np.array([b == top for b in budgets])
-    sub = bootstrap_fit(n[keep], d[keep], l[keep], resamples=20, seed=seed, level=level,
-                        budgets=[b for b, k in zip(budgets, keep) if k],
-                        widths=None if widths is None else [w for w, k in zip(widths, keep) if k],
-                        backtest=False, **fit_kw)
+    _, sub = _tied_fit(n[keep], d[keep], l[keep], [b for b, k in zip(budgets, keep) if k],
+                       fit_kw)
+    span = _span(n[keep], d[keep])
     errors, rates, spans = [], [], []
     for ni, di, li in zip(n[held], d[held], l[held]):
-        err = math.log(sub.fit.law.loss(ni, di) / li)
-        dec = max((x for _, x in sub.span.outside(ni, di)), default=0.0)
+        err = math.log(sub.law.loss(ni, di) / li)
+        dec = max((x for _, x in span.outside(ni, di)), default=0.0)
         errors.append(err)
         spans.append(dec)
         if dec > 0:
