@@ -8,7 +8,8 @@ shape the calibration's loss (seed 0) and each seed's, the spread (largest − s
 per seed the level's minimum (the parabola's vertex in ln N, clamped and named at an edge, as
 the planner computes it). The seed-to-seed spread is the noise floor under the calibration's
 fit: differences between calibrations smaller than it are not a cause to look for.
-Resumable (finished points are kept in WORK/points.jsonl); run it alone for honest wall times.
+Resumable (a sweep dir of its own: finished points are kept in WORK/points.jsonl, trained by the
+sweep's own `train_points`); run it alone for honest wall times.
 
     python bench/calibration_noise.py --calibration CAL_DIR [--level 9e12] [--seeds 1,2] [--jobs 2]
 """
@@ -17,20 +18,11 @@ from __future__ import annotations
 
 import json
 import math
-import multiprocessing
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any
 
 from common import ROOT, Bench, parser
 from table import render
-
-
-def _train(job: tuple) -> dict[str, Any]:
-    from shoestring.plan.sweep import _train_point
-
-    return _train_point(*job)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, default=ROOT / "runs" / "bench" / "calibration_noise")
     args = ap.parse_args(argv)
     from shoestring.plan import fit as F
-    from shoestring.plan.sweep import parse_floats, read_points
+    from shoestring.plan.sweep import parse_floats, read_points, train_points
 
     spec = json.loads((args.calibration / "sweep.json").read_text(encoding="utf-8"))
     points = read_points(args.calibration)
@@ -63,38 +55,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     seeds = [int(s) for s in parse_floats(args.seeds, "--seeds")]
     bench = Bench("calibration_noise", args, precision="the trainer's (auto)", threads=1)
-    args.work.mkdir(parents=True, exist_ok=True)
-    store = args.work / "points.jsonl"
-    done = {}
-    if store.is_file():
-        for line in store.read_text(encoding="utf-8").splitlines():
-            rec = json.loads(line)
-            done[rec["id"]] = rec
-    jobs, ids = [], []
-    for seed in seeds:
-        for p in points:
-            pid = f"{p['id']}-seed{seed}"
-            if pid in done:
-                continue
-            point = {k: p[k] for k in ("id", "budget_flops", "model", "params",
-                                       "params_non_embedding", "flops_per_token", "batch_size",
-                                       "lr", "seq_len", "steps", "tokens", "flops")}
-            jobs.append((point, None, [*spec.get("overrides", []), f"train.seed={seed}"],
-                         spec["data_dir"], spec["objective"], str(args.work / "runs" / pid),
-                         args.eval_sequences, 1))
-            ids.append(pid)
-    if jobs:
-        print(f"{len(jobs)} runs at {level:.3g} FLOPs, {args.jobs} at a time", file=sys.stderr)
-        ctx = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=args.jobs, mp_context=ctx,
-                                 max_tasks_per_child=1) as pool:
-            for pid, result in zip(ids, pool.map(_train, jobs)):
-                rec = {"id": pid, "val_loss": result["val_loss"],
-                       "train_seconds": result.get("train_seconds")}
-                with open(store, "a", encoding="utf-8") as f:
-                    f.write(json.dumps(rec) + "\n")
-                done[pid] = rec
-                print(f"  {pid}: {rec['val_loss']:.4f}", file=sys.stderr, flush=True)
+    keep = ("budget_flops", "shape", "model", "params", "params_non_embedding",
+            "flops_per_token", "batch_size", "lr", "seq_len", "steps", "tokens", "flops")
+    retrain = [{**{k: p[k] for k in keep}, "id": f"{p['id']}-seed{seed}", "seed": seed,
+                "overrides": [f"train.seed={seed}"]} for seed in seeds for p in points]
+    train_points(args.work, retrain, spec["data_dir"], spec["objective"],
+                 overrides=spec.get("overrides", []), eval_sequences=args.eval_sequences,
+                 jobs=args.jobs)
+    done = {p["id"]: p for p in read_points(args.work)}
     rows, columns = [], {0: [p["val_loss"] for p in points]}
     for seed in seeds:
         columns[seed] = [done[f"{p['id']}-seed{seed}"]["val_loss"] for p in points]

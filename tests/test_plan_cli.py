@@ -90,6 +90,18 @@ def test_sweep_trains_to_budget_and_resumes(tmp_path: Path, pydocs_dir: Path) ->
     # different settings are refused rather than mixed into the same sweep
     with pytest.raises(ShoestringError, match="started with"):
         run_sweep(pydocs_dir, sweep, [4e10], factors=[1], law="chinchilla", **kw)
+    # a point retrained with an override of its own (another seed), the way benches do
+    from shoestring.plan.sweep import train_points
+
+    base = next(p for p in points if p["is_pick"])
+    again = {**base, "id": base["id"] + "-seed7", "overrides": ["train.seed=7"]}
+    train_points(tmp_path / "again", [again], str(pydocs_dir), "mlm", eval_sequences=8,
+                 console=quiet, overrides=kw["overrides"])
+    (redone,) = read_points(tmp_path / "again")
+    resolved = yaml.safe_load((Path(redone["run"]) / "config.yaml").read_text())
+    assert resolved["train"]["seed"] == 7 and resolved["train"]["val_every"] == 0
+    assert resolved["train"]["steps"] == base["steps"]
+    assert redone["val_loss"] != base["val_loss"]  # another initialisation, another loss
 
 
 def test_fit_cli_writes_law_and_plots(tmp_path: Path, pydocs_dir: Path) -> None:

@@ -221,22 +221,51 @@ def run_sweep(
     spec["factors"] = sorted(set(old.get("factors", [])) | set(factors))
     write_json_atomic(sweep_dir / "sweep.json", spec)
 
+    train_points(sweep_dir, todo, data["dir"], data["objective"], config=config,
+                 overrides=overrides, eval_sequences=eval_sequences, jobs=jobs,
+                 console=console)
+    return read_points(sweep_dir)
+
+
+def train_points(
+    sweep_dir: str | Path,
+    points: list[dict[str, Any]],
+    data_dir: str,
+    objective: str,
+    config: str | Path | None = None,
+    overrides: list[str] | None = None,
+    eval_sequences: int = 4096,
+    jobs: int = 1,
+    console: Console | None = None,
+) -> None:
+    """Train and score each point not yet in ``sweep_dir/points.jsonl`` into
+    ``sweep_dir/runs/<id>``, ``jobs`` at a time, appending each as it finishes.
+
+    The one way a point is trained, for sweeps, calibrations and the benches that retrain a
+    calibration's points (another seed, say): a point's own ``overrides`` list, if it has one,
+    is applied after the common ``overrides``. A failed point stops the rest; points already
+    running finish and are recorded, so a re-run resumes.
+    """
+    console = console or Console(stderr=True)
+    sweep_dir = Path(sweep_dir)
+    sweep_dir.mkdir(parents=True, exist_ok=True)
     done = {p["id"] for p in read_points(sweep_dir)}
     pending = []
-    for i, point in enumerate(todo, 1):
+    for i, point in enumerate(points, 1):
         if point["id"] in done:
-            console.print(f"[{i}/{len(todo)}] {point['id']}: done already, skipped")
+            console.print(f"[{i}/{len(points)}] {point['id']}: done already, skipped")
         else:
             pending.append((i, point))
     threads = _threads_per_job(jobs) if jobs > 1 else None
-    jobs_of = [(point, str(config) if config else None, list(overrides or []), data["dir"],
-                data["objective"], str(sweep_dir / "runs" / point["id"]), eval_sequences,
-                threads) for _, point in pending]
+    jobs_of = [(point, str(config) if config else None,
+                [*(overrides or []), *point.get("overrides", [])], data_dir, objective,
+                str(sweep_dir / "runs" / point["id"]), eval_sequences, threads)
+               for _, point in pending]
     if jobs <= 1 or len(pending) <= 1:
         for (i, point), job in zip(pending, jobs_of):
-            console.print(_announce(i, len(todo), point))
+            console.print(_announce(i, len(points), point))
             _finish(sweep_dir, point, _train_point(*job, console=console), console)
-        return read_points(sweep_dir)
+        return
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
@@ -259,11 +288,10 @@ def run_sweep(
                     for other in remaining:
                         other.cancel()
                     continue
-                console.print(_announce(i, len(todo), point))
+                console.print(_announce(i, len(points), point))
                 _finish(sweep_dir, point, fut.result(), console)
     if error is not None:
         raise error
-    return read_points(sweep_dir)
 
 
 def _threads_per_job(jobs: int) -> int:
