@@ -25,6 +25,7 @@ import json
 from pathlib import Path
 
 from common import ROOT, Bench, parser
+from shoestring.plan.calibrate import biased
 from shoestring.plan import fit as F
 from shoestring.plan.planner import size_for_flops
 
@@ -81,6 +82,8 @@ def main() -> None:
               f"{bt['mean_log_error']:+.3f}, worst {bt['max_abs_log_error']:.3f} at "
               f"{bt['decades']:.2f} decades past the rest: {bt['log_error_per_decade']:.3f} "
               "per decade")
+        if (warning := biased(boot)) is not None:
+            print(f"  the plan's note: {warning}")
     if front is not None:
         lo, hi = front.exponent_interval()
         how = ("the published exponent, anchored at the one minimum inside the sizes"

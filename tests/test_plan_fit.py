@@ -325,15 +325,23 @@ def test_the_backtest_measures_the_fit_extrapolating_its_own_top_level(tmp_path)
     from shoestring.plan.calibrate import write_law
     from shoestring.plan.laws import load_law
 
+    from shoestring.plan.calibrate import biased
+
     n, d, loss, c = _sweep(noise=0.005, seed=3)
-    clean = F.bootstrap_fit(n, d, loss, budgets=c, resamples=40).backtest
+    right = F.bootstrap_fit(n, d, loss, budgets=c, resamples=40)
+    clean = right.backtest
     assert clean is not None and clean["points"] == 5 and clean["held_out_flops"] == max(c)
     assert clean["max_abs_log_error"] < 0.05 and clean["decades"] > 0.3
+    assert biased(right) is None  # a law the points follow: nothing to warn of
     n, d, loss, c = _wiki()
     boot = F.bootstrap_fit(n, d, loss, budgets=c, resamples=60, name="calibrated")
     bt = boot.backtest
     assert bt["mean_log_error"] > 0.05  # the law fitted below predicts the top level too high
+    assert bt["min_log_error"] > 0  # at every point of it
     assert bt["max_abs_log_error"] > 3 * clean["max_abs_log_error"]
+    warning = biased(boot)
+    assert warning is not None and "high at every point" in warning
+    assert f"{math.expm1(bt['mean_log_error']):+.0%}" in warning
     p = boot.predict(1.2e6, 2.7e7)
     assert p.extrapolated and p.backtest_margin > 0
     decades = max(x for _, x in boot.span.outside(1.2e6, 2.7e7))

@@ -291,8 +291,9 @@ def calibrated_plan(req: PlanRequest, spec: CalibrationSpec, calibrate_data: boo
         meta["notes"].insert(0, calibration_note(cal, base))
     if history:
         meta["history"] = {"runs": [str(h) for h in history], "points": len(points)}
-    if (warning := degenerate(boot)) is not None:  # after the calibration's cost
-        meta["notes"].insert(1 if cal is not None else 0, warning)
+    for warning in (biased(boot), degenerate(boot)):  # after the calibration's cost
+        if warning is not None:
+            meta["notes"].insert(1 if cal is not None else 0, warning)
     return tree
 
 
@@ -331,6 +332,31 @@ def degenerate(boot: BootstrapFit) -> str | None:
     return (f"the fit leans on its bounds ({'; '.join(parts)}): the points do not pin that "
             "part of L(N, D) — more levels or more steps per point would — and the interval "
             "is only as good as the points")
+
+
+BIAS_FLOOR = 0.05  # ln-loss: a one-sided backtest miss smaller than this is not flagged
+
+
+def biased(boot: BootstrapFit) -> str | None:
+    """A warning when the backtest missed every held-out point on the same side, by more than
+    5% on average and more than twice the fit's own scatter: the calibration's levels do not
+    lie on one power law (the lowest are short runs still near unigram statistics, whose loss
+    falls slower per decade than later), so the plan, which extrapolates further, is likely
+    off the same way. Said in the plan rather than corrected: the size of the bend past the
+    top level is not known from the points."""
+    bt = boot.backtest
+    if not bt or "min_log_error" not in bt:  # none, or a law file from before the signs
+        return None
+    one_sided = bt["min_log_error"] > 0 or bt["max_log_error"] < 0
+    mean = bt["mean_log_error"]
+    if not one_sided or abs(mean) <= max(BIAS_FLOOR, 2 * boot.fit.rmse_log):
+        return None
+    side = "high" if mean > 0 else "low"
+    return (f"the fit without its top level predicted that level {side} at every point "
+            f"({math.expm1(mean):+.0%} on average, {bt['decades']:.2f} decades out): the "
+            f"calibration's levels bend off one power law, so expect this plan's point "
+            f"prediction to be {side} as well, and more so the further it extrapolates; a "
+            "larger --calibrate-share or budget puts the levels past the bend")
 
 
 def _remaining(req: PlanRequest, base: dict[str, Any], cal: Calibration | None) -> PlanRequest:

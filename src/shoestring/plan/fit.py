@@ -528,6 +528,7 @@ def _backtest(n: np.ndarray, d: np.ndarray, l: np.ndarray, budgets: list[float |
         return None
     return {"held_out_flops": float(top), "points": int(held.sum()),
             "mean_log_error": float(np.mean(errors)),
+            "min_log_error": float(np.min(errors)), "max_log_error": float(np.max(errors)),
             "max_abs_log_error": float(np.max(np.abs(errors))),
             "decades": float(max(spans)), "log_error_per_decade": float(max(rates))}
 
