@@ -25,8 +25,8 @@ import json
 from pathlib import Path
 
 from common import ROOT, Bench, parser
-from shoestring.plan.calibrate import biased
 from shoestring.plan import fit as F
+from shoestring.plan.calibrate import biased
 from shoestring.plan.planner import size_for_flops
 
 DEFAULT_POINTS = ROOT / "bench" / "data" / "wiki-books-calibration.json"
