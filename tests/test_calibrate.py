@@ -251,15 +251,24 @@ def test_a_second_calibration_on_the_same_data_reuses_every_point(calibrated: di
     assert cal["reused_points"] == 10 and cal["flops_trained_now"] == 0
     assert {p: p.stat().st_mtime_ns for p in cal_dir.glob("runs/*/summary.json")} == stamps
     assert tree["plan"]["prediction"]["loss"] == calibrated["tree"]["plan"]["prediction"]["loss"]
-    # a wall-clock budget pays for the calibration's wall time too: at 0.1% of a T4's 65
-    # TFLOP/s, 2e11 FLOPs (the same levels, all reused) are 3.08 s, less the wall it took
-    seconds = 2e11 / (65e12 * 0.001)
-    timed = calibrated_plan(PlanRequest(hardware="t4", budget=f"{seconds!r}s", mfu=0.001,
+    # a wall-clock budget pays for every second spent before the plan's run — the
+    # calibration's wall, fitting, and what the caller spent before (cram's prep): at 0.001%
+    # of a T4's 65 TFLOP/s, 2e11 FLOPs (the same levels, all reused) are 308 s
+    rate = 65e12 * 1e-5
+    seconds = 2e11 / rate
+    timed = calibrated_plan(PlanRequest(hardware="t4", budget=f"{seconds!r}s", mfu=1e-5,
                                         data=calibrated["req"].data), TEST_SPEC,
-                            root=calibrated["root"], console=calibrated["log"])["plan"]
-    wall = timed["calibration"]["wall_s"]
-    assert timed["calibration"]["reused_points"] == 10 and wall < seconds
-    assert timed["budget"]["flops"] == pytest.approx((seconds - wall) * 65e12 * 0.001, rel=0.05)
+                            root=calibrated["root"], console=calibrated["log"],
+                            spent_s=20.0)["plan"]
+    cal = timed["calibration"]
+    spent = cal["spent_before_plan_s"]
+    assert cal["reused_points"] == 10 and spent >= 20.0 + cal["wall_s"] and spent < seconds
+    assert timed["budget"]["flops"] == pytest.approx((seconds - spent) * rate, rel=1e-3)
+    assert f"{spent:.0f} s spent before the plan's run" in timed["notes"][0]
+    with pytest.raises(ShoestringError, match="the whole budget"):
+        calibrated_plan(PlanRequest(hardware="t4", budget=f"{seconds!r}s", mfu=1e-5,
+                                    data=calibrated["req"].data), TEST_SPEC,
+                        root=calibrated["root"], console=calibrated["log"], spent_s=seconds)
 
 
 @pytest.mark.slow
@@ -346,3 +355,57 @@ def test_cram_auto_trains_the_calibrated_plan_and_checks_it(calibrated: dict,
     assert "calibration" in text and "plan's prediction" in text
     assert f"achieved {result.evaluation['mlm_loss']:.3f}" in text
     assert result.wall_s is not None and "wall clock" in text
+
+
+def test_cram_auto_trains_a_wall_clock_budget_to_its_deadline() -> None:
+    """`cram --auto --budget 20m`: the plan's run gets the budget's seconds less what prep and
+    calibration spent and less a reserve for validation and evaluation (at the plan's FLOP
+    rate), as a wall-clock budget, so a slower machine still ends on time; a FLOP budget is
+    trained as planned, and a budget already spent is refused by name."""
+    from rich.console import Console
+
+    from shoestring.config import Config
+    from shoestring.cram import _to_deadline
+
+    quiet = Console(quiet=True)
+    tree = {"plan": {"budget": {"input": "20m", "mfu": 0.3},
+                     "hardware": {"peak_flops": 1e11, "devices": 1},
+                     "model": {"flops_per_token": 3e6}},
+            "data": {"seq_len": 128}}
+    cfg = Config().model_copy(update={"train": Config().train.model_copy(
+        update={"budget": "3e14flops"})})
+    timed, left = _to_deadline(cfg, tree, 100.0, quiet)
+    assert timed.train.budget == f"{left:.3f}s"
+    reserve = 1200 - 100 - left
+    assert timed.train.steps is None and 0 < reserve < 100
+    # the reserve is the forward passes of validation and evaluation at the plan's rate
+    more = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"max_sequences": 8192})})
+    extra = 1200 - 100 - _to_deadline(more, tree, 100.0, quiet)[1] - reserve
+    assert extra == pytest.approx(4096 * 128 * 3e6 / 3 / (1e11 * 0.3), rel=1e-3)
+    flops = {**tree, "plan": {**tree["plan"], "budget": {"input": "4e14flops", "mfu": 0.3}}}
+    assert _to_deadline(cfg, flops, 100.0, quiet) == (cfg, None)
+    with pytest.raises(ShoestringError, match="nothing of the 1200 s budget") as e:
+        _to_deadline(cfg, tree, 1190.0, quiet)
+    assert e.value.where == "--budget"
+
+
+def test_a_deadline_already_past_ends_training_after_one_step(pydocs_dir: Path,
+                                                              tmp_path: Path) -> None:
+    """`train(deadline=...)` cuts a seconds budget to what is left of the deadline when the
+    loop starts (what `cram --auto` gives it): one already past leaves the one step every run
+    takes; a FLOP budget ignores it."""
+    import time
+
+    from rich.console import Console
+
+    from shoestring.train.loop import train
+
+    quiet = Console(quiet=True)
+    cfg = _cram_config().model_copy(update={"train": _cram_config().train.model_copy(
+        update={"budget": "10m"})})
+    summary = train(cfg, pydocs_dir, tmp_path / "timed", console=quiet,
+                    deadline=time.perf_counter())
+    assert summary["steps"] == 1
+    flops = train(_cram_config(), pydocs_dir, tmp_path / "flops", console=quiet,
+                  deadline=time.perf_counter())
+    assert flops["steps"] > 1 and flops["total_flops"] >= 0.99 * 6e10

@@ -96,7 +96,7 @@ def _auto_rows(t: Table, r: CramResult) -> None:
 
 
 def _auto_config(cfg: Config, data_dir: Path, output: Path, spec: Any,
-                 console: Console) -> tuple[Config, dict[str, Any], Path]:
+                 console: Console, spent_s: float = 0.0) -> tuple[Config, dict[str, Any], Path]:
     """--auto: calibrate on the prepared data, plan the rest of the budget, and the config
     that trains the plan (the plan's model/train sections over ``cfg``)."""
     from shoestring.config import read_plan_sections
@@ -110,12 +110,46 @@ def _auto_config(cfg: Config, data_dir: Path, output: Path, spec: Any,
     timed = parse_budget(cfg.train.budget).kind == "seconds"
     req = PlanRequest(hardware="auto", budget=cfg.train.budget, data=str(data_dir),
                       measure=timed)
-    tree = calibrated_plan(req, spec, root=output / "calibration", console=console)
+    tree = calibrated_plan(req, spec, root=output / "calibration", console=console,
+                           spent_s=spent_s)
     plan_path = write_plan(tree, output / "plan.yaml")
     merged = cfg.model_dump()
     for section, values in read_plan_sections(plan_path).items():
         merged.setdefault(section, {}).update(values)
     return Config.model_validate(merged), tree, plan_path
+
+
+def _to_deadline(cfg: Config, tree: dict[str, Any], spent_s: float,
+                 console: Console) -> tuple[Config, float | None]:
+    """--auto with a wall-clock budget: the plan's model trains to the budget's deadline, not
+    to the FLOPs the plan estimated at the calibration's MFU, so a slower run ends on time and
+    a faster one uses the time. The deadline leaves room for what the trainer does not charge
+    to its budget and cram does after it — the periodic and final validation and the held-out
+    evaluation — estimated at the plan's FLOP rate for a forward pass (a third of a training
+    step's FLOPs per token). A FLOP budget is kept as planned. Returns the config and the
+    seconds left to train (None: no deadline), from which `train` is given its deadline."""
+    from shoestring.units import parse_budget
+
+    meta = tree["plan"]
+    budget = parse_budget(meta["budget"]["input"])
+    if budget.kind != "seconds":
+        return cfg, None
+    rate = meta["hardware"]["peak_flops"] * meta["hardware"]["devices"] * meta["budget"]["mfu"]
+    seq_len = tree["data"]["seq_len"]
+    checks = (round(1 / cfg.train.val_every) if cfg.train.val_every > 0 else 0) + 1
+    tokens = (cfg.eval.max_sequences + checks * cfg.train.val_sequences) * seq_len
+    reserve = tokens * meta["model"]["flops_per_token"] / 3 / rate
+    left = budget.amount - spent_s - reserve
+    if left <= 0:
+        raise ShoestringError(
+            f"{spent_s:.0f} s went on preparing and calibrating, and evaluating needs about "
+            f"{reserve:.0f} s: nothing of the {budget.amount:.0f} s budget is left to train",
+            where="--budget", fix="give a longer budget or a FLOP budget")
+    console.print(f"the plan's run trains to the budget's deadline: {left:.0f} s (the budget's "
+                  f"{budget.amount:.0f} s, less {spent_s:.0f} s spent and {reserve:.0f} s "
+                  "kept for validation and evaluation)")
+    return cfg.model_copy(update={"train": cfg.train.model_copy(
+        update={"budget": f"{left:.3f}s", "steps": None})}), left
 
 
 def parse_eval_task(spec: str) -> tuple[str | None, list[str] | None, list[Any]]:
@@ -189,10 +223,13 @@ def cram(sources: list[str], output: str | Path, cfg: Config, console: Console |
     else:
         manifest = prep(sources, data_dir, cfg.data, console=console, curate=cfg.curate,
                         overwrite=True)
-    tree = None
+    tree, deadline = None, None
     if auto is not None:
-        cfg, tree, plan_path = _auto_config(cfg, data_dir, output, auto, console)
-    summary = train(cfg, data_dir, run_dir, overwrite=True, console=console)
+        cfg, tree, plan_path = _auto_config(cfg, data_dir, output, auto, console,
+                                            spent_s=time.perf_counter() - start)
+        cfg, left = _to_deadline(cfg, tree, time.perf_counter() - start, console)
+        deadline = time.perf_counter() + left if left is not None else None
+    summary = train(cfg, data_dir, run_dir, overwrite=True, console=console, deadline=deadline)
     if tree is not None:
         from shoestring.plan.prediction import record
 

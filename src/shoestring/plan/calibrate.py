@@ -258,9 +258,12 @@ def write_law(boot: BootstrapFit, path: str | Path) -> Path:
 def calibrated_plan(req: PlanRequest, spec: CalibrationSpec, calibrate_data: bool = True,
                     history: list[str] | None = None, root: str | Path | None = None,
                     config: str | Path | None = None,
-                    console: Console | None = None) -> dict[str, Any]:
+                    console: Console | None = None, spent_s: float = 0.0) -> dict[str, Any]:
     """`plan --calibrate` / `--history`: calibrate (if asked), fit with intervals, and plan
-    the budget left after the calibration with the fitted law."""
+    the budget left after the calibration with the fitted law. A wall-clock budget is left
+    what this call did not spend — measuring the machine, calibrating, fitting — nor the
+    ``spent_s`` seconds the caller spent on it before (`cram --auto`: preparing the data)."""
+    started = time.perf_counter()
     if req.data is None:
         raise ShoestringError("calibration and --history fit a law on your data",
                               where="--data", fix="pass the prepared data dir: --data DATA")
@@ -280,7 +283,8 @@ def calibrated_plan(req: PlanRequest, spec: CalibrationSpec, calibrate_data: boo
         cal.boot, cal.history = boot, [str(h) for h in history or []]
         write_law(boot, cal.dir / "law.yaml")
     _check_usable(boot, total, cal.dir if cal else None)
-    rest = _remaining(req, base, cal)
+    spent = spent_s + time.perf_counter() - started
+    rest = _remaining(req, base, cal, spent)
     tree = make_plan(rest, console, fitted=boot)
     meta = tree["plan"]
     meta["budget"]["input"] = req.budget
@@ -288,7 +292,8 @@ def calibrated_plan(req: PlanRequest, spec: CalibrationSpec, calibrate_data: boo
     if cal is not None:
         meta["calibration"] = cal.to_dict()
         meta["calibration"]["law_file"] = str(cal.dir / "law.yaml")
-        meta["notes"].insert(0, calibration_note(cal, base))
+        meta["calibration"]["spent_before_plan_s"] = round(spent, 1)
+        meta["notes"].insert(0, calibration_note(cal, base, spent))
     if history:
         meta["history"] = {"runs": [str(h) for h in history], "points": len(points)}
     for warning in (biased(boot), degenerate(boot)):  # after the calibration's cost
@@ -359,9 +364,12 @@ def biased(boot: BootstrapFit) -> str | None:
             "larger --calibrate-share or budget puts the levels past the bend")
 
 
-def _remaining(req: PlanRequest, base: dict[str, Any], cal: Calibration | None) -> PlanRequest:
+def _remaining(req: PlanRequest, base: dict[str, Any], cal: Calibration | None,
+               spent_s: float) -> PlanRequest:
     """The request for what is left: FLOPs minus the calibration's; a wall-clock budget minus
-    the calibration's wall, at the MFU its largest points measured (unless --mfu was given)."""
+    every second spent on it so far (``spent_s``: the calibration, measuring, fitting and what
+    the caller spent before), at the MFU the calibration's largest points measured (unless
+    --mfu was given)."""
     from dataclasses import replace
 
     b = base["plan"]["budget"]
@@ -369,24 +377,29 @@ def _remaining(req: PlanRequest, base: dict[str, Any], cal: Calibration | None) 
         return req
     if parse_budget(req.budget).kind == "flops":
         return replace(req, budget=f"{b['flops'] - cal.flops:.6g}flops")
-    seconds = parse_budget(req.budget).amount - cal.wall_s
+    seconds = parse_budget(req.budget).amount - spent_s
     if seconds <= 0:
-        raise ShoestringError(f"the calibration took {cal.wall_s:.0f} s, the whole budget",
-                              where="--budget", fix="give a longer budget or a FLOP budget")
+        raise ShoestringError(
+            f"{spent_s:.0f} s went before the plan's run (the calibration took "
+            f"{cal.wall_s:.0f} s of it): the whole budget",
+            where="--budget", fix="give a longer budget or a FLOP budget")
     top = max(p["budget_flops"] for p in cal.points)
     mfus = sorted(p["mfu"] for p in cal.points if p["budget_flops"] == top and p.get("mfu"))
     mfu = req.mfu if req.mfu is not None else (mfus[len(mfus) // 2] if mfus else None)
-    return replace(req, budget=f"{seconds:.6g}s", mfu=mfu, measure=False if mfu else req.measure)
+    return replace(req, budget=f"{seconds:.3f}s", mfu=mfu, measure=False if mfu else req.measure)
 
 
-def calibration_note(cal: Calibration, base: dict[str, Any]) -> str:
+def calibration_note(cal: Calibration, base: dict[str, Any], spent_s: float | None = None
+                     ) -> str:
     """What the calibration cost, and whether it stayed within its share."""
     d = cal.to_dict()
     within = "within" if d["within_share"] else "OVER"
     budget = parse_budget(base["plan"]["budget"]["input"])
     wall = f"{cal.wall_s:.0f} s wall here"
     if budget.kind == "seconds":
-        wall += f" ({cal.wall_s / budget.amount:.0%} of the {budget.amount:.0f} s budget)"
+        wall += f" ({cal.wall_s / budget.amount:.0%} of the {budget.amount:.0f} s budget"
+        wall += (f"; {spent_s:.0f} s spent before the plan's run in all, all of it off the "
+                 "budget)" if spent_s is not None else ")")
     return (f"calibration: {d['points']} runs ({d['sizes_per_level']} sizes × "
             f"{len(d['levels'])} levels, {d['decades']:.2f} decades; {d['reused_points']} "
             f"reused) cost {cal.flops:.3g} FLOPs = {d['flops_share']:.1%} of the budget, "

@@ -250,8 +250,13 @@ def train(
     console: Console | None = None,
     resume: bool = False,
     layout: Layout | None = None,
+    deadline: float | None = None,
 ) -> dict:
     """Pretrain on ``data_dir`` into ``run_dir``; returns the summary (also summary.json).
+
+    ``deadline``: a ``time.perf_counter()`` instant by which the loop must end (`cram
+    --auto`'s wall-clock budget): a seconds budget is cut, when the loop starts, to what is
+    left of it, so the model building and measuring before it are paid from the budget too.
 
     ``layout``: how to spread the model over the processes of a torchrun job (default: the
     config's ``parallel:`` section, whose unset degrees mean data parallelism over every
@@ -292,7 +297,8 @@ def train(
     with RunDir(run_dir).writing(enabled=world_from_env()[0] == 0):  # one writer per run dir
         parallel = Parallelism.start(cfg, layout, data.vocab_size)
         try:
-            return _train(cfg, data, train_split, run_dir, parallel, console, ckpt, spare)
+            return _train(cfg, data, train_split, run_dir, parallel, console, ckpt, spare,
+                          deadline)
         finally:
             parallel.close()
 
@@ -538,7 +544,7 @@ def _mixture_report(r: _Run, cfg: Config, data: DataDir, console: Console) -> li
 
 def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
            parallel: Parallelism, console: Console, ckpt: Checkpoint | None,
-           spare_bytes: int | None) -> dict:
+           spare_bytes: int | None, deadline: float | None = None) -> dict:
     """The loop (see `train`); ``parallel`` holds everything that depends on the layout."""
     r, s = _setup(cfg, data, train_split, run_dir, parallel, ckpt, spare_bytes)
     if parallel.is_main:
@@ -552,6 +558,8 @@ def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
             if note:
                 console.print(f"[yellow]warning:[/] {note}", highlight=False)
     parallel.train_mode(True)
+    if deadline is not None and r.budget.seconds is not None:
+        r.budget.seconds = min(r.budget.seconds, max(deadline - time.perf_counter(), 1e-3))
     r.budget.restart(elapsed_before=s.elapsed)
     step_time = 0.0
     try:
