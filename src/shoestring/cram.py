@@ -228,7 +228,8 @@ def cram(sources: list[str], output: str | Path, cfg: Config, console: Console |
         cfg, tree, plan_path = _auto_config(cfg, data_dir, output, auto, console,
                                             spent_s=time.perf_counter() - start)
         cfg, left = _to_deadline(cfg, tree, time.perf_counter() - start, console)
-        deadline = time.perf_counter() + left if left is not None else None
+        if left is not None:
+            deadline = time.perf_counter() + left
     summary = train(cfg, data_dir, run_dir, overwrite=True, console=console, deadline=deadline)
     if tree is not None:
         from shoestring.plan.prediction import record
