@@ -13,6 +13,18 @@ from shoestring.config import Config, DataConfig, ModelConfig, TrainConfig
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One $SHOESTRING_HOME per test session (unless one is given): the measured peaks and
+    compile costs that runs record there are this session's, not the user's, and a record
+    left by an earlier session cannot change what ``auto`` chooses in this one."""
+    if not os.environ.get("SHOESTRING_HOME"):
+        import tempfile
+
+        os.environ["SHOESTRING_HOME"] = tempfile.mkdtemp(prefix="shoestring-test-home-")
+
+
 # A tiny model keeps every training test to seconds on 2 cores.
 TINY_MODEL = ModelConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)
 SMALL_DATA = DataConfig(vocab_size=2000, seq_len=64)

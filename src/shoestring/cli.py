@@ -406,8 +406,12 @@ def train(
         from shoestring.rundir import RunDir, read_json_object
 
         kept = (read_json_object(RunDir(output).summary_path) or {}).get("prediction")
+    from shoestring.plan.device_size import for_this_device, note_in_summary
+
+    cfg, sizing = for_this_device(cfg, data, console=err)  # a GPU, no size given: its own
     summary = run_train(cfg, data, output, overwrite=overwrite, console=err, resume=resume)
     if int(os.environ.get("RANK", "0")) == 0:
+        summary["sized_for_device"] = note_in_summary(output, sizing)
         if plan is not None or kept:
             from shoestring.plan.prediction import record
 
@@ -428,6 +432,9 @@ def _print_train(summary: dict, output: Path) -> None:
         t.add_row("validation loss (subset)", f"{summary['val_loss_subset']:.3f}")
     if summary.get("skipped_steps"):
         t.add_row("skipped (non-finite)", f"{summary['skipped_steps']:,} steps")
+    if summary.get("sized_for_device"):
+        t.add_row("sized for the device", summary["sized_for_device"]["why"])
+    t.add_row("compile", f"{'on' if summary['compiled'] else 'off'}: {summary['speed_choices']}")
     if summary.get("prediction"):
         from shoestring.plan.prediction import line
 

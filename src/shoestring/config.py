@@ -318,8 +318,9 @@ class TrainConfig(_Section):
         "fp16 = autocast with loss scaling (CUDA without bf16)"
     )
     compile: Literal["auto"] | bool = Field(
-        "auto", description="torch.compile the model: auto = in one process, when the budget "
-        "is long enough to win back the compile time (~40 s on a CPU; docs/training.md)"
+        "auto", description="torch.compile the model: auto = when the run is expected to end "
+        ">=10% sooner with the compile included, from the compile cost and speed-up measured "
+        "on this device (docs/training.md)"
     )
     attention: Literal["auto", "sdpa", "eager"] = Field(
         "auto", description="attention kernel: sdpa (fused; FlashAttention on GPU) or eager "

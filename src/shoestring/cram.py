@@ -47,6 +47,9 @@ class CramResult:
                   f"({s['tokens'] / max(tr['tokens'], 1):.1f} epochs)")
         t.add_row("throughput", f"{s['tokens_per_s']:,.0f} tokens/s on {s['device']} ({s['dtype']})")
         t.add_row("MFU", f"{s['mfu']:.1%} of a measured {s['peak_flops'] / 1e9:,.0f} GFLOP/s")
+        if s.get("sized_for_device"):
+            t.add_row("sized for the device", s["sized_for_device"]["why"])
+        t.add_row("speed choices", s["speed_choices"])
         t.add_row("validation MLM loss", f"{e['mlm_loss']:.3f} (perplexity {e['perplexity']:.1f}, "
                   f"accuracy {e['accuracy']:.1%})")
         t.add_row("unigram baseline", f"{e['unigram_loss']:.3f} "
@@ -230,7 +233,14 @@ def cram(sources: list[str], output: str | Path, cfg: Config, console: Console |
         cfg, left = _to_deadline(cfg, tree, time.perf_counter() - start, console)
         if left is not None:
             deadline = time.perf_counter() + left
+    sizing = None
+    if auto is None:  # --auto's plan sized it already
+        from shoestring.plan.device_size import for_this_device, note_in_summary
+
+        cfg, sizing = for_this_device(cfg, data_dir, console)
     summary = train(cfg, data_dir, run_dir, overwrite=True, console=console, deadline=deadline)
+    if sizing is not None:
+        summary["sized_for_device"] = note_in_summary(run_dir, sizing)
     if tree is not None:
         from shoestring.plan.prediction import record
 

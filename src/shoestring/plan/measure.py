@@ -6,8 +6,8 @@ one micro-batch of the plan's (at most `MAX_ROWS` rows: a CPU would spend minute
 batch of a large plan) per step, on random token ids (speed does not depend on which ids).
 Warm-up steps are not timed. A step of one micro-batch carries the whole optimizer update, so
 where the plan accumulates several micro-batches per step its MFU is, if anything, higher. It
-runs uncompiled: `train` compiles runs of 10 minutes or more (`train.speed`), which then run
-faster than measured here, so for those the measured MFU is a floor. MFU is tokens/s × FLOPs
+runs uncompiled: `train` compiles runs long enough to win the compile back (`train.speed`),
+which then run faster than measured here, so for those the measured MFU is a floor. MFU is tokens/s × FLOPs
 per token over the same measured peak the plan uses.
 """
 

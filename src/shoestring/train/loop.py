@@ -59,7 +59,7 @@ from shoestring.train.optim import build_optimizers
 from shoestring.rundir import RunDir, model_meta
 from shoestring.train.metrics import MetricsLog
 from shoestring.train.schedule import batch_at, lr_factor
-from shoestring.train import speed as speed_choices
+from shoestring.train import compile_costs, speed as speed_choices
 from shoestring.train.state import TrainState, checkpoint_state, resume_state
 from shoestring.train.window import Window
 
@@ -231,15 +231,36 @@ def _speed_choices(cfg: Config, parallel: Parallelism, dev: DeviceInfo, micro: i
     attention = cfg.train.attention
     if attention == "auto" and resumed_kernel in ("sdpa", "eager"):
         attention = resumed_kernel
+
+    def cost(kernel: str) -> compile_costs.CompileCost:
+        return compile_costs.lookup(dev.device.type, dev.name, _dtype_name(dev),
+                                    _step_shape(cfg, parallel, micro, seq_len, kernel))
+
     choices = speed_choices.choose(
         attention, cfg.train.compile, device_type=dev.device.type, dtype=dev.dtype,
         rows=micro, heads=m.num_heads // layout.tp, kv_heads=max(1, m.kv_heads // layout.tp),
         seq_len=seq_len, head_dim=m.head_dim, layers=m.num_layers, causal=families.get(
             m.objective).causal, spare_bytes=spare_bytes, pipeline=layout.pp > 1,
-        distributed=parallel.distributed,
+        compile_cost=cost,
         seconds=speed_choices.expected_seconds(budget, tokens_per_step, flops_per_token,
                                                dev.peak_flops * parallel.world))
     return speed_choices.agreed(choices, parallel.broadcast)
+
+
+def _dtype_name(dev: DeviceInfo) -> str:
+    return str(dev.dtype).removeprefix("torch.")
+
+
+def _step_shape(cfg: Config, parallel: Parallelism, micro: int, seq_len: int,
+                attention: str) -> str:
+    """The shape a compile's cost and speed-up are recorded under (`compile_costs`): what the
+    compiled graphs depend on, and the layout and thread count that set the step's speed."""
+    m = cfg.model
+    layout = parallel.layout.describe() if parallel.distributed else "1 process"
+    threads = f", {torch.get_num_threads()} threads" if not torch.cuda.is_available() else ""
+    return (f"{m.objective} {m.num_layers}x{m.hidden_size} h{m.num_heads}/{m.kv_heads} "
+            f"ffn{m.intermediate_size} seq{seq_len} micro{micro} {attention} attention, "
+            f"{layout}{threads}")
 
 
 def train(
@@ -353,6 +374,7 @@ class _Run(_Built):
     resumed: bool
     memory: dict[str, int] | None = None
     first_step_s: float = 0.0  # the first step's wall clock: compilation happens there
+    first_step_tokens: int = 0
 
     @property
     def quantum(self) -> int:
@@ -571,7 +593,8 @@ def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
                 now, signum = parallel.agree([r.budget.elapsed,
                                               float(caught[0] if caught else 0)])
                 step_time, s.elapsed = now - s.elapsed, now
-                r.first_step_s = r.first_step_s or step_time
+                if not r.first_step_s:
+                    r.first_step_s, r.first_step_tokens = step_time, s.tokens
                 if s.bad_in_a_row and not signum:
                     continue
                 p = r.budget.progress(s.step, s.tokens, elapsed=s.elapsed)
@@ -617,6 +640,11 @@ def _finish(r: _Run, s: TrainState) -> dict:
     summary = _summary(r, s, train_seconds, save_seconds, val_loss)
     if parallel.is_main:
         r.run.write_summary(summary)
+        if not r.resumed:  # what compiling cost and bought here, for the next `auto`
+            compile_costs.record(
+                r.dev.name, _dtype_name(r.dev), _step_shape(cfg, parallel, r.micro, data.seq_len,
+                                                            r.speed.attention),
+                r.speed.compile, s.tokens, train_seconds, r.first_step_tokens, r.first_step_s)
     parallel.barrier()
     return summary
 
@@ -651,6 +679,7 @@ def _summary(r: _Run, s: TrainState, train_seconds: float, save_seconds: float,
         "layout": parallel.layout.describe(),
         "attention": r.speed.attention,
         "compiled": r.speed.compile,
+        "speed_choices": r.speed.why,  # why this kernel, why (not) compiled
         "first_step_s": round(r.first_step_s, 3),
         "world_size": parallel.world,
         "micro_batch": r.micro,

@@ -7,11 +7,12 @@ and this budget rather than from a rule of thumb (docs/training.md has the measu
   `model.layers.eager_attention`). ``auto`` takes ``sdpa`` on CUDA and, on a CPU, times both
   (forward + backward, at this run's micro-batch, local heads, sequence length and autocast
   dtype) and takes the faster, ``eager`` only when its stored scores fit in memory.
-* **compile** — ``auto`` compiles when the budget is long enough to win back the compile
-  time: at least `COMPILE_MIN_SECONDS` of expected training (compilation happens inside the
-  budget, on the first step, and is charged to it), and only in one process: with pipeline
-  parallelism it is impossible, and under DDP/FSDP/TP it is untested here (``true`` still
-  compiles those wrapped parts).
+* **compile** — ``auto`` compiles when the run, compile included, is expected to end at least
+  `MIN_GAIN` sooner than uncompiled: from the compile's cost and speed-up measured on this
+  device for this step shape (`train.compile_costs`, which every run feeds), or assumed for
+  the device type until measured. Compilation happens inside the budget, on the first step,
+  and is charged to it. One process and DDP/FSDP2 runs compile (blocks compiled before they
+  are wrapped, `dist.parallelism`); pipeline stages are never compiled.
 """
 
 from __future__ import annotations
@@ -26,11 +27,13 @@ import torch.nn.functional as F
 from shoestring.device import ASSUMED_MFU
 from shoestring.model.layers import eager_attention
 from shoestring.train.budget import Budget, format_duration
+from shoestring.train.compile_costs import ASSUMED, CompileCost
 
-# Measured on a 2-core CPU (docs/training.md): compiling the `cram` encoder costs ~40 s cold
-# and speeds its steps up ~1.25x, so it breaks even near 3 minutes of training; 10 minutes
-# leaves a clear margin (and a warm inductor cache makes later runs' compiles a few seconds).
-COMPILE_MIN_SECONDS = 600.0
+MIN_GAIN = 0.10
+"""``auto`` compiles when the whole run is expected to end this much sooner (10%): the compile
+must pay for itself with a margin for the error in its measured cost and speed-up. With the
+costs assumed before any measurement, that is runs of ~2.5 minutes and up on a GPU (36 s,
+1.5x) and ~5.5 minutes on a CPU (40 s, 1.25x): the default 3-minute CPU `cram` stays eager."""
 # Eager attention keeps B·heads·T·keys scores per layer; past this length the fused kernels win
 # on memory traffic anyway, so auto does not time it.
 EAGER_MAX_SEQ = 512
@@ -136,11 +139,13 @@ def long_budget_warning(budget: Budget, tokens_per_step: int, flops_per_token: f
 def choose(attention: str, compile_setting: bool | str, *, device_type: str, dtype: torch.dtype,
            rows: int, heads: int, kv_heads: int, seq_len: int, head_dim: int, layers: int,
            causal: bool, spare_bytes: int | None, seconds: float, pipeline: bool,
-           distributed: bool = False) -> SpeedChoices:
+           compile_cost: Callable[[str], CompileCost] | None = None) -> SpeedChoices:
     """Resolve ``train.attention`` and ``train.compile`` for this run (see the module doc).
 
     ``spare_bytes``: memory left after the run's estimate (None: unknown); ``seconds``: the
-    expected training time (`expected_seconds`)."""
+    expected training time (`expected_seconds`); ``compile_cost``: what compiling costs and
+    buys here with the chosen attention kernel (`compile_costs.lookup`; None: assumed for the
+    device type)."""
     why = []
     if attention == "auto":
         if device_type == "cuda":
@@ -158,14 +163,26 @@ def choose(attention: str, compile_setting: bool | str, *, device_type: str, dty
             why.append(f"measured fwd+bwd sdpa {t['sdpa'] * 1e3:.1f} ms, "
                        f"eager {t['eager'] * 1e3:.1f} ms")
     if compile_setting == "auto":
-        compiled = not (pipeline or distributed) and seconds >= COMPILE_MIN_SECONDS
-        why.append("pipeline stages are not compiled" if pipeline else
-                   "auto compiles one-process runs only" if distributed else
-                   f"budget ~{seconds / 60:.0f} min {'>=' if compiled else '<'} "
-                   f"{COMPILE_MIN_SECONDS / 60:.0f} min")
+        cost = (compile_cost(attention) if compile_cost is not None
+                else ASSUMED["cuda" if device_type == "cuda" else "cpu"])
+        compiled, reason = compile_pays(seconds, cost, pipeline)
+        why.append(reason)
     else:
         compiled = bool(compile_setting)
     return SpeedChoices(attention, compiled, "; ".join(why) or "as configured")
+
+
+def compile_pays(seconds: float, cost: CompileCost, pipeline: bool = False) -> tuple[bool, str]:
+    """``train.compile=auto``: whether a run expected to train ``seconds`` uncompiled ends
+    `MIN_GAIN` sooner compiled, and the sentence that says why."""
+    if pipeline:
+        return False, "pipeline stages are not compiled"
+    gain = cost.gain(seconds)
+    return gain >= MIN_GAIN, (
+        f"compile {'on' if gain >= MIN_GAIN else 'off'}: a ~{format_duration(seconds)} run "
+        f"would end {gain:+.0%} sooner compiled ({'>=' if gain >= MIN_GAIN else '<'} "
+        f"{MIN_GAIN:.0%}) at a {cost.seconds:.0f} s compile and {cost.speedup:.2f}x steps "
+        f"({cost.source})")
 
 
 def agreed(choices: SpeedChoices, broadcast: Callable[[list[float]], list[float]]) -> SpeedChoices:

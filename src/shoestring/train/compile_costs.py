@@ -1,0 +1,121 @@
+"""What ``torch.compile`` costs and buys on this machine, per device and step shape, measured
+by the runs themselves; `train.speed.choose` decides ``train.compile=auto`` from it.
+
+One constant cannot serve every device: a 2-core CPU compiles the `cram` encoder in ~40 s and
+gains ~1.25×, an H100 compiles BERT-base in 16–36 s and gains 1.5–2× (BENCHMARKS.md, GPU).
+So every finished run records, under a key naming its device, dtype and step shape, its
+steady tokens/s (compiled or not) and, when compiled, what the compile cost: the first step's
+time beyond a steady step. The speed-up is the ratio of the two rates once both were measured
+for the key; the cost is the latest measured, so a warm inductor cache (a few seconds) makes
+the next run compile sooner. A key without a figure borrows the median of the device's other
+keys, then `ASSUMED` for the device type. The file is a cache (``$SHOESTRING_HOME/
+compile.json``): unreadable or unwritable, it is ignored.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from shoestring.fsutil import json_object_or_none, write_json_atomic
+
+
+@dataclass(frozen=True)
+class CompileCost:
+    """Seconds a compile adds to the first step, and the steady speed-up it buys."""
+
+    seconds: float
+    speedup: float
+    source: str  # where each number came from, for the log
+
+    def gain(self, run_seconds: float) -> float:
+        """How much faster a run of ``run_seconds`` uncompiled ends when compiled, the compile
+        included (0.1: 10% faster; negative: slower)."""
+        return run_seconds / (self.seconds + run_seconds / self.speedup) - 1.0
+
+
+ASSUMED = {
+    "cuda": CompileCost(36.0, 1.5, "assumed for a GPU: a cold compile of 16-36 s buying "
+                        "1.5-2x at BERT-base on an H100 and an H200 (BENCHMARKS.md, GPU)"),
+    "cpu": CompileCost(40.0, 1.25, "assumed for a CPU: ~40 s cold, 1.25x for the cram encoder "
+                       "on a 2-core CPU (docs/training.md)"),
+}
+MIN_STEADY_SECONDS = 1.0
+"""A run shorter than this after its first step records nothing: its rate is noise."""
+
+
+def records_path() -> Path:
+    return Path(os.environ.get("SHOESTRING_HOME") or "~/.shoestring").expanduser() / "compile.json"
+
+
+def shape_key(device: str, dtype: str, shape: str) -> str:
+    """The record's key: the device's name, the autocast dtype and the step's shape."""
+    return f"{device} | {dtype} | {shape}"
+
+
+def _rate(entry: dict, name: str) -> float | None:
+    x = entry.get(name)
+    return float(x) if isinstance(x, (int, float)) and x > 0 else None
+
+
+def _measured(entry: dict) -> tuple[float | None, float | None]:
+    """(compile seconds, speed-up) that one key's entry measured (None: not yet)."""
+    eager, compiled = _rate(entry, "eager_tokens_per_s"), _rate(entry, "compiled_tokens_per_s")
+    cost = entry.get("compile_s")
+    cost = float(cost) if isinstance(cost, (int, float)) and cost >= 0 else None
+    return cost, (compiled / eager if eager and compiled else None)
+
+
+def lookup(device_type: str, device: str, dtype: str, shape: str) -> CompileCost:
+    """The compile cost and speed-up for this key: measured, borrowed from the same device's
+    other shapes, or assumed for the device type (``source`` says which)."""
+    records = json_object_or_none(records_path()) or {}
+    key = shape_key(device, dtype, shape)
+    own = _measured(records.get(key) or {})
+    prefix = shape_key(device, dtype, "")
+    others = [_measured(v) for k, v in records.items()
+              if k.startswith(prefix) and k != key and isinstance(v, dict)]
+    assumed = ASSUMED["cuda" if device_type == "cuda" else "cpu"]
+    found, sources = [], []
+    for i, (name, default) in enumerate((("compile", assumed.seconds),
+                                         ("speed-up", assumed.speedup))):
+        mine = own[i]
+        theirs = [o[i] for o in others if o[i] is not None]
+        if mine is not None:
+            found.append(mine)
+            sources.append(f"{name} measured for this shape")
+        elif theirs:
+            found.append(statistics.median(theirs))
+            sources.append(f"{name} measured for {len(theirs)} other shape(s) on this device")
+        else:
+            found.append(default)
+            sources.append(f"{name} {assumed.source}" if i == 0 else f"{name} assumed")
+    return CompileCost(found[0], found[1], "; ".join(sources))
+
+
+def record(device: str, dtype: str, shape: str, compiled: bool, tokens: int, seconds: float,
+           first_step_tokens: int, first_step_s: float) -> dict | None:
+    """Add one finished run's measurements (``tokens`` in ``seconds`` of training, of which the
+    first step trained ``first_step_tokens`` in ``first_step_s``); returns the key's entry, or
+    None when the run was too short to say anything."""
+    steady_s = seconds - first_step_s
+    if steady_s < MIN_STEADY_SECONDS or tokens <= first_step_tokens:
+        return None
+    rate = (tokens - first_step_tokens) / steady_s
+    path = records_path()
+    records = json_object_or_none(path) or {}
+    key = shape_key(device, dtype, shape)
+    entry = dict(records.get(key) or {})
+    entry["compiled_tokens_per_s" if compiled else "eager_tokens_per_s"] = rate
+    if compiled:
+        entry["compile_s"] = max(0.0, first_step_s - first_step_tokens / rate)
+    entry["updated"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, {**records, key: entry})
+    except OSError:
+        pass
+    return entry
