@@ -72,6 +72,12 @@ def test_a_given_model_gets_its_batch_and_lr_for_the_budget(pydocs_dir: Path) ->
                                      "train.batch_size=64"])
     kept = size_for_device(batch_given, pydocs_dir, hardware="h100", mfu=0.35)
     assert set(kept.chosen) == {"train.lr"}  # no micro-batch chosen against a given batch
+    # with no rate given, the trainer's own step is timed here (on a GPU: the GPU's rate)
+    small = load_config(None, ["model.hidden_size=64", "model.num_layers=2",
+                               "model.num_heads=2", "model.intermediate_size=128",
+                               "train.budget=1m"])
+    measured = size_for_device(small, pydocs_dir)
+    assert "MFU (measured)" in measured.why and "train.batch_size" in measured.chosen
     # a step budget's compute depends on the batch: nothing is chosen for a given model
     steps = load_config(None, ["model.preset=base", "train.budget=null", "train.steps=100"])
     assert size_for_device(steps, pydocs_dir, hardware="h100", mfu=0.35).chosen == {}

@@ -82,7 +82,7 @@ def size_for_device(cfg: Config, data_dir: str | Path, *, hardware: str = "auto"
     chosen |= _hyper(cfg, train["batch_size"], train.get("micro_batch_size"), train["lr"])
     m = meta["model"]
     why = (f"sized for this device ({meta['hardware']['description']}): {m['shape']} "
-           f"({m['params_non_embedding'] / 1e6:.1f}M non-embedding parameters) on "
+           f"({m['params_non_embedding']:,} non-embedding parameters) on "
            f"{m['tokens']:,.0f} tokens is the plan for {budget} at "
            f"{meta['budget']['mfu']:.0%} MFU ({meta['budget']['mfu_source']})"
            + _hyper_why(chosen, meta["batch"]))
