@@ -21,6 +21,14 @@ step's time with a cold compile cache, and the loader's data-wait fraction of st
 Serving follows the ``mlm-cram`` shape, on its run: ``/v1/embed`` at 32 and 256 concurrent
 clients against the engine's offline best-batch ceiling (`bench/serve_load.py`'s machinery).
 
+Two rows measure what a user gets with no configuration (issue 48, `bench/gpu_default.py`):
+``default``, BERT-base shape trained through the CLI exactly as a user types it
+(``shoestring train --data D -o R --budget {seconds}s --set model.preset=base``), what it
+chose read back from the run; ``quality``, that run against the careful HF user given the same
+wall clock (both compiles inside it), both scored on the same held-out masked positions. They
+train on ``--data`` (default ``.gpu-data/wiki-books-32k``, from ``make gpu-data``) and are
+not in the default ``--only``: ``make gpu-check GPU_PART=default`` runs them.
+
 Our steady-state tokens/s: the trainer runs a step budget sized from a short warm-up run
 (which also fills the compile cache), and the rate is read from its metrics records after the
 first one (so the compile in the first window is not counted), the same rule as the peers'
@@ -29,6 +37,8 @@ loop (timed after three warm-up steps).
     python bench/gpu.py --out runs/gpu/gpu-bench.json --table runs/gpu/gpu-bench.md
     python bench/gpu.py --seconds 60 --only mlm-base --out runs/gpu/base.json  # one shape, longer
     python bench/gpu.py --device cpu --smoke --out /tmp/g.json          # the code path, on CPU
+    python bench/gpu.py --only default,quality,mlm-base --mlm-base-data .gpu-data/wiki-books-32k \
+        --no-serve --out runs/gpu/default.json                          # GPU_PART=default
 
 Without a CUDA device it refuses (exit 2) unless ``--device cpu --smoke`` (tiny shapes,
 seconds-long sides: a check of the code, not a figure).
@@ -43,6 +53,7 @@ import os
 import subprocess
 import sys
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -82,6 +93,15 @@ SHAPES = {
 }
 SMOKE_MODEL = ("model.preset=null", "model.hidden_size=64", "model.num_layers=2",
                "model.num_heads=2", "model.intermediate_size=128")
+
+
+# The rows of issue 48 (bench/gpu_default.py), beside the shapes in --only; not run by default.
+ROWS = ("default", "quality")
+SLICE = ROOT / ".gpu-data" / "wiki-books-32k"  # `make gpu-data` (bench/gpu_data.py)
+# The smoke run's default path: the toy model, and a metrics record every step, so that a
+# seconds-long run on a busy CPU has the three `steady` needs (a logging setting, not a
+# training one: the GPU run passes only the model size).
+SMOKE_DEFAULT_SETS = (*SMOKE_MODEL, "train.log_every=1")
 
 
 def smoke_shape(s: Shape) -> Shape:
@@ -172,6 +192,38 @@ def prepared(work: Path, shape: Shape) -> Path:
                          seq_len=shape.seq_len, workers=max(1, min(8, os.cpu_count() or 1)))
         prep(["builtin:pydocs"], out, cfg)
     return out
+
+
+def shape_data(args: argparse.Namespace, shape: Shape) -> Path:
+    """The data a shape row trains on: ``--mlm-base-data`` for mlm-base when given (the
+    default path's data dir: the same tokens and the whole 32768 vocabulary, where pydocs
+    reaches ~11k), else builtin:pydocs prepared for the shape."""
+    if shape.name == "mlm-base" and args.mlm_base_data is not None:
+        return args.mlm_base_data
+    return prepared(args.work, shape)
+
+
+def data_problem(path: Path, flag: str, seq_len: int | None) -> str | None:
+    """Why ``path`` cannot feed an MLM row at ``seq_len`` (None: it can)."""
+    from shoestring.data.datadir import DataDir
+    from shoestring.errors import ShoestringError
+
+    if not (path / "manifest.json").is_file():
+        return (f"{flag} {path}: no prepared data dir there; build the wiki-books slice with "
+                "`make gpu-data PYTHON=.venv/bin/python` where the shared corpus is (or "
+                "`python bench/gpu_data.py`), and carry .gpu-data to the GPU machine "
+                "(docs/gpu.md)")
+    try:
+        data = DataDir(path)
+        if data.objective != "mlm":
+            return (f"{flag} {path}: prepared for {data.objective}, not mlm (prep "
+                    "--objective mlm)")
+        if seq_len is not None and data.seq_len != seq_len:
+            return (f"{flag} {path}: sequences of {data.seq_len} tokens, this row needs "
+                    f"{seq_len} (prep --set data.seq_len={seq_len})")
+    except ShoestringError as e:
+        return f"{flag} {path}: {e}"
+    return None
 
 
 # ---------------------------------------------------------------------------- ours
@@ -356,7 +408,7 @@ def bench_shape(shape: Shape, dev: Device, args: argparse.Namespace) -> dict:
 
     print(f"== {shape.name}: {shape.what}", file=sys.stderr, flush=True)
     clock = Phases()
-    data = clock.time("prep", prepared, args.work, shape)
+    data = clock.time("prep", shape_data, args, shape)
     dd = DataDir(data)
     ours = clock.time("ours", run_ours, shape, data, args.work, dev, args)
     top = clock.time("ceiling", ceiling, shape, data, dev, args.ceiling_seconds)
@@ -368,7 +420,8 @@ def bench_shape(shape: Shape, dev: Device, args: argparse.Namespace) -> dict:
         side["mfu_datasheet"] = side["tokens_per_s"] * ours["flops_per_token"] / peak \
             if peak else None
         side["mfu_ceiling"] = side["tokens_per_s"] * ours["flops_per_token"] / top
-    return {"shape": shape.what, "vocab": dd.vocab_size, "vocab_asked": shape.vocab,
+    return {"shape": shape.what, "data": str(data), "vocab": dd.vocab_size,
+            "vocab_asked": shape.vocab,
             "seq_len": dd.seq_len, "batch": shape.batch, "matmul_ceiling_flops": top,
             "ours_achieved_flops": achieved, "ours": ours, "peer": peer,
             "ratio_tokens_per_s": ours["tokens_per_s"] / peer["tokens_per_s"],
@@ -392,6 +445,169 @@ class Phases:
     def __str__(self) -> str:
         return ", ".join(f"{k} {v:.0f} s" for k, v in self.seconds.items()) + \
             f"; total {sum(self.seconds.values()):.0f} s"
+
+
+# ---------------------------------------------------------------------------- issue 48's rows
+
+
+def default_data(args: argparse.Namespace) -> Path:
+    """The default and quality rows' data: ``--data``, else the wiki-books slice (smoke:
+    builtin:pydocs at the toy shape, so a CPU check needs no slice)."""
+    if args.data is not None:
+        return args.data
+    return prepared(args.work, smoke_shape(SHAPES["mlm-base"])) if args.smoke else SLICE
+
+
+def run_row(name: str, dev: Device, args: argparse.Namespace, results: dict,
+            state: dict) -> None:
+    """One of `ROWS` into ``results``; the quality row runs the default one first when it
+    has not run (it scores that run's model)."""
+    if "run" not in state:
+        if "default" in results.get("errors", {}):
+            raise RuntimeError("the quality row scores the default run, which failed")
+        results["default_path"] = bench_default(dev, args, state)
+        if name == "default":
+            return
+        save(results, args)
+    if name == "quality":
+        results["quality"] = bench_quality(dev, args, state)
+
+
+def bench_default(dev: Device, args: argparse.Namespace, state: dict) -> dict:
+    """The default-path row: `shoestring train` as a user types it, on the data, for
+    ``--quality-seconds``; ``state["run"]`` keeps the run for the quality row."""
+    from gpu_default import default_row, run_default
+
+    print("== default: shoestring train with no configuration beyond the model size and a "
+          "budget", file=sys.stderr, flush=True)
+    clock = Phases()
+    data = clock.time("prep", default_data, args)
+    sets = SMOKE_DEFAULT_SETS if args.smoke else SHAPES["mlm-base"].sets
+    run = clock.time("train", run_default, data, args.work / "default", args.quality_seconds,
+                     sets, args.work)
+    row = default_row(run, steady(run["records"]), dev.datasheet[0])
+    state.update(run=run, data=data, steady=row["tokens_per_s"])
+    row.update(data=str(data), phase_s=clock.seconds)
+    c = row["chosen"]
+    print(f"  default: {run['command']}\n  chose compile {c['compiled']}, attention "
+          f"{c['attention']}, batch {c['batch_size']} (micro {c['micro_batch']}), lr "
+          f"{c['lr']}, {c['schedule']}, {c['dtype']}: {row['tokens_per_s']:,.0f} tok/s steady"
+          + ("" if row["mfu_datasheet"] is None else
+             f", MFU {row['mfu_datasheet']:.1%} of the datasheet (target "
+             f"{row['target_mfu']:.0%})") + f"\n  default wall: {clock}",
+          file=sys.stderr, flush=True)
+    return row
+
+
+def bench_quality(dev: Device, args: argparse.Namespace, state: dict) -> dict:
+    """The quality row on the default run (bench/gpu_default.py's `quality_row`)."""
+    from gpu_default import quality_row
+    from shoestring.data.datadir import DataDir
+
+    print(f"== quality: the careful HF user for the same {args.quality_seconds:g} s, both "
+          "scored on the same held-out masked positions", file=sys.stderr, flush=True)
+    clock = Phases()
+    q = clock.time("peer + scoring", quality_row, state["run"], state["steady"],
+                   DataDir(state["data"]), dev, args.quality_seconds, args.peer_lrs,
+                   args.compile, hf_attention(dev), args.heldout_sequences, args.work)
+    q["phase_s"] = clock.seconds
+    print(f"  quality: ours {q['ours']['tokens']:,} tokens, loss {q['ours']['loss']:.4f}; "
+          f"peer {q['peer']['tokens']:,} tokens, loss {q['peer']['loss']:.4f}; tokens/s "
+          f"{q['ratio_tokens_per_s']:.2f}x, loss ours - peer {q['loss_difference']:+.4f} on "
+          f"{q['heldout']['masked_positions']:,} positions\n  quality wall: {clock}",
+          file=sys.stderr, flush=True)
+    return q
+
+
+def cross_ratios(results: dict) -> None:
+    """The default path's steady tokens/s over the other rows' that ran (steady against
+    steady): the quality peer (same data and batch), and mlm-base's hand-configured sides."""
+    d = results.get("default_path")
+    if d is None:
+        return
+    q, base = results.get("quality"), results["shapes"].get("mlm-base")
+    peer = q["peer"].get("steady_tokens_per_s") if q else None
+    d["ratios"] = {
+        "ours / quality peer": d["tokens_per_s"] / peer if peer else None,
+        "ours / hand-configured ours": (d["tokens_per_s"] / base["ours"]["tokens_per_s"]
+                                        if base else None),
+        "ours / hand-configured peer": (d["tokens_per_s"] / base["peer"]["tokens_per_s"]
+                                        if base else None)}
+
+
+def default_record_rows(results: dict) -> list[dict]:
+    d = results["default_path"]
+    c = d["chosen"]
+    return [{"row": "default path", "compiled": c["compiled"], "attention": c["attention"],
+             "batch": c["batch_size"], "micro": c["micro_batch"], "lr": c["lr"],
+             "tokens/s (steady)": d["tokens_per_s"], "MFU (datasheet)": d["mfu_datasheet"],
+             "first step s": d["first_step_s"], **d.get("ratios", {})}]
+
+
+def quality_record_rows(results: dict) -> list[dict]:
+    q = results["quality"]
+    return [{"side": side["side"], "lr": side["lr"], "batch": side["batch_size"],
+             "train s": side["train_seconds"], "tokens seen": side["tokens"],
+             "tokens/s": side["tokens_per_s"], "held-out MLM loss": side["loss"],
+             "masked positions": side["masked_positions"]}
+            for side in (q["ours"], *q["peers"])]
+
+
+def _met(ok: bool | None) -> str:
+    return "–" if ok is None else ("**met**" if ok else "**not met**")
+
+
+def issue48_table(results: dict) -> list[str]:
+    """The default-path and quality rows, as markdown lines (none when they did not run)."""
+    lines: list[str] = []
+    d = results.get("default_path")
+    if d is not None:
+        c, r = d["chosen"], d.get("ratios", {})
+
+        def x(v: float | None) -> str:
+            return "–" if v is None else f"{v:.2f}x"
+
+        mfu = "–" if d["mfu_datasheet"] is None else f"{d['mfu_datasheet']:.1%}"
+        lines += ["", f"Default path (`{d['command']}`, {d['steps']:,} steps in "
+                  f"{d['train_seconds']:.0f} s; the run's own account: {d['describe']}):", "",
+                  "| row | compiled | attention | batch (micro) | lr | tokens/s (steady) | "
+                  "MFU (datasheet) | target ≥ 40% | first step | / quality peer | "
+                  "/ hand-configured ours | / hand-configured peer |",
+                  "|---|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|",
+                  f"| default path | {c['compiled']} | {c['attention']} | {c['batch_size']} "
+                  f"({c['micro_batch']}) | {c['lr']:g} | {d['tokens_per_s']:,.0f} | {mfu} | "
+                  f"{_met(d['mfu_met'])} | {d['first_step_s']:.1f} s | "
+                  f"{x(r.get('ours / quality peer'))} | "
+                  f"{x(r.get('ours / hand-configured ours'))} | "
+                  f"{x(r.get('ours / hand-configured peer'))} |"]
+        why = {k: v for k, v in c.items() if "." in k}
+        if why:
+            lines.append("- what train said about its choices: " + "; ".join(
+                f"{k} = {v}" for k, v in why.items()))
+    q = results.get("quality")
+    if q is not None:
+        h = q["heldout"]
+        lines += ["", f"Equal wall clock ({q['seconds_each']:g} s each, compile included), "
+                  f"scored on the same {h['sequences']:,} val sequences "
+                  f"({h['masked_positions']:,} masked positions, masked once at rate "
+                  f"{h['mask_rate']:g}, seed {h['seed']}):", "",
+                  "| side | lr | batch | train s | tokens seen | tokens/s | tokens/s (steady) "
+                  "| first step | held-out MLM loss |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for side in (q["ours"], *q["peers"]):
+            st = side.get("steady_tokens_per_s")
+            lines.append(f"| {side['side']} | {side['lr']:g} | {side['batch_size']} | "
+                         f"{side['train_seconds']:.1f} | {side['tokens']:,} | "
+                         f"{side['tokens_per_s']:,.0f} | {'–' if st is None else f'{st:,.0f}'} "
+                         f"| {side['first_step_s']:.1f} s | {side['loss']:.4f} |")
+        lines += ["", f"- tokens/s ours / peer: {q['ratio_tokens_per_s']:.2f}x (target ≥ "
+                  f"{q['target_ratio']:g}x: {_met(q['ratio_met'])}); held-out loss ours − "
+                  f"peer: {q['loss_difference']:+.4f} (target: ours lower: "
+                  f"{_met(q['loss_met'])})",
+                  f"- ours: {q['ours']['recipe']}", f"- peer: {q['peer']['recipe']}"]
+    for name, err in results.get("errors", {}).items():
+        lines.append(f"- {name}: FAILED: {err.splitlines()[0] if err else ''}")
+    return lines
 
 
 # ---------------------------------------------------------------------------- serving
@@ -453,10 +669,11 @@ def table(results: dict) -> str:
              + (f"{m['datasheet_bf16_flops'] / 1e12:.0f} TFLOP/s ({m['datasheet_name']})"
                 if m["datasheet_bf16_flops"] else "unknown")
              + f", square {m['precision']} matmul measured {_flops(m['square_matmul_flops'])}"
-             + (" — SMOKE (toy shapes, not a figure)" if results["smoke"] else ""), "",
-             "| shape | side | params | tokens/s | MFU (datasheet) | MFU (GEMM ceiling) | "
-             "peak mem | first step (cold) | data wait | ours / peer |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             + (" — SMOKE (toy shapes, not a figure)" if results["smoke"] else "")]
+    if results["shapes"]:
+        lines += ["", "| shape | side | params | tokens/s | MFU (datasheet) | "
+                  "MFU (GEMM ceiling) | peak mem | first step (cold) | data wait | ours / peer |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
 
     def pct(x: float | None) -> str:
         return "–" if x is None else f"{x:.1%}"
@@ -468,7 +685,8 @@ def table(results: dict) -> str:
             pct(row["MFU (datasheet)"]), pct(row["MFU (GEMM ceiling)"]),
             "–" if mem is None else f"{mem:.2f} GiB", f"{row['first step (cold) s']:.1f} s",
             pct(row["data wait"]), "" if ratio is None else f"{ratio:.2f}x"]) + " |")
-    lines.append("")
+    if results["shapes"]:
+        lines.append("")
     for name, r in results["shapes"].items():
         o = r["ours"]
         plan = planned_rate(m, o)
@@ -486,6 +704,7 @@ def table(results: dict) -> str:
                          f"C={c}: {v['throughput']:,.0f} req/s "
                          f"({v['fraction_of_offline_best']:.0%}), p99 {v['p99_ms']:.0f} ms"
                          for c, v in s["concurrency"].items()))
+    lines += issue48_table(results)
     return "\n".join(lines) + "\n"
 
 
@@ -503,7 +722,26 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                     "each shape's row is saved when it is done, serving last; docs/gpu.md)")
     ap.add_argument("--ceiling-seconds", type=float, default=3.0)
     ap.add_argument("--only", default=",".join(SHAPES),
-                    help=f"comma-separated shapes from {', '.join(SHAPES)}")
+                    help=f"comma-separated rows, run in this order: shapes from "
+                    f"{', '.join(SHAPES)} (the default), and the no-configuration rows "
+                    f"{', '.join(ROWS)} (issue 48: GPU_PART=default runs "
+                    "default,quality,mlm-base)")
+    ap.add_argument("--data", type=Path, default=None,
+                    help="data dir of the default and quality rows (default: "
+                    ".gpu-data/wiki-books-32k from `make gpu-data`; with --smoke, builtin:pydocs "
+                    "prepared at the toy size)")
+    ap.add_argument("--mlm-base-data", type=Path, default=None,
+                    help="train the mlm-base row on this data dir instead of builtin:pydocs "
+                    "(GPU_PART=default passes the slice, so the hand-configured row sees the "
+                    "default path's tokens and vocabulary)")
+    ap.add_argument("--quality-seconds", type=float, default=120.0,
+                    help="wall-clock budget of each side of the quality row, compile included "
+                    "(default 120); the default-path row is that same run of ours")
+    ap.add_argument("--heldout-sequences", type=int, default=2048,
+                    help="val sequences both quality sides are scored on (default 2048)")
+    ap.add_argument("--peer-lrs", default="",
+                    help="comma-separated peak LRs to train the quality peer at, one run each "
+                    "(default: only the LR our default run chose); the best peer is compared")
     ap.add_argument("--no-compile", dest="compile", action="store_false",
                     help="eager on both sides (default: both compiled)")
     ap.add_argument("--log-every", type=int, default=None,
@@ -523,10 +761,18 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.out is None and args.render is None:
         ap.error("--out is required (or --render JSON to print a saved run's table)")
-    unknown = set(args.only.split(",")) - set(SHAPES)
+    unknown = set(args.only.split(",")) - set(SHAPES) - set(ROWS)
     if unknown:
-        ap.error(f"--only: unknown shape(s) {', '.join(sorted(unknown))}; "
-                 f"choose from {', '.join(SHAPES)}")
+        ap.error(f"--only: unknown row(s) {', '.join(sorted(unknown))}; "
+                 f"choose from {', '.join([*SHAPES, *ROWS])}")
+    try:
+        args.peer_lrs = [float(x) for x in args.peer_lrs.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--peer-lrs {args.peer_lrs!r}: not a comma-separated list of numbers")
+    if any(lr <= 0 for lr in args.peer_lrs):
+        ap.error("--peer-lrs: every LR must be positive")
+    if args.quality_seconds <= 0 or args.heldout_sequences < 1:
+        ap.error("--quality-seconds must be positive and --heldout-sequences at least 1")
     if args.smoke:
         args.compile = False  # ~40 s of compiling per side on a CPU: not what a smoke run checks
         args.seconds = min(args.seconds, 2.0)
@@ -534,6 +780,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         args.serve_requests, args.serve_texts = min(args.serve_requests, 48), 32
         args.concurrency = [2, 8]
         args.serve_batches, args.serve_seconds = [8, 32], 0.3
+        args.quality_seconds = min(args.quality_seconds, 6.0)
+        args.heldout_sequences = min(args.heldout_sequences, 256)
     if args.log_every is None:
         args.log_every = 2 if args.smoke else 20
     return args
@@ -544,6 +792,17 @@ def refuse(args: argparse.Namespace) -> str | None:
     if args.device == "cpu" and not args.smoke:
         return ("--device cpu is only for --smoke: the figures of this benchmark are GPU "
                 "figures (CPU speed: bench/cram_vs_hf.py, bench/model_step.py)")
+    wanted = args.only.split(",")
+    if any(r in wanted for r in ROWS) and not (args.smoke and args.data is None):
+        why = data_problem(args.data or SLICE, "--data", None if args.smoke else 128)
+        if why:
+            return why
+    if "mlm-base" in wanted and args.mlm_base_data is not None:
+        base = SHAPES["mlm-base"]
+        why = data_problem(args.mlm_base_data, "--mlm-base-data",
+                           (smoke_shape(base) if args.smoke else base).seq_len)
+        if why:
+            return why
     if args.device == "cuda":
         import torch
 
@@ -571,14 +830,24 @@ def main(argv: list[str] | None = None) -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     results: dict = {"smoke": args.smoke, "seconds_per_side": args.seconds,
                      "machine": {**bench.header, **dev.facts()}, "shapes": {}}
+    state: dict = {}  # the default run, shared by the default and quality rows
+    failed: list[str] = []
     for name in args.only.split(","):
-        shape = smoke_shape(SHAPES[name]) if args.smoke else SHAPES[name]
-        results["shapes"][name] = bench_shape(shape, dev, args)
-        r = results["shapes"][name]
-        print(f"  {name}: ours {r['ours']['tokens_per_s']:,.0f} tok/s, "
-              f"{r['peer']['side']} {r['peer']['tokens_per_s']:,.0f} tok/s, "
-              f"ratio {r['ratio_tokens_per_s']:.2f}x", file=sys.stderr, flush=True)
-        save(results, args)  # each shape as it is done: a run cut off keeps what it measured
+        try:
+            if name in ROWS:
+                run_row(name, dev, args, results, state)
+            else:
+                shape = smoke_shape(SHAPES[name]) if args.smoke else SHAPES[name]
+                results["shapes"][name] = bench_shape(shape, dev, args)
+                r = results["shapes"][name]
+                print(f"  {name}: ours {r['ours']['tokens_per_s']:,.0f} tok/s, "
+                      f"{r['peer']['side']} {r['peer']['tokens_per_s']:,.0f} tok/s, "
+                      f"ratio {r['ratio_tokens_per_s']:.2f}x", file=sys.stderr, flush=True)
+        except Exception as e:  # noqa: BLE001 - one row's failure must not cost the next rows
+            traceback.print_exc()
+            failed.append(name)
+            results.setdefault("errors", {})[name] = f"{type(e).__name__}: {e}"[:2000]
+        save(results, args)  # each row as it is done: a run cut off keeps what it measured
     if "mlm-cram" in results["shapes"] and args.serve:
         # Serving the cram run, after every shape: a command cut off at its limit loses
         # serving's figures rather than a shape's row.
@@ -588,14 +857,29 @@ def main(argv: list[str] | None = None) -> int:
         results["serving"]["phase_s"] = clock.seconds
         print(f"  serving wall: {clock}", file=sys.stderr, flush=True)
         save(results, args)
-    bench.table(record_rows(results), notes=[table(results).split("\n")[0]], formats={
-        "params (M)": ".1f", "tokens/s": ",.0f", "MFU (datasheet)": ".1%",
-        "MFU (GEMM ceiling)": ".1%", "peak mem GiB": ".2f", "first step (cold) s": ".1f",
-        "data wait": ".1%", "ours / peer": ".2f"})
+    notes = [table(results).split("\n")[0]]
+    if results["shapes"]:
+        bench.table(record_rows(results), notes=notes, formats={
+            "params (M)": ".1f", "tokens/s": ",.0f", "MFU (datasheet)": ".1%",
+            "MFU (GEMM ceiling)": ".1%", "peak mem GiB": ".2f", "first step (cold) s": ".1f",
+            "data wait": ".1%", "ours / peer": ".2f"})
+    if "default_path" in results:
+        bench.table(default_record_rows(results), name="default", notes=notes, formats={
+            "tokens/s (steady)": ",.0f", "MFU (datasheet)": ".1%", "lr": "g",
+            "first step s": ".1f", "ours / quality peer": ".2f",
+            "ours / hand-configured ours": ".2f", "ours / hand-configured peer": ".2f"})
+    if "quality" in results:
+        bench.table(quality_record_rows(results), name="quality", notes=notes, formats={
+            "train s": ".1f", "tokens seen": ",.0f", "tokens/s": ",.0f",
+            "held-out MLM loss": ".4f", "lr": "g"})
     bench.end()
     results["machine"]["load_after"] = bench.header["load_after"]
     print(save(results, args))
     print(f"wrote {args.out}" + (f" and {args.table}" if args.table else ""))
+    if failed:
+        print(f"error: row(s) {', '.join(failed)} failed (the tracebacks above; the JSON's "
+              "\"errors\"); the other rows are saved", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -620,6 +904,7 @@ def save(results: dict, args: argparse.Namespace) -> str:
     """Write the JSON and the table (each whole or not at all); returns the table."""
     from shoestring.fsutil import write_json_atomic
 
+    cross_ratios(results)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(args.out, results)
     text = table(results)

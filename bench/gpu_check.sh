@@ -8,7 +8,13 @@
 # two folders down and under 8 files, so the device tool brings all of it back.
 # GPU_PART=tests or GPU_PART=bench runs one of the two (each fits one 10-minute device
 # command; both together may not); default: both. GPU_SECONDS: steady seconds per bench side.
-# Exit status: non-zero when the tests or the benchmark failed (both always run).
+# GPU_PART=default (issue 48, its own command): the default-path row (`shoestring train` with
+# no configuration beyond the model size and a budget), the equal-wall-clock quality row
+# against the careful HF user (GPU_QUALITY_SECONDS each side, default 120) and the
+# hand-configured mlm-base row, on the wiki-books slice `make gpu-data` prepares here and the
+# device command carries (.gpu-data/; GPU_DATA); refused (exit 2) when the slice is missing.
+# Exit status: non-zero when the tests or the benchmark failed (both always run); 2 when
+# something the command needs did not travel.
 set -u
 cd "$(dirname "$0")/.."
 WHEELS=${GPU_WHEELS_DIR:-.gpu-wheels}
@@ -17,7 +23,19 @@ OUTDIR=${GPU_OUT:-${OUT:-runs/gpu-check}}
 SECONDS_EACH=${GPU_SECONDS:-10}
 PART=${GPU_PART:-all}
 PY=${GPU_PYTHON:-python3}
+DATA=${GPU_DATA:-.gpu-data/wiki-books-32k}
+QUALITY_SECONDS=${GPU_QUALITY_SECONDS:-120}
 
+case "$PART" in all|tests|bench|default) ;;
+  *) echo "GPU_PART=$PART: choose tests, bench, default or all (docs/gpu.md)" >&2; exit 2 ;;
+esac
+if [ "$PART" = default ] && [ ! -f "$DATA/manifest.json" ]; then
+  echo "no prepared data at $DATA/ (GPU_PART=default trains on the wiki-books slice): run" \
+       "'make gpu-data PYTHON=.venv/bin/python' where the shared corpus is, then carry it:" \
+       "run(command=\"make gpu-check GPU_PART=default\", carry=[\".gpu-wheels\"," \
+       "\".gpu-data\"], timeout_s=600) (docs/gpu.md)" >&2
+  exit 2
+fi
 if ! ls "$WHEELS"/*.whl >/dev/null 2>&1; then
   echo "no wheels in $WHEELS/: run 'make gpu-wheels' where pip can download, and carry" \
        "the folder (docs/gpu.md)" >&2
@@ -47,6 +65,16 @@ if [ "$PART" = all ] || [ "$PART" = bench ]; then
     --table "$OUTDIR/gpu-bench.md" --record "$OUTDIR/gpu-bench.jsonl" \
     --work /tmp/shoestring-gpu-work 2>&1 \
     | tee "$OUTDIR/gpu-bench.log"
+  bench_rc=$?
+fi
+if [ "$PART" = default ]; then
+  # The quality row first after the default run (its own CLI process), the hand-configured
+  # mlm-base row last, on the same data; each row is saved as it finishes (docs/gpu.md).
+  "$PY" bench/gpu.py --only default,quality,mlm-base --data "$DATA" --mlm-base-data "$DATA" \
+    --quality-seconds "$QUALITY_SECONDS" --seconds "$SECONDS_EACH" --no-serve \
+    --out "$OUTDIR/gpu-default.json" --table "$OUTDIR/gpu-default.md" \
+    --record "$OUTDIR/gpu-default.jsonl" --work /tmp/shoestring-gpu-work 2>&1 \
+    | tee "$OUTDIR/gpu-default.log"
   bench_rc=$?
 fi
 echo "cuda tests exit $tests_rc, benchmark exit $bench_rc; results in $OUTDIR"

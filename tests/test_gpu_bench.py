@@ -91,7 +91,8 @@ def test_every_shoestring_name_the_gpu_check_imports_exists() -> None:
 
     root = BENCH.parents[1]
     checked = 0
-    for rel in ("tests/test_cuda.py", "tests/cuda_dist_driver.py", "bench/gpu.py"):
+    for rel in ("tests/test_cuda.py", "tests/cuda_dist_driver.py", "bench/gpu.py",
+                "bench/gpu_default.py", "bench/gpu_data.py"):
         for node in ast.walk(ast.parse((root / rel).read_text())):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("shoestring"):
                 module = importlib.import_module(node.module)
@@ -101,3 +102,124 @@ def test_every_shoestring_name_the_gpu_check_imports_exists() -> None:
                         f"{node.module}.{alias.name} does not exist"
                     checked += 1
     assert checked > 20
+
+
+# ---------------------------------------------------------------------------- issue 48's rows
+
+
+def test_the_default_rows_refuse_without_their_data_and_say_what_to_run(tmp_path: Path) -> None:
+    """The default-path and quality rows train on the wiki-books slice carried to the GPU
+    machine; without it both bench/gpu.py and the device command stop before measuring."""
+    r = bench("--only", "default,quality", "--data", str(tmp_path / "absent"),
+              "--out", str(tmp_path / "g.json"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "--data" in r.stderr and "absent" in r.stderr and "make gpu-data" in r.stderr
+    assert not (tmp_path / "g.json").exists()
+    check = BENCH.with_name("gpu_check.sh")
+    r = subprocess.run(["bash", str(check)], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "GPU_PART": "default",
+                            "GPU_DATA": str(tmp_path / "absent"), "GPU_OUT": str(tmp_path / "o")})
+    assert r.returncode == 2
+    assert "make gpu-data" in r.stderr and '".gpu-data"' in r.stderr  # what to carry
+    assert not (tmp_path / "o").exists()  # refused before installing or writing anything
+
+
+def test_the_slice_keeps_every_nth_document_of_each_source(tmp_path: Path) -> None:
+    import zstandard
+
+    sys.path.insert(0, str(BENCH.parent))
+    from gpu_data import write_slice
+
+    docs = [{"id": f"w{i}", "source": "wikipedia", "text": f"article {i}"} for i in range(7)]
+    docs += [{"id": f"g{i}", "source": "gutenberg", "text": f"chapter {i}"} for i in range(5)]
+    corpus = tmp_path / "c.jsonl.zst"
+    corpus.write_bytes(zstandard.ZstdCompressor().compress(
+        "".join(json.dumps(d) + "\n" for d in docs).encode()))
+    kept = write_slice(corpus, 3, tmp_path / "s.jsonl")
+    ids = [json.loads(x)["id"] for x in (tmp_path / "s.jsonl").read_text().splitlines()]
+    assert ids == ["w0", "w3", "w6", "g0", "g3"]  # counted within each source, corpus order
+    assert kept == {"wikipedia": 3, "gutenberg": 2}
+    assert write_slice(corpus, 3, tmp_path / "t.jsonl") == kept  # deterministic
+    assert (tmp_path / "t.jsonl").read_text() == (tmp_path / "s.jsonl").read_text()
+
+
+@pytest.mark.slow
+def test_smoke_runs_the_default_path_and_the_equal_wall_clock_quality_row(tmp_path: Path) -> None:
+    """`--smoke` runs issue 48's rows end to end on pydocs (no slice needed): `shoestring
+    train` as a user types it, its choices read back; the HF peer for the same seconds with
+    our run's batch and LR; both scored on one held-out set; the hand-configured mlm-base
+    row beside them for the default path's ratios."""
+    import math
+
+    import yaml
+
+    out, md, rec = tmp_path / "g.json", tmp_path / "g.md", tmp_path / "g.jsonl"
+    work = tmp_path / "work"
+    r = bench("--device", "cpu", "--smoke", "--only", "default,quality,mlm-base", "--no-serve",
+              "--quality-seconds", "5", "--heldout-sequences", "96", "--work", str(work),
+              "--out", str(out), "--table", str(md), "--record", str(rec))
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert set(res["shapes"]) == {"mlm-base"} and "errors" not in res
+
+    # the default path: the CLI with the model size and a budget, nothing the trainer chooses
+    d = res["default_path"]
+    assert d["command"].startswith("shoestring train --data ") and "--budget 5s" in d["command"]
+    assert "model.preset=null" in d["command"]
+    for chosen_by_train in ("compile", "batch_size", "micro_batch", "train.lr", "attention",
+                            "precision"):
+        assert chosen_by_train not in d["command"]
+    run = Path(d["run_dir"])
+    summary = json.loads((run / "summary.json").read_text())
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    c = d["chosen"]
+    assert c["compiled"] == summary["compiled"] and c["attention"] == summary["attention"]
+    assert c["batch_size"] == config["train"]["batch_size"] and c["lr"] == config["train"]["lr"]
+    assert c["micro_batch"] == summary["micro_batch"]
+    assert d["steps"] == summary["steps"] > 0 and d["windows"] >= 2 and d["tokens_per_s"] > 0
+    assert d["mfu_datasheet"] is None and d["mfu_met"] is None  # no datasheet for a CPU
+    base = res["shapes"]["mlm-base"]
+    assert d["ratios"]["ours / hand-configured ours"] == pytest.approx(
+        d["tokens_per_s"] / base["ours"]["tokens_per_s"])
+    assert d["ratios"]["ours / hand-configured peer"] == pytest.approx(
+        d["tokens_per_s"] / base["peer"]["tokens_per_s"])
+
+    # the quality row: both sides trained for the budget, on the same data, at our batch/LR
+    q = res["quality"]
+    ours, peer = q["ours"], q["peer"]
+    assert ours["tokens"] == summary["tokens"] > 0 and ours["steps"] == summary["steps"]
+    assert peer["side"] == "ModernBertForMaskedLM" and peer["steps"] >= 1 and peer["tokens"] > 0
+    assert peer["train_seconds"] >= 5 and q["seconds_each"] == 5
+    assert peer["params"] == ours["params"]  # the peer is our architecture
+    assert (peer["batch_size"], peer["lr"]) == (c["batch_size"], c["lr"])
+    assert "not separately tuned" in peer["recipe"]
+    assert math.isfinite(ours["loss"]) and math.isfinite(peer["loss"])
+    assert ours["masked_positions"] == peer["masked_positions"] == q["heldout"][
+        "masked_positions"] > 0
+    assert q["heldout"]["sequences"] == 96
+    assert q["ratio_tokens_per_s"] == pytest.approx(ours["tokens_per_s"] / peer["tokens_per_s"])
+    assert q["loss_difference"] == pytest.approx(ours["loss"] - peer["loss"])
+    assert q["loss_met"] == (ours["loss"] < peer["loss"])
+    # the held-out set is fixed: scoring our saved model again gives the same loss
+    sys.path.insert(0, str(BENCH.parent))
+    from gpu_default import heldout, score_ours
+
+    from shoestring.data.datadir import DataDir
+
+    class Cpu:
+        kind, torch, dtype = "cpu", torch.device("cpu"), torch.float32
+
+    again = score_ours(run, heldout(DataDir(d["data"]), q["heldout"]["mask_rate"], 96), Cpu())
+    assert again["masked_positions"] == ours["masked_positions"]
+    assert again["loss"] == pytest.approx(ours["loss"], rel=1e-4)
+
+    table = md.read_text()
+    assert table in r.stdout and "SMOKE" in table
+    assert "| default path |" in table and "| mlm-base | shoestring |" in table
+    assert "| shoestring (default path) |" in table and "| ModernBertForMaskedLM |" in table
+    assert "held-out MLM loss" in table and "target ≥ 1.3x" in table
+    records = [json.loads(x) for x in rec.read_text().splitlines()]
+    assert [x["table"] for x in records] == ["main", "default", "quality"]
+    assert [row["side"] for row in records[2]["rows"]] == ["shoestring (default path)",
+                                                           "ModernBertForMaskedLM"]
+    assert bench("--render", str(out)).stdout == table
