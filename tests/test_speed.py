@@ -120,13 +120,13 @@ def test_auto_compile_pays_back_the_compile_on_this_device_kind() -> None:
     gpu, cpu = _threshold(ASSUMED["cuda"]), _threshold(ASSUMED["cpu"])
     # before anything is measured: a GPU compiles runs of a couple of minutes, a CPU waits
     # longer, and the CPU demo's 3 minutes stays eager
-    assert 120 < gpu < 180 < 300 < cpu < 400
+    assert 100 < gpu < 120 < 180 < 300 < cpu < 400
     assert _choose(device_type="cuda", seconds=gpu + 1).compile
     assert not _choose(device_type="cuda", seconds=gpu - 1).compile
     assert _choose(seconds=cpu + 1).compile and not _choose(seconds=180.0).compile
     # the 4-minute BERT-base run of issue 48 on an H100 compiles, and says why
     four = _choose(device_type="cuda", seconds=240.0)
-    assert four.compile and "compile on" in four.why and "36 s compile" in four.why
+    assert four.compile and "compile on" in four.why and "30 s compile" in four.why
     # measured numbers decide instead: a warm cache (3 s) compiles a one-minute run; a
     # compile that buys nothing is never worth it
     warm = CompileCost(3.0, 1.6, "measured")

@@ -38,8 +38,8 @@ class CompileCost:
 
 
 ASSUMED = {
-    "cuda": CompileCost(36.0, 1.5, "assumed for a GPU: a cold compile of 16-36 s buying "
-                        "1.5-2x at BERT-base on an H100 and an H200 (BENCHMARKS.md, GPU)"),
+    "cuda": CompileCost(30.0, 1.55, "assumed for a GPU: cold compiles of 16-36 s on an H100 "
+                        "and an H200; BERT-base 1.59x faster compiled on an H100 (docs/training.md)"),
     "cpu": CompileCost(40.0, 1.25, "assumed for a CPU: ~40 s cold, 1.25x for the cram encoder "
                        "on a 2-core CPU (docs/training.md)"),
 }

@@ -32,8 +32,8 @@ from shoestring.train.compile_costs import ASSUMED, CompileCost
 MIN_GAIN = 0.10
 """``auto`` compiles when the whole run is expected to end this much sooner (10%): the compile
 must pay for itself with a margin for the error in its measured cost and speed-up. With the
-costs assumed before any measurement, that is runs of ~2.5 minutes and up on a GPU (36 s,
-1.5x) and ~5.5 minutes on a CPU (40 s, 1.25x): the default 3-minute CPU `cram` stays eager."""
+costs assumed before any measurement, that is runs of ~2 minutes and up on a GPU (30 s,
+1.55x) and ~5.5 minutes on a CPU (40 s, 1.25x): the default 3-minute CPU `cram` stays eager."""
 # Eager attention keeps B·heads·T·keys scores per layer; past this length the fused kernels win
 # on memory traffic anyway, so auto does not time it.
 EAGER_MAX_SEQ = 512
