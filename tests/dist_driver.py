@@ -6,6 +6,9 @@ and torch start-up per process on the 2-core CI machine. argv[1]: a JSON list of
 (keys as `run`'s keyword arguments); common keys in argv[2] (JSON). A `ShoestringError`
 exits 2 with the message, like the CLI.
 
+``"dynamo_stats": true`` in argv[2]: rank 0 prints what TorchDynamo compiled over the
+launch (``dynamo-stats {"graphs": ..., "graph_breaks": ...}`` on stderr).
+
 Fault injection (a case key, not a trainer option): ``"nan_loss": [rank, call]`` makes that
 rank's ``call``-th micro-batch loss NaN, as a numerical blow-up on one device would.
 """
@@ -56,6 +59,7 @@ def _inject_nan(rank: int, call: int) -> None:
 def main() -> None:
     cases = json.loads(sys.argv[1])
     common = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
+    dynamo_stats = common.pop("dynamo_stats", False)
     for case in cases:
         kw = {**common, **case}
         real = {kind: cls.loss for kind, cls in OBJECTIVES.items()}
@@ -69,6 +73,12 @@ def main() -> None:
         finally:
             for kind, cls in OBJECTIVES.items():
                 cls.loss = real[kind]  # type: ignore[method-assign]
+    if dynamo_stats and int(os.environ.get("RANK", "0")) == 0:
+        from torch._dynamo.utils import counters
+
+        stats = {"graphs": counters["stats"]["unique_graphs"],
+                 "graph_breaks": sum(counters["graph_break"].values())}
+        print(f"dynamo-stats {json.dumps(stats)}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -217,3 +217,27 @@ def test_layout_and_trainer_settings_that_cannot_work_are_refused_up_front(layou
     cfg = load_config(None, ["train.steps=2", "train.batch_size=8", *sets])
     with pytest.raises(ShoestringError, match=needle):
         check_layout(cfg, make_layout(layout), 512, 2, "cpu")
+
+
+# --------------------------------------------------------------------------- compile
+
+
+def test_blocks_compile_in_place_and_keep_their_names() -> None:
+    """`apply_compile` (after activation checkpointing, as `parallelize` orders them) marks
+    each block compiled without a wrapper: block names, parameter names and state dict keys
+    (what FSDP units, checkpoints and export see) are the uncompiled model's; nothing is
+    compiled until a block runs (tests/test_dist_parity.py runs them under DDP/FSDP2/TP)."""
+    from shoestring.dist.parallelize import apply_ac, apply_compile, block_names, clean_fqn
+    from shoestring.model import build_model
+
+    model = build_model(ModelConfig(hidden_size=64, num_layers=4, num_heads=4,
+                                    intermediate_size=128), 2000)
+    keys, names = list(model.state_dict()), [n for n, _ in model.named_parameters()]
+    apply_ac(model, "full")
+    apply_compile(model)
+    assert block_names(model) == [f"layers.{i}" for i in range(4)]
+    assert all(model.get_submodule(b)._compiled_call_impl is not None
+               for b in block_names(model))
+    assert [clean_fqn(n) for n, _ in model.named_parameters()] == names
+    assert [clean_fqn(k) for k in model.state_dict()] == keys
+    assert not any("_orig_mod" in k for k in model.state_dict())

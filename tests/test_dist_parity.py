@@ -16,6 +16,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -257,6 +258,53 @@ def test_3d_layout_matches_and_its_checkpoint_resumes_on_dp2(pydocs_dir: Path, t
     b, _ = RunDir(resumed).load_final()
     for (name, p), q in zip(a.state_dict().items(), b.state_dict().values()):
         assert torch.allclose(p, q, atol=1e-5), name
+
+
+COMPILED = [
+    ("ddp", {"parallel": "dp=2"}),
+    ("zero3", {"parallel": "dp=2", "zero": 3}),
+    ("tp2", {"parallel": "tp=2"}),
+]
+
+
+@pytest.mark.slow
+def test_compiled_blocks_under_ddp_fsdp_and_tp_match_the_uncompiled_one_process_run(
+        pydocs_dir: Path, tmp_path: Path, reference: Path) -> None:
+    """train.compile=true under DDP, FSDP2 (ZeRO-3) and tp=2, in one launch: each block is
+    compiled in place before the wrapping (`parallelize.apply_compile`), the per-step and
+    validation losses are the one-process *uncompiled* run's, Dynamo compiled the block once
+    per launch and layout kind (not once per layer) without a graph break, and the compiled
+    DDP run's checkpoint resumes in one process, uncompiled."""
+    start = time.perf_counter()
+    keep = ["train.checkpoint_every=2steps", "train.keep_checkpoints=5"]
+    cases = [{"output": str(tmp_path / name), **kw,
+              "sets": [*SETS, *micro(_dp(kw["parallel"])), "train.compile=true",
+                       *(keep if name == "ddp" else [])]} for name, kw in COMPILED]
+    proc = launch(2, cases, {"data": str(pydocs_dir), "dynamo_stats": True}, timeout=600)
+    assert proc.returncode == 0, failure(proc)
+    launched = time.perf_counter() - start
+    line = next(x for x in proc.stderr.splitlines() if x.startswith("dynamo-stats "))
+    stats = json.loads(line.split(" ", 1)[1])
+    # block 0 differs (no attention norm after the normalized embedding): 2 graphs per
+    # layout (DDP's parameters, FSDP's unsharded ones and TP's DTensors each fail the
+    # others' guards); a graph per layer would be 4 per layout
+    assert stats["graph_breaks"] == 0 and 1 <= stats["graphs"] <= 2 * len(COMPILED), stats
+    want = losses_of(reference) + val_losses_of(reference)
+    delta = 0.0
+    for name, _ in COMPILED:
+        assert_same_run(tmp_path / name, reference, f"{name} compiled")
+        assert json.loads((tmp_path / name / "summary.json").read_text())["compiled"] is True
+        got = losses_of(tmp_path / name) + val_losses_of(tmp_path / name)
+        delta = max(delta, *(abs(a - b) for a, b in zip(got, want)))
+    from shoestring.train.loop import train
+
+    resumed = _roll_back(tmp_path / "ddp", tmp_path / "resumed", 2)
+    train(load_config(None, [*SETS, *micro(1), *keep]), pydocs_dir, resumed, resume=True)
+    assert_close(losses_of(resumed), losses_of(reference), "compiled dp=2 → step 2 → one process")
+    assert_close(val_losses_of(resumed), val_losses_of(reference), "validation after resume")
+    assert json.loads((resumed / "summary.json").read_text())["compiled"] is False
+    print(f"\n[compiled ddp+zero3+tp2] max |Δloss| {delta:.1e}; launch {launched:.0f} s "
+          f"({stats}), with the resume {time.perf_counter() - start:.0f} s")
 
 
 def test_bad_layout_fails_on_every_rank_before_any_collective(pydocs_dir: Path,

@@ -115,12 +115,10 @@ def _local(t: Tensor) -> Tensor:
 
 
 def _unwrap(mod: nn.Module) -> nn.Module:
-    """The module inside DDP / torch.compile wrappers (FSDP2 and TP modify in place)."""
-    while True:
-        inner = getattr(mod, "module", None) or getattr(mod, "_orig_mod", None)
-        if inner is None:
-            return mod
-        mod = inner
+    """The module inside the DDP wrapper (FSDP2, TP and per-block compile modify in place)."""
+    while isinstance(mod, torch.nn.parallel.DistributedDataParallel):
+        mod = mod.module
+    return mod
 
 
 @dataclass
@@ -144,8 +142,8 @@ class Parallelism:
     tied_owners: list[nn.Parameter] = field(default_factory=list)
     tied_copies: list[nn.Parameter] = field(default_factory=list)
     embedding_group: Any = None
-    _compiled: list[nn.Module] = field(default_factory=list)
     _compiled_loss: Callable | None = None  # one process: model and loss in one graph
+    _compiled_blocks: bool = False  # distributed: each block compiled (parallelize)
     _loss_scale: float = 1.0
     _stage_objective: Any = None  # the objective of the step the pipeline schedule runs
 
@@ -197,8 +195,12 @@ class Parallelism:
               compiled: bool = False) -> None:
         """Spread the canonical ``model`` (identical on every rank) over the layout and build
         the optimizers with ``optimizers(parts, layout, meshes)`` (the trainer's): pipeline
-        split, then TP → AC → FSDP/DDP on each stage module; then ``torch.compile`` each part
-        when ``compiled`` (`train.speed` resolves train.compile)."""
+        split, then TP → AC → FSDP/DDP on each stage module. ``compiled`` (`train.speed`
+        resolves train.compile): in one process the model and the loss are compiled as one
+        graph; in a distributed run each transformer block is compiled in place between AC
+        and FSDP/DDP (`parallelize.apply_compile`, torchtitan's order); a pipeline stays
+        uncompiled (its schedule runs the stage modules itself; `check_layout` refuses an
+        explicit train.compile=true with pp > 1)."""
         from shoestring.dist.parallelize import fused_params, parallelize
 
         kind, layout = cfg.model.objective, self.layout
@@ -211,11 +213,13 @@ class Parallelism:
             stages = [(0, model)]
         tied = getattr(model, "decoder", None) is None and getattr(model, "lm_head", None) is None
         self.parts, self.stage_ids = [], []
+        self._compiled_blocks = compiled and self.distributed and layout.pp == 1
         for s, mod in stages:
             mod.to(self.device)
             if self.meshes is not None:
                 mod = parallelize(mod, self.meshes, layout, self.fused, kind=kind,
-                                  last=s == layout.num_stages - 1)
+                                  last=s == layout.num_stages - 1,
+                                  compiled=self._compiled_blocks)
             else:
                 from shoestring.dist.parallelize import apply_ac
 
@@ -233,8 +237,6 @@ class Parallelism:
             # backward fuse instead of materializing (B, T, V) fp32 logits (the decoder's step
             # runs ~1.3x faster than with the model alone compiled; docs/training.md).
             self._compiled_loss = torch.compile(_loss_of)
-        elif compiled:  # DDP/FSDP/TP wrappers: each compiled as the module torch.compile knows
-            self._compiled = [torch.compile(p) for p in self.parts]
         if layout.pp > 1:
             from shoestring.dist.pipeline import build_schedule
 
@@ -253,7 +255,7 @@ class Parallelism:
         return dist.new_group([first, last], use_local_synchronization=True)
 
     def modules(self) -> list[nn.Module]:
-        """The plain modules (no DDP / compile wrapper): for state dicts and evaluation."""
+        """The plain modules (no DDP wrapper): for state dicts and evaluation."""
         return [_unwrap(p) for p in self.parts]
 
     def train_mode(self, on: bool = True) -> None:
@@ -289,6 +291,20 @@ class Parallelism:
                 p.set_requires_gradient_sync(last)
         return stack
 
+    def _compile_context(self) -> contextlib.AbstractContextManager:
+        """Under DDP, compiled blocks are traced with Dynamo's DDPOptimizer off. That optimizer
+        exists for a graph that holds a whole DDP model: it splits the graph at DDP's bucket
+        boundaries so that gradient buckets are ready before the whole backward ends. Here
+        DDP wraps the model from outside and each block is its own graph: the block's backward
+        hands its gradients to autograd when it returns, DDP's reducer hooks (on gradient
+        accumulation, outside any graph) fill and all-reduce buckets while earlier blocks run
+        backward. Left on (Dynamo turns it on whenever it compiles inside a DDP forward), it
+        cut each block's graph into pieces at DDP's 1 MiB first bucket and 25 MiB buckets:
+        less fusion and twice the compile time for a block of 4 MB."""
+        if not self._compiled_blocks or not any(hasattr(p, "no_sync") for p in self.parts):
+            return contextlib.nullcontext()
+        return torch._dynamo.config.patch(optimize_ddp=False)
+
     def _loss_context(self) -> contextlib.AbstractContextManager:
         if self.meshes is None or self.meshes.tp is None:
             return contextlib.nullcontext()
@@ -304,9 +320,10 @@ class Parallelism:
         stage), as a tensor so the caller decides when to synchronise."""
         accum = len(micro_batches)
         total = torch.zeros((), dtype=torch.float32, device=self.device)
-        model = self._compiled[0] if self._compiled else self.parts[0]
+        model = self.parts[0]
         for i, micro in enumerate(micro_batches):
-            with self._sync_context(i == accum - 1), self._loss_context(), autocast():
+            with (self._sync_context(i == accum - 1), self._loss_context(),
+                  self._compile_context(), autocast()):
                 if self.schedule is None:
                     loss = (self._compiled_loss(objective, model, micro)
                             if self._compiled_loss is not None
@@ -430,7 +447,9 @@ class Parallelism:
                   chunk: int = 64) -> float:
         """Mean loss over ``batch`` (every rank runs all of it: the subset is small, and every
         layout scores exactly the same rows). Rows score equally many positions, so the mean
-        of chunk means weighted by rows is the mean over positions."""
+        of chunk means weighted by rows is the mean over positions. Eager, as in one process:
+        compiled blocks would compile again for no-grad and the validation chunk's rows, for a
+        few small batches."""
         self.train_mode(False)
         n = self.layout.n_microbatches if self.schedule is not None else 1
         chunk = max(n, chunk // n * n)
@@ -439,7 +458,8 @@ class Parallelism:
         try:
             for start in range(0, size, chunk):
                 part = tuple(t[start:min(start + chunk, size)].to(self.device) for t in batch)
-                with self._loss_context(), autocast():
+                with (self._loss_context(), autocast(),
+                      torch.compiler.set_stance("force_eager")):
                     if self.schedule is None:
                         loss = _local(objective.loss(self.modules()[0], part)).float()
                     else:

@@ -256,6 +256,24 @@ def apply_ac(model: nn.Module, mode: str) -> None:
         layers[key] = checkpoint_wrapper(layers[key], **kwargs)
 
 
+# --------------------------------------------------------------------------- compile
+
+
+def apply_compile(model: nn.Module) -> None:
+    """``torch.compile`` each transformer block in place (torchtitan's ``apply_compile``),
+    after TP and activation checkpointing and before FSDP/DDP wrap the model.
+
+    In place (``nn.Module.compile``): parameter names, `block_names` and state dicts are the
+    uncompiled model's. Dynamo traces the block's ``forward``, not the hooks around it, so the
+    hooks FSDP2 puts on each block (all-gather before, reshard after) run eagerly between the
+    graphs. The blocks share one code object and, with nn modules inlined, one set of
+    guards: inductor compiles the block once (twice where block 0 differs: no attention norm
+    after a normalized embedding), whatever the depth. The embeddings, the head and the loss
+    stay eager (one process compiles them with the model, `Parallelism.apply`)."""
+    for b in block_names(model):
+        model.get_submodule(b).compile()
+
+
 # --------------------------------------------------------------------------- data parallel
 
 
@@ -284,11 +302,14 @@ def apply_ddp(model: nn.Module, meshes: Meshes) -> nn.Module:
 
 
 def parallelize(part: nn.Module, meshes: Meshes, layout: Layout, fused: dict[str, list[int]],
-                *, kind: str = "mlm", last: bool = True) -> nn.Module:
-    """TP → AC → FSDP/DDP on one model (or pipeline stage) module. Returns the module to run."""
+                *, kind: str = "mlm", last: bool = True, compiled: bool = False) -> nn.Module:
+    """TP → AC → compile each block (``compiled``) → FSDP/DDP on one model (or pipeline
+    stage) module. Returns the module to run."""
     if meshes.tp is not None:
         apply_tp(part, meshes.tp, fused, kind=kind, last=last)
     apply_ac(part, layout.ac)
+    if compiled:
+        apply_compile(part)
     if layout.fsdp:
         apply_fsdp(part, meshes, layout, fused, reshard_after_forward=layout.zero == 3)
     elif meshes.dp is not None:
