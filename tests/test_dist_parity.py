@@ -268,18 +268,40 @@ COMPILED = [
 
 
 @pytest.mark.slow
+def _seed_compile_record(home: Path) -> None:
+    """A compile.json in which this CPU's fp32 steps (of some other shape) ran 3x faster
+    compiled at no compile cost: what a machine that compiled before has learned, so that
+    `train.compile=auto` finds even a 4-step run worth compiling."""
+    from shoestring.device import select_device
+    from shoestring.fsutil import write_json_atomic
+    from shoestring.train.compile_costs import shape_key
+
+    name = select_device("fp32", measure_peak=False).name
+    write_json_atomic(home / "compile.json", {shape_key(name, "float32", "another shape"): {
+        "eager_tokens_per_s": 1000.0, "compiled_tokens_per_s": 3000.0, "compile_s": 0.0}})
+
+
 def test_compiled_blocks_under_ddp_fsdp_and_tp_match_the_uncompiled_one_process_run(
-        pydocs_dir: Path, tmp_path: Path, reference: Path) -> None:
+        pydocs_dir: Path, tmp_path: Path, reference: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """train.compile=true under DDP, FSDP2 (ZeRO-3) and tp=2, in one launch: each block is
     compiled in place before the wrapping (`parallelize.apply_compile`), the per-step and
     validation losses are the one-process *uncompiled* run's, Dynamo compiled the block once
     per launch and layout kind (not once per layer) without a graph break, and the compiled
-    DDP run's checkpoint resumes in one process, uncompiled."""
+    DDP run's checkpoint resumes in one process, uncompiled. A fourth case leaves
+    train.compile at auto with a recorded pay-off on this device: the two-rank run compiles
+    by itself and says why."""
     start = time.perf_counter()
     keep = ["train.checkpoint_every=2steps", "train.keep_checkpoints=5"]
     cases = [{"output": str(tmp_path / name), **kw,
               "sets": [*SETS, *micro(_dp(kw["parallel"])), "train.compile=true",
                        *(keep if name == "ddp" else [])]} for name, kw in COMPILED]
+    cases.append({"output": str(tmp_path / "ddp-auto"), "parallel": "dp=2",
+                  "sets": [*SETS, *micro(2), "train.compile=auto"]})
+    home = tmp_path / "home"
+    home.mkdir()
+    _seed_compile_record(home)
+    monkeypatch.setenv("SHOESTRING_HOME", str(home))  # the launched ranks inherit it
     proc = launch(2, cases, {"data": str(pydocs_dir), "dynamo_stats": True}, timeout=600)
     assert proc.returncode == 0, failure(proc)
     launched = time.perf_counter() - start
@@ -288,7 +310,7 @@ def test_compiled_blocks_under_ddp_fsdp_and_tp_match_the_uncompiled_one_process_
     # block 0 differs (no attention norm after the normalized embedding): 2 graphs per
     # layout (DDP's parameters, FSDP's unsharded ones and TP's DTensors each fail the
     # others' guards); a graph per layer would be 4 per layout
-    assert stats["graph_breaks"] == 0 and 1 <= stats["graphs"] <= 2 * len(COMPILED), stats
+    assert stats["graph_breaks"] == 0 and 1 <= stats["graphs"] <= 2 * (len(COMPILED) + 1), stats
     want = losses_of(reference) + val_losses_of(reference)
     delta = 0.0
     for name, _ in COMPILED:
@@ -296,10 +318,15 @@ def test_compiled_blocks_under_ddp_fsdp_and_tp_match_the_uncompiled_one_process_
         assert json.loads((tmp_path / name / "summary.json").read_text())["compiled"] is True
         got = losses_of(tmp_path / name) + val_losses_of(tmp_path / name)
         delta = max(delta, *(abs(a - b) for a, b in zip(got, want)))
+    auto = json.loads((tmp_path / "ddp-auto" / "summary.json").read_text())
+    assert auto["compiled"] is True, auto["speed_choices"]
+    assert "compile on" in auto["speed_choices"] and "other shape" in auto["speed_choices"]
+    assert_same_run(tmp_path / "ddp-auto", reference, "dp=2 compiled by auto")
     from shoestring.train.loop import train
 
     resumed = _roll_back(tmp_path / "ddp", tmp_path / "resumed", 2)
-    train(load_config(None, [*SETS, *micro(1), *keep]), pydocs_dir, resumed, resume=True)
+    train(load_config(None, [*SETS, *micro(1), *keep, "train.compile=false"]), pydocs_dir,
+          resumed, resume=True)
     assert_close(losses_of(resumed), losses_of(reference), "compiled dp=2 → step 2 → one process")
     assert_close(val_losses_of(resumed), val_losses_of(reference), "validation after resume")
     assert json.loads((resumed / "summary.json").read_text())["compiled"] is False

@@ -11,8 +11,9 @@ and this budget rather than from a rule of thumb (docs/training.md has the measu
   `MIN_GAIN` sooner than uncompiled: from the compile's cost and speed-up measured on this
   device for this step shape (`train.compile_costs`, which every run feeds), or assumed for
   the device type until measured. Compilation happens inside the budget, on the first step,
-  and is charged to it. One process and DDP/FSDP2 runs compile (blocks compiled before they
-  are wrapped, `dist.parallelism`); pipeline stages are never compiled.
+  and is charged to it. ``auto`` decides the same for one process and for DDP, FSDP2 and TP
+  (whose blocks are compiled before they are wrapped, `dist.parallelize.apply_compile`);
+  pipeline stages are never compiled.
 """
 
 from __future__ import annotations
