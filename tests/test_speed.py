@@ -127,6 +127,7 @@ def test_auto_compile_pays_back_the_compile_on_this_device_kind() -> None:
     # the 4-minute BERT-base run of issue 48 on an H100 compiles, and says why
     four = _choose(device_type="cuda", seconds=240.0)
     assert four.compile and "compile on" in four.why and "30 s compile" in four.why
+    assert "assumed for a GPU" in four.why
     # measured numbers decide instead: a warm cache (3 s) compiles a one-minute run; a
     # compile that buys nothing is never worth it
     warm = CompileCost(3.0, 1.6, "measured")

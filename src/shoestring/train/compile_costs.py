@@ -38,10 +38,11 @@ class CompileCost:
 
 
 ASSUMED = {
-    "cuda": CompileCost(30.0, 1.55, "assumed for a GPU: cold compiles of 16-36 s on an H100 "
-                        "and an H200; BERT-base 1.59x faster compiled on an H100 (docs/training.md)"),
-    "cpu": CompileCost(40.0, 1.25, "assumed for a CPU: ~40 s cold, 1.25x for the cram encoder "
-                       "on a 2-core CPU (docs/training.md)"),
+    # cold compiles of 16-36 s on an H100 and an H200; BERT-base 1.59x faster compiled on an
+    # H100 (docs/training.md has the figures and where they were measured)
+    "cuda": CompileCost(30.0, 1.55, "assumed for a GPU until measured"),
+    # ~40 s cold and 1.25x for the cram encoder on a 2-core CPU (docs/training.md)
+    "cpu": CompileCost(40.0, 1.25, "assumed for a CPU until measured"),
 }
 MIN_STEADY_SECONDS = 1.0
 """A run shorter than this after its first step records nothing: its rate is noise."""
@@ -80,20 +81,20 @@ def lookup(device_type: str, device: str, dtype: str, shape: str) -> CompileCost
               if k.startswith(prefix) and k != key and isinstance(v, dict)]
     assumed = ASSUMED["cuda" if device_type == "cuda" else "cpu"]
     found, sources = [], []
-    for i, (name, default) in enumerate((("compile", assumed.seconds),
-                                         ("speed-up", assumed.speedup))):
-        mine = own[i]
+    for i, default in enumerate((assumed.seconds, assumed.speedup)):
         theirs = [o[i] for o in others if o[i] is not None]
-        if mine is not None:
-            found.append(mine)
-            sources.append(f"{name} measured for this shape")
+        if own[i] is not None:
+            found.append(own[i])
+            sources.append("measured for this shape")
         elif theirs:
             found.append(statistics.median(theirs))
-            sources.append(f"{name} measured for {len(theirs)} other shape(s) on this device")
+            sources.append(f"measured for {len(theirs)} other shape(s) on this device")
         else:
             found.append(default)
-            sources.append(f"{name} {assumed.source}" if i == 0 else f"{name} assumed")
-    return CompileCost(found[0], found[1], "; ".join(sources))
+            sources.append(assumed.source)
+    source = (sources[0] if sources[0] == sources[1]
+              else f"compile {sources[0]}, speed-up {sources[1]}")
+    return CompileCost(found[0], found[1], source)
 
 
 def record(device: str, dtype: str, shape: str, compiled: bool, tokens: int, seconds: float,

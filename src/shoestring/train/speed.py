@@ -179,11 +179,12 @@ def compile_pays(seconds: float, cost: CompileCost, pipeline: bool = False) -> t
     if pipeline:
         return False, "pipeline stages are not compiled"
     gain = cost.gain(seconds)
-    return gain >= MIN_GAIN, (
-        f"compile {'on' if gain >= MIN_GAIN else 'off'}: a ~{format_duration(seconds)} run "
-        f"would end {gain:+.0%} sooner compiled ({'>=' if gain >= MIN_GAIN else '<'} "
-        f"{MIN_GAIN:.0%}) at a {cost.seconds:.0f} s compile and {cost.speedup:.2f}x steps "
-        f"({cost.source})")
+    pays = gain >= MIN_GAIN
+    return pays, (
+        f"compile {'on' if pays else 'off'}: ~{format_duration(seconds)} of training would take "
+        f"~{format_duration(cost.seconds + seconds / cost.speedup)} compiled ({cost.seconds:.0f} "
+        f"s compile, steps {cost.speedup:.2f}x faster: {gain:+.0%} overall"
+        f"{'' if pays else f', under the {MIN_GAIN:.0%} it must gain'}; {cost.source})")
 
 
 def agreed(choices: SpeedChoices, broadcast: Callable[[list[float]], list[float]]) -> SpeedChoices:
