@@ -22,12 +22,12 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
-LIBRARIES = {"common", "peers", "jobs", "scale_corpus"}  # imported by the scripts, not run
+LIBRARIES = {"common", "peers", "jobs", "scale_corpus", "gpu_default"}  # imported, not run
 # Scripts other branches are editing or adding (issue 36 step 6 converts them once merged):
 # they print their own header and write no record yet. A script leaves this set when it
 # takes `--record` (test_every_script_starts_and_takes_record fails until it does).
 NOT_CONVERTED: set[str] = set()
-TOOLS = {"table"}  # renders records; writes none
+TOOLS = {"table", "gpu_data"}  # render records or prepare data; write none
 DOC_ARGUMENTS = {"PART": "all"}  # privacy.py's docstring names its positional argument
 SCRIPTS = sorted(p.stem for p in BENCH.glob("*.py") if p.stem not in LIBRARIES)
 
@@ -136,7 +136,7 @@ def test_every_script_starts_and_takes_record() -> None:
         assert takes == (name not in NOT_CONVERTED | TOOLS), (
             f"{name}: {'takes' if takes else 'lacks'} --record; every script takes it, "
             "NOT_CONVERTED lists those that do not yet")
-    libs = subprocess.run([sys.executable, "-c", "import common, jobs, peers"], cwd=BENCH,
+    libs = subprocess.run([sys.executable, "-c", "import common, jobs, peers, gpu_default"], cwd=BENCH,
                           capture_output=True, text=True, timeout=300)
     assert libs.returncode == 0, libs.stderr[-2000:]
 
