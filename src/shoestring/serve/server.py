@@ -78,6 +78,7 @@ def load(path: str | Path, settings: ServeSettings) -> Engine:
     engine = load_engine(path, max_length=settings.max_length, truncate=settings.truncate,
                          precision=settings.precision)
     engine.warmup()
+    engine.calibrate()  # what one more model call costs: how the batcher splits a batch
     return engine
 
 
