@@ -35,10 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
-
 from common import ROOT, Bench, format_load, load_average, parser
-from serve_load import RawClient, Server, encode_post, make_texts
+from serve_load import RawClient, Server, encode_post, make_texts, scrape_metrics
 
 STAGES = ("parse", "tokenize", "queue", "forward", "pooling", "serialize", "send")
 CPU_STAGES = ("parse", "tokenize", "forward", "pooling", "serialize", "send")  # queue: waiting
@@ -159,31 +157,6 @@ async def closed_loop(url: str, requests: list[bytes], clients: int,
     return latencies, errors, wall
 
 
-def scrape(url: str) -> dict:
-    """Stage CPU/wall/count and batch totals from the server's /metrics (zeros if absent)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out: dict = {"stage_cpu": {}, "stage_wall": {}, "stage_n": {}, "batches": 0.0,
-                 "inputs": 0.0}
-    text = httpx.get(url + "/metrics", timeout=30).text
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            stage, task = s.labels.get("stage"), s.labels.get("task")
-            if task not in (None, "embed"):
-                continue
-            if s.name == "shoestring_stage_cpu_seconds_total":
-                out["stage_cpu"][stage] = s.value
-            elif s.name == "shoestring_stage_seconds_sum":
-                out["stage_wall"][stage] = s.value
-            elif s.name == "shoestring_stage_seconds_count":
-                out["stage_n"][stage] = s.value
-            elif s.name == "shoestring_batch_size_count":
-                out["batches"] = s.value
-            elif s.name == "shoestring_batch_size_sum":
-                out["inputs"] = s.value
-    return out
-
-
 def start(side: str, source: Path, run: Path, threads: int) -> Server:
     """``shoestring serve`` of ``run`` with the code in ``source``, on a free port."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(source), str(ROOT / "bench")]),
@@ -197,9 +170,9 @@ def measure(server: Server, label: str, requests: list[bytes], clients: int,
     """One timed burst against a warm server: its CPU per request (total, event loop, other
     threads), per stage where it reports stages, and the clients' view."""
     load_before = load_average()
-    m0, c0 = scrape(server.url), cpu_by_thread(server.proc.pid)
+    m0, c0 = scrape_metrics(server.url), cpu_by_thread(server.proc.pid)
     latencies, errors, wall = asyncio.run(closed_loop(server.url, requests, clients, count))
-    c1, m1 = cpu_by_thread(server.proc.pid), scrape(server.url)
+    c1, m1 = cpu_by_thread(server.proc.pid), scrape_metrics(server.url)
     n = len(latencies)
     if n < 2:
         raise RuntimeError(f"{label}: only {n} requests succeeded")

@@ -72,8 +72,11 @@ _NO_TELEMETRY: dict[str, Any] = (
     if "telemetry" in inspect.signature(FastAPI.__init__).parameters
     else {}
 )
+
+
 class _Metered:
-    """ASGI middleware: every answer counted by endpoint and status, and timed.
+    """ASGI middleware: every answer counted by endpoint and status, and timed; it also notes
+    when a request entered the app (`stages.START`: where its ``parse`` stage begins).
 
     Paths outside the API are counted as ``other``, so random URLs cannot blow up the number
     of metric series.
@@ -81,6 +84,7 @@ class _Metered:
 
     def __init__(self, app: Any, metrics: ServeMetrics) -> None:
         self.app, self.metrics = app, metrics
+        self.fastapi: FastAPI | None = None  # the app behind the layers (create_app sets it)
         self.known = {*ENDPOINTS, *OTHER_PATHS, "/v1/search"}
         # prometheus-client's .labels() costs microseconds a call: each series once.
         self._counters: dict[tuple[str, int], Any] = {}
@@ -181,7 +185,9 @@ def create_app(engine: Engine | ModelRouter, settings: ServeSettings,
     layers: ASGIApp = FastPath(_JsonBody(app), api, routes)
     layers = BodyLimit(layers, max_bytes=settings.max_body_bytes)
     layers = ConcurrencyLimit(layers, gate=gate)
-    return _Metered(layers, metrics=metrics)
+    served = _Metered(layers, metrics=metrics)
+    served.fastapi = app
+    return served
 
 
 def _add_gauges(metrics: ServeMetrics, router: ModelRouter, settings: ServeSettings,

@@ -189,6 +189,16 @@ class Engine(abc.ABC):
         """(key, ids → payload) of one forward pass of this engine's model, for `calibrate`."""
         return None
 
+    def probe_memory(self, batch_tokens: int, length: int) -> None:
+        """Run the largest batch the limits allow (``batch_tokens`` padded positions of
+        inputs ``length`` long), so the memory it takes is in the process's peak."""
+        probe = self._probe()
+        if probe is None:
+            return
+        key, payload = probe
+        n = max(1, batch_tokens // length)
+        self.run(key, [payload([self.probe_id] * length)] * n)
+
     @property
     def probe_id(self) -> int:
         """A token id every model takes, for timing runs."""
