@@ -157,10 +157,11 @@ async def closed_loop(url: str, requests: list[bytes], clients: int,
     return latencies, errors, wall
 
 
-def start(side: str, source: Path, run: Path, threads: int) -> Server:
+def start(side: str, source: Path, run: Path, threads: int,
+          extra_env: dict[str, str] | None = None) -> Server:
     """``shoestring serve`` of ``run`` with the code in ``source``, on a free port."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(source), str(ROOT / "bench")]),
-           "OMP_NUM_THREADS": str(threads)}
+           "OMP_NUM_THREADS": str(threads), **(extra_env or {})}
     return Server(side, [sys.executable, "-m", "shoestring", "serve", str(run), "--port", "0",
                          "--threads", str(threads)], env=env)
 
@@ -281,6 +282,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads of both servers")
     ap.add_argument("--no-variants", action="store_true",
                     help="skip the base64 and input_ids runs of the new server")
+    ap.add_argument("--new-env", metavar="NAME=VALUE", action="append", default=[],
+                    help="also measure the new code with this environment variable set "
+                    "(e.g. TOKENIZERS_PARALLELISM=false); repeatable, one server each")
     ap.add_argument("--json", type=Path, help="also write every run's figures here")
     args = ap.parse_args()
 
@@ -300,10 +304,14 @@ def main() -> None:
     results: dict[str, list[dict]] = {"old (JSON)": [], "new (JSON)": []}
     if not args.no_variants:
         results.update({"new (base64)": [], "new (input_ids)": []})
+    extra = {f"new {setting}": dict([setting.split("=", 1)]) for setting in args.new_env}
+    results.update({f"{side} (JSON)": [] for side in extra})
     for r in range(args.rounds):
         print(f"round {r + 1} of {args.rounds}: both servers started, then "
               f"{args.bursts} bursts of each run in turn", flush=True)
         servers = {side: start(side, sources[side], run, args.threads) for side in ("old", "new")}
+        servers.update({side: start(side, sources["new"], run, args.threads, env)
+                        for side, env in extra.items()})
         try:
             runs = []
             for side, server in servers.items():
