@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import model_validator
 from pydantic_core import PydanticCustomError
 
 
@@ -90,12 +91,21 @@ class _Request(BaseModel):
             _encodable(v, "the text")
         return v
 
-    @field_validator("input_ids", mode="before")
+    @field_validator("input_ids", mode="wrap")
     @classmethod
-    def _ids_shape(cls, v: Any) -> Any:
-        if v is not None:
+    def _ids_shape(cls, v: Any, handler: Any) -> Any:
+        # The type's own (Rust) validation first; only a body it refuses, or an empty list
+        # it lets through, is walked in Python, for an error that names the place.
+        try:
+            out = handler(v)
+        except ValidationError:
             _token_ids(v)
-        return v
+            raise
+        if out is not None:
+            lists = out if out and isinstance(out[0], list) else [out]
+            if not out or not all(lists):
+                _token_ids(out)  # raises, naming the empty list
+        return out
 
     @model_validator(mode="after")
     def _one_kind_of_input(self) -> _Request:
