@@ -278,9 +278,13 @@ def scrape_metrics(url: str, task: str = "embed") -> dict:
 
 
 def stage_summary(before: dict, after: dict, requests: int) -> dict:
-    """Per stage between two `scrape_metrics`: CPU ms per request and wall ms per input."""
+    """Per stage between two `scrape_metrics`: CPU ms per request and wall ms per input, in
+    a request's order."""
+    from shoestring.serve.stages import STAGES
+
     out = {}
-    for stage, n in after["stage_n"].items():
+    for stage, n in sorted(after["stage_n"].items(),
+                           key=lambda kv: STAGES.index(kv[0]) if kv[0] in STAGES else 99):
         count = n - before["stage_n"].get(stage, 0.0)
         if count:
             cpu = after["stage_cpu"][stage] - before["stage_cpu"].get(stage, 0.0)
@@ -546,9 +550,16 @@ def main() -> None:
         try:
             by_c = {}
             for c in args.concurrency if "workers" not in name else [top]:
-                by_c[c] = measure(
-                    name, server, reqs, c, args.requests if c > 1 else 200, args.rounds
-                )
+                n = args.requests if c > 1 else 200
+                before = scrape_metrics(server.url) if name == "shoestring" else None
+                by_c[c] = measure(name, server, reqs, c, n, args.rounds)
+                if before is not None:  # where the server's time went (issue 49's stages)
+                    sent = args.rounds * (-(-n // args.rounds) + max(2 * c, 32))  # + warm-ups
+                    stages = stage_summary(before, scrape_metrics(server.url), sent)
+                    by_c[c]["stages"] = stages
+                    print("    stages, CPU ms/request (wall ms per input): " + ", ".join(
+                        f"{k} {v['cpu_ms_per_request']:.3f} ({v['wall_ms']:.3f})"
+                        for k, v in stages.items()), flush=True)
             results["servers"][name] = by_c
         finally:
             server.stop()
