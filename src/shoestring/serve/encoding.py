@@ -1,9 +1,10 @@
 """Answers to bytes: JSON through orjson, embeddings without Python float lists.
 
-Encoding the answer was the largest single share of the server's CPU per ``/v1/embed``
-request (``json.dumps`` of a 64-number vector: ~80 µs on the benchmark machine; orjson writes
-a float32 NumPy row in ~4 µs). So the engine hands embeddings over as float32 NumPy rows and
-this module writes them: as JSON numbers (each the shortest decimal that reads back as the
+``json.dumps`` of Python float lists (each number made a Python float first, then printed
+in Python) was a large share of the old server's CPU per ``/v1/embed`` request; orjson
+writes a float32 NumPy row in C (the ``serialize`` stage: 0.007 ms per request in
+bench/serve_cpu.py). So the engine hands embeddings over as float32 NumPy rows and this
+module writes them: as JSON numbers (each the shortest decimal that reads back as the
 same float32, as TEI writes them), or, with ``encoding_format: "base64"`` (OpenAI's
 shape), as base64 of the row's little-endian float32 bytes, which decodes bit-exactly to the
 same numbers and is about a third of the size.
