@@ -63,7 +63,7 @@ from shoestring.serve.stages import START
 
 ENDPOINTS = {"/v1/fill-mask": "fill-mask", "/v1/embed": "embed", "/v1/classify": "classify",
              "/v1/generate": "generate"}
-OTHER_PATHS = ("/", "/healthz", "/readyz", "/metrics", "/v1/model", "/v1/models")
+OTHER_PATHS = ("/", "/healthz", "/readyz", "/metrics", "/v1/model", "/v1/models", "/v1/search")
 # Newer FastAPI looks up OpenTelemetry providers on every request: 0.5 ms of the event loop
 # per request under load (cProfile of `serve` at 32 clients). This server keeps its own
 # Prometheus metrics, so that check is switched off where FastAPI has it.
@@ -85,7 +85,7 @@ class _Metered:
     def __init__(self, app: Any, metrics: ServeMetrics) -> None:
         self.app, self.metrics = app, metrics
         self.fastapi: FastAPI | None = None  # the app behind the layers (create_app sets it)
-        self.known = {*ENDPOINTS, *OTHER_PATHS, "/v1/search"}
+        self.known = {*ENDPOINTS, *OTHER_PATHS}
         # prometheus-client's .labels() costs microseconds a call: each series once.
         self._counters: dict[tuple[str, int], Any] = {}
         self._timers: dict[str, Any] = {}
