@@ -18,14 +18,15 @@ and one worker thread that repeatedly:
    served, so nothing starves). A request with many inputs is many jobs, so one larger than
    a batch is split across batches transparently;
 3. splits that batch into length groups so short inputs are not padded to the longest
-   (`plan_groups`, an exact dynamic program over the sorted lengths), and runs the group
-   holding the oldest job first, then the rest by their oldest job;
+   (`plan_groups`, an exact dynamic program over the distinct lengths, weighing padding
+   against a call's fixed cost, which the engine measures), and runs the group holding the
+   oldest job first, then the rest by their oldest job;
 4. runs each group; if a group's call raises, runs its jobs one by one, so one bad input
    fails only its own request.
 
 The event loop only enqueues and awaits futures (one per request with `submit_request`);
-results come back through ``loop.call_soon_threadsafe``, one wake-up per batch. A full queue raises `QueueFull` at once (the HTTP layer answers
-429 + Retry-After): memory stays bounded under any load. Jobs whose client went away or whose
+results come back through ``loop.call_soon_threadsafe``, one wake-up per batch. A full
+queue raises `QueueFull` at once (the HTTP layer answers 429 + Retry-After): memory stays bounded under any load. Jobs whose client went away or whose
 time ran out are removed with `cancel` before they cost any compute. `close` drains: it stops
 accepting, lets the worker finish everything queued, then joins it.
 """
