@@ -26,9 +26,10 @@ and one worker thread that repeatedly:
 
 The event loop only enqueues and awaits futures (one per request with `submit_request`);
 results come back through ``loop.call_soon_threadsafe``, one wake-up per batch. A full
-queue raises `QueueFull` at once (the HTTP layer answers 429 + Retry-After): memory stays bounded under any load. Jobs whose client went away or whose
-time ran out are removed with `cancel` before they cost any compute. `close` drains: it stops
-accepting, lets the worker finish everything queued, then joins it.
+queue raises `QueueFull` at once (the HTTP layer answers 429 + Retry-After): memory stays
+bounded under any load. Jobs whose client went away or whose time ran out are removed with
+`cancel` before they cost any compute. `close` drains: it stops accepting, lets the worker
+finish everything queued (tokenizing included), then joins it.
 """
 
 from __future__ import annotations
