@@ -60,7 +60,7 @@ GPU_WHEELS_DIR ?= .gpu-wheels
 GPU_WHEELS := pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 \
   typing-inspection==0.4.5 typing-extensions==4.16.0 zstandard==0.25.0 rensa==0.5.0 \
   datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 fastapi==0.165.0 starlette==1.10.0 \
-  opentelemetry-api==1.45.2 uvicorn==0.54.0 httptools==0.9.0 opacus==1.6.0
+  opentelemetry-api==1.45.2 uvicorn==0.54.0 httptools==0.9.0 opacus==1.6.0 orjson==3.13.0
 GPU_PLATFORMS := $(foreach n,manylinux_2_28 manylinux_2_27 manylinux_2_17 manylinux2014 manylinux1,--platform $(n)_x86_64)
 GPU_SITE ?= /tmp/shoestring-gpu-site
 GPU_OUT  ?= $(if $(OUT),$(OUT),runs/gpu-check)

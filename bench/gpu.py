@@ -619,28 +619,38 @@ def bench_serving(run: Path, args: argparse.Namespace) -> dict:
     import asyncio
 
     from serve_load import Server, encode_post, load, make_texts, offline, ours_cmd, summarize
+    from serve_load import scrape_metrics, stage_summary
 
     threads = max(1, min(8, os.cpu_count() or 1))
     texts = make_texts(args.serve_texts)
     off = offline(run, texts, args.serve_batches, threads, args.serve_seconds)
     best = max(off["sps"].values())
-    server = Server("shoestring", ours_cmd(run, threads, 1, [
-        "--max-concurrent-requests", str(4 * max(args.concurrency))]))
-    try:
-        host, port = server.url.removeprefix("http://").rsplit(":", 1)
-        reqs = [encode_post(host, int(port), "/v1/embed", {"inputs": t}) for t in texts]
-        out = {}
-        for c in args.concurrency:
-            res = summarize([asyncio.run(load(server.url, reqs, c, args.serve_requests))])
-            res["fraction_of_offline_best"] = res["throughput"] / best
-            out[str(c)] = res
-            print(f"  serve C={c}: {res['throughput']:.0f} req/s = "
-                  f"{res['fraction_of_offline_best']:.0%} of the offline best {best:.0f}/s",
-                  file=sys.stderr, flush=True)
-    finally:
-        server.stop()
+    by_workers = {}
+    for workers in getattr(args, "serve_workers", [1]):  # issue 49: replicas on one device
+        server = Server("shoestring", ours_cmd(run, max(1, threads // workers), workers, [
+            "--max-concurrent-requests", str(4 * max(args.concurrency))]))
+        try:
+            host, port = server.url.removeprefix("http://").rsplit(":", 1)
+            reqs = [encode_post(host, int(port), "/v1/embed", {"inputs": t}) for t in texts]
+            out = {}
+            for c in args.concurrency:
+                before = scrape_metrics(server.url)
+                res = summarize([asyncio.run(load(server.url, reqs, c, args.serve_requests))])
+                if workers == 1:  # a scrape reaches one replica: its stages are its own
+                    res["stages"] = stage_summary(before, scrape_metrics(server.url),
+                                                  args.serve_requests + max(2 * c, 32))
+                res["fraction_of_offline_best"] = res["throughput"] / best
+                out[str(c)] = res
+                print(f"  serve workers={workers} C={c}: {res['throughput']:.0f} req/s = "
+                      f"{res['fraction_of_offline_best']:.0%} of the offline best {best:.0f}/s",
+                      file=sys.stderr, flush=True)
+        finally:
+            server.stop()
+        by_workers[str(workers)] = out
+    first = by_workers[str(getattr(args, "serve_workers", [1])[0])]
     return {"run": str(run), "offline_sequences_per_s": off["sps"], "offline_best": best,
-            "offline_one_ms": off["one_ms"], "threads": threads, "concurrency": out}
+            "offline_one_ms": off["one_ms"], "threads": threads, "concurrency": first,
+            "workers": by_workers}
 
 
 # ---------------------------------------------------------------------------- output
@@ -704,6 +714,10 @@ def table(results: dict) -> str:
                          f"C={c}: {v['throughput']:,.0f} req/s "
                          f"({v['fraction_of_offline_best']:.0%}), p99 {v['p99_ms']:.0f} ms"
                          for c, v in s["concurrency"].items()))
+        for w, by_c in list(s.get("workers", {}).items())[1:]:
+            lines.append(f"  - --workers {w}: " + ", ".join(
+                f"C={c}: {v['throughput']:,.0f} req/s, p99 {v['p99_ms']:.0f} ms"
+                for c, v in by_c.items()))
     lines += issue48_table(results)
     return "\n".join(lines) + "\n"
 
@@ -752,6 +766,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--serve-texts", type=int, default=512)
     ap.add_argument("--serve-batches", type=int, nargs="+", default=[32, 128, 512])
     ap.add_argument("--serve-seconds", type=float, default=3.0)
+    ap.add_argument("--serve-workers", type=int, nargs="+", default=[1],
+                    help="serve with each of these --workers counts in turn (e.g. 1 2 4)")
     ap.add_argument("--work", type=Path, default=ROOT / "runs" / "bench" / "gpu")
     ap.add_argument("--out", type=Path, help="JSON results file (required unless --render)")
     ap.add_argument("--render", type=Path, metavar="JSON",

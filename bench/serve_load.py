@@ -252,6 +252,48 @@ async def load(url: str, requests_: list[bytes], concurrency: int, count: int) -
     return {"latencies": latencies, "errors": errors, "wall_s": wall}
 
 
+def scrape_metrics(url: str, task: str = "embed") -> dict:
+    """Totals from a server's /metrics for ``task``: per stage (`shoestring.serve.stages`)
+    CPU seconds, wall seconds and count, and model calls and inputs (zeros if absent: a
+    server without stage metrics, or with another task)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict = {"stage_cpu": {}, "stage_wall": {}, "stage_n": {}, "batches": 0.0,
+                 "inputs": 0.0}
+    names = {"shoestring_stage_cpu_seconds_total": "stage_cpu",
+             "shoestring_stage_seconds_sum": "stage_wall",
+             "shoestring_stage_seconds_count": "stage_n"}
+    text = httpx.get(url + "/metrics", timeout=30).text
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.labels.get("task") != task:
+                continue
+            if s.name in names:
+                out[names[s.name]][s.labels["stage"]] = s.value
+            elif s.name == "shoestring_batch_size_count":
+                out["batches"] = s.value
+            elif s.name == "shoestring_batch_size_sum":
+                out["inputs"] = s.value
+    return out
+
+
+def stage_summary(before: dict, after: dict, requests: int) -> dict:
+    """Per stage between two `scrape_metrics`: CPU ms per request and wall ms per input, in
+    a request's order."""
+    from shoestring.serve.stages import STAGES
+
+    out = {}
+    for stage, n in sorted(after["stage_n"].items(),
+                           key=lambda kv: STAGES.index(kv[0]) if kv[0] in STAGES else 99):
+        count = n - before["stage_n"].get(stage, 0.0)
+        if count:
+            cpu = after["stage_cpu"][stage] - before["stage_cpu"].get(stage, 0.0)
+            wall = after["stage_wall"][stage] - before["stage_wall"].get(stage, 0.0)
+            out[stage] = {"cpu_ms_per_request": 1000 * cpu / requests,
+                          "wall_ms": 1000 * wall / count}
+    return out
+
+
 def summarize(parts: list[dict]) -> dict:
     latencies = sorted(x for p in parts for x in p["latencies"])
     if len(latencies) < 2:
@@ -508,9 +550,16 @@ def main() -> None:
         try:
             by_c = {}
             for c in args.concurrency if "workers" not in name else [top]:
-                by_c[c] = measure(
-                    name, server, reqs, c, args.requests if c > 1 else 200, args.rounds
-                )
+                n = args.requests if c > 1 else 200
+                before = scrape_metrics(server.url) if name == "shoestring" else None
+                by_c[c] = measure(name, server, reqs, c, n, args.rounds)
+                if before is not None:  # where the server's time went (issue 49's stages)
+                    sent = args.rounds * (-(-n // args.rounds) + max(2 * c, 32))  # + warm-ups
+                    stages = stage_summary(before, scrape_metrics(server.url), sent)
+                    by_c[c]["stages"] = stages
+                    print("    stages, CPU ms/request (wall ms per input): " + ", ".join(
+                        f"{k} {v['cpu_ms_per_request']:.3f} ({v['wall_ms']:.3f})"
+                        for k, v in stages.items()), flush=True)
             results["servers"][name] = by_c
         finally:
             server.stop()

@@ -5,7 +5,11 @@ is far cheaper than 32 calls on one; that is the whole throughput gain of a mode
 (BentoML's "adaptive batching"). The batcher keeps a bounded queue of *jobs* (one input each)
 and one worker thread that repeatedly:
 
-1. takes the oldest job and, by default (``max_wait`` 0, TEI's design), starts at once:
+0. tokenizes every job queued as text since its last pass, in one call of the engine's
+   tokenizer (the Rust batch call releases the GIL, so the event loop keeps receiving while
+   it runs), and admits each (length limits, the task's checks): a job the model cannot take
+   fails its request at once (422) and that request's other jobs leave the queue unrun;
+1. takes the oldest tokenized job and, by default (``max_wait`` 0, TEI's design), starts at once:
    a free engine never waits, and whatever piled up while the previous batch ran is the
    next batch, so batches grow with load. With ``max_wait`` > 0 it waits that long for
    batch-mates, but only while requests arrive more often than once per ``max_wait``;
@@ -14,16 +18,18 @@ and one worker thread that repeatedly:
    served, so nothing starves). A request with many inputs is many jobs, so one larger than
    a batch is split across batches transparently;
 3. splits that batch into length groups so short inputs are not padded to the longest
-   (`plan_groups`, an exact dynamic program over the sorted lengths), and runs the group
-   holding the oldest job first, then the rest by their oldest job;
+   (`plan_groups`, an exact dynamic program over the distinct lengths, weighing padding
+   against a call's fixed cost, which the engine measures), and runs the group holding the
+   oldest job first, then the rest by their oldest job;
 4. runs each group; if a group's call raises, runs its jobs one by one, so one bad input
    fails only its own request.
 
-The event loop only enqueues and awaits futures; results come back through
-``loop.call_soon_threadsafe``. A full queue raises `QueueFull` at once (the HTTP layer answers
-429 + Retry-After): memory stays bounded under any load. Jobs whose client went away or whose
-time ran out are removed with `cancel` before they cost any compute. `close` drains: it stops
-accepting, lets the worker finish everything queued, then joins it.
+The event loop only enqueues and awaits futures (one per request with `submit_request`);
+results come back through ``loop.call_soon_threadsafe``, one wake-up per batch. A full
+queue raises `QueueFull` at once (the HTTP layer answers 429 + Retry-After): memory stays
+bounded under any load. Jobs whose client went away or whose time ran out are removed with
+`cancel` before they cost any compute. `close` drains: it stops accepting, lets the worker
+finish everything queued (tokenizing included), then joins it.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +45,7 @@ from typing import Any
 from shoestring.serve.metrics import ServeMetrics
 
 RunFn = Callable[[tuple, list[Any]], list[Any]]
+TokenizeFn = Callable[[list[Any]], list[list[int]]]
 
 # A model call's fixed cost (Python dispatch, kernel launches, the tokenizer-side work around
 # it) expressed in token positions: a length group is only split off when that saves more
@@ -60,16 +68,48 @@ class BatcherClosed(Exception):
 
 @dataclass(eq=False)
 class Job:
-    """One input waiting for the model. Jobs with equal ``key`` may share a model call."""
+    """One input waiting for the model. Jobs with equal ``key`` may share a model call.
+
+    A job queued as ``text`` has no payload yet: the worker tokenizes it and calls
+    ``finish(ids, loc, *options)`` for ``(payload, length)``, which raises (an
+    ``InputError``) when the model cannot take it."""
 
     key: tuple  # (task, *options that must be equal inside one call)
-    length: int  # token positions: the cost that padding grows
+    length: int  # token positions: the cost that padding grows (-1: not tokenized yet)
     payload: Any
     future: asyncio.Future | None = None
     loop: asyncio.AbstractEventLoop | None = None
     enqueued: float = 0.0
     cancelled: str | None = None  # why it was dropped (disconnected, timeout), if it was
     done: bool = field(default=False)
+    text: Any = None  # what to tokenize: a text, or a (text, pair) tuple
+    finish: Callable[..., tuple[Any, int]] | None = None
+    loc: tuple = ()
+    options: tuple = ()
+    group: JobGroup | None = None  # the request this job answers part of (`submit_request`)
+    index: int = 0  # its place among the request's results
+    prep_s: float = 0.0  # seconds its tokenizing took (not counted as queueing)
+
+
+class JobGroup:
+    """One request's jobs and the single future its handler awaits: their results in order
+    (an exception in place of a failed input's result), or the first admission error."""
+
+    __slots__ = ("future", "results", "remaining", "jobs")
+
+    def __init__(self, future: asyncio.Future, jobs: Sequence[Job]) -> None:
+        self.future, self.jobs = future, jobs
+        self.results: list[Any] = [None] * len(jobs)
+        self.remaining = len(jobs)
+
+    def settle(self, index: int, result: Any) -> None:
+        """One job's result (on the event loop); the future is set with the last one."""
+        if self.future.done():
+            return
+        self.results[index] = result
+        self.remaining -= 1
+        if self.remaining == 0:
+            self.future.set_result(self.results)
 
 
 def padded_tokens(lengths: Sequence[int], pad: bool = True) -> int:
@@ -115,7 +155,8 @@ def plan_groups(
 
     Returns lists of indices into ``lengths``. With ``pad`` each call pads its inputs to its
     longest one, costing ``n · max_len + overhead``; sorted by length, the best split is
-    contiguous, so an O(n²) dynamic program finds the exact optimum (n ≤ the batch size).
+    contiguous, so an O(u²) dynamic program over the u distinct lengths finds the exact
+    optimum.
     Without ``pad`` (a model that cannot mask padding) each call holds equal lengths only.
     """
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
@@ -129,19 +170,25 @@ def plan_groups(
             else:
                 groups.append([i])
         return groups
+    # Only boundaries between different lengths can be cuts: splitting inputs of one length
+    # saves no padding and costs a call. So the program runs over the distinct lengths.
     sorted_len = [lengths[i] for i in order]
-    n = len(order)
-    best = [0.0] + [float("inf")] * n
-    cut = [0] * (n + 1)
-    for j in range(1, n + 1):
+    ends = [k + 1 for k in range(len(order)) if k + 1 == len(order)
+            or sorted_len[k + 1] != sorted_len[k]]  # end (exclusive) of each run of one length
+    u = len(ends)
+    best = [0.0] + [float("inf")] * u
+    cut = [0] * (u + 1)
+    for j in range(1, u + 1):
+        width, end = sorted_len[ends[j - 1] - 1], ends[j - 1]
         for i in range(j):
-            cost = best[i] + (j - i) * sorted_len[j - 1] + overhead
+            cost = best[i] + (end - (ends[i - 1] if i else 0)) * width + overhead
             if cost < best[j]:
                 best[j], cut[j] = cost, i
-    bounds, j = [], n
+    bounds, j = [], u
     while j > 0:
-        bounds.append((cut[j], j))
-        j = cut[j]
+        i = cut[j]
+        bounds.append((ends[i - 1] if i else 0, ends[j - 1]))
+        j = i
     return [order[a:b] for a, b in reversed(bounds)]
 
 
@@ -157,7 +204,8 @@ class MicroBatcher:
                  max_batch_tokens: int | None = None, max_wait_s: float = 0.0,
                  max_queue: int = 1024, pad: bool | Callable[[tuple], bool] = True,
                  metrics: ServeMetrics | None = None,
-                 group_overhead_tokens: float = GROUP_OVERHEAD_TOKENS) -> None:
+                 group_overhead_tokens: float = GROUP_OVERHEAD_TOKENS,
+                 tokenize: TokenizeFn | None = None) -> None:
         if max_batch_size < 1 or max_queue < 1 or max_wait_s < 0:
             raise ValueError("max_batch_size and max_queue must be ≥ 1, max_wait_s ≥ 0")
         self._run = run
@@ -168,7 +216,10 @@ class MicroBatcher:
         self._pad = pad if callable(pad) else (lambda key, _p=pad: _p)
         self.metrics = metrics
         self.group_overhead_tokens = group_overhead_tokens
-        self._pending: list[Job] = []  # arrival order
+        self._tokenize = tokenize
+        self._pending: list[Job] = []  # tokenized, arrival order
+        self._raw: list[Job] = []  # queued as text, not tokenized yet, arrival order
+        self._preparing = 0  # jobs being tokenized (off the lock)
         self._cv = threading.Condition()
         self._closing = False
         # Mean time between requests (exponential moving average), starting as "busy".
@@ -181,7 +232,7 @@ class MicroBatcher:
 
     @property
     def queue_depth(self) -> int:
-        return len(self._pending)
+        return len(self._pending) + len(self._raw) + self._preparing
 
     @property
     def in_flight(self) -> int:
@@ -204,28 +255,45 @@ class MicroBatcher:
         Raises `QueueFull` when they do not all fit and `BatcherClosed` after `close`.
         """
         loop = asyncio.get_running_loop()
+        for job in jobs:
+            job.future, job.loop = loop.create_future(), loop
+        self._enqueue(jobs)
+        return [job.future for job in jobs]  # type: ignore[misc]
+
+    def submit_request(self, jobs: Sequence[Job]) -> asyncio.Future:
+        """Queue one request's ``jobs`` (all or none) behind one future: the list of their
+        results in order, an exception instance in place of a failed input's result; or the
+        exception that refused one of them before it ran (then none of them run)."""
+        loop = asyncio.get_running_loop()
+        request = JobGroup(loop.create_future(), jobs)
+        for i, job in enumerate(jobs):
+            job.group, job.index, job.loop = request, i, loop
+        self._enqueue(jobs)
+        return request.future
+
+    def _enqueue(self, jobs: Sequence[Job]) -> None:
         now = time.monotonic()
         with self._cv:
             if not self.accepting:
                 raise BatcherClosed("the server is shutting down")
-            if len(self._pending) + len(jobs) > self.max_queue:
-                raise QueueFull(len(self._pending), self.max_queue)
-            was_empty = not self._pending
+            depth = self.queue_depth
+            if depth + len(jobs) > self.max_queue:
+                raise QueueFull(depth, self.max_queue)
+            was_empty = depth == 0
             if self._last_arrival is not None:
                 # Capped, so one idle spell does not make the server slow to see a burst.
                 gap = min(now - self._last_arrival, 2 * self.max_wait_s)
                 self._gap = 0.8 * self._gap + 0.2 * gap
             self._last_arrival = now
             for job in jobs:
-                job.future, job.loop, job.enqueued = loop.create_future(), loop, now
-                self._pending.append(job)
+                job.enqueued = now
+                (self._pending if job.text is None else self._raw).append(job)
             # Wake the worker only when it has something new to decide: the first job starts
             # a gathering window, a full batch ends it. In between it sleeps until the window
             # closes; waking it on every arrival would only trade the GIL back and forth with
             # the event loop, which is busy receiving the very requests it is waiting for.
             if was_empty or (self.max_wait_s > 0 and len(self._pending) >= self.max_batch_size):
                 self._cv.notify()
-        return [job.future for job in jobs]  # type: ignore[misc]
 
     def cancel(self, jobs: Sequence[Job], reason: str) -> int:
         """Drop ``jobs`` that have not run yet (client gone, time up); returns how many."""
@@ -236,10 +304,11 @@ class MicroBatcher:
                     continue
                 job.cancelled = reason
                 try:
-                    self._pending.remove(job)
+                    (self._pending if job.text is None or job.length >= 0
+                     else self._raw).remove(job)
                     dropped += 1
                 except ValueError:
-                    pass  # already taken by the worker: it skips cancelled jobs before running
+                    pass  # taken by the worker: it skips cancelled jobs before running them
             self._cv.notify()
         if dropped and self.metrics:
             self.metrics.dropped.labels(reason=reason).inc(dropped)
@@ -251,8 +320,10 @@ class MicroBatcher:
             self._closing = True
             if not drain:
                 why = "the server shut down before this input ran"
-                _deliver(self._pending, [BatcherClosed(why) for _ in self._pending])
+                queued = self._raw + self._pending
+                _deliver(queued, [BatcherClosed(why) for _ in queued])
                 self._pending.clear()
+                self._raw.clear()
             self._cv.notify_all()
         if self._thread is not None:
             self._thread.join(timeout)
@@ -263,7 +334,13 @@ class MicroBatcher:
         """Block until a batch is due; None once closing with nothing left."""
         with self._cv:
             while True:
+                if self._raw:
+                    # Once per decision, so a steady stream of new texts cannot starve the
+                    # jobs already tokenized: later arrivals wait for the next pass.
+                    self._prepare_raw()
                 if not self._pending:
+                    if self._raw:
+                        continue
                     if self._closing:
                         return None
                     self._cv.wait()
@@ -286,6 +363,54 @@ class MicroBatcher:
                 self._pending = [j for j in self._pending if id(j) not in taken]
                 self._in_flight += len(batch)
                 return batch
+
+    def _prepare_raw(self) -> None:
+        """Tokenize and admit every job queued as text (called holding the lock, which is
+        released while the tokenizer runs). Admitted jobs join the tokenized queue in arrival
+        order; a job the model cannot take fails its request, whose other jobs are dropped."""
+        raw, self._raw = self._raw, []
+        self._preparing = len(raw)
+        wall, cpu = time.perf_counter(), time.thread_time()
+        self._cv.release()
+        try:
+            tokenized = _tokenize_jobs(self._tokenize, raw)
+        finally:
+            self._cv.acquire()
+            self._preparing = 0
+        wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+        admitted, failed = [], []
+        for job, outcome in zip(raw, tokenized):
+            if job.cancelled:  # its client went away while it was being tokenized
+                if self.metrics:
+                    self.metrics.dropped.labels(reason=job.cancelled).inc()
+            elif isinstance(outcome, BaseException):
+                failed.append((job, outcome))
+            else:
+                job.payload, job.length = outcome
+                job.prep_s = wall
+                admitted.append(job)
+        if failed:
+            refused = {id(j.group) for j, _ in failed if j.group is not None}
+            admitted = [j for j in admitted if id(j.group) not in refused or j.group is None]
+            self._fail_requests(failed, refused)
+        if admitted:
+            if self._pending and self._pending[-1].enqueued > admitted[0].enqueued:
+                self._pending = sorted(self._pending + admitted, key=lambda j: j.enqueued)
+            else:
+                self._pending += admitted
+        if self.metrics and raw:
+            tasks = Counter(str(j.key[0]) for j in raw)
+            for task, n in tasks.items():
+                self.metrics.stages.observe(task, "tokenize", wall, cpu * n / len(raw), n)
+
+    def _fail_requests(self, failed: list[tuple[Job, BaseException]], refused: set[int]) -> None:
+        """Deliver admission errors; the refused requests' other queued jobs leave the queue
+        (their answer is already the error)."""
+        for job in self._pending:
+            if job.group is not None and id(job.group) in refused:
+                job.cancelled = "refused"
+        self._pending = [j for j in self._pending if j.cancelled != "refused"]
+        _deliver([j for j, _ in failed], [e for _, e in failed])
 
     def _worker(self) -> None:
         while (batch := self._next_batch()) is not None:
@@ -310,6 +435,11 @@ class MicroBatcher:
                     self.metrics.dropped.labels(reason=j.cancelled).inc()
         if not live:
             return
+        if self.metrics:
+            now = time.monotonic()
+            task = str(key[0])
+            for j in live:
+                self.metrics.stages.observe(task, "queue", max(0.0, now - j.enqueued - j.prep_s))
         results = self._call(key, live)
         if isinstance(results, BaseException) and len(live) > 1:
             # Find the culprit: each input alone, so its batch-mates still get answers.
@@ -341,10 +471,47 @@ class MicroBatcher:
         return results
 
 
-def _deliver_batch(pairs: list[tuple[asyncio.Future, Any]]) -> None:
-    """Settle each future with its result (on its event loop); one already done is left."""
-    for future, result in pairs:
-        if future.done():
+def _tokenize_jobs(tokenize: TokenizeFn | None,
+                   jobs: list[Job]) -> list[tuple[Any, int] | BaseException]:
+    """Each job's (payload, length) from one tokenizer call, or the exception refusing it."""
+    if tokenize is None:
+        raise RuntimeError("jobs were queued as text, but this batcher has no tokenizer")
+    out: list[tuple[Any, int] | BaseException] = []
+    try:
+        ids = tokenize([j.text for j in jobs])
+    except Exception:  # noqa: BLE001 - a bad text fails its own request, not the batch
+        ids = []
+        for j in jobs:
+            try:
+                ids.append(tokenize([j.text])[0])
+            except Exception as one:  # noqa: BLE001
+                ids.append(one)
+    for job, tokens in zip(jobs, ids):
+        if isinstance(tokens, BaseException):
+            out.append(tokens)
+            continue
+        try:
+            out.append(job.finish(tokens, job.loc, *job.options))  # type: ignore[misc]
+        except Exception as e:  # noqa: BLE001 - InputError: the request's 422
+            out.append(e)
+    return out
+
+
+def _deliver_batch(pairs: list[tuple[Job, Any]]) -> None:
+    """Settle each job's future or request with its result (on its event loop); one already
+    done is left."""
+    for job, result in pairs:
+        group = job.group
+        if group is not None:
+            if isinstance(result, BaseException) and job.length < 0:
+                # Refused at admission: the request's answer is this error, at once.
+                if not group.future.done():
+                    group.future.set_exception(result)
+                continue
+            group.settle(job.index, result)
+            continue
+        future = job.future
+        if future is None or future.done():
             continue
         if isinstance(result, BaseException):
             future.set_exception(result)
@@ -356,9 +523,9 @@ def _deliver(jobs: Sequence[Job], results: Sequence[Any]) -> None:
     """Hand results to their event loops: one wake-up per loop, not one per job."""
     by_loop: dict[int, tuple[asyncio.AbstractEventLoop, list]] = {}
     for job, result in zip(jobs, results):
-        if job.loop is None or job.future is None:
+        if job.loop is None:
             continue
-        by_loop.setdefault(id(job.loop), (job.loop, []))[1].append((job.future, result))
+        by_loop.setdefault(id(job.loop), (job.loop, []))[1].append((job, result))
     for loop, pairs in by_loop.values():
         try:
             loop.call_soon_threadsafe(_deliver_batch, pairs)
@@ -366,5 +533,5 @@ def _deliver(jobs: Sequence[Job], results: Sequence[Any]) -> None:
             pass
 
 
-__all__ = ["BatcherClosed", "Job", "MicroBatcher", "QueueFull", "choose_batch", "padded_tokens",
-           "plan_groups"]
+__all__ = ["BatcherClosed", "Job", "MicroBatcher", "JobGroup", "QueueFull", "choose_batch",
+           "padded_tokens", "plan_groups"]

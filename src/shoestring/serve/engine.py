@@ -1,22 +1,29 @@
 """Models behind the server: load any shoestring artifact, tokenize, run batches.
 
-One `Engine` per loaded model. Its two halves run in different places on purpose:
+One `Engine` per loaded model. Its work is split by where it runs:
 
-* ``prepare_*`` runs on the event loop per request: tokenizes, applies ``--max-length``
-  (reject or truncate) and checks the input (a fill-mask text needs a mask token), raising
-  `InputError` → HTTP 422 before anything is queued;
+* ``admit_*`` checks one input's token ids against the model (its length against
+  ``--max-length``: reject or truncate; a fill-mask input's mask token; token ids inside the
+  vocabulary) and returns the payload a batch call takes, or raises `InputError` → HTTP 422;
+* `tokenize` turns many texts into token ids in one call of the Rust tokenizer, which
+  releases the GIL and spreads a batch over the cores. The server calls it on the batcher's
+  worker thread for everything queued at once, not on the event loop per request; token ids
+  a client sends (``input_ids``) skip it and are admitted on the event loop (a range check);
 * ``run(key, payloads)`` runs on the batcher's worker thread on a whole batch: pads, masks
   the padding (``key_mask`` / ``attention_mask``), one forward pass, and turns tensors into
-  plain Python results there, so the event loop never touches a tensor.
+  results there (plain Python, or float32 NumPy rows for embeddings, which the answer's
+  encoder writes without making Python floats), so the event loop never touches a tensor.
 
-`load_engine` recognises a run dir (encoder or decoder), a `shoestring export` (Hugging Face
-ModernBERT) folder, and a fine-tuned classifier folder.
+``prepare_*`` (tokenize + admit, for a list of texts) is the same path for callers outside the
+server (retrieval, benchmarks). `load_engine` recognises a run dir (encoder or decoder), a
+`shoestring export` (Hugging Face ModernBERT) folder, and a fine-tuned classifier folder.
 """
 
 from __future__ import annotations
 
 import abc
 import contextlib
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,20 +31,23 @@ import torch
 from torch import nn
 
 from shoestring import families
+from shoestring.serve.stages import Laps, StageTimes
 from shoestring.serve.streaming import TextDelta, TokenStream
+
+Loc = tuple[str | int, ...]
 
 
 class InputError(ValueError):
     """One input the model cannot take; ``loc`` is its place in the request body."""
 
-    def __init__(self, message: str, loc: tuple[str | int, ...]) -> None:
+    def __init__(self, message: str, loc: Loc) -> None:
         super().__init__(message)
         self.message, self.loc = message, loc
 
 
-def input_loc(index: int, many: bool) -> tuple[str | int, ...]:
-    """Where input ``index`` sits in the body: ``inputs`` itself, or ``inputs[index]``."""
-    return ("body", "inputs", index) if many else ("body", "inputs")
+def input_loc(index: int, many: bool, field: str = "inputs") -> Loc:
+    """Where input ``index`` sits in the body: ``field`` itself, or ``field[index]``."""
+    return ("body", field, index) if many else ("body", field)
 
 
 class Engine(abc.ABC):
@@ -60,6 +70,15 @@ class Engine(abc.ABC):
         self.source = source
         self.max_length = max_length
         self.truncate = truncate
+        self.vocab_size = _vocab_size(model, tokenizer)
+        # Where forward and pooling times go (the server's metrics); None: not recorded.
+        self.stages: StageTimes | None = None
+        # A model call's fixed cost in token positions (`calibrate`); None: not measured, the
+        # batcher's default applies.
+        self.call_overhead_tokens: float | None = None
+        # The Rust tokenizer's batch call without character offsets (nobody here reads
+        # them); tokenizers older than 0.20 have only the full one.
+        self._encode_batch = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
 
     # --- shared helpers -----------------------------------------------------------------------
 
@@ -69,7 +88,25 @@ class Engine(abc.ABC):
         stack.enter_context(self._autocast())
         return stack
 
-    def _fit(self, ids: list[int], loc: tuple, keep_last: bool) -> list[int]:
+    def _laps(self, task: str) -> Laps | None:
+        return None if self.stages is None else Laps(self.stages, task)
+
+    def tokenize(self, texts: list[Any]) -> list[list[int]]:
+        """Token ids of each text (or ``(text, pair)``), special tokens added, in one call."""
+        return [e.ids for e in self._encode_batch(texts)]
+
+    def check_ids(self, ids: list[int], loc: Loc) -> list[int]:
+        """Token ids a client sent: not empty and inside this model's vocabulary."""
+        if not ids:
+            raise InputError("the token id list is empty: send at least one id", loc)
+        low, high = min(ids), max(ids)
+        if low < 0 or high >= self.vocab_size:
+            bad = low if low < 0 else high
+            raise InputError(f"token id {bad} at position {ids.index(bad)} is outside this "
+                             f"model's vocabulary (0 to {self.vocab_size - 1})", loc)
+        return ids
+
+    def _fit(self, ids: list[int], loc: Loc, keep_last: bool) -> list[int]:
         """Apply ``--max-length``: reject, or cut keeping the closing special token."""
         if len(ids) <= self.max_length:
             return ids
@@ -81,21 +118,31 @@ class Engine(abc.ABC):
 
     def _pad(self, seqs: list[list[int]], pad_id: int,
              left: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(B, T) ids and a (B, T) bool mask of real tokens (None when nothing is padded)."""
-        width = max(len(s) for s in seqs)
-        ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(seqs), width), dtype=torch.bool)
-        for i, s in enumerate(seqs):
-            sl = slice(width - len(s), width) if left else slice(0, len(s))
-            ids[i, sl] = torch.tensor(s, dtype=torch.long)
-            mask[i, sl] = True
-        return ids.to(self.device), None if bool(mask.all()) else mask.to(self.device)
+        """(B, T) ids and a (B, T) bool mask of real tokens (None when nothing is padded).
+
+        One tensor from one flat list: a tensor per row costs more than the model call
+        itself for a tiny model's batch."""
+        lengths = [len(s) for s in seqs]
+        width = max(lengths)
+        flat: list[int] = []
+        for s, n in zip(seqs, lengths):
+            fill = [pad_id] * (width - n)
+            flat += (fill + s) if left else (s + fill)
+        ids = torch.tensor(flat, dtype=torch.long).view(len(seqs), width)
+        if min(lengths) == width:
+            return ids.to(self.device), None
+        n = torch.tensor(lengths)[:, None]
+        pos = torch.arange(width)[None, :]
+        mask = pos >= width - n if left else pos < n
+        return ids.to(self.device), mask.to(self.device)
 
     def describe(self) -> dict[str, Any]:
         params = sum(p.numel() for p in self.model.parameters())
         return {"kind": self.kind, "source": str(self.source), "tasks": sorted(self.tasks),
                 "parameters": params, "max_length": self.max_length, "truncate": self.truncate,
-                "device": str(self.device), "precision": str(self.dtype).removeprefix("torch.")}
+                "vocab_size": self.vocab_size, "call_overhead_tokens": self.call_overhead_tokens,
+                "device": str(self.device),
+                "precision": str(self.dtype).removeprefix("torch.")}
 
     def pad_batches(self, key: tuple) -> bool:
         """Whether inputs of different lengths may share a call (the model masks padding)."""
@@ -108,14 +155,66 @@ class Engine(abc.ABC):
     def warmup(self) -> None:
         """One tiny batch per task, so the first request does not pay for lazy init."""
 
-    # Each subclass defines one ``prepare_*`` per task in its `tasks` (prepare_fill_mask,
-    # prepare_embed, prepare_classify, prepare_generate); the app calls only served tasks'.
+    def calibrate(self, repeats: int = 5) -> float | None:
+        """Measure what one more model call costs, in token positions, and keep it in
+        `call_overhead_tokens` (None where the engine has no single-forward task).
+
+        The batcher splits a batch into length groups only when the padding saved is worth
+        more than a call. That price differs by orders of magnitude between devices and
+        models: a tiny model on a CPU spends most of a call in Python and dispatch, a GPU
+        pays kernel launches and gets padding almost free. So it is measured here, on this
+        model and device (the fastest of ``repeats`` runs of one short input and of 16 long
+        ones: a fixed cost plus a cost per padded position)."""
+        probe = self._probe()
+        if probe is None:
+            return None
+        key, payload = probe
+
+        def best(seqs: list[list[int]]) -> float:
+            times = []
+            for _ in range(repeats):
+                t = time.perf_counter()
+                self.run(key, [payload(s) for s in seqs])
+                times.append(time.perf_counter() - t)
+            return min(times)
+
+        short, long_ = [[self.probe_id] * 8], [[self.probe_id] * 64] * 16
+        t_short, t_long = best(short), best(long_)
+        per_token = max(t_long - t_short, 1e-9) / (16 * 64 - 8)
+        fixed = max(t_short - 8 * per_token, 0.0)
+        self.call_overhead_tokens = min(max(fixed / per_token, 1.0), 1e6)
+        return self.call_overhead_tokens
+
+    def _probe(self) -> tuple[tuple, Any] | None:
+        """(key, ids → payload) of one forward pass of this engine's model, for `calibrate`."""
+        return None
+
+    def probe_memory(self, batch_tokens: int, length: int) -> None:
+        """Run the largest batch the limits allow (``batch_tokens`` padded positions of
+        inputs ``length`` long), so the memory it takes is in the process's peak."""
+        probe = self._probe()
+        if probe is None:
+            return
+        key, payload = probe
+        n = max(1, batch_tokens // length)
+        self.run(key, [payload([self.probe_id] * length)] * n)
+
+    @property
+    def probe_id(self) -> int:
+        """A token id every model takes, for timing runs."""
+        return min(2, self.vocab_size - 1)
+
+    # Each subclass defines, per task in its `tasks`, ``admit_<task>(ids, loc, *options) ->
+    # (payload, token positions)`` and ``prepare_<task>`` (texts → payloads).
 
 
-def _tokenize(tokenizer: Any, texts: list[str]) -> list[list[int]]:
-    # One text at a time: encode_batch fans out to a thread pool, which for the few short
-    # texts of one request costs more than it saves and competes with the model's threads.
-    return [tokenizer.encode(t).ids for t in texts]
+def _vocab_size(model: nn.Module, tokenizer: Any) -> int:
+    """Token ids this model takes: the tokenizer's vocabulary, within the embedding's rows."""
+    size = tokenizer.get_vocab_size(with_added_tokens=True)
+    for name, module in model.named_modules():
+        if name.endswith("tok_embeddings") and isinstance(module, nn.Embedding):
+            return min(size, module.num_embeddings)
+    return size
 
 
 class EncoderEngine(Engine):
@@ -131,26 +230,32 @@ class EncoderEngine(Engine):
         self.pad_id, self.mask_id = ids["[PAD]"], ids["[MASK]"]
         self.mask_token = "[MASK]"
 
+    def admit_fill_mask(self, ids: list[int], loc: Loc,
+                        top_k: int) -> tuple[tuple[list[int], list[int], int], int]:
+        had_mask = self.mask_id in ids
+        ids = self._fit(ids, loc, keep_last=True)
+        positions = [p for p, t in enumerate(ids) if t == self.mask_id]
+        if not positions:
+            why = ("its [MASK] token was cut off by --truncate; put it earlier" if had_mask
+                   else f"it has no {self.mask_token} token: write {self.mask_token} where "
+                   "a word should be predicted (exactly so, in capitals)")
+            raise InputError(f"fill-mask needs a {self.mask_token} token, and {why}", loc)
+        return (ids, positions, top_k), len(ids)
+
+    def admit_embed(self, ids: list[int], loc: Loc, pooling: str,
+                    normalize: bool) -> tuple[tuple[list[int], str, bool], int]:
+        ids = self._fit(ids, loc, keep_last=True)
+        return (ids, pooling, normalize), len(ids)
+
     def prepare_fill_mask(self, texts: list[str], top_k: int,
                           many: bool) -> list[tuple[list[int], list[int], int]]:
-        out = []
-        for i, ids in enumerate(_tokenize(self.tokenizer, texts)):
-            loc = input_loc(i, many)
-            had_mask = self.mask_id in ids
-            ids = self._fit(ids, loc, keep_last=True)
-            positions = [p for p, t in enumerate(ids) if t == self.mask_id]
-            if not positions:
-                why = ("its [MASK] token was cut off by --truncate; put it earlier" if had_mask
-                       else f"it has no {self.mask_token} token: write {self.mask_token} where "
-                       "a word should be predicted (exactly so, in capitals)")
-                raise InputError(f"fill-mask needs a {self.mask_token} token, and {why}", loc)
-            out.append((ids, positions, top_k))
-        return out
+        return [self.admit_fill_mask(ids, input_loc(i, many), top_k)[0]
+                for i, ids in enumerate(self.tokenize(texts))]
 
     def prepare_embed(self, texts: list[str], pooling: str, normalize: bool,
                       many: bool) -> list[tuple[list[int], str, bool]]:
-        return [(self._fit(ids, input_loc(i, many), keep_last=True), pooling, normalize)
-                for i, ids in enumerate(_tokenize(self.tokenizer, texts))]
+        return [self.admit_embed(ids, input_loc(i, many), pooling, normalize)[0]
+                for i, ids in enumerate(self.tokenize(texts))]
 
     def _hidden(self, seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor | None]:
         ids, mask = self._pad(seqs, self.pad_id)
@@ -165,7 +270,10 @@ class EncoderEngine(Engine):
         raise ValueError(f"unknown task {key[0]!r}")
 
     def _fill_mask(self, payloads: list[tuple[list[int], list[int], int]]) -> list[Any]:
+        laps = self._laps("fill-mask")
         hidden, _ = self._hidden([p[0] for p in payloads])
+        if laps:
+            laps.lap("forward", len(payloads))
         rows = [i for i, p in enumerate(payloads) for _ in p[1]]
         cols = [c for p in payloads for c in p[1]]
         logits = self.model.head(hidden[rows, cols]).float()
@@ -183,23 +291,43 @@ class EncoderEngine(Engine):
                 masks.append({"position": pos, "candidates": cand})
                 m += 1
             results.append(masks)
+        if laps:
+            laps.lap("pooling", len(payloads))
         return results
 
     def _embed(self, payloads: list[tuple[list[int], str, bool]]) -> list[Any]:
+        """One float32 vector (a NumPy row) per payload: pooled, normalised if asked."""
+        laps = self._laps("embed")
         hidden, mask = self._hidden([p[0] for p in payloads])
+        if laps:
+            laps.lap("forward", len(payloads))
         hidden = hidden.float()
         if mask is None:
             mean = hidden.mean(1)
         else:
             m = mask.unsqueeze(-1).to(hidden.dtype)
             mean = (hidden * m).sum(1) / m.sum(1).clamp_min(1.0)
-        cls = hidden[:, 0]
-        pooled = torch.stack([mean[i] if p[1] == "mean" else cls[i]
-                              for i, p in enumerate(payloads)])
-        norms = pooled.norm(dim=-1, keepdim=True).clamp_min(1e-12)
-        want = torch.tensor([p[2] for p in payloads], device=pooled.device)[:, None]
-        pooled = torch.where(want, pooled / norms, pooled)
-        return pooled.cpu().tolist()
+        cls_rows = [p[1] == "cls" for p in payloads]
+        if not any(cls_rows):
+            pooled = mean
+        elif all(cls_rows):
+            pooled = hidden[:, 0]
+        else:
+            pick = torch.tensor(cls_rows, device=mean.device)[:, None]
+            pooled = torch.where(pick, hidden[:, 0], mean)
+        want = [p[2] for p in payloads]
+        if any(want):
+            norms = pooled.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+            scaled = pooled / norms
+            pooled = scaled if all(want) else torch.where(
+                torch.tensor(want, device=pooled.device)[:, None], scaled, pooled)
+        out = list(pooled.cpu().numpy())
+        if laps:
+            laps.lap("pooling", len(payloads))
+        return out
+
+    def _probe(self) -> tuple[tuple, Any] | None:
+        return ("embed",), lambda ids: (ids, "mean", True)
 
     def warmup(self) -> None:
         seq = [self.meta["special_ids"]["[CLS]"], self.mask_id, self.meta["special_ids"]["[SEP]"]]
@@ -222,37 +350,59 @@ class ClassifierEngine(Engine):
         self.labels = list(meta.get("labels") or [str(i) for i in range(n)])
         self.pair = bool(meta.get("pair", False))
 
-    def prepare_classify(self, texts: list[str], pairs: list[str] | None,
-                         many: bool) -> list[list[int]]:
+    def check_pairs(self, n: int, pairs: list[str] | None, ids_given: bool = False) -> None:
+        """A request's ``pairs`` against this classifier: given exactly when it takes pairs,
+        one per input (token ids already hold both texts of a pair)."""
+        if ids_given:
+            if pairs is not None:
+                raise InputError("'input_ids' already hold both texts of each pair: leave out "
+                                 "'pairs'", ("body", "pairs"))
+            return
         if self.pair and pairs is None:
             raise InputError("this classifier takes text pairs: send 'pairs' (one second text "
                              "per input) beside 'inputs'", ("body", "pairs"))
         if not self.pair and pairs is not None:
             raise InputError("this classifier takes single texts: leave out 'pairs'",
                              ("body", "pairs"))
-        if pairs is not None and len(pairs) != len(texts):
-            raise InputError(f"'pairs' has {len(pairs)} texts for {len(texts)} inputs; give one "
+        if pairs is not None and len(pairs) != n:
+            raise InputError(f"'pairs' has {len(pairs)} texts for {n} inputs; give one "
                              "per input", ("body", "pairs"))
-        encs = ([self.tokenizer.encode(t) for t in texts] if pairs is None
-                else [self.tokenizer.encode(t, p) for t, p in zip(texts, pairs)])
-        return [self._fit(e.ids, input_loc(i, many), keep_last=True) for i, e in enumerate(encs)]
+
+    def admit_classify(self, ids: list[int], loc: Loc) -> tuple[list[int], int]:
+        ids = self._fit(ids, loc, keep_last=True)
+        return ids, len(ids)
+
+    def prepare_classify(self, texts: list[str], pairs: list[str] | None,
+                         many: bool) -> list[list[int]]:
+        self.check_pairs(len(texts), pairs)
+        encs = self.tokenize(texts if pairs is None else list(zip(texts, pairs)))
+        return [self.admit_classify(ids, input_loc(i, many))[0] for i, ids in enumerate(encs)]
 
     def run(self, key: tuple, payloads: list[Any]) -> list[Any]:
+        laps = self._laps("classify")
         with self._context():
             ids, mask = self._pad(payloads, self.pad_id)
             logits = self.model(ids, mask).float()
+        if laps:
+            laps.lap("forward", len(payloads))
         if self.problem == "regression":
-            return [{"value": v} for v in logits[:, 0].cpu().tolist()]
-        out = []
-        for row in logits.softmax(-1).cpu().tolist():
-            best = max(range(len(row)), key=row.__getitem__)
-            out.append({"label": self.labels[best], "score": row[best],
-                        "scores": dict(zip(self.labels, row))})
+            out: list[Any] = [{"value": v} for v in logits[:, 0].cpu().tolist()]
+        else:
+            out = []
+            for row in logits.softmax(-1).cpu().tolist():
+                best = max(range(len(row)), key=row.__getitem__)
+                out.append({"label": self.labels[best], "score": row[best],
+                            "scores": dict(zip(self.labels, row))})
+        if laps:
+            laps.lap("pooling", len(payloads))
         return out
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "problem": self.problem, "labels": self.labels,
                 "pair": self.pair, "task": self.meta.get("task")}
+
+    def _probe(self) -> tuple[tuple, Any] | None:
+        return ("classify",), lambda ids: ids
 
     def warmup(self) -> None:
         self.run(("classify",), [[2, 3], [2, 1, 3]])
@@ -272,22 +422,27 @@ class DecoderEngine(Engine):
         pad = ids.get("<|pad|>", tokenizer.token_to_id("<|pad|>"))
         self.pad_id = pad if pad is not None else (self.eos_id or 0)
 
+    def admit_generate(self, ids: list[int], loc: Loc) -> tuple[list[int], int]:
+        # Training rows are documents joined by <|endoftext|>: a prompt is a document start.
+        if self.eos_id is not None and (not ids or ids[0] != self.eos_id):
+            ids = [self.eos_id, *ids]
+        ids = self._fit(ids, loc, keep_last=False)
+        return ids, len(ids)
+
     def prepare_generate(self, texts: list[str], many: bool) -> list[list[int]]:
-        out = []
-        for i, ids in enumerate(_tokenize(self.tokenizer, texts)):
-            # Training rows are documents joined by <|endoftext|>: a prompt is a document start.
-            if self.eos_id is not None and (not ids or ids[0] != self.eos_id):
-                ids = [self.eos_id, *ids]
-            out.append(self._fit(ids, input_loc(i, many), keep_last=False))
-        return out
+        return [self.admit_generate(ids, input_loc(i, many))[0]
+                for i, ids in enumerate(self.tokenize(texts))]
 
     def run(self, key: tuple, payloads: list[Any]) -> list[Any]:
         if key[0] == "generate-stream":
             return [self._stream(key[1:6], *payloads[0])]
+        laps = self._laps("generate")
         with self._context():
             ids, mask = self._pad(payloads, self.pad_id, left=True)
             out = self._generate(ids, key[1:], attention_mask=mask, pad_id=self.pad_id)
         new = out[:, ids.shape[1] :].cpu().tolist()
+        if laps:
+            laps.lap("forward", len(payloads))
         results = []
         for row in new:
             finish = "length"
@@ -295,6 +450,8 @@ class DecoderEngine(Engine):
                 row, finish = row[: row.index(self.eos_id)], "stop"
             text = self.tokenizer.decode(row, skip_special_tokens=True)
             results.append({"text": text, "tokens": len(row), "finish_reason": finish})
+        if laps:
+            laps.lap("pooling", len(payloads))
         return results
 
     def _generate(self, ids: torch.Tensor, options: tuple, **kw: Any) -> torch.Tensor:

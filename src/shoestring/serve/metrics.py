@@ -17,6 +17,8 @@ from collections.abc import Callable
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from shoestring.serve.stages import StageTimes
+
 # No ``*_created`` series: they double the output and nothing here reads them.
 prometheus_client.disable_created_metrics()
 
@@ -90,7 +92,10 @@ class ServeMetrics:
                                registry=reg)
         self.streamed_tokens = Counter("shoestring_streamed_tokens_total",
                                        "Tokens generated for streams.", registry=reg)
+        self.stages = StageTimes()  # shoestring_stage_seconds, shoestring_stage_cpu_seconds_total
+        reg.register(self.stages)
         self.rate = TokenRate()
+        self._by_task: dict[str, tuple] = {}
         self.add_gauge("shoestring_tokens_per_second",
                        f"Real tokens computed per second over the last {RATE_WINDOW_S:g} s.",
                        self.rate.rate)
@@ -98,12 +103,24 @@ class ServeMetrics:
     def observe_batch(self, task: str, seconds: float, lengths: list[int], padded: int) -> None:
         """One model call: its size, time, padded tokens and real tokens."""
         real = sum(lengths)
-        self.batch_size.labels(task=task).observe(len(lengths))
-        self.batch_seconds.labels(task=task).observe(seconds)
-        self.batch_tokens.labels(task=task).observe(padded)
-        self.tokens.labels(task=task, kind="real").inc(real)
-        self.tokens.labels(task=task, kind="padding").inc(padded - real)
+        size, duration, tokens, real_n, padding = self._batch_series(task)
+        size.observe(len(lengths))
+        duration.observe(seconds)
+        tokens.observe(padded)
+        real_n.inc(real)
+        padding.inc(padded - real)
         self.rate.add(real)
+
+    def _batch_series(self, task: str) -> tuple:
+        """``observe_batch``'s five series for ``task`` (``labels()`` costs microseconds a
+        call: each is looked up once)."""
+        series = self._by_task.get(task)
+        if series is None:
+            series = self._by_task[task] = (
+                self.batch_size.labels(task=task), self.batch_seconds.labels(task=task),
+                self.batch_tokens.labels(task=task), self.tokens.labels(task=task, kind="real"),
+                self.tokens.labels(task=task, kind="padding"))
+        return series
 
     def add_gauge(self, name: str, help: str, read: Callable[[], float]) -> None:
         Gauge(name, help, registry=self.registry).set_function(read)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from shoestring.errors import ShoestringError
 from shoestring.model_repository import ModelRepository, ModelVersion, split_ref
-from shoestring.serve.batcher import MicroBatcher
+from shoestring.serve.batcher import GROUP_OVERHEAD_TOKENS, MicroBatcher
 from shoestring.serve.engine import Engine, InputError
 from shoestring.serve.metrics import ServeMetrics
 from shoestring.serve.settings import ServeSettings
@@ -102,7 +102,10 @@ class ModelRouter:
             # Unset: the token budget decides (an input is at least one token).
             max_batch_size=s.max_batch_size or s.max_batch_tokens,
             max_batch_tokens=s.max_batch_tokens, max_wait_s=s.max_wait_ms / 1000.0,
-            max_queue=s.max_queue, pad=engine.pad_batches, metrics=self.metrics)
+            max_queue=s.max_queue, pad=engine.pad_batches, metrics=self.metrics,
+            tokenize=engine.tokenize, group_overhead_tokens=engine.call_overhead_tokens
+            or GROUP_OVERHEAD_TOKENS)
+        engine.stages = self.metrics.stages
         slot = self.slots[key] = Slot(key, engine, batcher)
         if self.started:
             batcher.start()

@@ -4,14 +4,18 @@ Requests are strict (a number where text belongs is a 422, not silently converte
 closed (an unknown field is a 422 naming it, so a typo like ``topk`` is not ignored). Numbers
 must be finite (JSON's ``NaN``/``Infinity``, which Python's parser accepts, are a 422) and in
 range, including ranges the sampler needs (a temperature of 1e-300 overflows the logits).
-Every model endpoint takes ``inputs``: one text, or a list of texts answered in order.
+Every model endpoint takes ``inputs`` (one text, or a list of texts answered in order) or
+``input_ids`` (token ids a client tokenized itself: one input's ids, or a list of them), never
+both. ``/v1/embed`` can answer each vector as base64 of its little-endian float32 bytes
+(``encoding_format: "base64"``, OpenAI's shape) instead of a list of JSON numbers.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import model_validator
 from pydantic_core import PydanticCustomError
 
 
@@ -32,16 +36,46 @@ MIN_TEMPERATURE = 0.01  # below it logits / temperature overflow float32: sampli
 MIN_TOP_P = 1e-6  # the smallest probability mass worth asking for (smaller: use top_k=1)
 
 
+def _token_ids(value: Any) -> list[list[int]]:
+    """``input_ids`` as a list of id lists (one per input), its shape checked here so that an
+    error names the place (``input_ids[1][3]``); the ids' range is the engine's check, which
+    knows the vocabulary."""
+    if not isinstance(value, list) or not value:
+        raise PydanticCustomError("token_ids", "input_ids must be a non-empty list of token ids "
+                                  "(one input) or of such lists (several inputs)")
+    many = isinstance(value[0], list)
+    lists = value if many else [value]
+    for i, ids in enumerate(lists):
+        where = f"input_ids[{i}]" if many else "input_ids"
+        if not isinstance(ids, list):
+            raise PydanticCustomError("token_ids", "{where} is not a list of token ids",
+                                      {"where": where})
+        if not ids:
+            raise PydanticCustomError("token_ids", "{where} is empty: every input needs at "
+                                      "least one token id", {"where": where})
+        for j, t in enumerate(ids):
+            if type(t) is not int:
+                raise PydanticCustomError(
+                    "token_ids", "{where}[{j}] is {value}, not a token id (an integer)",
+                    {"where": where, "j": j, "value": repr(t)})
+    return lists
+
+
 class _Request(BaseModel):
     model_config = STRICT
 
-    inputs: str | list[str] = Field(description="one text, or a list of texts")
+    inputs: str | list[str] | None = Field(None, description="one text, or a list of texts")
+    input_ids: list[int] | list[list[int]] | None = Field(
+        None, description="instead of inputs: token ids as the served tokenizer writes them "
+        "(special tokens included), one input's or a list of inputs'")
     model: str | None = Field(None, description="which served model answers: NAME or "
                               "NAME:VERSION|TAG (default: the first)")
 
     @field_validator("inputs")
     @classmethod
-    def _not_empty(cls, v: str | list[str]) -> str | list[str]:
+    def _not_empty(cls, v: str | list[str] | None) -> str | list[str] | None:
+        if v is None:
+            return v
         if isinstance(v, list):
             if not v:
                 raise PydanticCustomError("empty_inputs",
@@ -57,13 +91,60 @@ class _Request(BaseModel):
             _encodable(v, "the text")
         return v
 
+    @field_validator("input_ids", mode="wrap")
+    @classmethod
+    def _ids_shape(cls, v: Any, handler: Any) -> Any:
+        # The type's own (Rust) validation first; only a body it refuses, or an empty list
+        # it lets through, is walked in Python, for an error that names the place.
+        try:
+            out = handler(v)
+        except ValidationError:
+            _token_ids(v)
+            raise
+        if out is not None:
+            lists = out if out and isinstance(out[0], list) else [out]
+            if not out or not all(lists):
+                _token_ids(out)  # raises, naming the empty list
+        return out
+
+    @model_validator(mode="after")
+    def _one_kind_of_input(self) -> _Request:
+        if self.inputs is None and self.input_ids is None:
+            raise PydanticCustomError("missing", "Field required: send inputs (one text or a "
+                                      "list of texts) or input_ids (token ids)")
+        if self.inputs is not None and self.input_ids is not None:
+            raise PydanticCustomError("input_kinds", "send inputs (texts) or input_ids (token "
+                                      "ids), not both")
+        return self
+
     @property
     def many(self) -> bool:
+        """Whether the body holds a list of inputs (errors then name ``inputs[i]``)."""
+        if self.input_ids is not None:
+            return isinstance(self.input_ids[0], list)
         return isinstance(self.inputs, list)
 
     @property
+    def field(self) -> str:
+        """The body field the inputs came in."""
+        return "inputs" if self.input_ids is None else "input_ids"
+
+    @property
+    def count(self) -> int:
+        return len(self.id_lists if self.input_ids is not None else self.texts)
+
+    @property
     def texts(self) -> list[str]:
+        if self.inputs is None:
+            return []
         return list(self.inputs) if isinstance(self.inputs, list) else [self.inputs]
+
+    @property
+    def id_lists(self) -> list[list[int]]:
+        ids = self.input_ids
+        if ids is None:
+            return []
+        return ids if isinstance(ids[0], list) else [ids]  # type: ignore[list-item,return-value]
 
 
 class FillMaskRequest(_Request):
@@ -77,6 +158,9 @@ class EmbedRequest(_Request):
 
     pooling: Literal["mean", "cls"] = Field("mean", description="mean over tokens, or [CLS]")
     normalize: bool = Field(True, description="scale each vector to unit length")
+    encoding_format: Literal["float", "base64"] = Field(
+        "float", description="each vector as a list of numbers, or as base64 of its "
+        "little-endian float32 bytes (smaller, and exact)")
 
 
 class ClassifyRequest(_Request):
@@ -150,7 +234,9 @@ class FillMaskResponse(BaseModel):
 
 
 class EmbedResponse(BaseModel):
-    embeddings: list[list[float]]
+    embeddings: list[list[float]] | list[str] = Field(
+        description="one vector per input: numbers, or base64 strings with encoding_format "
+        "base64 (decode: numpy.frombuffer(base64.b64decode(s), '<f4'))")
     dimensions: int
 
 

@@ -39,9 +39,22 @@ class ApiKey:
         self._digest = _digest(key)
 
     def check(self, headers: Any) -> bool:
-        given = headers.get("x-api-key")
+        """``headers``: a mapping with ``get`` (Starlette's ``Headers``)."""
+        return self._matches(headers.get("x-api-key"), headers.get("authorization", ""))
+
+    def check_raw(self, headers: list[tuple[bytes, bytes]]) -> bool:
+        """The same check on an ASGI scope's raw header list (lower-case names)."""
+        key, auth = None, ""
+        for name, value in headers:
+            if name == b"x-api-key" and key is None:
+                key = value.decode("latin-1")
+            elif name == b"authorization" and not auth:
+                auth = value.decode("latin-1")
+        return self._matches(key, auth)
+
+    def _matches(self, key: str | None, auth: str) -> bool:
+        given = key
         if given is None:
-            auth = headers.get("authorization", "")
             scheme, _, token = auth.partition(" ")
             given = token.strip() if scheme.lower() == "bearer" else None
         if not given:

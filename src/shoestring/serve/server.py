@@ -26,6 +26,7 @@ from shoestring.errors import ShoestringError
 from shoestring.model_repository import ModelRepository
 from shoestring.serve.app import create_app
 from shoestring.serve.engine import Engine, load_engine
+from shoestring.serve import replicas
 from shoestring.serve.metrics import ServeMetrics
 from shoestring.serve.routing import ModelRouter, served_from_arg
 from shoestring.serve.settings import ServeSettings
@@ -78,6 +79,7 @@ def load(path: str | Path, settings: ServeSettings) -> Engine:
     engine = load_engine(path, max_length=settings.max_length, truncate=settings.truncate,
                          precision=settings.precision)
     engine.warmup()
+    engine.calibrate()  # what one more model call costs: how the batcher splits a batch
     return engine
 
 
@@ -121,24 +123,31 @@ def serve(models: str | Path | list[str], settings: ServeSettings, announce: Any
 
 
 def _worker_main(models: list[str], settings: ServeSettings, sock: socket.socket,
-                 ready: Any) -> None:
-    """One replica: its own models, batchers and event loop on the shared socket."""
+                 ready: Any, measure_memory: bool = False) -> None:
+    """One replica: its own models, batchers and event loop on the shared socket. The
+    first of several also reports its memory at its largest batch (`replicas`)."""
     try:
         router = load_router(models, settings)
         server = build_server(router, settings)
     except ShoestringError as e:
         ready.put(("error", e.message))
         return
-    ready.put(("ready", os.getpid()))
+    footprint = None
+    if measure_memory:
+        footprint = replicas.measure([s.engine for s in router.slots.values()],
+                                     settings.max_batch_tokens, settings.max_length)
+    ready.put(("ready", (os.getpid(), footprint)))
     server.run(sockets=[sock])
 
 
 def serve_workers(models: list[str], settings: ServeSettings, announce: Any = print) -> None:
     """``--workers N``: N replica processes (cortex's scaling) accept on one socket.
 
-    The kernel hands each new connection to one of them. SIGTERM or SIGINT to this process
-    is passed to every replica, each drains (in-flight requests finish, queued inputs run)
-    and this process returns once all have exited.
+    The kernel hands each new connection to one of them. The first replica starts alone and
+    measures its memory at its largest batch; the others start only if they fit beside it
+    (`replicas.check_fit`: else an error, exit 2). SIGTERM or SIGINT to this process is
+    passed to every replica, each drains (in-flight requests finish, queued inputs run) and
+    this process returns once all have exited.
     """
     import multiprocessing as mp
 
@@ -151,7 +160,7 @@ def serve_workers(models: list[str], settings: ServeSettings, announce: Any = pr
     sock = bind(settings.host, settings.port)
     ctx = mp.get_context("spawn")
     ready = ctx.Queue()
-    procs = [ctx.Process(target=_worker_main, args=(models, settings, sock, ready),
+    procs = [ctx.Process(target=_worker_main, args=(models, settings, sock, ready, i == 0),
                          name=f"shoestring-worker-{i}") for i in range(settings.workers)]
     stopping = threading.Event()
 
@@ -161,16 +170,13 @@ def serve_workers(models: list[str], settings: ServeSettings, announce: Any = pr
             if p.pid is not None and p.is_alive():
                 os.kill(p.pid, signal.SIGTERM)
 
-    old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        for p in procs:
-            p.start()
-        pids = []
-        while len(pids) < len(procs):
+    def await_ready(started: list[Any]) -> list[tuple[int, Any]]:
+        out: list[tuple[int, Any]] = []
+        while len(out) < len(started):
             try:
                 status, value = ready.get(timeout=1.0)
             except queue.Empty:  # a worker that died while loading never reports
-                dead = [p for p in procs if p.exitcode is not None]
+                dead = [p for p in started if p.exitcode is not None]
                 if dead:
                     forward(signal.SIGTERM, None)
                     raise RuntimeError(
@@ -181,10 +187,24 @@ def serve_workers(models: list[str], settings: ServeSettings, announce: Any = pr
             if status == "error":
                 forward(signal.SIGTERM, None)
                 raise ShoestringError(value)
-            pids.append(value)
+            out.append(value)
+        return out
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        procs[0].start()
+        [(first, footprint)] = await_ready(procs[:1])
+        try:
+            replicas.check_fit(settings.workers, footprint)
+        except ShoestringError:
+            forward(signal.SIGTERM, None)
+            raise
+        for p in procs[1:]:
+            p.start()
+        pids = [first] + [pid for pid, _ in await_ready(procs[1:])]
         announce(f"serving {', '.join(models)} with {settings.workers} workers "
-                 f"(pids {', '.join(map(str, pids))}, {settings.threads} threads each) "
-                 f"on {url_of(sock)}")
+                 f"(pids {', '.join(map(str, pids))}, {settings.threads} threads each; "
+                 f"{footprint.describe()}) on {url_of(sock)}")
         for p in procs:
             p.join()
     finally:

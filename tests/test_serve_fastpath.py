@@ -1,0 +1,231 @@
+"""The serving path of issue 49: the fast path, tokenizing on the batcher's worker, token ids
+as input, base64 embeddings, the stage metrics, and the replicas' memory check.
+
+A real model and a real server on a loopback port, as in test_serve.py (which keeps checking
+the promises the server made before: 413/429/504, drain, the API key, the page's metrics).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from conftest import tiny_config
+from test_serve import metric, start
+
+from shoestring.serve.server import ServerThread
+
+
+@pytest.fixture(scope="module")
+def run_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from shoestring.train.loop import train
+
+    pydocs_dir = request.getfixturevalue("pydocs_dir")
+    out = tmp_path_factory.mktemp("fastpath") / "run"
+    train(tiny_config(steps=4), pydocs_dir, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(run_dir: Path):
+    srv = start(run_dir, max_client_batch=8, max_queue=64, max_length=64, max_batch_tokens=256)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture()
+def client(server: ServerThread):
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def tokenizer(run_dir: Path):
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(run_dir / "final" / "tokenizer.json"))
+
+
+TEXTS = ["a list", "the function returns a value and then some more words follow it",
+         "import the module [MASK] its name", "x"]
+
+
+def embed(client: httpx.Client, **body: object) -> dict:
+    r = client.post("/v1/embed", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_batched_answers_equal_single_ones(server: ServerThread, client: httpx.Client) -> None:
+    alone = [embed(client, inputs=t)["embeddings"][0] for t in TEXTS]
+    together = embed(client, inputs=TEXTS)["embeddings"]
+
+    async def concurrent() -> list[list[float]]:  # separate requests sharing the worker's batches
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as c:
+            rs = await asyncio.gather(*(c.post("/v1/embed", json={"inputs": t}) for t in TEXTS * 4))
+        return [r.json()["embeddings"][0] for r in rs]
+
+    for got in (together, (asyncio.run(concurrent()))[: len(TEXTS)]):
+        np.testing.assert_allclose(np.array(got), np.array(alone), atol=1e-5)
+    fill = client.post("/v1/fill-mask", json={"inputs": [TEXTS[2], "a [MASK]"], "top_k": 2})
+    one = client.post("/v1/fill-mask", json={"inputs": TEXTS[2], "top_k": 2})
+    assert fill.status_code == one.status_code == 200
+    assert fill.json()["results"][0][0]["candidates"][0]["id"] == (
+        one.json()["results"][0][0]["candidates"][0]["id"])
+
+
+def test_base64_embeddings_decode_bit_exactly_to_the_json_numbers(client: httpx.Client) -> None:
+    for pooling, normalize in (("mean", True), ("cls", False)):
+        floats = embed(client, inputs=TEXTS, pooling=pooling, normalize=normalize)
+        packed = embed(client, inputs=TEXTS, pooling=pooling, normalize=normalize,
+                       encoding_format="base64")
+        assert packed["dimensions"] == floats["dimensions"] == 64
+        for number_list, text in zip(floats["embeddings"], packed["embeddings"]):
+            raw = base64.b64decode(text)
+            assert len(raw) == 4 * 64
+            got = np.frombuffer(raw, dtype="<f4")
+            want = np.array(number_list, dtype=np.float32)  # each number reads back exactly
+            assert got.tobytes() == want.tobytes()
+    bad = client.post("/v1/embed", json={"inputs": "x", "encoding_format": "binary"})
+    assert bad.status_code == 422 and "encoding_format" in bad.text
+
+
+def test_input_ids_answer_as_the_text_they_tokenize_from(client: httpx.Client,
+                                                         tokenizer: object) -> None:
+    ids = [tokenizer.encode(t).ids for t in TEXTS]
+    from_text = embed(client, inputs=TEXTS, encoding_format="base64")["embeddings"]
+    from_ids = embed(client, input_ids=ids, encoding_format="base64")["embeddings"]
+    assert from_ids == from_text  # the same computation, bit for bit
+    one = embed(client, input_ids=ids[1], encoding_format="base64")["embeddings"]
+    assert one == [embed(client, inputs=TEXTS[1], encoding_format="base64")["embeddings"][0]]
+    masked = client.post("/v1/fill-mask", json={"input_ids": ids[2], "top_k": 3}).json()
+    assert masked == client.post("/v1/fill-mask", json={"inputs": TEXTS[2], "top_k": 3}).json()
+
+
+BAD_IDS = [
+    ({"input_ids": [[2, 5, 99999, 3]]}, ["body", "input_ids", 0], "token id 99999 at position 2"),
+    ({"input_ids": [2, -1, 3]}, ["body", "input_ids"], "token id -1 at position 1"),
+    ({"input_ids": [[2, 3], [2, 1.5]]}, ["body", "input_ids"], "input_ids[1][1] is 1.5"),
+    ({"input_ids": [[2, 3], []]}, ["body", "input_ids"], "input_ids[1] is empty"),
+    ({"input_ids": [2, True]}, ["body", "input_ids"], "input_ids[1] is True"),
+    ({"input_ids": []}, ["body", "input_ids"], "non-empty list"),
+    ({"input_ids": [[2] * 65]}, ["body", "input_ids", 0], "over this server's limit of 64"),
+    ({"input_ids": [2, 3], "inputs": "x"}, ["body"], "not both"),
+    ({}, ["body"], "Field required"),
+]
+
+
+@pytest.mark.parametrize("body,loc,message", BAD_IDS, ids=[m for _, _, m in BAD_IDS])
+def test_bad_token_ids_are_a_422_naming_the_field(client: httpx.Client, body: dict, loc: list,
+                                                   message: str) -> None:
+    r = client.post("/v1/embed", json=body)
+    assert r.status_code == 422, r.text
+    [error] = r.json()["detail"]
+    assert error["loc"] == loc and message in error["msg"], error
+
+
+def test_a_bad_input_fails_its_request_before_any_of_it_runs(client: httpx.Client) -> None:
+    """Texts are tokenized and checked on the batcher's worker: one over the limit fails the
+    request (422 naming it) and its other inputs leave the queue without being computed."""
+    calls = lambda: metric(client.get("/metrics").text, "shoestring_batch_size_sum",  # noqa: E731
+                           task="embed")
+    before = calls()
+    r = client.post("/v1/embed", json={"inputs": ["fine", "word " * 100, "also fine"]})
+    assert r.status_code == 422
+    [error] = r.json()["detail"]
+    assert error["loc"] == ["body", "inputs", 1] and "over this server's limit" in error["msg"]
+    assert calls() == before
+    missing = client.post("/v1/fill-mask", json={"inputs": ["a [MASK]", "no mask here"]})
+    assert missing.status_code == 422 and missing.json()["detail"][0]["loc"] == [
+        "body", "inputs", 1]
+
+
+def test_stage_metrics_count_requests_and_inputs(client: httpx.Client) -> None:
+    def stage(text: str, stage: str, kind: str = "count") -> float:
+        name = ("shoestring_stage_cpu_seconds_total" if kind == "cpu"
+                else f"shoestring_stage_seconds_{kind}")
+        return metric(text, name, stage=stage, task="embed")
+
+    before = client.get("/metrics").text
+    for t in TEXTS:
+        embed(client, inputs=t)
+    embed(client, inputs=TEXTS[:2])  # one request, two inputs
+    after = client.get("/metrics").text
+    assert "# TYPE shoestring_stage_seconds histogram" in after
+    for name, want in (("parse", 5), ("serialize", 5), ("send", 5), ("tokenize", 6),
+                       ("queue", 6), ("forward", 6), ("pooling", 6)):
+        assert stage(after, name) - stage(before, name) == want, name
+        assert stage(after, name, "sum") > stage(before, name, "sum")
+    assert stage(after, "forward", "cpu") > stage(before, "forward", "cpu")
+    le = 'shoestring_stage_seconds_bucket{le="+Inf",stage="parse",task="embed"}'
+    assert le in after  # histogram buckets, cumulative to the count
+
+
+def test_fastapi_answers_what_the_fast_path_answers(server: ServerThread,
+                                                    client: httpx.Client) -> None:
+    """The FastAPI routes (the API description, and what the fast path hands on) run the
+    same handlers: the same body gets the same answer from both."""
+    inner = server.server.config.app.fastapi
+
+    async def via_fastapi(path: str, body: dict) -> httpx.Response:
+        transport = httpx.ASGITransport(app=inner)
+        async with httpx.AsyncClient(transport=transport, base_url="http://x") as c:
+            return await c.post(path, json=body)
+
+    for path, body in (("/v1/embed", {"inputs": TEXTS[:2], "encoding_format": "base64"}),
+                       ("/v1/fill-mask", {"inputs": TEXTS[2], "top_k": 2}),
+                       ("/v1/embed", {"input_ids": [[2, 99999]]}),
+                       ("/v1/generate", {"inputs": "x"})):
+        slow = asyncio.run(via_fastapi(path, body))
+        fast = client.post(path, json=body)
+        assert (slow.status_code, slow.json()) == (fast.status_code, fast.json()), path
+    spec = client.get("/openapi.json").json()
+    embed_body = spec["components"]["schemas"]["EmbedRequest"]["properties"]
+    assert {"inputs", "input_ids", "encoding_format"} <= set(embed_body)
+
+
+def test_the_engine_measures_what_a_model_call_costs(run_dir: Path) -> None:
+    from shoestring.serve.engine import load_engine
+
+    engine = load_engine(run_dir, max_length=64)
+    engine.warmup()
+    assert engine.calibrate(repeats=2) == engine.call_overhead_tokens
+    assert 1.0 <= engine.call_overhead_tokens <= 1e6
+    assert engine.describe()["call_overhead_tokens"] == engine.call_overhead_tokens
+
+
+def test_replicas_that_do_not_fit_are_refused_naming_what_fits() -> None:
+    from shoestring.errors import ShoestringError
+    from shoestring.serve.replicas import Footprint, check_fit
+
+    gib = 1 << 30
+    fp = Footprint("cuda:0", per_replica=10 * gib, available=35 * gib)
+    check_fit(1, fp)
+    check_fit(4, fp)  # three more need 30 GiB of the 31.5 GiB usable
+    with pytest.raises(ShoestringError) as e:
+        check_fit(5, fp)
+    assert e.value.where == "--workers" and "use --workers 4 or fewer" in str(e.value.fix)
+    assert "10.00 GiB of cuda:0 memory" in e.value.message
+    check_fit(64, Footprint("cpu", 1, 0))  # the OS said nothing: nothing to check
+
+
+def test_replica_footprint_is_measured_at_the_largest_batch(run_dir: Path) -> None:
+    from shoestring.serve.engine import load_engine
+    from shoestring.serve.replicas import measure
+
+    engine = load_engine(run_dir, max_length=64)
+    fp = measure([engine], max_batch_tokens=256, max_length=64)
+    assert fp.device == "cpu" and fp.per_replica > 0 and fp.available > 0
+
+
+def test_json_answers_are_compact_and_standard(client: httpx.Client) -> None:
+    r = client.post("/v1/embed", json={"inputs": "x"})
+    assert r.headers["content-type"] == "application/json"
+    assert int(r.headers["content-length"]) == len(r.content)
+    json.loads(r.content)  # standard JSON (no NaN), parsed by the standard library
+    assert b" " not in r.content
