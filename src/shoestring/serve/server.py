@@ -86,7 +86,8 @@ class _OneWrite:
     def _flush(self) -> None:
         if self._head is not None:
             head, self._head = self._head, None
-            self._transport.write(head)
+            if not self._transport.is_closing():  # the client may have gone meanwhile
+                self._transport.write(head)
 
     def close(self) -> None:
         self._flush()
