@@ -229,3 +229,36 @@ def test_json_answers_are_compact_and_standard(client: httpx.Client) -> None:
     assert int(r.headers["content-length"]) == len(r.content)
     json.loads(r.content)  # standard JSON (no NaN), parsed by the standard library
     assert b" " not in r.content
+
+
+def test_raw_keep_alive_answers_and_a_head_request(server: ServerThread) -> None:
+    """The server sends a response's head and body in one write (server._OneWrite): on one
+    keep-alive connection every answer arrives whole, in order, and a HEAD request (a head
+    with no body after it) is still answered."""
+    import socket
+
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        reader = sock.makefile("rb")
+
+        def answer() -> tuple[int, dict[str, str]]:
+            status = int(reader.readline().split()[1])
+            headers = {}
+            while (line := reader.readline()) not in (b"\r\n", b""):
+                name, _, value = line.decode("latin-1").partition(":")
+                headers[name.strip().lower()] = value.strip()
+            return status, headers
+
+        for text in TEXTS:
+            body = json.dumps({"inputs": text}).encode()
+            sock.sendall(b"POST /v1/embed HTTP/1.1\r\nhost: x\r\ncontent-type: application/json"
+                         b"\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+            status, headers = answer()
+            data = reader.read(int(headers["content-length"]))
+            assert status == 200 and len(json.loads(data)["embeddings"][0]) > 0
+        sock.sendall(b"HEAD /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        status, headers = answer()
+        assert status in (200, 405) and "content-length" in headers
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")  # the connection still works
+        status, headers = answer()
+        assert status == 200 and reader.read(int(headers["content-length"]))

@@ -227,17 +227,20 @@ async def _first_of(results: asyncio.Future, receive: Receive, timeout: float) -
             woken.set_result(None)
 
     def watch() -> None:
-        nonlocal watcher
+        nonlocal watcher, timer
         watcher = loop.create_task(_disconnected(receive))
         watcher.add_done_callback(wake)
+        timer = loop.call_later(timeout - WATCH_AFTER_S, wake)
 
     results.add_done_callback(wake)
-    timers = (loop.call_later(timeout, wake), loop.call_later(WATCH_AFTER_S, watch))
+    # One timer at a time (a timer costs the loop about as much as the rest of the wait):
+    # the watch's, which then sets the timeout's for the time left.
+    timer = (loop.call_later(WATCH_AFTER_S, watch) if timeout > WATCH_AFTER_S
+             else loop.call_later(timeout, wake))
     try:
         await woken
     finally:
-        for timer in timers:
-            timer.cancel()
+        timer.cancel()
         results.remove_done_callback(wake)
         left = False
         if watcher is not None:

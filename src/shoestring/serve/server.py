@@ -57,10 +57,69 @@ def url_of(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+class _OneWrite:
+    """A connection's transport that sends a response's head and body in one write.
+
+    uvicorn writes the status line and headers as soon as the app sends
+    ``http.response.start``, and the body on the next message: two send() calls and two TCP
+    segments per answer, each costing the server a system call and (on loopback) the
+    receiving side's network stack. The head is held here instead and goes out with the next
+    write; a head nothing follows in the same turn of the event loop (a HEAD request's)
+    goes out on its own at the end of that turn, and before the connection closes."""
+
+    __slots__ = ("_transport", "_loop", "_head")
+
+    def __init__(self, transport: Any, loop: Any) -> None:
+        self._transport, self._loop, self._head = transport, loop, None
+
+    def write(self, data: bytes) -> None:
+        head = self._head
+        if head is not None:
+            self._head = None
+            self._transport.writelines((head, data))
+        elif data[:5] == b"HTTP/" and data[-4:] == b"\r\n\r\n":
+            self._head = data
+            self._loop.call_soon(self._flush)
+        else:
+            self._transport.write(data)
+
+    def _flush(self) -> None:
+        if self._head is not None:
+            head, self._head = self._head, None
+            if not self._transport.is_closing():  # the client may have gone meanwhile
+                self._transport.write(head)
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def abort(self) -> None:
+        self._head = None
+        self._transport.abort()
+
+    def __getattr__(self, name: str) -> Any:  # everything else is the transport's own
+        return getattr(self._transport, name)
+
+
+def _http_protocol() -> Any:
+    """uvicorn's httptools protocol with `_OneWrite` transports ("auto" where httptools is
+    missing: uvicorn's h11 protocol as it is)."""
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except ImportError:
+        return "auto"
+
+    class OneWriteProtocol(HttpToolsProtocol):
+        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+            super().connection_made(_OneWrite(transport, self.loop))
+
+    return OneWriteProtocol
+
+
 def build_server(engine: Engine | ModelRouter, settings: ServeSettings) -> uvicorn.Server:
     app = create_app(engine, settings)
     config = uvicorn.Config(
-        app, log_level="warning", access_log=False, lifespan="on",
+        app, log_level="warning", access_log=False, lifespan="on", http=_http_protocol(),
         timeout_graceful_shutdown=settings.shutdown_timeout_s,
         # A safety net under the app's own limits (429 at --max-concurrent-requests):
         # connections beyond this are answered 503 by uvicorn before any parsing.
