@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 from common import ROOT, Bench, format_load, load_average, parser
-from serve_load import RawClient, Server, encode_post, make_texts, scrape_metrics
+from serve_load import Server, closed_loop, encode_post, make_texts, scrape_metrics
 
 STAGES = ("parse", "tokenize", "queue", "forward", "pooling", "serialize", "send")
 CPU_STAGES = ("parse", "tokenize", "forward", "pooling", "serialize", "send")  # queue: waiting
@@ -120,41 +120,6 @@ def cpu_by_thread(pid: int) -> dict[str, float]:
             if st is not None:
                 out["main" if int(tid) == proc else "other"] += st[1]
     return out
-
-
-# ---------------------------------------------------------------------------- load
-
-
-async def closed_loop(url: str, requests: list[bytes], clients: int,
-                      count: int) -> tuple[list[float], int, float]:
-    """``count`` requests from ``clients`` keep-alive connections, each sending its next as
-    soon as its answer is in: latencies, non-200 answers, wall seconds."""
-    host, port = url.removeprefix("http://").rsplit(":", 1)
-    conns = [RawClient(host, int(port)) for _ in range(clients)]
-    latencies: list[float] = []
-    errors, next_i = 0, 0
-
-    async def one(conn: RawClient) -> None:
-        nonlocal next_i, errors
-        while next_i < count:
-            i = next_i
-            next_i += 1
-            t = time.perf_counter()
-            try:
-                status = await conn.post(requests[i % len(requests)])
-            except (OSError, asyncio.IncompleteReadError):
-                errors += 1
-                conn.writer = None
-                continue
-            latencies.append(time.perf_counter() - t)
-            errors += status != 200
-
-    t0 = time.perf_counter()
-    await asyncio.gather(*(one(c) for c in conns))
-    wall = time.perf_counter() - t0
-    for c in conns:
-        c.close()
-    return latencies, errors, wall
 
 
 def start(side: str, source: Path, run: Path, threads: int,

@@ -214,41 +214,43 @@ def encode_post(host: str, port: int, path: str, body: dict) -> bytes:
     ).encode() + data
 
 
+async def closed_loop(url: str, requests: list[bytes], clients: int,
+                      count: int) -> tuple[list[float], int, float]:
+    """``count`` requests from ``clients`` keep-alive connections, each sending its next as
+    soon as its answer is in: latencies, non-200 answers, wall seconds."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    conns = [RawClient(host, int(port)) for _ in range(clients)]
+    latencies: list[float] = []
+    errors, next_i = 0, 0
+
+    async def one(conn: RawClient) -> None:
+        nonlocal next_i, errors
+        while next_i < count:
+            i = next_i
+            next_i += 1
+            t = time.perf_counter()
+            try:
+                status = await conn.post(requests[i % len(requests)])
+            except (OSError, asyncio.IncompleteReadError):
+                errors += 1
+                conn.writer = None
+                continue
+            latencies.append(time.perf_counter() - t)
+            errors += status != 200
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one(c) for c in conns))
+    wall = time.perf_counter() - t0
+    for c in conns:
+        c.close()
+    return latencies, errors, wall
+
+
 async def load(url: str, requests_: list[bytes], concurrency: int, count: int) -> dict:
     """``count`` requests from ``concurrency`` clients (after a warm-up): latencies, errors,
     wall time."""
-    host, port = url.removeprefix("http://").rsplit(":", 1)
-
-    async def run(n: int) -> tuple[list[float], int, float]:
-        clients = [RawClient(host, int(port)) for _ in range(concurrency)]
-        latencies: list[float] = []
-        errors = 0
-        next_i = 0
-
-        async def worker(client: RawClient) -> None:
-            nonlocal next_i, errors
-            while next_i < n:
-                i = next_i
-                next_i += 1
-                t = time.perf_counter()
-                try:
-                    status = await client.post(requests_[i % len(requests_)])
-                except (OSError, asyncio.IncompleteReadError):
-                    errors += 1
-                    client.writer = None
-                    continue
-                latencies.append(time.perf_counter() - t)
-                errors += status != 200
-
-        t0 = time.perf_counter()
-        await asyncio.gather(*(worker(c) for c in clients))
-        wall = time.perf_counter() - t0
-        for c in clients:
-            c.close()
-        return latencies, errors, wall
-
-    await run(max(2 * concurrency, 32))
-    latencies, errors, wall = await run(count)
+    await closed_loop(url, requests_, concurrency, max(2 * concurrency, 32))
+    latencies, errors, wall = await closed_loop(url, requests_, concurrency, count)
     return {"latencies": latencies, "errors": errors, "wall_s": wall}
 
 
