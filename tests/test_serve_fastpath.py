@@ -15,20 +15,9 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from conftest import tiny_config
-from test_serve import metric, start
+from test_serve import client, metric, run_dir, start  # noqa: F401 (fixtures: the same model and client)
 
 from shoestring.serve.server import ServerThread
-
-
-@pytest.fixture(scope="module")
-def run_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from shoestring.train.loop import train
-
-    pydocs_dir = request.getfixturevalue("pydocs_dir")
-    out = tmp_path_factory.mktemp("fastpath") / "run"
-    train(tiny_config(steps=4), pydocs_dir, out)
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -36,12 +25,6 @@ def server(run_dir: Path):
     srv = start(run_dir, max_client_batch=8, max_queue=64, max_length=64, max_batch_tokens=256)
     yield srv
     srv.stop()
-
-
-@pytest.fixture()
-def client(server: ServerThread):
-    with httpx.Client(base_url=server.url, timeout=60) as c:
-        yield c
 
 
 @pytest.fixture(scope="module")
