@@ -143,6 +143,20 @@ def test_dedup_against_errors(corpora: dict) -> None:
         assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
         assert "re-prep" in r.stderr or "--dedup" in r.stderr
         assert not out.exists()
+    # -o the folder it is deduplicated against, or inside it, or holding it: refused before
+    # anything is written, the earlier data dir intact (issue 52: 2,900 documents became 96)
+    outer = tmp / "OUTER"  # a data dir that holds the one it is deduplicated against
+    shutil.copytree(tmp / "OLD", outer)
+    shutil.copytree(tmp / "OLD", outer / "inner")
+    for target, against in ((tmp / "OLD", tmp / "OLD"), (tmp / "OLD" / "sub", tmp / "OLD"),
+                            (outer, outer / "inner")):
+        before = {p: p.read_bytes() for p in against.rglob("*") if p.is_file()}
+        r = run_cli("prep", new, "-o", str(target), "--overwrite", "--dedup", "exact",
+                    "--dedup-against", str(against), *SMALL)
+        assert r.returncode == 2 and "--dedup-against" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr and "replace what it is deduplicated" in r.stderr
+        assert {p: p.read_bytes() for p in against.rglob("*") if p.is_file()} == before
+    assert not (tmp / "OLD" / "sub").exists()
 
 
 def index_of(tmp: Path, docs: list[Document], fuzzy: bool) -> DedupIndex:

@@ -107,6 +107,27 @@ def _is_data_dir(path: Path) -> bool:
     return (json_object_or_none(path / "manifest.json") or {}).get("format") == FORMAT
 
 
+def _check_not_deduped_against(out: Path, curate: CurateConfig | None) -> None:
+    """Refuse an output that is, holds or lies inside a ``--dedup-against`` data dir: the
+    build would replace the folder its own documents are checked against, and with
+    ``--overwrite`` keep only what that folder did not already hold (2,900 documents became
+    96, exit 0, in issue 52)."""
+    target = out.resolve()
+    for d in curate.dedup_against if curate is not None else []:
+        earlier = Path(d).resolve()
+        if not _is_data_dir(earlier):
+            continue  # not a data dir: the curator's own check says so
+        how = ("the same folder as" if target == earlier else
+               "inside" if earlier in target.parents else
+               "a folder holding" if target in earlier.parents else None)
+        if how is not None:
+            raise ShoestringError(
+                f"-o {out} is {how} the --dedup-against data dir {d}: writing it would "
+                "replace what it is deduplicated against", where="--dedup-against",
+                fix="write the new data dir to another folder (-o), then point later preps "
+                "at both")
+
+
 def _check_settings(cfg: DataConfig) -> None:
     """Problems with the settings, found before any reading."""
     path = tokenizer_path(cfg)
@@ -173,6 +194,7 @@ def prep(
     out = Path(out)
     recover_interrupted_swap(out)
     check_output_dir(out, "data dir", owned=_is_data_dir(out), overwrite=overwrite)
+    _check_not_deduped_against(out, curate)
     _check_settings(cfg)
     runner = get_executor(executor, executor_options) if isinstance(executor, str) else executor
     runner.check(cfg, curate)  # refuses what it cannot run, before any writing
