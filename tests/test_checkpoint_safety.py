@@ -66,3 +66,39 @@ def test_a_crafted_non_tensor_value_in_a_shard_is_refused_and_never_runs(tmp_pat
     _dcp(dcp.save, {"w": torch.ones(3), "lr": (0.9, 0.95)}, tmp_path / "ok", no_dist=True)
     _dcp(dcp.load, state, tmp_path / "ok", no_dist=True)
     assert state["lr"] == (0.9, 0.95) and state["w"].sum() == 3
+
+
+def test_a_truncated_shard_or_a_bad_state_is_refused_by_name(pydocs_dir: Path,
+                                                             tmp_path: Path) -> None:
+    """`train --resume` on a checkpoint whose shard was cut short, or whose state.json was
+    edited into nonsense, exits 2 naming the checkpoint and what to do (issue 52: a
+    `PytorchStreamReader` / `KeyError: 'elapsed'` traceback, exit 1); the run resumes from
+    the checkpoint before once the bad one is deleted."""
+    import json
+    import shutil
+
+    run = tmp_path / "run"
+    train(tiny_config(steps=2, checkpoint_every="1steps"), pydocs_dir, run)
+    newest = list_checkpoints(run)[-1]
+    resume = ["train", "-d", str(pydocs_dir), "-o", str(run), "--resume", "--steps", "3"]
+    state = (newest / "state.json").read_text()
+    (newest / "state.json").write_text(json.dumps({"step": "NaN", "cursor": -1}))
+    r = run_cli(*resume)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    text = " ".join(r.stderr.split())
+    assert str(newest / "state.json") in text and "step: Input should be a valid integer" in text
+    assert "delete this checkpoint folder" in text
+    (newest / "state.json").write_text(state)
+    shard = next(newest.glob("*.distcp"))
+    with open(shard, "r+b") as f:
+        f.truncate(shard.stat().st_size // 2)
+    r = run_cli(*resume)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    text = " ".join(r.stderr.split())
+    assert str(newest) in text and "a shard does not read back" in text
+    assert "delete this checkpoint folder" in text
+    shutil.rmtree(newest)  # what the message says to do
+    r = run_cli(*resume)
+    assert r.returncode == 0, r.stderr[-2000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 3 and summary["resumed"]

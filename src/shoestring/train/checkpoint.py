@@ -184,7 +184,13 @@ def _dcp(fn, state: dict[str, Any], path: Path, no_dist: bool) -> None:  # noqa:
         for exc, _ in e.failures.values():
             if isinstance(exc, (ShoestringError, OSError)):
                 raise exc from None
-        raise
+        if fn is not dcp.load:
+            raise
+        # a shard that does not read back (truncated, corrupt): CheckpointException is a
+        # BaseException, which the callers' "cannot restore" handling would not see
+        first = next((exc for exc, _ in e.failures.values()), e)
+        raise RuntimeError(f"a shard does not read back ({type(first).__name__}: "
+                           f"{first})") from None
 
 
 # --------------------------------------------------------------------------- save / load

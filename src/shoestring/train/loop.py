@@ -60,7 +60,7 @@ from shoestring.rundir import RunDir, model_meta
 from shoestring.train.metrics import MetricsLog
 from shoestring.train.schedule import batch_at, lr_factor
 from shoestring.train import compile_costs, speed as speed_choices
-from shoestring.train.state import TrainState, checkpoint_state, resume_state
+from shoestring.train.state import TrainState, check_state, checkpoint_state, resume_state
 from shoestring.train.window import Window
 
 
@@ -300,6 +300,7 @@ def train(
             raise ShoestringError("nothing to resume: the run dir has no checkpoint",
                                   where=str(run_dir / "checkpoints"),
                                   fix="train again with --overwrite to start over")
+        check_state(ckpt.state, str(ckpt.path / "state.json"))
     else:
         check_output_dir(run_dir, "run dir", owned=RunDir(run_dir).is_run, overwrite=overwrite)
     world = world_from_env()[1]

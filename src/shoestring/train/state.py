@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shoestring.data.loader import Cursor
+from shoestring.errors import ShoestringError
 from shoestring.train.checkpoint import capture_rng, restore_rng
 
 RECENT_LOSSES = 200  # losses a checkpoint keeps, for the resumed run's tail mean
@@ -70,6 +72,35 @@ def checkpoint_state(s: TrainState, *, cursor: Cursor, gen: torch.Generator,
     if scaler is not None:
         state["scaler"] = scaler.state_dict()
     return state
+
+
+class _Saved(BaseModel):
+    """The keys `resume_state` needs, with their types: what a hand-edited or damaged
+    ``state.json`` is checked against before anything is built from it."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    step: int = Field(ge=0)
+    tokens: int = Field(ge=0)
+    skipped: int = Field(ge=0)
+    next_val: float = Field(allow_inf_nan=False)
+    elapsed: float = Field(ge=0, allow_inf_nan=False)
+    cursor: dict[str, int]
+    rng: dict[str, Any]
+    metrics_lines: int = Field(ge=0)
+
+
+def check_state(state: Any, where: str) -> None:
+    """Refuse a checkpoint state that `resume_state` could not read back, naming the field
+    (a ShoestringError: exit 2, no traceback)."""
+    try:
+        _Saved.model_validate(state)
+    except ValidationError as e:
+        err = e.errors()[0]
+        field_name = ".".join(str(x) for x in err["loc"]) or "the file"
+        got = f" (got {err['input']!r})" if "input" in err and err["type"] != "missing" else ""
+        raise ShoestringError(
+            f"the checkpoint's state is invalid: {field_name}: {err['msg']}{got}", where=where,
+            fix="delete this checkpoint folder to resume from the one before") from None
 
 
 def resume_state(state: dict[str, Any], progress_at_save: float, gen: torch.Generator,
