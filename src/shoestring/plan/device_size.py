@@ -17,12 +17,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
 from shoestring.config import Config
 from shoestring.units import parse_budget
+
+if TYPE_CHECKING:
+    from shoestring.plan.planner import PlanRequest
 
 SIZE_FIELDS = ("preset", "hidden_size", "num_layers", "num_heads", "intermediate_size",
                "num_kv_heads")
@@ -117,7 +120,7 @@ def _hyper_why(chosen: dict[str, Any], batch_meta: dict[str, Any]) -> str:
             f"anchored at the recipe; law batch {batch_meta['law_batch_tokens']:,.0f} tokens)")
 
 
-def _hyper_for_model(cfg: Config, req: Any, console: Console | None) -> DeviceSizing:
+def _hyper_for_model(cfg: Config, req: PlanRequest, console: Console | None) -> DeviceSizing:
     """The user's model: batch, micro-batch and LR for the FLOPs the budget buys on it (a
     step or token budget's compute depends on the batch itself: then nothing is chosen)."""
     from shoestring.data.datadir import DataDir
