@@ -155,6 +155,17 @@ class RunDir:
     def write_summary(self, summary: dict[str, Any]) -> None:
         write_json_atomic(self.summary_path, summary)
 
+    def add_to_summary(self, key: str, value: Any) -> bool:
+        """Set ``key`` in summary.json, atomically (what a caller of `train` learned that the
+        loop does not know: the plan's prediction, the device sizing); False when there is
+        no summary (the run did not finish)."""
+        summary = read_json_object(self.summary_path)
+        if summary is None:
+            return False
+        summary[key] = value
+        write_json_atomic(self.summary_path, summary)
+        return True
+
     def read_summary(self) -> dict[str, Any]:
         """``summary.json``; a missing or damaged one is a ShoestringError."""
         value = read_json_object(self.summary_path)

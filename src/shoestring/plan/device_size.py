@@ -41,7 +41,7 @@ class DeviceSizing:
     why: str
 
     def apply(self, cfg: Config) -> Config:
-        tree = cfg.model_dump(exclude_unset=False)
+        tree = cfg.model_dump()
         for dotted, value in self.chosen.items():
             section, key = dotted.split(".")
             tree[section][key] = value
@@ -174,15 +174,11 @@ def for_this_device(cfg: Config, data_dir: str | Path,
 
 
 def note_in_summary(run_dir: str | Path, sizing: DeviceSizing | None) -> dict | None:
-    """Add the sizing to the run's summary.json (``sized_for_device``), atomically; returns
-    what was written (None: nothing to add, or no summary)."""
-    from shoestring.fsutil import write_json_atomic
-    from shoestring.rundir import RunDir, read_json_object
+    """Add the sizing to the run's summary.json (``sized_for_device``); returns what was
+    written (None: nothing to add, or no summary)."""
+    from shoestring.rundir import RunDir
 
-    path = RunDir(run_dir).summary_path
-    summary = read_json_object(path) if sizing is not None else None
-    if summary is None:
+    if sizing is None or not RunDir(run_dir).add_to_summary("sized_for_device",
+                                                            sizing.to_dict()):
         return None
-    summary["sized_for_device"] = sizing.to_dict()
-    write_json_atomic(path, summary)
-    return summary["sized_for_device"]
+    return sizing.to_dict()

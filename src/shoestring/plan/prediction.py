@@ -25,7 +25,6 @@ import numpy as np
 import yaml
 
 from shoestring.errors import ShoestringError
-from shoestring.fsutil import write_json_atomic
 from shoestring.plan.fit import BootstrapFit, FitResult, Frontier, Span
 from shoestring.plan.laws import LAWS, Law
 from shoestring.rundir import RunDir, read_json_object
@@ -157,12 +156,8 @@ def record(run_dir: str | Path, plan_path: str | Path | None,
     Returns it (None when there is none)."""
     pred = ({**p, "plan": str(Path(plan_path).resolve())} if plan_path is not None
             and (p := from_plan(plan_path)) is not None else kept)
-    path = RunDir(run_dir).summary_path
-    summary = read_json_object(path)
-    if pred is None or summary is None:
+    if pred is None or not RunDir(run_dir).add_to_summary("prediction", pred):
         return None
-    summary["prediction"] = pred
-    write_json_atomic(path, summary)
     return pred
 
 
