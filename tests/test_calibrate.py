@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -146,6 +147,43 @@ def test_calibration_points_meet_the_constraints_within_the_share(pydocs_dir: Pa
     for more in (1.001, 1.02, 1.05):  # the stated minimum is enough, and so is any more
         points = calibration_points(str(pydocs_dir), need * more, spec)
         assert sum(p["flops"] for p in points) <= 0.15 * need * more
+
+
+def test_a_budget_short_of_the_full_span_calibrates_over_fewer_decades(pydocs_dir: Path
+                                                                       ) -> None:
+    """Between what 1 decade and what 1.5 decades cost, the calibration narrows (by quarter
+    decades, never under ``min_decades``) instead of refusing; under 1 decade it refuses."""
+    spec = CalibrationSpec()
+    with pytest.raises(ShoestringError) as e:
+        calibration_points(str(pydocs_dir), 1e10, spec)
+    least = float(e.value.fix.split("at least ")[1].split(" FLOPs")[0])
+    with pytest.raises(ShoestringError) as e:
+        calibration_points(str(pydocs_dir), 1e10, replace(spec, min_decades=spec.decades))
+    full = float(e.value.fix.split("at least ")[1].split(" FLOPs")[0])
+    assert least < full / 2  # a narrower span is far cheaper
+    points = calibration_points(str(pydocs_dir), least * 1.05, spec)
+    levels = sorted({p["budget_flops"] for p in points})
+    assert len(levels) == 3 and 1.0 - 1e-3 <= math.log10(levels[-1] / levels[0]) < 1.5 - 1e-3
+    assert sum(p["flops"] for p in points) <= spec.share * least * 1.05
+
+
+def test_a_wall_clock_budget_too_small_is_refused_in_minutes_of_this_machine(
+        pydocs_dir: Path) -> None:
+    """A wall-clock budget is refused in the user's unit, at the plan's rate, naming how the
+    caller's command does without calibrating — not in FLOPs with `plan`'s flag."""
+    with pytest.raises(ShoestringError) as e:
+        calibrated_plan(PlanRequest(hardware="t4", budget="200s", mfu=1e-5,
+                                    data=str(pydocs_dir)),
+                        CalibrationSpec(), without="cram without --auto")
+    assert e.value.where == "--budget" and "200s" not in e.value.fix
+    minutes = int(e.value.fix.split("give --budget ")[1].split("m or more")[0])
+    need = float(e.value.fix.split("(")[1].split(" FLOPs")[0])
+    rate = float(e.value.fix.split("the plan's ")[1].split(" FLOP/s")[0])  # T4 × 0.001%
+    assert rate == pytest.approx(make_plan(PlanRequest(hardware="t4", budget="200s", mfu=1e-5)
+                                           )["plan"]["budget"]["flops"] / 200, rel=1e-2)
+    assert minutes * 60 * rate >= need and (minutes - 1) * 60 * rate < need + 60 * rate
+    assert e.value.fix.endswith("or cram without --auto") and "plan without" not in e.value.fix
+    calibration_points(str(pydocs_dir), minutes * 60 * rate, CalibrationSpec())  # enough
 
 
 def test_plan_calibrate_refuses_a_budget_too_small(pydocs_dir: Path) -> None:

@@ -114,7 +114,7 @@ def _auto_config(cfg: Config, data_dir: Path, output: Path, spec: Any,
     req = PlanRequest(hardware="auto", budget=cfg.train.budget, data=str(data_dir),
                       measure=timed)
     tree = calibrated_plan(req, spec, root=output / "calibration", console=console,
-                           spent_s=spent_s)
+                           spent_s=spent_s, without="cram without --auto (the recipe's model)")
     plan_path = write_plan(tree, output / "plan.yaml")
     merged = cfg.model_dump()
     for section, values in read_plan_sections(plan_path).items():

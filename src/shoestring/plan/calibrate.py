@@ -22,7 +22,7 @@ import json
 import math
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,8 @@ class CalibrationSpec:
 
     share: float = 0.15  # at most this fraction of the budget's FLOPs
     levels: int = 3  # compute levels …
-    decades: float = 1.5  # … spanning this many decades
+    decades: float = 1.5  # … spanning this many decades where the share buys it,
+    min_decades: float = 1.0  # … and no fewer than these where it does not
     sizes: int = 5  # distinct model sizes per level
     min_steps: int = 10  # a point trains at least this many optimizer steps
     eval_sequences: int = EvalConfig().max_sequences  # eval's own default: the same rows
@@ -63,9 +64,14 @@ class CalibrationSpec:
         if self.jobs < 1:
             raise ShoestringError(f"jobs must be at least 1; got {self.jobs}", where="--jobs",
                                   fix="e.g. --jobs 2: two calibration points at a time")
-        if self.levels < 2 or self.sizes < 5 or self.decades <= 0:
+        if self.levels < 2 or self.sizes < 5 or self.decades <= 0 or self.min_decades <= 0:
             raise ShoestringError("a calibration needs at least 2 levels of 5 sizes over a "
                                   "positive span of decades", where="calibration settings")
+
+    @property
+    def least_decades(self) -> float:
+        """The narrowest span this calibration accepts."""
+        return min(self.min_decades, self.decades)
 
     def key(self, data_dir: str) -> str:
         """The calibration dir's name: data fingerprint + every setting that changes a point."""
@@ -109,31 +115,62 @@ def _smallest_top(data_dir: str, spec: CalibrationSpec) -> float | None:
     return 10 ** high
 
 
+class CalibrationTooSmall(ShoestringError):
+    """The budget cannot buy the narrowest calibration; ``need_flops`` is what would."""
+
+    def __init__(self, budget_flops: float, need_flops: float | None, spec: CalibrationSpec,
+                 budget: str = "", fix: str = "") -> None:
+        self.budget_flops, self.need_flops, self.spec = budget_flops, need_flops, spec
+        need = f"{need_flops:.3g} FLOPs" if need_flops else "far more"
+        super().__init__(
+            f"budget too small to calibrate: {spec.share:.0%} of {budget or ''}"
+            f"{budget_flops:.3g} FLOPs{')' if budget else ''} cannot train {spec.sizes} model "
+            f"sizes at {spec.levels} compute levels spanning {spec.least_decades:g} "
+            f"decade{'' if spec.least_decades == 1 else 's'} or more, each at least {spec.min_steps} steps",
+            where="--budget",
+            fix=fix or f"give at least {need}, raise --calibrate-share, or plan without "
+                       "--calibrate")
+
+
+def _spans(spec: CalibrationSpec) -> list[float]:
+    """The spans to try, widest first: the asked one, then quarter decades down to the least."""
+    spans = [spec.decades]
+    while spans[-1] - 0.25 > spec.least_decades + 1e-9:
+        spans.append(round(spans[-1] - 0.25, 6))
+    return spans + ([spec.least_decades] if spans[-1] > spec.least_decades else [])
+
+
 def calibration_points(data_dir: str, budget_flops: float,
                        spec: CalibrationSpec) -> list[dict[str, Any]]:
-    """The sweep a budget pays for: the largest top level whose points cost at most
-    ``spec.share`` of it; a budget too small for the constraints is refused with its minimum."""
+    """The sweep a budget pays for: the widest span (``spec.decades``, narrowed by quarter
+    decades to ``spec.min_decades`` when the share cannot buy it) and within it the largest
+    top level whose points cost at most ``spec.share`` of the budget. A budget too small for
+    the narrowest span is refused with its minimum (`CalibrationTooSmall`)."""
     spec.check()
+    need: float | None = None
+    for decades in _spans(spec):
+        points, need = _widest(data_dir, budget_flops, replace(spec, decades=decades))
+        if points is not None:
+            return points
+    raise CalibrationTooSmall(budget_flops, need, spec)
+
+
+def _widest(data_dir: str, budget_flops: float, spec: CalibrationSpec
+            ) -> tuple[list[dict[str, Any]] | None, float | None]:
+    """The sweep at ``spec.decades`` the share pays for, else None and the budget it needs."""
     cap = spec.share * budget_flops
     ratio = sum(10 ** (-spec.decades * k / (spec.levels - 1)) for k in range(spec.levels))
     smallest = _smallest_top(data_dir, spec)
-    tops: list[float] = []
-    if smallest is not None:  # a step's rounding or a filled-in size can overshoot: shrink
-        top = max(cap / (spec.sizes * ratio), smallest)
-        tops = [top * 0.97**k for k in range(40) if top * 0.97**k > smallest] + [smallest]
-    for top in tops:
+    if smallest is None:
+        return None, None
+    top = max(cap / (spec.sizes * ratio), smallest)  # a step's rounding or a filled-in size
+    tops = [top * 0.97**k for k in range(40) if top * 0.97**k > smallest] + [smallest]
+    for top in tops:  # can overshoot: shrink
         points = _points(data_dir, top, spec)
         if points is not None and sum(p["flops"] for p in points) <= cap:
-            return points
-    need = (f"{sum(p['flops'] for p in _points(data_dir, smallest, spec) or []) / spec.share:.3g}"
-            if smallest else "far more")
-    raise ShoestringError(
-        f"budget too small to calibrate: {spec.share:.0%} of {budget_flops:.3g} FLOPs cannot "
-        f"train {spec.sizes} model sizes at {spec.levels} compute levels spanning "
-        f"{spec.decades:g} decades, each at least {spec.min_steps} steps",
-        where="--budget",
-        fix=f"give at least {need} FLOPs, raise --calibrate-share, or plan without --calibrate",
-    )
+            return points, None
+    least = _points(data_dir, smallest, spec) or []
+    return None, sum(p["flops"] for p in least) / spec.share or None
 
 
 @dataclass
@@ -179,6 +216,11 @@ def calibrate(data_dir: str | Path, budget_flops: float, spec: CalibrationSpec,
     cal_dir = cal_dir / spec.key(data_dir)
     done = {p["id"] for p in read_points(cal_dir)} if cal_dir.is_dir() else set()
     levels = sorted({p["budget_flops"] for p in points})
+    span = math.log10(levels[-1] / levels[0])
+    if span < spec.decades - 1e-3:
+        console.print(f"the budget's {spec.share:.0%} buys a calibration over {span:.2f} "
+                      f"decades, not {spec.decades:g}: the law reaches less far, and its "
+                      "interval says so")
     console.print(f"calibrating in {cal_dir}: {len(points)} points at {len(levels)} levels "
                   f"({', '.join(f'{c:.3g}' for c in levels)} FLOPs), "
                   f"{sum(p['flops'] for p in points):.3g} FLOPs of {spec.share:.0%} × "
@@ -258,11 +300,14 @@ def write_law(boot: BootstrapFit, path: str | Path) -> Path:
 def calibrated_plan(req: PlanRequest, spec: CalibrationSpec, calibrate_data: bool = True,
                     history: list[str] | None = None, root: str | Path | None = None,
                     config: str | Path | None = None,
-                    console: Console | None = None, spent_s: float = 0.0) -> dict[str, Any]:
+                    console: Console | None = None, spent_s: float = 0.0,
+                    without: str = "plan without --calibrate") -> dict[str, Any]:
     """`plan --calibrate` / `--history`: calibrate (if asked), fit with intervals, and plan
     the budget left after the calibration with the fitted law. A wall-clock budget is left
     what this call did not spend — measuring the machine, calibrating, fitting — nor the
-    ``spent_s`` seconds the caller spent on it before (`cram --auto`: preparing the data)."""
+    ``spent_s`` seconds the caller spent on it before (`cram --auto`: preparing the data);
+    one too small to calibrate is refused in minutes of this machine, and ``without`` says
+    how the caller's command does without calibrating."""
     started = time.perf_counter()
     if req.data is None:
         raise ShoestringError("calibration and --history fit a law on your data",
@@ -275,6 +320,12 @@ def calibrated_plan(req: PlanRequest, spec: CalibrationSpec, calibrate_data: boo
         calibration_points(str(req.data), budget.amount, spec)
     base = make_plan(req, console)  # checks the request; the budget in FLOPs
     total = float(base["plan"]["budget"]["flops"])
+    if calibrate_data and budget.kind == "seconds":
+        try:
+            calibration_points(str(req.data), total, spec)
+        except CalibrationTooSmall as e:
+            raise _in_seconds(e, budget.amount, total,
+                              spent_s + time.perf_counter() - started, without) from None
     objective = base["plan"]["objective"]
     cal = calibrate(req.data, total, spec, root, config, console) if calibrate_data else None
     points = (cal.all_points if cal else []) + history_points(history or [], objective)
@@ -300,6 +351,23 @@ def calibrated_plan(req: PlanRequest, spec: CalibrationSpec, calibrate_data: boo
         if warning is not None:
             meta["notes"].insert(1 if cal is not None else 0, warning)
     return tree
+
+
+def _in_seconds(e: CalibrationTooSmall, seconds: float, flops: float, spent_s: float,
+                without: str) -> CalibrationTooSmall:
+    """A wall-clock budget too small to calibrate, refused in the user's unit: the minutes
+    that buy the calibration's FLOPs at this machine's measured rate, plus what was spent
+    before (preparing, measuring) — the calibration's wall clock is more than its FLOPs."""
+    rate = flops / seconds  # the plan bought the whole budget's seconds at this rate
+    if e.need_flops is None:
+        fix = f"{without}: no budget of this machine calibrates on this data"
+    else:
+        minutes = math.ceil((e.need_flops / rate + spent_s) / 60)
+        fix = (f"give --budget {minutes}m or more on this machine ({e.need_flops:.3g} FLOPs at "
+               f"the plan's {rate:.3g} FLOP/s, plus the {spent_s:.0f} s spent before), "
+               f"raise --calibrate-share, or {without}")
+    return CalibrationTooSmall(e.budget_flops, e.need_flops, e.spec,
+                               budget=f"{seconds / 60:.3g} min here (", fix=fix)
 
 
 def _check_usable(boot: BootstrapFit, flops: float, where: Path | None) -> None:
@@ -370,8 +438,6 @@ def _remaining(req: PlanRequest, base: dict[str, Any], cal: Calibration | None,
     every second spent on it so far (``spent_s``: the calibration, measuring, fitting and what
     the caller spent before), at the MFU the calibration's largest points measured (unless
     --mfu was given)."""
-    from dataclasses import replace
-
     b = base["plan"]["budget"]
     if cal is None:
         return req

@@ -310,6 +310,7 @@ def _fit_budget(req: PlanRequest, hw: Hardware, peak: float, seconds: float | No
     MFU until it settles (a wall-clock budget buys FLOPs in proportion to the MFU)."""
     mfu = req.mfu if req.mfu is not None else ASSUMED_MFU
     mfu_source = "given" if req.mfu is not None else "assumed (pass --mfu or --measure)"
+    timed: tuple[str, int] | None = None  # the model and micro-batch last measured
     for attempt in range(3 if req.measure else 1):
         total_flops = flops if flops is not None else peak * req.devices * seconds * mfu
         core = size_for_flops(total_flops, objective, law, data, req.devices, mask_rate,
@@ -318,8 +319,8 @@ def _fit_budget(req: PlanRequest, hw: Hardware, peak: float, seconds: float | No
         layout = layout_for(pick.model, core.vocab, core.seq_len, core.batch, req.devices,
                             devices_per_node, hw.memory_gb,
                             is_cpu=hw.measured and "cpu" in hw.description)
-        if not req.measure or attempt == 2:
-            break
+        if not req.measure or attempt == 2 or timed == (pick.label, layout.micro_batch):
+            break  # (the re-sized pick is the model just timed: its measurement stands)
         from shoestring.plan.measure import measure_mfu
 
         if console:
@@ -327,6 +328,7 @@ def _fit_budget(req: PlanRequest, hw: Hardware, peak: float, seconds: float | No
         measured = measure_mfu(pick.model, core.vocab, core.seq_len, layout.micro_batch, hw,
                                req.precision)
         mfu_source = f"measured ({pick.label} model, micro-batch {layout.micro_batch})"
+        timed = (pick.label, layout.micro_batch)
         settled = flops is not None or abs(measured - mfu) < 0.02 * mfu
         mfu = measured
         if settled:
