@@ -7,6 +7,8 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 from conftest import run_cli, tiny_config
 from shoestring.train.checkpoint import list_checkpoints
 from shoestring.train.loop import train
@@ -176,3 +178,67 @@ def test_a_log_gets_progress_lines_not_only_the_final_bar(pydocs_dir: Path,
     lines = [x for x in r.stderr.splitlines() if x.startswith("training ")]
     assert lines and "tok/s" in lines[0] and "of 3 steps" in lines[0]
     assert lines[-1].startswith("training 100.0% of 3 steps")
+
+
+def _compiler_children(pid: int) -> list[int]:
+    """Descendants of ``pid`` that are a C/C++ compiler (inductor's `g++` on a CPU)."""
+    kids: dict[int, list[int]] = {}
+    names: dict[int, str] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        pid_, rest = int(text.split(" ", 1)[0]), text.rsplit(")", 1)
+        names[pid_] = text[text.index("(") + 1:text.rindex(")")]
+        kids.setdefault(int(rest[1].split()[1]), []).append(pid_)
+    found, todo = [], [pid]
+    while todo:
+        for kid in kids.get(todo.pop(), []):
+            todo.append(kid)
+            if any(c in names.get(kid, "") for c in ("cc1plus", "g++", "c++", "gcc")):
+                found.append(kid)
+    return found
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_group_while_the_first_step_compiles_checkpoints(
+        pydocs_dir: Path, tmp_path: Path) -> None:
+    """`timeout`, Ctrl-C and schedulers signal the process group, so inductor's compiler child
+    dies with it and the step fails with a compile error: the run must still stop as at any
+    signal — a checkpoint, the resume line, exit 128 + SIGTERM — and resume to the end. The
+    signal is sent while a compiler child runs (a cold inductor cache makes one)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    run = tmp_path / "run"
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+           "TORCHINDUCTOR_COMPILE_THREADS": "1", "COLUMNS": "200"}
+    cmd = [sys.executable, "-m", "shoestring", "train", "-d", str(pydocs_dir), "-o", str(run),
+           "--steps", "4", "--set", "train.compile=true", *TINY]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env=env, start_new_session=True)
+    try:
+        deadline, seen = time.monotonic() + 400, set()
+        while proc.poll() is None and len(seen) < 16:  # inductor survives losing its first
+            # compiles (probes of the CPU's vector ISA); a kernel's compile it does not
+            seen.update(_compiler_children(proc.pid))
+            assert time.monotonic() < deadline, "no kernel compile within 400 s"
+            time.sleep(0.02)
+        assert proc.poll() is None, proc.stderr.read()[-3000:]
+        os.killpg(proc.pid, signal.SIGTERM)
+        err = proc.communicate(timeout=300)[1]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "Traceback" not in err and "CppCompileError" not in err, err[-3000:]
+    assert "interrupted by SIGTERM at step 0" in err and "--resume" in err, err[-3000:]
+    assert list_checkpoints(run)
+    r = run_cli("train", "-d", str(pydocs_dir), "-o", str(run), "--resume", "--steps", "4",
+                "--set", "train.compile=false", *TINY)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads((run / "summary.json").read_text())["steps"] == 4

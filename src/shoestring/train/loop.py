@@ -400,11 +400,12 @@ class _Run(_Built):
                                       elapsed=s.elapsed + step_time / 2)
         return bsz, tc.lr * lr_factor(tc, middle)
 
-    def checkpoint(self, s: TrainState) -> Path:
-        """Save a checkpoint (the budget clock paused) and note when it was taken."""
+    def checkpoint(self, s: TrainState, cursor: Cursor | None = None) -> Path:
+        """Save a checkpoint (the budget clock paused) and note when it was taken; ``cursor``
+        replaces the loader's when a step took batches and did not finish."""
         with self.budget.pause():
             state = checkpoint_state(
-                s, cursor=self.loader.cursor, gen=self.gen,
+                s, cursor=cursor or self.loader.cursor, gen=self.gen,
                 metrics_lines=self.metrics.lines if self.metrics else 0,
                 layout=self.parallel.layout.to_dict(), world_size=self.parallel.world,
                 attention=self.speed.attention, scaler=self.scaler)
@@ -590,7 +591,13 @@ def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
                                                r.budget.describe()) as bar:
             while True:  # at least one step, however small the budget
                 bsz, lr = r.batch_and_lr(s, step_time)
-                train_step(r, s, bsz, lr)
+                before = r.loader.cursor, r.gen.get_state()
+                try:
+                    train_step(r, s, bsz, lr)
+                except Exception:
+                    if not caught or parallel.world > 1:
+                        raise
+                    _lost_step(r, s, caught[0], *before)
                 now, signum = parallel.agree([r.budget.elapsed,
                                               float(caught[0] if caught else 0)])
                 step_time, s.elapsed = now - s.elapsed, now
@@ -621,6 +628,19 @@ def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
     finally:
         r.loader.close()
     return _finish(r, s)
+
+
+def _lost_step(r: _Run, s: TrainState, signum: int, cursor: Cursor,
+               rng: torch.Tensor) -> None:
+    """A signal to the process group can kill a child the step needs (the first compiled
+    step's `g++`, which inductor then reports as a compile error): the signal, not the step,
+    is what the user did. The step did not happen — its batches and masks go back — and the
+    run stops as at any other signal, with a checkpoint of the last finished step."""
+    r.parallel.zero_grad()
+    r.gen.set_state(rng)
+    r.checkpoint(s, cursor=cursor)
+    r.close_metrics()
+    raise TrainingInterrupted(int(signum), r.last_ckpt, s.step)
 
 
 def _finish(r: _Run, s: TrainState) -> dict:
