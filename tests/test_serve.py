@@ -416,7 +416,7 @@ def test_settings_refuse_a_short_key_and_name_the_flag() -> None:
         make_settings(max_batch_size=0)
     # Limits that contradict each other name both flags' values.
     with pytest.raises(ShoestringError, match=r"--max-batch-tokens: \(100\) .*--max-length \(512\)"):
-        make_settings(max_batch_tokens=100)
+        make_settings(max_batch_tokens=100, max_length=512)
     with pytest.raises(ShoestringError, match=r"--max-queue: \(10\) .*--max-client-batch \(1024\)"):
         make_settings(max_queue=10)
 

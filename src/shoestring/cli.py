@@ -603,7 +603,7 @@ def serve(
     max_wait_ms: Annotated[float, typer.Option(help="How long the oldest input waits for batch-mates (0: start when the model is free).")] = 0.0,
     max_queue: Annotated[int, typer.Option(help="Queued inputs before answering 429 + Retry-After.")] = 4096,
     max_concurrent_requests: Annotated[int, typer.Option(help="Requests handled at once before answering 429 + Retry-After.")] = 512,
-    max_length: Annotated[int, typer.Option(help="Tokens per input, special tokens included.")] = 512,
+    max_length: Annotated[Optional[int], typer.Option(help="Tokens per input, special tokens included (default: the context the model was trained on).")] = None,
     truncate: Annotated[
         bool, typer.Option("--truncate/--reject", help="Over-long input: cut it to --max-length, or answer 422.")
     ] = False,
@@ -611,6 +611,7 @@ def serve(
     max_body_bytes: Annotated[int, typer.Option(help="Request body size limit (413 above it).")] = 1 << 20,
     max_new_tokens: Annotated[int, typer.Option(help="Generation: the most new tokens one request may ask.")] = 256,
     request_timeout: Annotated[float, typer.Option(help="Seconds before an unanswered request gets 504.")] = 30.0,
+    body_timeout: Annotated[float, typer.Option(help="Seconds for a request's body to arrive after its headers (408 and the connection closed after).")] = 15.0,
     shutdown_timeout: Annotated[float, typer.Option(help="On Ctrl-C/SIGTERM, seconds to let in-flight requests finish.")] = 30.0,
     api_key: Annotated[
         Optional[str],
@@ -636,7 +637,8 @@ def serve(
         max_wait_ms=max_wait_ms, max_queue=max_queue, max_concurrent_requests=max_concurrent_requests,
         max_length=max_length, truncate=truncate, max_client_batch=max_client_batch,
         max_body_bytes=max_body_bytes, max_new_tokens=max_new_tokens,
-        request_timeout_s=request_timeout, shutdown_timeout_s=shutdown_timeout, api_key=api_key,
+        request_timeout_s=request_timeout, body_timeout_s=body_timeout,
+        shutdown_timeout_s=shutdown_timeout, api_key=api_key,
         precision=precision, threads=threads, index=str(index) if index else None,
         workers=workers)
     if not settings.loopback and settings.api_key is None:

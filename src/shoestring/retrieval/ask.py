@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 from shoestring.errors import ShoestringError
@@ -12,19 +10,9 @@ from shoestring.retrieval.prompt import build_prompt
 
 
 def decoder_context(engine: Any) -> int:
-    """The decoder's context length: the sequence length it was trained at (a run's
-    ``seq_len``; for a Llama export, whose config advertises at least 2048 positions, its
-    tokenizer_config.json ``model_max_length``, which `export` sets to the trained length)."""
-    context = int(engine.meta["seq_len"])
-    tok_cfg = Path(engine.source) / "tokenizer_config.json"
-    if tok_cfg.is_file():
-        try:
-            trained = json.loads(tok_cfg.read_text(encoding="utf-8")).get("model_max_length")
-        except (OSError, ValueError, AttributeError):
-            trained = None
-        if isinstance(trained, int) and 0 < trained < context:
-            context = trained
-    return context
+    """The decoder's context length: the sequence length it was trained at
+    (`serve.engine.trained_context`, the server's --max-length default too)."""
+    return int(engine.context or engine.meta["seq_len"])
 
 
 def check_decoder(engine: Any, where: str) -> None:

@@ -1,12 +1,13 @@
 """The HTTP API: endpoints, error answers, and the layers every request passes.
 
 A request passes, outermost first: metering (every answer counted by endpoint and status,
-and timed), the concurrency limit (429 + Retry-After at once), the body limit (413 before
-parsing), then the fast path (`fastpath`): a POST to a model endpoint with a valid body is
-answered there, through the same `handlers.Api` methods the FastAPI routes call; everything
-else (status routes, the page, the API description, bodies that do not validate, streams)
-goes on to FastAPI. A body is JSON whatever its ``Content-Type`` header says (``curl -d``
-works as is).
+and timed), admission (an API request's key, 401 at once, then its concurrency slot, 429 +
+Retry-After at once), the body limit (413 before parsing; 408 for a body that does not
+arrive within --body-timeout), then the fast path (`fastpath`): a POST to a model endpoint
+with a valid body is answered there, through the same `handlers.Api` methods the FastAPI
+routes call; everything else (status routes, the page, the API description, bodies that do
+not validate, streams) goes on to FastAPI. A body is JSON whatever its ``Content-Type``
+header says (``curl -d`` works as is).
 
 A model request is validated by its pydantic model (422 on bad types or fields), split into
 one batcher job per input and queued (429 + Retry-After at once when the queue is full; the
@@ -20,8 +21,9 @@ A request's ``model`` field picks one of the server's models (`routing`); withou
 first answers. ``GET /`` is a page to browse the models and try them (`page`).
 
 Status codes: 401 bad or missing API key · 404 an endpoint this model does not serve ·
-413 body too large or more inputs than --max-client-batch · 422 bad input · 429 at
---max-concurrent-requests or a full queue · 503 shutting down · 504 timed out.
+408 the body did not arrive within --body-timeout · 413 body too large or more inputs than
+--max-client-batch · 422 bad input · 429 at --max-concurrent-requests or a full queue ·
+503 shutting down · 504 timed out.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ from shoestring.serve.routing import ModelRouter, ModelUnavailable
 from shoestring.serve.schemas import ClassifyRequest, ClassifyResponse, EmbedRequest, EmbedResponse
 from shoestring.serve.schemas import FillMaskRequest, FillMaskResponse, GenerateRequest
 from shoestring.serve.schemas import GenerateResponse
-from shoestring.serve.security import ApiKey, ASGIApp, BodyLimit, ConcurrencyLimit, Receive
+from shoestring.serve.security import Admission, ApiKey, ASGIApp, BodyLimit, Receive
 from shoestring.serve.security import Refused, RequestGate, Scope, Send
 from shoestring.serve.settings import ServeSettings
 from shoestring.serve.stages import START
@@ -84,7 +86,11 @@ class _Metered:
 
     def __init__(self, app: Any, metrics: ServeMetrics) -> None:
         self.app, self.metrics = app, metrics
-        self.fastapi: FastAPI | None = None  # the app behind the layers (create_app sets it)
+        # Set by create_app: the app behind the layers, the requests being handled (what a
+        # shutdown drains) and the body reader (what a shutdown stops waiting on).
+        self.fastapi: FastAPI | None = None
+        self.gate: RequestGate | None = None
+        self.bodies: BodyLimit | None = None
         self.known = {*ENDPOINTS, *OTHER_PATHS}
         # prometheus-client's .labels() costs microseconds a call: each series once.
         self._counters: dict[tuple[str, int], Any] = {}
@@ -183,10 +189,10 @@ def create_app(engine: Engine | ModelRouter, settings: ServeSettings,
               "/v1/generate": Route("generate", GenerateRequest, api.generate,
                                     hand_on=lambda body: body.stream)}
     layers: ASGIApp = FastPath(_JsonBody(app), api, routes)
-    layers = BodyLimit(layers, max_bytes=settings.max_body_bytes)
-    layers = ConcurrencyLimit(layers, gate=gate)
-    served = _Metered(layers, metrics=metrics)
-    served.fastapi = app
+    bodies = BodyLimit(layers, max_bytes=settings.max_body_bytes,
+                       timeout_s=settings.body_timeout_s)
+    served = _Metered(Admission(bodies, gate=gate, api_key=api.api_key), metrics=metrics)
+    served.fastapi, served.gate, served.bodies = app, gate, bodies
     return served
 
 
@@ -267,7 +273,7 @@ def _add_status_routes(app: FastAPI, api: Api) -> None:
         """What is loaded, what it serves, and the server's limits."""
         limits = ("max_batch_tokens", "max_batch_size", "max_wait_ms", "max_queue",
                   "max_concurrent_requests", "max_client_batch", "max_body_bytes",
-                  "max_new_tokens", "request_timeout_s")
+                  "max_new_tokens", "request_timeout_s", "body_timeout_s")
         return {**router.default_slot.engine.describe(), "worker": os.getpid(),
                 "limits": {name: getattr(settings, name) for name in limits}}
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from shoestring.serve.stages import Laps, StageTimes
 from shoestring.serve.streaming import TextDelta, TokenStream
 
 Loc = tuple[str | int, ...]
+DEFAULT_MAX_LENGTH = 512  # --max-length for a model whose metadata records no training length
 
 
 class InputError(ValueError):
@@ -43,6 +45,27 @@ class InputError(ValueError):
     def __init__(self, message: str, loc: Loc) -> None:
         super().__init__(message)
         self.message, self.loc = message, loc
+
+
+def trained_context(meta: dict, source: Path) -> int | None:
+    """The longest input the model was trained on (None: not recorded): a run's ``seq_len``;
+    for a Llama export, whose config advertises at least 2048 positions, its
+    tokenizer_config.json ``model_max_length``, which `export` sets to the trained length; for
+    a classifier, its encoder's ``seq_len``, else the length it was fine-tuned at. The server
+    serves no longer inputs (`--max-length`'s default and limit): positions past it are ones
+    the model never learned."""
+    base = meta.get("base") or {}
+    context = next((m["seq_len"] for m in (meta, base) if isinstance(m.get("seq_len"), int)),
+                   meta.get("max_length") if isinstance(meta.get("max_length"), int) else None)
+    tok_cfg = Path(source) / "tokenizer_config.json"
+    if context is not None and tok_cfg.is_file():
+        try:
+            trained = json.loads(tok_cfg.read_text(encoding="utf-8")).get("model_max_length")
+        except (OSError, ValueError, AttributeError):
+            trained = None
+        if isinstance(trained, int) and 0 < trained < context:
+            context = trained
+    return context
 
 
 def input_loc(index: int, many: bool, field: str = "inputs") -> Loc:
@@ -58,7 +81,7 @@ class Engine(abc.ABC):
     tasks: frozenset[str] = frozenset()
 
     def __init__(self, model: nn.Module, tokenizer: Any, meta: dict, source: Path, *,
-                 max_length: int, truncate: bool, precision: str = "fp32") -> None:
+                 max_length: int | None, truncate: bool, precision: str = "fp32") -> None:
         from shoestring.device import select_device
 
         info = select_device(precision, measure_peak=False)
@@ -68,7 +91,10 @@ class Engine(abc.ABC):
         self.tokenizer = tokenizer
         self.meta = meta
         self.source = source
-        self.max_length = max_length
+        # None: the training length is not recorded (`trained_context`).
+        self.context = trained_context(meta, source)
+        # The longest input served (`fit`): the caller's, else the trained context.
+        self.max_length = max_length or self.context or DEFAULT_MAX_LENGTH
         self.truncate = truncate
         self.vocab_size = _vocab_size(model, tokenizer)
         # Where forward and pooling times go (the server's metrics); None: not recorded.
@@ -506,7 +532,7 @@ ENGINES: dict[str, type[Engine]] = {
     "mlm": EncoderEngine, "clm": DecoderEngine, "contrastive": EncoderEngine}
 
 
-def load_engine(path: str | Path, *, max_length: int = 512, truncate: bool = False,
+def load_engine(path: str | Path, *, max_length: int | None = None, truncate: bool = False,
                 precision: str = "fp32") -> Engine:
     """The right engine for folder ``path``: a run dir (``final/`` inside, or ``final/``
     itself), an export (`shoestring export`: ModernBERT or Llama), or a classifier folder."""

@@ -6,13 +6,14 @@ solving, parsing the body to Python objects and validating them in a second pass
 the answer) and to tokenizing: bench/serve_cpu.py measured the event loop at 0.75 ms per
 ``/v1/embed`` request before this path and 0.18 ms with it. So a POST to a model endpoint is
 answered here: the body read once, parsed and validated in one pass by pydantic's Rust JSON parser
-(``model_validate_json``) against the same request model FastAPI documents, the API key
-checked on the raw headers, then the same `handlers.Api` method FastAPI's route would call,
-and the answer written with orjson (`encoding`).
+(``model_validate_json``) against the same request model FastAPI documents, then the same
+`handlers.Api` method FastAPI's route would call, and the answer written with orjson
+(`encoding`). The API key was checked before (`security.Admission`: 401 before a request
+takes a slot or its body is read), and the body was read within its limits (`BodyLimit`).
 
 Whatever this path does not take on itself goes to FastAPI unchanged, with the body replayed:
-a missing or wrong API key (FastAPI answers 401), a body that does not validate (FastAPI
-answers its 422, naming the field, in its own format), and streamed generation. Errors after
+a body that does not validate (FastAPI answers its 422, naming the field, in its own
+format), and streamed generation. Errors after
 validation are answered from the table both paths share (`answers`). The stages of every
 request it answers are timed (`stages`).
 """
@@ -29,7 +30,7 @@ from pydantic import BaseModel, ValidationError
 from shoestring.serve.answers import error_answer
 from shoestring.serve.encoding import dumps
 from shoestring.serve.handlers import Api
-from shoestring.serve.security import ASGIApp, Message, Receive, Scope, Send
+from shoestring.serve.security import ASGIApp, Receive, Scope, Send, replay
 from shoestring.serve.stages import START, Laps
 
 Handler = Callable[[Any, Receive, Laps], Awaitable[Any]]
@@ -62,14 +63,12 @@ class FastPath:
         if body is None:  # the client went away before its body arrived
             return
         api = self.api
-        request = None
-        if api.api_key is None or api.api_key.check_raw(scope["headers"]):
-            try:
-                request = route.model.model_validate_json(body)
-            except ValidationError:
-                pass
+        try:  # the API key was checked in front (`security.Admission`)
+            request = route.model.model_validate_json(body)
+        except ValidationError:
+            request = None
         if request is None or (route.hand_on is not None and route.hand_on(request)):
-            return await self.app(scope, _replay(body, receive), send)
+            return await self.app(scope, replay(body, receive), send)
         laps = Laps(api.metrics.stages, route.task, scope.get(START), cpu)
         laps.lap("parse")
         headers: dict[str, str] = {}
@@ -104,17 +103,3 @@ async def _read_body(receive: Receive) -> bytes | None:
             return None
         chunks.append(message.get("body", b""))
     return b"".join(chunks)
-
-
-def _replay(body: bytes, receive: Receive) -> Receive:
-    """``receive`` that gives ``body`` first, then whatever the server sends (disconnects)."""
-    sent = False
-
-    async def replay() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay

@@ -31,7 +31,7 @@ from shoestring.serve.retrieval_routes import need
 from shoestring.serve.routing import ModelRouter, Slot
 from shoestring.serve.schemas import ClassifyRequest, EmbedRequest, FillMaskRequest
 from shoestring.serve.schemas import GenerateRequest
-from shoestring.serve.security import ApiKey, Receive, Refused
+from shoestring.serve.security import MISSING_KEY, ApiKey, Receive, Refused
 from shoestring.serve.settings import ServeSettings
 from shoestring.serve.stages import Laps
 from shoestring.serve.streaming import TokenStream, events
@@ -53,8 +53,7 @@ class Api:
 
     async def authorized(self, request: Request) -> None:  # async: a sync one costs a thread hop
         if self.api_key is not None and not self.api_key.check(request.headers):
-            raise HTTPException(401, "missing or wrong API key: send 'Authorization: Bearer KEY' "
-                                "or 'X-API-Key: KEY'", headers={"WWW-Authenticate": "Bearer"})
+            raise HTTPException(401, MISSING_KEY, headers={"WWW-Authenticate": "Bearer"})
 
     async def slot_for(self, body: Any, task: str) -> Slot:
         """The model ``body.model`` names, once the input count is within the limit (413) and

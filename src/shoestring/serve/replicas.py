@@ -40,12 +40,14 @@ class Footprint:
                 f"{_gib(self.available)} free beside the first")
 
 
-def measure(engines: list[Any], max_batch_tokens: int, max_length: int) -> Footprint:
-    """This process's footprint with ``engines`` loaded, after their largest batch."""
+def measure(engines: list[Any], max_batch_tokens: int,
+            max_length: int | None = None) -> Footprint:
+    """This process's footprint with ``engines`` loaded, after their largest batch (inputs of
+    ``max_length`` tokens; None: each engine's own ``--max-length``)."""
     import torch
 
     for engine in engines:
-        engine.probe_memory(max_batch_tokens, max_length)
+        engine.probe_memory(max_batch_tokens, max_length or engine.max_length)
     device = engines[0].device
     if device.type == "cuda":
         torch.cuda.synchronize(device)

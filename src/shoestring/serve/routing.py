@@ -144,10 +144,13 @@ class ModelRouter:
             self.repository.verify(version)
         return self.loader(path)
 
+    def _current(self, served: Served) -> tuple[str, Path, ModelVersion | None]:
+        return self.target(None if served is self.default else served.name)
+
     def load_initial(self) -> None:
         """Load every served model's current version (before the server starts)."""
         for served in self.served.values():
-            key, path, version = self.target(None if served is self.default else served.name)
+            key, path, version = self._current(served)
             if key not in self.slots:
                 self.add(key, self._load(path, version))
 
@@ -177,13 +180,17 @@ class ModelRouter:
         out = []
         for served in self.served.values():
             try:
-                key = self.target(None if served is self.default else served.name)[0]
+                key = self._current(served)[0]
             except (ModelUnavailable, InputError) as e:
                 out.append(e.message)
                 continue
             if key in self.failed:
                 out.append(self.failed[key])
         return out
+
+    def current_slots(self) -> list[Slot]:
+        """Each served model's current version, loaded (after `load_initial`), default first."""
+        return [self.slots[self._current(served)[0]] for served in self.served.values()]
 
     @property
     def default_slot(self) -> Slot:

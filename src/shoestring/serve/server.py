@@ -4,9 +4,10 @@ The socket is bound here rather than by uvicorn so that ``--port 0`` works (the 
 known and printed before the first request) and so a test or benchmark can start a server on
 a free loopback port in-process with `ServerThread`.
 
-Shutdown is graceful: uvicorn stops accepting connections, waits up to
-``--shutdown-timeout`` for in-flight requests (their queued inputs still run), and only then
-the batcher's worker is drained and joined.
+Shutdown is graceful: uvicorn stops accepting connections, bodies still awaited are answered
+408, in-flight requests get up to ``--shutdown-timeout`` (their queued inputs still run), and
+only then the batcher's worker is drained and joined; the CLI then prints
+``shoestring serve: stopped (SIGTERM): drained N in-flight requests``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 import queue
 import signal
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -116,7 +118,29 @@ def _http_protocol() -> Any:
     return OneWriteProtocol
 
 
-def build_server(engine: Engine | ModelRouter, settings: ServeSettings) -> uvicorn.Server:
+class _Server(uvicorn.Server):
+    """uvicorn's server, which on shutdown also stops waiting for request bodies (each still
+    awaited is answered 408 at once: a slow client does not hold up the drain) and, once
+    drained, says so in one line: how it stopped and how many requests it finished."""
+
+    def __init__(self, config: uvicorn.Config, app: Any, announce: Any = None) -> None:
+        super().__init__(config)
+        self.served, self.announce = app, announce
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        in_flight = self.served.gate.active
+        self.served.bodies.stop_waiting()
+        await super().shutdown(sockets)
+        if self.announce is not None:
+            signals = getattr(self, "_captured_signals", [])  # uvicorn >= 0.29
+            how = signal.Signals(signals[-1]).name if signals else "asked to"
+            self.announce(f"shoestring serve: stopped ({how}): drained {in_flight} in-flight "
+                          f"request{'' if in_flight == 1 else 's'}")
+
+
+def build_server(engine: Engine | ModelRouter, settings: ServeSettings,
+                 announce: Any = None) -> uvicorn.Server:
+    """The uvicorn server for ``engine``'s app; ``announce`` gets its shutdown line."""
     app = create_app(engine, settings)
     config = uvicorn.Config(
         app, log_level="warning", access_log=False, lifespan="on", http=_http_protocol(),
@@ -126,7 +150,7 @@ def build_server(engine: Engine | ModelRouter, settings: ServeSettings) -> uvico
         limit_concurrency=settings.max_concurrent_requests + 512, timeout_keep_alive=30,
         proxy_headers=False,  # loopback by default; a proxy in front sets its own headers
     )
-    return uvicorn.Server(config)
+    return _Server(config, app, announce)
 
 
 def load(path: str | Path, settings: ServeSettings) -> Engine:
@@ -137,9 +161,27 @@ def load(path: str | Path, settings: ServeSettings) -> Engine:
         torch.set_num_threads(settings.threads)
     engine = load_engine(path, max_length=settings.max_length, truncate=settings.truncate,
                          precision=settings.precision)
+    _check_length(engine, settings, path)
     engine.warmup()
     engine.calibrate()  # what one more model call costs: how the batcher splits a batch
     return engine
+
+
+def _check_length(engine: Engine, settings: ServeSettings, path: str | Path) -> None:
+    """An explicit --max-length past the model's training context is refused (its default is
+    that context); the default is checked against --max-batch-tokens as a given one is."""
+    context = engine.context
+    if settings.max_length is not None and context is not None and settings.max_length > context:
+        raise ShoestringError(
+            f"{settings.max_length} tokens is more than {path} was trained on ({context} "
+            "tokens): positions past its training context are not ones it has learned",
+            where="--max-length", fix=f"leave --max-length out (it is then {context}) or give "
+            "at most that")
+    if engine.max_length > settings.max_batch_tokens:
+        raise ShoestringError(
+            f"({settings.max_batch_tokens}) must be at least {path}'s --max-length "
+            f"({engine.max_length}, its training context): one input of the longest length "
+            "must fit a batch", where="--max-batch-tokens")
 
 
 def load_router(models: list[str], settings: ServeSettings,
@@ -159,10 +201,9 @@ def load_router(models: list[str], settings: ServeSettings,
 
 
 def _describe(router: ModelRouter) -> str:
-    slot = router.default_slot
-    others = [n for n in router.served if n != router.default.name]
-    extra = f" and {', '.join(others)}" if others else ""
-    return f"{slot.engine.kind} {slot.key}{extra} ({', '.join(sorted(slot.engine.tasks))})"
+    """Every served model with its kind and tasks, the default (a request naming none) first."""
+    return ", ".join(f"{slot.engine.kind} {slot.key} ({', '.join(sorted(slot.engine.tasks))})"
+                     for slot in router.current_slots())
 
 
 def serve(models: str | Path | list[str], settings: ServeSettings, announce: Any = print) -> None:
@@ -173,7 +214,7 @@ def serve(models: str | Path | list[str], settings: ServeSettings, announce: Any
         return serve_workers(models, settings, announce)
     router = load_router(models, settings)
     sock = bind(settings.host, settings.port)
-    server = build_server(router, settings)
+    server = build_server(router, settings, announce)
     announce(f"serving {_describe(router)} on {url_of(sock)}")
     try:
         server.run(sockets=[sock])
@@ -187,14 +228,15 @@ def _worker_main(models: list[str], settings: ServeSettings, sock: socket.socket
     first of several also reports its memory at its largest batch (`replicas`)."""
     try:
         router = load_router(models, settings)
-        server = build_server(router, settings)
+        server = build_server(router, settings, lambda line: print(
+            f"worker {os.getpid()}: {line}", file=sys.stderr, flush=True))
     except ShoestringError as e:
         ready.put(("error", e.message))
         return
     footprint = None
     if measure_memory:
         footprint = replicas.measure([s.engine for s in router.slots.values()],
-                                     settings.max_batch_tokens, settings.max_length)
+                                     settings.max_batch_tokens)
     ready.put(("ready", (os.getpid(), footprint)))
     server.run(sockets=[sock])
 

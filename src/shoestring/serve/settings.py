@@ -37,7 +37,9 @@ class ServeSettings(BaseModel):
     max_concurrent_requests: int = Field(
         512, ge=1, description="requests being handled at once before answering 429"
     )
-    max_length: int = Field(512, ge=4, description="tokens per input, special tokens included")
+    max_length: int | None = Field(
+        None, ge=4, description="tokens per input, special tokens included (default: the "
+        "context the model was trained on; more than that is refused)")
     truncate: bool = Field(
         False, description="cut over-long inputs to max_length instead of answering 422"
     )
@@ -48,6 +50,9 @@ class ServeSettings(BaseModel):
     request_timeout_s: float = Field(
         30.0, gt=0.0, description="a request still unanswered after this gets 504"
     )
+    body_timeout_s: float = Field(
+        15.0, gt=0.0, le=3600.0, description="a request body not fully arrived this long after "
+        "its headers gets 408 and the connection is closed (slow or stalled clients)")
     shutdown_timeout_s: float = Field(
         30.0, ge=0.0, description="on shutdown, wait this long for in-flight requests"
     )
@@ -79,7 +84,7 @@ class ServeSettings(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> ServeSettings:
-        if self.max_batch_tokens < self.max_length:
+        if self.max_length is not None and self.max_batch_tokens < self.max_length:
             raise ValueError(
                 f"--max-batch-tokens ({self.max_batch_tokens}) must be at least --max-length "
                 f"({self.max_length}): one input of the longest length must fit a batch"
