@@ -343,7 +343,7 @@ def test_explain_reports_the_long_document_setting(tmp_path: Path) -> None:
     read = DataDir(tmp_path / "d").manifest["blocks"][0]
     pieces = read["long_documents"]["pieces"]
     assert read["long_documents"] == {"max_chars": 2000, "cut": 1, "pieces": pieces} and pieces > 5
-    assert f"long documents (data.max_document_chars=2,000): 1 cut into {pieces} pieces" \
+    assert f"long documents (data.max_document_chars=2,000): 1 document cut into {pieces} pieces" \
         in proc.stderr
     assert f"1 over 2,000 characters cut into {pieces} pieces" in proc.stdout
 

@@ -41,6 +41,7 @@ from shoestring.data.tokenizer import (
 )
 from shoestring.errors import ShoestringError
 from shoestring.fsutil import write_json_atomic
+from shoestring.units import counted
 
 # Fewer validation documents than this: validation is the end of the text instead.
 MIN_VAL_DOCUMENTS = 5
@@ -177,7 +178,7 @@ class Driver:
                 for b in self.blocks if any(b.get("dropped", {}).values())
             )
             raise ShoestringError(
-                f"the corpus is empty after cleaning: {stats.documents} documents read"
+                f"the corpus is empty after cleaning: {counted(stats.documents, 'document')} read"
                 + (f"; {dropped}" if dropped else "")
                 + f" (data.min_chars={self.cfg.min_chars})",
                 where=", ".join(self.specs),
@@ -185,7 +186,7 @@ class Driver:
             )
         if split.n["train"] == 0:
             raise ShoestringError(
-                f"all {split.kept} documents fell into the validation split",
+                f"all {counted(split.kept, 'document')} fell into the validation split",
                 where=", ".join(self.specs),
                 fix="add more text",
             )
@@ -202,7 +203,8 @@ class Driver:
         else:
             kind = default_kind(cfg.objective) if cfg.tokenizer == "auto" else cfg.tokenizer
             n_train = self.journal.get("read")["documents"]["train"]
-            with self.console.status(f"training the {kind} tokenizer on {n_train:,} documents"):
+            docs = counted(n_train, "document")
+            with self.console.status(f"training the {kind} tokenizer on {docs}"):
                 tok, self.tokenizer_sample = self.stages.train_tokenizer(kind, n_train)
             source = "trained"
         tok.save(str(self.build / "tokenizer.json"))
@@ -251,8 +253,8 @@ class Driver:
             out[name] = {**r, "tokens": (hi - lo) * self.cfg.seq_len}
             if split == "train" and hi == lo:
                 raise ShoestringError(
-                    f"{r['documents']:,} training documents with "
-                    f"{r['document_tokens']:,} tokens do not fill one sequence of "
+                    f"{counted(r['documents'], 'training document')} with "
+                    f"{counted(r['document_tokens'], 'token')} do not fill one sequence of "
                     f"{self.cfg.seq_len}", where=f"data.mixture.sources.{name}",
                     fix="add text to this source, or drop it from the mixture")
         if split == "train":
@@ -300,7 +302,8 @@ class Driver:
                else "the end of the text")
         raise ShoestringError(
             f"the validation split ({how}, data.val_fraction={cfg.val_fraction}) has no "
-            f"complete sequence: {val['documents']} documents with {have} tokens, fewer "
+            f"complete sequence: {counted(val['documents'], 'document')} with "
+            f"{counted(have, 'token')}, fewer "
             f"than one sequence of {cfg.seq_len}",
             where=", ".join(self.specs),
             fix=" or ".join(fixes),
@@ -444,7 +447,7 @@ class Split:
         self.spool.with_suffix(".src").unlink(missing_ok=True)
         if by_position:
             self.how = {"method": "position", "val_fraction": self.fraction,
-                        "reason": f"{self.kept:,} document(s) kept: fewer than "
+                        "reason": f"{counted(self.kept, 'document')} kept: fewer than "
                         f"{MIN_VAL_DOCUMENTS} would be held out by document"}
 
     def report(self) -> dict:

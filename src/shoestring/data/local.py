@@ -31,6 +31,7 @@ from shoestring.data.sources import Document, Read, ReadStats
 from shoestring.data.tokenizer import CLS, SEP, tokenizer_sample, train_tokenizer
 from shoestring.data.workers import WorkerPool, batched, encode_texts
 from shoestring.progress import progress_bar
+from shoestring.units import counted
 
 ENCODE_BATCH = 1024
 # Encodings cost ~150 bytes per token until converted: cap a batch at ~512K characters.
@@ -332,6 +333,7 @@ def _train_from_spool(spool: str, cap: int, total: int | None, kind: str, object
 def _long_documents_line(max_chars: int, stats: ReadStats) -> str:
     """What ``data.max_document_chars`` did (for ``--explain``)."""
     return (f"long documents (data.max_document_chars={max_chars:,}): "
-            f"{stats.split_documents:,} cut into {stats.split_pieces:,} pieces")
+            f"{counted(stats.split_documents, 'document')} cut into "
+            f"{counted(stats.split_pieces, 'piece')}")
 
 
