@@ -97,6 +97,10 @@ class Driver:
         self.blocks: list[dict] = []  # the read stage's block records
         self.compress: Any = None  # built once the tokenizer is known (run)
         self.median_ratio: float | None = None
+        # --explain: the stages' dropped-document examples (block → reason → examples) and
+        # lines, printed together once the last progress bar is done (`_explain`)
+        self.examples: dict[str, dict[str, list[Any]]] = {}
+        self.explain_lines: list[str] = []
         self.stages = stages(self)
 
     def run(self) -> dict:
@@ -121,7 +125,7 @@ class Driver:
             self.encoded[split] = enc
             splits[split] = self.timed("pack", self.stages.pack, split, enc, dtype, ids,
                                        tok.get_vocab_size())
-        self._explain_compressibility()
+        self._explain()
         self._check_val(splits["val"], read)
         manifest = self._manifest(read, tok_info, ids, dtype, splits, time.perf_counter() - t0)
         executor = self.stages.describe()
@@ -225,17 +229,20 @@ class Driver:
         return info
 
 
-    def _explain_compressibility(self) -> None:
-        """``--explain``: the compressibility filter's examples (it runs while tokenizing,
-        after the other blocks have been explained)."""
-        if self.compress is None or not self.compress.keep_examples:
+    def _explain(self) -> None:
+        """``--explain N``: every block's dropped-document examples in one report — the read
+        stage's and the compressibility filter's (it runs while tokenizing) — printed after
+        the last progress bar, not between the bars of the stages."""
+        if self.curate_cfg is None or not self.curate_cfg.explain:
             return
         from shoestring.data.curate.pipeline import format_explain
 
-        examples = {self.compress.name: self.compress.examples}
-        self.console.print(format_explain(examples if self.compress.examples else {},
-                                          self.curate_cfg.explain), markup=False,
-                           highlight=False)
+        examples = dict(self.examples)
+        if self.compress is not None and self.compress.examples:
+            examples[self.compress.name] = self.compress.examples
+        text = "\n".join([format_explain(examples, self.curate_cfg.explain).rstrip(),
+                          *self.explain_lines])
+        self.console.print(text, markup=False, highlight=False)
 
 
     def source_split(self, split: str, enc: dict, doc_ends: np.ndarray, body: int,
@@ -374,8 +381,9 @@ class Split:
     name = "split"
 
     def __init__(self, build: Path, val_fraction: float, matcher: SourceMatcher | None = None,
-                 hosts: Container[str] = ()) -> None:
+                 hosts: Container[str] = (), keep_ids: bool = False) -> None:
         self.build, self.fraction, self.matcher, self.hosts = build, val_fraction, matcher, hosts
+        self.keep_ids = keep_ids  # spool each document's id with it (`spool_documents`)
         self.n_sources = len(matcher.names) if matcher else 0
         self.kept = self.chars = self.by_hash = self.forced_chars = 0
         self.forced: set[int] = set()  # spool lines kept in train (canary hosts)
@@ -398,7 +406,7 @@ class Split:
                     self.by_hash += is_validation(doc.text, self.fraction)
                 self.kept += 1
                 self.chars += len(doc.text)
-                f.write(json.dumps(doc.text, ensure_ascii=False) + "\n")
+                f.write(_spool_line(doc.text, doc.doc_id if self.keep_ids else None))
                 if self.matcher is not None:  # 2 bytes a document
                     fsrc.write(self.matcher.index(doc).to_bytes(2, "little"))
         if self.matcher is not None:
@@ -418,28 +426,29 @@ class Split:
             out = {p: files.enter_context(open(self._part(*p), "w", encoding="utf-8"))
                    for p in parts}
 
-            def write(split: str, text: str, k: int) -> None:
+            def write(split: str, text: str, k: int, doc_id: str | None) -> None:
                 if text:
                     self.n[split] += 1
                     if n_sources:
                         self.source_docs[split][k] += 1
                     if split == "train":
                         self.train_chars += len(text)
-                    out[split, k].write(json.dumps(text, ensure_ascii=False) + "\n")
+                    out[split, k].write(_spool_line(text, doc_id))
 
-            for line, text in enumerate(read_spool(self.spool)):
+            for line, (text, doc_id) in enumerate(spool_documents(self.spool)):
                 k = int(sources[line]) if n_sources else 0
                 if line in self.forced:  # canary hosts: train, outside the position cut
-                    write("train", text, k)
+                    write("train", text, k, doc_id)
                     continue
                 if not by_position:
-                    write("val" if is_validation(text, self.fraction) else "train", text, k)
+                    split = "val" if is_validation(text, self.fraction) else "train"
+                    write(split, text, k, doc_id)
                     continue
                 at = min(max(cut - position, 0), len(text))
                 if 0 < at < len(text):
                     at = _line_break_near(text, at)
-                write("train", text[:at].strip(), k)
-                write("val", text[at:].strip(), k)
+                write("train", text[:at].strip(), k, doc_id)
+                write("val", text[at:].strip(), k, doc_id)
                 position += len(text)
         if n_sources:
             self._join_source_spools()
@@ -477,8 +486,21 @@ def _line_break_near(text: str, at: int) -> int:
     return at
 
 
-def read_spool(path: Path) -> Iterator[str]:
-    """The documents of a spool (one JSON string a line)."""
+def _spool_line(text: str, doc_id: str | None) -> str:
+    """A spool line: the text as a JSON string, or ``[text, doc_id]`` when ids are kept."""
+    return json.dumps(text if doc_id is None else [text, doc_id], ensure_ascii=False) + "\n"
+
+
+def spool_documents(path: Path) -> Iterator[tuple[str, str | None]]:
+    """The (text, document id) of a spool's lines; the id is None where it was not kept
+    (ids are spooled for ``--explain``, so that a block that runs after the split — the
+    compressibility filter — names its drops ``file:line`` like the others)."""
     with open(path, encoding="utf-8") as f:
         for line in f:
-            yield json.loads(line)
+            value = json.loads(line)
+            yield (value, None) if isinstance(value, str) else (value[0], value[1])
+
+
+def read_spool(path: Path) -> Iterator[str]:
+    """The documents of a spool, their texts only."""
+    return (text for text, _ in spool_documents(path))
