@@ -329,8 +329,10 @@ def _print_prep(manifest: dict, output: Path) -> None:
         t.add_row("validation", f"the last {split['val_fraction']:.0%} of the text "
                   "(too few documents to hold out whole ones)")
     tok = manifest["tokenizer"]
+    short = (f"; {tok['requested_vocab_size']:,} asked for: too little text"
+             if tok.get("warning") else "")
     t.add_row("vocabulary", f"{tok['vocab_size']:,} {tok.get('kind', 'wordpiece')} "
-              f"({manifest.get('objective', 'mlm')})")
+              f"({manifest.get('objective', 'mlm')}{short})")
     for name in ("train", "val"):
         s = splits[name]
         t.add_row(f"{name} sequences × {manifest['seq_len']}", f"{s['sequences']:,} ({s['tokens']:,} tokens)")

@@ -221,6 +221,13 @@ class Driver:
         }
         if path is None and self.tokenizer_sample is not None:
             info["sample"] = self.tokenizer_sample
+        if path is None:
+            info["requested_vocab_size"] = cfg.vocab_size
+            short = _short_vocabulary(info, self.tokenizer_sample)
+            if short is not None:  # recorded (manifest) and said now, not buried in the table
+                info["warning"] = short
+                self.console.print("[bold yellow]warning:[/] ", end="")
+                self.console.print(short, markup=False, highlight=False)
         from shoestring.data.curate.compress import median_ratio, needs_median
 
         if needs_median(self.curate_cfg):  # for the compressibility threshold
@@ -476,6 +483,20 @@ class Split:
                     with open(self._part(split, k), "rb") as f:
                         shutil.copyfileobj(f, joined, 1 << 20)
                     self._part(split, k).unlink()
+
+
+def _short_vocabulary(info: dict, sample: dict[str, int] | None) -> str | None:
+    """Why a trained vocabulary is smaller than ``data.vocab_size`` (None when it is not):
+    the trainers stop when the text has no more pair to merge (seen at least twice), so a
+    tiny corpus gives, say, 59 tokens of 8,192 — a model sized for the asked-for vocabulary
+    without a word said about it (issue 52)."""
+    got, asked = info["vocab_size"], info["requested_vocab_size"]
+    if got >= asked:
+        return None
+    text = f" ({counted(sample['characters'], 'character')})" if sample else ""
+    return (f"the {info['kind']} tokenizer learned {got:,} tokens, not the {asked:,} asked "
+            f"for (data.vocab_size): too little training text{text} to hold more; add "
+            "text, or lower data.vocab_size")
 
 
 def _line_break_near(text: str, at: int) -> int:
