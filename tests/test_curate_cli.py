@@ -131,22 +131,29 @@ def test_compressibility_filter_drops_documents_by_token_ratio(tmp_path: Path) -
     assert tight["splits"]["train"]["tokens"] < loose["splits"]["train"]["tokens"]
 
 
+def _append_blobs(corpus: Path, n: int) -> list[str]:
+    """Append ``n`` gopher-clean but incompressible documents (stop words between random
+    letters) to ``corpus``; their texts."""
+    import random
+    import string
+
+    rng = random.Random(0)
+    stop = ["the", "and", "of", "to", "that", "with", "is", "for"]
+    blobs = [" ".join(f"{rng.choice(stop)} {''.join(rng.choices(string.ascii_lowercase, k=6))}"
+                      for _ in range(150)) for _ in range(n)]
+    with corpus.open("a", encoding="utf-8") as f:
+        for blob in blobs:
+            f.write(json.dumps({"text": blob}) + "\n")
+    return blobs
+
+
 def test_compressibility_threshold_follows_the_tokenizer(tmp_path: Path) -> None:
     """Issue 37: the fixed 0.3 was set for Cramming's 32K vocabulary; with a small one, clean
     text compresses less and the filter dropped clean documents (12% of wiki-books with 8K).
     The threshold is now at least 1.35x the median ratio of the corpus's documents: clean
     documents stay, encoded blobs still go."""
-    import random
-    import string
-
     corpus = write_jsonl_corpus(tmp_path / "c.jsonl", 150)
-    rng = random.Random(0)
-    stop = ["the", "and", "of", "to", "that", "with", "is", "for"]
-    blobs = [" ".join(f"{rng.choice(stop)} {''.join(rng.choices(string.ascii_lowercase, k=6))}"
-                      for _ in range(150)) for _ in range(5)]  # gopher-clean, incompressible
-    with corpus.open("a", encoding="utf-8") as f:
-        for blob in blobs:
-            f.write(json.dumps({"text": blob}) + "\n")
+    blobs = _append_blobs(corpus, 5)
     out = tmp_path / "d"
     r = run_cli("prep", str(corpus), "-o", str(out), "--filters", "gopher", "--set",
                 "data.vocab_size=400", "--set", "data.seq_len=64", "--explain", "10")
@@ -158,3 +165,24 @@ def test_compressibility_threshold_follows_the_tokenizer(tmp_path: Path) -> None
     assert block["dropped"]["ratio_too_high"] <= len(blobs) + 0.03 * block["documents_in"]
     blob_drops = r.stderr.split("== compressibility: ratio_too_high ==")[1]
     assert sum(blob[:30] in blob_drops for blob in blobs) == len(blobs)  # --explain shows them
+
+
+def test_explain_names_compressibility_drops_by_file_line_after_the_bars(tmp_path: Path) -> None:
+    """Issue 52: --explain named compressibility drops "tokenized document 107" where every
+    other block names file:line, and printed the read stage's examples before the later
+    stages' progress bars (and the compressibility ones separately after them). Now: one
+    report, after the last bar, each drop named by its file and line."""
+    corpus = write_jsonl_corpus(tmp_path / "c.jsonl", 60)
+    blobs = _append_blobs(corpus, 3)  # lines 61-63
+    r = run_cli("prep", str(corpus), "-o", str(tmp_path / "d"), "--filters", "gopher",
+                "--set", "data.vocab_size=400", "--set", "data.seq_len=64", "--explain", "10")
+    assert r.returncode == 0, r.stderr
+    assert "tokenized document" not in r.stderr
+    drops = r.stderr.split("== compressibility: ratio_too_high ==")[1]
+    named = [line for line in drops.splitlines() if line.startswith("-- ")]
+    assert all(line.startswith(f"-- {corpus}:") for line in named), named
+    assert sum(f"-- {corpus}:{61 + i} " in drops for i in range(len(blobs))) == len(blobs)
+    last_bar = r.stderr.rindex("pack val")
+    assert r.stderr.index("== ") > last_bar  # every example after the last progress bar
+    assert r.stderr.index("long documents (data.max_document_chars") > last_bar
+    assert "no dropped documents to explain" not in r.stderr

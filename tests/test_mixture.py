@@ -257,7 +257,7 @@ def test_bad_recipes_fail_naming_the_field(mixed, tmp_path: Path) -> None:
     base = ("prep", "main.jsonl", "--mix-field", "kind", "--set", "data.vocab_size=2000")
     out = iter(str(tmp_path / f"d{i}") for i in range(10))
     fails_cleanly(run_cli(*base, "-o", next(out), "--mix", "brown=-1,abc=1", cwd=folder),
-                  "data.mixture.sources.brown.weight", "greater than 0")
+                  "--mix brown=-1,abc=1: source brown: weight should be greater than 0")
     fails_cleanly(run_cli(*base, "-o", next(out), "--mix", "brown=1,abc=2x", cwd=folder),
                   "--mix", "brown give a weight and abc give epochs")
     fails_cleanly(run_cli(*base, "-o", next(out), "--mix", "brown", cwd=folder),
@@ -266,8 +266,8 @@ def test_bad_recipes_fail_naming_the_field(mixed, tmp_path: Path) -> None:
                           "--set", "data.order=sort", cwd=folder), "data.order=sort")
     (folder / "typo.yaml").write_text("sources:\n  brown: {wieght: 1}\n  abc: 1\n")
     fails_cleanly(run_cli(*base, "-o", next(out), "--mix", "typo.yaml", cwd=folder),
-                  "data.mixture.sources.brown.wieght", "allowed keys here: epochs, files, value, "
-                  "weight")
+                  "--mix typo.yaml: source brown: unknown key 'wieght'; the keys are epochs, "
+                  "files, value, weight")
     # A source no document has: named, with the values that do occur.
     fails_cleanly(run_cli("prep", "main.jsonl", "reviews.jsonl", "-o", next(out),
                           "--mix-field", "kind", "--mix", "brown=1,abc=1,brwn=1", cwd=folder),
@@ -277,6 +277,40 @@ def test_bad_recipes_fail_naming_the_field(mixed, tmp_path: Path) -> None:
     fails_cleanly(run_cli(*base, "-o", next(out), "--mix", "brown=1", cwd=folder),
                   "main.jsonl:2", "kind='abc'", "no source of data.mixture takes")
     assert not any((tmp_path / f"d{i}").exists() for i in range(10))
+
+
+def test_every_mix_problem_is_one_message_before_any_reading(tmp_path: Path) -> None:
+    """Issue 52: each problem of a --mix spec is one line naming the spec, the source, the
+    key and the value, with what to do — raised before any data is read. The input's first
+    line is malformed JSON, so a prep that read anything would fail on that instead."""
+    (tmp_path / "bad.jsonl").write_text('{not json\n', encoding="utf-8")
+    (tmp_path / "other.jsonl").write_text('{"text": "x"}\n', encoding="utf-8")
+    (tmp_path / "twice.yaml").write_text("sources:\n  a: {weight: 1, value: x}\n"
+                                         "  b: {weight: 1, value: x}\n")
+    (tmp_path / "file2.yaml").write_text("sources:\n  a: {weight: 1, files: [bad.jsonl]}\n"
+                                         "  b: {weight: 1, files: ['*.jsonl']}\n")
+    (tmp_path / "novalue.yaml").write_text("sources:\n  a: {weight: 1, files: [bad.jsonl]}\n"
+                                           "  brown: 1\n")
+    cases = {
+        "a=0.5,b=abc": ["--mix a=0.5,b=abc: source b: weight should be a valid number "
+                        "(got 'abc')", "NAME=0.6"],
+        "a=inf,b=1": ["source a: weight should be a finite number (got inf)"],
+        "a=0x,b=1x": ["source a: epochs should be greater than 0 (got 0.0)"],
+        "twice.yaml": ["sources a and b both take the documents of source='x'"],
+        "file2.yaml": ["data.mixture.sources.b: sources a and b both take the file bad.jsonl"],
+        "novalue.yaml": ["source brown takes documents by their 'source' field, but every "
+                         "input belongs to a source with files:"],
+    }
+    for i, (spec, needles) in enumerate(cases.items()):
+        r = run_cli("prep", "bad.jsonl", "-o", f"d{i}", "--mix", spec, cwd=tmp_path)
+        fails_cleanly(r, *needles)
+        assert r.stderr.count("error:") == 1 and "invalid configuration" not in r.stderr
+        assert "read + clean" not in r.stderr and "malformed JSON" not in r.stderr, r.stderr
+        assert not (tmp_path / f"d{i}").exists() and not (tmp_path / f".d{i}.partial").exists()
+    # the repeated prefix ("data: data.order=sort ...") is gone too
+    r = run_cli("prep", "bad.jsonl", "-o", "d", "--mix", "a=1,b=1", "--set", "data.order=sort",
+                cwd=tmp_path)
+    fails_cleanly(r, "--set: data.order=sort reads the stored order; a data.mixture (--mix)")
 
 
 def _prep_script(folder: Path, out: Path, fault: str | None) -> subprocess.CompletedProcess:

@@ -87,7 +87,7 @@ def test_a_file_without_blank_lines_takes_validation_from_its_end(tmp_path: Path
     r = _ok(run_cli("prep", str(log), "-o", str(tmp_path / "d")))
     assert "the last 5% of the text" in r.stdout
     m = json.loads((tmp_path / "d" / "manifest.json").read_text())
-    assert m["split"]["method"] == "position" and "1 document(s) kept" in m["split"]["reason"]
+    assert m["split"]["method"] == "position" and "1 document kept" in m["split"]["reason"]
     assert m["documents"]["train"] == m["documents"]["val"] == 1
     assert m["splits"]["val"]["sequences"] > 0
     # one count everywhere: the table's kept row is the manifest's

@@ -343,7 +343,7 @@ def test_explain_reports_the_long_document_setting(tmp_path: Path) -> None:
     read = DataDir(tmp_path / "d").manifest["blocks"][0]
     pieces = read["long_documents"]["pieces"]
     assert read["long_documents"] == {"max_chars": 2000, "cut": 1, "pieces": pieces} and pieces > 5
-    assert f"long documents (data.max_document_chars=2,000): 1 cut into {pieces} pieces" \
+    assert f"long documents (data.max_document_chars=2,000): 1 document cut into {pieces} pieces" \
         in proc.stderr
     assert f"1 over 2,000 characters cut into {pieces} pieces" in proc.stdout
 
@@ -402,3 +402,30 @@ def test_stream_rows_read_what_a_map_of_the_stream_holds(tmp_path: Path) -> None
     (tmp_path / "empty.bin").write_bytes(b"")
     empty = StreamRows(tmp_path / "empty.bin", np.uint16, body)
     assert len(empty) == 0 and empty[0:0].shape == (0, body)
+
+
+def test_a_vocabulary_smaller_than_asked_is_warned_and_recorded(tmp_path: Path) -> None:
+    """Issue 52: a tiny corpus trained a vocabulary of a few hundred tokens when 8,192 were
+    asked for, without a word. prep now warns on stderr with both sizes and why, records
+    both in the manifest's tokenizer entry, and the summary's vocabulary row says so."""
+    from conftest import write_jsonl_corpus
+
+    corpus = write_jsonl_corpus(tmp_path / "tiny.jsonl", n_docs=6)
+    out = tmp_path / "d"
+    proc = run_cli("prep", str(corpus), "-o", str(out), "--set", "data.seq_len=32")
+    assert proc.returncode == 0, proc.stderr
+    tok = DataDir(out).manifest["tokenizer"]
+    got = tok["vocab_size"]
+    assert got < 8192 and tok["requested_vocab_size"] == 8192
+    said = " ".join(proc.stderr.split())  # rich wraps long lines
+    assert (f"warning: the wordpiece tokenizer learned {got:,} tokens, not the 8,192 asked "
+            "for (data.vocab_size): too little training text") in said
+    assert "add text, or lower data.vocab_size" in said
+    assert tok["warning"].startswith(f"the wordpiece tokenizer learned {got:,} tokens")
+    assert f"{got:,} wordpiece (mlm; 8,192 asked for: too little text)" in proc.stdout
+    # a vocabulary the text fills: no warning
+    full = run_cli("prep", str(corpus), "-o", str(tmp_path / "e"), "--set", "data.seq_len=32",
+                   "--set", f"data.vocab_size={got}")
+    assert full.returncode == 0, full.stderr
+    assert "warning:" not in full.stderr
+    assert "warning" not in DataDir(tmp_path / "e").manifest["tokenizer"]

@@ -21,7 +21,7 @@ from shoestring.data.sources import iter_documents
 from shoestring.errors import ShoestringError
 from shoestring.retrieval.fusion import reciprocal_rank_fusion
 from shoestring.retrieval.index import RetrievalIndex, build_index, read_passages
-from shoestring.retrieval.passages import split_document
+from shoestring.retrieval.passages import MIN_PASSAGE_WORDS, split_document
 from shoestring.retrieval.prompt import MIN_PASSAGE_TOKENS, build_prompt
 
 WORDS = 40  # passages of 40 words: several per document, and longer than the tiny decoder's context
@@ -76,7 +76,10 @@ def test_passages_cover_every_document_exactly_once(work: dict[str, Path]) -> No
         assert offsets[0] == 0 and offsets == sorted(offsets)
         assert all(doc.text[p.offset:p.offset + len(p.text)] == p.text for p in parts)
         counts = [len(p.text.split()) for p in parts]
-        assert all(c == WORDS for c in counts[:-1]) and 1 <= counts[-1] <= WORDS
+        # the last window is whole, or a short tail joined to the one before it
+        assert all(c == WORDS for c in counts[:-1])
+        assert MIN_PASSAGE_WORDS <= counts[-1] < WORDS + MIN_PASSAGE_WORDS or counts == [
+            len(doc.text.split())]
 
 
 def test_passages_of_odd_documents() -> None:
@@ -85,26 +88,92 @@ def test_passages_of_odd_documents() -> None:
     assert split_document(Document("   \n\t ", "s", "1"), 5) == []
     text = "  lead space, then\nsix words  "
     parts = split_document(Document(text, "s", "2"), 2)
-    assert [p.text for p in parts] == ["  lead space, ", "then\nsix ", "words  "]
+    # the 1-word tail is below min(MIN_PASSAGE_WORDS, 2) words: it joins the window before
+    assert [p.text for p in parts] == ["  lead space, ", "then\nsix words  "]
     assert "".join(p.text for p in parts) == text
+
+
+def test_headings_and_scraps_make_no_passage() -> None:
+    """Issue 52: WikiText headings (a paragraph of their own) were returned as passages."""
+    from shoestring.data.readers import Document
+
+    body = " ".join(f"word{i}" for i in range(23))
+    for heading in (" = = History = = ", " = Robert Boulter = \n", "# History\n## Early years"):
+        assert split_document(Document(heading, "s", "h"), 10) == []
+    assert split_document(Document("too short to answer", "s", "x"), 100) == []
+    parts = split_document(Document(body, "s", "b"), 10)  # 10 + 13: the 3-word tail joins
+    assert [len(p.text.split()) for p in parts] == [10, 13]
+    assert "".join(p.text for p in parts) == body
+    assert split_document(Document("= not = a heading, a sentence with = in it and more "
+                                   "words", "s", "t"), 100) != []
+
+
+def test_search_results_carry_content_not_headings(tmp_path: Path) -> None:
+    """A real index of WikiText-style text (headings as paragraphs of their own): the hits
+    for a word in the headings are passages of content, and the index counts documents and
+    passages in words that agree with their number ("1 document", not "1 documents")."""
+    sections = ["History", "Early history", "Geography", "Later history"]
+    rng = random.Random(0)
+    vocab = "the river town was built along old trade routes and its people kept records".split()
+    lines = [" = Riverton = ", ""]
+    for name in sections:
+        lines += [f" = = {name} = = ", ""]
+        for _ in range(2):
+            lines += [" ".join(rng.choice(vocab) for _ in range(40)) + " history .", ""]
+    (tmp_path / "wiki.txt").write_text("\n".join(lines), encoding="utf-8")
+    proc = run_cli("index", str(tmp_path / "wiki.txt"), "-o", str(tmp_path / "i"))
+    assert proc.returncode == 0, proc.stderr
+    proc = run_cli("search", str(tmp_path / "i"), "history", "-k", "5", "--json")
+    assert proc.returncode == 0, proc.stderr
+    hits = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert len(hits) == 5
+    for h in hits:
+        assert "= =" not in h["text"] and len(h["text"].split()) >= MIN_PASSAGE_WORDS, h
+    (tmp_path / "one.txt").write_text(" ".join(vocab), encoding="utf-8")
+    proc = run_cli("index", str(tmp_path / "one.txt"), "-o", str(tmp_path / "j"))
+    assert proc.returncode == 0, proc.stderr
+    assert "1 passage from 1 document (BM25)" in proc.stdout
+    assert "1 passage; BM25" in proc.stderr
+
+
+def test_with_article_and_counted() -> None:
+    from shoestring.units import counted, with_article
+
+    assert [with_article(w) for w in ("encoder", "decoder", "classifier", "mlm", "clm")] == [
+        "an encoder", "a decoder", "a classifier", "an mlm", "a clm"]
+    assert [counted(n, "document") for n in (0, 1, 2, 12345)] == [
+        "0 documents", "1 document", "2 documents", "12,345 documents"]
+    assert counted(1, "copy", "copies") == "1 copy" and counted(3, "copy", "copies") == "3 copies"
 
 
 # --- search ------------------------------------------------------------------------------------
 
 
+def _query(index: RetrievalIndex, row: int) -> str:
+    return " ".join(index.passages[row].text.split()[5:25])
+
+
 def _unique(index: RetrievalIndex, n: int, seed: int = 0) -> list[int]:
-    """``n`` passages whose text occurs once (the corpus repeats some docstrings)."""
-    counts: dict[str, int] = {}
-    for p in index.passages:
-        counts[p.text.strip()] = counts.get(p.text.strip(), 0) + 1
-    rows = [i for i, p in enumerate(index.passages)
-            if counts[p.text.strip()] == 1 and len(p.text.split()) == WORDS]
-    return random.Random(seed).sample(rows, n)
+    """``n`` passages of ``WORDS`` words whose query (`_query`) no other passage nearly holds
+    (most of its terms): the corpus repeats some docstrings, in windows that start at other
+    words, so a copy can share all but the query's last few terms."""
+    import re
+
+    terms = [set(re.findall(r"\w+", p.text.lower())) for p in index.passages]
+
+    def alone(row: int) -> bool:
+        query = set(re.findall(r"\w+", _query(index, row).lower()))
+        return all(len(query & t) < 0.8 * len(query) for i, t in enumerate(terms) if i != row)
+
+    rows = [i for i, p in enumerate(index.passages) if len(p.text.split()) == WORDS]
+    random.Random(seed).shuffle(rows)
+    return [r for _, r in zip(range(n), (r for r in rows if alone(r)))]
 
 
 def test_bm25_ranks_a_passage_first_for_a_query_copied_from_it(index: RetrievalIndex) -> None:
     rows = _unique(index, 25)
-    queries = [" ".join(index.passages[r].text.split()[5:25]) for r in rows]
+    assert len(rows) == 25
+    queries = [_query(index, r) for r in rows]
     hits = index.search_many(queries, k=3, mode="bm25")
     assert [h[0].id for h in hits] == rows
     assert all(h[0].score > h[1].score for h in hits)
@@ -220,6 +289,22 @@ def test_bad_index_input_is_a_clear_error(work: dict[str, Path], tmp_path: Path)
     assert not (tmp_path / "i").exists()  # nothing half-written
     proc = run_cli("search", str(tmp_path), "anything")
     assert proc.returncode == 2 and "not an index dir" in proc.stderr
+
+
+def test_a_decoder_is_refused_before_an_existing_index_is_kept(work: dict[str, Path],
+                                                              tmp_path: Path) -> None:
+    """Issue 52: `index ... --encoder DECODER` on an existing index said "sources unchanged,
+    keeping N passages" and then refused the decoder. The refusal is now all it says."""
+    out = tmp_path / "i"
+    build_index([str(work["corpus"])], out, passage_words=WORDS)
+    before = (out / "manifest.json").read_bytes()
+    proc = run_cli("index", str(work["corpus"]), "-o", str(out), "--passage-words", str(WORDS),
+                   "--encoder", str(work["clm"]))
+    assert proc.returncode == 2, proc.stderr
+    assert "this model is a decoder, which has no embeddings" in proc.stderr
+    assert "keeping" not in proc.stderr and "unchanged" not in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    assert (out / "manifest.json").read_bytes() == before  # the index is as it was
 
 
 # --- the contrastive objective ------------------------------------------------------------------

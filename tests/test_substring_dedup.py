@@ -140,3 +140,28 @@ def test_substring_dedup_refuses_text_over_its_limit() -> None:
     assert len(list(SubstringDedup(50, max_mb=0.02).process(docs))) == 1  # 15,000: fits
     with pytest.raises(ShoestringError, match="at document 7, d6"):
         list(SubstringDedup(50, max_mb=0.01).process(docs))
+
+
+def test_a_missing_pydivsufsort_is_refused_before_reading(tmp_path: Path) -> None:
+    """Issue 52: without the optional package, --dedup substring failed only after the whole
+    read. A real process in which the import fails (``sys.modules[name] = None`` makes
+    ``import pydivsufsort`` raise ImportError, as if it were not installed) must refuse at
+    once: exit 2, the install hint, and no reading — the input's second line is malformed
+    JSON, which a prep that read would report instead."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "c.jsonl").write_text('{"text": "some text to read first"}\n{not json\n')
+    script = tmp_path / "without_pydivsufsort.py"
+    script.write_text("import sys\nsys.modules['pydivsufsort'] = None\n"
+                      "from shoestring.cli import main\nsys.argv[0] = 'shoestring'\nmain()\n")
+    r = subprocess.run([sys.executable, str(script), "prep", "c.jsonl", "-o", "d", "--dedup",
+                        "substring"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "COLUMNS": "200"}, check=False)
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr
+    assert "--dedup substring: substring dedup needs the pydivsufsort package" in r.stderr
+    assert "pip install 'shoestring[privacy]'" in r.stderr
+    assert "read + clean" not in r.stderr and "malformed JSON" not in r.stderr
+    assert not (tmp_path / "d").exists() and not (tmp_path / ".d.partial").exists()

@@ -329,8 +329,10 @@ def _print_prep(manifest: dict, output: Path) -> None:
         t.add_row("validation", f"the last {split['val_fraction']:.0%} of the text "
                   "(too few documents to hold out whole ones)")
     tok = manifest["tokenizer"]
+    short = (f"; {tok['requested_vocab_size']:,} asked for: too little text"
+             if tok.get("warning") else "")
     t.add_row("vocabulary", f"{tok['vocab_size']:,} {tok.get('kind', 'wordpiece')} "
-              f"({manifest.get('objective', 'mlm')})")
+              f"({manifest.get('objective', 'mlm')}{short})")
     for name in ("train", "val"):
         s = splits[name]
         t.add_row(f"{name} sequences × {manifest['seq_len']}", f"{s['sequences']:,} ({s['tokens']:,} tokens)")
@@ -340,7 +342,7 @@ def _print_prep(manifest: dict, output: Path) -> None:
     resumed = manifest.get("resumed") or {}
     if resumed.get("stages") or resumed.get("kept_shards"):
         t.add_row("resumed", f"stages {', '.join(resumed['stages']) or '-'}; "
-                  f"{resumed['kept_shards']} shards kept (checksums verified)")
+                  f"{counted(resumed['kept_shards'], 'shard')} kept (checksums verified)")
     t.add_row("time", f"{manifest['seconds']:.1f}s")
     out.print(t)
 
@@ -671,14 +673,16 @@ def index(
     """Split documents into passages and index them: BM25, plus dense vectors with --encoder
     (docs/retrieval.md). Re-running with unchanged sources only redoes what changed."""
     from shoestring.retrieval.index import build_index
+    from shoestring.units import counted
 
     manifest = build_index(sources, output, encoder=encoder, passage_words=passage_words,
                            text_field=text_field, split_on=split_on, overwrite=overwrite,
                            announce=lambda m: err.print(m, markup=False, highlight=False))
     done = ", ".join(manifest["rebuilt"]) or "nothing (up to date)"
     dense = f", dense {manifest['encoder']['dim']}-dim" if manifest["encoder"] else ""
-    out.print(f"{output}: {manifest['passages']:,} passages from {manifest['documents']:,} "
-              f"documents (BM25{dense}); built: {done}", markup=False, highlight=False)
+    out.print(f"{output}: {counted(manifest['passages'], 'passage')} from "
+              f"{counted(manifest['documents'], 'document')} (BM25{dense}); built: {done}",
+              markup=False, highlight=False)
 
 
 @app.command()

@@ -44,12 +44,12 @@ class MixtureSource(_Section):
     (see docs/data.md, "Mixtures")."""
 
     weight: float | None = Field(
-        None, gt=0, description="share of the training tokens (relative: the weights are "
-        "normalized to sum to 1)"
+        None, gt=0, allow_inf_nan=False, description="share of the training tokens (relative: "
+        "the weights are normalized to sum to 1)"
     )
     epochs: float | None = Field(
-        None, gt=0, description="passes over this source's training tokens relative to the "
-        "others' (instead of weight; exact at a budget of the sum of epochs × tokens)"
+        None, gt=0, allow_inf_nan=False, description="passes over this source's training "
+        "tokens relative to the others' (instead of weight; exact at a budget of the sum of epochs × tokens)"
     )
     value: str | None = Field(
         None, min_length=1, description="the value of the mixture's field that selects this "
@@ -103,6 +103,20 @@ class MixtureConfig(_Section):
             raise ValueError(
                 f"sources {', '.join(by_weight)} give a weight and {', '.join(by_epochs)} give "
                 "epochs: give every source a weight, or every source epochs")
+        return self
+
+    @model_validator(mode="after")
+    def _distinct(self) -> MixtureConfig:
+        """Two sources that take the same documents: the later one would get none, found
+        only after reading the whole corpus."""
+        takers: dict[str, str] = {}
+        for name, s in self.sources.items():
+            for what in ([f"file {f}" for f in s.files] if s.files
+                         else [f"{self.field}={s.value or name!r}"]):
+                if what in takers:
+                    raise ValueError(f"sources {takers[what]} and {name} both take the "
+                                     f"documents of {what}: a document belongs to one source")
+                takers[what] = name
         return self
 
 
@@ -167,8 +181,8 @@ class DataConfig(_Section):
     @model_validator(mode="after")
     def _mixture_unsorted(self) -> DataConfig:
         if self.mixture is not None and self.order == "sort":
-            raise ValueError("data.order=sort reads the stored order; a data.mixture samples "
-                             "its sources by weight: use one of them")
+            raise ValueError("data.order=sort reads the stored order; a data.mixture (--mix) "
+                             "samples its sources by weight: use one of them")
         return self
 
     @property
@@ -642,13 +656,16 @@ def _format_validation_error(
             lines.append(f"{loc}: {e['msg']}{shown}")
         else:
             msg = e["msg"].removeprefix("Value error, ")
-            lines.append(f"{loc or 'config'}: {msg}{shown}")
+            if loc and msg.startswith(f"{loc}."):  # the message names its key already
+                lines.append(f"{msg}{shown}")
+            else:
+                lines.append(f"{loc or 'config'}: {msg}{shown}")
     if len(lines) == 1 and named:  # one bad option: name it, as the user typed it
         option = named.pop()
         return ShoestringError(lines[0].removeprefix(f"{option}: "), where=option,
                                fix=f"see {option} in --help")
     return ShoestringError(
-        "invalid configuration:\n  " + "\n  ".join(lines),
+        lines[0] if len(lines) == 1 else "invalid configuration:\n  " + "\n  ".join(lines),
         where=source,
         fix="see `shoestring config show` for every key and its default",
     )

@@ -4,7 +4,8 @@ the planner and the trainer (so config.py need not import a stage).
 ``parse_budget`` is the one budget grammar: every command that takes a budget (`plan`,
 `train`, `cram`, the config's ``train.budget``) reads it here — wall clock, FLOPs (with SI
 prefixes, or PF-days), tokens or steps. ``parse_duration`` / ``format_duration`` go between
-"2h" and seconds.
+"2h" and seconds. ``counted`` and ``with_article`` are the one way a message puts a count
+before a noun ("1 document", "2,000 documents") or an article before a word ("an encoder").
 """
 
 from __future__ import annotations
@@ -111,3 +112,19 @@ def _in_range(text: str, spec: BudgetSpec) -> BudgetSpec:
         where="budget",
         fix="use e.g. 90s / 10m / 24h, 3e15flops, 20Mtok or 1000steps",
     )
+
+
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``n`` with thousands separators and ``noun`` in the number it needs: "1 document",
+    "0 documents", "2,000 documents" (``plural``: for nouns that do not just add "s"). Why:
+    messages built as ``f"{n} documents"`` said "1 documents" (issue 52)."""
+    return f"{n:,} {noun if n == 1 else (plural or noun + 's')}"
+
+
+def with_article(word: str) -> str:
+    """``word`` after "a" or "an" by how it is said: "an encoder", "a decoder", and for a name
+    without vowels, read letter by letter, "an mlm", "a clm" (why: an engine's or family's
+    name filled into "a {kind}" read "a encoder")."""
+    spelled = not any(c in "aeiouy" for c in word.lower())
+    vowel_sound = word[:1].lower() in ("fhlmnrsx" if spelled else "aeiou")
+    return f"{'an' if vowel_sound else 'a'} {word}"

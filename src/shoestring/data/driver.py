@@ -41,6 +41,7 @@ from shoestring.data.tokenizer import (
 )
 from shoestring.errors import ShoestringError
 from shoestring.fsutil import write_json_atomic
+from shoestring.units import counted
 
 # Fewer validation documents than this: validation is the end of the text instead.
 MIN_VAL_DOCUMENTS = 5
@@ -96,6 +97,10 @@ class Driver:
         self.blocks: list[dict] = []  # the read stage's block records
         self.compress: Any = None  # built once the tokenizer is known (run)
         self.median_ratio: float | None = None
+        # --explain: the stages' dropped-document examples (block → reason → examples) and
+        # lines, printed together once the last progress bar is done (`_explain`)
+        self.examples: dict[str, dict[str, list[Any]]] = {}
+        self.explain_lines: list[str] = []
         self.stages = stages(self)
 
     def run(self) -> dict:
@@ -120,7 +125,7 @@ class Driver:
             self.encoded[split] = enc
             splits[split] = self.timed("pack", self.stages.pack, split, enc, dtype, ids,
                                        tok.get_vocab_size())
-        self._explain_compressibility()
+        self._explain()
         self._check_val(splits["val"], read)
         manifest = self._manifest(read, tok_info, ids, dtype, splits, time.perf_counter() - t0)
         executor = self.stages.describe()
@@ -177,7 +182,7 @@ class Driver:
                 for b in self.blocks if any(b.get("dropped", {}).values())
             )
             raise ShoestringError(
-                f"the corpus is empty after cleaning: {stats.documents} documents read"
+                f"the corpus is empty after cleaning: {counted(stats.documents, 'document')} read"
                 + (f"; {dropped}" if dropped else "")
                 + f" (data.min_chars={self.cfg.min_chars})",
                 where=", ".join(self.specs),
@@ -185,7 +190,7 @@ class Driver:
             )
         if split.n["train"] == 0:
             raise ShoestringError(
-                f"all {split.kept} documents fell into the validation split",
+                f"all {counted(split.kept, 'document')} fell into the validation split",
                 where=", ".join(self.specs),
                 fix="add more text",
             )
@@ -202,7 +207,8 @@ class Driver:
         else:
             kind = default_kind(cfg.objective) if cfg.tokenizer == "auto" else cfg.tokenizer
             n_train = self.journal.get("read")["documents"]["train"]
-            with self.console.status(f"training the {kind} tokenizer on {n_train:,} documents"):
+            docs = counted(n_train, "document")
+            with self.console.status(f"training the {kind} tokenizer on {docs}"):
                 tok, self.tokenizer_sample = self.stages.train_tokenizer(kind, n_train)
             source = "trained"
         tok.save(str(self.build / "tokenizer.json"))
@@ -215,6 +221,13 @@ class Driver:
         }
         if path is None and self.tokenizer_sample is not None:
             info["sample"] = self.tokenizer_sample
+        if path is None:
+            info["requested_vocab_size"] = cfg.vocab_size
+            short = _short_vocabulary(info, self.tokenizer_sample)
+            if short is not None:  # recorded (manifest) and said now, not buried in the table
+                info["warning"] = short
+                self.console.print("[bold yellow]warning:[/] ", end="")
+                self.console.print(short, markup=False, highlight=False)
         from shoestring.data.curate.compress import median_ratio, needs_median
 
         if needs_median(self.curate_cfg):  # for the compressibility threshold
@@ -223,17 +236,20 @@ class Driver:
         return info
 
 
-    def _explain_compressibility(self) -> None:
-        """``--explain``: the compressibility filter's examples (it runs while tokenizing,
-        after the other blocks have been explained)."""
-        if self.compress is None or not self.compress.keep_examples:
+    def _explain(self) -> None:
+        """``--explain N``: every block's dropped-document examples in one report — the read
+        stage's and the compressibility filter's (it runs while tokenizing) — printed after
+        the last progress bar, not between the bars of the stages."""
+        if self.curate_cfg is None or not self.curate_cfg.explain:
             return
         from shoestring.data.curate.pipeline import format_explain
 
-        examples = {self.compress.name: self.compress.examples}
-        self.console.print(format_explain(examples if self.compress.examples else {},
-                                          self.curate_cfg.explain), markup=False,
-                           highlight=False)
+        examples = dict(self.examples)
+        if self.compress is not None and self.compress.examples:
+            examples[self.compress.name] = self.compress.examples
+        text = "\n".join([format_explain(examples, self.curate_cfg.explain).rstrip(),
+                          *self.explain_lines])
+        self.console.print(text, markup=False, highlight=False)
 
 
     def source_split(self, split: str, enc: dict, doc_ends: np.ndarray, body: int,
@@ -251,8 +267,8 @@ class Driver:
             out[name] = {**r, "tokens": (hi - lo) * self.cfg.seq_len}
             if split == "train" and hi == lo:
                 raise ShoestringError(
-                    f"{r['documents']:,} training documents with "
-                    f"{r['document_tokens']:,} tokens do not fill one sequence of "
+                    f"{counted(r['documents'], 'training document')} with "
+                    f"{counted(r['document_tokens'], 'token')} do not fill one sequence of "
                     f"{self.cfg.seq_len}", where=f"data.mixture.sources.{name}",
                     fix="add text to this source, or drop it from the mixture")
         if split == "train":
@@ -300,7 +316,8 @@ class Driver:
                else "the end of the text")
         raise ShoestringError(
             f"the validation split ({how}, data.val_fraction={cfg.val_fraction}) has no "
-            f"complete sequence: {val['documents']} documents with {have} tokens, fewer "
+            f"complete sequence: {counted(val['documents'], 'document')} with "
+            f"{counted(have, 'token')}, fewer "
             f"than one sequence of {cfg.seq_len}",
             where=", ".join(self.specs),
             fix=" or ".join(fixes),
@@ -371,8 +388,9 @@ class Split:
     name = "split"
 
     def __init__(self, build: Path, val_fraction: float, matcher: SourceMatcher | None = None,
-                 hosts: Container[str] = ()) -> None:
+                 hosts: Container[str] = (), keep_ids: bool = False) -> None:
         self.build, self.fraction, self.matcher, self.hosts = build, val_fraction, matcher, hosts
+        self.keep_ids = keep_ids  # spool each document's id with it (`spool_documents`)
         self.n_sources = len(matcher.names) if matcher else 0
         self.kept = self.chars = self.by_hash = self.forced_chars = 0
         self.forced: set[int] = set()  # spool lines kept in train (canary hosts)
@@ -395,7 +413,7 @@ class Split:
                     self.by_hash += is_validation(doc.text, self.fraction)
                 self.kept += 1
                 self.chars += len(doc.text)
-                f.write(json.dumps(doc.text, ensure_ascii=False) + "\n")
+                f.write(_spool_line(doc.text, doc.doc_id if self.keep_ids else None))
                 if self.matcher is not None:  # 2 bytes a document
                     fsrc.write(self.matcher.index(doc).to_bytes(2, "little"))
         if self.matcher is not None:
@@ -415,28 +433,29 @@ class Split:
             out = {p: files.enter_context(open(self._part(*p), "w", encoding="utf-8"))
                    for p in parts}
 
-            def write(split: str, text: str, k: int) -> None:
+            def write(split: str, text: str, k: int, doc_id: str | None) -> None:
                 if text:
                     self.n[split] += 1
                     if n_sources:
                         self.source_docs[split][k] += 1
                     if split == "train":
                         self.train_chars += len(text)
-                    out[split, k].write(json.dumps(text, ensure_ascii=False) + "\n")
+                    out[split, k].write(_spool_line(text, doc_id))
 
-            for line, text in enumerate(read_spool(self.spool)):
+            for line, (text, doc_id) in enumerate(spool_documents(self.spool)):
                 k = int(sources[line]) if n_sources else 0
                 if line in self.forced:  # canary hosts: train, outside the position cut
-                    write("train", text, k)
+                    write("train", text, k, doc_id)
                     continue
                 if not by_position:
-                    write("val" if is_validation(text, self.fraction) else "train", text, k)
+                    split = "val" if is_validation(text, self.fraction) else "train"
+                    write(split, text, k, doc_id)
                     continue
                 at = min(max(cut - position, 0), len(text))
                 if 0 < at < len(text):
                     at = _line_break_near(text, at)
-                write("train", text[:at].strip(), k)
-                write("val", text[at:].strip(), k)
+                write("train", text[:at].strip(), k, doc_id)
+                write("val", text[at:].strip(), k, doc_id)
                 position += len(text)
         if n_sources:
             self._join_source_spools()
@@ -444,7 +463,7 @@ class Split:
         self.spool.with_suffix(".src").unlink(missing_ok=True)
         if by_position:
             self.how = {"method": "position", "val_fraction": self.fraction,
-                        "reason": f"{self.kept:,} document(s) kept: fewer than "
+                        "reason": f"{counted(self.kept, 'document')} kept: fewer than "
                         f"{MIN_VAL_DOCUMENTS} would be held out by document"}
 
     def report(self) -> dict:
@@ -466,6 +485,20 @@ class Split:
                     self._part(split, k).unlink()
 
 
+def _short_vocabulary(info: dict, sample: dict[str, int] | None) -> str | None:
+    """Why a trained vocabulary is smaller than ``data.vocab_size`` (None when it is not):
+    the trainers stop when the text has no more pair to merge (seen at least twice), so a
+    tiny corpus gives, say, 59 tokens of 8,192 — a model sized for the asked-for vocabulary
+    without a word said about it (issue 52)."""
+    got, asked = info["vocab_size"], info["requested_vocab_size"]
+    if got >= asked:
+        return None
+    text = f" ({counted(sample['characters'], 'character')})" if sample else ""
+    return (f"the {info['kind']} tokenizer learned {got:,} tokens, not the {asked:,} asked "
+            f"for (data.vocab_size): too little training text{text} to hold more; add "
+            "text, or lower data.vocab_size")
+
+
 def _line_break_near(text: str, at: int) -> int:
     """A cut point near ``at``: the next line break, else the previous, else the next space."""
     for found in (text.find("\n", at), text.rfind("\n", 0, at), text.find(" ", at)):
@@ -474,8 +507,21 @@ def _line_break_near(text: str, at: int) -> int:
     return at
 
 
-def read_spool(path: Path) -> Iterator[str]:
-    """The documents of a spool (one JSON string a line)."""
+def _spool_line(text: str, doc_id: str | None) -> str:
+    """A spool line: the text as a JSON string, or ``[text, doc_id]`` when ids are kept."""
+    return json.dumps(text if doc_id is None else [text, doc_id], ensure_ascii=False) + "\n"
+
+
+def spool_documents(path: Path) -> Iterator[tuple[str, str | None]]:
+    """The (text, document id) of a spool's lines; the id is None where it was not kept
+    (ids are spooled for ``--explain``, so that a block that runs after the split — the
+    compressibility filter — names its drops ``file:line`` like the others)."""
     with open(path, encoding="utf-8") as f:
         for line in f:
-            yield json.loads(line)
+            value = json.loads(line)
+            yield (value, None) if isinstance(value, str) else (value[0], value[1])
+
+
+def read_spool(path: Path) -> Iterator[str]:
+    """The documents of a spool, their texts only."""
+    return (text for text, _ in spool_documents(path))

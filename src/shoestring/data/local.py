@@ -22,7 +22,7 @@ from shoestring import families
 from shoestring.config import CurateConfig, DataConfig
 from shoestring.data.canaries import Canaries
 from shoestring.data.curate.normalize import Clean
-from shoestring.data.driver import Driver, Split, read_spool
+from shoestring.data.driver import Driver, Split, read_spool, spool_documents
 from shoestring.data.executor import WORK_DIR, Journal, PrepPlan, fault_point, no_session, register
 from shoestring.data.mixture import SourceMatcher
 from shoestring.data.packing import StreamRows, doc_offsets, unigram_sort_order
@@ -31,6 +31,7 @@ from shoestring.data.sources import Document, Read, ReadStats
 from shoestring.data.tokenizer import CLS, SEP, tokenizer_sample, train_tokenizer
 from shoestring.data.workers import WorkerPool, batched, encode_texts
 from shoestring.progress import progress_bar
+from shoestring.units import counted
 
 ENCODE_BATCH = 1024
 # Encodings cost ~150 bytes per token until converted: cap a batch at ~512K characters.
@@ -85,15 +86,17 @@ class LocalStages:
         read = Read(self.specs, cfg, matcher.label_field if matcher else None)
         clean = Clean(cfg.min_chars, self.pool.map)
         canaries = Canaries.from_config(self.curate_cfg)
-        split = Split(self.build, cfg.val_fraction, matcher, canaries.hosts if canaries else ())
+        explain = self.curate_cfg is not None and bool(self.curate_cfg.explain)
+        split = Split(self.build, cfg.val_fraction, matcher, canaries.hosts if canaries else (),
+                      keep_ids=explain)
         self.blocks = []
         with progress_bar(self.console) as bar:
             task = bar.add_task("read + clean", total=None, unit="docs")
             docs = clean.process(bar.update(task, advance=1) or doc for doc in read)
             split.write(self._curate(canaries.process(docs) if canaries else docs))
-        if self.curate_cfg is not None and self.curate_cfg.explain:
-            self.console.print(_long_documents_line(cfg.max_document_chars, read.stats),
-                               markup=False, highlight=False)
+        if explain:  # printed with the examples, after the last stage (Driver._explain)
+            self.d.explain_lines.append(_long_documents_line(cfg.max_document_chars,
+                                                             read.stats))
         split.close()
         if canaries is not None:  # its record follows curation's: it counts what they left
             canaries.finish(self.build, read_spool(self.build / "spool-train.jsonl"))
@@ -132,9 +135,8 @@ class LocalStages:
             self._dedup["dedup_index"] = curator.finish_dedup_index(index_dir)
         if curator.against:
             self._dedup["dedup_against"] = curator.against_summary()
-        if self.curate_cfg.explain:
-            self.console.print(curator.explain(self.curate_cfg.explain), markup=False,
-                               highlight=False)
+        if self.curate_cfg.explain:  # printed after the last stage (Driver._explain)
+            self.d.examples.update(curator.examples())
 
     def train_texts(self) -> Iterator[str]:
         """The training documents, in order."""
@@ -178,11 +180,18 @@ class LocalStages:
                            (docs_path, state["kept_documents"] * 8)):
             with open(path, "ab") as f:
                 f.truncate(size)
-        texts = read_spool(self.build / f"spool-{split}.jsonl")
+        records = spool_documents(self.build / f"spool-{split}.jsonl")
         for _ in range(state["documents"]):
-            next(texts)
+            next(records)
         tokenizer: Any = tok if self.pool.workers <= 1 else str(self.build / "tokenizer.json")
-        pending: list[list[str]] = []
+        pending: list[tuple[list[str], list[str | None]]] = []  # (texts, ids) in flight
+        ids: list[str | None] = []  # the ids of the batch being gathered
+
+        def texts() -> Iterator[str]:
+            for text, doc_id in records:
+                ids.append(doc_id)
+                yield text
+
         spooled = (self.journal.get("read") or {}).get("source_documents", {}).get(split)
         bounds = None if spooled is None else np.cumsum(spooled)  # spool line → source
         if bounds is not None:
@@ -190,8 +199,9 @@ class LocalStages:
         kept_per_source = state.get("source_documents", [])
 
         def batches() -> Iterator[list[str]]:
-            for batch in batched(texts, ENCODE_BATCH, ENCODE_CHARS):
-                pending.append(batch)
+            for batch in batched(texts(), ENCODE_BATCH, ENCODE_CHARS):  # reads no further
+                pending.append((batch, ids[:]))
+                ids.clear()
                 yield batch
 
         steps = 0
@@ -208,8 +218,8 @@ class LocalStages:
                 self.journal.put(f"encode.{split}", {**state, "done": done})
 
             for flat, lengths in self.pool.map(encode_texts, batches(), tokenizer, sep):
-                batch = pending.pop(0)
-                keep = self._keep_encoded(batch, lengths)
+                batch, batch_ids = pending.pop(0)
+                keep = self._keep_encoded(batch, lengths, batch_ids)
                 if keep is not None and not keep.all():
                     flat = flat[np.repeat(keep, lengths + 1)]
                     lengths = lengths[keep]
@@ -238,17 +248,19 @@ class LocalStages:
         return {**state, "done": True}
 
 
-    def _keep_encoded(self, texts: list[str], lengths: np.ndarray) -> np.ndarray | None:
+    def _keep_encoded(self, texts: list[str], lengths: np.ndarray,
+                      ids: list[str | None]) -> np.ndarray | None:
         """Hook for checks that need token counts (Cramming's compressibility filter):
         a boolean keep-mask over the batch's documents, or None to keep all. Runs in order in
-        the main process; dropped documents leave no tokens in the stream."""
+        the main process; dropped documents leave no tokens in the stream. ``ids``: the
+        documents' ``file:line`` ids where the spool kept them (``--explain``)."""
         if self.d.compress is None:
             return None
         docs = None
         if self.d.compress.keep_examples:  # --explain: the dropped texts as examples
-            seen = self.d.compress.stats.docs_in
-            docs = [Document(t, "", f"tokenized document {seen + i + 1:,}")
-                    for i, t in enumerate(texts)]
+            seen = self.d.compress.stats.docs_in  # a spool of an earlier run has no ids
+            docs = [Document(t, "", doc_id or f"tokenized document {seen + i + 1:,}")
+                    for i, (t, doc_id) in enumerate(zip(texts, ids))]
         return self.d.compress.check_batch(lengths, [len(t) for t in texts], docs)
 
     # --- pack: token stream → shards ----------------------------------------------------
@@ -332,6 +344,7 @@ def _train_from_spool(spool: str, cap: int, total: int | None, kind: str, object
 def _long_documents_line(max_chars: int, stats: ReadStats) -> str:
     """What ``data.max_document_chars`` did (for ``--explain``)."""
     return (f"long documents (data.max_document_chars={max_chars:,}): "
-            f"{stats.split_documents:,} cut into {stats.split_pieces:,} pieces")
+            f"{counted(stats.split_documents, 'document')} cut into "
+            f"{counted(stats.split_pieces, 'piece')}")
 
 

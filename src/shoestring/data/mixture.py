@@ -25,12 +25,14 @@ loader's cursor (epoch, offset) resumes it exactly and ranks slice it as before.
 from __future__ import annotations
 
 import os
+import re
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydantic import ValidationError
 
 from shoestring.config import MixtureConfig
 from shoestring.data.readers import Document
@@ -48,8 +50,9 @@ _ORDER_SALT = 0x6D6978  # "mix": keeps these streams apart from the plain loader
 def parse_mix(text: str, field: str | None = None) -> dict[str, Any]:
     """``prep --mix``: a YAML recipe file, or ``NAME=WEIGHT,…`` / ``NAME=EPOCHSx,…`` inline.
 
-    Returns the ``data.mixture`` mapping (validated later with the rest of the config, so
-    a bad value is reported with its field)."""
+    Returns the ``data.mixture`` mapping, checked here — before any data is read — so that a
+    bad recipe is one message naming ``--mix``, the source, the key and the value given
+    (`_recipe_error`), not the config's generic list of dotted keys."""
     path = Path(os.path.expanduser(text))
     if text.endswith((".yaml", ".yml")) or path.is_file():
         tree = _read_recipe(path)
@@ -57,7 +60,43 @@ def parse_mix(text: str, field: str | None = None) -> dict[str, Any]:
         tree = {"sources": _parse_inline(text)}
     if field is not None:
         tree["field"] = field
+    try:
+        MixtureConfig.model_validate(tree)
+    except ValidationError as e:
+        raise _recipe_error(e, text) from None
     return tree
+
+
+def _recipe_error(err: ValidationError, spec: str) -> ShoestringError:
+    """The recipe's problems as one ``--mix SPEC:`` message: each as ``source NAME: KEY``,
+    what is wrong and the value given, with what to do about the first."""
+    problems, keys = [], []
+    for e in err.errors():
+        loc = [str(p) for p in e["loc"]]
+        key = loc[-1] if loc else ""
+        keys.append(key)
+        place = (f"source {loc[1]}" + (f": {key}" if len(loc) > 2 else "")
+                 if loc[:1] == ["sources"] and len(loc) > 1 else
+                 "--mix-field" if loc == ["field"] else "")
+        if e["type"] == "extra_forbidden":
+            what = f"unknown key {key!r}; the keys are epochs, files, value, weight"
+            place = place.rsplit(": ", 1)[0]
+        else:
+            what = re.sub(r"^(Input|String) should", "should", e["msg"].removeprefix(
+                "Value error, ").replace(", unable to parse string as a number", ""))
+            if e["type"] == "model_type":
+                what = "should be a number (its weight) or a mapping {weight|epochs, value|files}"
+            value = e.get("input")
+            if not isinstance(value, dict):
+                what += f" (got {value!r})"
+        sep = " " if what.startswith("should") else ": "
+        problems.append(f"{place}{sep}{what}" if place else what)
+    first = keys[0]
+    fix = ("give each source a positive number: NAME=0.6 (its share of the training tokens) "
+           "or NAME=2x (its epochs)" if first in ("weight", "epochs") else
+           "--mix-field names the JSON field holding a document's source, e.g. source"
+           if first == "field" else "see docs/data.md, Mixtures")
+    return ShoestringError("; ".join(problems), where=f"--mix {spec}", fix=fix)
 
 
 def _read_recipe(path: Path) -> dict[str, Any]:
@@ -116,7 +155,13 @@ class SourceMatcher:
         for i, (name, src) in enumerate(mix.sources.items()):
             if src.files:
                 for f in resolve_sources(src.files):
-                    self.by_file.setdefault(_key(f), i)
+                    other = self.by_file.setdefault(_key(f), i)
+                    if other != i:  # the later source would get none of its documents
+                        raise ShoestringError(
+                            f"sources {self.names[other]} and {name} both take the file "
+                            f"{f}: a document belongs to one source",
+                            where=f"data.mixture.sources.{name}",
+                            fix="list each file (or glob match) under one source only")
             else:
                 self.by_value[src.value or name] = i
         self.documents = [0] * len(self.names)
@@ -153,6 +198,19 @@ class SourceMatcher:
                     else f"{self.mix.field}={src.value or name!r}")
             parts.append(f"{name} ({what})")
         return "; ".join(parts)
+
+    def check_inputs(self, files: list[str]) -> None:
+        """Before reading: the sources that take documents by field value need an input no
+        ``files:`` source claims, or they would be found empty only after the whole read."""
+        by_value = [n for n, s in self.mix.sources.items() if not s.files]
+        if by_value and all(_key(f) in self.by_file for f in files):
+            raise ShoestringError(
+                ("source " if len(by_value) == 1 else "sources ") + ", ".join(by_value)
+                + (" takes" if len(by_value) == 1 else " take") + " documents by their "
+                f"'{self.mix.field}' field, but every input belongs to a source with files:",
+                where=f"data.mixture.sources.{by_value[0]}",
+                fix="give prep the inputs these documents are in (SOURCES), or give these "
+                "sources files:")
 
     def check(self) -> None:
         """After reading: every source must have kept documents (a misspelt value has none)."""

@@ -49,7 +49,7 @@ from shoestring.config import CurateConfig, DataConfig
 from shoestring.data.datadir import FORMAT
 from shoestring.data.driver import is_validation, tokenizer_path
 from shoestring.data.executor import JOURNAL, WORK_DIR, Executor, Journal, PrepPlan, get_executor
-from shoestring.data.mixture import mixture_inputs
+from shoestring.data.mixture import SourceMatcher, mixture_inputs
 from shoestring.data.packing import pack_clm, pack_mlm, unigram_sort_order
 from shoestring.data.sources import resolve_sources
 from shoestring.data.tokenizer import KINDS, default_kind
@@ -128,8 +128,13 @@ def _check_not_deduped_against(out: Path, curate: CurateConfig | None) -> None:
                 "at both")
 
 
-def _check_settings(cfg: DataConfig) -> None:
-    """Problems with the settings, found before any reading."""
+def _check_settings(cfg: DataConfig, curate: CurateConfig | None) -> None:
+    """Problems with the settings, found before any reading (a missing optional package
+    included: docs/data.md promises every spec is checked before reading)."""
+    if curate is not None and curate.dedup == "substring":
+        from shoestring.data.curate.substring import check_installed
+
+        check_installed()
     path = tokenizer_path(cfg)
     if path is not None and not Path(path).is_file():
         raise ShoestringError(
@@ -148,14 +153,17 @@ def _check_settings(cfg: DataConfig) -> None:
                               where="data.seq_len")
 
 
-def _check_mixture(cfg: DataConfig, curate: CurateConfig | None) -> None:
-    """What a data mixture cannot be combined with, found before any reading."""
+def _check_mixture(cfg: DataConfig, curate: CurateConfig | None, files: list[str]) -> None:
+    """What a data mixture cannot be combined with, and sources that could take no document
+    (a file in two sources, value sources with no input of their own), found before any
+    reading."""
     if cfg.mixture is None:
         return
     if curate is not None and curate.canaries:
         raise ShoestringError("--canaries with a data.mixture is not supported (a canary "
                               "document has no source)", where="curate.canaries",
                               fix="prep the canary audit corpus without --mix")
+    SourceMatcher(cfg.mixture).check_inputs(files)
 
 
 @contextlib.contextmanager
@@ -195,12 +203,12 @@ def prep(
     recover_interrupted_swap(out)
     check_output_dir(out, "data dir", owned=_is_data_dir(out), overwrite=overwrite)
     _check_not_deduped_against(out, curate)
-    _check_settings(cfg)
+    _check_settings(cfg, curate)
     runner = get_executor(executor, executor_options) if isinstance(executor, str) else executor
     runner.check(cfg, curate)  # refuses what it cannot run, before any writing
-    _check_mixture(cfg, curate)
     specs = mixture_inputs(specs, cfg.mixture)
     files = resolve_sources(specs)
+    _check_mixture(cfg, curate, files)
     out.parent.mkdir(parents=True, exist_ok=True)
     build = build_dir(out)
     fingerprint = data_fingerprint(specs, cfg, curate, files)

@@ -13,6 +13,7 @@ from rich.console import Console
 
 from shoestring import families
 from shoestring.errors import ShoestringError
+from shoestring.units import with_article
 
 
 def _mlm(run_dir: Path, max_sequences: int, seq_len: int, console: Console | None) -> float:
@@ -41,7 +42,8 @@ def held_out_loss(objective: str, run_dir: Path, max_sequences: int, seq_len: in
     rows of ``seq_len``); a family with no pretraining loss (contrastive) says so."""
     family = families.get(objective)
     if family.name not in HELD_OUT:
-        raise ShoestringError(f"planner sweeps compare pretraining losses; a {family.name} "
+        raise ShoestringError("planner sweeps compare pretraining losses; "
+                              f"{with_article(family.name)} "
                               "run has none", where=str(run_dir),
                               fix="sweep with model.objective=mlm or clm")
     return HELD_OUT[family.name](run_dir, max_sequences, seq_len, console)

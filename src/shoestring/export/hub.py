@@ -21,6 +21,7 @@ from shoestring.errors import ShoestringError
 from shoestring.export.hf import export_encoder, import_encoder
 from shoestring.export.hf_llama import export_decoder, import_decoder
 from shoestring.rundir import RunDir
+from shoestring.units import with_article
 
 
 def _export_mlm(run_dir: Path, out: Path, model: nn.Module, meta: dict[str, Any], *,
@@ -42,8 +43,9 @@ def export_run(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = Fa
     family = families.by_architecture(meta["architecture"], where=str(run.final_dir))
     if family.name not in EXPORTERS:
         raise ShoestringError(
-            f"exporting a {family.name} run ({family.description}) to Hugging Face is not "
-            "supported yet", where=str(run_dir), fix="serve or index with the run dir itself")
+            f"exporting {with_article(family.name)} run ({family.description}) to Hugging Face "
+            "is not supported yet", where=str(run_dir),
+            fix="serve or index with the run dir itself")
     return EXPORTERS[family.name](run.path, Path(out_dir), model, meta, overwrite=overwrite)
 
 

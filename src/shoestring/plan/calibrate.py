@@ -37,7 +37,7 @@ from shoestring.plan.fit import BootstrapFit, bootstrap_fit, point_width
 from shoestring.plan.laws import law_to_yaml
 from shoestring.plan.planner import PlanRequest, _data_info, make_plan
 from shoestring.plan.sweep import plan_points, read_points, run_sweep
-from shoestring.units import parse_budget
+from shoestring.units import parse_budget, with_article
 
 
 @dataclass(frozen=True)
@@ -262,8 +262,9 @@ def history_points(paths: list[str | Path], objective: str | None) -> list[dict[
             raise ShoestringError("the run has no held-out loss to learn from", where=str(path),
                                   fix=f"run `shoestring eval {path}` first")
         if objective is not None and summary.get("objective", objective) != objective:
-            raise ShoestringError(f"a {summary.get('objective')} run cannot refit a "
-                                  f"{objective} law", where=str(path), fix="drop this run")
+            kind = with_article(str(summary.get("objective")))
+            raise ShoestringError(f"{kind} run cannot refit {with_article(objective)} law",
+                                  where=str(path), fix="drop this run")
         model = (run.read_config_dict() or {}).get("model")
         out.append({"id": f"run:{path}", "params_non_embedding": summary["params_non_embedding"],
                     "tokens": summary["tokens"], "val_loss": loss, "source": str(path),

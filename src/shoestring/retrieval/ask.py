@@ -7,6 +7,7 @@ from typing import Any
 from shoestring.errors import ShoestringError
 from shoestring.retrieval.index import RetrievalIndex
 from shoestring.retrieval.prompt import build_prompt
+from shoestring.units import with_article
 
 
 def decoder_context(engine: Any) -> int:
@@ -18,7 +19,7 @@ def decoder_context(engine: Any) -> int:
 def check_decoder(engine: Any, where: str) -> None:
     if "generate" not in engine.tasks:
         raise ShoestringError(
-            f"this model is a {engine.kind}, which does not generate text", where=where,
+            f"this model is {with_article(engine.kind)}, which does not generate text", where=where,
             fix="give a decoder run (model.objective=clm) to answer questions")
 
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from shoestring.errors import ShoestringError
 from shoestring.retrieval.deps import require
+from shoestring.units import with_article
 
 _FILE = "dense.faiss"
 EMBED_BATCH = 32
@@ -49,7 +50,7 @@ class Embedder:
         self.engine = load_engine(self.path, max_length=EMBED_MAX_TOKENS, truncate=True)
         if "embed" not in self.engine.tasks:
             raise ShoestringError(
-                f"this model is a {self.engine.kind}, which has no embeddings",
+                f"this model is {with_article(self.engine.kind)}, which has no embeddings",
                 where=str(self.path),
                 fix="give an encoder (model.objective=mlm or contrastive) for the dense index")
 

@@ -34,6 +34,7 @@ from shoestring.retrieval.dense import DenseIndex, Embedder, encoder_hash
 from shoestring.retrieval.fusion import reciprocal_rank_fusion
 from shoestring.retrieval.lexical import LexicalIndex
 from shoestring.retrieval.passages import Passage, split_documents
+from shoestring.units import counted
 
 FORMAT = "shoestring-index/1"
 MARKER = ".shoestring-index"
@@ -128,13 +129,17 @@ def build_index(specs: list[str], out: str | Path, *, encoder: str | Path | None
     elif (old.get("encoder") or {}).get("sha256") == enc_hash:
         announce(f"{out}: up to date (same sources, settings and encoder)")
         return {**old, "rebuilt": []}
+    # The encoder is loaded (and a decoder refused) before anything is announced or built:
+    # a refusal after "keeping N passages" read as if the index had been updated.
+    embedder = Embedder(encoder) if encoder is not None else None
     t0 = time.perf_counter()
     seconds: dict[str, float] = {}
     rebuilt: list[str] = []
     with building_dir(out) as tmp:
         (tmp / MARKER).write_text("shoestring index dir\n", encoding="utf-8")
         if old is not None:
-            announce(f"{out}: sources unchanged, keeping {old['passages']:,} passages and BM25")
+            announce(f"{out}: sources unchanged, keeping {counted(old['passages'], 'passage')} "
+                     "and BM25")
             shutil.copyfile(out / "passages.jsonl", tmp / "passages.jsonl")
             shutil.copytree(out / "bm25", tmp / "bm25")
             passages = read_passages(tmp)
@@ -151,12 +156,11 @@ def build_index(specs: list[str], out: str | Path, *, encoder: str | Path | None
             LexicalIndex.build([p.text for p in passages]).save(tmp)
             seconds["bm25"] = round(time.perf_counter() - t, 3)
             rebuilt += ["passages", "bm25"]
-            announce(f"{len(passages):,} passages; BM25 in {seconds['bm25']:.1f}s")
+            announce(f"{counted(len(passages), 'passage')}; BM25 in {seconds['bm25']:.1f}s")
         enc_info = None
         seconds.pop("dense", None)
-        if encoder is not None:
+        if embedder is not None:
             t = time.perf_counter()
-            embedder = Embedder(encoder)
             vectors = embedder.embed([p.text for p in passages],
                                      progress=embedding_progress(announce))
             DenseIndex.build(vectors).save(tmp)

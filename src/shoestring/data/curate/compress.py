@@ -20,6 +20,7 @@ import numpy as np
 from shoestring.config import CurateConfig
 from shoestring.data.curate.blocks import Block, Drop
 from shoestring.data.sources import Document
+from shoestring.units import counted
 
 
 class Compressibility(Block):
@@ -62,7 +63,7 @@ class Compressibility(Block):
         for i in np.flatnonzero(~keep):
             doc = docs[i] if docs is not None else Document(text="", source="", doc_id=f"#{i}")
             detail = (
-                f"{int(tokens[i])} tokens / {int(n_chars[i])} characters = "
+                f"{counted(int(tokens[i]), 'token')} / {counted(int(n_chars[i]), 'character')} = "
                 f"{ratio[i]:.3f} > {self.max_ratio}"
             )
             self.record_drop(doc, Drop("ratio_too_high", detail))

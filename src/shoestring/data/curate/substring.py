@@ -69,15 +69,25 @@ def word_ids(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     return stream, lengths
 
 
+def check_installed() -> None:
+    """The optional packages the block needs (the ``privacy`` extra), imported now: prep
+    calls this before reading, so a missing one fails in a second, not after the read."""
+    for package in ("pydivsufsort", "pandas"):
+        try:
+            __import__(package)
+        except ImportError:
+            raise ShoestringError(f"substring dedup needs the {package} package, which is not "
+                                  "installed", where="--dedup substring",
+                                  fix="pip install 'shoestring[privacy]' (or pick another "
+                                  "--dedup: exact or fuzzy)") from None
+
+
 def longest_previous_factor(stream: np.ndarray) -> np.ndarray:
     """``lpf[p]`` = the longest common prefix of the suffix at ``p`` with any earlier suffix
     (pydivsufsort: libdivsufsort's suffix array, then the LPF array)."""
-    try:
-        from pydivsufsort import longest_previous_factor as lpf
-    except ImportError:
-        raise ShoestringError("substring dedup needs the pydivsufsort package",
-                              where="--dedup substring",
-                              fix="pip install 'shoestring[privacy]'") from None
+    check_installed()
+    from pydivsufsort import longest_previous_factor as lpf
+
     return np.asarray(lpf(stream), dtype=np.int64)
 
 
