@@ -180,6 +180,21 @@ def test_a_log_gets_progress_lines_not_only_the_final_bar(pydocs_dir: Path,
     assert lines[-1].startswith("training 100.0% of 3 steps")
 
 
+def test_a_log_hears_from_a_run_between_rare_log_steps(pydocs_dir: Path, tmp_path: Path
+                                                       ) -> None:
+    """In a log, a run whose log steps are far apart still prints a plain progress line every
+    30 s (not only at the end), says up front what its budget does not count, and says what
+    it does once the budget is spent."""
+    r = run_cli("train", "-d", str(pydocs_dir), "-o", str(tmp_path / "run"), "--budget", "35s",
+                "--set", "train.log_every=100000", *TINY)
+    assert r.returncode == 0, r.stderr[-2000:]
+    text = " ".join(r.stderr.split())
+    lines = [x for x in r.stderr.splitlines() if x.startswith("training ")]
+    assert len(lines) >= 3 and lines[-1].startswith("training 100.0% of 35s"), lines
+    assert "the budget (35s) counts training steps only: 9 validations and a final one" in text
+    assert "budget spent at step" in text and text.index("budget spent") > text.index(lines[-1])
+
+
 def _compiler_children(pid: int) -> list[int]:
     """Descendants of ``pid`` that are a C/C++ compiler (inductor's `g++` on a CPU)."""
     kids: dict[int, list[int]] = {}

@@ -91,6 +91,11 @@ class _Bar:
     def __exit__(self, *exc: object) -> None:
         self.progress.__exit__(*exc)
 
+    def due(self) -> bool:
+        """Whether a log's plain line is due: slow steps reach a log step rarely, and a log
+        should not fall silent for minutes between them."""
+        return self.plain and time.monotonic() - self.last >= PLAIN_LINE_SECONDS
+
     def update(self, fields: dict) -> None:
         self.progress.update(self.task, **fields)
         now = time.monotonic()
@@ -581,6 +586,7 @@ def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
         for note in (warning, busy, *_mixture_report(r, cfg, data, console)):
             if note:
                 console.print(f"[yellow]warning:[/] {note}", highlight=False)
+        console.print(_off_the_clock(r), highlight=False)
     parallel.train_mode(True)
     if deadline is not None and r.budget.seconds is not None:
         r.budget.seconds = min(r.budget.seconds, max(deadline - time.perf_counter(), 1e-3))
@@ -610,6 +616,8 @@ def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
                 if (s.step % cfg.train.log_every == 0 or done) and r.window.steps:
                     r.log(r.window.record(s, p, lr, bsz))
                     bar.update(r.window.bar(s, p))
+                elif bar.due():
+                    bar.update(r.window.bar(s, p))
                 if r.val_batch is not None and p >= s.next_val and not done:
                     r.validate(s, p)
                     while s.next_val <= p:
@@ -627,7 +635,18 @@ def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
                     break
     finally:
         r.loader.close()
-    return _finish(r, s)
+    return _finish(r, s, console)
+
+
+def _off_the_clock(r: _Run) -> str:
+    """What the run does besides the steps the budget counts, said before it starts (a
+    `--budget 2m` run that takes 3.5 minutes should not surprise anyone)."""
+    tc = r.cfg.train
+    checks = max(round(1 / tc.val_every) - 1, 0) if tc.val_every > 0 else 0
+    val = (f"{checks} validation{'s' if checks != 1 else ''} and a final one, of "
+           f"{len(r.val_batch[0])} sequences each, " if r.val_batch is not None else "")
+    return (f"the budget ({r.budget.describe()}) counts training steps only: {val}the "
+            "checkpoints and writing final/ come on top of it, as did the setup before")
 
 
 def _lost_step(r: _Run, s: TrainState, signum: int, cursor: Cursor,
@@ -643,12 +662,16 @@ def _lost_step(r: _Run, s: TrainState, signum: int, cursor: Cursor,
     raise TrainingInterrupted(int(signum), r.last_ckpt, s.step)
 
 
-def _finish(r: _Run, s: TrainState) -> dict:
+def _finish(r: _Run, s: TrainState, console: Console) -> dict:
     """After the clock stops: the final checkpoint and validation, ``final/`` (rank 0) and
     the summary (also summary.json)."""
     cfg, data, parallel = r.cfg, r.data, r.parallel
     train_seconds = s.elapsed  # the budget's seconds, before a resume included
     save_start = time.perf_counter()
+    if parallel.is_main:
+        console.print(f"budget spent at step {s.step}: saving the last checkpoint, "
+                        f"{'validating, ' if r.val_batch is not None else ''}writing final/ …",
+                        highlight=False)
     final_ckpt = r.checkpoint(s)
     val_loss = r.validate(s, 1.0) if r.val_batch is not None else None
     if parallel.is_main:
