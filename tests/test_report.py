@@ -106,8 +106,27 @@ def test_malformed_metrics_names_the_line(runs: list[Path], tmp_path: Path) -> N
         write_report([run], tmp_path / "rep")
 
     (run / "metrics.jsonl").write_text("\n\n")
-    with pytest.raises(ShoestringError, match="no records"):
+    with pytest.raises(ShoestringError, match="no run has metrics yet"):
         write_report([run], tmp_path / "rep")
+
+
+def test_a_run_without_metrics_is_listed_beside_the_others(runs: list[Path],
+                                                           tmp_path: Path) -> None:
+    """`report A B` where B has started (config.yaml) but logged nothing: the report of A,
+    with B listed as interrupted — not a refusal of both."""
+    import shutil
+
+    starting = tmp_path / "starting"
+    starting.mkdir()
+    shutil.copy(runs[0] / "config.yaml", starting / "config.yaml")
+    done = run_cli("report", str(runs[0]), str(starting), "-o", str(tmp_path / "rep"),
+                   timeout=120)
+    assert done.returncode == 0, done.stderr
+    listed = json.loads((tmp_path / "rep" / "report.json").read_text())["runs"]
+    assert [r["name"] for r in listed] == [runs[0].name, "starting"]
+    assert any("no metrics yet" in n for n in listed[1]["notes"])
+    assert listed[0]["table"] and not any("no metrics" in n for n in listed[0]["notes"])
+    assert "no metrics yet" in (tmp_path / "rep" / "index.html").read_text()
 
 
 def test_interrupted_run_unterminated_line_and_relogged_steps(tmp_path: Path) -> None:

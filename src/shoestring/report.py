@@ -59,10 +59,7 @@ def _number(value: Any) -> bool:
 def read_metrics(path: Path) -> tuple[list[dict], list[dict], list[str]]:
     """``metrics.jsonl`` as (train records, validation records, notes), read and checked by
     the run dir's one reader; a step a resumed run logged again keeps its later record."""
-    records, notes = parse_metrics(path)
-    if not records:
-        raise ShoestringError("metrics.jsonl has no records", where=str(path),
-                              fix="train for at least train.log_every steps before making a report")
+    records, notes = parse_metrics(path) if path.is_file() else ([], [])
     train: list[dict] = []
     val: list[dict] = []
     for r in records:
@@ -80,10 +77,13 @@ def load_run(path: str | Path, name: str | None = None) -> RunData:
     if not path.is_dir():
         raise ShoestringError("run dir not found", where=str(path),
                               fix="pass folders written by `shoestring train`")
-    if not rd.metrics_path.is_file():
-        raise ShoestringError("not a shoestring run dir (no metrics.jsonl)", where=str(path),
-                              fix="pass folders written by `shoestring train`")
+    if not rd.metrics_path.is_file() and not rd.config_path.is_file():
+        raise ShoestringError("not a shoestring run dir (no metrics.jsonl or config.yaml)",
+                              where=str(path), fix="pass folders written by `shoestring train`")
     train, val, notes = read_metrics(rd.metrics_path)
+    if not train and not val:
+        notes.append("no metrics yet: the run is still starting, or was interrupted before "
+                     "its first log step")
     run = RunData(path=path, name=name or path.resolve().name, train=train, val=val, notes=notes,
                   summary=read_json_object(rd.summary_path),
                   config=rd.read_config_dict(),
@@ -392,6 +392,10 @@ def write_report(run_dirs: list[str | Path], out: str | Path) -> Path:
         raise ShoestringError("no run dirs given", fix="shoestring report RUN_DIR [RUN_DIR ...]")
     paths = [Path(p) for p in run_dirs]
     runs = [load_run(p, n) for p, n in zip(paths, _names(paths))]
+    if not any(r.train or r.val for r in runs):  # one without metrics is listed beside others
+        raise ShoestringError("no run has metrics yet", where=", ".join(map(str, paths)),
+                              fix="train for at least train.log_every steps before making a "
+                                  "report")
     out = Path(out)
     owned = (json_object_or_none(out / "report.json") or {}).get("format") == FORMAT
     check_output_dir(out, "report", owned=owned, overwrite=True)
