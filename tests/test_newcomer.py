@@ -171,6 +171,10 @@ def test_help_shows_no_python_types_and_models_fits_80_columns() -> None:
         r = _ok(run_cli(command, "--help"))
         assert "list[" not in r.stdout and "{" not in r.stdout, (command, r.stdout)
     assert "prep [OPTIONS] SOURCES...\n" in run_cli("prep", "--help").stdout
+    for command in ("train", "cram", "plan"):  # every budget form the grammar takes is named
+        text = " ".join(run_cli(command, "--help").stdout.split())
+        assert all(form in text for form in ("24h", "3e15flops", "2pf-days", "20Mtok",
+                                             "1000steps")), (command, text)
     env = {**os.environ, "COLUMNS": "80"}
     r = subprocess.run([sys.executable, "-m", "shoestring", "presets"], capture_output=True,
                        text=True, env=env, timeout=300)

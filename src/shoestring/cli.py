@@ -21,6 +21,7 @@ from typer.core import TyperArgument, TyperGroup
 
 from shoestring import __version__
 from shoestring.errors import ShoestringError
+from shoestring.units import BUDGET_FORMS
 
 class _Argument(TyperArgument):
     """A positional argument shown by its metavar alone: ``SOURCES...`` in the usage line,
@@ -79,7 +80,7 @@ SetOpt = Annotated[
     typer.Option("--set", help="Override one setting: section.key=value (repeatable).", metavar="KEY=VALUE"),
 ]
 BudgetOpt = Annotated[
-    Optional[str], typer.Option("--budget", "-b", help="Training budget: 90s/5m/2h wall clock, 3e15flops, 20Mtok or 500steps.")
+    Optional[str], typer.Option("--budget", "-b", help=f"Training budget: {BUDGET_FORMS}.")
 ]
 StepsOpt = Annotated[
     Optional[int],
@@ -922,7 +923,7 @@ def plan(
     hardware: Annotated[str, typer.Option("--hardware", help="auto (measure this machine) or a "
                                           "name: h100, a100, rtx4090, mi300x, ... (see docs/planning.md)")] = "auto",
     devices: Annotated[int, typer.Option("--devices", help="Number of accelerators.")] = 1,
-    budget: Annotated[str, typer.Option("--budget", "-b", help="Wall clock (24h, 90m) or FLOPs (3e18flops).")] = "1h",
+    budget: Annotated[str, typer.Option("--budget", "-b", help=f"The budget to plan: {BUDGET_FORMS}.")] = "1h",
     mfu: Annotated[Optional[float], typer.Option("--mfu", help="Fraction of peak a run reaches (default 0.3, device.ASSUMED_MFU).")] = None,
     measure: Annotated[bool, typer.Option("--measure", help="Measure MFU by timing the trainer's own step here.")] = False,
     objective: Annotated[Optional[str], typer.Option("--objective", help="mlm (encoder) or clm (decoder).")] = None,

@@ -45,6 +45,8 @@ _SUFFIX = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12, "p": 1e15
 _AMOUNT = re.compile(
     r"^\s*(\d+(?:\.\d+)?(?:e[+-]?\d+)?)\s*([kmbgtpe]?)\s*(flops?|tok|tokens|steps?)?\s*$",
     re.I)
+BUDGET_FORMS = ("90s / 10m / 24h (wall clock), 3e15flops or 2pf-days (compute), 20Mtok "
+                "(tokens) or 1000steps")  # what the grammar takes, for help texts and errors
 PF_DAY = 8.64e19  # FLOPs of one petaFLOP/s sustained for a day (the scaling-law papers' unit)
 _PF_DAYS = re.compile(r"^\s*(\d+(?:\.\d+)?(?:e[+-]?\d+)?)\s*pfs?-?\s*days?\s*$", re.I)
 
@@ -92,8 +94,7 @@ def parse_budget(text: str) -> BudgetSpec:
     raise ShoestringError(
         f"budget '{text}' is not a duration, FLOP, token or step count",
         where="budget",
-        fix="use 90s / 10m / 24h (wall clock), 3e15flops or 2pf-days (compute), 20Mtok "
-        "(tokens) or 1000steps",
+        fix=f"use {BUDGET_FORMS}",
     )
 
 
