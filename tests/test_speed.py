@@ -259,3 +259,14 @@ def test_a_busy_cpu_is_named_beside_the_run() -> None:
     assert busy_note(1.5, 2) is None
     note = busy_note(8.0, 2)
     assert note is not None and "load average 8.0 on 2 cores" in note
+
+
+def test_a_busy_cpu_is_in_the_results_with_what_it_cost() -> None:
+    """The results table names the load a run trained under (summary.json's ``cpu_load``)
+    and the rough share of a quiet machine's steps it got; nothing on a quiet CPU or a GPU."""
+    from shoestring.device import load_cost
+
+    assert load_cost(None) is None
+    assert load_cost({"start": 0.5, "end": 1.9, "cores": 2}) is None
+    row = load_cost({"start": 3.0, "end": 4.0, "cores": 2})
+    assert row is not None and "3.0 → 4.0 on 2 cores" in row and "roughly 50%" in row

@@ -193,6 +193,8 @@ def test_a_log_hears_from_a_run_between_rare_log_steps(pydocs_dir: Path, tmp_pat
     assert len(lines) >= 3 and lines[-1].startswith("training 100.0% of 35s"), lines
     assert "the budget (35s) counts training steps only: 9 validations and a final one" in text
     assert "budget spent at step" in text and text.index("budget spent") > text.index(lines[-1])
+    load = json.loads((tmp_path / "run" / "summary.json").read_text())["cpu_load"]
+    assert load["cores"] >= 1 and load["start"] >= 0 and load["end"] >= 0  # for the table
 
 
 def _compiler_children(pid: int) -> list[int]:

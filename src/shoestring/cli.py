@@ -438,6 +438,10 @@ def _print_train(summary: dict, output: Path) -> None:
     if summary.get("sized_for_device"):
         t.add_row("sized for the device", summary["sized_for_device"]["why"])
     t.add_row("compile", f"{'on' if summary['compiled'] else 'off'}: {summary['speed_choices']}")
+    from shoestring.device import load_cost
+
+    if busy := load_cost(summary.get("cpu_load")):
+        t.add_row("machine load", busy)
     if summary.get("prediction"):
         from shoestring.plan.prediction import line
 

@@ -19,6 +19,7 @@ from rich.table import Table
 from shoestring.config import Config
 from shoestring.data.datadir import DataDir
 from shoestring.data.prep import data_fingerprint, prep
+from shoestring.device import load_cost
 from shoestring.errors import ShoestringError
 from shoestring.eval.mlm import evaluate_run
 from shoestring.train.loop import train
@@ -50,6 +51,8 @@ class CramResult:
         if s.get("sized_for_device"):
             t.add_row("sized for the device", s["sized_for_device"]["why"])
         t.add_row("speed choices", s["speed_choices"])
+        if busy := load_cost(s.get("cpu_load")):
+            t.add_row("machine load", busy)
         t.add_row("validation MLM loss", f"{e['mlm_loss']:.3f} (perplexity {e['perplexity']:.1f}, "
                   f"accuracy {e['accuracy']:.1%})")
         t.add_row("unigram baseline", f"{e['unigram_loss']:.3f} "

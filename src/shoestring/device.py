@@ -118,6 +118,21 @@ def busy_note(load: float, cores: int) -> str | None:
             "run's tokens/s will be a fraction of a quiet machine's")
 
 
+def load_cost(cpu_load: dict | None) -> str | None:
+    """What a shared CPU cost a run (``summary.json``'s ``cpu_load``), for its results: the
+    load above the cores while it trained and, roughly, the share of a quiet machine's steps
+    it got (cores / load). None on a quiet machine or a GPU."""
+    if not cpu_load:
+        return None
+    load = max(cpu_load["start"], cpu_load["end"])
+    if load <= cpu_load["cores"]:
+        return None
+    return (f"load average {cpu_load['start']:.1f} → {cpu_load['end']:.1f} on "
+            f"{cpu_load['cores']} cores while training: other work shared this CPU, so the run "
+            f"got roughly {cpu_load['cores'] / load:.0%} of a quiet machine's steps (its "
+            "results, not only its speed, are those of a smaller run)")
+
+
 @functools.lru_cache(maxsize=None)
 def _measure(device_type: str, dtype: torch.dtype, seconds: float, threads: int) -> float:
     device = torch.device(device_type)

@@ -381,6 +381,7 @@ class _Run(_Built):
     memory: dict[str, int] | None = None
     first_step_s: float = 0.0  # the first step's wall clock: compilation happens there
     first_step_tokens: int = 0
+    load_start: float | None = None  # the CPU's 1-minute load average as training began
 
     @property
     def quantum(self) -> int:
@@ -581,8 +582,8 @@ def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
         warning = speed_choices.long_budget_warning(
             r.budget, cfg.train.batch_size * data.seq_len, r.flops_per_token,
             r.dev.peak_flops * parallel.world)
-        busy = (busy_note(os.getloadavg()[0], os.cpu_count() or 1)
-                if r.dev.device.type == "cpu" else None)
+        r.load_start = os.getloadavg()[0] if r.dev.device.type == "cpu" else None
+        busy = busy_note(r.load_start, os.cpu_count() or 1) if r.load_start is not None else None
         for note in (warning, busy, *_mixture_report(r, cfg, data, console)):
             if note:
                 console.print(f"[yellow]warning:[/] {note}", highlight=False)
@@ -724,6 +725,9 @@ def _summary(r: _Run, s: TrainState, train_seconds: float, save_seconds: float,
         "attention": r.speed.attention,
         "compiled": r.speed.compile,
         "speed_choices": r.speed.why,  # why this kernel, why (not) compiled
+        "cpu_load": None if r.load_start is None else {  # a wall-clock run on a shared CPU
+            "start": round(r.load_start, 2), "end": round(os.getloadavg()[0], 2),
+            "cores": os.cpu_count() or 1},
         "first_step_s": round(r.first_step_s, 3),
         "world_size": parallel.world,
         "micro_batch": r.micro,
