@@ -157,3 +157,26 @@ def sigterm_after_records(proc: subprocess.Popen, run: Path, records: int, wait:
         return proc.communicate(timeout=120)[1]
     finally:
         proc.kill()
+
+
+def interrupt_cli(args: list[str], when: str, timeout: float = 300) -> tuple[int, str]:
+    """Run the real CLI with ``args``, send SIGINT (Ctrl-C) once a stderr line contains
+    ``when``, and return its exit code and whole stderr. SIGINT is put back to its default in
+    the child, because a shell's background job (a test run under ``&``) inherits it ignored.
+    Without such a line the stderr is read to the end, and the caller's assertions fail."""
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-m", "shoestring", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "COLUMNS": "200"},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        seen = []
+        for line in proc.stderr:
+            seen.append(line)
+            if when in line:
+                proc.send_signal(signal.SIGINT)
+                break
+        return proc.wait(timeout=timeout), "".join(seen) + proc.communicate(timeout=timeout)[1]
+    finally:
+        proc.kill()

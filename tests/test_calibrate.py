@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import TINY_MODEL, fails_cleanly, run_cli
+from conftest import TINY_MODEL, fails_cleanly, interrupt_cli, run_cli
 from shoestring.config import Config, DataConfig, TrainConfig
 from shoestring.errors import ShoestringError
 from shoestring.plan import fit as F
@@ -447,3 +447,24 @@ def test_a_deadline_already_past_ends_training_after_one_step(pydocs_dir: Path,
     flops = train(_cram_config(), pydocs_dir, tmp_path / "flops", console=quiet,
                   deadline=time.perf_counter())
     assert flops["steps"] > 1 and flops["total_flops"] >= 0.99 * 6e10
+
+
+def test_ctrl_c_in_plan_calibrate_names_the_finished_points_and_the_command(
+        tiny_data: Path, tmp_path: Path) -> None:
+    """The real CLI with the default calibration, SIGINT once a point is finished: exit 130,
+    the points kept and where, that the same command reuses them, and that command, on
+    stderr; the estimate of the time left was printed before."""
+    import re
+
+    args = ["plan", "--calibrate", "--budget", "4.1e13flops", "--data", str(tiny_data),
+            "--calibration-dir", str(tmp_path / "cal")]
+    # SIGINT once the first point is finished (its "min left" line)
+    code, stderr = interrupt_cli(args, when="min left for")
+    assert code == 130, stderr
+    assert "points to train" in stderr and "estimated after the first point" in stderr
+    m = re.search(r"calibration interrupted: (\d+) of (\d+) points are finished and kept in "
+                  r"(\S+)", stderr)
+    assert m and 1 <= int(m[1]) < int(m[2]), stderr
+    assert len((Path(m[3]) / "points.jsonl").read_text().splitlines()) == int(m[1])
+    assert "the same command reuses them" in stderr
+    assert "shoestring " + " ".join(args) in stderr and "Traceback" not in stderr

@@ -5,17 +5,21 @@ far higher exposure than never-inserted ones, membership AUC is > 0.5 after many
 
 from __future__ import annotations
 
+import io
 import json
+import re
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import interrupt_cli, run_cli
+from rich.console import Console
 
 from shoestring.config import Config, CurateConfig, DataConfig, ModelConfig, TrainConfig
 from shoestring.data import canaries as C
 from shoestring.data.builtin import iter_pydocs
 from shoestring.data.prep import prep
 from shoestring.privacy.audit import AuditSettings, audit
+from shoestring.privacy.exposure import forward_passes
 from shoestring.train.loop import train
 
 SETTINGS = AuditSettings(candidates=200, sequences=96, extract=16, prefix_tokens=16,
@@ -110,3 +114,49 @@ def test_cli_prints_the_table_and_refuses_bad_input(overfit_run: Path, clm_data:
     assert r.returncode == 2 and "data dir not found" in r.stderr and "Traceback" not in r.stderr
     r = run_cli("audit", str(tmp_path), "--data", str(clm_data))
     assert r.returncode == 2 and "final/ is missing" in r.stderr
+
+
+@pytest.fixture(scope="module")
+def mlm_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """An encoder of one step on canaried data: the pseudo-log-likelihood's cost is what
+    these tests are about, not what the model learned."""
+    tmp = tmp_path_factory.mktemp("mlm")
+    data = _data(tmp, "mlm", "none", repeats=3)
+    return _train(data, tmp / "run", "mlm", steps=1), data
+
+
+def test_encoder_audit_states_its_forward_passes_up_front_and_reports_progress_in_a_log(
+        mlm_run: tuple[Path, Path]) -> None:
+    """Before the exposure: the candidates, canaries, exact forward passes and an estimate; in
+    a log (not a terminal, where rich draws nothing until the end) a progress line after."""
+    run, data = mlm_run
+    log = io.StringIO()
+    audit(run, data, AuditSettings(candidates=40, sequences=8),
+          console=Console(file=log, width=200))
+    planted, refs, _ = C.read(data / C.FILE)
+    from shoestring.data.datadir import DataDir
+
+    tokenizer = DataDir(data).tokenizer()
+    passes = sum(forward_passes(False, tokenizer, c, 40, 0) for c in [*planted, *refs])
+    assert passes > 41 * 4  # one per candidate *and* secret token: more than one a candidate
+    text = log.getvalue()
+    assert f"audit: 40 candidates × 4 canaries, {passes:,} forward passes" in text, text
+    assert re.search(r"estimated ~[\d.]+ min on this machine", text), text
+    assert "log2(40 + 1) = 5.4 bits" in text, text
+    assert f"canary exposure: {passes:,} of {passes:,} passes (100%" in text, text
+
+
+def test_ctrl_c_in_audit_says_how_far_it_got_and_exits_130(mlm_run: tuple[Path, Path]) -> None:
+    """The real CLI, SIGINT once it has said what the exposure will cost: exit 130, the
+    canaries finished, nothing written, and the command to start again, on stderr."""
+    run, data = mlm_run
+    before = (run / "audit.json").read_bytes() if (run / "audit.json").exists() else None
+    code, stderr = interrupt_cli(["audit", str(run), "--data", str(data), "--candidates",
+                                  "20000"], when="audit: 20,000 candidates")
+    assert code == 130, stderr
+    assert re.search(r"audit interrupted after \d of 4 canaries; nothing written to \S+audit.json",
+                     stderr), stderr
+    assert f"shoestring audit {run} --data {data} --candidates 20000" in stderr, stderr
+    assert "Traceback" not in stderr
+    after = (run / "audit.json").read_bytes() if (run / "audit.json").exists() else None
+    assert after == before  # an earlier audit's file is left as it was

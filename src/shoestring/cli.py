@@ -1030,7 +1030,7 @@ def _output_arg(argv: list[str]) -> str | None:
 
 def main() -> None:
     """Console entry point: bad input → message on stderr, exit code 2, no traceback."""
-    from shoestring.errors import TrainingInterrupted
+    from shoestring.errors import Interrupted, TrainingInterrupted
 
     try:
         app()
@@ -1042,6 +1042,12 @@ def main() -> None:
         err.print(f"{e}: checkpoint saved to {e.checkpoint}; continue with --resume",
                   markup=False, highlight=False)
         sys.exit(128 + e.signum)
+    except Interrupted as e:
+        import shlex
+
+        err.print(f"{e}: {shlex.join(['shoestring', *sys.argv[1:]])}", markup=False,
+                  highlight=False, soft_wrap=True)
+        sys.exit(130)
     except BaseException as e:  # a full or read-only disk is the user's, not a bug
         from shoestring.fsutil import output_error
 

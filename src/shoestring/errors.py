@@ -46,3 +46,9 @@ class TrainingInterrupted(Exception):
 
     def __reduce__(self) -> tuple:
         return (self.__class__, (self.signum, self.checkpoint, self.step))
+
+
+class Interrupted(Exception):
+    """Ctrl-C in a long stage that is not training (an audit, a calibration). The message
+    says what was kept and what running the same command again does; the CLI prints it with
+    that command and exits 130, so a stop is never silent."""

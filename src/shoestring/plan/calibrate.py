@@ -30,7 +30,7 @@ from rich.console import Console
 
 from shoestring.config import EvalConfig
 from shoestring.data.datadir import DataDir
-from shoestring.errors import ShoestringError
+from shoestring.errors import Interrupted, ShoestringError, TrainingInterrupted
 from shoestring.fsutil import write_text_atomic
 from shoestring.plan import prediction
 from shoestring.plan.fit import BootstrapFit, bootstrap_fit, point_width
@@ -226,12 +226,18 @@ def calibrate(data_dir: str | Path, budget_flops: float, spec: CalibrationSpec,
                   f"{sum(p['flops'] for p in points):.3g} FLOPs of {spec.share:.0%} × "
                   f"{budget_flops:.3g}; {len(done & {p['id'] for p in points})} reused")
     start = time.perf_counter()
-    finished = run_sweep(data_dir, cal_dir, levels, law=spec.law, config=config,
-                         overrides=list(spec.overrides), eval_sequences=spec.eval_sequences,
-                         console=console, min_sizes=spec.sizes, min_steps=spec.min_steps,
-                         floor=False, jobs=spec.jobs)
-    wall = time.perf_counter() - start
     ids = {p["id"] for p in points}
+    try:
+        finished = run_sweep(data_dir, cal_dir, levels, law=spec.law, config=config,
+                             overrides=list(spec.overrides), eval_sequences=spec.eval_sequences,
+                             console=console, min_sizes=spec.sizes, min_steps=spec.min_steps,
+                             floor=False, jobs=spec.jobs)
+    except (KeyboardInterrupt, TrainingInterrupted):  # Ctrl-C in a point's training or scoring
+        kept = len(ids & {p["id"] for p in read_points(cal_dir)})
+        raise Interrupted(f"calibration interrupted: {kept} of {len(points)} points are finished "
+                          f"and kept in {cal_dir} (a point cut short starts over); the same "
+                          "command reuses them and trains the rest") from None
+    wall = time.perf_counter() - start
     mine = [{**p, "reused": p["id"] in done} for p in finished if p["id"] in ids]
     return Calibration(
         cal_dir, mine, finished, sum(p["flops"] for p in mine),

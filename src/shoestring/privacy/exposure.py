@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -33,21 +34,26 @@ def _ids(tokenizer: Any, text: str) -> list[int]:
 
 
 @torch.no_grad()
-def causal_scores(model: nn.Module, prefix: list[int], secrets: list[list[int]]) -> np.ndarray:
-    """Σ log p(secret token | everything before it), per candidate (equal-length secrets)."""
+def causal_scores(model: nn.Module, prefix: list[int], secrets: list[list[int]],
+                  advance: Callable[[int], None] = lambda n: None) -> np.ndarray:
+    """Σ log p(secret token | everything before it), per candidate (equal-length secrets);
+    ``advance`` is told the rows (forward passes) of each batch done."""
     rows = torch.tensor([prefix + s for s in secrets])
     n = len(secrets[0])
     out = []
     for batch in rows.split(_BATCH_ROWS):
         logp = F.log_softmax(model(batch)[:, -n - 1 : -1].float(), -1)
         out.append(logp.gather(-1, batch[:, -n:, None])[..., 0].sum(-1))
+        advance(len(batch))
     return torch.cat(out).numpy()
 
 
 @torch.no_grad()
 def masked_scores(model: nn.Module, prefix: list[int], secrets: list[list[int]], cls: int,
-                  sep: int, mask: int) -> np.ndarray:
-    """Pseudo-log-likelihood of each candidate's secret tokens ([CLS] prefix secret [SEP])."""
+                  sep: int, mask: int, advance: Callable[[int], None] = lambda n: None
+                  ) -> np.ndarray:
+    """Pseudo-log-likelihood of each candidate's secret tokens ([CLS] prefix secret [SEP]):
+    one forward pass per secret token, batched across candidates and positions."""
     n = len(secrets[0])
     rows = torch.tensor([[cls, *prefix, *s, sep] for s in secrets])
     at = torch.arange(len(prefix) + 1, len(prefix) + 1 + n)
@@ -61,14 +67,14 @@ def masked_scores(model: nn.Module, prefix: list[int], secrets: list[list[int]],
                        targets.split(_BATCH_ROWS)):
         logp = F.log_softmax(model(x, p[:, None])[:, 0].float(), -1)
         out.append(logp.gather(-1, t[:, None])[:, 0])
+        advance(len(x))
     return torch.cat(out).view(len(secrets), n).sum(-1).numpy()
 
 
-def canary_exposure(model: nn.Module, family: Any, tokenizer: Any, canary: Canary,
-                    candidates: int, special_ids: dict[str, int], seed: int) -> dict[str, Any]:
-    """Rank and exposure of ``canary``'s secret among ``candidates`` random ones."""
-    from shoestring.data.tokenizer import CLS, MASK, SEP
-
+def _candidates(tokenizer: Any, canary: Canary, candidates: int,
+                seed: int) -> tuple[list[int], list[list[int]]]:
+    """The prefix's tokens and the secret's tokens for the true secret (first) and
+    ``candidates`` random ones, drawn per canary so that every run ranks the same set."""
     rng = np.random.default_rng([seed, zlib.crc32(canary.id.encode())])  # per canary, stable
     pool = {canary.secret}
     while len(pool) < candidates + 1:
@@ -81,9 +87,27 @@ def canary_exposure(model: nn.Module, family: Any, tokenizer: Any, canary: Canar
         full = _ids(tokenizer, f"{canary.prefix} {secret}")
         return full[len(prefix):] if full[: len(prefix)] == prefix else full
 
-    texts = [canary.secret, *others]
-    toks = [secret_ids(s) for s in texts]
-    scores = np.empty(len(texts))
+    return prefix, [secret_ids(s) for s in [canary.secret, *others]]
+
+
+def forward_passes(causal: bool, tokenizer: Any, canary: Canary, candidates: int,
+                   seed: int) -> int:
+    """The rows ``canary_exposure`` runs through the model: one per candidate for a decoder,
+    one per candidate and secret token for an encoder (the pseudo-log-likelihood), which is
+    why an encoder's audit costs several times a decoder's of the same size."""
+    toks = _candidates(tokenizer, canary, candidates, seed)[1]
+    return len(toks) if causal else sum(map(len, toks))
+
+
+def canary_exposure(model: nn.Module, family: Any, tokenizer: Any, canary: Canary,
+                    candidates: int, special_ids: dict[str, int], seed: int,
+                    advance: Callable[[int], None] = lambda n: None) -> dict[str, Any]:
+    """Rank and exposure of ``canary``'s secret among ``candidates`` random ones;
+    ``advance(n)`` is called as each batch of n forward passes finishes (the progress bar)."""
+    from shoestring.data.tokenizer import CLS, MASK, SEP
+
+    prefix, toks = _candidates(tokenizer, canary, candidates, seed)
+    scores = np.empty(len(toks))
     by_len: dict[int, list[int]] = {}
     for i, t in enumerate(toks):
         by_len.setdefault(len(t), []).append(i)
@@ -91,12 +115,13 @@ def canary_exposure(model: nn.Module, family: Any, tokenizer: Any, canary: Canar
     for idx in by_len.values():
         group = [toks[i] for i in idx]
         if family.causal:
-            scores[idx] = causal_scores(model, prefix, group)
+            scores[idx] = causal_scores(model, prefix, group, advance)
         else:
             scores[idx] = masked_scores(model, prefix, group, special_ids[CLS],
-                                        special_ids[SEP], special_ids[MASK])
+                                        special_ids[SEP], special_ids[MASK], advance)
     rank = 1 + int((scores[1:] > scores[0]).sum())
-    return {"id": canary.id, "rank": rank, "candidates": len(others),
-            "exposure": math.log2((len(others) + 1) / rank),
+    others = len(toks) - 1
+    return {"id": canary.id, "rank": rank, "candidates": others,
+            "exposure": math.log2((others + 1) / rank),
             "log_likelihood": float(scores[0]),
             "median_candidate_log_likelihood": float(np.median(scores[1:]))}
