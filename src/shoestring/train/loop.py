@@ -42,6 +42,7 @@ from shoestring.dist.parallelism import (
 )
 from shoestring.errors import ShoestringError, TrainingInterrupted  # noqa: F401 (re-export)
 from shoestring.fsutil import check_output_dir, check_writable_dir
+from shoestring.progress import PLAIN_LINE_SECONDS
 from shoestring.model import build_model
 from shoestring.model.flops import train_flops_per_token
 from shoestring.model.layers import set_attention_kernel
@@ -62,9 +63,6 @@ from shoestring.train.schedule import batch_at, lr_factor
 from shoestring.train import compile_costs, speed as speed_choices
 from shoestring.train.state import TrainState, check_state, checkpoint_state, resume_state
 from shoestring.train.window import Window
-
-
-PLAIN_LINE_SECONDS = 30.0  # in a log, a progress line at most this often
 
 
 class _Bar:
