@@ -128,7 +128,7 @@ def start(side: str, source: Path, run: Path, threads: int,
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(source), str(ROOT / "bench")]),
            "OMP_NUM_THREADS": str(threads), **(extra_env or {})}
     return Server(side, [sys.executable, "-m", "shoestring", "serve", str(run), "--port", "0",
-                         "--threads", str(threads)], env=env)
+                         "--threads", str(threads), "--truncate"], env=env)
 
 
 def measure(server: Server, label: str, requests: list[bytes], clients: int,

@@ -317,7 +317,7 @@ def offline(run: Path, texts: list[str], batches: list[int], threads: int, secon
         import json, statistics, sys, time, torch
         torch.set_num_threads({threads})
         from shoestring.serve.engine import load_engine
-        e = load_engine({str(run)!r}, max_length=512)
+        e = load_engine({str(run)!r}, truncate=True)  # the trained context, as the server
         e.warmup()
         texts = json.loads(sys.stdin.read())
         prep = e.prepare_embed(texts, "mean", True, True)
@@ -367,6 +367,7 @@ def ours_cmd(run: Path, threads: int, workers: int, extra: list[str]) -> list[st
         str(threads),
         "--workers",
         str(workers),
+        "--truncate",  # texts past the model's trained context are cut, as offline
         *extra,
     ]
 

@@ -93,14 +93,15 @@ def test_passages_of_odd_documents() -> None:
     assert "".join(p.text for p in parts) == text
 
 
-def test_headings_and_scraps_make_no_passage() -> None:
+def test_headings_make_no_passage_and_a_short_tail_joins_its_window() -> None:
     """Issue 52: WikiText headings (a paragraph of their own) were returned as passages."""
     from shoestring.data.readers import Document
 
     body = " ".join(f"word{i}" for i in range(23))
     for heading in (" = = History = = ", " = Robert Boulter = \n", "# History\n## Early years"):
         assert split_document(Document(heading, "s", "h"), 10) == []
-    assert split_document(Document("too short to answer", "s", "x"), 100) == []
+    short = split_document(Document("Yes, at 12 volts.", "s", "x"), 100)  # an answer: kept
+    assert [p.text for p in short] == ["Yes, at 12 volts."]
     parts = split_document(Document(body, "s", "b"), 10)  # 10 + 13: the 3-word tail joins
     assert [len(p.text.split()) for p in parts] == [10, 13]
     assert "".join(p.text for p in parts) == body

@@ -21,7 +21,7 @@ from typer.core import TyperArgument, TyperGroup
 
 from shoestring import __version__
 from shoestring.errors import ShoestringError
-from shoestring.units import BUDGET_FORMS
+from shoestring.units import BUDGET_FORMS, counted
 
 class _Argument(TyperArgument):
     """A positional argument shown by its metavar alone: ``SOURCES...`` in the usage line,
@@ -678,7 +678,6 @@ def index(
     """Split documents into passages and index them: BM25, plus dense vectors with --encoder
     (docs/retrieval.md). Re-running with unchanged sources only redoes what changed."""
     from shoestring.retrieval.index import build_index
-    from shoestring.units import counted
 
     manifest = build_index(sources, output, encoder=encoder, passage_words=passage_words,
                            text_field=text_field, split_on=split_on, overwrite=overwrite,

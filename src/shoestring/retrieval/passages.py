@@ -8,8 +8,9 @@ starts, so no word is cut.
 A passage must carry content to be worth returning: a window shorter than
 ``MIN_PASSAGE_WORDS`` at a document's end joins the window before it, and a document that is
 only headings (WikiText's ``= = History = =``, markdown's ``# History``: a paragraph of their
-own when text is split at blank lines) or shorter than that gives no passage. Otherwise a
-search for "history" filled its results with 15-character headings (issue 52).
+own when text is split at blank lines) gives no passage. Otherwise a search for "history"
+filled its results with 15-character headings (issue 52). A short document that is not a
+heading is kept whole: a one-line answer ("Yes, at 12 volts.") is content.
 """
 
 from __future__ import annotations
@@ -54,13 +55,13 @@ def is_heading(text: str) -> bool:
 
 
 def split_document(doc: Document, words: int) -> list[Passage]:
-    """The passages of one document: none for a document of headings only or of fewer than
-    ``min(MIN_PASSAGE_WORDS, words)`` words; a shorter last window joins the one before."""
+    """The passages of one document: none for a document of headings only (or no words); a
+    last window shorter than ``min(MIN_PASSAGE_WORDS, words)`` joins the one before."""
     if words < 1:
         raise ValueError(f"passage size must be at least 1 word, got {words}")
     at = [m.start() for m in _WORD.finditer(doc.text)]
     least = min(MIN_PASSAGE_WORDS, words)
-    if len(at) < least or is_heading(doc.text):
+    if not at or is_heading(doc.text):
         return []
     starts = at[::words]
     if len(starts) > 1 and len(at) - (len(starts) - 1) * words < least:
