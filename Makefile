@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 #   make demo TORCH_SPEC='torch>=2.6'
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: demo test install dev clean browser gpu-wheels gpu-data gpu-check
+.PHONY: demo test test-all install dev clean browser gpu-wheels gpu-data gpu-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,9 @@ demo: $(VENV)/.installed
 	$(BIN)/shoestring cram
 
 test: $(VENV)/.installed-dev
+	$(BIN)/python -m pytest -m "not heavy"
+
+test-all: $(VENV)/.installed-dev  # also the torchrun parity, compiled and bench smoke runs
 	$(BIN)/python -m pytest
 
 clean:

@@ -26,6 +26,9 @@ import torch
 from conftest import sigterm_after_records, torchrun_command
 from shoestring.config import load_config
 
+# every case launches torchrun (2-4 processes on gloo): minutes in all, so `make test-all`
+pytestmark = pytest.mark.heavy
+
 DRIVER = str(Path(__file__).with_name("dist_driver.py"))
 STEPS = 4
 MODEL = ["model.hidden_size=64", "model.num_layers=4", "model.num_heads=4",

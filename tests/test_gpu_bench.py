@@ -33,6 +33,7 @@ def test_refuses_without_a_gpu_and_says_what_to_do(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_smoke_runs_every_side_on_cpu(tmp_path: Path) -> None:
     out, md, rec = tmp_path / "g.json", tmp_path / "g.md", tmp_path / "g.jsonl"
     r = bench("--device", "cpu", "--smoke", "--only", "mlm-cram,clm-gpt2", "--work",
@@ -144,6 +145,7 @@ def test_the_slice_keeps_every_nth_document_of_each_source(tmp_path: Path) -> No
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_smoke_runs_the_default_path_and_the_equal_wall_clock_quality_row(tmp_path: Path) -> None:
     """`--smoke` runs issue 48's rows end to end on pydocs (no slice needed): `shoestring
     train` as a user types it, its choices read back; the HF peer for the same seconds with

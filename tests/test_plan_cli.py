@@ -136,6 +136,7 @@ def test_fit_cli_writes_law_and_plots(tmp_path: Path, pydocs_dir: Path) -> None:
     assert "fit:sweep" in r.stdout
 
 
+@pytest.mark.heavy
 def test_sweep_trains_points_in_parallel_processes_like_one_at_a_time(
         tmp_path: Path, pydocs_dir: Path) -> None:
     """`sweep --jobs 2`: the same points, steps and (up to the threads' summation order) losses

@@ -219,6 +219,7 @@ def _compiler_children(pid: int) -> list[int]:
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_sigterm_to_the_group_while_the_first_step_compiles_checkpoints(
         pydocs_dir: Path, tmp_path: Path) -> None:
     """`timeout`, Ctrl-C and schedulers signal the process group, so inductor's compiler child

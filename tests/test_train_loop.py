@@ -221,6 +221,7 @@ def test_resume_on_a_finished_budget_says_so(pydocs_dir: Path, tmp_path: Path) -
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_compile_trains_the_same_losses(pydocs_dir: Path, tmp_path: Path) -> None:
     """`train.compile` (the one torch.compile test: ~40 s on a CPU) runs through the same
     parallelism seam and gives the eager run's losses."""
