@@ -117,7 +117,7 @@ def pct(xs: list[float], q: float) -> float:
 def rag_perplexity(clm: Path, index: RetrievalIndex, held: list, k: int, limit: int,
                    seed: int) -> dict[str, float]:
     model, meta = RunDir(clm).load_final()
-    from shoestring.serve.engine import load_engine
+    from shoestring.inference.engine import load_engine
 
     tok = load_engine(clm).tokenizer
     eot = meta["special_ids"]["<|endoftext|>"]

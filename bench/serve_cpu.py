@@ -15,7 +15,7 @@ clients) and then runs short bursts against each in turn, so drift on the machin
 alike. The new server is
 also measured with clients asking for base64 embeddings and with clients sending token ids
 (``input_ids``, tokenized in this process), and its ``/metrics`` stage counters give the CPU
-per stage (`shoestring.serve.stages`); "other" is the rest of its CPU (the HTTP protocol, the
+per stage (`shoestring.inference.stages`); "other" is the rest of its CPU (the HTTP protocol, the
 request layers, hand-offs between threads).
 
     python bench/serve_cpu.py                        # 64 clients, 2 rounds x 4 bursts

@@ -255,7 +255,7 @@ async def load(url: str, requests_: list[bytes], concurrency: int, count: int) -
 
 
 def scrape_metrics(url: str, task: str = "embed") -> dict:
-    """Totals from a server's /metrics for ``task``: per stage (`shoestring.serve.stages`)
+    """Totals from a server's /metrics for ``task``: per stage (`shoestring.inference.stages`)
     CPU seconds, wall seconds and count, and model calls and inputs (zeros if absent: a
     server without stage metrics, or with another task)."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -282,7 +282,7 @@ def scrape_metrics(url: str, task: str = "embed") -> dict:
 def stage_summary(before: dict, after: dict, requests: int) -> dict:
     """Per stage between two `scrape_metrics`: CPU ms per request and wall ms per input, in
     a request's order."""
-    from shoestring.serve.stages import STAGES
+    from shoestring.inference.stages import STAGES
 
     out = {}
     for stage, n in sorted(after["stage_n"].items(),
@@ -316,7 +316,7 @@ def offline(run: Path, texts: list[str], batches: list[int], threads: int, secon
     code = textwrap.dedent(f"""
         import json, statistics, sys, time, torch
         torch.set_num_threads({threads})
-        from shoestring.serve.engine import load_engine
+        from shoestring.inference.engine import load_engine
         e = load_engine({str(run)!r}, truncate=True)  # the trained context, as the server
         e.warmup()
         texts = json.loads(sys.stdin.read())

@@ -94,7 +94,7 @@ def test_every_floor_registers_every_family() -> None:
     from shoestring.eval.held_out import HELD_OUT, held_out_loss
     from shoestring.export.hub import EXPORTERS, IMPORTERS
     from shoestring.model import BUILDERS
-    from shoestring.serve.engine import ENGINES
+    from shoestring.inference.engine import ENGINES
     from shoestring.train.objectives import OBJECTIVES
 
     names = set(families.names())

@@ -142,7 +142,7 @@ def test_modernbert_export_refuses_by_option(wordpiece: Path, tmp_path: Path, ch
 
 def test_a_llama_export_is_served_as_a_decoder(bpe: Path, tmp_path: Path) -> None:
     """`serve` picks the engine by family for exports as for run dirs."""
-    from shoestring.serve.engine import load_engine
+    from shoestring.inference.engine import load_engine
 
     out = export_run(_run(tmp_path, bpe, DEC, "run"), tmp_path / "hf")
     engine = load_engine(out)

@@ -359,7 +359,7 @@ def test_contrastive_needs_mlm_data(work: dict[str, Path], tmp_path: Path) -> No
 
 def test_rag_prompt_respects_the_decoders_context(work: dict[str, Path],
                                                   index: RetrievalIndex) -> None:
-    from shoestring.serve.engine import load_engine
+    from shoestring.inference.engine import load_engine
 
     engine = load_engine(work["clm"])
     tok, context = engine.tokenizer, int(engine.meta["seq_len"])
@@ -469,7 +469,7 @@ def test_serve_search_and_generate_with_retrieve(work: dict[str, Path],
 def test_an_exported_decoder_keeps_its_trained_context(work: dict[str, Path],
                                                        tmp_path: Path) -> None:
     from shoestring.retrieval.ask import decoder_context
-    from shoestring.serve.engine import load_engine
+    from shoestring.inference.engine import load_engine
 
     proc = run_cli("export", str(work["clm"]), "-o", str(tmp_path / "hf"))
     assert proc.returncode == 0, proc.stderr

@@ -173,7 +173,7 @@ def test_fastapi_answers_what_the_fast_path_answers(server: ServerThread,
 
 
 def test_the_engine_measures_what_a_model_call_costs(run_dir: Path) -> None:
-    from shoestring.serve.engine import load_engine
+    from shoestring.inference.engine import load_engine
 
     engine = load_engine(run_dir, max_length=64)
     engine.warmup()
@@ -198,7 +198,7 @@ def test_replicas_that_do_not_fit_are_refused_naming_what_fits() -> None:
 
 
 def test_replica_footprint_is_measured_at_the_largest_batch(run_dir: Path) -> None:
-    from shoestring.serve.engine import load_engine
+    from shoestring.inference.engine import load_engine
     from shoestring.serve.replicas import measure
 
     engine = load_engine(run_dir, max_length=64)

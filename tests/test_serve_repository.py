@@ -116,7 +116,7 @@ def test_an_export_folder_is_pushed_and_served_like_its_run(
     runs: tuple[Path, Path], home: Path, tmp_path: Path
 ) -> None:
     from shoestring.export.hf import export_encoder
-    from shoestring.serve.engine import load_engine
+    from shoestring.inference.engine import load_engine
 
     a, _ = runs
     hf = export_encoder(a, tmp_path / "hf")

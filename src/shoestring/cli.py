@@ -477,7 +477,7 @@ def eval_(
     resume: Annotated[bool, typer.Option("--resume", help="Keep the tasks an interrupted fine-tuning in the output folder finished (same model, settings and task data).")] = False,
 ) -> None:
     """Evaluate a run: held-out MLM loss, fine-tuning on GLUE / own tasks, or decoder evals."""
-    from shoestring.eval.cli_helpers import run_eval
+    from shoestring.cli_eval import run_eval
 
     privacy = None
     if dp_epsilon is not None or dp_delta is not None or any(
@@ -737,7 +737,7 @@ def ask(
     from shoestring.retrieval.ask import check_decoder
     from shoestring.retrieval.index import RetrievalIndex, check_query
     from shoestring.retrieval.passages import Passage
-    from shoestring.serve.engine import load_engine
+    from shoestring.inference.engine import load_engine
 
     check_query(question, "QUESTION")
     engine = load_engine(run, max_length=1 << 20)

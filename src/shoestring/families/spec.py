@@ -5,7 +5,7 @@ about it that is data — its architecture tag, special tokens, tokenizer and re
 presets, shapes. It holds no behaviour that needs torch or a stage: each floor that owns a
 behaviour registers it by family name in its own module (model builders in ``model/``, the
 training objectives in ``train/objectives.py``, HF adapters in ``export/``, serving engines in
-``serve/engine.py``, held-out evaluators in ``eval/held_out.py``). So ``config``, ``data`` and
+``inference/engine.py``, held-out evaluators in ``eval/held_out.py``). So ``config``, ``data`` and
 ``plan`` read a spec without importing torch, and nothing here imports upward
 (docs/architecture.md).
 """

@@ -12,7 +12,7 @@ from shoestring.units import with_article
 
 def decoder_context(engine: Any) -> int:
     """The decoder's context length: the sequence length it was trained at
-    (`serve.engine.trained_context`, the server's --max-length default too)."""
+    (`inference.engine.trained_context`, the server's --max-length default too)."""
     return int(engine.context or engine.meta["seq_len"])
 
 

@@ -43,7 +43,7 @@ class Embedder:
     """Texts → normalized float32 embeddings with a trained encoder (run dir or export)."""
 
     def __init__(self, path: str | Path) -> None:
-        from shoestring.serve.engine import load_engine
+        from shoestring.inference.engine import load_engine
 
         self.path = Path(path)
         self.hash = encoder_hash(self.path)

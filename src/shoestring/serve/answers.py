@@ -19,7 +19,7 @@ from typing import Any
 from starlette.exceptions import HTTPException
 
 from shoestring.serve.batcher import BatcherClosed, QueueFull
-from shoestring.serve.engine import InputError
+from shoestring.inference.engine import InputError
 from shoestring.serve.metrics import ServeMetrics
 from shoestring.serve.routing import ModelUnavailable
 from shoestring.serve.security import Refused

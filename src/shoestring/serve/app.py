@@ -48,7 +48,7 @@ from shoestring import __version__
 from shoestring.serve.answers import ClientGone, Timeout, error_answer
 from shoestring.serve.batcher import BatcherClosed, QueueFull
 from shoestring.serve.encoding import FastJSON
-from shoestring.serve.engine import Engine, InputError
+from shoestring.inference.engine import Engine, InputError
 from shoestring.serve.fastpath import FastPath, Route
 from shoestring.serve.handlers import Api
 from shoestring.serve.metrics import CONTENT_TYPE, ServeMetrics
@@ -61,7 +61,7 @@ from shoestring.serve.schemas import GenerateResponse
 from shoestring.serve.security import Admission, ApiKey, ASGIApp, BodyLimit, Receive
 from shoestring.serve.security import Refused, RequestGate, Scope, Send
 from shoestring.serve.settings import ServeSettings
-from shoestring.serve.stages import START
+from shoestring.inference.stages import START
 
 ENDPOINTS = {"/v1/fill-mask": "fill-mask", "/v1/embed": "embed", "/v1/classify": "classify",
              "/v1/generate": "generate"}

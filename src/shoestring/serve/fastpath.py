@@ -31,7 +31,7 @@ from shoestring.serve.answers import error_answer
 from shoestring.serve.encoding import dumps
 from shoestring.serve.handlers import Api
 from shoestring.serve.security import ASGIApp, Receive, Scope, Send, replay
-from shoestring.serve.stages import START, Laps
+from shoestring.inference.stages import START, Laps
 
 Handler = Callable[[Any, Receive, Laps], Awaitable[Any]]
 _JSON = (b"content-type", b"application/json")

@@ -25,7 +25,7 @@ from fastapi.responses import StreamingResponse
 from shoestring.serve.answers import ClientGone, Timeout
 from shoestring.serve.batcher import Job
 from shoestring.serve.encoding import embeddings_answer
-from shoestring.serve.engine import InputError, input_loc
+from shoestring.inference.engine import InputError, input_loc
 from shoestring.serve.metrics import ServeMetrics
 from shoestring.serve.retrieval_routes import need
 from shoestring.serve.routing import ModelRouter, Slot
@@ -33,7 +33,7 @@ from shoestring.serve.schemas import ClassifyRequest, EmbedRequest, FillMaskRequ
 from shoestring.serve.schemas import GenerateRequest
 from shoestring.serve.security import MISSING_KEY, ApiKey, Receive, Refused
 from shoestring.serve.settings import ServeSettings
-from shoestring.serve.stages import Laps
+from shoestring.inference.stages import Laps
 from shoestring.serve.streaming import TokenStream, events
 
 # A request waiting longer than this for its results starts watching for its client leaving.

@@ -18,7 +18,7 @@ from fastapi import Depends, FastAPI, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
 from shoestring.errors import ShoestringError
-from shoestring.serve.engine import Engine, InputError
+from shoestring.inference.engine import Engine, InputError
 
 
 class SearchRequest(BaseModel):

@@ -26,7 +26,7 @@ from pathlib import Path
 from shoestring.errors import ShoestringError
 from shoestring.model_repository import ModelRepository, ModelVersion, split_ref
 from shoestring.serve.batcher import GROUP_OVERHEAD_TOKENS, MicroBatcher
-from shoestring.serve.engine import Engine, InputError
+from shoestring.inference.engine import Engine, InputError
 from shoestring.serve.metrics import ServeMetrics
 from shoestring.serve.settings import ServeSettings
 

@@ -27,7 +27,7 @@ import uvicorn
 from shoestring.errors import ShoestringError
 from shoestring.model_repository import ModelRepository
 from shoestring.serve.app import create_app
-from shoestring.serve.engine import Engine, load_engine
+from shoestring.inference.engine import Engine, load_engine
 from shoestring.serve import replicas
 from shoestring.serve.metrics import ServeMetrics
 from shoestring.serve.routing import ModelRouter, served_from_arg

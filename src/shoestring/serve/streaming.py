@@ -1,9 +1,9 @@
 """Server-sent events for ``/v1/generate`` with ``"stream": true``.
 
 A streamed generation is one batcher job of its own (its key is unique, so it never shares
-a call). The engine hands each new token to a `TokenStream` on the batcher's thread; the
-stream passes it to the event loop, where the response writes it as an SSE ``data:`` line.
-When the client disconnects, Starlette cancels the response; the stream is stopped, and the
+a call). The engine hands each new token to a `TokenStream` (its `inference.tokens.TokenSink`)
+on the batcher's thread; the stream passes it to the event loop, where the response writes it
+as an SSE ``data:`` line. When the client disconnects, Starlette cancels the response; the stream is stopped, and the
 engine's next token callback sees that and ends generation there, so a gone client costs at
 most one more decoding step.
 """
@@ -41,24 +41,6 @@ class TokenStream:
 
     def stop(self) -> None:
         self._stopped.set()
-
-
-class TextDelta:
-    """The text each new token adds, by decoding the whole generation so far (a token can
-    change how the bytes before it decode; text is only sent once it is stable)."""
-
-    def __init__(self, decode: Any) -> None:
-        self.decode = decode
-        self.ids: list[int] = []
-        self.sent = ""
-
-    def add(self, token: int) -> str:
-        self.ids.append(token)
-        text = self.decode(self.ids)
-        if not text.startswith(self.sent) or text.endswith("\ufffd"):
-            return ""
-        delta, self.sent = text[len(self.sent) :], text
-        return delta
 
 
 def sse(data: Any) -> bytes:

@@ -32,8 +32,8 @@ import torch
 from torch import nn
 
 from shoestring import families
-from shoestring.serve.stages import Laps, StageTimes
-from shoestring.serve.streaming import TextDelta, TokenStream
+from shoestring.inference.stages import Laps, StageTimes
+from shoestring.inference.tokens import TextDelta, TokenSink
 
 Loc = tuple[str | int, ...]
 DEFAULT_MAX_LENGTH = 512  # --max-length for a model whose metadata records no training length
@@ -488,7 +488,7 @@ class DecoderEngine(Engine):
         return self.model.generate(ids, max_new, temperature=temperature, top_k=top_k,
                                    top_p=top_p, eos_id=self.eos_id, generator=gen, **kw)
 
-    def _stream(self, options: tuple, ids: list[int], stream: TokenStream) -> dict[str, Any]:
+    def _stream(self, options: tuple, ids: list[int], stream: TokenSink) -> dict[str, Any]:
         """One prompt, token by token into ``stream``; stops early when the client has gone."""
         text = TextDelta(lambda t: self.tokenizer.decode(t, skip_special_tokens=True))
         finish = "length"

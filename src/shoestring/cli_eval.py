@@ -3,6 +3,10 @@
 - ``--glue`` / ``--tasks`` / ``--task``: fine-tune on tasks (eval/downstream.py);
 - a decoder run, or ``--text`` / ``--choices`` / ``--prompt``: decoder evals (eval/decoder.py);
 - otherwise: the held-out masked-LM loss (eval/mlm.py), as before.
+
+It sits on the command line's floor, not in ``eval/``, because it also asks ``plan`` whether the
+run met its prediction, and ``plan`` (its sweeps) reads ``eval``'s held-out loss: inside
+``eval`` that made a package circle.
 """
 
 from __future__ import annotations
