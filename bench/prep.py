@@ -170,7 +170,7 @@ def stage_speeds(corpus: Path, tmp: Path, local: dict, mb: float, n_docs: int, n
 
     work = tmp / "stages"
     cfg = DataConfig(vocab_size=8192, seq_len=128)
-    curator = Curator.from_config(CurateConfig(filters="gopher", dedup="fuzzy"), clean=False)
+    curator = Curator.from_config(CurateConfig(filters="gopher", dedup="fuzzy"))
     filters = [b for b in curator.blocks if not b.stateful]
     fuzzy = next(b for b in curator.blocks if b.name == "fuzzy_dedup")
     timings: list[tuple[str, float, int, str]] = []

@@ -12,7 +12,7 @@ from shoestring.config import CurateConfig, DataConfig, load_config
 from shoestring.data.curate import Curator, Drop
 from shoestring.data.curate.compress import Compressibility
 from shoestring.data.curate.gopher import GopherQuality, GopherRepetition
-from shoestring.data.curate.normalize import Length, Normalize
+from shoestring.data.curate.normalize import Clean, Length
 from shoestring.data.distributed.stages import merge_reports
 from shoestring.data.prep import prep
 from shoestring.data.sources import Document
@@ -150,15 +150,15 @@ def test_blank_lines_are_not_duplicate_lines() -> None:
     assert GopherRepetition().check(text) is None
 
 
-def test_normalize_and_length_blocks_count() -> None:
+def test_clean_and_length_blocks_count() -> None:
     docs = [doc("a\u200bb  c\r\nd", "x"), doc("tiny", "y"), doc("long enough text here", "z")]
-    norm = Normalize()
-    length = Length(min_chars=8, max_chars=15, keep_examples=5)
-    out = list(length.process(norm.process(docs)))
-    assert [d.text for d in out] == []
-    assert norm.stats.changed == 1 and norm.stats.docs_out == 3
-    assert length.stats.dropped == {"too_short": 2, "too_long": 1}
-    assert [e.doc_id for e in length.examples["too_short"]] == ["x", "y"]
+    clean = Clean(min_chars=5)
+    length = Length(max_chars=15, keep_examples=5)
+    out = list(length.process(clean.process(docs)))
+    assert [d.text for d in out] == ["ab c\nd"]
+    assert clean.stats.dropped == {"too_short": 1} and clean.stats.docs_out == 2
+    assert length.stats.dropped == {"too_long": 1}
+    assert [e.doc_id for e in length.examples["too_long"]] == ["z"]
 
 
 def test_compressibility_check_counts_and_explains() -> None:
@@ -188,23 +188,22 @@ def test_compressibility_batch_check_and_config() -> None:
 
 
 def _corpus() -> list[Document]:
+    """The documents as curation sees them: through prep's clean block (``min_chars=16``)."""
     docs = [doc(GOOD, "good-1"), doc(GOOD.replace("river", "canal"), "good-2")]
     docs += [doc(" ".join(GOOD.split()[:20]), f"short-{i}") for i in range(3)]
     docs += [doc(GOOD, "copy-of-good-1"), doc("  " + GOOD.replace(" ", "  "), "spaced-copy")]
     docs += [doc("x", "tiny")]
-    return docs
+    return list(Clean(min_chars=16).process(docs))
 
 
 def test_curator_counts_chain_and_manifest_shape() -> None:
     cfg = CurateConfig(filters="gopher", dedup="fuzzy", explain=2)
-    curator = Curator.from_config(cfg, min_chars=16)
+    curator = Curator.from_config(cfg)
     kept = list(curator.run(_corpus()))
     assert [d.doc_id for d in kept] == ["good-1"]  # good-2 is a near-duplicate of good-1
     stats = curator.stats()
     blocks = [b for b in stats["blocks"] if b["block"] != "compressibility"]
     assert [b["block"] for b in blocks] == [
-        "normalize",
-        "length",
         "gopher_quality",
         "gopher_repetition",
         "exact_dedup",
@@ -212,9 +211,8 @@ def test_curator_counts_chain_and_manifest_shape() -> None:
     ]
     for before, after in zip(blocks, blocks[1:]):
         assert before["documents_out"] == after["documents_in"]
-    assert stats["documents_in"] == 8 and stats["documents_out"] == 1
+    assert stats["documents_in"] == 7 and stats["documents_out"] == 1  # "tiny" did not pass clean
     by_name = {b["block"]: b for b in blocks}
-    assert by_name["length"]["dropped"] == {"too_short": 1}
     assert by_name["gopher_quality"]["dropped"] == {"too_few_words": 3}
     assert by_name["exact_dedup"]["dropped"] == {"duplicate": 2}  # the spaced copy normalizes equal
     assert by_name["fuzzy_dedup"]["dropped"] == {"near_duplicate": 1}
@@ -222,9 +220,7 @@ def test_curator_counts_chain_and_manifest_shape() -> None:
 
 
 def test_explain_shows_up_to_n_examples_per_reason() -> None:
-    curator = Curator.from_config(
-        CurateConfig(filters="gopher", dedup="exact", explain=2), min_chars=16
-    )
+    curator = Curator.from_config(CurateConfig(filters="gopher", dedup="exact", explain=2))
     list(curator.run(_corpus()))
     text = curator.explain()
     assert "== gopher_quality: too_few_words ==" in text
@@ -233,7 +229,7 @@ def test_explain_shows_up_to_n_examples_per_reason() -> None:
     assert "== exact_dedup: duplicate ==" in text and "same text as good-1" in text
     one = curator.explain(1)
     assert "-- short-0" in one and "-- short-1" not in one
-    quiet = Curator.from_config(CurateConfig(filters="gopher"), min_chars=16)
+    quiet = Curator.from_config(CurateConfig(filters="gopher"))
     list(quiet.run(_corpus()))
     assert quiet.explain() == "no dropped documents to explain"  # explain=0 keeps nothing
 
@@ -254,10 +250,10 @@ def test_workers_split_and_merge_give_the_same_counts() -> None:
     """The stateless blocks on two halves (two Ray tasks), their reports merged: the counts
     of one run over the whole."""
     cfg = CurateConfig(filters="gopher", dedup="exact")
-    whole = Curator.from_config(cfg, min_chars=16)
+    whole = Curator.from_config(cfg)
     expected = [d.doc_id for d in whole.run(_corpus())]
     corpus = _corpus()
-    stateless = lambda: [b for b in Curator.from_config(cfg, min_chars=16).blocks  # noqa: E731
+    stateless = lambda: [b for b in Curator.from_config(cfg).blocks  # noqa: E731
                          if not b.stateful]
     workers = [Curator(stateless()) for _ in range(2)]
     halves = [list(w.run(part)) for w, part in zip(workers, (corpus[:4], corpus[4:]))]

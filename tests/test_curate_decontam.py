@@ -168,7 +168,7 @@ def test_eval_sources_jsonl_and_errors(tmp_path: Path) -> None:
 
 def test_curator_builds_decontam_from_config(eval_dir: Path) -> None:
     cfg = CurateConfig(decontam=[str(eval_dir)], decontam_mode="drop", dedup="none")
-    curator = Curator.from_config(cfg, clean=False)
+    curator = Curator.from_config(cfg)
     docs = [doc(filler(40, 50) + " " + EVAL_SENTENCE, "bad"), doc(filler(41, 50), "ok")]
     assert [d.doc_id for d in curator.run(docs)] == ["ok"]
     (entry,) = curator.stats()["blocks"]

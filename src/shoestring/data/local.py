@@ -120,8 +120,8 @@ class LocalStages:
 
         # Cleaning and data.min_chars already ran (block clean, in the workers).
         index_dir = self.build / DIR if self.curate_cfg.dedup != "none" else None
-        curator = Curator.from_config(self.curate_cfg, clean=False,
-                                      work_dir=self.build / WORK_DIR, index_dir=index_dir)
+        curator = Curator.from_config(self.curate_cfg, work_dir=self.build / WORK_DIR,
+                                      index_dir=index_dir)
         with ExitStack() as stack:
             log = (stack.enter_context(open(self.build / DROPPED_IDS, "w", encoding="utf-8"))
                    if self.curate_cfg.dropped_ids else None)

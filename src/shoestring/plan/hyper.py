@@ -39,8 +39,6 @@ BATCH_EXPONENT = 0.3271
 """B_opt ∝ C^0.3271 (DeepSeek LLM, eq. 1)."""
 LR_EXPONENT = -0.1250
 """η_opt ∝ C^−0.125 (DeepSeek LLM, eq. 1)."""
-DEEPSEEK_BATCH_CONSTANT = 0.292
-DEEPSEEK_LR_CONSTANT = 0.3118
 
 RECIPE_FLOPS = 7.8e13
 """The compute the recipe's batch and LR were measured at: the default arm of the recipe
@@ -88,16 +86,6 @@ def batch_tokens(flops: float) -> float:
 def peak_lr(flops: float) -> float:
     """Compute-optimal AdamW peak LR: DeepSeek's exponent, anchored at the recipe."""
     return RECIPE_LR * (flops / RECIPE_FLOPS) ** LR_EXPONENT
-
-
-def deepseek_batch_tokens(flops: float) -> float:
-    """DeepSeek's fitted batch law as published (their C, their setup), for comparison."""
-    return DEEPSEEK_BATCH_CONSTANT * flops**BATCH_EXPONENT
-
-
-def deepseek_lr(flops: float) -> float:
-    """DeepSeek's fitted LR law as published, for comparison."""
-    return DEEPSEEK_LR_CONSTANT * flops**LR_EXPONENT
 
 
 def _round_batch(batch: int, devices: int) -> int:

@@ -1,9 +1,9 @@
 """The curation blocks `prep` runs between the clean block and the split: `Curator`.
 
-Integration (what ``prep`` does; its own clean block already normalized and applied
-``data.min_chars``, hence ``clean=False``)::
+Integration (what ``prep`` does, after its own clean block normalized the text and applied
+``data.min_chars``)::
 
-    curator = Curator.from_config(cfg.curate, clean=False)
+    curator = Curator.from_config(cfg.curate)
     for doc in curator.run(cleaned_documents):        # streaming, in input order
         ... split / spool ...
     manifest["blocks"] += curator.stats()["blocks"]    # the printed table reads these
@@ -40,17 +40,15 @@ class Curator:
         self.against = against or []  # dedup_index.DedupIndex of --dedup-against
 
     @classmethod
-    def from_config(cls, cfg: CurateConfig, *, min_chars: int = 1, clean: bool = True,
-                    work_dir: Path | None = None, index_dir: Path | None = None) -> Curator:
-        """Build the blocks ``cfg`` asks for, in the documented order: normalize and length,
-        the quality filters, dedup, decontamination. A block's parameter ``x`` is the setting
-        ``curate.PREFIX_x`` (``gopher_``, ``rep_``, ``minhash_``, ``substring_``,
-        ``decontam_``).
+    def from_config(cls, cfg: CurateConfig, *, work_dir: Path | None = None,
+                    index_dir: Path | None = None) -> Curator:
+        """Build the blocks ``cfg`` asks for, in the documented order: length, the quality
+        filters, dedup, decontamination (normalization and ``data.min_chars`` come before, in
+        prep's clean block). A block's parameter ``x`` is the setting ``curate.PREFIX_x``
+        (``gopher_``, ``rep_``, ``minhash_``, ``substring_``, ``decontam_``).
 
-        ``clean=False`` leaves out normalization and the ``min_chars`` limit, for callers
-        that already did both (``prep``'s clean block); a ``curate.max_chars`` limit still
-        applies. Stateless blocks (``stateful = False``) may run in several processes; the
-        stateful ones (dedup) must see every document in one. Decontamination reads its
+        Stateless blocks (``stateful = False``) may run in several processes; the stateful
+        ones (dedup) must see every document in one. Decontamination reads its
         evaluation files here, so a bad path fails before any corpus work; likewise the
         ``dedup_against`` indexes are opened and checked here.
 
@@ -62,10 +60,8 @@ class Curator:
 
         ex = {"keep_examples": cfg.explain}
         blocks: list[Block] = []
-        if clean:
-            blocks += [normalize.Normalize(**ex), normalize.Length(min_chars, cfg.max_chars, **ex)]
-        elif cfg.max_chars is not None:
-            blocks.append(normalize.Length(1, cfg.max_chars, **ex))
+        if cfg.max_chars is not None:
+            blocks.append(normalize.Length(cfg.max_chars, **ex))
         if cfg.filters == "gopher":
             blocks += [_build(gopher.GopherQuality, cfg, "gopher_", **ex),
                        _build(gopher.GopherRepetition, cfg, "rep_", **ex)]

@@ -100,8 +100,7 @@ def plan_ray(cfg: DataConfig, curate: CurateConfig | None) -> RayPlan:
     if curate is not None:
         from shoestring.data.curate import Curator
 
-        blocks += Curator.from_config(curate.model_copy(update={"dedup_against": []}),
-                                      clean=False).blocks
+        blocks += Curator.from_config(curate.model_copy(update={"dedup_against": []})).blocks
     for block in blocks:
         if block.stateful and block.name not in SHUFFLES:
             refuse.append((f"the {block.name} block",
