@@ -336,7 +336,7 @@ def test_resume_keeps_finished_tasks_only_while_what_they_depend_on_is_unchanged
     grown = run("b", seeds=2)
     assert "resumed" not in grown and grown["tasks"]["b"]["train_examples"] == 25
     # Changed weights (the run retrained in place): refitted.
-    from shoestring.data.tokenizer import file_sha256
+    from shoestring.fsutil import file_sha256
 
     weights = tiny_run / "final" / "model.safetensors"
     saved = weights.read_bytes()

@@ -9,6 +9,7 @@ name the file (and the line of a syntax error), and a JSON object where damaged 
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import shutil
@@ -281,3 +282,13 @@ def check_output_dir(out: str | Path, kind: str, owned: bool, overwrite: bool) -
             where=str(out),
             fix="choose another -o, or pass --overwrite to replace it",
         )
+
+
+def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
+    """The hex sha256 of a file's bytes, read ``chunk`` bytes at a time (shards and weights
+    can be larger than memory): what manifests record and checks compare against."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()

@@ -10,8 +10,9 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from shoestring.data.shards import PackedSplit
-from shoestring.data.tokenizer import file_sha256, load_tokenizer
+from shoestring.data.tokenizer import load_tokenizer
 from shoestring.errors import ShoestringError
+from shoestring.fsutil import file_sha256
 
 FORMAT = "shoestring-data/1"
 

@@ -33,14 +33,13 @@ from shoestring.data.sources import Document, ReadStats
 from shoestring.data.tokenizer import (
     KINDS,
     default_kind,
-    file_sha256,
     load_for_objective,
     load_tokenizer,
     special_ids,
     tokenizer_kind,
 )
 from shoestring.errors import ShoestringError
-from shoestring.fsutil import write_json_atomic
+from shoestring.fsutil import file_sha256, write_json_atomic
 from shoestring.units import counted
 
 # Fewer validation documents than this: validation is the end of the text instead.

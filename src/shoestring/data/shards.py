@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shoestring.data.tokenizer import file_sha256
+from shoestring.fsutil import file_sha256
 from shoestring.errors import ShoestringError
 from shoestring.fsutil import write_bytes_atomic
 

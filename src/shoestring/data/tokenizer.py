@@ -357,11 +357,3 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
         return Tokenizer.from_file(str(p))
     except Exception as e:  # tokenizers raises plain Exception on bad JSON
         raise ShoestringError(f"cannot load tokenizer ({e})", where=str(p)) from None
-
-
-def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()

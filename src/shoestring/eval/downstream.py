@@ -165,7 +165,8 @@ def evaluate_downstream(
     difference; "none" skips it. ``privacy``: fine-tune with DP-SGD (eval/private.py);
     settings it cannot honour for a task are refused before anything is written. ``resume``:
     keep the tasks an interrupted evaluation in ``out`` finished (``finished_tasks``)."""
-    from shoestring.data.tokenizer import file_sha256, load_tokenizer
+    from shoestring.data.tokenizer import load_tokenizer
+    from shoestring.fsutil import file_sha256
     from shoestring.model.encoder import MaskedLM
     from shoestring.rundir import RunDir
 

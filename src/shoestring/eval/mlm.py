@@ -21,11 +21,11 @@ from rich.console import Console
 from shoestring.config import EvalConfig
 from shoestring.data.datadir import DataDir
 from shoestring.data.masking import fixed_masks
-from shoestring.data.tokenizer import MASK, NUM_SPECIAL, file_sha256
+from shoestring.data.tokenizer import MASK, NUM_SPECIAL
 from shoestring.device import select_device
 from shoestring.errors import ShoestringError
 from shoestring.model.losses import masked_lm_loss
-from shoestring.fsutil import write_json_atomic
+from shoestring.fsutil import file_sha256, write_json_atomic
 from shoestring.model.encoder import MaskedLM
 from shoestring.progress import progress_bar
 from shoestring.rundir import RunDir

@@ -97,7 +97,7 @@ def audit(run_dir: str | Path, data_dir: str | Path, settings: AuditSettings = A
     """Run the three tests on a finished run; writes ``audit.json`` in the run dir."""
     from shoestring.data import canaries as C
     from shoestring.data.datadir import DataDir
-    from shoestring.data.tokenizer import file_sha256
+    from shoestring.fsutil import file_sha256
     from shoestring.fsutil import write_json_atomic
     from shoestring.rundir import RunDir
 

@@ -34,7 +34,7 @@ def weights_file(path: Path) -> Path:
 
 def encoder_hash(path: Path) -> str:
     """sha256 of the encoder's weights: what the index manifest records and checks."""
-    from shoestring.data.tokenizer import file_sha256
+    from shoestring.fsutil import file_sha256
 
     return file_sha256(weights_file(path))
 

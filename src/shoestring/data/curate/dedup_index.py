@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from shoestring.data.tokenizer import file_sha256
+from shoestring.fsutil import file_sha256
 from shoestring.errors import ShoestringError
 from shoestring.fsutil import write_json_atomic
 
