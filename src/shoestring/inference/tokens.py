@@ -1,9 +1,5 @@
-"""A generation's tokens as they come: the text each adds, and where it goes.
-
-The engine decodes on the batcher's thread and knows nothing of HTTP: it pushes each token's
-event into a `TokenSink` (the server's is `serve.streaming.TokenStream`, which carries it to the
-event loop as server-sent events) and stops when the sink says its reader has gone.
-"""
+"""A generation's tokens as they come: the text each adds, and a `TokenSink` to push them to
+(the server's is `serve.streaming.TokenStream`), so the engine needs nothing of HTTP."""
 
 from __future__ import annotations
 

@@ -37,11 +37,6 @@ def embeddings_answer(rows: Sequence[Any], encoding_format: str = "float") -> di
     return {"embeddings": rows, "dimensions": dims}
 
 
-def decode_base64(text: str) -> np.ndarray:
-    """A base64 embedding back to its float32 vector (what a client does)."""
-    return np.frombuffer(base64.b64decode(text), dtype="<f4")
-
-
 class FastJSON(Response):
     """A FastAPI/Starlette response written by `dumps`."""
 
