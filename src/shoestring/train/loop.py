@@ -669,8 +669,8 @@ def _finish(r: _Run, s: TrainState, console: Console) -> dict:
     save_start = time.perf_counter()
     if parallel.is_main:
         console.print(f"budget spent at step {s.step}: saving the last checkpoint, "
-                        f"{'validating, ' if r.val_batch is not None else ''}writing final/ …",
-                        highlight=False)
+                      f"{'validating, ' if r.val_batch is not None else ''}writing final/ …",
+                      highlight=False)
     final_ckpt = r.checkpoint(s)
     val_loss = r.validate(s, 1.0) if r.val_batch is not None else None
     if parallel.is_main:
