@@ -268,5 +268,6 @@ def test_a_busy_cpu_is_in_the_results_with_what_it_cost() -> None:
 
     assert load_cost(None) is None
     assert load_cost({"start": 0.5, "end": 1.9, "cores": 2}) is None
+    assert load_cost({"start": 0.8, "end": 2.05, "cores": 2}) is None  # the run itself
     row = load_cost({"start": 3.0, "end": 4.0, "cores": 2})
     assert row is not None and "3.0 → 4.0 on 2 cores" in row and "roughly 50%" in row

@@ -125,7 +125,7 @@ def load_cost(cpu_load: dict | None) -> str | None:
     if not cpu_load:
         return None
     load = max(cpu_load["start"], cpu_load["end"])
-    if load <= cpu_load["cores"]:
+    if cpu_load["cores"] / max(load, 1e-9) > 0.9:  # the run's own threads count in the load
         return None
     return (f"load average {cpu_load['start']:.1f} → {cpu_load['end']:.1f} on "
             f"{cpu_load['cores']} cores while training: other work shared this CPU, so the run "
