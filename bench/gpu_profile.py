@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     from shoestring.config import load_config
-    from shoestring.train.loop import time_steps
+    from shoestring.train.timing import time_steps
 
     bench = Bench("gpu_profile", args, precision="bf16", device=torch.cuda.get_device_name(0))
     batches = [int(b) for b in args.batches.split(",")]

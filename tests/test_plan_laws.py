@@ -183,7 +183,7 @@ def test_time_steps_runs_the_trainers_step() -> None:
     over the real FLOPs per token, the trainer's speed choices, one micro-batch per rank."""
     from shoestring.config import Config, ModelConfig
     from shoestring.plan.shapes import flops_per_token
-    from shoestring.train.loop import time_steps
+    from shoestring.train.timing import time_steps
 
     model = ModelConfig(hidden_size=64, num_layers=2, num_heads=1, intermediate_size=192)
     cfg = Config(model=model, data=DataConfig(vocab_size=2000, seq_len=64),

@@ -1,6 +1,6 @@
 """`plan --measure`: the MFU of the planned model's real training step on this machine.
 
-The step is `train`'s own (`shoestring.train.loop.time_steps`: the same device and precision
+The step is `train`'s own (`shoestring.train.timing.time_steps`: the same device and precision
 choice, model, optimizers, objective, attention-kernel choice and micro-batching as a run), at
 one micro-batch of the plan's (at most `MAX_ROWS` rows: a CPU would spend minutes on a full
 batch of a large plan) per step, on random token ids (speed does not depend on which ids).
@@ -25,7 +25,7 @@ def measure_mfu(model_cfg: ModelConfig, vocab: int, seq_len: int, micro_batch: i
     """Fraction of ``hw``'s peak that training this model reaches on this device: the real
     trainer's step on one micro-batch of ``micro_batch`` rows (at most `MAX_ROWS`), timed for
     ``seconds`` after the warm-up steps."""
-    from shoestring.train.loop import time_steps
+    from shoestring.train.timing import time_steps
 
     micro = max(1, min(micro_batch, MAX_ROWS))
     cfg = Config(model=model_cfg, data=DataConfig(vocab_size=vocab, seq_len=seq_len),

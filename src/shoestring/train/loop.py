@@ -10,12 +10,9 @@ resumed step-budget run reproduces the uninterrupted run's losses exactly.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import math
 import os
-import platform
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -27,7 +24,7 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn
 
-from shoestring import __version__, families
+from shoestring import families
 from shoestring.config import Config
 from shoestring.data.datadir import DataDir
 from shoestring.data.shards import PackedSplit
@@ -54,13 +51,14 @@ from shoestring.train.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from shoestring.device import DeviceInfo, busy_note, peak_note, select_device
+from shoestring.device import DeviceInfo, busy_note, select_device
 from shoestring.train.objectives import Objective, objective_for
 from shoestring.train.optim import build_optimizers
 from shoestring.rundir import RunDir, model_meta
 from shoestring.train.metrics import MetricsLog
 from shoestring.train.schedule import batch_at, lr_factor
 from shoestring.train import compile_costs, speed as speed_choices
+from shoestring.train.summary import run_summary
 from shoestring.train.state import TrainState, check_state, checkpoint_state, resume_state
 from shoestring.train.window import Window
 
@@ -680,7 +678,7 @@ def _finish(r: _Run, s: TrainState, console: Console) -> dict:
         r.run.clear_evaluations()  # they scored the final/ this one replaces
     save_seconds = time.perf_counter() - save_start
     r.close_metrics()
-    summary = _summary(r, s, train_seconds, save_seconds, val_loss)
+    summary = run_summary(r, s, train_seconds, save_seconds, val_loss)
     if parallel.is_main:
         r.run.write_summary(summary)
         if not r.resumed:  # what compiling cost and bought here, for the next `auto`
@@ -690,122 +688,3 @@ def _finish(r: _Run, s: TrainState, console: Console) -> dict:
                 r.speed.compile, s.tokens, train_seconds, r.first_step_tokens, r.first_step_s)
     parallel.barrier()
     return summary
-
-
-def _summary(r: _Run, s: TrainState, train_seconds: float, save_seconds: float,
-             val_loss: float | None) -> dict:
-    """summary.json: what was trained, how fast, and how well (docs/training.md)."""
-    dev, parallel = r.dev, r.parallel
-    tps = s.tokens / max(train_seconds, 1e-9)
-    return {
-        "data_dir": str(r.data.path.resolve()),
-        "objective": r.cfg.model.objective,
-        "steps": s.step,
-        "tokens": s.tokens,
-        "skipped_steps": s.skipped,
-        "train_seconds": round(train_seconds, 3),
-        "save_seconds": round(save_seconds, 3),
-        "tokens_per_s": tps,
-        "tokens_per_s_per_device": tps / parallel.world,
-        "flops_per_token": r.flops_per_token,
-        "total_flops": r.flops_per_token * s.tokens,
-        "mfu": r.window.mfu(tps),
-        # per device: its share of the work over its own peak
-        "mfu_per_device": [tps * r.flops_per_token / parallel.world / pk for pk in r.peaks],
-        "mfu_note": peak_note(r.window.mfu(tps), r.window.job_peak),  # why, when above 1
-        "peak_flops": dev.peak_flops,
-        "mfu_datasheet": r.window.mfu_datasheet(tps),
-        "datasheet_peak_flops": dev.datasheet_flops,
-        "datasheet_device": dev.datasheet_name,
-        "device": dev.name,
-        "dtype": str(dev.dtype).removeprefix("torch."),
-        "layout": parallel.layout.describe(),
-        "attention": r.speed.attention,
-        "compiled": r.speed.compile,
-        "speed_choices": r.speed.why,  # why this kernel, why (not) compiled
-        "cpu_load": None if r.load_start is None else {  # a wall-clock run on a shared CPU
-            "start": round(r.load_start, 2), "end": round(os.getloadavg()[0], 2),
-            "cores": os.cpu_count() or 1},
-        "first_step_s": round(r.first_step_s, 3),
-        "world_size": parallel.world,
-        "micro_batch": r.micro,
-        "params": r.n_params[0],
-        "params_non_embedding": r.n_params[1],
-        "memory_measured": r.memory,
-        "first_loss": s.first_loss,
-        "final_train_loss": s.tail_loss(),
-        "val_loss_subset": val_loss,
-        "budget": r.budget.describe(),
-        "resumed": r.resumed,
-        "versions": {
-            "shoestring": __version__,
-            "torch": torch.__version__,
-            "python": sys.version.split()[0],
-            "platform": platform.platform(),
-        },
-    }
-
-
-@dataclass(frozen=True)
-class StepTiming:
-    """What `time_steps` measured: the trainer's own step, on this machine."""
-
-    steps: int  # timed steps (after the warm-up ones)
-    seconds: float
-    tokens_per_s: float
-    flops_per_token: float
-    peak_flops: float  # the device's measured peak, the one `train` quotes MFU against
-    mfu: float  # against that peak
-    micro_batch: int
-    speed: str  # the attention kernel and compile choices, as the run log prints them
-
-
-def time_steps(cfg: Config, vocab: int, seq_len: int, *, seconds: float = 3.0,
-               warmup: int = 2, min_steps: int = 3,
-               special_ids: dict[str, int] | None = None) -> StepTiming:
-    """Time `train_step` — the step `train` runs, built by the same `_build` (device and
-    precision choice, model, layout, optimizers, attention kernel, compile choice, loss
-    scaler) — for ``cfg`` in this process, on random token ids held in memory (a step's speed
-    does not depend on which ids; the loader's wait, which `train` reports as ``data_wait``,
-    is left out). The batch is ``cfg.train.batch_size`` with its micro-batches; warm-up steps
-    (and a compilation, if ``cfg.train.compile`` asks for one) are not timed. Nothing is
-    written and the caller's RNG streams are untouched."""
-    tc = cfg.train
-    layout = layout_from_config(cfg.parallel, 1)
-    parallel = Parallelism.start(cfg, layout, vocab)
-    try:
-        with torch.random.fork_rng(devices=[]):
-            b = _build(cfg, vocab, seq_len, special_ids or {}, parallel, None, None)
-            gen = torch.Generator().manual_seed(tc.seed)
-            rows = [torch.randint(8, vocab, (parallel.dp * b.micro, seq_len), generator=gen)
-                    for _ in range(2)]
-            r = _Run(**vars(b), cfg=cfg, data=None, run=None, parallel=parallel, gen=gen,
-                     loader=itertools.cycle(rows), val_batch=None, interval=None, metrics=None,
-                     window=Window(b.flops_per_token, sum(b.peaks), None), last_ckpt=None,
-                     resumed=False)
-            return _time(r, tc.batch_size, tc.lr * lr_factor(tc, 0.0), seconds, warmup,
-                         min_steps)
-    finally:
-        parallel.close()
-
-
-def _time(r: _Run, bsz: int, lr: float, seconds: float, warmup: int,
-          min_steps: int) -> StepTiming:
-    """Run ``warmup`` untimed steps, then steps until ``min_steps`` and ``seconds`` are both
-    reached; the device is synchronized before the clock starts and before it stops."""
-    s = TrainState()
-    parallel = r.parallel
-    parallel.train_mode(True)
-    sync = torch.cuda.synchronize if r.dev.device.type == "cuda" else (lambda: None)
-    for _ in range(warmup):
-        train_step(r, s, bsz, lr)
-    sync()
-    start, steps, tokens = time.perf_counter(), 0, s.tokens
-    while steps < min_steps or time.perf_counter() - start < seconds:
-        train_step(r, s, bsz, lr)
-        steps += 1
-    sync()
-    elapsed = time.perf_counter() - start
-    tps = (s.tokens - tokens) / elapsed  # a skipped (non-finite) step trains no tokens
-    return StepTiming(steps, elapsed, tps, r.flops_per_token, r.dev.peak_flops,
-                      r.window.mfu(tps), r.micro, r.speed.describe())
