@@ -146,7 +146,7 @@ def dp(a: argparse.Namespace, work: Path) -> None:
     from shoestring.config import Config, DataConfig, ModelConfig, TrainConfig
     from shoestring.data.prep import prep
     from shoestring.eval.downstream import evaluate_downstream
-    from shoestring.eval.private import PrivateTraining
+    from shoestring.privacy.dp_sgd import PrivateTraining
     from shoestring.train.loop import train
 
     bench = _header("dp", a)

@@ -18,7 +18,7 @@ from test_finetune import synthetic, tiny  # noqa: F401  (the module fixture)
 from shoestring.errors import ShoestringError
 from shoestring.eval.classifier import SequenceClassifier
 from shoestring.eval.finetune import Protocol, run_task
-from shoestring.eval.private import PrivateTraining
+from shoestring.privacy.dp_sgd import PrivateTraining
 from shoestring.eval.tasks import TaskData, TaskSpec
 
 
@@ -53,7 +53,7 @@ def test_per_example_gradients_match_autograd(tiny) -> None:  # noqa: F811
     """Opacus' hooks (with our bias-free LayerNorm sampler) give each example's own gradient."""
     from opacus import GradSampleModule
 
-    from shoestring.eval.private import _register_samplers
+    from shoestring.privacy.dp_sgd import _register_samplers
 
     base, _, _, _ = tiny
     torch.manual_seed(0)

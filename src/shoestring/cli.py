@@ -482,7 +482,7 @@ def eval_(
     privacy = None
     if dp_epsilon is not None or dp_delta is not None or any(
             s.startswith("eval.dp_") for s in sets or []):
-        from shoestring.eval.private import PrivateTraining
+        from shoestring.privacy.dp_sgd import PrivateTraining
 
         privacy = PrivateTraining.from_options(None, sets, dp_epsilon, dp_delta)
         if privacy is None:

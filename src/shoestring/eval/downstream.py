@@ -26,7 +26,7 @@ from rich.console import Console
 from shoestring.errors import ShoestringError
 from shoestring.eval.control import compare_arms, seeds_for
 from shoestring.eval.finetune import PROTOCOLS, SWEEP_GRID, run_task
-from shoestring.eval.private import PrivateTraining
+from shoestring.privacy.dp_sgd import PrivateTraining
 from shoestring.eval.glue import GLUE_TASKS, load_glue_task, parse_task_list
 from shoestring.eval.report import (
     REFERENCES,
@@ -162,7 +162,7 @@ def evaluate_downstream(
     ``seeds`` None picks per task by the rule in eval/control.py (5 for small dev sets, else
     3). ``control="scratch"`` also fine-tunes the same architecture from random
     initialization with the same seeds (and the same DP-SGD, if any) and reports the paired
-    difference; "none" skips it. ``privacy``: fine-tune with DP-SGD (eval/private.py);
+    difference; "none" skips it. ``privacy``: fine-tune with DP-SGD (privacy/dp_sgd.py);
     settings it cannot honour for a task are refused before anything is written. ``resume``:
     keep the tasks an interrupted evaluation in ``out`` finished (``finished_tasks``)."""
     from shoestring.data.tokenizer import load_tokenizer

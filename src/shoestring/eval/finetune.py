@@ -34,7 +34,7 @@ from rich.console import Console
 from shoestring.errors import ShoestringError
 from shoestring.eval.classifier import SequenceClassifier, collate, save_classifier
 from shoestring.eval.metrics import compute_metrics, main_score
-from shoestring.eval.private import PrivateTraining
+from shoestring.privacy.dp_sgd import PrivateTraining
 from shoestring.eval.tasks import Example, TaskData
 from shoestring.progress import progress_bar
 from shoestring.device import DeviceInfo, select_device
@@ -137,7 +137,7 @@ def finetune(
 ) -> dict[str, Any]:
     """Train ``model`` in place; returns steps, seconds, examples/s and the final loss.
 
-    ``privacy``: DP-SGD (eval/private.py) — it wraps the model and optimizer and draws the
+    ``privacy``: DP-SGD (privacy/dp_sgd.py) — it wraps the model and optimizer and draws the
     batches; the result gains a ``privacy`` record (ε spent)."""
     if len(seqs) == 0:
         raise ShoestringError("the task has no training examples")

@@ -1,5 +1,4 @@
-"""Training-data privacy: the memorization audit (`shoestring audit`); see docs/privacy.md.
-
-Canaries are planted by ``data/canaries.py`` (prep), substring dedup is a curation block
-(``data/curate/substring.py``) and DP-SGD fine-tuning lives in ``eval/private.py``.
+"""Training-data privacy (docs/privacy.md): the memorization audit (`shoestring audit`) and
+DP-SGD fine-tuning (``dp_sgd.py``, which `eval` and `finetune` call). Canaries are planted by
+prep (``data/canaries.py``); substring dedup is a curation block (``data/curate/substring.py``).
 """
