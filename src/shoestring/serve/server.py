@@ -202,8 +202,8 @@ def load_router(models: list[str], settings: ServeSettings,
 
 
 # The cyclic garbage collector's thresholds while serving (`tune_gc`): a collection after
-# every 10,000 net allocations of container objects instead of Python's 700.
-GC_THRESHOLDS = (10_000, 20, 10)
+# every 100,000 net allocations of container objects instead of Python's 700.
+GC_THRESHOLDS = (100_000, 20, 10)
 
 
 def tune_gc() -> None:
@@ -216,8 +216,9 @@ def tune_gc() -> None:
     a fifth of the event loop's CPU per `/v1/embed` request in bench/serve_cpu.py. Here,
     once the models are loaded, what is alive is moved out of the collector's sight for good
     (``gc.freeze``: the models, modules and app are never garbage) and the youngest
-    generation is collected after `GC_THRESHOLDS`' 10,000 allocations: a request's garbage
-    is still freed at once by reference counting; only cycles wait a little longer. Called
+    generation is collected after `GC_THRESHOLDS`' 100,000 allocations (some hundreds of
+    requests; 10,000 left a measurable share): a request's garbage is still freed at once by
+    reference counting, only reference cycles wait for the next collection. Called
     by the CLI's server processes only (`serve`, each ``--workers`` replica), not by
     `ServerThread`, whose process is someone else's."""
     gc.collect()
