@@ -247,7 +247,8 @@ def test_raw_keep_alive_answers_and_a_head_request(server: ServerThread) -> None
         assert status == 200 and reader.read(int(headers["content-length"]))
 
 
-def test_the_cli_server_tunes_the_garbage_collector_once_loaded(monkeypatch) -> None:
+def test_the_cli_server_tunes_the_garbage_collector_once_loaded(server: ServerThread,
+                                                                 monkeypatch) -> None:
     """`serve` freezes what it loaded and raises the collector's first threshold before it
     starts answering; `ServerThread` leaves its host process's collector alone."""
     import gc
@@ -267,6 +268,7 @@ def test_the_cli_server_tunes_the_garbage_collector_once_loaded(monkeypatch) -> 
     monkeypatch.setattr(srv, "bind", lambda host, port: socket.socket())
     monkeypatch.setattr(srv, "build_server", lambda router, settings, announce: Fake())
     before = gc.get_threshold()
+    assert before != srv.GC_THRESHOLDS  # this module's ServerThread left it as it was
     try:
         srv.serve("unused", ServeSettings(), announce=lambda line: None)
     finally:
