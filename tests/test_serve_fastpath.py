@@ -245,3 +245,34 @@ def test_raw_keep_alive_answers_and_a_head_request(server: ServerThread) -> None
         sock.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")  # the connection still works
         status, headers = answer()
         assert status == 200 and reader.read(int(headers["content-length"]))
+
+
+def test_the_cli_server_tunes_the_garbage_collector_once_loaded(server: ServerThread,
+                                                                 monkeypatch) -> None:
+    """`serve` freezes what it loaded and raises the collector's first threshold before it
+    starts answering; `ServerThread` leaves its host process's collector alone."""
+    import gc
+    import socket
+
+    from shoestring.serve import server as srv
+    from shoestring.serve.settings import ServeSettings
+
+    seen: dict[str, object] = {}
+
+    class Fake:
+        def run(self, sockets: list) -> None:
+            seen["threshold"], seen["frozen"] = gc.get_threshold(), gc.get_freeze_count()
+
+    monkeypatch.setattr(srv, "load_router", lambda models, settings: object())
+    monkeypatch.setattr(srv, "_describe", lambda router: "a model")
+    monkeypatch.setattr(srv, "bind", lambda host, port: socket.socket())
+    monkeypatch.setattr(srv, "build_server", lambda router, settings, announce: Fake())
+    before = gc.get_threshold()
+    assert before != srv.GC_THRESHOLDS  # this module's ServerThread left it as it was
+    try:
+        srv.serve("unused", ServeSettings(), announce=lambda line: None)
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
+    assert seen["threshold"] == srv.GC_THRESHOLDS != before
+    assert seen["frozen"] > 0
