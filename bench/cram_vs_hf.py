@@ -73,11 +73,12 @@ from shoestring.data.masking import fixed_masks, num_masked
 from shoestring.data.tokenizer import MASK, NUM_SPECIAL
 from shoestring.device import DeviceInfo, precision_name, select_device
 from shoestring.eval.mlm import evaluate_run
+from shoestring.families import MLM
 from shoestring.fsutil import write_json_atomic
 from shoestring.model import build_model
 from shoestring.model.flops import train_flops_per_token
 from shoestring.rundir import RunDir
-from shoestring.train.budget import parse_duration
+from shoestring.units import parse_budget
 from shoestring.train.loop import train
 from shoestring.train.objectives import objective_for
 from shoestring.train.optim import build_optimizer
@@ -219,7 +220,7 @@ def plain_loop(model: torch.nn.Module, recipe: Recipe, data: DataDir, cfg: Confi
 def modernbert_recipe(model: torch.nn.Module, data: DataDir, cfg: Config) -> Recipe:
     """Our recipe, verbatim, around transformers' model (labels → its sparse head)."""
     tc = cfg.train
-    objective = objective_for("mlm", data.seq_len, data.vocab_size, data.special_ids,
+    objective = objective_for(MLM, data.seq_len, data.vocab_size, data.special_ids,
                               tc.mask_rate, True)
     gen = torch.Generator().manual_seed(tc.seed)  # our loop's masking stream
 
@@ -316,7 +317,7 @@ def train_bert(cfg: Config, data: DataDir, width: int, lr: float, args: argparse
 def sweep_bert_lr(cfg: Config, data: DataDir, width: int, held: HeldOut, args: argparse.Namespace,
                   device_info: DeviceInfo) -> dict:
     """The docs user's LR sweep: short runs, lowest held-out loss at its own mask rate."""
-    seconds, t0, runs = parse_duration(args.sweep_budget), time.perf_counter(), []
+    seconds, t0, runs = parse_budget(args.sweep_budget).amount, time.perf_counter(), []
     for lr in (float(x) for x in args.bert_sweep.split(",")):
         model, info = train_bert(cfg, data, width, lr, args, seconds, device_info, f"sweep {lr:g}")
         score = held.score(hf_logits(model), args.bert_mask_rate, device_info,
@@ -373,7 +374,7 @@ def main() -> None:
     if args.hf_compile:
         order.insert(order.index("modernbert") + 1, "modernbert-compiled")
 
-    seconds = parse_duration(args.budget)
+    seconds = parse_budget(args.budget).amount
     # One precision for all: resolved once here, then pinned in our config.
     device_info = select_device(args.precision, measure_peak=False)
     precision = precision_name(device_info.dtype)

@@ -314,6 +314,7 @@ def run_peer(shape: Shape, data_dir: Path, dev: Device, args: argparse.Namespace
     import torch
 
     from peers import count_params, hf_llama, hf_modernbert, mlm_labels
+    from shoestring.families import MLM
     from shoestring.train.objectives import objective_for
     from shoestring.data.datadir import DataDir
     from shoestring.data.loader import BatchLoader
@@ -326,7 +327,7 @@ def run_peer(shape: Shape, data_dir: Path, dev: Device, args: argparse.Namespace
     if shape.objective == "mlm":
         model = hf_modernbert(cfg.model, data.vocab_size, data.seq_len, sparse=True,
                               ids=data.special_ids, attention=attention)
-        obj = objective_for("mlm", data.seq_len, data.vocab_size, data.special_ids,
+        obj = objective_for(MLM, data.seq_len, data.vocab_size, data.special_ids,
                             cfg.train.mask_rate, True)
         gen = torch.Generator().manual_seed(cfg.train.seed)
 
@@ -405,6 +406,7 @@ def ceiling(shape: Shape, data_dir: Path, dev: Device, seconds: float) -> float:
 
 def bench_shape(shape: Shape, dev: Device, args: argparse.Namespace) -> dict:
     from shoestring.data.datadir import DataDir
+    from shoestring.model.flops import mfu
 
     print(f"== {shape.name}: {shape.what}", file=sys.stderr, flush=True)
     clock = Phases()
@@ -417,9 +419,9 @@ def bench_shape(shape: Shape, dev: Device, args: argparse.Namespace) -> dict:
     achieved = ours["tokens_per_s"] * ours["flops_per_token"]
     peak = dev.datasheet[0]
     for side in (ours, peer):  # same architecture: the peer's FLOPs per token are ours
-        side["mfu_datasheet"] = side["tokens_per_s"] * ours["flops_per_token"] / peak \
+        side["mfu_datasheet"] = mfu(side["tokens_per_s"], ours["flops_per_token"], peak) \
             if peak else None
-        side["mfu_ceiling"] = side["tokens_per_s"] * ours["flops_per_token"] / top
+        side["mfu_ceiling"] = mfu(side["tokens_per_s"], ours["flops_per_token"], top)
     return {"shape": shape.what, "data": str(data), "vocab": dd.vocab_size,
             "vocab_asked": shape.vocab,
             "seq_len": dd.seq_len, "batch": shape.batch, "matmul_ceiling_flops": top,

@@ -145,7 +145,9 @@ def default_row(run: dict[str, Any], steady: dict[str, float], datasheet: float 
                 ) -> dict[str, Any]:
     """The default-path row: what it chose, its steady-state speed and MFU, and the target."""
     s = run["summary"]
-    mfu = steady["tokens_per_s"] * s["flops_per_token"] / datasheet if datasheet else None
+    from shoestring.model.flops import mfu as mfu_of
+
+    mfu = mfu_of(steady["tokens_per_s"], s["flops_per_token"], datasheet) if datasheet else None
     return {"command": run["command"], "chosen": chosen(s, run["config"]),
             "describe": run["describe"], "tokens_per_s": steady["tokens_per_s"],
             "tokens_per_s_whole_budget": s["tokens_per_s"], "windows": steady["windows"],
@@ -169,13 +171,14 @@ def heldout(data: DataDir, mask_rate: float, sequences: int, batch: int = 256
     batch, on the CPU, scored alike for both sides."""
     import torch
 
+    from shoestring.families import MLM
     from shoestring.train.objectives import objective_for
 
     val = data.split("val")
     n = min(len(val), sequences)
     if n == 0:
         raise RuntimeError(f"{data.path}: the val split is empty; nothing to score on")
-    obj = objective_for("mlm", data.seq_len, data.vocab_size, data.special_ids, mask_rate, True)
+    obj = objective_for(MLM, data.seq_len, data.vocab_size, data.special_ids, mask_rate, True)
     gen = torch.Generator().manual_seed(HELDOUT_SEED)
     return [obj.make_batch(torch.from_numpy(val.take(np.arange(i, min(i + batch, n)))), gen)
             for i in range(0, n, batch)]
@@ -251,6 +254,7 @@ def train_peer(cfg: Config, data: DataDir, dev: Any, seconds: float, lr: float,
 
     from peers import count_params, hf_modernbert, mlm_labels
     from shoestring.data.loader import BatchLoader
+    from shoestring.families import MLM
     from shoestring.train.objectives import objective_for
     from shoestring.train.optim import build_optimizer
     from shoestring.train.schedule import batch_at, lr_factor
@@ -262,7 +266,7 @@ def train_peer(cfg: Config, data: DataDir, dev: Any, seconds: float, lr: float,
     own_compile = getattr(model.config, "reference_compile", None)
     opt = build_optimizer(model, tc)
     micro = tc.micro_batch()
-    obj = objective_for("mlm", data.seq_len, data.vocab_size, data.special_ids, tc.mask_rate,
+    obj = objective_for(MLM, data.seq_len, data.vocab_size, data.special_ids, tc.mask_rate,
                         True)
     gen = torch.Generator().manual_seed(tc.seed)
     loader = BatchLoader(data.split("train"), micro, tc.seed, pin_memory=dev.kind == "cuda")

@@ -136,6 +136,7 @@ import torch
 torch.set_num_threads(1)
 from shoestring.data.datadir import DataDir
 from shoestring.data.loader import BatchLoader
+from shoestring import families
 from shoestring.train.objectives import objective_for
 
 data_path, rows, rank, world, seconds, profile, cold = sys.argv[1:8]
@@ -151,7 +152,8 @@ split = data.split("train")
 cuda = torch.cuda.is_available()
 loader = BatchLoader(split, rows * world, seed=0, rank=rank, world=world, prefetch=0,
                      pin_memory=cuda)
-objective = objective_for(data.objective, data.seq_len, data.vocab_size, data.special_ids)
+objective = objective_for(families.get(data.objective), data.seq_len, data.vocab_size,
+                          data.special_ids)
 gen = torch.Generator().manual_seed(0)
 
 def one():

@@ -45,10 +45,10 @@ def losses(data_dir: str, sets: list[str], wrap: str, dtype: torch.dtype) -> lis
         layout = make_layout("dp=1", zero=3 if wrap == "fsdp2" else 0)
         mesh = init_device_mesh(DEVICE, (1,), mesh_dim_names=("dp",))
         meshes = Meshes(world=mesh, layout=layout, pp=None, dp=mesh, fsdp=mesh, tp=None)
-        run = parallelize(model, meshes, layout, fused_params(model), kind=cfg.model.objective)
+        run = parallelize(model, meshes, layout, fused_params(model), family=cfg.model.family)
         assert (type(run).__name__ == "DistributedDataParallel") == (wrap == "ddp"), type(run)
     opt = build_optimizer(model, cfg.train)  # DDP: the same parameters; FSDP2: in place
-    obj = objective_for(cfg.model.objective, data.seq_len, data.vocab_size, data.special_ids,
+    obj = objective_for(cfg.model.family, data.seq_len, data.vocab_size, data.special_ids,
                         cfg.train.mask_rate, cfg.model.sparse_prediction)
     loader = BatchLoader(data.split("train", verify=False), cfg.train.batch_size,
                          cfg.train.seed, prefetch=0)

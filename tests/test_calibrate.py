@@ -20,6 +20,7 @@ from shoestring.plan import prediction as P
 from shoestring.plan.calibrate import CalibrationSpec, calibrated_plan, calibration_points
 from shoestring.plan.laws import Law
 from shoestring.plan.planner import PlanRequest, make_plan
+from shoestring.units import parse_budget
 
 TRUTH = Law("truth", E=1.9, A=400.0, B=1500.0, alpha=0.33, beta=0.37)
 
@@ -412,9 +413,9 @@ def test_cram_auto_trains_a_wall_clock_budget_to_its_deadline() -> None:
                      "model": {"flops_per_token": 3e6}},
             "data": {"seq_len": 128}}
     cfg = Config().model_copy(update={"train": Config().train.model_copy(
-        update={"budget": "3e14flops"})})
+        update={"budget": parse_budget("3e14flops")})})
     timed, left = _to_deadline(cfg, tree, 100.0, quiet)
-    assert timed.train.budget == f"{left:.3f}s"
+    assert timed.train.budget.text == f"{left:.3f}s"
     reserve = 1200 - 100 - left
     assert timed.train.steps is None and 0 < reserve < 100
     # the reserve is the forward passes of validation and evaluation at the plan's rate
@@ -441,7 +442,7 @@ def test_a_deadline_already_past_ends_training_after_one_step(pydocs_dir: Path,
 
     quiet = Console(quiet=True)
     cfg = _cram_config().model_copy(update={"train": _cram_config().train.model_copy(
-        update={"budget": "10m"})})
+        update={"budget": parse_budget("10m")})})
     summary = train(cfg, pydocs_dir, tmp_path / "timed", console=quiet,
                     deadline=time.perf_counter())
     assert summary["steps"] == 1

@@ -11,7 +11,7 @@ from shoestring.errors import ShoestringError
 def test_defaults_are_the_cramming_recipe() -> None:
     cfg = Config()
     assert cfg.train.mask_rate == 0.40 and cfg.train.lr == 2e-3 and cfg.train.lr_peak_at == 0.75
-    assert cfg.data.seq_len == 128 and cfg.train.budget == "3m"
+    assert cfg.data.seq_len == 128 and cfg.train.budget.text == "3m"
 
 
 def test_yaml_then_overrides(tmp_path: Path) -> None:
@@ -56,6 +56,39 @@ def test_bad_value_names_field_and_allowed_values() -> None:
     assert "train.precision" in msg and "'bf16'" in msg and "fp8" in msg
     assert "train.lr" in _message("train.lr=-1")
     assert "budget '5x' is not a duration" in _message("train.budget=5x")
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("train.budget", "5x"), ("train.budget", "0.1steps"), ("train.checkpoint_every", "200%"),
+    ("train.checkpoint_every", "3e15flops")])
+def test_a_bad_budget_or_interval_names_its_field_and_value(key: str, value: str) -> None:
+    msg = _message(f"{key}={value}")
+    assert f"--set: {key}: " in msg and f"(got '{value}')" in msg
+
+
+def test_budget_and_interval_are_parsed_once_and_written_back_as_given(tmp_path: Path) -> None:
+    """The config holds the parsed budget and checkpoint interval; its file keeps the text."""
+    from shoestring.units import PF_DAY
+
+    cfg = load_config(None, ["train.budget=2pf-days", "train.checkpoint_every=500steps"])
+    b, every = cfg.train.budget, cfg.train.checkpoint_every
+    assert (b.kind, b.amount) == ("flops", pytest.approx(2 * PF_DAY))
+    assert (every.kind, every.amount) == ("steps", 500)
+    default = Config().train.checkpoint_every
+    assert (default.kind, default.amount) == ("fraction", 0.1)
+    f = tmp_path / "config.yaml"
+    f.write_text(cfg.to_yaml())
+    assert "budget: 2pf-days" in f.read_text() and "checkpoint_every: 500steps" in f.read_text()
+    again = load_config(f)
+    assert again == cfg and again.to_yaml() == cfg.to_yaml()
+
+
+def test_the_family_is_resolved_by_the_config_and_recorded_by_name() -> None:
+    from shoestring import families
+
+    cfg = load_config(None, ["model.objective=clm", "data.objective=clm"])
+    assert cfg.model.family is families.get("clm") and cfg.data.family.causal
+    assert cfg.model_dump(mode="json")["model"]["objective"] == "clm"
 
 
 def test_heads_must_divide_hidden() -> None:

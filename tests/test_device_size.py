@@ -39,7 +39,7 @@ def test_an_h100_with_no_size_trains_the_plan_for_its_budget(pydocs_dir: Path) -
     assert "NVIDIA H100" in s.why and "35% MFU (given)" in s.why and "batch" in s.why
     sized = s.apply(cfg)
     assert sized.model.hidden_size == plan["model"]["hidden_size"] and sized.model.preset is None
-    assert sized.train.budget == "1h"  # the user's wall clock stays; only sizes change
+    assert sized.train.budget.text == "1h"  # the user's wall clock stays; only sizes change
     # a slower measured rate buys less compute: a batch no larger, a peak LR no lower
     slow = size_for_device(cfg, pydocs_dir, hardware="h100", mfu=0.05)
     assert slow.chosen["train.batch_size"] < s.chosen["train.batch_size"]

@@ -181,17 +181,17 @@ def test_param_count_matches_the_real_model(over: dict) -> None:
 
 def test_memory_falls_with_zero_stage_tp_and_checkpointing() -> None:
     cfg = ModelConfig(hidden_size=1024, num_layers=24, num_heads=16, intermediate_size=2816)
-    m = {z: memory_per_rank(cfg, 32768, 512, 8, "dp=8", zero=z) for z in (0, 1, 2, 3)}
+    m = {z: memory_per_rank(cfg, 32768, 512, 8, make_layout("dp=8", zero=z)) for z in (0, 1, 2, 3)}
     assert m[0]["optimizer"] == 8 * m[0]["params_per_rank"]
     assert m[1]["optimizer"] == m[0]["optimizer"] // 8 and m[1]["grads"] == m[0]["grads"]
     assert m[2]["grads"] == m[0]["grads"] // 8 and m[3]["params"] == m[0]["params"] // 8
     assert m[3]["params_transient"] < m[2]["params_transient"]
     totals = [m[z]["total"] for z in (0, 1, 2, 3)]
     assert totals == sorted(totals, reverse=True)
-    acts = [memory_per_rank(cfg, 32768, 512, 8, ac=a)["activations"]
+    acts = [memory_per_rank(cfg, 32768, 512, 8, make_layout(ac=a))["activations"]
             for a in ("none", "selective", "full")]
     assert acts == sorted(acts, reverse=True)
-    tp = memory_per_rank(cfg, 32768, 512, 8, "tp=4")
+    tp = memory_per_rank(cfg, 32768, 512, 8, make_layout("tp=4"))
     assert tp["activations"] < acts[0] / 3.5
     gpipe = memory_per_rank(cfg, 32768, 512, 1, make_layout("pp=4", pp_schedule="gpipe",
                                                             microbatches=16))

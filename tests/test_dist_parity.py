@@ -74,7 +74,7 @@ def plain_pytorch_losses(data_dir: Path, sets: list[str]) -> list[float]:
     opt = build_optimizer(model, cfg.train)
     loader = BatchLoader(data.split("train", verify=False), cfg.train.batch_size,
                          cfg.train.seed, prefetch=0)
-    obj = objective_for(cfg.model.objective, data.seq_len, data.vocab_size, data.special_ids,
+    obj = objective_for(cfg.model.family, data.seq_len, data.vocab_size, data.special_ids,
                         cfg.train.mask_rate, cfg.model.sparse_prediction)
     gen = torch.Generator().manual_seed(cfg.train.seed)
     out = []

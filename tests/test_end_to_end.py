@@ -180,7 +180,7 @@ def test_cli_budget_replaces_steps_from_a_config_file(tmp_path: Path) -> None:
     f = tmp_path / "c.yaml"
     f.write_text("train:\n  steps: 2\n  budget: null\n")
     assert load_config(f, _budget_overrides("10m", None)).train.steps is None
-    assert load_config(f, _budget_overrides("10m", None)).train.budget == "10m"
+    assert load_config(f, _budget_overrides("10m", None)).train.budget.text == "10m"
     assert load_config(f, _budget_overrides(None, 7)).train.steps == 7
 
 

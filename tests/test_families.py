@@ -58,7 +58,7 @@ def test_family_builds_trains_and_counts_its_flops(name: str) -> None:
     cfg = _cfg(name)
     torch.manual_seed(0)
     model = build_model(cfg, VOCAB)
-    obj = objective_for(name, SEQ, VOCAB, SPECIAL, 0.25, cfg.sparse_prediction)
+    obj = objective_for(families.get(name), SEQ, VOCAB, SPECIAL, 0.25, cfg.sparse_prediction)
     assert obj.spec is families.get(name) and obj.mask_id == 4
     ids = torch.randint(5, VOCAB, (3, SEQ), generator=torch.Generator().manual_seed(1))
     batch = obj.make_batch(ids, torch.Generator().manual_seed(2))

@@ -172,7 +172,7 @@ def test_every_command_reads_every_budget_string(text: str, kind: str, amount: f
 
     spec = parse_budget(text)
     assert (spec.kind, spec.amount) == (kind, pytest.approx(amount))
-    assert Config.model_validate({"train": {"budget": text}}).train.budget == text
+    assert Config.model_validate({"train": {"budget": text}}).train.budget.text == text
     plan = make_plan(PlanRequest(hardware="h100", devices=1, budget=text, objective="mlm"))
     budget = plan["plan"]["budget"]
     if kind == "flops":
@@ -256,6 +256,24 @@ def test_layout_escalates_when_memory_runs_out() -> None:
     assert big.fits and (big.zero == 3 or big.tp > 1)
     assert big.micro_batch * big.grad_accum * big.dp == 512
     assert not plan(llama70, devices=1, devices_per_node=1).fits
+
+
+def test_the_planned_layout_reaches_the_memory_model_as_a_layout() -> None:
+    """The planner prices each candidate as the `Layout` the trainer would run: its figure is
+    the memory model's for that object."""
+    from shoestring.dist.layout import make_layout
+    from shoestring.dist.memory import memory_per_rank
+    from shoestring.plan.placement import GB
+
+    cfg = ModelConfig(objective="clm", hidden_size=8192, num_layers=80, num_heads=64,
+                      num_kv_heads=8, intermediate_size=28672)
+    got = layout_for(cfg, vocab=32768, seq_len=2048, global_batch=512, devices=64,
+                     devices_per_node=8, memory_gb=80)
+    layout = make_layout({"dp": got.dp, "tp": got.tp, "pp": got.pp}, zero=got.zero,
+                         ac="full" if got.checkpointing else "none")
+    est = memory_per_rank(cfg, 32768, 2048, got.micro_batch, layout)
+    parts = ("params", "params_transient", "grads", "optimizer", "activations")
+    assert got.memory_gb == pytest.approx(sum(est[k] for k in parts) / GB, abs=1e-3)
 
 
 def test_impossible_requests() -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from shoestring.errors import ShoestringError
-from shoestring.train.budget import Budget, parse_duration
+from shoestring.train.budget import Budget, parse_budget
 from shoestring.train.schedule import one_cycle
 
 
@@ -27,13 +27,14 @@ def test_one_cycle_edges() -> None:
 
 @pytest.mark.parametrize("text,seconds", [("90s", 90), ("5m", 300), ("2h", 7200), ("1.5d", 129600), (" 3 m ", 180)])
 def test_parse_duration(text: str, seconds: float) -> None:
-    assert parse_duration(text) == seconds
+    spec = parse_budget(text)
+    assert (spec.kind, spec.amount) == ("seconds", seconds)
 
 
 @pytest.mark.parametrize("text", ["5x", "5", "", "m", "-3m", "0s", "1e3s"])
 def test_parse_duration_rejects(text: str) -> None:
-    with pytest.raises(ShoestringError, match="not a duration"):
-        parse_duration(text)
+    with pytest.raises(ShoestringError, match=f"budget '{text}' is (not a duration|out of range)"):
+        parse_budget(text)
 
 
 def test_step_budget_progress() -> None:

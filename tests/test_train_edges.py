@@ -109,7 +109,7 @@ def test_a_resumed_run_drops_the_evaluations_of_the_model_it_replaces(pydocs_dir
 def test_every_run_checkpoints_every_tenth_of_its_budget_by_default(pydocs_dir: Path,
                                                                     tmp_path: Path) -> None:
     cfg = tiny_config(steps=20, keep_checkpoints=20)
-    assert cfg.train.checkpoint_every == "10%"
+    assert cfg.train.checkpoint_every.text == "10%"
     train(cfg, pydocs_dir, tmp_path / "run")
     steps = [int(p.name.removeprefix("step_")) for p in list_checkpoints(tmp_path / "run")]
     assert steps == list(range(2, 21, 2))

@@ -125,7 +125,7 @@ def _parallel_overrides(text: str | None) -> list[str]:
 
 
 def _budget_overrides(budget: str | None, steps: int | None) -> list[str]:
-    from shoestring.train.budget import parse_budget
+    from shoestring.units import parse_budget
 
     extra = []
     if budget is not None and steps is not None:
@@ -133,10 +133,7 @@ def _budget_overrides(budget: str | None, steps: int | None) -> list[str]:
             "--budget and --steps both say how long to train, and only one can apply",
             where="--steps", fix="pass one of them: --budget 500steps and --steps 500 are the same")
     if budget is not None:
-        try:
-            parse_budget(budget)
-        except ShoestringError as e:
-            raise ShoestringError(e.what, where="--budget", fix=e.fix) from None
+        parse_budget(budget, where="--budget")  # named for the flag, before the config's check
         extra += [f"train.budget={budget}", "train.steps=null"]
     if steps is not None:
         extra += [f"train.steps={steps}", "train.budget=null"]
@@ -903,8 +900,7 @@ def presets(
     for name, cfg in presets().items():
         with torch.device("meta"):  # exact counts without allocating the weights
             model = build_model(cfg, vocab)
-        fraction = families.get(cfg.objective).model_head_fraction(cfg, seq_len,
-                                                                   families.DEFAULT_MASK_RATE)
+        fraction = cfg.family.model_head_fraction(cfg, seq_len, families.DEFAULT_MASK_RATE)
         flops = train_flops_per_token(cfg, vocab, seq_len, fraction)
         heads = f"{cfg.num_heads}" + (f"/{cfg.kv_heads}" if cfg.kv_heads != cfg.num_heads else "")
         t.add_row(name, cfg.objective, f"{cfg.num_layers}×{cfg.hidden_size}", heads,

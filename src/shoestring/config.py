@@ -18,8 +18,11 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PlainSerializer,
+    PlainValidator,
     ValidationError,
     ValidationInfo,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
@@ -27,7 +30,30 @@ from pydantic import (
 from shoestring import families
 from shoestring.errors import ShoestringError
 from shoestring.fsutil import read_yaml
-from shoestring.units import parse_budget
+from shoestring.units import BudgetSpec, parse_budget, parse_interval
+
+
+def _parsed(parse: Any) -> Any:
+    """A field that holds the parsed value of its text (``parse``: text → `BudgetSpec`),
+    validated here, at the border, and written back as the text the user gave."""
+
+    def validate(value: Any) -> BudgetSpec | None:
+        if value is None or isinstance(value, BudgetSpec):
+            return value
+        if not isinstance(value, str):
+            raise ValueError("Input should be a valid string")
+        try:
+            return parse(value)
+        except ShoestringError as e:
+            raise ValueError(f"{e.what}; {e.fix}") from None
+
+    return Annotated[BudgetSpec | None, PlainValidator(validate),
+                     PlainSerializer(lambda v: None if v is None else v.text),
+                     WithJsonSchema({"type": ["string", "null"]})]
+
+
+_BudgetField = _parsed(parse_budget)  # train.budget: the one budget grammar (units.parse_budget)
+_IntervalField = _parsed(parse_interval)  # train.checkpoint_every: 10%, 30m or 500steps
 
 
 class _Section(BaseModel):
@@ -186,11 +212,14 @@ class DataConfig(_Section):
         return self
 
     @property
+    def family(self) -> families.FamilySpec:
+        """The spec of ``objective``, the family the data is prepared for."""
+        return families.get(self.objective, "data.objective")
+
+    @property
     def lowercase_resolved(self) -> bool:
         """`lowercase`, with the per-objective default filled in."""
-        if self.lowercase is None:
-            return families.get(self.objective, "data.objective").lowercase
-        return self.lowercase
+        return self.family.lowercase if self.lowercase is None else self.lowercase
 
 
 class ModelConfig(_Section):
@@ -258,7 +287,7 @@ class ModelConfig(_Section):
         if self.positions == "rotary" and (self.hidden_size // self.num_heads) % 2:
             raise ValueError("hidden_size / num_heads must be even (rotary embeddings)")
         if self.num_kv_heads is not None and self.num_kv_heads != self.num_heads:
-            if not families.get(self.objective).grouped_query:
+            if not self.family.grouped_query:
                 raise ValueError(
                     "num_kv_heads (grouped-query attention) is for decoders (objective "
                     f"{', '.join(f.name for f in families.all_families() if f.grouped_query)}); "
@@ -269,6 +298,12 @@ class ModelConfig(_Section):
                     f"num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads})"
                 )
         return self
+
+    @property
+    def family(self) -> families.FamilySpec:
+        """The spec of ``objective``: what every floor above asks instead of the name (the
+        name, validated above, is what a config file records)."""
+        return families.get(self.objective)
 
     @property
     def kv_heads(self) -> int:
@@ -294,9 +329,9 @@ MODEL_RECIPES: dict[str, dict[str, Any]] = {f.name: f.recipe for f in families.a
 class TrainConfig(_Section):
     """The pretraining loop: budget, batch, optimizer, schedule, masking, precision, checkpoints."""
 
-    budget: str | None = Field(
-        "3m", description="90s / 10m / 24h wall clock, 3e15flops, 20Mtok tokens or 500steps"
-    )
+    budget: _BudgetField = Field(
+        "3m", validate_default=True,
+        description="90s / 10m / 24h wall clock, 3e15flops, 20Mtok tokens or 500steps")
     steps: int | None = Field(None, ge=1, description="step budget (deterministic; with budget, first wins)")
     batch_size: int = Field(32, ge=1, description="sequences per optimizer step (the recipe's batch)")
     micro_batch_size: int | None = Field(
@@ -347,8 +382,9 @@ class TrainConfig(_Section):
         "budget (0 = only at the end)"
     )
     val_sequences: int = Field(128, ge=1, description="size of the periodic validation subset")
-    checkpoint_every: str | None = Field(
-        "10%", description="interval between checkpoints: a fraction of the budget (10%, "
+    checkpoint_every: _IntervalField = Field(
+        "10%", validate_default=True, description="interval between checkpoints: a fraction "
+        "of the budget (10%, "
         "capped at 30 minutes of wall clock, so every run is resumable), wall clock (30m) or "
         "steps (500steps); null = only at the end"
     )
@@ -361,37 +397,6 @@ class TrainConfig(_Section):
         None, description="start from these weights: a Hugging Face folder or a run dir"
     )
     threads: int | None = Field(None, ge=1, description="CPU threads (default: torch's choice)")
-
-    @field_validator("budget")
-    @classmethod
-    def _is_budget(cls, value: str | None) -> str | None:
-        if value is not None:
-            try:
-                parse_budget(value)
-            except ShoestringError as e:
-                raise ValueError(f"{e.what}; {e.fix}") from None
-        return value
-
-    @field_validator("checkpoint_every")
-    @classmethod
-    def _is_interval(cls, value: str | None) -> str | None:
-        if value is not None:
-            text = str(value).strip()
-            if text.endswith("%"):
-                try:
-                    ok = 0 < float(text[:-1]) <= 100
-                except ValueError:
-                    ok = False
-                if not ok:
-                    raise ValueError(f"'{value}' is not a fraction of the budget; use e.g. 10%")
-                return text
-            try:
-                kind = parse_budget(value).kind
-            except ShoestringError:
-                kind = ""
-            if kind not in ("seconds", "steps"):
-                raise ValueError(f"'{value}' is not an interval; use 10%, 30m, 2h or 500steps")
-        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:

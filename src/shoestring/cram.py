@@ -108,12 +108,11 @@ def _auto_config(cfg: Config, data_dir: Path, output: Path, spec: Any,
     from shoestring.config import read_plan_sections
     from shoestring.plan.calibrate import calibrated_plan
     from shoestring.plan.planner import PlanRequest, write_plan
-    from shoestring.units import parse_budget
 
     if cfg.train.budget is None:
         raise ShoestringError("--auto plans a FLOP or wall-clock budget, not a step count",
                               where="--steps", fix="pass --budget (e.g. 10m or 1e14flops)")
-    timed = parse_budget(cfg.train.budget).kind == "seconds"
+    timed = cfg.train.budget.kind == "seconds"
     req = PlanRequest(hardware="auto", budget=cfg.train.budget, data=str(data_dir),
                       measure=timed)
     tree = calibrated_plan(req, spec, root=output / "calibration", console=console,
@@ -134,7 +133,7 @@ def _to_deadline(cfg: Config, tree: dict[str, Any], spent_s: float,
     evaluation — estimated at the plan's FLOP rate for a forward pass (a third of a training
     step's FLOPs per token). A FLOP budget is kept as planned. Returns the config and the
     seconds left to train (None: no deadline), from which `train` is given its deadline."""
-    from shoestring.units import parse_budget
+    from shoestring.units import BudgetSpec, parse_budget
 
     meta = tree["plan"]
     budget = parse_budget(meta["budget"]["input"])
@@ -154,8 +153,10 @@ def _to_deadline(cfg: Config, tree: dict[str, Any], spent_s: float,
     console.print(f"the plan's run trains to the budget's deadline: {left:.0f} s (the budget's "
                   f"{budget.amount:.0f} s, less {spent_s:.0f} s spent and {reserve:.0f} s "
                   "kept for validation and evaluation)")
+    left_text = f"{left:.3f}"
+    deadline = BudgetSpec("seconds", float(left_text), f"{left_text}s")
     return cfg.model_copy(update={"train": cfg.train.model_copy(
-        update={"budget": f"{left:.3f}s", "steps": None})}), left
+        update={"budget": deadline, "steps": None})}), left
 
 
 def parse_eval_task(spec: str) -> tuple[str | None, list[str] | None, list[Any]]:

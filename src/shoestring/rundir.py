@@ -269,7 +269,7 @@ class RunDir:
 def model_meta(cfg: Config, vocab_size: int, seq_len: int, special_ids: dict[str, int]) -> dict:
     """``final/config.json``: what ``RunDir.load_final`` needs to rebuild the model."""
     return {
-        "architecture": families.get(cfg.model.objective).architecture,
+        "architecture": cfg.model.family.architecture,
         "model": cfg.model.model_dump(mode="json"),
         "vocab_size": vocab_size,
         "seq_len": seq_len,

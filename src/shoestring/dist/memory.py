@@ -30,59 +30,40 @@ model above and on GPU should be checked against ``torch.cuda.max_memory_allocat
 
 from __future__ import annotations
 
-from typing import Any
 
 from shoestring import families
-from shoestring.families import FamilySpec
-
-
-def _family(cfg: Any) -> FamilySpec:
-    """The family of a ModelConfig-like object (the masked LM when it names none)."""
-    return families.get(getattr(cfg, "objective", families.names()[0]))
+from shoestring.config import ModelConfig
+from shoestring.dist.layout import Layout
 
 _DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2}
 
 
-def _layout(layout: Any, zero: int | None, ac: str | None):  # noqa: ANN202
-    from dataclasses import replace
-
-    from shoestring.dist.layout import Layout, make_layout
-
-    if layout is None:
-        layout = Layout()
-    elif isinstance(layout, (str, dict)):
-        layout = make_layout(layout, zero=zero if zero is not None else 0,
-                             ac=ac if ac is not None else "none")
-    changes = {k: v for k, v in (("zero", zero), ("ac", ac)) if v is not None}
-    return replace(layout, **changes) if changes else layout
-
-
-def param_counts(cfg: Any, vocab_size: int) -> dict[str, int]:
+def param_counts(cfg: ModelConfig, vocab_size: int) -> dict[str, int]:
     """Parameter counts of the pieces of a `ModelConfig`'s model (matches the real model)."""
     H, I, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers
     hd = H // cfg.num_heads
-    kv = getattr(cfg, "num_kv_heads", None) or cfg.num_heads
-    bias = bool(getattr(cfg, "bias", False))
-    rms = getattr(cfg, "norm", "layernorm") == "rmsnorm"
+    kv = cfg.num_kv_heads or cfg.num_heads
+    bias = bool(cfg.bias)
+    rms = cfg.norm == "rmsnorm"
     norm = H if (rms or not bias) else 2 * H
-    gated = getattr(cfg, "ffn", "geglu") != "gelu"
+    gated = cfg.ffn != "gelu"
     qkv = (cfg.num_heads + 2 * kv) * hd
     attn = H * qkv + H * H + (qkv + H if bias else 0)
     mlp = H * (2 * I if gated else I) + I * H + ((2 * I if gated else I) + H if bias else 0)
-    pre = getattr(cfg, "norm_position", "pre") == "pre"
-    emb_norm = bool(getattr(cfg, "embedding_norm", True))
+    pre = cfg.norm_position == "pre"
+    emb_norm = bool(cfg.embedding_norm)
     first_attn_norm_skipped = pre and emb_norm
     block_norms = 2 * norm
     matmul_per_block = attn + mlp - ((qkv + H) if bias else 0) - (
         ((2 * I if gated else I) + H) if bias else 0)
-    tied = bool(getattr(cfg, "tie_embeddings", True))
+    tied = bool(cfg.tie_embeddings)
     head = 0
-    if _family(cfg).head_transform:  # the MLM head's dense + norm before the vocabulary
+    if cfg.family.head_transform:  # the MLM head's dense + norm before the vocabulary
         head = H * H + (H if bias else 0) + norm + (vocab_size if bias else 0)
-    positions = getattr(cfg, "positions", "rotary")
+    positions = cfg.positions
     return {
         "embedding": vocab_size * H,
-        "positions": getattr(cfg, "max_positions", 0) * H if positions == "learned" else 0,
+        "positions": cfg.max_positions * H if positions == "learned" else 0,
         "emb_norm": norm if emb_norm else 0,
         "block": attn + mlp + block_norms,
         "block_matmul": matmul_per_block,
@@ -94,21 +75,12 @@ def param_counts(cfg: Any, vocab_size: int) -> dict[str, int]:
     }
 
 
-def memory_per_rank(
-    model_cfg: Any,
-    vocab_size: int,
-    seq_len: int,
-    micro_batch: int,
-    layout: Any = None,
-    zero: int | None = None,
-    ac: str | None = None,
-    param_dtype: str = "bf16",
-) -> dict[str, int]:
-    """Bytes on the busiest rank (see module docstring). ``layout``: a `Layout`, a
-    ``"dp=..,tp=..,pp=.."`` string or None (one device); ``zero``/``ac`` override it;
+def memory_per_rank(model_cfg: ModelConfig, vocab_size: int, seq_len: int, micro_batch: int,
+                    layout: Layout | None = None, param_dtype: str = "bf16") -> dict[str, int]:
+    """Bytes on the busiest rank (see module docstring). ``layout``: None for one device;
     ``param_dtype``: the compute dtype (activations, FSDP's unsharded working copies);
     ``micro_batch``: sequences per forward (per microbatch under pipeline parallelism)."""
-    L_ = _layout(layout, zero, ac)
+    L_ = layout or Layout()
     c = param_counts(model_cfg, vocab_size)
     tp, pp, z = L_.tp, L_.pp, L_.zero
     H, I, T = model_cfg.hidden_size, model_cfg.intermediate_size, seq_len
@@ -118,7 +90,7 @@ def memory_per_rank(
     blocks_per_rank = -(-model_cfg.num_layers // stages) * L_.stages_per_rank
     block_norm = c["block"] - c["block_matmul"]
     block_local = c["block_matmul"] // tp + block_norm
-    pre = getattr(model_cfg, "norm_position", "pre") == "pre"
+    pre = model_cfg.norm_position == "pre"
     skipped = block_norm // 2 if pre and c["emb_norm"] else 0  # block 0 has no attention norm
     emb_local = c["embedding"] // tp + c["positions"] + c["emb_norm"] - skipped
     head_local = (c["final_norm"] + c["head"] + c["untied_output"] // tp
@@ -148,10 +120,10 @@ def memory_per_rank(
     elif z == 3 and shard > 1:
         transient = 2 * block_local * act_bytes
     # activations
-    kvh = getattr(model_cfg, "num_kv_heads", None) or model_cfg.num_heads
+    kvh = model_cfg.num_kv_heads or model_cfg.num_heads
     hd = H // model_cfg.num_heads
     qkv = (model_cfg.num_heads + 2 * kvh) * hd
-    gated = getattr(model_cfg, "ffn", "geglu") != "gelu"
+    gated = model_cfg.ffn != "gelu"
     attn_elems = T * (H + H + qkv + H)  # norm in, qkv in, q/k/v, sdpa out (= Wo in)
     mlp_elems = T * (2 * H + (4 * I if gated else 2 * I))
     per_layer = (attn_elems + mlp_elems) * act_bytes
@@ -169,8 +141,8 @@ def memory_per_rank(
     activations = per_layer * blocks_per_rank * in_flight * micro_batch
     if L_.ac == "full":  # one block recomputed with its full activations during backward
         activations += (attn_elems + mlp_elems) * act_bytes // tp * micro_batch
-    sparse = getattr(model_cfg, "sparse_prediction", True)
-    scored = round(_family(model_cfg).head_fraction(sparse, T, families.DEFAULT_MASK_RATE) * T)
+    sparse = model_cfg.sparse_prediction
+    scored = round(model_cfg.family.head_fraction(sparse, T, families.DEFAULT_MASK_RATE) * T)
     logits = micro_batch * scored * vocab_size * (act_bytes + 4) // tp
     activations += logits
     return {"params": weights, "params_transient": transient, "grads": grads, "optimizer": optim,
@@ -208,7 +180,8 @@ def available_bytes(device_type: str, local_rank: int = 0) -> int | None:
         return None
 
 
-def check_fits(model_cfg: Any, vocab_size: int, seq_len: int, micro_batch: int, layout: Any,
+def check_fits(model_cfg: ModelConfig, vocab_size: int, seq_len: int, micro_batch: int,
+               layout: Layout,
                precision: str, device_type: str, local_ranks: int = 1,
                headroom: float = 0.9) -> dict[str, int]:
     """Refuse, before any work, a run whose busiest rank needs more memory than this machine

@@ -35,7 +35,6 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from shoestring import families
 from shoestring.config import Config
 from shoestring.dist.layout import Layout, validate
 from shoestring.errors import ShoestringError
@@ -69,7 +68,7 @@ def check_layout(cfg: Config, layout: Layout, vocab_size: int, world_size: int,
             f"model.positions={m.positions} with tp > 1 is not supported (sequence "
             "parallelism shards the residual stream before absolute positions are added)",
             where="model.positions", fix="use rotary positions (the default) with tp > 1")
-    if layout.pp > 1 and families.get(m.objective).sparse_head and not m.sparse_prediction:
+    if layout.pp > 1 and m.family.sparse_head and not m.sparse_prediction:
         raise ShoestringError("pipeline parallelism runs the sparse MLM head only",
                               where="model.sparse_prediction", fix="set it to true (default)")
     if layout.pp > 1 and t.compile is True:
@@ -203,12 +202,12 @@ class Parallelism:
         explicit train.compile=true with pp > 1)."""
         from shoestring.dist.parallelize import fused_params, parallelize
 
-        kind, layout = cfg.model.objective, self.layout
+        family, layout = cfg.model.family, self.layout
         self.fused = fused_params(model)
         if layout.pp > 1:
             from shoestring.dist.pipeline import split_model
 
-            stages = split_model(model, layout, self.coord("pp"), layout.tp, kind)
+            stages = split_model(model, layout, self.coord("pp"), layout.tp, family)
         else:
             stages = [(0, model)]
         tied = getattr(model, "decoder", None) is None and getattr(model, "lm_head", None) is None
@@ -217,7 +216,7 @@ class Parallelism:
         for s, mod in stages:
             mod.to(self.device)
             if self.meshes is not None:
-                mod = parallelize(mod, self.meshes, layout, self.fused, kind=kind,
+                mod = parallelize(mod, self.meshes, layout, self.fused, family=family,
                                   last=s == layout.num_stages - 1,
                                   compiled=self._compiled_blocks)
             else:

@@ -35,7 +35,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from shoestring import families
+from shoestring.families import FamilySpec
 from shoestring.dist.layout import Layout
 from shoestring.dist.mesh import Meshes
 from shoestring.errors import ShoestringError
@@ -148,8 +148,8 @@ def _gather_hook(local: bool):  # noqa: ANN202
     return hook
 
 
-def apply_tp(model: nn.Module, tp_mesh, fused: dict[str, list[int]], *, kind: str,  # noqa: ANN001
-             last: bool = True) -> None:
+def apply_tp(model: nn.Module, tp_mesh, fused: dict[str, list[int]], *,  # noqa: ANN001
+             family: FamilySpec, last: bool = True) -> None:
     """Megatron-style tensor + sequence parallelism with DTensor, for the shared trunk
     (`shoestring.model.layers`) of the encoder and the decoder.
 
@@ -208,7 +208,7 @@ def apply_tp(model: nn.Module, tp_mesh, fused: dict[str, list[int]], *, kind: st
         target._shoestring_tp_mesh = tp_mesh
         # a head at selected positions gathers them from a plain tensor; a dense vocabulary
         # head keeps the Replicate DTensor that loss_parallel needs
-        target.register_forward_hook(_gather_hook(local=families.get(kind).sparse_head))
+        target.register_forward_hook(_gather_hook(local=family.sparse_head))
 
 
 def _has(model: nn.Module, name: str) -> bool:
@@ -302,11 +302,11 @@ def apply_ddp(model: nn.Module, meshes: Meshes) -> nn.Module:
 
 
 def parallelize(part: nn.Module, meshes: Meshes, layout: Layout, fused: dict[str, list[int]],
-                *, kind: str = "mlm", last: bool = True, compiled: bool = False) -> nn.Module:
+                *, family: FamilySpec, last: bool = True, compiled: bool = False) -> nn.Module:
     """TP → AC → compile each block (``compiled``) → FSDP/DDP on one model (or pipeline
     stage) module. Returns the module to run."""
     if meshes.tp is not None:
-        apply_tp(part, meshes.tp, fused, kind=kind, last=last)
+        apply_tp(part, meshes.tp, fused, family=family, last=last)
     apply_ac(part, layout.ac)
     if compiled:
         apply_compile(part)

@@ -20,7 +20,7 @@ import copy
 import torch
 from torch import Tensor, nn
 
-from shoestring import families
+from shoestring.families import FamilySpec
 from shoestring.dist.layout import Layout
 
 
@@ -44,11 +44,10 @@ class TrunkStage(nn.Module):
     """
 
     def __init__(self, model: nn.Module, layer_ids: list[int], first: bool, last: bool,
-                 kind: str, tp: int = 1) -> None:
+                 family: FamilySpec, tp: int = 1) -> None:
         super().__init__()
-        self.first, self.last, self.kind, self.tp = first, last, kind, tp
+        self.first, self.last, self.tp = first, last, tp
         self.rotary = model.rotary
-        family = families.get(kind)
         self.causal = family.causal
         self._head = getattr(type(model), family.head_method)
         if first:
@@ -92,13 +91,13 @@ class TrunkStage(nn.Module):
         return self._head(self, hidden)
 
 
-def split_model(model: nn.Module, layout: Layout, pp_rank: int, tp: int, kind: str
+def split_model(model: nn.Module, layout: Layout, pp_rank: int, tp: int, family: FamilySpec
                 ) -> list[tuple[int, nn.Module]]:
     """(stage index, stage module) for each stage this pipeline rank runs."""
     n = layout.num_stages
     L = len(model.layers)
     return [
-        (s, TrunkStage(model, stage_layers(L, n, s), first=s == 0, last=s == n - 1, kind=kind,
+        (s, TrunkStage(model, stage_layers(L, n, s), first=s == 0, last=s == n - 1, family=family,
                        tp=tp))
         for s in stages_of_rank(layout, pp_rank)
     ]

@@ -16,8 +16,8 @@ from shoestring.families.contrastive import CONTRASTIVE
 from shoestring.families.mlm import MLM
 from shoestring.families.spec import DEFAULT_MASK_RATE, FamilySpec
 
-__all__ = ["DEFAULT_MASK_RATE", "FamilySpec", "all_families", "by_architecture",
-           "by_hf_model_type", "get", "names", "preset_fields"]
+__all__ = ["CLM", "CONTRASTIVE", "DEFAULT_MASK_RATE", "MLM", "FamilySpec", "all_families",
+           "by_architecture", "by_hf_model_type", "get", "names", "preset_fields"]
 
 _REGISTRY: dict[str, FamilySpec] = {f.name: f for f in (MLM, CLM, CONTRASTIVE)}
 

@@ -10,7 +10,6 @@ from collections.abc import Callable
 
 from torch import nn
 
-from shoestring import families
 from shoestring.config import ModelConfig
 from shoestring.model.decoder import CausalLM
 from shoestring.model.encoder import MaskedLM
@@ -34,4 +33,4 @@ BUILDERS: dict[str, Callable[[ModelConfig, int], nn.Module]] = {
 def build_model(cfg: ModelConfig, vocab_size: int) -> nn.Module:
     """The model of the family ``cfg.objective`` names, freshly initialized from the global
     torch seed."""
-    return BUILDERS[families.get(cfg.objective).name](cfg, vocab_size)
+    return BUILDERS[cfg.family.name](cfg, vocab_size)

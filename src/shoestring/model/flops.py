@@ -8,7 +8,6 @@ familiar 6·N comes from.
 
 from __future__ import annotations
 
-from shoestring import families
 from shoestring.config import ModelConfig
 
 
@@ -27,8 +26,13 @@ def forward_flops_per_token(
     # QK^T and AV over all T keys (causal masking is not subtracted, the PaLM/Megatron
     # convention, and what SDPA's FLOP counter reports).
     attention = 4 * T * H
-    head = families.get(cfg.objective).head_matmul_params(H, V)
+    head = cfg.family.head_matmul_params(H, V)
     return L * (2 * block_matmul_params + attention) + head_fraction * 2 * head
+
+
+def mfu(tokens_per_s: float, flops_per_token: float, peak_flops: float) -> float:
+    """The one MFU formula: achieved FLOP/s (tokens/s × FLOPs per token) over ``peak_flops``."""
+    return tokens_per_s * flops_per_token / peak_flops
 
 
 def train_flops_per_token(

@@ -37,7 +37,7 @@ from shoestring.plan.fit import BootstrapFit, bootstrap_fit, point_width
 from shoestring.plan.laws import law_to_yaml
 from shoestring.plan.planner import PlanRequest, _data_info, make_plan
 from shoestring.plan.sweep import plan_points, read_points, run_sweep
-from shoestring.units import parse_budget, with_article
+from shoestring.units import BudgetSpec, with_article
 
 
 @dataclass(frozen=True)
@@ -319,7 +319,7 @@ def calibrated_plan(req: PlanRequest, spec: CalibrationSpec, calibrate_data: boo
     if req.data is None:
         raise ShoestringError("calibration and --history fit a law on your data",
                               where="--data", fix="pass the prepared data dir: --data DATA")
-    budget = parse_budget(req.budget)
+    budget = req.budget
     if budget.kind not in ("flops", "seconds"):
         raise ShoestringError(f"--calibrate needs a FLOP or wall-clock budget, not {budget.kind}",
                               where="--budget", fix="e.g. --budget 1e14flops or --budget 30m")
@@ -345,13 +345,13 @@ def calibrated_plan(req: PlanRequest, spec: CalibrationSpec, calibrate_data: boo
     rest = _remaining(req, base, cal, spent)
     tree = make_plan(rest, console, fitted=boot)
     meta = tree["plan"]
-    meta["budget"]["input"] = req.budget
+    meta["budget"]["input"] = str(req.budget)
     meta["budget"]["total_flops"] = total
     if cal is not None:
         meta["calibration"] = cal.to_dict()
         meta["calibration"]["law_file"] = str(cal.dir / "law.yaml")
         meta["calibration"]["spent_before_plan_s"] = round(spent, 1)
-        meta["notes"].insert(0, calibration_note(cal, base, spent))
+        meta["notes"].insert(0, calibration_note(cal, budget, spent))
     if history:
         meta["history"] = {"runs": [str(h) for h in history], "points": len(points)}
     for warning in (biased(boot), degenerate(boot)):  # after the calibration's cost
@@ -448,9 +448,10 @@ def _remaining(req: PlanRequest, base: dict[str, Any], cal: Calibration | None,
     b = base["plan"]["budget"]
     if cal is None:
         return req
-    if parse_budget(req.budget).kind == "flops":
-        return replace(req, budget=f"{b['flops'] - cal.flops:.6g}flops")
-    seconds = parse_budget(req.budget).amount - spent_s
+    if req.budget.kind == "flops":
+        left = f"{b['flops'] - cal.flops:.6g}"
+        return replace(req, budget=BudgetSpec("flops", float(left), f"{left}flops"))
+    seconds = req.budget.amount - spent_s
     if seconds <= 0:
         raise ShoestringError(
             f"{spent_s:.0f} s went before the plan's run (the calibration took "
@@ -459,15 +460,16 @@ def _remaining(req: PlanRequest, base: dict[str, Any], cal: Calibration | None,
     top = max(p["budget_flops"] for p in cal.points)
     mfus = sorted(p["mfu"] for p in cal.points if p["budget_flops"] == top and p.get("mfu"))
     mfu = req.mfu if req.mfu is not None else (mfus[len(mfus) // 2] if mfus else None)
-    return replace(req, budget=f"{seconds:.3f}s", mfu=mfu, measure=False if mfu else req.measure)
+    left = f"{seconds:.3f}"
+    return replace(req, budget=BudgetSpec("seconds", float(left), f"{left}s"), mfu=mfu,
+                   measure=False if mfu else req.measure)
 
 
-def calibration_note(cal: Calibration, base: dict[str, Any], spent_s: float | None = None
+def calibration_note(cal: Calibration, budget: BudgetSpec, spent_s: float | None = None
                      ) -> str:
     """What the calibration cost, and whether it stayed within its share."""
     d = cal.to_dict()
     within = "within" if d["within_share"] else "OVER"
-    budget = parse_budget(base["plan"]["budget"]["input"])
     wall = f"{cal.wall_s:.0f} s wall here"
     if budget.kind == "seconds":
         wall += f" ({cal.wall_s / budget.amount:.0%} of the {budget.amount:.0f} s budget"

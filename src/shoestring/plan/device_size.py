@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 
 from shoestring.config import Config
-from shoestring.units import parse_budget
+from shoestring.units import BudgetSpec
 
 if TYPE_CHECKING:
     from shoestring.plan.planner import PlanRequest
@@ -74,7 +74,8 @@ def size_for_device(cfg: Config, data_dir: str | Path, *, hardware: str = "auto"
     same choice computed from numbers, as the tests do)."""
     from shoestring.plan.planner import PlanRequest, make_plan
 
-    budget = cfg.train.budget or f"{cfg.train.steps}steps"
+    steps = cfg.train.steps
+    budget = cfg.train.budget or BudgetSpec("steps", float(steps or 0), f"{steps}steps")
     req = PlanRequest(hardware=hardware, budget=budget, data=str(data_dir), mfu=mfu,
                       measure=mfu is None, precision=cfg.train.precision)
     if _model_given(cfg):
@@ -128,7 +129,7 @@ def _hyper_for_model(cfg: Config, req: PlanRequest, console: Console | None) -> 
     from shoestring.plan.hyper import plan_hyper
     from shoestring.plan.placement import layout_for
 
-    spec = parse_budget(req.budget)
+    spec = req.budget
     if spec.kind not in ("seconds", "flops"):
         return DeviceSizing({}, f"the model and a {spec.kind} budget were given: nothing sized")
     data = DataDir(req.data)

@@ -7,8 +7,8 @@ batch of a large plan) per step, on random token ids (speed does not depend on w
 Warm-up steps are not timed. A step of one micro-batch carries the whole optimizer update, so
 where the plan accumulates several micro-batches per step its MFU is, if anything, higher. It
 runs uncompiled: `train` compiles runs long enough to win the compile back (`train.speed`),
-which then run faster than measured here, so for those the measured MFU is a floor. MFU is tokens/s × FLOPs
-per token over the same measured peak the plan uses.
+which then run faster than measured here, so for those the measured MFU is a floor. MFU
+(`model.flops.mfu`) is over the same measured peak the plan uses.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ def measure_mfu(model_cfg: ModelConfig, vocab: int, seq_len: int, micro_batch: i
     """Fraction of ``hw``'s peak that training this model reaches on this device: the real
     trainer's step on one micro-batch of ``micro_batch`` rows (at most `MAX_ROWS`), timed for
     ``seconds`` after the warm-up steps."""
+    from shoestring.model.flops import mfu
     from shoestring.train.timing import time_steps
 
     micro = max(1, min(micro_batch, MAX_ROWS))
@@ -33,4 +34,4 @@ def measure_mfu(model_cfg: ModelConfig, vocab: int, seq_len: int, micro_batch: i
                                    micro_batch_size=micro, precision=precision, compile=False))
     timing = time_steps(cfg, vocab, seq_len, seconds=seconds)
     peak, _ = hw.peak("auto" if precision == "auto" else precision)
-    return timing.tokens_per_s * timing.flops_per_token / peak
+    return mfu(timing.tokens_per_s, timing.flops_per_token, peak)

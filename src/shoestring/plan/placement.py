@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from shoestring.dist.layout import make_layout
 from shoestring.dist.memory import memory_per_rank
 from shoestring.errors import ShoestringError
 
@@ -93,9 +94,9 @@ def layout_for(model_cfg: Any, vocab: int, seq_len: int, global_batch: int, devi
         for checkpointing in (False, True):
             for micro in micros:
                 try:
-                    est = memory_per_rank(model_cfg, vocab, seq_len, micro,
-                                          f"dp={dp},tp={tp},pp={pp}", zero=zero,
-                                          ac="full" if checkpointing else "none")
+                    est = memory_per_rank(model_cfg, vocab, seq_len, micro, make_layout(
+                        {"dp": dp, "tp": tp, "pp": pp}, zero=zero,
+                        ac="full" if checkpointing else "none"))
                 except ShoestringError:  # a layout the distributed package cannot run
                     break
                 parts = {k: float(est[k]) for k in

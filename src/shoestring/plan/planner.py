@@ -59,7 +59,7 @@ class PlanRequest:
 
     hardware: str = "auto"
     devices: int = 1
-    budget: str = "1h"
+    budget: BudgetSpec | str = "1h"  # text is parsed where it enters, in __post_init__
     mfu: float | None = None
     measure: bool = False
     objective: str | None = None  # None: the data dir's, else mlm
@@ -67,6 +67,10 @@ class PlanRequest:
     data: str | None = None
     devices_per_node: int | None = None
     precision: str = "auto"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.budget, BudgetSpec):
+            self.budget = parse_budget(self.budget, where="--budget")
 
 
 def _choose(shapes: list[Shape], law: Law, flops: float, unique: float | None = None,
@@ -270,14 +274,6 @@ def _train_section(flops: float, batch: int, micro: int, lr: float) -> dict[str,
     return section
 
 
-def _budget(text: str) -> BudgetSpec:
-    """``--budget`` in the one grammar (units.parse_budget), its errors named for the flag."""
-    try:
-        return parse_budget(text)
-    except ShoestringError as e:
-        raise ShoestringError(e.what, where="--budget", fix=e.fix) from None
-
-
 def _check_request(req: PlanRequest) -> None:
     if req.devices < 1:
         raise ShoestringError(
@@ -438,7 +434,7 @@ def make_plan(req: PlanRequest, console: Console | None = None,
     ``fitted``: plan with this law fitted on your data (calibration, history) instead of
     ``req.law``, and predict with its interval."""
     _check_request(req)
-    spec = _budget(req.budget)
+    spec = req.budget
     hw = get_hardware(req.hardware, req.precision)
     if req.measure and not hw.measured:
         raise ShoestringError(
@@ -481,7 +477,7 @@ def make_plan(req: PlanRequest, console: Console | None = None,
             "devices": req.devices, "devices_per_node": devices_per_node,
         },
         "budget": {
-            "input": req.budget, "flops": total_flops, "pf_days": pf_days(total_flops),
+            "input": str(req.budget), "flops": total_flops, "pf_days": pf_days(total_flops),
             "mfu": round(mfu, 4), "mfu_source": fit.mfu_source,
             "wall_clock_s": round(total_flops / (peak * req.devices * mfu), 1),
         },

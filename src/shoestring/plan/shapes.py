@@ -103,7 +103,7 @@ def flops_per_token(
     """Training FLOPs per token, as `train` counts them (sparse MLM head at the masked rate)."""
     from shoestring.model import flops
 
-    head_fraction = families.get(model.objective).model_head_fraction(model, seq_len, mask_rate)
+    head_fraction = model.family.model_head_fraction(model, seq_len, mask_rate)
     return float(flops.train_flops_per_token(model, vocab_size, seq_len, head_fraction))
 
 

@@ -11,9 +11,9 @@ import time
 from dataclasses import dataclass, field
 
 from shoestring.errors import ShoestringError
-from shoestring.units import BudgetSpec, format_duration, parse_budget, parse_duration
+from shoestring.units import BudgetSpec, format_duration, parse_budget
 
-__all__ = ["Budget", "BudgetSpec", "format_duration", "parse_budget", "parse_duration"]
+__all__ = ["Budget", "BudgetSpec", "format_duration", "parse_budget"]
 
 @dataclass
 class Budget:

@@ -40,10 +40,11 @@ from shoestring.dist.parallelism import (
 from shoestring.errors import ShoestringError, TrainingInterrupted  # noqa: F401 (re-export)
 from shoestring.fsutil import check_output_dir, check_writable_dir
 from shoestring.progress import PLAIN_LINE_SECONDS
+from shoestring.units import BudgetSpec
 from shoestring.model import build_model
 from shoestring.model.flops import train_flops_per_token
 from shoestring.model.layers import set_attention_kernel
-from shoestring.train.budget import Budget, parse_budget
+from shoestring.train.budget import Budget
 from shoestring.train.checkpoint import (
     Checkpoint,
     consolidate,
@@ -122,7 +123,7 @@ def _signals_caught() -> Iterator[list[int]]:
 
 def _check_data(cfg: Config, data: DataDir) -> None:
     kind = data.manifest.get("objective", "mlm")
-    if kind != families.get(cfg.model.objective).base:
+    if kind != cfg.model.family.base:
         preset = families.get(kind, where=str(data.path / "manifest.json")).default_preset
         raise ShoestringError(
             f"the data dir is prepared for objective '{kind}' but model.objective is "
@@ -189,19 +190,10 @@ def _val_batch(data: DataDir, cfg: Config, objective: Objective) -> tuple[torch.
 FRACTION_CAP_SECONDS = 1800.0  # a fractional checkpoint interval is at most 30 minutes
 
 
-def _ckpt_interval(text: str | None) -> tuple[str, float] | None:
-    """("fraction", 0.1) for "10%", ("seconds", 1800) for "30m", ("steps", 500)."""
-    if text is None:
-        return None
-    if str(text).endswith("%"):
-        return "fraction", float(str(text)[:-1]) / 100
-    spec = parse_budget(text)
-    return spec.kind, spec.amount
-
-
-def _checkpoint_due(interval: tuple[str, float], step: int, progress: float, elapsed: float,
+def _checkpoint_due(interval: BudgetSpec, step: int, progress: float, elapsed: float,
                     last_progress: float, last_elapsed: float) -> bool:
-    kind, every = interval
+    """``interval``: ``train.checkpoint_every``, parsed (units.parse_interval)."""
+    kind, every = interval.kind, interval.amount
     if kind == "steps":
         return step % int(every) == 0
     if kind == "seconds":
@@ -240,9 +232,8 @@ def _speed_choices(cfg: Config, parallel: Parallelism, dev: DeviceInfo, micro: i
     choices = speed_choices.choose(
         attention, cfg.train.compile, device_type=dev.device.type, dtype=dev.dtype,
         rows=micro, heads=m.num_heads // layout.tp, kv_heads=max(1, m.kv_heads // layout.tp),
-        seq_len=seq_len, head_dim=m.head_dim, layers=m.num_layers, causal=families.get(
-            m.objective).causal, spare_bytes=spare_bytes, pipeline=layout.pp > 1,
-        compile_cost=cost,
+        seq_len=seq_len, head_dim=m.head_dim, layers=m.num_layers, causal=m.family.causal,
+        spare_bytes=spare_bytes, pipeline=layout.pp > 1, compile_cost=cost,
         seconds=speed_choices.expected_seconds(budget, tokens_per_step, flops_per_token,
                                                dev.peak_flops * parallel.world))
     return speed_choices.agreed(choices, parallel.broadcast)
@@ -369,7 +360,7 @@ class _Run(_Built):
     gen: torch.Generator
     loader: BatchLoader | Iterator[torch.Tensor]  # `time_steps`: random rows in memory
     val_batch: tuple[torch.Tensor, ...] | None
-    interval: tuple[str, float] | None
+    interval: BudgetSpec | None
     metrics: MetricsLog | None
     window: Window
     last_ckpt: Path | None
@@ -459,11 +450,10 @@ def _build(cfg: Config, vocab: int, seq_len: int, special_ids: dict[str, int],
     n_params = (model.num_params(), model.num_params(non_embedding=True))
     if init is not None:
         init(model)
-    objective = objective_for(cfg.model.objective, seq_len, vocab, special_ids,
+    objective = objective_for(cfg.model.family, seq_len, vocab, special_ids,
                               tc.mask_rate, cfg.model.sparse_prediction)
     flops_per_token = train_flops_per_token(cfg.model, vocab, seq_len, objective.head_fraction)
-    spec = parse_budget(tc.budget) if tc.budget is not None else None
-    budget = Budget.from_spec(spec, tc.steps, flops_per_token)
+    budget = Budget.from_spec(tc.budget, tc.steps, flops_per_token)
     micro = cfg.train.micro_batch(parallel.layout.dp)
     speed = _speed_choices(cfg, parallel, dev, micro, seq_len, budget, flops_per_token,
                            spare_bytes, resumed_kernel)
@@ -512,7 +502,7 @@ def _setup(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
     return _Run(**vars(b), cfg=cfg, data=data, run=run, parallel=parallel, gen=gen,
                 loader=BatchLoader(train_split, parallel.dp * b.micro, tc.seed, cursor),
                 val_batch=_val_batch(data, cfg, b.objective) if tc.val_every > 0 else None,
-                interval=_ckpt_interval(tc.checkpoint_every), metrics=metrics, window=window,
+                interval=tc.checkpoint_every, metrics=metrics, window=window,
                 last_ckpt=ckpt.path if ckpt else None, resumed=ckpt is not None), s
 
 

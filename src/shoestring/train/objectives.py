@@ -17,10 +17,9 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from shoestring import families
 from shoestring.data.masking import fixed_masks, inverse_cloze_pairs, mask_tokens
 from shoestring.errors import ShoestringError
-from shoestring.families import FamilySpec
+from shoestring.families import CLM, CONTRASTIVE, MLM, FamilySpec
 from shoestring.families.spec import DEFAULT_MASK_RATE, NUM_SPECIAL
 from shoestring.model.losses import causal_lm_loss, in_batch_loss, masked_lm_loss
 
@@ -31,18 +30,14 @@ Batch = tuple[torch.Tensor, ...]
 class Objective(abc.ABC):
     """A family's training objective bound to one run's shapes: what the trainer calls.
 
-    ``kind`` is the family name. Subclasses implement the batch and loss methods."""
+    ``spec`` is the family's. Subclasses implement the batch and loss methods."""
 
-    kind: ClassVar[str]
+    spec: ClassVar[FamilySpec]
     seq_len: int
     vocab_size: int
     mask_rate: float = DEFAULT_MASK_RATE
     mask_id: int = 4
     sparse: bool = True
-
-    @property
-    def spec(self) -> FamilySpec:
-        return families.get(self.kind)
 
     @property
     def head_fraction(self) -> float:
@@ -85,7 +80,7 @@ class Objective(abc.ABC):
 class MaskedLMObjective(Objective):
     """80/10/10 masking; the sparse head scores the masked positions only."""
 
-    kind = "mlm"
+    spec = MLM
 
     def make_batch(self, ids: torch.Tensor, gen: torch.Generator) -> Batch:
         b = mask_tokens(ids, self.mask_rate, NUM_SPECIAL, self.mask_id, self.vocab_size, gen)
@@ -117,7 +112,7 @@ class MaskedLMObjective(Objective):
 class CausalLMObjective(Objective):
     """Next-token loss over whole rows."""
 
-    kind = "clm"
+    spec = CLM
 
     def make_batch(self, ids: torch.Tensor, gen: torch.Generator) -> Batch:
         return (ids,)
@@ -146,7 +141,7 @@ class CausalLMObjective(Objective):
 class ContrastiveObjective(Objective):
     """InfoNCE on inverse-cloze pairs with in-batch negatives (families/contrastive.py)."""
 
-    kind = "contrastive"
+    spec = CONTRASTIVE
 
     def make_batch(self, ids: torch.Tensor, gen: torch.Generator) -> Batch:
         return inverse_cloze_pairs(ids, gen)
@@ -162,13 +157,12 @@ class ContrastiveObjective(Objective):
 
 
 OBJECTIVES: dict[str, type[Objective]] = {
-    o.kind: o for o in (MaskedLMObjective, CausalLMObjective, ContrastiveObjective)}
+    o.spec.name: o for o in (MaskedLMObjective, CausalLMObjective, ContrastiveObjective)}
 
 
-def objective_for(family: str | FamilySpec, seq_len: int, vocab_size: int,
+def objective_for(family: FamilySpec, seq_len: int, vocab_size: int,
                   special_ids: dict[str, int], mask_rate: float = DEFAULT_MASK_RATE,
                   sparse: bool = True) -> Objective:
     """The training objective of ``family`` for one run's shapes and tokenizer."""
-    spec = family if isinstance(family, FamilySpec) else families.get(family)
-    return OBJECTIVES[spec.name](seq_len, vocab_size, mask_rate, spec.mask_id(special_ids),
-                                 sparse)
+    return OBJECTIVES[family.name](seq_len, vocab_size, mask_rate, family.mask_id(special_ids),
+                                   sparse)

@@ -12,6 +12,7 @@ import torch
 
 from shoestring import __version__
 from shoestring.device import peak_note
+from shoestring.model.flops import mfu
 from shoestring.train.state import TrainState
 
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ def run_summary(r: _Run, s: TrainState, train_seconds: float, save_seconds: floa
         "total_flops": r.flops_per_token * s.tokens,
         "mfu": r.window.mfu(tps),
         # per device: its share of the work over its own peak
-        "mfu_per_device": [tps * r.flops_per_token / parallel.world / pk for pk in r.peaks],
+        "mfu_per_device": [mfu(tps / parallel.world, r.flops_per_token, pk) for pk in r.peaks],
         "mfu_note": peak_note(r.window.mfu(tps), r.window.job_peak),  # why, when above 1
         "peak_flops": dev.peak_flops,
         "mfu_datasheet": r.window.mfu_datasheet(tps),

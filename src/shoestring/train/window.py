@@ -1,5 +1,5 @@
 """The metrics window: what the loop sums between two log lines, the record it writes, the
-progress bar's fields, and the one MFU formula every training figure uses.
+progress bar's fields, and the MFU of every training figure (`model.flops.mfu`).
 
 MFU is achieved FLOP/s (tokens/s × FLOPs per token) over the sum of the job's devices'
 measured peaks (= per-device MFU when the devices are alike); ``mfu_datasheet`` is the same
@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from shoestring.model.flops import mfu
 from shoestring.train.budget import format_duration
 from shoestring.train.state import TrainState
 
@@ -46,13 +47,11 @@ class Window:
             self.sums[key] += value
 
     def mfu(self, tokens_per_s: float) -> float:
-        """The one MFU formula (module docstring)."""
-        return tokens_per_s * self.flops_per_token / self.job_peak
+        return mfu(tokens_per_s, self.flops_per_token, self.job_peak)
 
     def mfu_datasheet(self, tokens_per_s: float) -> float | None:
-        if not self.datasheet_peak:
-            return None
-        return tokens_per_s * self.flops_per_token / self.datasheet_peak
+        return mfu(tokens_per_s, self.flops_per_token, self.datasheet_peak) \
+            if self.datasheet_peak else None
 
     def record(self, s: TrainState, progress: float, lr: float, batch_size: int) -> dict[str, Any]:
         """The metrics.jsonl line for the window that ends now; starts the next window."""
