@@ -40,7 +40,7 @@ from typing import Any
 from rich.console import Console
 
 from shoestring.config import DataConfig
-from shoestring.data.prep import prep
+from shoestring.prep.prep import prep
 
 from common import SHARED, Bench, add_repeats, parser
 
@@ -86,7 +86,7 @@ def time_prep(corpus: Path, out: Path, cfg: DataConfig) -> tuple[float, dict]:
 _RSS_SCRIPT = """
 import json, resource, sys
 from shoestring.config import DataConfig
-from shoestring.data.prep import prep
+from shoestring.prep.prep import prep
 from rich.console import Console
 import io
 prep([sys.argv[1]], sys.argv[2], DataConfig(workers=int(sys.argv[3])), console=Console(file=io.StringIO()))
@@ -108,7 +108,7 @@ def compare_executors(corpus: Path, tmp: Path, nodes: int, node_cores: int,
     import ray
 
     from shoestring.config import CurateConfig
-    from shoestring.data.distributed import RayOptions
+    from shoestring.prep.ray import RayOptions
 
     texts = texts_of(corpus)
     mb = sum(len(t.encode("utf-8")) for t in texts) / 1e6
@@ -164,9 +164,9 @@ def stage_speeds(corpus: Path, tmp: Path, local: dict, mb: float, n_docs: int, n
     import numpy as np
 
     from shoestring.config import CurateConfig
-    from shoestring.data.curate import Curator
-    from shoestring.data.distributed import stages
-    from shoestring.data.distributed.shuffle import bucket_firsts, concat_columns
+    from shoestring.prep.curate import Curator
+    from shoestring.prep.ray import stages
+    from shoestring.prep.ray.shuffle import bucket_firsts, concat_columns
 
     work = tmp / "stages"
     cfg = DataConfig(vocab_size=8192, seq_len=128)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from shoestring.data.datadir import DataDir
-from shoestring.data.prep import is_validation, pack_mlm
+from shoestring.prep.prep import is_validation, pack_mlm
 from shoestring.data.shards import PackedSplit, token_dtype
 
 from conftest import write_split
@@ -81,7 +81,7 @@ def test_validation_split_is_deterministic_and_near_fraction() -> None:
 def test_prep_tokens_in_equal_tokens_out(pydocs_dir: Path) -> None:
     """Every training document's tokens appear in the shards, in order, joined by [SEP]."""
     from shoestring.data.builtin import iter_pydocs
-    from shoestring.data.clean import clean_text
+    from shoestring.prep.clean import clean_text
 
     data = DataDir(pydocs_dir)
     m = data.manifest

@@ -46,13 +46,13 @@ import numpy as np
 
 from shoestring import families
 from shoestring.config import CurateConfig, DataConfig
-from shoestring.data.curate.blocks import Block, BlockStats
-from shoestring.data.curate.normalize import Clean
-from shoestring.data.distributed import stages
-from shoestring.data.distributed.session import WHERE, ray_session
-from shoestring.data.distributed.shuffle import bucket_firsts, cluster_sizes, shuffle
-from shoestring.data.driver import MIN_VAL_DOCUMENTS, Driver, Split
-from shoestring.data.executor import WORK_DIR, Journal, PrepPlan, fault_point
+from shoestring.prep.curate.blocks import Block, BlockStats
+from shoestring.prep.curate.normalize import Clean
+from shoestring.prep.ray import stages
+from shoestring.prep.ray.session import WHERE, ray_session
+from shoestring.prep.ray.shuffle import bucket_firsts, cluster_sizes, shuffle
+from shoestring.prep.driver import MIN_VAL_DOCUMENTS, Driver, Split
+from shoestring.prep.executor import WORK_DIR, Journal, PrepPlan, fault_point
 from shoestring.data.shards import token_dtype
 from shoestring.data.sources import Document, ReadStats
 from shoestring.data.tokenizer import CLS, SEP
@@ -98,7 +98,7 @@ def plan_ray(cfg: DataConfig, curate: CurateConfig | None) -> RayPlan:
                        "dedup against an earlier data dir with --executor local"))
     blocks: list[Block] = [Clean(cfg.min_chars)]
     if curate is not None:
-        from shoestring.data.curate import Curator
+        from shoestring.prep.curate import Curator
 
         blocks += Curator.from_config(curate.model_copy(update={"dedup_against": []})).blocks
     for block in blocks:
@@ -122,7 +122,7 @@ def plan_ray(cfg: DataConfig, curate: CurateConfig | None) -> RayPlan:
 
 
 class RayExecutor:
-    """``--executor ray``: the `Executor` (``data/executor.py``) that runs prep on Ray."""
+    """``--executor ray``: the `Executor` (``prep/executor.py``) that runs prep on Ray."""
 
     name = "ray"
 
@@ -435,7 +435,7 @@ class RayStages:
 
         import ray
 
-        from shoestring.data.packing import unigram_logp
+        from shoestring.prep.packing import unigram_logp
 
         path = self.work / "sort" / "order.npy"
         if path.is_file():

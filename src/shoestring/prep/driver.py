@@ -6,8 +6,8 @@ given file, or one trained by the executor), the checks of what read and pack pr
 the manifest. An executor supplies the `Stages` that do the work — the read stage (the
 reader ``sources.Read`` → the blocks clean, canaries and curation → `Split`, ending in
 `Driver.read_result` with their records), tokenizer training, encode and pack — and runs
-``Driver(plan, journal, stages).run()``: ``data/local.py`` in this process and its workers,
-``data/distributed/executor.py`` as Ray tasks.
+``Driver(plan, journal, stages).run()``: ``prep/local.py`` in this process and its workers,
+``prep/ray/executor.py`` as Ray tasks.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import numpy as np
 from shoestring import __version__, families
 from shoestring.config import DataConfig
 from shoestring.data.datadir import FORMAT
-from shoestring.data.executor import Journal, PrepPlan
+from shoestring.prep.executor import Journal, PrepPlan
 from shoestring.data.mixture import SourceMatcher, source_ranges, source_weights
 from shoestring.data.shards import token_dtype
 from shoestring.data.sources import Document, ReadStats
@@ -109,7 +109,7 @@ class Driver:
         tok_info = self.journal.get("tokenizer") or self.timed("tokenizer", self._tokenizer)
         tok = load_tokenizer(self.build / "tokenizer.json")
         if self.curate_cfg is not None:  # the threshold may depend on the corpus
-            from shoestring.data.curate.compress import Compressibility
+            from shoestring.prep.curate.compress import Compressibility
 
             self.median_ratio = tok_info.get("median_ratio")
             self.compress = Compressibility.from_config(self.curate_cfg, self.median_ratio)
@@ -227,7 +227,7 @@ class Driver:
                 info["warning"] = short
                 self.console.print("[bold yellow]warning:[/] ", end="")
                 self.console.print(short, markup=False, highlight=False)
-        from shoestring.data.curate.compress import median_ratio, needs_median
+        from shoestring.prep.curate.compress import median_ratio, needs_median
 
         if needs_median(self.curate_cfg):  # for the compressibility threshold
             info["median_ratio"] = median_ratio(tok, self.stages.train_texts())
@@ -241,7 +241,7 @@ class Driver:
         the last progress bar, not between the bars of the stages."""
         if self.curate_cfg is None or not self.curate_cfg.explain:
             return
-        from shoestring.data.curate.pipeline import format_explain
+        from shoestring.prep.curate.pipeline import format_explain
 
         examples = dict(self.examples)
         if self.compress is not None and self.compress.examples:

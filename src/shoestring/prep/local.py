@@ -20,16 +20,17 @@ import numpy as np
 
 from shoestring import families
 from shoestring.config import CurateConfig, DataConfig
-from shoestring.data.canaries import Canaries
-from shoestring.data.curate.normalize import Clean
-from shoestring.data.driver import Driver, Split, read_spool, spool_documents
-from shoestring.data.executor import WORK_DIR, Journal, PrepPlan, fault_point, no_session, register
+from shoestring.prep.canaries import Canaries
+from shoestring.prep.curate.normalize import Clean
+from shoestring.prep.driver import Driver, Split, read_spool, spool_documents
+from shoestring.prep.executor import WORK_DIR, Journal, PrepPlan, fault_point, no_session, register
 from shoestring.data.mixture import SourceMatcher
-from shoestring.data.packing import StreamRows, doc_offsets, unigram_sort_order
+from shoestring.prep.packing import StreamRows, doc_offsets, unigram_sort_order
 from shoestring.data.shards import shard_intact, token_dtype, write_shard
 from shoestring.data.sources import Document, Read, ReadStats
-from shoestring.data.tokenizer import CLS, SEP, tokenizer_sample, train_tokenizer
-from shoestring.data.workers import WorkerPool, batched, encode_texts
+from shoestring.data.tokenizer import CLS, SEP
+from shoestring.prep.tokenizer_training import tokenizer_sample, train_tokenizer
+from shoestring.prep.workers import WorkerPool, batched, encode_texts
 from shoestring.progress import progress_bar
 from shoestring.units import counted
 
@@ -114,9 +115,9 @@ class LocalStages:
         if self.curate_cfg is None:
             yield from docs
             return
-        from shoestring.data.curate import Curator
+        from shoestring.prep.curate import Curator
 
-        from shoestring.data.curate.dedup_index import DIR
+        from shoestring.prep.curate.dedup_index import DIR
 
         # Cleaning and data.min_chars already ran (block clean, in the workers).
         index_dir = self.build / DIR if self.curate_cfg.dedup != "none" else None

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from shoestring.config import CurateConfig, DataConfig
-from shoestring.data.curate.blocks import Block, BlockStats
+from shoestring.prep.curate.blocks import Block, BlockStats
 from shoestring.data.sources import Document, Read
 from shoestring.errors import ShoestringError
 from shoestring.fsutil import write_bytes_atomic, write_text_atomic
@@ -198,7 +198,7 @@ def read_source(item: dict, *, cfg: DataConfig, blocks: Any, work: str, part_doc
     if (found := _done(sidecar)) is not None:
         return {"summary": json.dumps(found)}
     maybe_fail(fault, "read")
-    from shoestring.data.workers import _init_worker
+    from shoestring.prep.workers import _init_worker
 
     _init_worker()
     mine = [fresh(b) for b in resolve(blocks)]
@@ -242,7 +242,7 @@ def apply_part(item: dict, *, blocks: Any, dropped: Any, work: str, src: str, ds
                stage: str = "final") -> dict:
     """Drop the rows of ``dropped``, run ``blocks``; with ``val_fraction``, mark the
     validation rows (by content hash, as the local executor does)."""
-    from shoestring.data.driver import is_validation
+    from shoestring.prep.driver import is_validation
 
     root = Path(work)
     name = item["name"]
@@ -281,7 +281,7 @@ def apply_part(item: dict, *, blocks: Any, dropped: Any, work: str, src: str, ds
 
 def exact_rows(arg: tuple) -> dict[str, np.ndarray]:
     """(k0, k1) = the 128-bit text key of exact dedup, per row not yet dropped."""
-    from shoestring.data.curate.dedup import text_key
+    from shoestring.prep.curate.dedup import text_key
 
     path, dropped, work, fault = arg
     maybe_fail(fault, "exact")
@@ -298,7 +298,7 @@ def band_rows(arg: tuple) -> dict[str, np.ndarray]:
     """(k0, k1) = (band, LSH band key) of every band of every row with a word; ``hasher``:
     the fuzzy dedup block's `MinHasher` arguments (num_perm, ngram, seed, bands). Writes
     the part's signatures for the reduce tasks' verification (`PartSignatures`)."""
-    from shoestring.data.curate.minhash import BATCH, MinHasher
+    from shoestring.prep.curate.minhash import BATCH, MinHasher
 
     path, dropped, work, fault, hasher = arg
     maybe_fail(fault, "fuzzy")
@@ -389,7 +389,7 @@ class PartSignatures:
 
 def sample_texts(paths: list[Path], max_chars: int, total_chars: int) -> Iterator[str]:
     """The training texts of the parts, in order, as `tokenizer.tokenizer_sample` draws them."""
-    from shoestring.data.tokenizer import tokenizer_sample
+    from shoestring.prep.tokenizer_training import tokenizer_sample
 
     def train_texts() -> Iterator[str]:
         for path in paths:
@@ -402,7 +402,7 @@ def sample_texts(paths: list[Path], max_chars: int, total_chars: int) -> Iterato
 def train_on_sample(paths: list[str], max_chars: int, total_chars: int, kind: str,
                     objective: str, vocab_size: int, lowercase: bool) -> tuple[Any, dict]:
     """One worker streams the sample from the part files and trains the tokenizer."""
-    from shoestring.data.tokenizer import train_tokenizer
+    from shoestring.prep.tokenizer_training import train_tokenizer
 
     seen = {"documents": 0, "characters": 0}
 
@@ -426,8 +426,8 @@ def encode_part(item: dict, *, work: str, tokenizer: str, sep_id: int, dtype: st
                 fault: str | None = None) -> dict:
     """Tokenize one part's documents of one split; write ``encode-SPLIT/NAME.bin``
     (tokens, each document followed by ``sep_id``) and ``.ends`` (document ends)."""
-    from shoestring.data.local import ENCODE_BATCH, ENCODE_CHARS
-    from shoestring.data.workers import _init_worker, batched, encode_texts
+    from shoestring.prep.local import ENCODE_BATCH, ENCODE_CHARS
+    from shoestring.prep.workers import _init_worker, batched, encode_texts
 
     root = Path(work)
     name, split = item["name"], item["split"]
@@ -439,7 +439,7 @@ def encode_part(item: dict, *, work: str, tokenizer: str, sep_id: int, dtype: st
     _init_worker()
     compress = None
     if curate is not None:
-        from shoestring.data.curate.compress import Compressibility
+        from shoestring.prep.curate.compress import Compressibility
 
         compress = Compressibility.from_config(curate, median)
     part = read_part(root / "kept" / f"{name}.parquet", ["text", "val"])
@@ -514,7 +514,7 @@ def unigram_part(item: dict, *, work: str, parts: list[dict], split: str, dtype:
                  body: int, vocab: int, logp: Any = None, fault: str | None = None) -> dict:
     """Sequences [lo, hi): their token counts (``logp`` None) or their unigram scores, saved
     as ``sort/{counts,scores}-K.npy`` (the local ``unigram_sort_order``, cut into ranges)."""
-    from shoestring.data.packing import unigram_counts, unigram_scores
+    from shoestring.prep.packing import unigram_counts, unigram_scores
 
     root = Path(work)
     k, lo, hi = int(item["index"]), int(item["lo"]), int(item["hi"])
@@ -540,7 +540,7 @@ def pack_shard(item: dict, *, work: str, build: str, parts: list[dict], split: s
     the sorted sequence order — sequences order[lo:hi]) exactly as the local packer does."""
     from dataclasses import asdict
 
-    from shoestring.data.packing import doc_offsets
+    from shoestring.prep.packing import doc_offsets
     from shoestring.data.shards import shard_intact, write_shard
 
     root, out = Path(work), Path(build)
