@@ -321,7 +321,8 @@ def _prep_script(folder: Path, out: Path, fault: str | None) -> subprocess.Compl
         "reviews": {"weight": 0.3, "files": [str(folder / "reviews.jsonl")]}}}
     data = {"vocab_size": 2000, "seq_len": SEQ, "val_fraction": VAL, "mixture": mixture}
     code = ("import json, sys; import shoestring.prep.prep as p; from shoestring.config import "
-            "DataConfig; import shoestring.prep.local as L; L.ENCODE_BATCH = 20; "
+            "DataConfig; import shoestring.prep.local as L, shoestring.prep.stages as S; "
+            "S.ENCODE_BATCH = 20; "
             "L.CHECKPOINT_CHARS = 1; "
             f"p.prep([{str(folder / 'main.jsonl')!r}], {str(out)!r}, "
             "DataConfig.model_validate(json.loads(sys.argv[1])))")

@@ -151,8 +151,8 @@ def _killed_prep(corpus: Path, out: Path, fault: str, cfg_args: list[str],
     """A real prep process that dies like `kill -9` at the fault point."""
     code = (
         "import sys; import shoestring.prep.prep as p; from shoestring.config import load_config;"
-        "import shoestring.prep.local as L;"  # the local executor's batch and checkpoint sizes
-        f"L.ENCODE_BATCH = {encode_batch}; L.CHECKPOINT_CHARS = 1;"
+        "import shoestring.prep.local as L, shoestring.prep.stages as S;"  # batch, checkpoint
+        f"S.ENCODE_BATCH = {encode_batch}; L.CHECKPOINT_CHARS = 1;"
         f"p.prep([{str(corpus)!r}], {str(out)!r}, load_config(None, sys.argv[1:]).data)"
     )
     env = {**os.environ, "SHOESTRING_PREP_FAULT": fault}

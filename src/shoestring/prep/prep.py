@@ -50,15 +50,14 @@ from shoestring.config import CurateConfig, DataConfig
 from shoestring.prep.driver import is_validation, tokenizer_path
 from shoestring.prep.executor import JOURNAL, WORK_DIR, Executor, Journal, PrepPlan, get_executor
 from shoestring.data.mixture import SourceMatcher, mixture_inputs
-from shoestring.prep.packing import pack_clm, pack_mlm, unigram_sort_order
+from shoestring.prep.packing import unigram_sort_order
 from shoestring.data.sources import resolve_sources
 from shoestring.data.tokenizer import KINDS, default_kind
 from shoestring.errors import ShoestringError
 from shoestring.fsutil import check_output_dir, json_object_or_none, output_error
 from shoestring.fsutil import recover_interrupted_swap, swap_in_dir
 
-__all__ = ["data_fingerprint", "is_validation", "pack_clm", "pack_mlm", "prep",
-           "unigram_sort_order"]
+__all__ = ["data_fingerprint", "is_validation", "prep", "unigram_sort_order"]
 
 
 def _fingerprint(specs: list[str], files: list[str], cfg: DataConfig) -> str:
