@@ -99,7 +99,7 @@ def ensure_data(data_dir: Path, corpus: Path, cfg: Config) -> DataDir:
     if not (data_dir / "manifest.json").is_file():
         if not corpus.is_file():
             sys.exit(f"corpus not found: {corpus} (pass --corpus or --data with a prepared dir)")
-        from shoestring.data.prep import prep
+        from shoestring.prep.prep import prep
 
         console.print(f"preparing {corpus} → {data_dir}")
         prep([str(corpus)], data_dir, cfg.data, console=console)

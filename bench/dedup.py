@@ -7,7 +7,7 @@ exact Jaccard similarity of word-5-gram sets is at least ``--threshold`` (comput
 with a sparse document × shingle product, over *all* pairs, so real near-duplicates in the
 corpus count too).
 
-Every side uses the same shingles (word 5-grams of ``shoestring.data.curate.text.words``),
+Every side uses the same shingles (word 5-grams of ``shoestring.prep.curate.text.words``),
 112 permutations and 14 bands × 8 rows; shoestring computes its signatures with rensa's
 R-MinHash batch API on its own shingle hashes (since this benchmark showed it faster than
 the numpy code it had; ``signature_stage`` still times both); datasketch its default
@@ -43,13 +43,13 @@ from pathlib import Path
 
 import numpy as np
 
-from shoestring.data.curate.minhash import (
+from shoestring.prep.curate.minhash import (
     FuzzyDedup,
     MinHasher,
     candidate_probability,
 )
 from shoestring.data.sources import Document
-from shoestring.data.curate.text import words
+from shoestring.prep.curate.text import words
 
 from common import SHARED, Bench, add_repeats, load_average, parser
 from dedup_rss import band_decision_peak

@@ -37,7 +37,7 @@ CORPUS = SHARED / "corpora" / "wiki-books-en.jsonl.zst"
 CHILD = r"""
 import io, json, sys, time
 import zstandard
-from shoestring.data.curate.minhash import FuzzyDedup
+from shoestring.prep.curate.minhash import FuzzyDedup
 from shoestring.data.sources import Document
 
 path, limit, unit = sys.argv[1], float(sys.argv[2]) * 1e6, sys.argv[3]
@@ -107,7 +107,7 @@ def exact_bytes_per_doc(n: int) -> float:
     """Traced memory ExactDedup holds per distinct document (its key set)."""
     import tracemalloc
 
-    from shoestring.data.curate.dedup import ExactDedup
+    from shoestring.prep.curate.dedup import ExactDedup
     from shoestring.data.sources import Document
 
     block = ExactDedup()
@@ -139,7 +139,7 @@ def band_decision_peak(keys: Any) -> float:
 
     import numpy as np
 
-    from shoestring.data.curate.minhash import band_collisions
+    from shoestring.prep.curate.minhash import band_collisions
 
     n = len(keys)
     with tempfile.TemporaryDirectory() as tmp:

@@ -31,7 +31,8 @@ import torch.nn.functional as F
 from common import SHARED, Bench, add_repeats, parser
 from peers import peer_versions
 from shoestring.config import ModelConfig
-from shoestring.data.tokenizer import SPECIAL_TOKENS, train_wordpiece
+from shoestring.data.tokenizer import SPECIAL_TOKENS
+from shoestring.prep.tokenizer_training import train_wordpiece
 from shoestring.eval.classifier import SequenceClassifier
 from shoestring.eval.finetune import collate, encode_examples, length_bucketed_batches
 from shoestring.eval.glue import load_glue_task

@@ -184,7 +184,7 @@ def _driver() -> str | None:
 def prepared(work: Path, shape: Shape) -> Path:
     """builtin:pydocs prepared for this shape's objective, vocabulary and length (once)."""
     from shoestring.config import DataConfig
-    from shoestring.data.prep import prep
+    from shoestring.prep.prep import prep
 
     out = work / f"data-{shape.objective}-{shape.vocab}-{shape.seq_len}"
     if not (out / "manifest.json").is_file():

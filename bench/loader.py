@@ -88,7 +88,7 @@ def build_data_dir(out: Path, objective: str, seq_len: int, shards: int,
 
     from shoestring.config import DataConfig
     from shoestring.data.datadir import DataDir
-    from shoestring.data.prep import prep
+    from shoestring.prep.prep import prep
     from shoestring.data.shards import token_dtype, write_shard
     from shoestring.fsutil import write_json_atomic
 

@@ -49,7 +49,7 @@ def main() -> None:
 
     import shoestring
     from shoestring.config import DataConfig
-    from shoestring.data.local import LocalStages
+    from shoestring.prep.local import LocalStages
     from shoestring.data.tokenizer import CLS, SEP
 
     n = int(args.tokens)

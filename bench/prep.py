@@ -34,13 +34,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
 from shoestring.config import DataConfig
-from shoestring.data.prep import prep
+from shoestring.prep.prep import prep
 
 from common import SHARED, Bench, add_repeats, parser
 
@@ -86,7 +87,7 @@ def time_prep(corpus: Path, out: Path, cfg: DataConfig) -> tuple[float, dict]:
 _RSS_SCRIPT = """
 import json, resource, sys
 from shoestring.config import DataConfig
-from shoestring.data.prep import prep
+from shoestring.prep.prep import prep
 from rich.console import Console
 import io
 prep([sys.argv[1]], sys.argv[2], DataConfig(workers=int(sys.argv[3])), console=Console(file=io.StringIO()))
@@ -108,7 +109,7 @@ def compare_executors(corpus: Path, tmp: Path, nodes: int, node_cores: int,
     import ray
 
     from shoestring.config import CurateConfig
-    from shoestring.data.distributed import RayOptions
+    from shoestring.prep.ray import RayOptions
 
     texts = texts_of(corpus)
     mb = sum(len(t.encode("utf-8")) for t in texts) / 1e6
@@ -164,9 +165,10 @@ def stage_speeds(corpus: Path, tmp: Path, local: dict, mb: float, n_docs: int, n
     import numpy as np
 
     from shoestring.config import CurateConfig
-    from shoestring.data.curate import Curator
-    from shoestring.data.distributed import stages
-    from shoestring.data.distributed.shuffle import bucket_firsts, concat_columns
+    from shoestring.prep.curate import Curator
+    from shoestring.prep.ray import tasks
+    from shoestring.prep.stages import train_on_sample
+    from shoestring.prep.ray.shuffle import bucket_firsts, concat_columns
 
     work = tmp / "stages"
     cfg = DataConfig(vocab_size=8192, seq_len=128)
@@ -182,46 +184,48 @@ def stage_speeds(corpus: Path, tmp: Path, local: dict, mb: float, n_docs: int, n
         return result
 
     read = json.loads(timed("read + clean + Gopher filters", n_docs, "documents in", lambda: (
-        stages.read_source({"index": 0, "source": str(corpus)}, cfg=cfg, blocks=filters,
+        tasks.read_source({"index": 0, "source": str(corpus)}, cfg=cfg, blocks=filters,
                            work=str(work), part_docs=1024, part_chars=64 << 20)))["summary"])
     names = [p["name"] for p in read["parts"]]
     kept = sum(p["rows"] for p in read["parts"])
     paths = [str(work / "parts0" / f"{n}.parquet") for n in names]
     none = np.zeros(0, np.int64)
     exact = timed("exact dedup: text keys (map)", kept, "documents", lambda: [
-        stages.exact_rows((p, none, str(work), None)) for p in paths])
+        tasks.exact_rows((p, none, str(work), None)) for p in paths])
     timed("exact dedup: buckets (reduce)", kept, "documents",
           lambda: bucket_firsts(concat_columns(exact)))
     h = fuzzy.hasher
     bands = timed("fuzzy dedup: MinHash + band keys (map)", kept, "documents", lambda: [
-        stages.band_rows((p, none, str(work), None, (h.num_perm, h.ngram, 1, h.bands)))
+        tasks.band_rows((p, none, str(work), None, (h.num_perm, h.ngram, 1, h.bands)))
         for p in paths])
     rows = concat_columns(bands)
     timed("fuzzy dedup: band buckets (reduce)", kept, "documents",
           lambda: bucket_firsts(rows))
     timed("split (final map)", kept, "documents", lambda: [
-        stages.apply_part({"name": n}, blocks=[], dropped=none, work=str(work), src="parts0",
+        tasks.apply_part({"name": n}, blocks=[], dropped=none, work=str(work), src="parts0",
                           dst="kept", val_fraction=0.05) for n in names])
     kept_paths = [str(work / "kept" / f"{n}.parquet") for n in names]
     train_chars = int(sum(len(t) for p in kept_paths for t, v in zip(
-        *stages.read_part(Path(p), ["text", "val"]).values()) if not v))
+        *tasks.read_part(Path(p), ["text", "val"]).values()) if not v))
     t = time.perf_counter()
-    stages.train_on_sample(kept_paths, 1 << 30, train_chars, "wordpiece", "mlm", 8192, True)
+    train_on_sample(partial(tasks.train_texts, [Path(p) for p in kept_paths]), 1 << 30,
+                    train_chars, "wordpiece", "mlm", 8192, True)
     train_s = time.perf_counter() - t
     tok = str(tmp / "local" / "tokenizer.json")
     sep = local["tokenizer"]["special_ids"]["[SEP]"]
     encoded = timed("tokenize (WordPiece)", kept, "documents", lambda: [
-        json.loads(stages.encode_part({"name": n, "split": "train"}, work=str(work),
-                                      tokenizer=tok, sep_id=sep, dtype="<u2",
-                                      curate=None)["summary"]) for n in names])
+        json.loads(tasks.encode_part({"name": n, "split": "train"}, work=str(work),
+                                     tokenizer=tok, sep_id=sep, dtype="<u2",
+                                     curate=None)["summary"]) for n in names])
     parts, offset = [], 0
     for e in encoded:
         parts.append({"name": e["name"], "tokens": e["tokens"], "offset": offset})
         offset += e["tokens"]
     n_seq = offset // 126
-    timed("pack (shards + sha256)", n_seq, "sequences", lambda: stages.pack_shard(
+    timed("pack (shards + sha256)", n_seq, "sequences", lambda: tasks.pack_part(
         {"index": 0, "lo": 0, "hi": n_seq}, work=str(work), build=str(tmp / "packed"),
-        parts=parts, split="train", dtype="<u2", seq_len=128, frame=2, cls_id=2, sep_id=sep))
+        parts=parts, split="train", cfg=cfg, ids=local["tokenizer"]["special_ids"],
+        dtype="<u2"))
     band_bytes = int(sum(c.nbytes for col in bands for c in col.values()))
     exact_bytes = int(sum(c.nbytes for col in exact for c in col.values()))
     print_stages(timings, bench)

@@ -59,7 +59,7 @@ from typing import Any
 import scale_corpus as SC
 from common import ROOT as REPO
 from common import SHARED, Bench, add_repeats, format_load, load_average, parser
-from shoestring.data.curate.minhash import BANDS, ROWS, THRESHOLD
+from shoestring.prep.curate.minhash import BANDS, ROWS, THRESHOLD
 
 DEFAULT_CORPUS = SHARED / "corpora" / "wiki-books-en.jsonl.zst"
 DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "shoestring-bench"

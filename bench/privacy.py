@@ -69,7 +69,7 @@ def memorization(a: argparse.Namespace, work: Path) -> None:
     from rich.console import Console
 
     from shoestring.config import Config, CurateConfig, DataConfig, ModelConfig, TrainConfig
-    from shoestring.data.prep import prep
+    from shoestring.prep.prep import prep
     from shoestring.privacy.audit import AuditSettings, audit
     from shoestring.train.loop import train
 
@@ -144,7 +144,7 @@ def dp(a: argparse.Namespace, work: Path) -> None:
     from rich.console import Console
 
     from shoestring.config import Config, DataConfig, ModelConfig, TrainConfig
-    from shoestring.data.prep import prep
+    from shoestring.prep.prep import prep
     from shoestring.eval.downstream import evaluate_downstream
     from shoestring.privacy.dp_sgd import PrivateTraining
     from shoestring.train.loop import train
@@ -212,7 +212,7 @@ def _measure(max_bytes: int, method: str, min_span: int) -> dict:
     base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     t = time.perf_counter()
     if method == "shipped":
-        from shoestring.data.curate.substring import find_repeats
+        from shoestring.prep.curate.substring import find_repeats
 
         cut = find_repeats(texts, min_span)
         words = sum(hi - lo for c in cut for lo, hi in c)
@@ -231,7 +231,7 @@ def _grouping_cut_words(texts: list[str], min_span: int) -> int:
     every member of a run but its earliest text position starts a repeat."""
     from pydivsufsort import divsufsort, kasai
 
-    from shoestring.data.curate.substring import word_ids
+    from shoestring.prep.curate.substring import word_ids
 
     stream, lengths = word_ids(texts)
     starts = np.cumsum(lengths + 1) - (lengths + 1)

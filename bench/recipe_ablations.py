@@ -98,7 +98,7 @@ def _config(overrides: list[str], plan: Path | None = None):  # noqa: ANN202
 def prepare(variant: str, corpus: Path, work: Path) -> Path:
     """The data dir of one variant (reused when already built)."""
     from shoestring.data.datadir import DataDir
-    from shoestring.data.prep import prep
+    from shoestring.prep.prep import prep
     from shoestring.errors import ShoestringError
 
     out = work / f"data-{variant}"

@@ -39,7 +39,7 @@ from rich.console import Console
 
 from common import SHARED, Bench, parser
 from shoestring.config import Config, DataConfig, ModelConfig, TrainConfig
-from shoestring.data.prep import is_validation, prep
+from shoestring.prep.prep import is_validation, prep
 from shoestring.data.sources import iter_documents
 from shoestring.retrieval.index import RetrievalIndex, build_index
 from shoestring.retrieval.passages import split_documents

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shoestring.data.curate.text import ngram_hashes, word_hashes
+from shoestring.prep.curate.text import ngram_hashes, word_hashes
 from shoestring.fsutil import write_json_atomic
 
 BUILDER_VERSION = 2

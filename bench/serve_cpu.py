@@ -46,7 +46,7 @@ def build_tiny_model(work: Path) -> Path:
     """A 1 x 64 encoder (8k WordPiece vocabulary) trained 5 steps on builtin:pydocs: small
     enough that the server's own path, not the model, dominates its CPU time."""
     from shoestring.config import load_config
-    from shoestring.data.prep import prep
+    from shoestring.prep.prep import prep
     from shoestring.train.loop import train
 
     run = work / "run-1x64"

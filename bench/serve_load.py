@@ -84,7 +84,7 @@ def build_model(work: Path, preset: str | None) -> Path:
     """The `cram` model size (256 hidden, 4 layers, 8k vocab) or a named encoder preset,
     briefly trained on pydocs (serving speed does not depend on the weights' quality)."""
     from shoestring.config import load_config
-    from shoestring.data.prep import prep
+    from shoestring.prep.prep import prep
     from shoestring.train.loop import train
 
     run = work / (f"run-{preset}" if preset else "run")

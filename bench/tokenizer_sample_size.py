@@ -3,7 +3,7 @@ character on held-out text under tokenizers trained on samples of several sizes.
 
 The texts are a corpus's ``.jsonl.zst`` shards (by default the 1.4 GB corpus of
 ``bench/prep_scale.py``); about 1% of the documents (by content hash) are held out; each
-tokenizer learns from `shoestring.data.tokenizer.tokenizer_sample` of the rest (prep's own
+tokenizer learns from `shoestring.prep.tokenizer_training.tokenizer_sample` of the rest (prep's own
 uniform draw) with prep's defaults (WordPiece for mlm, ``data.vocab_size``, lowercased),
 each in a fresh process (its peak RSS and seconds are printed beside it). Fewer tokens per
 character on the held-out text is a better fit; when a larger sample no longer lowers it,
@@ -45,7 +45,7 @@ def texts(shards: Path, held: bool):
 
 
 def one(shards: Path, mib: int, total: int, vocab: int) -> dict:
-    from shoestring.data.tokenizer import tokenizer_sample, train_tokenizer
+    from shoestring.prep.tokenizer_training import tokenizer_sample, train_tokenizer
 
     cap = mib << 20
     seen = {"chars": 0}

@@ -43,7 +43,7 @@ from common import ROOT, SHARED, Bench, parser
 from jobs import Scheduler, finished_downstream, pretrain
 from shoestring.config import Config
 from shoestring.data.datadir import DataDir
-from shoestring.data.prep import prep
+from shoestring.prep.prep import prep
 from shoestring.errors import ShoestringError
 from shoestring.eval.control import compare_arms
 from shoestring.eval.downstream import evaluate_downstream

@@ -33,7 +33,7 @@ SMALL_DATA = DataConfig(vocab_size=2000, seq_len=64)
 @pytest.fixture(scope="session")
 def pydocs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """builtin:pydocs prepared with a small vocabulary and short sequences (real text)."""
-    from shoestring.data.prep import prep
+    from shoestring.prep.prep import prep
 
     out = tmp_path_factory.mktemp("pydocs") / "data"
     prep(["builtin:pydocs"], out, SMALL_DATA)

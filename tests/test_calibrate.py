@@ -235,7 +235,7 @@ def _cram_config() -> Config:
 def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """builtin:pydocs with a 512-token vocabulary and sequences of 32 (the cheapest shapes),
     prepared where `cram` would, so the cram test below reuses it and its calibration."""
-    from shoestring.data.prep import prep
+    from shoestring.prep.prep import prep
 
     out = tmp_path_factory.mktemp("cram") / "data"
     cfg = _cram_config()

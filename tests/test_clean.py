@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from shoestring.data.clean import clean_text
+from shoestring.prep.clean import clean_text
 
 
 @pytest.mark.parametrize(

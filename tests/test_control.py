@@ -88,7 +88,7 @@ def test_pretraining_on_the_tasks_text_beats_scratch(tmp_path: Path) -> None:
     """Fine-tuning sees 5 animals and 5 vehicles; dev asks about the other 10. Only the
     pretraining text, where each word appears in its class's contexts, can tell them apart,
     so the pretrained arm must beat the scratch control clearly and the report must say so."""
-    from shoestring.data.prep import prep
+    from shoestring.prep.prep import prep
     from shoestring.train.loop import train
 
     r = random.Random(0)

@@ -53,7 +53,7 @@ def _gpu() -> str:
 @pytest.fixture(scope="module")
 def clm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """builtin:pydocs prepared for the decoder (same vocabulary and length as pydocs_dir)."""
-    from shoestring.data.prep import prep
+    from shoestring.prep.prep import prep
 
     out = tmp_path_factory.mktemp("pydocs-clm") / "data"
     prep(["builtin:pydocs"], out, SMALL_DATA.model_copy(update={"objective": "clm"}))

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from shoestring.config import CurateConfig, DataConfig, load_config
-from shoestring.data.curate import Curator, Drop
-from shoestring.data.curate.compress import Compressibility
-from shoestring.data.curate.gopher import GopherQuality, GopherRepetition
-from shoestring.data.curate.normalize import Clean, Length
-from shoestring.data.distributed.stages import merge_reports
-from shoestring.data.prep import prep
+from shoestring.prep.curate import Curator, Drop
+from shoestring.prep.curate.compress import Compressibility
+from shoestring.prep.curate.gopher import GopherQuality, GopherRepetition
+from shoestring.prep.curate.normalize import Clean, Length
+from shoestring.prep.ray.tasks import merge_reports
+from shoestring.prep.prep import prep
 from shoestring.data.sources import Document
 from shoestring.errors import ShoestringError
 
@@ -309,7 +309,7 @@ def test_reference_sample_is_the_smallest_hashes_whatever_the_order() -> None:
     the Ray executor (which see them in other orders), and bounded in size."""
     import random
 
-    from shoestring.data.curate.compress import reference_sample
+    from shoestring.prep.curate.compress import reference_sample
 
     texts = [f"document {i} " * (1 + i % 7) for i in range(3000)]
     shuffled = texts[:]

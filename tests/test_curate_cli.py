@@ -103,7 +103,7 @@ def test_compressibility_filter_drops_documents_by_token_ratio(tmp_path: Path) -
 
     from conftest import SMALL_DATA
     from shoestring.config import CurateConfig
-    from shoestring.data.prep import prep
+    from shoestring.prep.prep import prep
     from shoestring.data.tokenizer import load_tokenizer
 
     corpus = write_jsonl_corpus(tmp_path / "c.jsonl", 300)

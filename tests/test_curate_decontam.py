@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from shoestring.config import CurateConfig
-from shoestring.data.curate import Curator
-from shoestring.data.curate.decontam import Decontaminate, EvalNgrams
+from shoestring.prep.curate import Curator
+from shoestring.prep.curate.decontam import Decontaminate, EvalNgrams
 from shoestring.data.sources import Document
 from shoestring.errors import ShoestringError
 
@@ -193,8 +193,8 @@ def test_curator_reports_each_dropped_document_once_with_its_block(eval_dir: Pat
     block, none of the kept ones — also when decontamination cuts a document into pieces
     (``ID#k``) and when the reader's pieces of a long document (``ID``, ``ID#2``) lose the
     first one."""
-    from shoestring.data.curate import Curator
-    from shoestring.data.curate.dedup import ExactDedup
+    from shoestring.prep.curate import Curator
+    from shoestring.prep.curate.dedup import ExactDedup
 
     block = Decontaminate(index_for(eval_dir), mode="cut", margin_chars=50, min_piece_chars=100)
     a, b = filler(40, 120), filler(41, 120)

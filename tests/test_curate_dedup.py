@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shoestring.data.curate import text as T
-from shoestring.data.curate.dedup import ExactDedup
-from shoestring.data.curate.minhash import (
+from shoestring.prep.curate import text as T
+from shoestring.prep.curate.dedup import ExactDedup
+from shoestring.prep.curate.minhash import (
     Clusters,
     FuzzyDedup,
     MinHasher,
@@ -262,7 +262,7 @@ def test_ray_reduce_drops_what_the_local_run_drops(tmp_path) -> None:
     ``band_collisions`` and the ray executor's reduce (``bucket_firsts``) over rows shuffled
     into partitions drop the same documents (both are `first_in_bucket`, then
     `verify_pairs`), with verification and without."""
-    from shoestring.data.distributed.shuffle import bucket_firsts, split_columns
+    from shoestring.prep.ray.shuffle import bucket_firsts, split_columns
 
     rng = np.random.default_rng(2)
     n, bands, perm = 600, 5, 40
@@ -354,8 +354,8 @@ def test_ray_map_and_reduce_tasks_drop_what_fuzzy_dedup_drops(tmp_path) -> None:
     """The ray executor's fuzzy-dedup task functions, called without Ray on two part files:
     ``band_rows`` (signatures written per part), the shuffle's split, ``bucket_firsts``
     verifying with `PartSignatures` — the same drops and clusters as `FuzzyDedup`."""
-    from shoestring.data.distributed.shuffle import bucket_firsts, concat_columns, split_columns
-    from shoestring.data.distributed.stages import PartSignatures, band_rows, make_rid, write_part
+    from shoestring.prep.ray.shuffle import bucket_firsts, concat_columns, split_columns
+    from shoestring.prep.ray.tasks import PartSignatures, band_rows, make_rid, write_part
 
     docs, planted = docs_with_planted_duplicates()
     rng = np.random.default_rng(8)

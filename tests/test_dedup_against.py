@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from conftest import run_cli
 
-from shoestring.data.curate.dedup import ExactDedup
-from shoestring.data.curate.dedup_index import DedupIndex, finish
-from shoestring.data.curate.minhash import FuzzyDedup
+from shoestring.prep.curate.dedup import ExactDedup
+from shoestring.prep.curate.dedup_index import DedupIndex, finish
+from shoestring.prep.curate.minhash import FuzzyDedup
 from shoestring.data.sources import Document
 from shoestring.errors import ShoestringError
 
@@ -210,7 +210,7 @@ def test_index_arrays_are_written_as_numpy_writes_them(tmp_path: Path) -> None:
     and zeros for rows not given."""
     import io
 
-    from shoestring.data.curate.dedup_index import save_array_atomic
+    from shoestring.prep.curate.dedup_index import save_array_atomic
 
     a = np.random.default_rng(0).integers(0, 2**63, size=(100, 3), dtype=np.uint64)
     buf = io.BytesIO()

@@ -355,7 +355,7 @@ def test_bad_layout_fails_on_every_rank_before_any_collective(pydocs_dir: Path,
 @pytest.fixture(scope="module")
 def clm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from shoestring.config import DataConfig
-    from shoestring.data.prep import prep
+    from shoestring.prep.prep import prep
 
     out = tmp_path_factory.mktemp("clm") / "data"
     prep(["builtin:pydocs"], out, DataConfig(vocab_size=2000, seq_len=64, objective="clm"))

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from conftest import SMALL_DATA, run_cli, tiny_config, write_jsonl_corpus
-from shoestring.data.prep import prep
+from shoestring.prep.prep import prep
 from shoestring.errors import ShoestringError
 from shoestring.eval.mlm import evaluate_run
 from shoestring.train.loop import train

@@ -13,7 +13,8 @@ from safetensors.torch import load_file, save_file
 from conftest import run_cli, tiny_config
 
 from shoestring.config import ModelConfig
-from shoestring.data.tokenizer import special_ids, train_wordpiece
+from shoestring.data.tokenizer import special_ids
+from shoestring.prep.tokenizer_training import train_wordpiece
 from shoestring.errors import ShoestringError
 from shoestring.eval.classifier import (
     SequenceClassifier,

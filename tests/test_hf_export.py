@@ -16,7 +16,8 @@ import torch
 from conftest import run_cli
 from shoestring.config import Config, ModelConfig
 from shoestring.data.builtin import iter_pydocs
-from shoestring.data.tokenizer import load_tokenizer, special_ids, train_wordpiece
+from shoestring.data.tokenizer import load_tokenizer, special_ids
+from shoestring.prep.tokenizer_training import train_wordpiece
 from shoestring.errors import ShoestringError
 from shoestring.export import hf
 from shoestring.model.encoder import MaskedLM

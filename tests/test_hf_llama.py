@@ -98,7 +98,7 @@ ENC = ModelConfig(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=9
 
 @pytest.fixture(scope="module")
 def wordpiece(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from shoestring.data.tokenizer import train_wordpiece
+    from shoestring.prep.tokenizer_training import train_wordpiece
 
     path = tmp_path_factory.mktemp("wp") / "tokenizer.json"
     train_wordpiece([d.text for _, d in zip(range(200), iter_pydocs())], 500, lowercase=True).save(str(path))

@@ -24,9 +24,9 @@ from conftest import SHARED_DATA, data_dir_digests, fails_cleanly, run_cli
 from shoestring.data.datadir import DataDir
 from shoestring.data.loader import BatchLoader, Cursor
 from shoestring.data.mixture import epochs_at, parse_mix
-from shoestring.data.prep import is_validation
+from shoestring.prep.prep import is_validation
 from shoestring.data.tokenizer import SEP
-from shoestring.data.workers import clean_texts, encode_texts
+from shoestring.prep.workers import clean_texts, encode_texts
 
 CORPUS = SHARED_DATA / "corpora" / "mixed-en.jsonl"
 pytestmark = pytest.mark.skipif(not CORPUS.is_file(),
@@ -320,8 +320,9 @@ def _prep_script(folder: Path, out: Path, fault: str | None) -> subprocess.Compl
         "brown": 0.5, "news": {"weight": 0.2, "value": "abc"},
         "reviews": {"weight": 0.3, "files": [str(folder / "reviews.jsonl")]}}}
     data = {"vocab_size": 2000, "seq_len": SEQ, "val_fraction": VAL, "mixture": mixture}
-    code = ("import json, sys; import shoestring.data.prep as p; from shoestring.config import "
-            "DataConfig; import shoestring.data.local as L; L.ENCODE_BATCH = 20; "
+    code = ("import json, sys; import shoestring.prep.prep as p; from shoestring.config import "
+            "DataConfig; import shoestring.prep.local as L, shoestring.prep.stages as S; "
+            "S.ENCODE_BATCH = 20; "
             "L.CHECKPOINT_CHARS = 1; "
             f"p.prep([{str(folder / 'main.jsonl')!r}], {str(out)!r}, "
             "DataConfig.model_validate(json.loads(sys.argv[1])))")

@@ -15,9 +15,10 @@ from conftest import data_dir_digests, run_cli, write_tie_corpus
 from shoestring.config import DataConfig
 from shoestring.data.datadir import DataDir
 from shoestring.data.loader import BatchLoader
-from shoestring.data.prep import is_validation, prep, unigram_sort_order
+from shoestring.prep.prep import is_validation, prep, unigram_sort_order
 from shoestring.data.shards import read_index
-from shoestring.data.tokenizer import EOT, SEP, train_tokenizer
+from shoestring.data.tokenizer import EOT, SEP
+from shoestring.prep.tokenizer_training import train_tokenizer
 from shoestring.errors import ShoestringError
 
 N_DOCS = 160
@@ -57,7 +58,7 @@ def _shards(out: Path) -> dict[str, list[tuple[str, str]]]:
 
 
 def _train_texts(corpus: Path, frac: float = 0.1) -> list[str]:
-    from shoestring.data.clean import clean_text
+    from shoestring.prep.clean import clean_text
 
     texts = [clean_text(json.loads(line)["text"]) for line in corpus.read_text().splitlines()]
     return [t for t in texts if len(t) >= 16 and not is_validation(t, frac)]
@@ -149,9 +150,9 @@ def _killed_prep(corpus: Path, out: Path, fault: str, cfg_args: list[str],
                  encode_batch: int = 1024) -> subprocess.CompletedProcess:
     """A real prep process that dies like `kill -9` at the fault point."""
     code = (
-        "import sys; import shoestring.data.prep as p; from shoestring.config import load_config;"
-        "import shoestring.data.local as L;"  # the local executor's batch and checkpoint sizes
-        f"L.ENCODE_BATCH = {encode_batch}; L.CHECKPOINT_CHARS = 1;"
+        "import sys; import shoestring.prep.prep as p; from shoestring.config import load_config;"
+        "import shoestring.prep.local as L, shoestring.prep.stages as S;"  # batch, checkpoint
+        f"S.ENCODE_BATCH = {encode_batch}; L.CHECKPOINT_CHARS = 1;"
         f"p.prep([{str(corpus)!r}], {str(out)!r}, load_config(None, sys.argv[1:]).data)"
     )
     env = {**os.environ, "SHOESTRING_PREP_FAULT": fault}
@@ -352,7 +353,7 @@ def test_tokenizer_trains_on_a_capped_uniform_sample(corpus: Path, tmp_path: Pat
     """Issue 33: the local path caps the tokenizer's text (data.tokenizer_sample_chars, the
     cap the Ray path shares). Its vocabulary is the one trained on exactly the drawn sample
     (not on all the text), the manifest says how much of what, and a re-run draws the same."""
-    from shoestring.data.tokenizer import tokenizer_sample
+    from shoestring.prep.tokenizer_training import tokenizer_sample
 
     texts = _train_texts(corpus)
     total = sum(len(t) for t in texts)
@@ -381,7 +382,7 @@ def test_stream_rows_read_what_a_map_of_the_stream_holds(tmp_path: Path) -> None
     """Issue 33: the packer reads the token stream in slices and row by row (not through a
     map whose pages stay resident): the rows are those of the mapped stream, the final
     partial row left out, for any slice and any gather."""
-    from shoestring.data.packing import StreamRows
+    from shoestring.prep.packing import StreamRows
 
     body, n_tokens = 7, 7 * 50 + 3
     stream = np.random.default_rng(0).integers(0, 60000, n_tokens, dtype=np.uint16)

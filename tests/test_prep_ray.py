@@ -19,13 +19,13 @@ from conftest import SHARED_DATA, data_dir_digests, run_cli, write_tie_corpus
 
 from shoestring.config import CurateConfig, DataConfig
 from shoestring.data.datadir import DataDir
-from shoestring.data.prep import build_dir, prep
+from shoestring.prep.prep import build_dir, prep
 from shoestring.errors import ShoestringError
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install '.[ray]')")
 
-from shoestring.data.distributed import RayOptions  # noqa: E402
-from shoestring.data.distributed.shuffle import bucket_firsts, cluster_sizes  # noqa: E402
+from shoestring.prep.ray import RayOptions  # noqa: E402
+from shoestring.prep.ray.shuffle import bucket_firsts, cluster_sizes  # noqa: E402
 
 CORPUS = SHARED_DATA / "corpora" / "mixed-en.jsonl"
 # The planted-corpus runs share a tokenizer file (so they test curation, not training); the
@@ -81,7 +81,7 @@ def planted(tmp_path_factory: pytest.TempPathFactory) -> dict:
         files.append(str(path))
     evals = root / "eval.jsonl"
     evals.write_text(json.dumps({"sentence": eval_text}) + "\n", encoding="utf-8")
-    from shoestring.data.tokenizer import train_tokenizer
+    from shoestring.prep.tokenizer_training import train_tokenizer
 
     tok = root / "tokenizer.json"
     train_tokenizer(iter(docs), "wordpiece", "mlm", 700, True).save(str(tok))
@@ -290,10 +290,10 @@ def test_few_documents_split_by_position_as_in_local_mode(ray_cluster, planted,
 def test_new_blocks_plan_onto_ray_or_are_refused_by_name(monkeypatch) -> None:
     """A stateless block added to the local pipeline joins a Ray map stage as it is; a
     stateful one without a shuffle in SHUFFLES is refused, naming it."""
-    from shoestring.data.curate import Curator
-    from shoestring.data.curate.blocks import Block, Drop
-    from shoestring.data.curate.dedup import ExactDedup
-    from shoestring.data.distributed import plan_ray
+    from shoestring.prep.curate import Curator
+    from shoestring.prep.curate.blocks import Block, Drop
+    from shoestring.prep.curate.dedup import ExactDedup
+    from shoestring.prep.ray import plan_ray
 
     class Shouting(Block):
         name = "shouting"
@@ -436,9 +436,9 @@ def test_executors_are_found_by_name_without_importing_their_package() -> None:
     time it is asked for (a fresh interpreter, so nothing was imported before)."""
     code = """
 import sys
-from shoestring.data.executor import get_executor
+from shoestring.prep.executor import get_executor
 from shoestring.errors import ShoestringError
-assert "shoestring.data.distributed" not in sys.modules
+assert "shoestring.prep.ray" not in sys.modules
 print(type(get_executor("ray")).__name__, type(get_executor("local")).__name__)
 try:
     get_executor("spark")

@@ -15,9 +15,9 @@ from conftest import interrupt_cli, run_cli
 from rich.console import Console
 
 from shoestring.config import Config, CurateConfig, DataConfig, ModelConfig, TrainConfig
-from shoestring.data import canaries as C
+from shoestring.prep import canaries as C
 from shoestring.data.builtin import iter_pydocs
-from shoestring.data.prep import prep
+from shoestring.prep.prep import prep
 from shoestring.privacy.audit import AuditSettings, audit
 from shoestring.privacy.exposure import forward_passes
 from shoestring.train.loop import train

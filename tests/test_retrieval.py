@@ -31,7 +31,7 @@ WORDS = 40  # passages of 40 words: several per document, and longer than the ti
 def work(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A real corpus; an mlm data dir and encoder; a contrastive encoder tuned from it; a clm
     data dir and decoder; an index with the tuned encoder. Trained once for the module."""
-    from shoestring.data.prep import prep
+    from shoestring.prep.prep import prep
     from shoestring.train.loop import train
 
     root = tmp_path_factory.mktemp("retrieval")

@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 from shoestring.data.datadir import DataDir
-from shoestring.data.prep import is_validation, pack_mlm
+from shoestring.prep.packing import StreamRows
+from shoestring.prep.prep import is_validation
+from shoestring.prep.stages import frame_rows
 from shoestring.data.shards import PackedSplit, token_dtype
 
 from conftest import write_split
@@ -61,14 +63,18 @@ def test_corrupted_shard_fails_checksum(tmp_path: Path) -> None:
         PackedSplit(tmp_path, info, 16, "<u2", verify=True)
 
 
-def test_pack_mlm_keeps_every_token_in_order() -> None:
-    stream = np.arange(100, 1100)
-    rows, rest = pack_mlm(stream, seq_len=10, cls_id=2, sep_id=3)
-    assert rows.shape == (125, 10)
-    assert (rows[:, 0] == 2).all() and (rows[:, -1] == 3).all()
-    np.testing.assert_array_equal(np.concatenate([rows[:, 1:-1].ravel(), rest]), stream)
-    rows, rest = pack_mlm(np.arange(13), seq_len=10, cls_id=2, sep_id=3)
-    assert rows.shape == (1, 10) and list(rest) == [8, 9, 10, 11, 12]
+def test_mlm_packing_keeps_every_token_in_order(tmp_path: Path) -> None:
+    """Rows of the stream (`StreamRows`), framed [CLS] body [SEP] (`frame_rows`): every token
+    but the final partial row's, in order."""
+    for stream, n, rest in ((np.arange(100, 1100), 125, []), (np.arange(13), 1, range(8, 13))):
+        path = tmp_path / "stream.bin"
+        stream.astype("<u2").tofile(path)
+        bodies = StreamRows(path, "<u2", 8)
+        rows = frame_rows(bodies[0 : len(bodies)], 10, 2, 2, 3, np.dtype("<u2"))
+        assert rows.shape == (n, 10)
+        assert (rows[:, 0] == 2).all() and (rows[:, -1] == 3).all()
+        np.testing.assert_array_equal(rows[:, 1:-1].ravel(), stream[: n * 8])
+        assert list(stream[n * 8 :]) == list(rest)
 
 
 def test_validation_split_is_deterministic_and_near_fraction() -> None:
@@ -81,7 +87,7 @@ def test_validation_split_is_deterministic_and_near_fraction() -> None:
 def test_prep_tokens_in_equal_tokens_out(pydocs_dir: Path) -> None:
     """Every training document's tokens appear in the shards, in order, joined by [SEP]."""
     from shoestring.data.builtin import iter_pydocs
-    from shoestring.data.clean import clean_text
+    from shoestring.prep.clean import clean_text
 
     data = DataDir(pydocs_dir)
     m = data.manifest

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from conftest import run_cli
 
-from shoestring.data.curate.substring import SubstringDedup, cut_text, find_repeats
+from shoestring.prep.curate.substring import SubstringDedup, cut_text, find_repeats
 from shoestring.data.sources import Document
 
 

@@ -5,13 +5,8 @@ from pathlib import Path
 import pytest
 
 from shoestring.data.builtin import iter_pydocs
-from shoestring.data.tokenizer import (
-    NUM_SPECIAL,
-    SPECIAL_TOKENS,
-    load_tokenizer,
-    special_ids,
-    train_wordpiece,
-)
+from shoestring.data.tokenizer import NUM_SPECIAL, SPECIAL_TOKENS, load_tokenizer, special_ids
+from shoestring.prep.tokenizer_training import train_wordpiece
 from shoestring.errors import ShoestringError
 
 
@@ -73,13 +68,9 @@ def test_ids_are_in_canonical_order(texts: list[str]) -> None:
 
 # --- kinds, objectives, loading ----------------------------------------------------------
 
-from shoestring.data.tokenizer import (
-    CLM_SPECIAL_TOKENS,
-    EOT,
-    load_for_objective,
-    tokenizer_kind,
-    train_tokenizer,
-)
+from shoestring.data.tokenizer import CLM_SPECIAL_TOKENS, EOT, load_for_objective, tokenizer_kind
+
+from shoestring.prep.tokenizer_training import train_tokenizer
 
 
 @pytest.fixture(scope="module")

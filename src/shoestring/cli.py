@@ -233,7 +233,7 @@ def prep(
 
     An interrupted prep resumes when re-run with the same inputs and settings.
     """
-    from shoestring.data.prep import build_dir, prep as run_prep
+    from shoestring.prep.prep import build_dir, prep as run_prep
 
     options = {"--objective": ("data.objective", objective), "--tokenizer": ("data.tokenizer", tokenizer),
                "--text-field": ("data.text_field", text_field), "--split-on": ("data.split_on", split_on),
@@ -279,7 +279,7 @@ def _ray_options(executor: str, address: str | None):
         if address is not None:
             raise ShoestringError("--ray-address needs --executor ray", where="--ray-address")
         return None
-    from shoestring.data.distributed import RayOptions
+    from shoestring.prep.ray import RayOptions
 
     return RayOptions(address=address)
 

@@ -18,7 +18,7 @@ from rich.table import Table
 
 from shoestring.config import Config
 from shoestring.data.datadir import DataDir
-from shoestring.data.prep import data_fingerprint, prep
+from shoestring.prep.prep import data_fingerprint, prep
 from shoestring.device import load_cost
 from shoestring.errors import ShoestringError
 from shoestring.eval.mlm import evaluate_run

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from shoestring.data.compression import decompression_errors, open_decompressed, split_suffix
+from shoestring.data.compressed import decompression_errors, open_decompressed, split_suffix
 from shoestring.errors import ShoestringError
 
 SUPPORTED_SUFFIXES = (".txt", ".jsonl", ".json", ".parquet", ".csv", ".tsv")

@@ -4,7 +4,7 @@ Resolving (this module) finds every problem with the *specs* before any reading,
 the fifth path fails in a second, not after an hour of tokenizing the first four. Reading is
 one function per format in `shoestring.data.readers` (see its docstring for the formats and
 what ``on_error="skip"`` skips); compressed files (``.gz``, ``.zst``, ``.bz2``, detected by
-magic bytes) are read through `shoestring.data.compression`.
+magic bytes) are read through `shoestring.data.compressed`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from shoestring.data.compression import COMPRESSED_SUFFIXES, split_suffix
+from shoestring.data.compressed import COMPRESSED_SUFFIXES, split_suffix
 from shoestring.data.readers import (
     HF_PREFIX,
     SUPPORTED_SUFFIXES,

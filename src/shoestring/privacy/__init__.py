@@ -1,4 +1,4 @@
 """Training-data privacy (docs/privacy.md): the memorization audit (`shoestring audit`) and
 DP-SGD fine-tuning (``dp_sgd.py``, which `eval` and `finetune` call). Canaries are planted by
-prep (``data/canaries.py``); substring dedup is a curation block (``data/curate/substring.py``).
+prep (``prep/canaries.py``); substring dedup is a curation block (``prep/curate/substring.py``).
 """

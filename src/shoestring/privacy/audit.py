@@ -95,7 +95,7 @@ def _sample(split: Any, n: int, rng: np.random.Generator) -> np.ndarray:
 def audit(run_dir: str | Path, data_dir: str | Path, settings: AuditSettings = AuditSettings(),
           console: Console | None = None) -> dict[str, Any]:
     """Run the three tests on a finished run; writes ``audit.json`` in the run dir."""
-    from shoestring.data import canaries as C
+    from shoestring.prep import canaries as C
     from shoestring.data.datadir import DataDir
     from shoestring.fsutil import file_sha256
     from shoestring.fsutil import write_json_atomic

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shoestring.data.canaries import Canary, random_secret
+from shoestring.prep.canaries import Canary, random_secret
 
 _BATCH_ROWS = 512
 

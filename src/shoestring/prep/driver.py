@@ -3,11 +3,12 @@
 The driver owns what does not depend on where the work runs: the order of the stages and
 their journal entries, the train/val split rule (the `Split` writer), the tokenizer stage (a
 given file, or one trained by the executor), the checks of what read and pack produced, and
-the manifest. An executor supplies the `Stages` that do the work — the read stage (the
+the manifest. An executor supplies the `Stages` that run the work — the read stage (the
 reader ``sources.Read`` → the blocks clean, canaries and curation → `Split`, ending in
-`Driver.read_result` with their records), tokenizer training, encode and pack — and runs
-``Driver(plan, journal, stages).run()``: ``data/local.py`` in this process and its workers,
-``data/distributed/executor.py`` as Ray tasks.
+`Driver.read_result` with their records), and ``stages.py``'s tokenizer training, encode
+and pack, where and when it chooses — and runs
+``Driver(plan, journal, stages).run()``: ``prep/local.py`` in this process and its workers,
+``prep/ray/executor.py`` as Ray tasks.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import numpy as np
 from shoestring import __version__, families
 from shoestring.config import DataConfig
 from shoestring.data.datadir import FORMAT
-from shoestring.data.executor import Journal, PrepPlan
+from shoestring.prep.executor import Journal, PrepPlan
 from shoestring.data.mixture import SourceMatcher, source_ranges, source_weights
 from shoestring.data.shards import token_dtype
 from shoestring.data.sources import Document, ReadStats
@@ -58,7 +59,8 @@ def tokenizer_path(cfg: DataConfig) -> str | None:
 
 
 class Stages(Protocol):
-    """The work an executor does for the `Driver` (which journals what they return)."""
+    """Where and when an executor runs each stage's work (``prep/stages.py``'s functions)
+    for the `Driver`, which journals what they return."""
 
     kept_shards: int  # shards a resumed pack found intact
 
@@ -71,12 +73,12 @@ class Stages(Protocol):
     def train_texts(self) -> Iterator[str]:
         """The training documents, in order."""
 
-    def encode(self, split: str, tok: Any, ids: dict[str, int], n_docs: int) -> dict:
-        """Tokenize a split; its ``encode.{split}`` journal entry (``done`` set)."""
+    def encode(self, split: str, tok: Any, sep: int, dtype: np.dtype, n_docs: int) -> dict:
+        """Tokenize a split (`stages.encode`); its ``encode.{split}`` journal entry."""
 
     def pack(self, split: str, enc: dict, dtype: np.dtype, ids: dict[str, int],
              vocab: int) -> dict:
-        """Cut the split's token stream into shards; the manifest's entry for the split."""
+        """Cut the split's stream into shards (`stages.pack_shard`); its `pack_record`."""
 
     def describe(self) -> dict | None:
         """The manifest's ``executor`` entry (None: none is written)."""
@@ -109,17 +111,18 @@ class Driver:
         tok_info = self.journal.get("tokenizer") or self.timed("tokenizer", self._tokenizer)
         tok = load_tokenizer(self.build / "tokenizer.json")
         if self.curate_cfg is not None:  # the threshold may depend on the corpus
-            from shoestring.data.curate.compress import Compressibility
+            from shoestring.prep.curate.compress import Compressibility
 
             self.median_ratio = tok_info.get("median_ratio")
             self.compress = Compressibility.from_config(self.curate_cfg, self.median_ratio)
         ids = special_ids(tok, self.cfg.objective)
+        sep = ids[families.get(self.cfg.objective).separator_token]
         dtype = token_dtype(tok.get_vocab_size())
         splits: dict[str, dict] = {}
         for split in ("train", "val"):
             enc = self.journal.get(f"encode.{split}")
             if not (enc and enc["done"]):
-                enc = self.timed("encode", self.stages.encode, split, tok, ids,
+                enc = self.timed("encode", self.stages.encode, split, tok, sep, dtype,
                                  read["documents"][split])
             self.encoded[split] = enc
             splits[split] = self.timed("pack", self.stages.pack, split, enc, dtype, ids,
@@ -227,13 +230,12 @@ class Driver:
                 info["warning"] = short
                 self.console.print("[bold yellow]warning:[/] ", end="")
                 self.console.print(short, markup=False, highlight=False)
-        from shoestring.data.curate.compress import median_ratio, needs_median
+        from shoestring.prep.curate.compress import median_ratio, needs_median
 
         if needs_median(self.curate_cfg):  # for the compressibility threshold
             info["median_ratio"] = median_ratio(tok, self.stages.train_texts())
         self.journal.put("tokenizer", info)
         return info
-
 
     def _explain(self) -> None:
         """``--explain N``: every block's dropped-document examples in one report — the read
@@ -241,7 +243,7 @@ class Driver:
         the last progress bar, not between the bars of the stages."""
         if self.curate_cfg is None or not self.curate_cfg.explain:
             return
-        from shoestring.data.curate.pipeline import format_explain
+        from shoestring.prep.curate.pipeline import format_explain
 
         examples = dict(self.examples)
         if self.compress is not None and self.compress.examples:
@@ -249,7 +251,6 @@ class Driver:
         text = "\n".join([format_explain(examples, self.curate_cfg.explain).rstrip(),
                           *self.explain_lines])
         self.console.print(text, markup=False, highlight=False)
-
 
     def source_split(self, split: str, enc: dict, doc_ends: np.ndarray, body: int,
                       n: int) -> dict | None:
@@ -370,7 +371,6 @@ class Driver:
             "stage_seconds": self.seconds,
             "seconds": round(seconds, 3),
         }
-
 
 
 class Split:

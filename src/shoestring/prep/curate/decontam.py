@@ -30,8 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from shoestring.data.curate.blocks import Block, Drop
-from shoestring.data.curate.text import ngram_hashes_upto, word_hashes, word_spans
+from shoestring.prep.curate.blocks import Block, Drop
+from shoestring.prep.curate.text import ngram_hashes_upto, word_hashes, word_spans
 from shoestring.data.sources import Document
 from shoestring.errors import ShoestringError
 

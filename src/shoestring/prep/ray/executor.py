@@ -46,20 +46,18 @@ import numpy as np
 
 from shoestring import families
 from shoestring.config import CurateConfig, DataConfig
-from shoestring.data.curate.blocks import Block, BlockStats
-from shoestring.data.curate.normalize import Clean
-from shoestring.data.distributed import stages
-from shoestring.data.distributed.session import WHERE, ray_session
-from shoestring.data.distributed.shuffle import bucket_firsts, cluster_sizes, shuffle
-from shoestring.data.driver import MIN_VAL_DOCUMENTS, Driver, Split
-from shoestring.data.executor import WORK_DIR, Journal, PrepPlan, fault_point
-from shoestring.data.shards import token_dtype
 from shoestring.data.sources import Document, ReadStats
-from shoestring.data.tokenizer import CLS, SEP
 from shoestring.errors import ShoestringError
 from shoestring.fsutil import write_bytes_atomic
+from shoestring.prep.curate.blocks import Block, BlockStats
+from shoestring.prep.curate.normalize import Clean
+from shoestring.prep.driver import MIN_VAL_DOCUMENTS, Driver, Split
+from shoestring.prep.executor import WORK_DIR, Journal, PrepPlan, fault_point
+from shoestring.prep.ray import tasks
+from shoestring.prep.ray.session import WHERE, ray_session
+from shoestring.prep.ray.shuffle import bucket_firsts, cluster_sizes, shuffle
+from shoestring.prep.stages import NO_COUNTS, pack_record, shard_ranges, sorts, train_on_sample
 from shoestring.progress import progress_bar
-
 
 
 @dataclass
@@ -71,7 +69,7 @@ class RayOptions:
     part_docs: int = 8192  # documents per part: the unit of every per-part task
     part_chars: int = 64 << 20  # ... or characters, whichever comes first
     partitions: int | None = None  # shuffle partitions; default: the cluster's CPUs
-    fault: str | None = field(default=None, repr=False)  # tests: see stages.maybe_fail
+    fault: str | None = field(default=None, repr=False)  # tests: see tasks.maybe_fail
 
 
 @dataclass
@@ -98,7 +96,7 @@ def plan_ray(cfg: DataConfig, curate: CurateConfig | None) -> RayPlan:
                        "dedup against an earlier data dir with --executor local"))
     blocks: list[Block] = [Clean(cfg.min_chars)]
     if curate is not None:
-        from shoestring.data.curate import Curator
+        from shoestring.prep.curate import Curator
 
         blocks += Curator.from_config(curate.model_copy(update={"dedup_against": []})).blocks
     for block in blocks:
@@ -122,7 +120,7 @@ def plan_ray(cfg: DataConfig, curate: CurateConfig | None) -> RayPlan:
 
 
 class RayExecutor:
-    """``--executor ray``: the `Executor` (``data/executor.py``) that runs prep on Ray."""
+    """``--executor ray``: the `Executor` (``prep/executor.py``) that runs prep on Ray."""
 
     name = "ray"
 
@@ -194,7 +192,7 @@ class RayStages:
             task = bar.add_task(label, total=len(items), unit="tasks")
             for row in ds.iter_rows():
                 out.append(json.loads(row["summary"]))
-                stages.raise_user_error(out[-1])
+                tasks.raise_user_error(out[-1])
                 bar.update(task, advance=1)
         self.d.seconds[label] = round(time.perf_counter() - t, 3)
         return out
@@ -243,12 +241,12 @@ class RayStages:
         last = stages_.pop()[1] if stages_ and stages_[-1][0] == "map" else []
         work = str(self.work)
         if "read" not in self.state:
-            if len(self.files) > stages.MAX_SOURCES:
+            if len(self.files) > tasks.MAX_SOURCES:
                 raise ShoestringError(f"{len(self.files):,} sources: the ray executor numbers "
-                                      f"at most {stages.MAX_SOURCES:,}", where=WHERE,
+                                      f"at most {tasks.MAX_SOURCES:,}", where=WHERE,
                                       fix="concatenate small files into bigger ones")
             items = [{"index": i, "source": s} for i, s in enumerate(self.files)]
-            done = self._map("read + clean + filters", items, stages.read_source, cfg=self.cfg,
+            done = self._map("read + clean + filters", items, tasks.read_source, cfg=self.cfg,
                              blocks=ray.put(first), work=work, part_docs=self.opts.part_docs,
                              part_chars=self.opts.part_chars)
             done.sort(key=lambda s: s["index"])
@@ -259,7 +257,7 @@ class RayStages:
                 "skipped": [x for s in done for x in s["skipped"]],
                 "counts": {k: sum(s["counts"][k] for s in done) for k in done[0]["counts"]}
                 if done else {},
-                "reports": stages.merge_reports([b.report() for b in first],
+                "reports": tasks.merge_reports([b.report() for b in first],
                                                 [s["reports"] for s in done]),
             })
         read = self.state["read"]
@@ -302,13 +300,13 @@ class RayStages:
         import ray
 
         items = [{"name": p["name"]} for p in parts]
-        done = self._map(label, items, stages.apply_part, blocks=ray.put(blocks),
+        done = self._map(label, items, tasks.apply_part, blocks=ray.put(blocks),
                          dropped=dropped_ref, work=str(self.work), src=src, dst=dst,
                          val_fraction=val_fraction)
         return {"rows": sum(s["rows"] for s in done), "val": sum(s["val"] for s in done),
                 "chars": sum(s["chars"] for s in done),
                 "train_chars": sum(s["chars"] - s["val_chars"] for s in done),
-                "reports": stages.merge_reports([b.report() for b in blocks],
+                "reports": tasks.merge_reports([b.report() for b in blocks],
                                                 [s["reports"] for s in done])}
 
     def _finish_read(self, read: dict, final: dict, reports: list[dict]) -> dict:
@@ -329,13 +327,13 @@ class RayStages:
         names = [p["name"] for p in parts]
         final = self.state["final"]
         if "split" in final:  # done before an interruption: the one part holds the flags
-            val = stages.read_part(self.work / "kept" / f"{names[0]}.parquet", ["val"])["val"]
+            val = tasks.read_part(self.work / "kept" / f"{names[0]}.parquet", ["val"])["val"]
             split.n = {"train": len(val) - int(val.sum()), "val": int(val.sum())}
             split.kept, split.chars, split.how = final["rows"], final["chars"], final["split"]
             split.train_chars = final["train_chars"]
             return
         split.write(Document(text, "", "") for name in names
-                    for text in stages.read_part(self.work / "kept" / f"{name}.parquet")["text"])
+                    for text in tasks.read_part(self.work / "kept" / f"{name}.parquet")["text"])
         split.close()  # writes spool-train / spool-val, removes the spool of all
         texts, val = [], []
         for name, flag in (("train", False), ("val", True)):
@@ -346,7 +344,7 @@ class RayStages:
                     val.append(flag)
             path.unlink()
         shutil.rmtree(self.work / "kept")
-        stages.write_part(self.work / "kept" / f"{names[0]}.parquet", np.arange(len(texts)),
+        tasks.write_part(self.work / "kept" / f"{names[0]}.parquet", np.arange(len(texts)),
                           texts, np.array(val, dtype=bool))
         final.update(names=[names[0]], split=split.how, train_chars=split.train_chars)
         self.journal.put("ray", self.state)
@@ -359,71 +357,53 @@ class RayStages:
 
     def train_texts(self) -> Iterator[str]:
         """The training documents, part by part (read on the driver)."""
-        for name in self._kept_names():
-            part = stages.read_part(self.work / "kept" / f"{name}.parquet", ["text", "val"])
-            yield from (t for t, v in zip(part["text"], part["val"].tolist()) if not v)
+        return tasks.train_texts([self.work / "kept" / f"{n}.parquet" for n in self._kept_names()])
 
     def train_tokenizer(self, kind: str, n_train: int) -> tuple[Any, dict[str, int]]:
         import ray
 
-        paths = [str(self.work / "kept" / f"{n}.parquet") for n in self._kept_names()]
-        train = ray.remote(stages.train_on_sample).options(num_cpus=1, **self.retry)
+        paths = [self.work / "kept" / f"{n}.parquet" for n in self._kept_names()]
+        train = ray.remote(train_on_sample).options(num_cpus=1, **self.retry)
         tok, sample = self._core(train.remote(
-            paths, self.cfg.tokenizer_sample_chars, self.state["final"]["train_chars"], kind,
-            self.cfg.objective, self.cfg.vocab_size, self.cfg.lowercase_resolved))
+            partial(tasks.train_texts, paths), self.cfg.tokenizer_sample_chars,
+            self.state["final"]["train_chars"], kind, self.cfg.objective, self.cfg.vocab_size,
+            self.cfg.lowercase_resolved))
         self.state["tokenizer_sample"] = sample
         self.journal.put("ray", self.state)
         return tok, sample
 
-    def encode(self, split: str, tok: Any, ids: dict[str, int], n_docs: int) -> dict:
+    def encode(self, split: str, tok: Any, sep: int, dtype: np.dtype, n_docs: int) -> dict:
         self.journal.restart(f"pack.{split}")
-        sep = ids[families.get(self.cfg.objective).separator_token]
         items = [{"name": n, "split": split} for n in self._kept_names()]
-        done = self._map(f"tokenize {split}", items, stages.encode_part, work=str(self.work),
+        done = self._map(f"tokenize {split}", items, tasks.encode_part, work=str(self.work),
                          tokenizer=str(self.build / "tokenizer.json"), sep_id=sep,
-                         dtype=token_dtype(tok.get_vocab_size()).str, curate=self.curate_cfg,
-                         median=self.d.median_ratio)
+                         dtype=dtype.str, curate=self.curate_cfg, median=self.d.median_ratio)
         done.sort(key=lambda s: s["name"])
-        offset = 0
-        parts = []
-        for s in done:
-            parts.append({"name": s["name"], "tokens": s["tokens"], "offset": offset})
-            offset += s["tokens"]
-        state = {key: sum(s[key] for s in done)
-                 for key in ("documents", "kept_documents", "tokens", "document_tokens")}
-        state = {**state, "done": True, "parts": parts}
+        offsets = np.cumsum([0] + [s["tokens"] for s in done]).tolist()
+        parts = [{"name": s["name"], "tokens": s["tokens"], "offset": offset}
+                 for s, offset in zip(done, offsets)]
+        state = {**{key: sum(s[key] for s in done) for key in NO_COUNTS}, "done": True,
+                 "parts": parts}
         self.journal.put(f"encode.{split}", state)
         fault_point(f"ray.encode.{split}", 1)
         return state
 
     def pack(self, split: str, enc: dict, dtype: np.dtype, ids: dict[str, int],
-              vocab: int) -> dict:
+             vocab: int) -> dict:
         cfg = self.cfg
-        frame = families.get(cfg.objective).row_frame
-        body = cfg.seq_len - frame
+        body = cfg.seq_len - families.get(cfg.objective).row_frame
         n = enc["tokens"] // body
-        per_shard = max(1, cfg.shard_tokens // cfg.seq_len)
-        items = [{"index": k, "lo": k * per_shard, "hi": min(n, (k + 1) * per_shard)}
-                 for k in range(-(-n // per_shard))]
-        ordered = cfg.order == "sort" and split == "train" and n > 0
-        order = self._sort_order(items, enc["parts"], split, dtype, body, vocab) if ordered \
-            else None
-        done = self._map(f"pack {split}", items, stages.pack_shard, work=str(self.work),
-                         build=str(self.build), parts=enc["parts"], split=split,
-                         dtype=dtype.str, seq_len=cfg.seq_len, frame=frame,
-                         cls_id=ids.get(CLS, 0), sep_id=ids.get(SEP, 0), order=order)
+        items = [{"index": k, "lo": lo, "hi": hi}
+                 for k, (lo, hi) in enumerate(shard_ranges(n, cfg))]
+        order = self._sort_order(items, enc["parts"], split, dtype, body, vocab) \
+            if sorts(cfg, split) and n else None
+        done = self._map(f"pack {split}", items, tasks.pack_part, work=str(self.work),
+                         build=str(self.build), parts=enc["parts"], split=split, cfg=cfg,
+                         ids=ids, dtype=dtype.str, order=order)
         done.sort(key=lambda s: s["bin"])
         self.kept_shards += sum(s.pop("kept") for s in done)
         self.journal.put(f"pack.{split}", {"shards": done})
-        return {
-            "sequences": n,
-            "tokens": n * cfg.seq_len,
-            "documents": enc["kept_documents"],
-            "document_tokens": int(enc["document_tokens"]),
-            "dropped_tail_tokens": int(enc["tokens"] - n * body),
-            "order": "sort" if ordered else "none",
-            "shards": done,
-        }
+        return pack_record(cfg, split, enc, done)
 
     def _sort_order(self, ranges: list[dict], parts: list[dict], split: str, dtype: np.dtype,
                     body: int, vocab: int) -> str:
@@ -435,16 +415,16 @@ class RayStages:
 
         import ray
 
-        from shoestring.data.packing import unigram_logp
+        from shoestring.prep.packing import unigram_logp
 
         path = self.work / "sort" / "order.npy"
         if path.is_file():
             return str(path)
         common = {"work": str(self.work), "parts": parts, "split": split, "dtype": dtype.str,
                   "body": body, "vocab": vocab}
-        done = self._map("unigram counts", ranges, stages.unigram_part, **common)
+        done = self._map("unigram counts", ranges, tasks.unigram_part, **common)
         counts = sum(np.load(s["path"]) for s in done)
-        done = self._map("unigram scores", ranges, stages.unigram_part, **common,
+        done = self._map("unigram scores", ranges, tasks.unigram_part, **common,
                          logp=ray.put(unigram_logp(counts)))
         done.sort(key=lambda s: s["index"])
         scores = np.concatenate([np.load(s["path"]) for s in done])
@@ -474,7 +454,7 @@ class RayStages:
     def exact_dedup(self, block: Block, src: str, parts: list[dict], dropped_ref: Any,
                     rows: int) -> tuple[dict, np.ndarray, dict]:
         """Exact dedup: buckets of the 128-bit text key; the first row of each is kept."""
-        out = shuffle(stages.exact_rows, self._inputs(src, parts, dropped_ref), "k1",
+        out = shuffle(tasks.exact_rows, self._inputs(src, parts, dropped_ref), "k1",
                       self.partitions, bucket_firsts, reduce_returns=2, **self.retry)
         summaries = self._core([o[0] for o in out])
         dropped = np.unique(np.concatenate([s["dropped"] for s in summaries]))
@@ -489,9 +469,9 @@ class RayStages:
         seed = self.curate_cfg.minhash_seed if self.curate_cfg else 1
         args = (hasher.num_perm, hasher.ngram, seed, hasher.bands)
         verify = partial(bucket_firsts, threshold=block.threshold,  # type: ignore[attr-defined]
-                         signatures=stages.PartSignatures(str(self.work),
+                         signatures=tasks.PartSignatures(str(self.work),
                                                           [p["name"] for p in parts]))
-        out = shuffle(stages.band_rows, self._inputs(src, parts, dropped_ref, args),
+        out = shuffle(tasks.band_rows, self._inputs(src, parts, dropped_ref, args),
                       "k1", self.partitions, verify, reduce_returns=2, **self.retry)
         summaries = self._core([o[0] for o in out])
         dropped = np.unique(np.concatenate([s["dropped"] for s in summaries]))

@@ -1,15 +1,15 @@
 """What `prep` hands an executor, and how executors are found.
 
-`prep` (``data/prep.py``) checks the settings, resolves the sources, opens the build folder's
+`prep` (``prep/prep.py``) checks the settings, resolves the sources, opens the build folder's
 `Journal` and hands an `Executor` a `PrepPlan`; the executor runs the stages and returns the
 manifest. ``prep`` names no executor: it looks the ``--executor`` name up in a registry that
 each executor's package fills when imported (`register`). The local executor
-(``data/local.py``) registers here; the Ray one (``data/distributed/``) when
-``shoestring.data.distributed`` is imported, which `get_executor` does by name the first time
+(``prep/local.py``) registers here; the Ray one (``prep/ray/``) when
+``shoestring.prep.ray`` is imported, which `get_executor` does by name the first time
 ``ray`` is asked for.
 
 A new executor is a module of its own implementing `Executor` (usually by running
-``driver.Driver`` with its own stages, see ``data/driver.py``) plus one `register` call.
+``driver.Driver`` with its own stages, see ``prep/driver.py``) plus one `register` call.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ _REGISTRY: dict[str, Callable[[Any], Executor]] = {}
 # Executors whose package registers them on import, found by name the first time one is asked
 # for (like an entry point): a Python caller's ``prep(..., executor="ray")`` works without an
 # import of its own, and nothing here imports them (prep knows no executor).
-_PACKAGES = {"local": "shoestring.data.local", "ray": "shoestring.data.distributed"}
+_PACKAGES = {"local": "shoestring.prep.local", "ray": "shoestring.prep.ray"}
 
 
 def register(name: str, factory: Callable[[Any], Executor]) -> None:

@@ -6,9 +6,9 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from typing import Any
 
-from shoestring.data.curate.blocks import Block, Drop
+from shoestring.prep.curate.blocks import Block, Drop
 from shoestring.data.sources import Document
-from shoestring.data.workers import batched, clean_texts
+from shoestring.prep.workers import batched, clean_texts
 
 CLEAN_BATCH = 256
 

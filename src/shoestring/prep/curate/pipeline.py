@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from shoestring.config import CurateConfig
-from shoestring.data.curate.blocks import Block, Example
+from shoestring.prep.curate.blocks import Block, Example
 from shoestring.data.sources import Document
 from shoestring.errors import ShoestringError
 
@@ -56,7 +56,7 @@ class Curator:
         default: the system's temporary folder). ``index_dir``: where the dedup blocks write
         this corpus's dedup index (``dedup_index``); None writes none.
         """
-        from shoestring.data.curate import decontam, dedup, gopher, minhash, normalize, substring
+        from shoestring.prep.curate import decontam, dedup, gopher, minhash, normalize, substring
 
         ex = {"keep_examples": cfg.explain}
         blocks: list[Block] = []
@@ -86,7 +86,7 @@ class Curator:
     def finish_dedup_index(self, folder: Path) -> dict[str, Any] | None:
         """After ``run``: write ``index.json`` beside the arrays the dedup blocks wrote in
         ``folder`` (their ``index_dir``); the manifest's ``dedup_index`` (None: no dedup)."""
-        from shoestring.data.curate import dedup_index
+        from shoestring.prep.curate import dedup_index
 
         by_name = {b.name: b for b in self.blocks}
         exact = by_name.get("exact_dedup")
@@ -98,7 +98,7 @@ class Curator:
 
     def against_summary(self) -> list[dict[str, Any]]:
         """The manifest's ``dedup_against``: each earlier data dir and what it dropped."""
-        from shoestring.data.curate.dedup_index import against_summary
+        from shoestring.prep.curate.dedup_index import against_summary
 
         return against_summary(self.stats()["blocks"], self.against)
 
@@ -141,7 +141,7 @@ def _open_against(cfg: CurateConfig) -> list[Any]:
     if cfg.dedup == "none":
         raise ShoestringError("--dedup-against needs dedup on", where="--dedup none",
                               fix="use --dedup exact or --dedup fuzzy with --dedup-against")
-    from shoestring.data.curate.dedup_index import DedupIndex
+    from shoestring.prep.curate.dedup_index import DedupIndex
 
     minhash = None if cfg.dedup != "fuzzy" else {
         "ngram": cfg.minhash_ngram, "bands": cfg.minhash_bands, "rows": cfg.minhash_rows,

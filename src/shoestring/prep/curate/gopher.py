@@ -30,8 +30,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from shoestring.data.curate.blocks import Block, Drop
-from shoestring.data.curate.text import ngram_hashes_upto, word_hashes_and_lengths
+from shoestring.prep.curate.blocks import Block, Drop
+from shoestring.prep.curate.text import ngram_hashes_upto, word_hashes_and_lengths
 from shoestring.data.sources import Document
 
 STOP_WORDS = ("the", "be", "to", "of", "and", "that", "have", "with")

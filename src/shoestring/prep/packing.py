@@ -1,8 +1,8 @@
-"""Packing a token stream into fixed-length rows, and ordering them.
+"""What packing reads and computes: a token stream as rows, their order, document offsets.
 
 MLM rows are ``[CLS] chunk [SEP]`` (documents joined by ``[SEP]`` in the stream); CLM rows
 are plain windows of the stream (documents joined by ``<|endoftext|>``). Neither pads: only
-the final partial row of a split is dropped.
+the final partial row of a split is dropped. A shard is written by ``stages.pack_shard``.
 """
 
 from __future__ import annotations
@@ -11,31 +11,6 @@ import os
 from pathlib import Path
 
 import numpy as np
-
-
-def pack_mlm(stream: np.ndarray, seq_len: int, cls_id: int, sep_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """Cut a token stream into ``[CLS] chunk [SEP]`` rows of ``seq_len``; return (rows, rest).
-
-    Documents arrive joined by ``[SEP]``, so no padding is needed and no token is wasted except
-    the final partial chunk of the corpus.
-    """
-    body = seq_len - 2
-    n = len(stream) // body
-    rows = np.empty((n, seq_len), dtype=np.int64)
-    rows[:, 0] = cls_id
-    rows[:, 1:-1] = stream[: n * body].reshape(n, body)
-    rows[:, -1] = sep_id
-    return rows, stream[n * body :]
-
-
-def pack_clm(stream: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
-    """Cut a token stream (documents joined by ``<|endoftext|>``) into rows of ``seq_len``.
-
-    No padding and no special tokens per row: a row may start mid-document, as in GPT
-    pretraining; only the final partial row of the corpus is dropped (returned as rest).
-    """
-    n = len(stream) // seq_len
-    return np.asarray(stream[: n * seq_len]).reshape(n, seq_len), stream[n * seq_len :]
 
 
 class StreamRows:

@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from shoestring.data.curate.minhash import Clusters, first_in_bucket, verify_pairs
-from shoestring.data.curate.text import fmix64
+from shoestring.prep.curate.minhash import Clusters, first_in_bucket, verify_pairs
+from shoestring.prep.curate.text import fmix64
 
 Columns = dict[str, np.ndarray]
 _U64 = np.uint64

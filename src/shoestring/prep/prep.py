@@ -26,8 +26,8 @@ order holds one float per sequence), and no document longer than ``data.max_docu
 over processes; results are consumed in order, so the output is identical to 1 worker.
 
 This module checks, resolves, journals and swaps in; the stages run in an executor
-(``data/executor.py``): the table above is the local one's (``data/local.py``), over the
-stage order both share (``data/driver.py``).
+(``prep/executor.py``): the table above is the local one's (``prep/local.py``), over the
+stage order both share (``prep/driver.py``).
 """
 
 from __future__ import annotations
@@ -45,20 +45,19 @@ from typing import Any
 from rich.console import Console
 
 from shoestring import families
+from shoestring.artifacts import Kind, identify
 from shoestring.config import CurateConfig, DataConfig
-from shoestring.data.datadir import FORMAT
-from shoestring.data.driver import is_validation, tokenizer_path
-from shoestring.data.executor import JOURNAL, WORK_DIR, Executor, Journal, PrepPlan, get_executor
+from shoestring.prep.driver import is_validation, tokenizer_path
+from shoestring.prep.executor import JOURNAL, WORK_DIR, Executor, Journal, PrepPlan, get_executor
 from shoestring.data.mixture import SourceMatcher, mixture_inputs
-from shoestring.data.packing import pack_clm, pack_mlm, unigram_sort_order
+from shoestring.prep.packing import unigram_sort_order
 from shoestring.data.sources import resolve_sources
 from shoestring.data.tokenizer import KINDS, default_kind
 from shoestring.errors import ShoestringError
 from shoestring.fsutil import check_output_dir, json_object_or_none, output_error
 from shoestring.fsutil import recover_interrupted_swap, swap_in_dir
 
-__all__ = ["data_fingerprint", "is_validation", "pack_clm", "pack_mlm", "prep",
-           "unigram_sort_order"]
+__all__ = ["data_fingerprint", "is_validation", "prep", "unigram_sort_order"]
 
 
 def _fingerprint(specs: list[str], files: list[str], cfg: DataConfig) -> str:
@@ -104,7 +103,11 @@ def build_dir(out: Path) -> Path:
 
 
 def _is_data_dir(path: Path) -> bool:
-    return (json_object_or_none(path / "manifest.json") or {}).get("format") == FORMAT
+    """What the one artifact opener calls a data dir (``artifacts.identify``)."""
+    try:
+        return identify(path).kind is Kind.DATA
+    except ShoestringError:  # missing, not a folder, or no kind at all
+        return False
 
 
 def _check_not_deduped_against(out: Path, curate: CurateConfig | None) -> None:
@@ -132,7 +135,7 @@ def _check_settings(cfg: DataConfig, curate: CurateConfig | None) -> None:
     """Problems with the settings, found before any reading (a missing optional package
     included: docs/data.md promises every spec is checked before reading)."""
     if curate is not None and curate.dedup == "substring":
-        from shoestring.data.curate.substring import check_installed
+        from shoestring.prep.curate.substring import check_installed
 
         check_installed()
     path = tokenizer_path(cfg)
@@ -192,9 +195,9 @@ def prep(
 
     Resumes an interrupted build of the same inputs (see the module docstring).
     ``curate`` adds the curation blocks (filters, dedup, decontamination; see
-    ``shoestring.data.curate``); None runs none of them.
+    ``shoestring.prep.curate``); None runs none of them.
 
-    ``executor`` runs the stages (``data/executor.py``): an `Executor`, or the name of a
+    ``executor`` runs the stages (``prep/executor.py``): an `Executor`, or the name of a
     registered one built with ``executor_options`` — ``"local"`` (this machine) or ``"ray"``
     (a Ray cluster; its options a ``RayOptions``; see docs/data.md), each found by name.
     """

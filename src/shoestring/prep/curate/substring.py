@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from shoestring.data.curate.blocks import EXCERPT_CHARS, Block, Drop, Example
+from shoestring.prep.curate.blocks import EXCERPT_CHARS, Block, Drop, Example
 from shoestring.data.sources import Document
 from shoestring.errors import ShoestringError
 

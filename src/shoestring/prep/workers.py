@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from shoestring.data.clean import clean_text
+from shoestring.prep.clean import clean_text
 
 T = TypeVar("T")
 R = TypeVar("R")

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from shoestring.data.curate.blocks import Block
+from shoestring.prep.curate.blocks import Block
 from shoestring.data.sources import Document
 from shoestring.fsutil import write_json_atomic
 

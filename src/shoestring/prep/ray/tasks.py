@@ -2,9 +2,9 @@
 
 Every function here runs the same code the local executor runs — the reader `Read`,
 the blocks' own ``process`` (clean, filters, decontamination), `text_key`, `MinHasher`,
-`encode_texts`, `Compressibility`, `doc_offsets`, `write_shard` — on one *part* of the
-corpus, and writes its output next to the build folder atomically, finishing with a small
-JSON *sidecar* that says what it wrote. A task that finds its sidecar returns it without
+and the stages' work of ``prep/stages.py`` (`encode`, `pack_shard`) — on one *part* of
+the corpus (or one shard), and writes its output next to the build folder atomically,
+finishing with a small JSON *sidecar* that says what it wrote. A task that finds its sidecar returns it without
 working again: that is how a killed prep resumes task by task, and why a retried task
 (Ray re-runs a task whose worker died) leaves the same bytes.
 
@@ -28,11 +28,15 @@ from typing import Any
 
 import numpy as np
 
+from shoestring import families
 from shoestring.config import CurateConfig, DataConfig
-from shoestring.data.curate.blocks import Block, BlockStats
+from shoestring.data.shards import shard_intact
 from shoestring.data.sources import Document, Read
 from shoestring.errors import ShoestringError
 from shoestring.fsutil import write_bytes_atomic, write_text_atomic
+from shoestring.prep.curate.blocks import Block, BlockStats
+from shoestring.prep.stages import NO_COUNTS, encode, pack_shard
+from shoestring.prep.workers import WorkerPool, _init_worker
 
 PIECE_BITS = 8
 DOC_BITS = 33
@@ -198,8 +202,6 @@ def read_source(item: dict, *, cfg: DataConfig, blocks: Any, work: str, part_doc
     if (found := _done(sidecar)) is not None:
         return {"summary": json.dumps(found)}
     maybe_fail(fault, "read")
-    from shoestring.data.workers import _init_worker
-
     _init_worker()
     mine = [fresh(b) for b in resolve(blocks)]
     read = Read([source], cfg)
@@ -242,7 +244,7 @@ def apply_part(item: dict, *, blocks: Any, dropped: Any, work: str, src: str, ds
                stage: str = "final") -> dict:
     """Drop the rows of ``dropped``, run ``blocks``; with ``val_fraction``, mark the
     validation rows (by content hash, as the local executor does)."""
-    from shoestring.data.driver import is_validation
+    from shoestring.prep.driver import is_validation
 
     root = Path(work)
     name = item["name"]
@@ -281,7 +283,7 @@ def apply_part(item: dict, *, blocks: Any, dropped: Any, work: str, src: str, ds
 
 def exact_rows(arg: tuple) -> dict[str, np.ndarray]:
     """(k0, k1) = the 128-bit text key of exact dedup, per row not yet dropped."""
-    from shoestring.data.curate.dedup import text_key
+    from shoestring.prep.curate.dedup import text_key
 
     path, dropped, work, fault = arg
     maybe_fail(fault, "exact")
@@ -298,7 +300,7 @@ def band_rows(arg: tuple) -> dict[str, np.ndarray]:
     """(k0, k1) = (band, LSH band key) of every band of every row with a word; ``hasher``:
     the fuzzy dedup block's `MinHasher` arguments (num_perm, ngram, seed, bands). Writes
     the part's signatures for the reduce tasks' verification (`PartSignatures`)."""
-    from shoestring.data.curate.minhash import BATCH, MinHasher
+    from shoestring.prep.curate.minhash import BATCH, MinHasher
 
     path, dropped, work, fault, hasher = arg
     maybe_fail(fault, "fuzzy")
@@ -384,37 +386,15 @@ class PartSignatures:
         return out
 
 
-# --- tokenizer sample -------------------------------------------------------------------
+# --- tokenizer --------------------------------------------------------------------------
 
 
-def sample_texts(paths: list[Path], max_chars: int, total_chars: int) -> Iterator[str]:
-    """The training texts of the parts, in order, as `tokenizer.tokenizer_sample` draws them."""
-    from shoestring.data.tokenizer import tokenizer_sample
-
-    def train_texts() -> Iterator[str]:
-        for path in paths:
-            part = read_part(path, ["text", "val"])
-            yield from (t for t, val in zip(part["text"], part["val"].tolist()) if not val)
-
-    return tokenizer_sample(train_texts(), max_chars, total_chars)
-
-
-def train_on_sample(paths: list[str], max_chars: int, total_chars: int, kind: str,
-                    objective: str, vocab_size: int, lowercase: bool) -> tuple[Any, dict]:
-    """One worker streams the sample from the part files and trains the tokenizer."""
-    from shoestring.data.tokenizer import train_tokenizer
-
-    seen = {"documents": 0, "characters": 0}
-
-    def counted() -> Iterator[str]:  # read once or twice (WordPiece): count one pass
-        seen["documents"] = seen["characters"] = 0
-        for text in sample_texts([Path(p) for p in paths], max_chars, total_chars):
-            seen["documents"] += 1
-            seen["characters"] += len(text)
-            yield text
-
-    tok = train_tokenizer(counted, kind, objective, vocab_size, lowercase)
-    return tok, {**seen, "max_characters": max_chars, "of_characters": total_chars}
+def train_texts(paths: list[Path]) -> Iterator[str]:
+    """The training documents of the kept parts ``paths``, in order (`stages.train_on_sample`'s
+    ``texts``, in one task)."""
+    for path in paths:
+        part = read_part(path, ["text", "val"])
+        yield from (t for t, val in zip(part["text"], part["val"].tolist()) if not val)
 
 
 # --- stage: tokenize --------------------------------------------------------------------
@@ -424,11 +404,9 @@ def train_on_sample(paths: list[str], max_chars: int, total_chars: int, kind: st
 def encode_part(item: dict, *, work: str, tokenizer: str, sep_id: int, dtype: str,
                 curate: CurateConfig | None, median: float | None = None,
                 fault: str | None = None) -> dict:
-    """Tokenize one part's documents of one split; write ``encode-SPLIT/NAME.bin``
-    (tokens, each document followed by ``sep_id``) and ``.ends`` (document ends)."""
-    from shoestring.data.local import ENCODE_BATCH, ENCODE_CHARS
-    from shoestring.data.workers import _init_worker, batched, encode_texts
-
+    """`stages.encode` over one part's documents of one split, inline; write
+    ``encode-SPLIT/NAME.bin`` (tokens, each document followed by ``sep_id``) and ``.ends``
+    (document ends)."""
     root = Path(work)
     name, split = item["name"], item["split"]
     out = root / f"encode-{split}"
@@ -439,60 +417,58 @@ def encode_part(item: dict, *, work: str, tokenizer: str, sep_id: int, dtype: st
     _init_worker()
     compress = None
     if curate is not None:
-        from shoestring.data.curate.compress import Compressibility
+        from shoestring.prep.curate.compress import Compressibility
 
         compress = Compressibility.from_config(curate, median)
     part = read_part(root / "kept" / f"{name}.parquet", ["text", "val"])
     want = split == "val"
-    texts = [t for t, v in zip(part["text"], part["val"].tolist()) if v == want]
-    streams: list[np.ndarray] = []
-    ends: list[np.ndarray] = []
-    tokens = kept = document_tokens = 0
-    for batch in batched(iter(texts), ENCODE_BATCH, ENCODE_CHARS):
-        flat, lengths = encode_texts(batch, tokenizer, sep_id)
-        if compress is not None:
-            keep = compress.check_batch(lengths, [len(t) for t in batch])
-            if not keep.all():
-                flat = flat[np.repeat(keep, lengths + 1)]
-                lengths = lengths[keep]
-        ends.append(tokens + np.cumsum(lengths + 1, dtype=np.int64))
-        streams.append(flat.astype(dtype, copy=False))
-        tokens += int(flat.size)
-        kept += len(lengths)
-        document_tokens += int(lengths.sum())
+    records = ((t, None) for t, v in zip(part["text"], part["val"].tolist()) if v == want)
+    streams: list[np.ndarray] = [np.zeros(0, dtype)]
+    ends: list[np.ndarray] = [np.zeros(0, np.int64)]
+    counts = dict(NO_COUNTS)
+    for tokens, batch_ends, counts, _ in encode(records, WorkerPool(1).map, tokenizer, sep_id,
+                                                np.dtype(dtype), counts, compress):
+        streams.append(tokens)
+        ends.append(batch_ends)
     out.mkdir(parents=True, exist_ok=True)
-    stream = np.concatenate(streams) if streams else np.zeros(0, dtype)
-    doc_ends = np.concatenate(ends) if ends else np.zeros(0, np.int64)
-    write_bytes_atomic(out / f"{name}.bin", stream.astype(dtype, copy=False).tobytes())
-    write_bytes_atomic(out / f"{name}.ends", doc_ends.astype("<u8").tobytes())
-    summary = {"name": name, "documents": len(texts), "kept_documents": kept, "tokens": tokens,
-               "document_tokens": document_tokens}
-    return _finish(sidecar, summary)
+    write_bytes_atomic(out / f"{name}.bin", np.concatenate(streams).tobytes())
+    write_bytes_atomic(out / f"{name}.ends", np.concatenate(ends).astype("<u8").tobytes())
+    return _finish(sidecar, {"name": name, **counts})
 
 
 # --- stage: pack ------------------------------------------------------------------------
 
 
 class SplitStream:
-    """The split's token stream (its parts back to back) for random access by sequence."""
+    """The split's token stream (its parts back to back) as rows of ``body`` tokens, read
+    as `packing.StreamRows` reads one file: ``[lo:hi]`` and ``take(rows)``."""
 
-    def __init__(self, parts: list[dict], root: Path, split: str, dtype: str) -> None:
+    def __init__(self, parts: list[dict], root: Path, split: str, dtype: str,
+                 body: int) -> None:
         self.parts = [p for p in parts if p["tokens"]]
         self.starts = np.array([p["offset"] for p in self.parts], dtype=np.int64)
         self.streams = [np.memmap(root / f"encode-{split}" / f"{p['name']}.bin", dtype=dtype,
                                   mode="r") for p in self.parts]
-        self.root, self.split, self.dtype = root, split, dtype
+        self.root, self.split, self.dtype, self.body = root, split, dtype, body
 
-    def tokens(self, t0: int, t1: int) -> np.ndarray:
+    def __getitem__(self, key: slice) -> np.ndarray:
+        return self._tokens(key.start * self.body, key.stop * self.body).reshape(-1, self.body)
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        if not len(rows):
+            return np.zeros((0, self.body), self.dtype)
+        return np.stack([self[r : r + 1][0] for r in np.asarray(rows).tolist()])
+
+    def _tokens(self, t0: int, t1: int) -> np.ndarray:
         k = int(np.searchsorted(self.starts, t0, side="right")) - 1
-        out = []
+        out = [np.zeros(0, self.dtype)]
         while t0 < t1:
             lo = int(self.starts[k])
             take = self.streams[k][t0 - lo : min(t1 - lo, len(self.streams[k]))]
             out.append(np.asarray(take))
             t0 += len(take)
             k += 1
-        return out[0] if len(out) == 1 else np.concatenate(out)
+        return out[-1] if len(out) == 2 else np.concatenate(out)
 
     def doc_starts(self, t0: int = 0, t1: int | None = None) -> np.ndarray:
         """Stream offsets of the split's document starts in [t0, t1) (default: all of them;
@@ -514,15 +490,14 @@ def unigram_part(item: dict, *, work: str, parts: list[dict], split: str, dtype:
                  body: int, vocab: int, logp: Any = None, fault: str | None = None) -> dict:
     """Sequences [lo, hi): their token counts (``logp`` None) or their unigram scores, saved
     as ``sort/{counts,scores}-K.npy`` (the local ``unigram_sort_order``, cut into ranges)."""
-    from shoestring.data.packing import unigram_counts, unigram_scores
+    from shoestring.prep.packing import unigram_counts, unigram_scores
 
     root = Path(work)
     k, lo, hi = int(item["index"]), int(item["lo"]), int(item["hi"])
     what = "counts" if logp is None else "scores"
     path = root / "sort" / f"{what}-{k:05d}.npy"
     if not path.is_file():
-        bodies = SplitStream(parts, root, split, dtype).tokens(lo * body, hi * body)
-        bodies = bodies.reshape(hi - lo, body)
+        bodies = SplitStream(parts, root, split, dtype, body)[lo:hi]
         value = (unigram_counts(bodies, vocab) if logp is None
                  else unigram_scores(bodies, resolve(logp)))
         buf = io.BytesIO()
@@ -533,16 +508,11 @@ def unigram_part(item: dict, *, work: str, parts: list[dict], split: str, dtype:
 
 
 @user_errors
-def pack_shard(item: dict, *, work: str, build: str, parts: list[dict], split: str,
-               dtype: str, seq_len: int, frame: int, cls_id: int, sep_id: int,
-               order: str | None = None, fault: str | None = None) -> dict:
-    """Write shard ``item['index']`` (sequences [lo, hi), or with ``order`` — the path of
-    the sorted sequence order — sequences order[lo:hi]) exactly as the local packer does."""
-    from dataclasses import asdict
-
-    from shoestring.data.packing import doc_offsets
-    from shoestring.data.shards import shard_intact, write_shard
-
+def pack_part(item: dict, *, work: str, build: str, parts: list[dict], split: str,
+              cfg: DataConfig, ids: dict[str, int], dtype: str, order: str | None = None,
+              fault: str | None = None) -> dict:
+    """`stages.pack_shard` for shard ``item['index']`` (sequences [lo, hi), or with
+    ``order`` — the path of the sorted sequence order — sequences order[lo:hi])."""
     root, out = Path(work), Path(build)
     k, lo, hi = int(item["index"]), int(item["lo"]), int(item["hi"])
     sidecar = root / f"pack-{split}" / f"{k:05d}.json"
@@ -550,24 +520,13 @@ def pack_shard(item: dict, *, work: str, build: str, parts: list[dict], split: s
     if found is not None and shard_intact(out, found):
         return {"summary": json.dumps({**found, "kept": True})}
     maybe_fail(fault, "pack")
-    body = seq_len - frame
-    stream = SplitStream(parts, root, split, dtype)
+    body = cfg.seq_len - families.get(cfg.objective).row_frame
+    stream = SplitStream(parts, root, split, dtype, body)
     if order is None:
-        src = np.arange(lo, hi)
-        chunk = stream.tokens(lo * body, hi * body).reshape(hi - lo, body)
-        starts = stream.doc_starts(lo * body, hi * body)
+        sequences, starts = None, stream.doc_starts(lo * body, hi * body)
     else:  # sorted: this shard's sequences are order[lo:hi], from anywhere in the stream
-        src = np.load(order, mmap_mode="r")[lo:hi].astype(np.int64)
-        chunk = np.stack([stream.tokens(s * body, (s + 1) * body) for s in src.tolist()]) \
-            if len(src) else np.zeros((0, body), dtype)
-        starts = stream.doc_starts()
-    if frame:  # [CLS] body [SEP]
-        rows = np.empty((hi - lo, seq_len), dtype=dtype)
-        rows[:, 0], rows[:, -1] = cls_id, sep_id
-        rows[:, 1:-1] = chunk
-    else:
-        rows = chunk
-    offsets = doc_offsets(np.sort(starts), src, body, seq_len, frame // 2)
-    info = asdict(write_shard(out, split, k, rows, np.dtype(dtype), offsets))
+        sequences, starts = np.load(order, mmap_mode="r"), stream.doc_starts()
+    info, _ = pack_shard(out, split, k, stream, lo, hi, sequences, starts, cfg, ids,
+                         np.dtype(dtype))
     _finish(sidecar, info)
     return {"summary": json.dumps({**info, "kept": False})}

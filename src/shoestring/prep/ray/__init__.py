@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from shoestring.data.executor import register
+from shoestring.prep.executor import register
 
 __all__ = ["RayExecutor", "RayOptions", "plan_ray"]
 
 
 def _ray_executor(options: Any) -> Any:
-    from shoestring.data.distributed.executor import RayExecutor
+    from shoestring.prep.ray.executor import RayExecutor
 
     return RayExecutor(options)
 
@@ -23,7 +23,7 @@ register("ray", _ray_executor)  # prep --executor ray (prep itself names no exec
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        from shoestring.data.distributed import executor
+        from shoestring.prep.ray import executor
 
         return getattr(executor, name)
     raise AttributeError(name)

@@ -63,9 +63,9 @@ from typing import Any
 
 import numpy as np
 
-from shoestring.data.curate.blocks import Block, Drop
-from shoestring.data.curate.dedup_index import DedupIndex, save_minhash_index
-from shoestring.data.curate.text import batch_word_hashes, fmix64, ngram_hashes
+from shoestring.prep.curate.blocks import Block, Drop
+from shoestring.prep.curate.dedup_index import DedupIndex, save_minhash_index
+from shoestring.prep.curate.text import batch_word_hashes, fmix64, ngram_hashes
 from shoestring.data.sources import Document
 
 BATCH = 256  # texts hashed at once: the batch does not change a key, it bounds memory

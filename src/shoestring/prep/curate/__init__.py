@@ -6,8 +6,8 @@ used and tested on its own.
 
 from __future__ import annotations
 
-from shoestring.data.curate.blocks import Block, BlockStats, Drop, Example
-from shoestring.data.curate.pipeline import Curator
+from shoestring.prep.curate.blocks import Block, BlockStats, Drop, Example
+from shoestring.prep.curate.pipeline import Curator
 
 __all__ = [
     "Block",

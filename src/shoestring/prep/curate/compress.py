@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from shoestring.config import CurateConfig
-from shoestring.data.curate.blocks import Block, Drop
+from shoestring.prep.curate.blocks import Block, Drop
 from shoestring.data.sources import Document
 from shoestring.units import counted
 

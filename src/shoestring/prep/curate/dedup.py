@@ -16,8 +16,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from shoestring.data.curate.blocks import Block, Drop
-from shoestring.data.curate.dedup_index import DedupIndex, save_exact
+from shoestring.prep.curate.blocks import Block, Drop
+from shoestring.prep.curate.dedup_index import DedupIndex, save_exact
 from shoestring.data.sources import Document
 
 
