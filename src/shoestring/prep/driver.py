@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from shoestring import __version__, families
+from shoestring import __version__
 from shoestring.config import DataConfig
 from shoestring.data.datadir import FORMAT
 from shoestring.prep.executor import Journal, PrepPlan
@@ -116,7 +116,7 @@ class Driver:
             self.median_ratio = tok_info.get("median_ratio")
             self.compress = Compressibility.from_config(self.curate_cfg, self.median_ratio)
         ids = special_ids(tok, self.cfg.objective)
-        sep = ids[families.get(self.cfg.objective).separator_token]
+        sep = ids[self.cfg.family.separator_token]
         dtype = token_dtype(tok.get_vocab_size())
         splits: dict[str, dict] = {}
         for split in ("train", "val"):
@@ -303,7 +303,7 @@ class Driver:
             return
         cfg = self.cfg
         have = self.encoded["val"]["tokens"]  # the stream packing cuts into sequences
-        need = cfg.seq_len - families.get(cfg.objective).row_frame
+        need = cfg.seq_len - cfg.family.row_frame
         fixes = ["add more text"]
         if have > 0:  # held-out text grows about in proportion to val_fraction
             fraction = round(cfg.val_fraction * need / have * 1.2 + 0.005, 2)

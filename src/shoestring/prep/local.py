@@ -19,7 +19,6 @@ from typing import Any, ContextManager
 
 import numpy as np
 
-from shoestring import families
 from shoestring.config import CurateConfig, DataConfig
 from shoestring.data.mixture import SourceMatcher
 from shoestring.data.sources import Document, Read, ReadStats
@@ -213,7 +212,7 @@ class LocalStages:
              vocab: int) -> dict:
         """`stages.pack_shard` for each shard in turn, journaled shard by shard."""
         cfg = self.cfg
-        body = cfg.seq_len - families.get(cfg.objective).row_frame
+        body = cfg.seq_len - cfg.family.row_frame
         # read in slices, not mapped: a map would keep every page of the stream resident
         bodies = StreamRows(self.build / f"stream-{split}.bin", dtype, body)
         doc_ends = np.fromfile(self.build / f"docs-{split}.bin", dtype="<u8").astype(np.int64)

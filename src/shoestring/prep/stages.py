@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 
-from shoestring import families
 from shoestring.config import DataConfig
 from shoestring.data.shards import shard_intact, write_shard
 from shoestring.data.sources import Document
@@ -137,7 +136,7 @@ def pack_shard(build: Path, split: str, k: int, bodies: Any, lo: int, hi: int,
     shard's record, and whether ``previous`` (an interrupted run's) was intact and kept."""
     if previous is not None and shard_intact(build, previous):
         return previous, True
-    frame = families.get(cfg.objective).row_frame
+    frame = cfg.family.row_frame
     body = cfg.seq_len - frame
     src = np.arange(lo, hi) if order is None else np.asarray(order[lo:hi], dtype=np.int64)
     chunk = bodies[lo:hi] if order is None else bodies.take(src)
@@ -150,7 +149,7 @@ def pack_shard(build: Path, split: str, k: int, bodies: Any, lo: int, hi: int,
 def pack_record(cfg: DataConfig, split: str, enc: dict, shards: list[dict],
                 sources: dict | None = None) -> dict:
     """The manifest's entry for a split packed from its encode entry ``enc``."""
-    body = cfg.seq_len - families.get(cfg.objective).row_frame
+    body = cfg.seq_len - cfg.family.row_frame
     n = enc["tokens"] // body
     return {
         **({"sources": sources} if sources is not None else {}),

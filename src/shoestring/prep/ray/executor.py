@@ -44,7 +44,6 @@ from typing import Any
 
 import numpy as np
 
-from shoestring import families
 from shoestring.config import CurateConfig, DataConfig
 from shoestring.data.sources import Document, ReadStats
 from shoestring.errors import ShoestringError
@@ -391,7 +390,7 @@ class RayStages:
     def pack(self, split: str, enc: dict, dtype: np.dtype, ids: dict[str, int],
              vocab: int) -> dict:
         cfg = self.cfg
-        body = cfg.seq_len - families.get(cfg.objective).row_frame
+        body = cfg.seq_len - cfg.family.row_frame
         n = enc["tokens"] // body
         items = [{"index": k, "lo": lo, "hi": hi}
                  for k, (lo, hi) in enumerate(shard_ranges(n, cfg))]

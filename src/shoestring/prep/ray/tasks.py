@@ -28,7 +28,6 @@ from typing import Any
 
 import numpy as np
 
-from shoestring import families
 from shoestring.config import CurateConfig, DataConfig
 from shoestring.data.shards import shard_intact
 from shoestring.data.sources import Document, Read
@@ -520,7 +519,7 @@ def pack_part(item: dict, *, work: str, build: str, parts: list[dict], split: st
     if found is not None and shard_intact(out, found):
         return {"summary": json.dumps({**found, "kept": True})}
     maybe_fail(fault, "pack")
-    body = cfg.seq_len - families.get(cfg.objective).row_frame
+    body = cfg.seq_len - cfg.family.row_frame
     stream = SplitStream(parts, root, split, dtype, body)
     if order is None:
         sequences, starts = None, stream.doc_starts(lo * body, hi * body)
