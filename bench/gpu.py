@@ -14,7 +14,7 @@ kernel ``auto`` picks) and the careful Hugging Face user on the same card, same 
   peer: ``LlamaForCausalLM`` configured by our exporter the same way.
 
 Figures per side: tokens/s in the steady state (after the compile and warm-up steps), MFU
-against the card's dense bf16 datasheet peak (`shoestring.hardware`) and against a
+against the card's dense bf16 datasheet peak (`shoestring.datasheets`) and against a
 measured ceiling (a loop of only our model's training GEMMs at the same shapes, bf16), peak
 memory (``torch.cuda.max_memory_allocated``) beside the memory model's estimate, the first
 step's time with a cold compile cache, and the loader's data-wait fraction of step time.
@@ -120,7 +120,7 @@ class Device:
         import torch
 
         from shoestring.device import measure_matmul_flops
-        from shoestring.hardware import from_device_name
+        from shoestring.datasheets import from_device_name
 
         self.kind = kind
         self.torch = torch.device(kind)

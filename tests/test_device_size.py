@@ -14,7 +14,7 @@ from shoestring.plan.device_size import applies, for_this_device, size_for_devic
 from shoestring.plan.hyper import plan_hyper
 from shoestring.plan.planner import PlanRequest, make_plan
 
-H100_BF16 = 989e12  # shoestring.hardware's datasheet row, dense bf16
+H100_BF16 = 989e12  # shoestring.datasheets's datasheet row, dense bf16
 
 
 def test_only_a_gpu_run_with_something_unset_is_sized() -> None:

@@ -13,7 +13,7 @@ import yaml
 from shoestring.config import Config, ModelConfig
 from shoestring.errors import ShoestringError
 from shoestring.plan import fit as F
-from shoestring.hardware import HARDWARE, lookup
+from shoestring.datasheets import HARDWARE, lookup
 from shoestring.plan.hardware import get_hardware
 from shoestring.plan.laws import (
     CHINCHILLA_2022,
@@ -129,7 +129,7 @@ def test_hardware_table_and_lookup() -> None:
 
 
 def test_gpu_names_as_torch_reports_them_find_their_datasheet_row() -> None:
-    from shoestring.hardware import from_device_name
+    from shoestring.datasheets import from_device_name
     from shoestring.device import _datasheet
 
     seen = {

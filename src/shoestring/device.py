@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from shoestring.hardware import from_device_name
+from shoestring.datasheets import from_device_name
 
 ASSUMED_MFU = 0.3
 """The fraction of the measured peak a run is assumed to reach before it is measured: what
@@ -37,7 +37,7 @@ class DeviceInfo:
     dtype: torch.dtype  # autocast dtype; float32 means no autocast
     peak_flops: float  # measured dense matmul FLOP/s in that dtype
     name: str
-    # The vendor's dense peak for this device and dtype (shoestring.hardware table), when known.
+    # The vendor's dense peak for this device and dtype (shoestring.datasheets table), when known.
     datasheet_flops: float | None = None
     datasheet_name: str | None = None
 

@@ -1,11 +1,11 @@
-"""``--hardware``: a row of the datasheet table (shoestring/hardware.py) or ``auto``, the
+"""``--hardware``: a row of the datasheet table (shoestring/datasheets.py) or ``auto``, the
 measured peak of this device."""
 
 from __future__ import annotations
 
 import os
 
-from shoestring.hardware import Hardware, normalize_name, lookup
+from shoestring.datasheets import Hardware, normalize_name, lookup
 
 
 def measure_this_device(precision: str = "auto") -> Hardware:

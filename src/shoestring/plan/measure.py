@@ -14,7 +14,7 @@ which then run faster than measured here, so for those the measured MFU is a flo
 from __future__ import annotations
 
 from shoestring.config import Config, DataConfig, ModelConfig, TrainConfig
-from shoestring.hardware import Hardware
+from shoestring.datasheets import Hardware
 
 MAX_ROWS = 64
 """Rows per timed step at most."""

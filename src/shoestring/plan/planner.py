@@ -42,7 +42,7 @@ from shoestring.errors import ShoestringError
 from shoestring.data.repetition import REPEAT_WARN_EPOCHS, SOURCE as REPETITION_SOURCE
 from shoestring.data.repetition import effective_tokens, repetition_cost
 from shoestring.device import ASSUMED_MFU
-from shoestring.hardware import Hardware
+from shoestring.datasheets import Hardware
 from shoestring.plan import prediction
 from shoestring.plan.fit import BootstrapFit, Frontier
 from shoestring.plan.hardware import get_hardware
@@ -570,7 +570,7 @@ def hardware_mismatch(plan_path: str | Path) -> str | None:
         return None
     import torch
 
-    from shoestring.hardware import from_device_name
+    from shoestring.datasheets import from_device_name
 
     here = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     known = from_device_name(here) if here else None

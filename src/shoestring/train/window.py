@@ -3,7 +3,7 @@ progress bar's fields, and the MFU of every training figure (`model.flops.mfu`).
 
 MFU is achieved FLOP/s (tokens/s × FLOPs per token) over the sum of the job's devices'
 measured peaks (= per-device MFU when the devices are alike); ``mfu_datasheet`` is the same
-over the vendor's datasheet peak on a known GPU (shoestring.hardware), else absent.
+over the vendor's datasheet peak on a known GPU (shoestring.datasheets), else absent.
 """
 
 from __future__ import annotations
