@@ -78,20 +78,28 @@ def _errno_of(entry: object) -> OSError | None:
     return OSError(int(m.group(1)), os.strerror(int(m.group(1))), str(entry[1])) if m else None
 
 
-def write_bytes_atomic(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary sibling; on any failure (a full disk)
-    the temporary file is removed and ``path`` keeps its previous content."""
+@contextmanager
+def atomic_file(path: str | Path) -> Iterator[Any]:
+    """A binary file to write ``path``'s new content into: a temporary sibling, synced and
+    renamed over ``path`` when the block ends; on any failure (a full disk) it is removed
+    and ``path`` keeps its previous content."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     try:
         with open(tmp, "wb") as f:
-            f.write(data)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def write_bytes_atomic(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` all or nothing (`atomic_file`)."""
+    with atomic_file(path) as f:
+        f.write(data)
 
 
 def json_object_or_none(path: str | Path) -> dict[str, Any] | None:

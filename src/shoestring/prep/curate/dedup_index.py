@@ -30,16 +30,14 @@ from __future__ import annotations
 
 import json
 import mmap
-import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from shoestring.fsutil import file_sha256
+from shoestring.fsutil import atomic_file, file_sha256, write_json_atomic
 from shoestring.errors import ShoestringError
-from shoestring.fsutil import write_json_atomic
 
 FORMAT = 2  # 2: band keys with their documents, and signatures (verification)
 DIR = "dedup"
@@ -62,23 +60,15 @@ def save_array_atomic(path: Path, shape: tuple[int, ...], rows: Iterable[np.ndar
     prep's resident memory, as much as the whole file (~670 bytes a document for fuzzy
     dedup's index)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
     dt = np.dtype(dtype)
     header = {"descr": np.lib.format.dtype_to_descr(dt), "fortran_order": False,
               "shape": tuple(shape)}
-    try:
-        with open(tmp, "wb") as f:
-            np.lib.format.write_array_header_1_0(f, header)
-            data_start = f.tell()
-            for row in rows:
-                f.write(np.ascontiguousarray(np.asarray(row).astype(dt, copy=False)).tobytes())
-            f.truncate(data_start + int(np.prod(shape, dtype=np.int64)) * dt.itemsize)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with atomic_file(path) as f:
+        np.lib.format.write_array_header_1_0(f, header)
+        data_start = f.tell()
+        for row in rows:
+            f.write(np.ascontiguousarray(np.asarray(row).astype(dt, copy=False)).tobytes())
+        f.truncate(data_start + int(np.prod(shape, dtype=np.int64)) * dt.itemsize)
 
 
 def save_exact(folder: Path, keys: Iterable[int], n: int) -> None:
