@@ -77,10 +77,6 @@ class StageTimes:
         cell.wall += wall * n
         cell.cpu += cpu
 
-    def totals(self) -> dict[tuple[str, str], tuple[int, float, float]]:
-        """(task, stage) → (count, wall seconds summed, CPU seconds summed), all threads."""
-        return {k: (count, wall, cpu) for k, (_, count, wall, cpu) in self._merged().items()}
-
     def _merged(self) -> dict[tuple[str, str], tuple[list[int], int, float, float]]:
         with self._lock:
             cells = list(self._cells.items())
