@@ -217,6 +217,12 @@ class DataConfig(_Section):
         return families.get(self.objective, "data.objective")
 
     @property
+    def row_body(self) -> int:
+        """Document tokens in one packed sequence: ``seq_len`` less the family's framing
+        (``[CLS] … [SEP]``), which is what prep cuts the token stream into."""
+        return self.seq_len - self.family.row_frame
+
+    @property
     def lowercase_resolved(self) -> bool:
         """`lowercase`, with the per-objective default filled in."""
         return self.family.lowercase if self.lowercase is None else self.lowercase

@@ -303,7 +303,7 @@ class Driver:
             return
         cfg = self.cfg
         have = self.encoded["val"]["tokens"]  # the stream packing cuts into sequences
-        need = cfg.seq_len - cfg.family.row_frame
+        need = cfg.row_body
         fixes = ["add more text"]
         if have > 0:  # held-out text grows about in proportion to val_fraction
             fraction = round(cfg.val_fraction * need / have * 1.2 + 0.005, 2)

@@ -212,7 +212,7 @@ class LocalStages:
              vocab: int) -> dict:
         """`stages.pack_shard` for each shard in turn, journaled shard by shard."""
         cfg = self.cfg
-        body = cfg.seq_len - cfg.family.row_frame
+        body = cfg.row_body
         # read in slices, not mapped: a map would keep every page of the stream resident
         bodies = StreamRows(self.build / f"stream-{split}.bin", dtype, body)
         doc_ends = np.fromfile(self.build / f"docs-{split}.bin", dtype="<u8").astype(np.int64)

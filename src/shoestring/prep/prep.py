@@ -150,7 +150,7 @@ def _check_settings(cfg: DataConfig, curate: CurateConfig | None) -> None:
             f"byte-level BPE needs data.vocab_size above 256 (the bytes), got {cfg.vocab_size}",
             where="data.vocab_size", fix="raise data.vocab_size (e.g. 8192)",
         )
-    if cfg.seq_len <= cfg.family.row_frame:
+    if cfg.row_body <= 0:
         raise ShoestringError("data.seq_len must leave room for [CLS] and [SEP]",
                               where="data.seq_len")
 

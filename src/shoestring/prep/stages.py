@@ -137,19 +137,18 @@ def pack_shard(build: Path, split: str, k: int, bodies: Any, lo: int, hi: int,
     if previous is not None and shard_intact(build, previous):
         return previous, True
     frame = cfg.family.row_frame
-    body = cfg.seq_len - frame
     src = np.arange(lo, hi) if order is None else np.asarray(order[lo:hi], dtype=np.int64)
     chunk = bodies[lo:hi] if order is None else bodies.take(src)
     rows = frame_rows(chunk, cfg.seq_len, frame, ids.get(CLS, 0), ids.get(SEP, 0), dtype)
     del chunk  # one shard's buffer at a time
-    starts = doc_offsets(doc_starts, src, body, cfg.seq_len, frame // 2)
+    starts = doc_offsets(doc_starts, src, cfg.row_body, cfg.seq_len, frame // 2)
     return asdict(write_shard(build, split, k, rows, dtype, starts)), False
 
 
 def pack_record(cfg: DataConfig, split: str, enc: dict, shards: list[dict],
                 sources: dict | None = None) -> dict:
     """The manifest's entry for a split packed from its encode entry ``enc``."""
-    body = cfg.seq_len - cfg.family.row_frame
+    body = cfg.row_body
     n = enc["tokens"] // body
     return {
         **({"sources": sources} if sources is not None else {}),

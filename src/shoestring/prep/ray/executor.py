@@ -390,7 +390,7 @@ class RayStages:
     def pack(self, split: str, enc: dict, dtype: np.dtype, ids: dict[str, int],
              vocab: int) -> dict:
         cfg = self.cfg
-        body = cfg.seq_len - cfg.family.row_frame
+        body = cfg.row_body
         n = enc["tokens"] // body
         items = [{"index": k, "lo": lo, "hi": hi}
                  for k, (lo, hi) in enumerate(shard_ranges(n, cfg))]

@@ -519,7 +519,7 @@ def pack_part(item: dict, *, work: str, build: str, parts: list[dict], split: st
     if found is not None and shard_intact(out, found):
         return {"summary": json.dumps({**found, "kept": True})}
     maybe_fail(fault, "pack")
-    body = cfg.seq_len - cfg.family.row_frame
+    body = cfg.row_body
     stream = SplitStream(parts, root, split, dtype, body)
     if order is None:
         sequences, starts = None, stream.doc_starts(lo * body, hi * body)
