@@ -122,6 +122,19 @@ def cpu_by_thread(pid: int) -> dict[str, float]:
     return out
 
 
+def resident_mb(pid: int) -> float:
+    """Resident memory of the server's processes (VmRSS, /proc), in MB: what the garbage
+    collector's thresholds trade CPU against."""
+    total = 0
+    for proc in process_tree(pid):
+        try:
+            with open(f"/proc/{proc}/status") as f:
+                total += next((int(line.split()[1]) for line in f if line.startswith("VmRSS:")), 0)
+        except OSError:
+            continue
+    return total / 1024
+
+
 def start(side: str, source: Path, run: Path, threads: int,
           extra_env: dict[str, str] | None = None) -> Server:
     """``shoestring serve`` of ``run`` with the code in ``source``, on a free port."""
@@ -157,10 +170,11 @@ def measure(server: Server, label: str, requests: list[bytes], clients: int,
            "p50_ms": 1000 * q[49], "p99_ms": 1000 * q[98],
            "batch": (m1["inputs"] - m0["inputs"]) / batches if batches else float("nan"),
            "stage_cpu_ms": stages, "stage_wall_ms": walls,
-           "load": [load_before, load_average()]}
+           "rss_mb": resident_mb(server.proc.pid), "load": [load_before, load_average()]}
     print(f"  {label}: {out['cpu_ms']:.3f} CPU ms/request (event loop {per['main']:.3f}, other "
           f"threads {per['other']:.3f}); {out['req_s']:.0f} req/s, p50 {out['p50_ms']:.1f} ms, "
-          f"p99 {out['p99_ms']:.1f} ms, {out['batch']:.1f} inputs/batch, errors {errors}; "
+          f"p99 {out['p99_ms']:.1f} ms, {out['batch']:.1f} inputs/batch, errors {errors}, "
+          f"resident {out['rss_mb']:.0f} MB; "
           f"load {format_load(load_before)} -> {format_load(load_average())}", flush=True)
     if stages:
         print("    stage CPU ms/request: " + ", ".join(f"{k} {v:.3f}" for k, v in stages.items())
@@ -183,7 +197,7 @@ def pooled(runs: list[dict]) -> dict:
     return {**mean, "requests": n, "stage_cpu_ms": stages, "stage_wall_ms": walls,
             **{k: statistics.median(r[k] for r in runs) for k in ("req_s", "p50_ms", "p99_ms",
                                                                    "batch")},
-            "errors": sum(r["errors"] for r in runs)}
+            "errors": sum(r["errors"] for r in runs), "rss_mb": max(r["rss_mb"] for r in runs)}
 
 
 def report(results: dict[str, list[dict]], bench: Bench, args: object) -> None:
@@ -193,9 +207,11 @@ def report(results: dict[str, list[dict]], bench: Bench, args: object) -> None:
         rows.append({"server": label, "CPU ms/request": p["cpu_ms"], "event loop": p["main_ms"],
                      "other threads": p["other_ms"], "req/s": p["req_s"], "p50 ms": p["p50_ms"],
                      "p99 ms": p["p99_ms"], "inputs/batch": p["batch"],
-                     "requests": p["requests"], "errors": p["errors"]})
+                     "requests": p["requests"], "errors": p["errors"],
+                     "resident MB (max)": p["rss_mb"]})
     formats = {"CPU ms/request": ".3f", "event loop": ".3f", "other threads": ".3f",
-               "req/s": ".0f", "p50 ms": ".1f", "p99 ms": ".1f", "inputs/batch": ".1f"}
+               "req/s": ".0f", "p50 ms": ".1f", "p99 ms": ".1f", "inputs/batch": ".1f",
+               "resident MB (max)": ".0f"}
     print()
     print("| " + " | ".join(rows[0]) + " |")
     print("|---|" + "---:|" * (len(rows[0]) - 1))
