@@ -71,6 +71,7 @@ GPU_SECONDS ?= 10
 GPU_PART ?= all
 GPU_DATA ?= .gpu-data/wiki-books-32k
 GPU_QUALITY_SECONDS ?= 120
+GPU_PLANNER_BUDGET ?= 5m
 
 gpu-wheels:
 	mkdir -p $(GPU_WHEELS_DIR)
@@ -93,8 +94,10 @@ gpu-data:
 # into a side folder on PYTHONPATH, runs the `cuda` tests, then the benchmark, and writes the
 # results under $(GPU_OUT) (the device tool's $OUT when set). GPU_PART=tests or bench: one half
 # (each fits one 10-minute device command); GPU_PART=default: issue 48's default-path and
-# quality rows with the hand-configured mlm-base row, on $(GPU_DATA) (`make gpu-data`).
+# quality rows with the hand-configured mlm-base row, on $(GPU_DATA) (`make gpu-data`);
+# GPU_PART=planner: issue 51's calibrated plan, trained and evaluated, at $(GPU_PLANNER_BUDGET).
 gpu-check:
 	GPU_WHEELS_DIR=$(GPU_WHEELS_DIR) GPU_SITE=$(GPU_SITE) GPU_OUT=$(GPU_OUT) \
 	  GPU_SECONDS=$(GPU_SECONDS) GPU_PART=$(GPU_PART) GPU_DATA=$(GPU_DATA) \
-	  GPU_QUALITY_SECONDS=$(GPU_QUALITY_SECONDS) bash bench/gpu_check.sh
+	  GPU_QUALITY_SECONDS=$(GPU_QUALITY_SECONDS) GPU_PLANNER_BUDGET=$(GPU_PLANNER_BUDGET) \
+	  bash bench/gpu_check.sh

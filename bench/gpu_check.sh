@@ -13,6 +13,11 @@
 # against the careful HF user (GPU_QUALITY_SECONDS each side, default 120) and the
 # hand-configured mlm-base row, on the wiki-books slice `make gpu-data` prepares here and the
 # device command carries (.gpu-data/; GPU_DATA); refused (exit 2) when the slice is missing.
+# GPU_PART=planner (issue 51, its own command): the calibrated planner's check on one device,
+# `plan --calibrate` at a wall-clock budget (GPU_PLANNER_BUDGET, default 5m: calibration
+# included; GPU_PLANNER_FLAGS=--curves for learning curves) on the same slice, `train --plan`,
+# then `eval`, which sets the plan's predicted
+# held-out loss and interval beside the achieved one (planner.log, plan.yaml, eval.json).
 # Exit status: non-zero when the tests or the benchmark failed (both always run); 2 when
 # something the command needs did not travel.
 set -u
@@ -26,13 +31,17 @@ PY=${GPU_PYTHON:-python3}
 DATA=${GPU_DATA:-.gpu-data/wiki-books-32k}
 QUALITY_SECONDS=${GPU_QUALITY_SECONDS:-120}
 
-case "$PART" in all|tests|bench|default) ;;
-  *) echo "GPU_PART=$PART: choose tests, bench, default or all (docs/gpu.md)" >&2; exit 2 ;;
+PLANNER_BUDGET=${GPU_PLANNER_BUDGET:-5m}
+PLANNER_FLAGS=${GPU_PLANNER_FLAGS:-}  # e.g. --curves: calibrate on learning curves
+
+case "$PART" in all|tests|bench|default|planner) ;;
+  *) echo "GPU_PART=$PART: choose tests, bench, default, planner or all (docs/gpu.md)" >&2
+     exit 2 ;;
 esac
-if [ "$PART" = default ] && [ ! -f "$DATA/manifest.json" ]; then
-  echo "no prepared data at $DATA/ (GPU_PART=default trains on the wiki-books slice): run" \
+if { [ "$PART" = default ] || [ "$PART" = planner ]; } && [ ! -f "$DATA/manifest.json" ]; then
+  echo "no prepared data at $DATA/ (GPU_PART=$PART trains on the wiki-books slice): run" \
        "'make gpu-data PYTHON=.venv/bin/python' where the shared corpus is, then carry it:" \
-       "run(command=\"make gpu-check GPU_PART=default\", carry=[\".gpu-wheels\"," \
+       "run(command=\"make gpu-check GPU_PART=$PART\", carry=[\".gpu-wheels\"," \
        "\".gpu-data\"], timeout_s=600) (docs/gpu.md)" >&2
   exit 2
 fi
@@ -75,6 +84,21 @@ if [ "$PART" = default ]; then
     --out "$OUTDIR/gpu-default.json" --table "$OUTDIR/gpu-default.md" \
     --record "$OUTDIR/gpu-default.jsonl" --work /tmp/shoestring-gpu-work 2>&1 \
     | tee "$OUTDIR/gpu-default.log"
+  bench_rc=$?
+fi
+if [ "$PART" = planner ]; then
+  # wall-clock budget: measuring, calibrating and fitting are paid from it (docs/planning.md)
+  {
+    "$PY" -m shoestring plan --hardware auto --measure --budget "$PLANNER_BUDGET" \
+      --data "$DATA" --calibrate $PLANNER_FLAGS \
+      --calibration-dir /tmp/shoestring-gpu-work/calibration \
+      -o "$OUTDIR/plan.yaml" &&
+    "$PY" -m shoestring train --data "$DATA" --plan "$OUTDIR/plan.yaml" \
+      -o /tmp/shoestring-gpu-work/planned --overwrite &&
+    "$PY" -m shoestring eval /tmp/shoestring-gpu-work/planned &&
+    cp /tmp/shoestring-gpu-work/planned/eval.json /tmp/shoestring-gpu-work/planned/summary.json \
+      "$OUTDIR/"
+  } 2>&1 | tee "$OUTDIR/planner.log"
   bench_rc=$?
 fi
 echo "cuda tests exit $tests_rc, benchmark exit $bench_rc; results in $OUTDIR"

@@ -20,6 +20,7 @@ from shoestring.plan import prediction as P
 from shoestring.plan.calibrate import CalibrationSpec, calibrated_plan, calibration_points
 from shoestring.plan.laws import Law
 from shoestring.plan.planner import PlanRequest, make_plan
+from shoestring.plan.sweep import cost
 from shoestring.units import parse_budget
 
 TRUTH = Law("truth", E=1.9, A=400.0, B=1500.0, alpha=0.33, beta=0.37)
@@ -110,6 +111,26 @@ def test_a_law_file_without_a_bootstrap_predicts_your_loss_without_an_interval(
         P.check(pred, 5.0))
 
 
+def test_the_regime_is_read_from_the_minima_and_known_only_for_mlm() -> None:
+    """Minima whose slope steepens are below the law's regime; a decoder has no boundary."""
+    boot = F.BootstrapFit(None, None, None, F.Span((1, 2), (1, 2), (1, 1e14)), 0.9, 0,
+                          envelope=((1e12, 6.8), (1e13, 6.0), (1e14, 4.0)))
+    found = P.regime(boot, "mlm")
+    assert found["top_flops"] == 1e14 and found["steepening"]
+    assert [c for c, _ in found["slopes"]] == [1e13, 1e14]
+    assert found["slopes"][1][1] == pytest.approx(math.log(4.0 / 6.0) / math.log(10.0))
+    assert "regime starts above it" in P.regime_note(found)
+    boot = replace(boot, envelope=((1e12, 6.0), (1e13, 4.0), (1e14, 3.5)))
+    assert not P.regime(boot, "mlm")["steepening"]
+    assert P.regime(boot, "clm") is None  # no boundary claimed for decoders
+    boot = replace(boot, envelope=((1e15, 6.0), (1e16, 4.0)))
+    assert P.regime(boot, "mlm") is None  # the top level is past the boundary
+    # a law file keeps no envelope: its frontier's minima, then its span, say how far it went
+    minima = (F.IsoFlopMinimum(3e14, 1e6, 4.0, (0.0, 0.0, 4.0)),)
+    boot = replace(boot, envelope=(), frontier=F.Frontier(1.0, 0.5, minima, None))
+    assert P.regime(boot, "mlm")["top_flops"] == 3e14 and not P.regime(boot, "mlm")["slopes"]
+
+
 def test_check_says_inside_or_outside() -> None:
     pred = {"loss": 5.0, "low": 4.8, "high": 5.3, "comparable": True, "law": "calibrated"}
     assert P.check(pred, 5.2)["inside"] is True
@@ -140,14 +161,38 @@ def test_calibration_points_meet_the_constraints_within_the_share(pydocs_dir: Pa
         shapes = {p["shape"] for p in points if p["budget_flops"] == c}
         assert len(shapes) >= 5
     assert all(p["steps"] >= 10 for p in points)
-    assert sum(p["flops"] for p in points) <= 0.15 * budget
-    assert sum(p["flops"] for p in points) > 0.05 * budget  # the share is used, not wasted
+    assert sum(map(cost, points)) == sum(p["flops"] for p in points)  # separate runs
+    assert sum(map(cost, points)) <= 0.15 * budget
+    assert sum(map(cost, points)) > 0.05 * budget  # the share is used, not wasted
     with pytest.raises(ShoestringError, match="too small to calibrate") as e:
         calibration_points(str(pydocs_dir), 1e10, spec)
     need = float(e.value.fix.split("at least ")[1].split(" FLOPs")[0])
     for more in (1.001, 1.02, 1.05):  # the stated minimum is enough, and so is any more
         points = calibration_points(str(pydocs_dir), need * more, spec)
-        assert sum(p["flops"] for p in points) <= 0.15 * need * more
+        assert sum(map(cost, points)) <= 0.15 * need * more
+
+
+def test_a_curves_calibration_counts_its_cool_downs_within_the_share(pydocs_dir: Path
+                                                                     ) -> None:
+    """`--curves`: each size's levels are branches of one trunk, so the share pays the trunk
+    once and each lower level's cool-down — more levels, and a top level at least as high as
+    separate runs reach with fewer."""
+    budget = 1e14
+    runs = calibration_points(str(pydocs_dir), budget, CalibrationSpec())
+    spec = CalibrationSpec(branched=True, levels=5)
+    points = calibration_points(str(pydocs_dir), budget, spec)
+    levels = sorted({p["budget_flops"] for p in points})
+    assert len(levels) == 5 and math.log10(levels[-1] / levels[0]) >= 1.5 - 1e-3
+    assert levels[-1] >= max(p["budget_flops"] for p in runs)
+    assert 0.05 * budget < sum(map(cost, points)) <= 0.15 * budget
+    assert sum(map(cost, points)) < 0.8 * sum(p["flops"] for p in points)
+    for shape in {p["shape"] for p in points}:  # one trunk, its branches in order
+        curve = sorted((p for p in points if p["shape"] == shape), key=lambda p: p["steps"])
+        assert {p["trunk"] for p in curve} == {f"trunk-{shape}"}
+        assert len({(p["batch_size"], p["lr"], p["warmup_steps"]) for p in curve}) == 1
+        starts = [p["branch_step"] for p in curve]
+        assert starts == sorted(set(starts)) and curve[0]["warmup_steps"] < starts[0]
+    assert CalibrationSpec().key(str(pydocs_dir)) != spec.key(str(pydocs_dir))  # not mixed
 
 
 def test_a_budget_short_of_the_full_span_calibrates_over_fewer_decades(pydocs_dir: Path
@@ -164,8 +209,9 @@ def test_a_budget_short_of_the_full_span_calibrates_over_fewer_decades(pydocs_di
     assert least < full / 2  # a narrower span is far cheaper
     points = calibration_points(str(pydocs_dir), least * 1.05, spec)
     levels = sorted({p["budget_flops"] for p in points})
-    assert len(levels) == 3 and 1.0 - 1e-3 <= math.log10(levels[-1] / levels[0]) < 1.5 - 1e-3
-    assert sum(p["flops"] for p in points) <= spec.share * least * 1.05
+    assert len(levels) == 3
+    assert 1.0 - 1e-3 <= math.log10(levels[-1] / levels[0]) < 1.5 - 1e-3
+    assert sum(map(cost, points)) <= spec.share * least * 1.05
 
 
 def test_a_wall_clock_budget_too_small_is_refused_in_minutes_of_this_machine(
@@ -273,6 +319,13 @@ def test_calibrated_plan_states_its_cost_and_an_interval(calibrated: dict) -> No
     assert pred["law"] == "calibrated" and "eval.json mlm_loss" in pred["units"]
     assert isinstance(pred["extrapolated"], bool)
     assert "within its 15% share" in meta["notes"][0]
+    assert cal["trunks"] == 0 and "branches" not in meta["notes"][0]
+    # calibrated far below where masked-LM loss follows a power law: said, not hidden
+    assert pred["precise"] is False and pred["regime"]["top_flops"] < 2.2e15
+    assert pred["regime"]["top_flops"] == max(cal["levels"])
+    assert len(pred["regime"]["slopes"]) == len(cal["levels"]) - 1
+    assert "indicative" in P.line(pred) and "indicative" in pred["basis"]
+    assert any("power law (Deshpande" in note for note in meta["notes"])
     # the law file keeps the bootstrap: planning with it gives the same interval
     law_file = cal["law_file"]
     again = make_plan(PlanRequest(hardware="t4", budget=f"{meta['budget']['flops']}flops",
@@ -283,13 +336,13 @@ def test_calibrated_plan_states_its_cost_and_an_interval(calibrated: dict) -> No
 @pytest.mark.slow
 def test_a_second_calibration_on_the_same_data_reuses_every_point(calibrated: dict) -> None:
     cal_dir = Path(calibrated["tree"]["plan"]["calibration"]["dir"])
-    stamps = {p: p.stat().st_mtime_ns for p in cal_dir.glob("runs/*/summary.json")}
+    stamps = {p: p.stat().st_mtime_ns for p in cal_dir.glob("runs/C*/summary.json")}
     assert len(stamps) == 10
     tree = calibrated_plan(calibrated["req"], TEST_SPEC, root=calibrated["root"],
                            console=calibrated["log"])
     cal = tree["plan"]["calibration"]
     assert cal["reused_points"] == 10 and cal["flops_trained_now"] == 0
-    assert {p: p.stat().st_mtime_ns for p in cal_dir.glob("runs/*/summary.json")} == stamps
+    assert {p: p.stat().st_mtime_ns for p in cal_dir.glob("runs/C*/summary.json")} == stamps
     assert tree["plan"]["prediction"]["loss"] == calibrated["tree"]["plan"]["prediction"]["loss"]
     # a wall-clock budget pays for every second spent before the plan's run — the
     # calibration's wall, fitting, and what the caller spent before (cram's prep): at 0.001%

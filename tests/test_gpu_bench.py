@@ -117,12 +117,15 @@ def test_the_default_rows_refuse_without_their_data_and_say_what_to_run(tmp_path
     assert "--data" in r.stderr and "absent" in r.stderr and "make gpu-data" in r.stderr
     assert not (tmp_path / "g.json").exists()
     check = BENCH.with_name("gpu_check.sh")
-    r = subprocess.run(["bash", str(check)], capture_output=True, text=True, timeout=60,
-                       env={**os.environ, "GPU_PART": "default",
-                            "GPU_DATA": str(tmp_path / "absent"), "GPU_OUT": str(tmp_path / "o")})
-    assert r.returncode == 2
-    assert "make gpu-data" in r.stderr and '".gpu-data"' in r.stderr  # what to carry
-    assert not (tmp_path / "o").exists()  # refused before installing or writing anything
+    for part in ("default", "planner"):  # issue 51's planner check trains on the slice too
+        r = subprocess.run(["bash", str(check)], capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "GPU_PART": part,
+                                "GPU_DATA": str(tmp_path / "absent"),
+                                "GPU_OUT": str(tmp_path / "o")})
+        assert r.returncode == 2
+        assert "make gpu-data" in r.stderr and '".gpu-data"' in r.stderr  # what to carry
+        assert f"GPU_PART={part}" in r.stderr
+        assert not (tmp_path / "o").exists()  # refused before installing or writing anything
 
 
 def test_the_slice_keeps_every_nth_document_of_each_source(tmp_path: Path) -> None:

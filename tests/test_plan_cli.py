@@ -167,3 +167,47 @@ def test_sweep_trains_points_in_parallel_processes_like_one_at_a_time(
                 str(tmp_path / "bad"), timeout=600)
     _fails(r, "train.lr")
     assert read_points(tmp_path / "bad") == []
+
+
+def test_branched_sweep_points_are_wsd_runs_of_their_length(tmp_path: Path,
+                                                           pydocs_dir: Path) -> None:
+    """A calibration's learning curve: each branch off the shared constant-LR trunk ends
+    where a warmup-stable-decay run of its length trained from scratch ends, and costs only
+    its trunk stretch and cool-down."""
+    from rich.console import Console
+
+    from shoestring.config import load_config
+    from shoestring.eval.held_out import held_out_loss
+    from shoestring.plan.sweep import cost, read_points, run_sweep
+    from shoestring.train.loop import train
+
+    quiet = Console(file=open(tmp_path / "log.txt", "w"), width=120)
+    over = ["train.tensorboard=false"]
+    points = run_sweep(pydocs_dir, tmp_path / "sweep", [1.5e10, 4e10], factors=[1],
+                       eval_sequences=8, console=quiet, overrides=over, branched=True,
+                       min_sizes=1, floor=False)
+    shapes = {p["shape"] for p in points}
+    curve = sorted((p for p in points if p["shape"] == min(shapes)), key=lambda p: p["steps"])
+    assert len(curve) == 2, points  # one shape at both levels: one trunk, two branches
+    low, high = curve
+    assert low["trunk"] == high["trunk"] and low["warmup_steps"] == high["warmup_steps"]
+    assert low["warmup_steps"] < low["branch_step"] < low["steps"] < high["branch_step"]
+    per_step = high["batch_size"] * high["seq_len"] * high["flops_per_token"]
+    assert cost(low) == pytest.approx(low["steps"] * per_step)
+    assert cost(high) == pytest.approx((high["steps"] - low["branch_step"]) * per_step)
+    assert cost(high) < high["flops"]  # the shared trunk is paid once
+    for p in curve:  # the same schedule, trained straight through
+        sets = [f"model.{k}={v}" for k, v in p["model"].items()] + over + [
+            f"train.steps={p['steps']}", "train.budget=null", "train.val_every=0",
+            f"train.batch_size={p['batch_size']}", f"train.lr={p['lr']}",
+            "train.schedule=wsd", f"train.warmup={p['warmup_steps'] / p['steps']!r}",
+            f"train.decay={(p['steps'] - p['branch_step']) / p['steps']!r}"]
+        run = tmp_path / f"straight-{p['id']}"
+        summary = train(load_config(None, sets), pydocs_dir, run, console=quiet)
+        branch = json.loads((Path(p["run"]) / "summary.json").read_text())
+        assert branch["tokens"] == summary["tokens"] == p["tokens"]
+        assert branch["final_train_loss"] == pytest.approx(summary["final_train_loss"],
+                                                           rel=1e-4)
+        straight = held_out_loss("mlm", run, 8, p["seq_len"], quiet)
+        assert p["val_loss"] == pytest.approx(straight, rel=1e-4)
+    assert {p["id"] for p in read_points(tmp_path / "sweep")} == {p["id"] for p in points}

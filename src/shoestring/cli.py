@@ -934,6 +934,7 @@ def plan(
     calibrate_share: Annotated[float, typer.Option("--calibrate-share", help="Most of the budget's FLOPs calibration may spend.")] = 0.15,
     calibration_dir: Annotated[Optional[Path], typer.Option("--calibration-dir", help="Where calibration sweeps live (default: next to the data dir), one per data and settings.")] = None,
     jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Calibration points trained at once, the CPU cores split between them.")] = 1,
+    curves: Annotated[bool, typer.Option("--curves", help="Calibrate on learning curves: 5 levels, each size's levels cool-down branches of one constant-LR run (docs/planning.md: not the default, and why).")] = False,
     history: Annotated[Optional[list[Path]], typer.Option("--history", help="Refit with this finished run (evaluated) or sweep dir (repeatable).", metavar="RUN_DIR")] = None,
     config: ConfigOpt = None,
     sets: SetOpt = None,
@@ -952,7 +953,8 @@ def plan(
         from shoestring.plan.calibrate import CalibrationSpec, calibrated_plan
 
         spec = CalibrationSpec(share=calibrate_share, law=law if law in ("epoch", "chinchilla")
-                               else "epoch", overrides=tuple(sets or []), jobs=jobs)
+                               else "epoch", overrides=tuple(sets or []), jobs=jobs,
+                               branched=curves, levels=5 if curves else 3)
         tree = calibrated_plan(req, spec, calibrate_data=calibrate,
                                history=[str(h) for h in history or []], root=calibration_dir,
                                config=config, console=err)
@@ -973,6 +975,7 @@ def sweep(
     law: Annotated[str, typer.Option("--law", help="Law that centres the sizes.")] = "epoch",
     eval_sequences: Annotated[int, typer.Option("--eval-sequences", min=1, help="Validation sequences per point.")] = 4096,
     jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Points trained at once, the CPU cores split between them.")] = 1,
+    curves: Annotated[bool, typer.Option("--curves", help="Learning curves: each size's budgets are cool-down branches of one constant-LR trunk (warmup-stable-decay), so lower budgets cost only their cool-down.")] = False,
     config: ConfigOpt = None,
     sets: SetOpt = None,
 ) -> None:
@@ -981,7 +984,7 @@ def sweep(
 
     points = run_sweep(data, output, parse_floats(budgets, "--budgets"),
                        parse_floats(sizes, "--sizes"), law, config, sets, eval_sequences,
-                       console=err, jobs=jobs)
+                       console=err, jobs=jobs, branched=curves)
     out.print(points_table(points))
     out.print(f"fit a law to it: shoestring plan --fit {output}")
 

@@ -1,12 +1,16 @@
 """`shoestring plan --calibrate`: fit the law on your data and hardware, then plan with it.
 
 A stated share of the budget (15% by default) buys a small IsoFLOP sweep (`plan/sweep.py`):
-``levels`` compute levels (3) spaced evenly in log over ``decades`` (1.5), each training
+``levels`` compute levels (3) spaced evenly in log over ``decades`` (1.5), each with
 ``sizes`` distinct model sizes (5) around the published law's pick, every point a real
-`train` to a FLOP budget (so the points do not depend on how busy the machine is) and scored
-on the same held-out rows with the same fixed masks `shoestring eval` uses. The top level is
-the largest for which the whole sweep fits in the share. L(N, D) is fitted to the points with
-bootstrap intervals (`plan/fit.py`) and the rest of the budget is planned with that law.
+`train` to a FLOP budget (so the points do not depend on how busy the machine is) scored on
+the same held-out rows with the same fixed masks `shoestring eval` uses. With ``branched``
+each size is a learning curve instead: one constant-LR trunk whose cool-down branches end at
+its levels (warmup-stable-decay, `sweep.branch`), the lower levels costing only their
+cool-downs. The top level is the largest for which the whole sweep's training
+fits in the share. L(N, D) is fitted to the points with bootstrap intervals (`plan/fit.py`)
+and the rest of the budget is planned with that law; a top level below where the objective's
+loss follows a power law is said in the plan (`prediction.regime`).
 
 The sweep lives in a calibration dir keyed by the data dir's fingerprint and the settings
 (objective, centring law, overrides, eval rows, minimum steps), so a second calibration on the
@@ -36,7 +40,7 @@ from shoestring.plan import prediction
 from shoestring.plan.fit import BootstrapFit, bootstrap_fit, point_width
 from shoestring.plan.laws import law_to_yaml
 from shoestring.plan.planner import PlanRequest, _data_info, make_plan
-from shoestring.plan.sweep import plan_points, read_points, run_sweep
+from shoestring.plan.sweep import COOLDOWN, cost, plan_points, read_points, run_sweep
 from shoestring.units import BudgetSpec, with_article
 
 
@@ -56,6 +60,9 @@ class CalibrationSpec:
     resamples: int = 200
     seed: int = 0
     jobs: int = 1  # points trained at once (plan/sweep.py); changes the wall time only
+    # learning curves (`plan --calibrate --curves`): a size's levels are cool-downs branched
+    # off one constant-LR trunk; off by default, docs/planning.md says why
+    branched: bool = False
 
     def check(self) -> None:
         if not 0 < self.share < 1:
@@ -79,8 +86,9 @@ class CalibrationSpec:
         manifest = DataDir(data_dir).manifest
         fingerprint = manifest.get("fingerprint") or json.dumps(
             [manifest.get("tokenizer"), manifest.get("splits")], sort_keys=True)
-        blob = json.dumps([fingerprint, data["objective"], self.law, list(self.overrides),
-                           self.eval_sequences, self.min_steps], sort_keys=True)
+        settings = [fingerprint, data["objective"], self.law, list(self.overrides),
+                    self.eval_sequences, self.min_steps]
+        blob = json.dumps(settings + (["wsd-branch"] if self.branched else []), sort_keys=True)
         return f"{data['objective']}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
 
 
@@ -95,7 +103,8 @@ def _points(data_dir: str, top: float, spec: CalibrationSpec) -> list[dict[str, 
     sizes that train ``spec.min_steps`` steps (or the law refuses the budget)."""
     try:
         points = plan_points(data_dir, levels_for(top, spec), law=spec.law,
-                             min_sizes=spec.sizes, min_steps=spec.min_steps, floor=False)
+                             min_sizes=spec.sizes, min_steps=spec.min_steps, floor=False,
+                             branched=spec.branched)
     except ShoestringError:
         return None
     per_level = Counter(p["budget_flops"] for p in points)
@@ -160,6 +169,8 @@ def _widest(data_dir: str, budget_flops: float, spec: CalibrationSpec
     """The sweep at ``spec.decades`` the share pays for, else None and the budget it needs."""
     cap = spec.share * budget_flops
     ratio = sum(10 ** (-spec.decades * k / (spec.levels - 1)) for k in range(spec.levels))
+    if spec.branched:  # a trunk to the top and each level's cool-down
+        ratio = 1 - COOLDOWN + COOLDOWN * ratio
     smallest = _smallest_top(data_dir, spec)
     if smallest is None:
         return None, None
@@ -167,10 +178,10 @@ def _widest(data_dir: str, budget_flops: float, spec: CalibrationSpec
     tops = [top * 0.97**k for k in range(40) if top * 0.97**k > smallest] + [smallest]
     for top in tops:  # can overshoot: shrink
         points = _points(data_dir, top, spec)
-        if points is not None and sum(p["flops"] for p in points) <= cap:
+        if points is not None and sum(map(cost, points)) <= cap:
             return points, None
     least = _points(data_dir, smallest, spec) or []
-    return None, sum(p["flops"] for p in least) / spec.share or None
+    return None, sum(map(cost, least)) / spec.share or None
 
 
 @dataclass
@@ -201,6 +212,7 @@ class Calibration:
             "levels": levels, "sizes_per_level": len(self.points) // max(len(levels), 1),
             "points": len(self.points), "fitted_points": len(self.all_points),
             "history": self.history,
+            "trunks": len({p["trunk"] for p in self.points if p.get("trunk")}),
             "decades": math.log10(levels[-1] / levels[0]) if len(levels) > 1 else 0.0,
         }
 
@@ -223,7 +235,7 @@ def calibrate(data_dir: str | Path, budget_flops: float, spec: CalibrationSpec,
                       "interval says so")
     console.print(f"calibrating in {cal_dir}: {len(points)} points at {len(levels)} levels "
                   f"({', '.join(f'{c:.3g}' for c in levels)} FLOPs), "
-                  f"{sum(p['flops'] for p in points):.3g} FLOPs of {spec.share:.0%} × "
+                  f"{sum(map(cost, points)):.3g} FLOPs of {spec.share:.0%} × "
                   f"{budget_flops:.3g}; {len(done & {p['id'] for p in points})} reused")
     start = time.perf_counter()
     ids = {p["id"] for p in points}
@@ -231,7 +243,7 @@ def calibrate(data_dir: str | Path, budget_flops: float, spec: CalibrationSpec,
         finished = run_sweep(data_dir, cal_dir, levels, law=spec.law, config=config,
                              overrides=list(spec.overrides), eval_sequences=spec.eval_sequences,
                              console=console, min_sizes=spec.sizes, min_steps=spec.min_steps,
-                             floor=False, jobs=spec.jobs)
+                             floor=False, jobs=spec.jobs, branched=spec.branched)
     except (KeyboardInterrupt, TrainingInterrupted):  # Ctrl-C in a point's training or scoring
         kept = len(ids & {p["id"] for p in read_points(cal_dir)})
         raise Interrupted(f"calibration interrupted: {kept} of {len(points)} points are finished "
@@ -240,8 +252,8 @@ def calibrate(data_dir: str | Path, budget_flops: float, spec: CalibrationSpec,
     wall = time.perf_counter() - start
     mine = [{**p, "reused": p["id"] in done} for p in finished if p["id"] in ids]
     return Calibration(
-        cal_dir, mine, finished, sum(p["flops"] for p in mine),
-        sum(p["flops"] for p in mine if not p["reused"]), wall,
+        cal_dir, mine, finished, sum(map(cost, mine)),
+        sum(cost(p) for p in mine if not p["reused"]), wall,
         sum(p.get("train_seconds") or 0.0 for p in mine if not p["reused"]), spec.share,
         budget_flops)
 
@@ -354,7 +366,9 @@ def calibrated_plan(req: PlanRequest, spec: CalibrationSpec, calibrate_data: boo
         meta["notes"].insert(0, calibration_note(cal, budget, spent))
     if history:
         meta["history"] = {"runs": [str(h) for h in history], "points": len(points)}
-    for warning in (biased(boot), degenerate(boot)):  # after the calibration's cost
+    found = prediction.regime(boot, objective)
+    below = prediction.regime_note(found) if found is not None else None
+    for warning in (biased(boot), degenerate(boot), below):  # after the calibration's cost
         if warning is not None:
             meta["notes"].insert(1 if cal is not None else 0, warning)
     return tree
@@ -475,8 +489,10 @@ def calibration_note(cal: Calibration, budget: BudgetSpec, spent_s: float | None
         wall += f" ({cal.wall_s / budget.amount:.0%} of the {budget.amount:.0f} s budget"
         wall += (f"; {spent_s:.0f} s spent before the plan's run in all, all of it off the "
                  "budget)" if spent_s is not None else ")")
-    return (f"calibration: {d['points']} runs ({d['sizes_per_level']} sizes × "
-            f"{len(d['levels'])} levels, {d['decades']:.2f} decades; {d['reused_points']} "
-            f"reused) cost {cal.flops:.3g} FLOPs = {d['flops_share']:.1%} of the budget, "
+    curves = (f", cool-down branches of {d['trunks']} constant-LR runs" if d["trunks"]
+              else "")
+    return (f"calibration: {d['points']} points ({d['sizes_per_level']} sizes × "
+            f"{len(d['levels'])} levels, {d['decades']:.2f} decades{curves}; "
+            f"{d['reused_points']} reused) cost {cal.flops:.3g} FLOPs = {d['flops_share']:.1%} of the budget, "
             f"{within} its {cal.share:.0%} share; {wall}; the rest of the budget is planned "
             f"with the law fitted on {d['fitted_points']} points")

@@ -325,6 +325,8 @@ class BootstrapFit:
     seed: int
     frontier: Frontier | None = None  # approach 2, when the points came from IsoFLOP levels
     backtest: dict[str, Any] | None = None  # see `_backtest`
+    # (level, lowest loss measured there) per IsoFLOP level, ascending: the loss envelope
+    envelope: tuple[tuple[float, float], ...] = ()
 
     def predict(self, n: float, d: float) -> Prediction:
         """Loss at N non-embedding parameters and D tokens, with the interval (see module)."""
@@ -481,7 +483,10 @@ def bootstrap_fit(
                          width_range(widths))
                 if front is not None else None)
     checked = _backtest(n, d, l, budgets, fit_kw) if budgets is not None else None
-    return BootstrapFit(full, np.array(thetas), resid, span, level, seed, frontier, checked)
+    envelope = tuple(sorted((float(budgets[g[0]]), float(l[g].min())) for g in groups
+                            if budgets[g[0]] is not None)) if budgets is not None else ()
+    return BootstrapFit(full, np.array(thetas), resid, span, level, seed, frontier, checked,
+                        envelope)
 
 
 def _tied_fit(n: np.ndarray, d: np.ndarray, l: np.ndarray, budgets: list[float | None] | None,

@@ -41,6 +41,62 @@ UNITS = {
 PUBLISHED_SPAN = Span((7e7, 1.6e10), (5e9, 5e11), (6 * 7e7 * 5e9, 6 * 1.6e10 * 5e11))
 
 
+# Below this much training compute an objective's loss is not yet on a power law in C, so a
+# law fitted there cannot give a precise point: masked-LM loss follows one only from ~2.2e15
+# FLOPs (Deshpande et al. 2023, "Honey, I Shrunk the Language", BERT-style models from 1M
+# parameters). No boundary is claimed for decoders: none was measured at these scales.
+LAW_REGIME_FLOPS = {"mlm": 2.2e15}
+
+
+def top_level(boot: BootstrapFit) -> float:
+    """The largest compute the fit saw: its top IsoFLOP level, else its frontier's largest
+    minimum (a law file), else 6·N·D of its largest point."""
+    if boot.envelope:
+        return boot.envelope[-1][0]
+    if boot.frontier is not None and boot.frontier.minima:
+        return max(m.flops for m in boot.frontier.minima)
+    return boot.span.c[1]
+
+
+def envelope_slopes(boot: BootstrapFit) -> list[tuple[float, float]]:
+    """(level, d ln L*/d ln C from the level below) along the lowest loss measured at each
+    IsoFLOP level: in a power law's regime the slope flattens as C grows; below it, where the
+    loss is leaving the unigram plateau, it steepens. This is where the regime starts *on
+    your data*, measured."""
+    env = boot.envelope
+    return [(c2, float(np.log(l2 / l1) / np.log(c2 / c1)))
+            for (c1, l1), (c2, l2) in zip(env, env[1:])]
+
+
+def regime(boot: BootstrapFit, objective: str) -> dict[str, Any] | None:
+    """Whether the calibration's top level is below where ``objective``'s loss follows a law;
+    None when it is not (or no boundary is known)."""
+    boundary = LAW_REGIME_FLOPS.get(objective)
+    top = top_level(boot)
+    if boundary is None or top >= boundary:
+        return None
+    slopes = envelope_slopes(boot)
+    steepening = len(slopes) >= 2 and slopes[-1][1] < slopes[-2][1]
+    return {"boundary_flops": boundary, "top_flops": float(top),
+            "slopes": [[float(c), s] for c, s in slopes],
+            "steepening": steepening}
+
+
+def regime_note(found: dict[str, Any]) -> str:
+    """The plan's note for a calibration below the law's regime, with the measured slopes."""
+    slopes = ", ".join(f"{s:+.3f} at {c:.3g}" for c, s in found["slopes"])
+    measured = (f"; here the lowest loss per level falls as d ln L*/d ln C = {slopes} FLOPs, "
+                + ("still steepening at the top level: on this data the regime starts above "
+                   "it" if found["steepening"] else "no longer steepening at the top level")
+                if slopes else "")
+    return (f"the calibration's top level ({found['top_flops']:.3g} FLOPs) is below "
+            f"~{found['boundary_flops']:.2g} FLOPs, where this objective's loss starts to follow "
+            f"a power law (Deshpande et al. 2023){measured}. The point prediction is indicative, "
+            "not precise: read the interval, and expect the loss to fall faster than the law "
+            "says until the regime starts; a larger budget or --calibrate-share lifts the top "
+            "level")
+
+
 def units(objective: str) -> str:
     """What a fitted law's loss means, for this objective."""
     return UNITS.get(objective, f"held-out {objective} loss as `shoestring eval RUN` reports it")
@@ -86,10 +142,16 @@ def fitted(boot: BootstrapFit, n: float, d: float, objective: str,
                       f"without its top level missed that level by up to "
                       f"{bt.get('max_abs_log_error', 0):.3f} "
                       f"({bt.get('log_error_per_decade', 0):.3f} per decade extrapolated)")
+    found = regime(boot, objective)
+    if found is not None:
+        basis += (f"; calibrated below the {objective.upper()} loss's power-law regime "
+                  f"(top level {found['top_flops']:.3g} < ~{found['boundary_flops']:.2g} FLOPs): "
+                  "the point is indicative")
     return {
         "loss": clamp(p.loss), "low": clamp(p.low), "high": clamp(p.high), "level": p.level,
         "law": boot.fit.law.name, "units": units(objective), "comparable": True,
         "extrapolated": p.extrapolated, "outside": list(p.outside), "basis": basis,
+        "precise": found is None, **({"regime": found} if found is not None else {}),
     }
 
 
@@ -213,6 +275,9 @@ def line(pred: dict[str, Any] | None) -> str:
                 f"[{pred['low']:.3f}, {pred['high']:.3f}] ({pred['law']})")
     if pred.get("extrapolated"):
         text += "; extrapolates: " + "; ".join(pred.get("outside") or [])
+    if pred.get("regime"):
+        text += (f"; indicative only: calibrated at ≤{pred['regime']['top_flops']:.3g} FLOPs, "
+                 "below the loss's power-law regime")
     return text
 
 

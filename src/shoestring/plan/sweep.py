@@ -20,6 +20,11 @@ cores split between them (``train.threads``). The points are FLOP-budgeted, so t
 only the wall time: on a CPU, small models use a core each better than they share two
 (docs/planning.md). The parent process alone writes points.jsonl, as each point finishes.
 
+With ``branched`` (`sweep --curves`, and every calibration) a size's budgets are learning-curve
+points rather than separate runs: one trunk per size trains at constant LR (``runs/trunk-…``)
+and each budget is a short cool-down branched off it (`branch`), so the lower budgets cost
+only their cool-down. The trunk's branches run in order; different sizes run in parallel.
+
 `shoestring plan --fit SWEEP_DIR` fits the law to points.jsonl (`shoestring.plan.fit`).
 """
 
@@ -42,6 +47,8 @@ from shoestring.plan.shapes import Shape
 
 DEFAULT_FACTORS = (0.25, 0.5, 1.0, 2.0, 4.0)
 FORMAT = "shoestring-sweep/1"
+COOLDOWN = 0.2  # a branch's last fifth cools down: matches a cosine run of its length
+WARMUP = 0.05  # a trunk warms up over this fraction of its longest branch (capped below)
 
 
 def parse_floats(text: str, where: str) -> list[float]:
@@ -128,12 +135,14 @@ def plan_points(
     min_sizes: int = 0,
     min_steps: int = 1,
     floor: bool = True,
+    branched: bool = False,
 ) -> list[dict[str, Any]]:
     """The sweep's points (no training): per budget, the shapes nearest factor × the pick
     (with ``min_sizes``, filled up to that many distinct shapes; with ``min_steps``, only
     shapes that train at least that many steps; ``floor=False`` allows budgets below the
     planner's floor, the smallest model on as many tokens as parameters: a sweep point may be
-    undertrained, that is what an IsoFLOP curve measures)."""
+    undertrained, that is what an IsoFLOP curve measures). ``branched``: each shape's points
+    are cool-down branches of one constant-LR trunk (`branch`)."""
     from shoestring.plan.prediction import bootstrap_from
 
     data = _data_info(str(data_dir))
@@ -170,14 +179,54 @@ def plan_points(
                 "tokens": tokens,
                 "flops": tokens * shape.flops_per_token,
             })
-    return points
+    return branch(points) if branched else points
+
+
+def branch(points: list[dict[str, Any]], warmup: float = WARMUP,
+           cooldown: float = COOLDOWN) -> list[dict[str, Any]]:
+    """IsoFLOP points as learning curves (warmup-stable-decay, Hägele et al. 2024): all points
+    of one shape share a trunk trained at constant LR after ``warmup_steps``, and each is a
+    branch off it at ``branch_step`` that cools the LR to zero (1-sqrt) over its last
+    ``cooldown`` of steps, ending at the point's FLOP level. A branch's loss is what a run of
+    that length with that schedule reaches, so a point costs only its stretch of trunk and its
+    cool-down (``cost_flops``) and the lower levels come almost free. The shape's points share
+    the batch and LR of its top level (a trunk has one), so steps are recounted with them."""
+    by_shape: dict[str, list[dict[str, Any]]] = {}
+    for p in points:
+        by_shape.setdefault(p["shape"], []).append(p)
+    out = []
+    for label, group in by_shape.items():
+        group.sort(key=lambda p: p["budget_flops"])
+        top = group[-1]
+        per_step = top["batch_size"] * top["seq_len"]
+        steps = [max(3, round(p["budget_flops"] / (p["flops_per_token"] * per_step)))
+                 for p in group]
+        starts = [min(n - 1, max(2, round((1 - cooldown) * n))) for n in steps]
+        warm = max(1, min(round(warmup * steps[-1]), starts[0] - 1))
+        before = 0
+        for p, n, start in zip(group, steps, starts):
+            tokens = n * per_step
+            out.append({**p, "batch_size": top["batch_size"], "lr": top["lr"], "steps": n,
+                        "tokens": tokens, "flops": tokens * p["flops_per_token"],
+                        "schedule": "wsd-branch", "trunk": f"trunk-{label}",
+                        "branch_step": start, "warmup_steps": warm,
+                        "cost_flops": (max(start - before, 0) + n - start) * per_step
+                        * p["flops_per_token"]})
+            before = max(before, start)
+    return sorted(out, key=lambda p: (p["budget_flops"], p["params_non_embedding"]))
+
+
+def cost(point: dict[str, Any]) -> float:
+    """The FLOPs training this point adds: all of them, or a branch's trunk stretch and
+    cool-down."""
+    return float(point.get("cost_flops", point["flops"]))
 
 
 def _check_spec(sweep_dir: Path, spec: dict[str, Any]) -> None:
     path = sweep_dir / "sweep.json"
     if path.is_file():
         old = json.loads(path.read_text(encoding="utf-8"))
-        for key in ("data_dir", "objective", "law", "overrides"):
+        for key in ("data_dir", "objective", "law", "overrides", "schedule"):
             if old.get(key) != spec.get(key):
                 raise ShoestringError(
                     f"this sweep dir was started with {key} = {old.get(key)!r}, "
@@ -204,17 +253,19 @@ def run_sweep(
     min_steps: int = 1,
     floor: bool = True,
     jobs: int = 1,
+    branched: bool = False,
 ) -> list[dict[str, Any]]:
     """Train and score every point not yet finished (``jobs`` at a time); returns all
-    finished points."""
+    finished points. ``branched``: learning curves, one trunk per shape (`branch`)."""
     console = console or Console(stderr=True)
     sweep_dir = Path(sweep_dir)
     data = _data_info(str(data_dir))
     spec = {"format": FORMAT, "data_dir": data["dir"], "objective": data["objective"],
             "law": law, "overrides": list(overrides or []),
-            "config": str(Path(config).resolve()) if config else None}
+            "config": str(Path(config).resolve()) if config else None,
+            **({"schedule": "wsd-branch"} if branched else {})}
     _check_spec(sweep_dir, spec)
-    todo = plan_points(data_dir, budgets, factors, law, min_sizes, min_steps, floor)
+    todo = plan_points(data_dir, budgets, factors, law, min_sizes, min_steps, floor, branched)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     spec_path = sweep_dir / "sweep.json"
     old = json.loads(spec_path.read_text(encoding="utf-8")) if spec_path.is_file() else {}
@@ -260,30 +311,38 @@ def train_points(
             pending.append((i, point))
     eta = _Estimate([p for _, p in pending], finished, console)
     threads = _threads_per_job(jobs) if jobs > 1 else None
-    jobs_of = [(point, str(config) if config else None,
-                [*(overrides or []), *point.get("overrides", [])], data_dir, objective,
-                str(sweep_dir / "runs" / point["id"]), eval_sequences, threads)
-               for _, point in pending]
+    chains: dict[str, list[tuple[int, dict[str, Any], tuple]]] = {}
+    for i, point in pending:  # a trunk's branches in order, one after another
+        job = (point, str(config) if config else None,
+               [*(overrides or []), *point.get("overrides", [])], data_dir, objective,
+               str(sweep_dir / "runs"), eval_sequences, threads)
+        chains.setdefault(point.get("trunk") or point["id"], []).append((i, point, job))
     if jobs <= 1 or len(pending) <= 1:
-        for (i, point), job in zip(pending, jobs_of):
-            console.print(_announce(i, len(points), point))
-            _finish(sweep_dir, point, _train_point(*job, console=console), console)
-            eta.finished(point)
+        for chain in chains.values():
+            for i, point, job in chain:
+                console.print(_announce(i, len(points), point))
+                _finish(sweep_dir, point, _train_point(*job, console=console), console)
+                eta.finished(point)
         return
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
-    console.print(f"{len(pending)} points, {jobs} at a time, {threads} thread(s) each")
+    console.print(f"{len(pending)} points, {jobs} at a time, {threads} thread(s) each"
+                  + (f" ({len(chains)} trunks, each one's branches in turn)"
+                     if len(chains) < len(pending) else ""))
     ctx = multiprocessing.get_context("spawn")
     error: BaseException | None = None
     with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, max_tasks_per_child=1) as pool:
-        futures = {pool.submit(_train_point, *job): (i, point)
-                   for (i, point), job in zip(pending, jobs_of)}
+        def submit(chain: list) -> Any:
+            i, point, job = chain.pop(0)
+            return pool.submit(_train_point, *job), (i, point, chain)
+
+        futures = dict(submit(chain) for chain in chains.values())
         remaining = set(futures)
         while remaining:
-            finished, remaining = wait(remaining, return_when=FIRST_COMPLETED)
-            for fut in finished:
-                i, point = futures[fut]
+            done_now, remaining = wait(remaining, return_when=FIRST_COMPLETED)
+            for fut in done_now:
+                i, point, chain = futures[fut]
                 if fut.cancelled():
                     continue
                 if fut.exception() is not None:
@@ -295,6 +354,10 @@ def train_points(
                 console.print(_announce(i, len(points), point))
                 _finish(sweep_dir, point, fut.result(), console)
                 eta.finished(point)
+                if chain and error is None:
+                    nxt, entry = submit(chain)
+                    futures[nxt] = entry
+                    remaining.add(nxt)
     if error is not None:
         raise error
 
@@ -308,7 +371,7 @@ class _Estimate:
 
     def __init__(self, pending: list[dict[str, Any]], finished: list[dict[str, Any]],
                  console: Console) -> None:
-        self.left = sum(p["flops"] for p in pending)
+        self.left = sum(cost(p) for p in pending)
         self.count, self.console = len(pending), console
         self.start, self.done = time.perf_counter(), 0.0
         timed = [p for p in finished if p.get("train_seconds")]
@@ -316,7 +379,7 @@ class _Estimate:
             return
         line = f"{len(pending)} points to train, {self.left:.3g} FLOPs"
         if timed:  # training seconds only: scoring and setup add to it
-            rate = sum(p["train_seconds"] for p in timed) / sum(p["flops"] for p in timed)
+            rate = sum(p["train_seconds"] for p in timed) / sum(cost(p) for p in timed)
             line += (f": ~{rate * self.left / 60:.1f} min of training at the rate of "
                      f"the {len(timed)} points trained here before, plus scoring")
         else:
@@ -324,8 +387,8 @@ class _Estimate:
         console.print(line, highlight=False, soft_wrap=True)
 
     def finished(self, point: dict[str, Any]) -> None:
-        self.done += point["flops"]
-        self.left -= point["flops"]
+        self.done += cost(point)
+        self.left -= cost(point)
         self.count -= 1
         if self.count:
             rate = (time.perf_counter() - self.start) / self.done
@@ -347,13 +410,12 @@ def _announce(i: int, n: int, point: dict[str, Any]) -> str:
 
 
 def _train_point(point: dict[str, Any], config: str | None, overrides: list[str],
-                 data_dir: str, objective: str, run_dir: str, eval_sequences: int,
+                 data_dir: str, objective: str, runs: str, eval_sequences: int,
                  threads: int | None, console: Console | None = None) -> dict[str, Any]:
-    """Train one point to its step count and score it; in a worker process when jobs > 1
-    (then quiet, with ``threads`` CPU threads for training and scoring alike)."""
-    from shoestring.config import load_config
+    """Train one point to its step count (a branch: its trunk's stretch, then its cool-down)
+    and score it, in ``runs/<id>``; in a worker process when jobs > 1 (then quiet, with
+    ``threads`` CPU threads for training and scoring alike)."""
     from shoestring.eval.held_out import held_out_loss
-    from shoestring.train.loop import train
 
     if threads:
         import torch
@@ -361,15 +423,60 @@ def _train_point(point: dict[str, Any], config: str | None, overrides: list[str]
         torch.set_num_threads(threads)
     console = console or Console(stderr=True, quiet=True)
     sets = [f"model.{k}={v}" for k, v in point["model"].items()]
-    sets += [f"train.steps={point['steps']}", "train.budget=null",
-             f"train.batch_size={point['batch_size']}", f"train.lr={point['lr']}"]
+    sets += ["train.budget=null", f"train.batch_size={point['batch_size']}",
+             f"train.lr={point['lr']}"]
     sets += [f"train.threads={threads}"] if threads else []
-    cfg = load_config(config, [*sets, *overrides])
-    summary = train(cfg, data_dir, run_dir, overwrite=True, console=console)
-    loss = held_out_loss(objective, Path(run_dir), eval_sequences, point["seq_len"], console)
+    run_dir = Path(runs) / point["id"]
+    start = time.perf_counter()
+    if "branch_step" in point:
+        summary = _train_branch(point, config, [*sets, *overrides], data_dir, run_dir, console)
+    else:
+        summary = _train(config, [*sets, f"train.steps={point['steps']}", *overrides],
+                         data_dir, run_dir, console)
+    seconds = time.perf_counter() - start
+    loss = held_out_loss(objective, run_dir, eval_sequences, point["seq_len"], console)
     return {"val_loss": loss, "final_train_loss": summary.get("final_train_loss"),
-            "train_seconds": summary.get("train_seconds"), "mfu": summary.get("mfu"),
-            "tokens": summary.get("tokens", point["tokens"]), "run": run_dir}
+            "train_seconds": summary.get("train_seconds") if "branch_step" not in point
+            else round(seconds, 3), "mfu": summary.get("mfu"),
+            "tokens": summary.get("tokens", point["tokens"]), "run": str(run_dir)}
+
+
+def _train(config: str | None, sets: list[str], data_dir: str, run_dir: Path,
+           console: Console, resume: bool = False) -> dict[str, Any]:
+    from shoestring.config import load_config
+    from shoestring.train.loop import train
+
+    return train(load_config(config, sets), data_dir, run_dir, overwrite=not resume,
+                 console=console, resume=resume)
+
+
+def _train_branch(point: dict[str, Any], config: str | None, sets: list[str], data_dir: str,
+                  run_dir: Path, console: Console) -> dict[str, Any]:
+    """Bring the shape's trunk to the branch's step at constant LR (resumed where it stands,
+    retrained if it has passed it), copy it, and cool the copy down to the point's steps.
+
+    Both are the loop's own resume, which reproduces an uninterrupted run's steps, so a branch
+    equals a warmup-stable-decay run of its length trained from scratch."""
+    import shutil
+
+    from shoestring.train.checkpoint import latest_checkpoint
+
+    trunk = run_dir.parent / point["trunk"]
+    start, steps, warm = point["branch_step"], point["steps"], point["warmup_steps"]
+    at = latest_checkpoint(trunk) if trunk.is_dir() else None
+    at_step = at.state["step"] if at is not None else 0
+    if at_step != start:
+        resume = 0 < at_step < start
+        _train(config, [*sets, f"train.steps={start}", "train.schedule=constant",
+                        f"train.warmup={warm / start!r}", "train.val_every=0"],
+               data_dir, trunk, console, resume=resume)
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    shutil.copytree(trunk, run_dir, ignore=shutil.ignore_patterns("final"))
+    return _train(config, [*sets, f"train.steps={steps}", "train.schedule=wsd",
+                           f"train.warmup={warm / steps!r}",
+                           f"train.decay={(steps - start) / steps!r}", "train.val_every=0"],
+                  data_dir, run_dir, console, resume=True)
 
 
 def _finish(sweep_dir: Path, point: dict[str, Any], result: dict[str, Any],
