@@ -493,6 +493,7 @@ def calibration_note(cal: Calibration, budget: BudgetSpec, spent_s: float | None
               else "")
     return (f"calibration: {d['points']} points ({d['sizes_per_level']} sizes × "
             f"{len(d['levels'])} levels, {d['decades']:.2f} decades{curves}; "
-            f"{d['reused_points']} reused) cost {cal.flops:.3g} FLOPs = {d['flops_share']:.1%} of the budget, "
+            f"{d['reused_points']} reused) cost {cal.flops:.3g} FLOPs = "
+            f"{d['flops_share']:.1%} of the budget, "
             f"{within} its {cal.share:.0%} share; {wall}; the rest of the budget is planned "
             f"with the law fitted on {d['fitted_points']} points")

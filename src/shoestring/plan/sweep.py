@@ -20,10 +20,10 @@ cores split between them (``train.threads``). The points are FLOP-budgeted, so t
 only the wall time: on a CPU, small models use a core each better than they share two
 (docs/planning.md). The parent process alone writes points.jsonl, as each point finishes.
 
-With ``branched`` (`sweep --curves`, and every calibration) a size's budgets are learning-curve
-points rather than separate runs: one trunk per size trains at constant LR (``runs/trunk-…``)
-and each budget is a short cool-down branched off it (`branch`), so the lower budgets cost
-only their cool-down. The trunk's branches run in order; different sizes run in parallel.
+With ``branched`` (`sweep --curves`, `plan --calibrate --curves`) a size's budgets are
+learning-curve points rather than separate runs: one trunk per size trains at constant LR
+(``runs/trunk-…``) and each budget is a short cool-down branched off it (`branch`), so the
+lower budgets cost only their cool-down. The trunk's branches run in order; different sizes run in parallel.
 
 `shoestring plan --fit SWEEP_DIR` fits the law to points.jsonl (`shoestring.plan.fit`).
 """
