@@ -127,9 +127,26 @@ def check(args: Any) -> int:
     return report(args, bench, result, t0)
 
 
+def calibration_rows(cal: dict[str, Any]) -> list[dict[str, Any]]:
+    """The calibration's own points at this budget's levels: shape, steps, (for learning
+    curves) the trunk's warmup and the branch's start, and the held-out loss."""
+    from shoestring.plan.sweep import read_points
+
+    levels = set(cal["levels"])
+    return [{"level": p["budget_flops"], "shape": p["shape"], "steps": p["steps"],
+             "batch": p["batch_size"], "lr": p["lr"], "warmup_steps": p.get("warmup_steps"),
+             "branch_step": p.get("branch_step"), "val_loss": p["val_loss"]}
+            for p in sorted(read_points(cal["dir"]),
+                            key=lambda p: (p["budget_flops"], p["params_non_embedding"]))
+            if p["budget_flops"] in levels]
+
+
 def report(args: Any, bench: Bench, result: dict[str, Any], t0: float) -> int:
     result["wall_s"] = round(time.time() - t0, 1)
+    result["calibration_points"] = calibration_rows(result["plan"]["calibration"])
     show(result)
+    bench.table(result["calibration_points"], "calibration points",
+                formats={"level": ".3g", "val_loss": ".4f"})
     bench.table(result["rows"], "sizes", formats={
         "params_non_embedding": ",", "law_params": ",.0f", "tokens": ",", "predicted": ".4f",
         "low": ".4f", "high": ".4f", "achieved": ".4f", "error_pct": "+.2f"},
@@ -264,6 +281,12 @@ def show(result: dict[str, Any]) -> None:
               f"| {r['predicted']:.4f} ({r['low']:.4f}–{r['high']:.4f}) | {r['achieved']:.4f} "
               f"| {r['error_pct']:+.2f}% | {'yes' if r['inside'] else 'no'} "
               f"| {r['rank'] or '–'} |")
+    print("calibration points (level, shape: steps, warmup/branch start, held-out loss):")
+    for c in result["calibration_points"]:
+        curve = (f", warmup {c['warmup_steps']}, branch from {c['branch_step']}"
+                 if c["branch_step"] is not None else "")
+        print(f"  {c['level']:.3g} {c['shape']}: {c['steps']} steps × {c['batch']}, LR "
+              f"{c['lr']:.3g}{curve}: {c['val_loss']:.4f}")
     for line in result["notes"]:
         print(f"- {line}")
     v = result["verdict"]

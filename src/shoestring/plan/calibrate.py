@@ -366,7 +366,7 @@ def calibrated_plan(req: PlanRequest, spec: CalibrationSpec, calibrate_data: boo
         meta["notes"].insert(0, calibration_note(cal, budget, spent))
     if history:
         meta["history"] = {"runs": [str(h) for h in history], "points": len(points)}
-    found = prediction.regime(boot, objective)
+    found = meta["prediction"].get("regime")  # worked out once, by `prediction.fitted`
     below = prediction.regime_note(found) if found is not None else None
     for warning in (biased(boot), degenerate(boot), below):  # after the calibration's cost
         if warning is not None:
