@@ -5,7 +5,9 @@ One `Engine` per loaded model. Its work is split by where it runs:
 * ``admit_*`` checks one input's token ids against the model (its length against
   ``--max-length``: reject or truncate; a fill-mask input's mask token; token ids inside the
   vocabulary) and returns the payload a batch call takes, or raises `InputError` → HTTP 422;
-* `tokenize` turns many texts into token ids in one call of the Rust tokenizer, which
+* `tokenize` turns many texts into token ids in one call: a BERT WordPiece tokenizer's
+  printable-ASCII texts word by word from a cache (`data.wordpiece_cache`, 8x less CPU than
+  the library, the same ids), the rest in one batch call of the Rust tokenizer, which
   releases the GIL and spreads a batch over the cores. The server calls it on the batcher's
   worker thread for everything queued at once, not on the event loop per request; token ids
   a client sends (``input_ids``) skip it and are admitted on the event loop (a range check);
@@ -26,12 +28,14 @@ import contextlib
 import json
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
 from shoestring import families
+from shoestring.data.wordpiece_cache import WordPieceCache
 from shoestring.inference.stages import Laps, StageTimes
 from shoestring.inference.tokens import TextDelta, TokenSink
 
@@ -102,9 +106,13 @@ class Engine(abc.ABC):
         # A model call's fixed cost in token positions (`calibrate`); None: not measured, the
         # batcher's default applies.
         self.call_overhead_tokens: float | None = None
-        # The Rust tokenizer's batch call without character offsets (nobody here reads
-        # them); tokenizers older than 0.20 have only the full one.
-        self._encode_batch = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
+        # A WordPiece tokenizer's common case from a word cache; else the Rust tokenizer's
+        # batch call without character offsets (nobody here reads them; tokenizers older
+        # than 0.20 have only the full one).
+        cached = WordPieceCache.for_tokenizer(tokenizer)
+        batch = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
+        self._encode: Callable[[list[Any]], list[list[int]]] = (
+            cached.encode if cached is not None else lambda texts: [e.ids for e in batch(texts)])
 
     # --- shared helpers -----------------------------------------------------------------------
 
@@ -119,7 +127,7 @@ class Engine(abc.ABC):
 
     def tokenize(self, texts: list[Any]) -> list[list[int]]:
         """Token ids of each text (or ``(text, pair)``), special tokens added, in one call."""
-        return [e.ids for e in self._encode_batch(texts)]
+        return self._encode(texts)
 
     def check_ids(self, ids: list[int], loc: Loc) -> list[int]:
         """Token ids a client sent: not empty and inside this model's vocabulary."""
