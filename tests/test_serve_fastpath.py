@@ -276,3 +276,76 @@ def test_the_cli_server_tunes_the_garbage_collector_once_loaded(server: ServerTh
         gc.set_threshold(*before)
     assert seen["threshold"] == srv.GC_THRESHOLDS != before
     assert seen["frozen"] > 0
+
+
+def _raw(server: ServerThread, payload: bytes, answers: int,
+         rest: bytes = b"") -> list[tuple[int, dict[str, str], bytes]]:
+    """Send ``payload`` (then, after a pause, ``rest``) on one connection; read ``answers``."""
+    import socket
+    import time
+
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    out = []
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(payload)
+        if rest:
+            time.sleep(0.3)
+            sock.sendall(rest)
+        reader = sock.makefile("rb")
+        for _ in range(answers):
+            status = int(reader.readline().split()[1])
+            headers = {}
+            while (line := reader.readline()) not in (b"\r\n", b""):
+                name, _, value = line.decode("latin-1").partition(":")
+                headers[name.strip().lower()] = value.strip()
+            out.append((status, headers, reader.read(int(headers.get("content-length", 0)))))
+    return out
+
+
+def _post(path: str, body: dict, extra: str = "", version: str = "1.1") -> bytes:
+    data = json.dumps(body).encode()
+    return (f"POST {path} HTTP/{version}\r\nhost: x\r\n{extra}content-length: {len(data)}\r\n\r\n"
+            .encode() + data)
+
+
+def test_pipelined_requests_are_answered_in_order(server: ServerThread,
+                                                  client: httpx.Client) -> None:
+    """Requests sent back to back on one connection, before any answer: the fast path's,
+    FastAPI's and a refusal each answered in the order asked."""
+    alone = [embed(client, inputs=t)["embeddings"][0] for t in TEXTS[:2]]
+    payload = (_post("/v1/embed", {"inputs": TEXTS[0]}) + b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n"
+               + _post("/v1/embed", {"inputs": TEXTS[1]}) + _post("/v1/embed", {"inputs": 3})
+               + _post("/v1/embed", {"inputs": TEXTS[0]}))
+    got = _raw(server, payload, 5)
+    assert [g[0] for g in got] == [200, 200, 200, 422, 200]
+    assert json.loads(got[1][2])["status"] == "ok"
+    for (_, _, data), want in zip((got[0], got[2]), alone):
+        np.testing.assert_allclose(json.loads(data)["embeddings"][0], want, atol=1e-5)
+    assert json.loads(got[3][2])["detail"][0]["loc"] == ["body", "inputs", "str"]
+
+
+def test_requests_the_fast_path_leaves_to_fastapi_get_the_same_answers(
+        server: ServerThread, client: httpx.Client) -> None:
+    """A chunked body, ``Expect: 100-continue``, HTTP/1.0, a query string, a body sent in two
+    pieces: the same vectors, whichever way each went; only the plain ones are the fast
+    path's (its parse stage counts them)."""
+    want = embed(client, inputs=TEXTS[1])["embeddings"][0]
+    data = json.dumps({"inputs": TEXTS[1]}).encode()
+    chunked = (b"POST /v1/embed HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n"
+               + b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data))
+    parsed = lambda: metric(client.get("/metrics").text, "shoestring_stage_seconds_count",
+                            stage="parse", task="embed")
+    before = parsed()
+    answers = [_raw(server, chunked, 1)[0],
+               _raw(server, _post("/v1/embed", {"inputs": TEXTS[1]}, "expect: 100-continue\r\n"),
+                    2)[1],
+               _raw(server, _post("/v1/embed", {"inputs": TEXTS[1]}, version="1.0"), 1)[0],
+               _raw(server, _post("/v1/embed?x=1", {"inputs": TEXTS[1]}), 1)[0]]
+    assert parsed() == before  # none of these took the fast path
+    whole = _post("/v1/embed", {"inputs": TEXTS[1]})
+    answers.append(_raw(server, whole[:-7], 1, rest=whole[-7:])[0])  # the body in two pieces
+    assert parsed() == before + 1
+    for status, headers, body in answers:
+        assert status == 200, body
+        np.testing.assert_allclose(json.loads(body)["embeddings"][0], want, atol=1e-5)
+    assert answers[2][1].get("connection") == "close"  # HTTP/1.0: no keep-alive

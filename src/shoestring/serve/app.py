@@ -3,10 +3,12 @@
 A request passes, outermost first: metering (every answer counted by endpoint and status,
 and timed), admission (an API request's key, 401 at once, then its concurrency slot, 429 +
 Retry-After at once), the body limit (413 before parsing; 408 for a body that does not
-arrive within --body-timeout), then the fast path (`fastpath`): a POST to a model endpoint
-with a valid body is answered there, through the same `handlers.Api` methods the FastAPI
-routes call; everything else (status routes, the page, the API description, bodies that do
-not validate, streams) goes on to FastAPI. A body is JSON whatever its ``Content-Type``
+arrive within --body-timeout), then FastAPI. The common case of a model endpoint (a plain
+POST with a valid body, a free slot and the right key) does not pass these layers: the fast
+path (`fastpath`) answers it in the HTTP protocol itself, through the same `handlers.Api`
+methods the FastAPI routes call, with the same checks, metrics and answers; everything else
+(status routes, the page, the API description, refusals, bodies that do not validate,
+streams) comes here. A body is JSON whatever its ``Content-Type``
 header says (``curl -d`` works as is).
 
 A model request is validated by its pydantic model (422 on bad types or fields), split into
@@ -49,7 +51,7 @@ from shoestring.serve.answers import ClientGone, Timeout, error_answer
 from shoestring.serve.batcher import BatcherClosed, QueueFull
 from shoestring.serve.encoding import FastJSON
 from shoestring.inference.engine import Engine, InputError
-from shoestring.serve.fastpath import FastPath, Route
+from shoestring.serve.fastpath import FastRoutes, Route
 from shoestring.serve.handlers import Api
 from shoestring.serve.metrics import CONTENT_TYPE, ServeMetrics
 from shoestring.serve.retrieval_routes import attach_retrieval
@@ -91,6 +93,7 @@ class _Metered:
         self.fastapi: FastAPI | None = None
         self.gate: RequestGate | None = None
         self.bodies: BodyLimit | None = None
+        self.fast: FastRoutes | None = None  # what the HTTP protocol answers itself
         self.known = {*ENDPOINTS, *OTHER_PATHS}
         # prometheus-client's .labels() costs microseconds a call: each series once.
         self._counters: dict[tuple[str, int], Any] = {}
@@ -100,7 +103,6 @@ class _Metered:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path = scope.get("path", "")
-        endpoint = path if path in self.known else "other"
         status = 500
         start = scope[START] = time.perf_counter()
 
@@ -113,15 +115,20 @@ class _Metered:
         try:
             await self.app(scope, receive, metered_send)
         finally:
-            counter = self._counters.get((endpoint, status))
-            if counter is None:
-                counter = self._counters[(endpoint, status)] = self.metrics.requests.labels(
-                    endpoint=endpoint, status=str(status))
-            timer = self._timers.get(endpoint)
-            if timer is None:
-                timer = self._timers[endpoint] = self.metrics.latency.labels(endpoint=endpoint)
-            counter.inc()
-            timer.observe(time.perf_counter() - start)
+            self.record(path, status, start)
+
+    def record(self, path: str, status: int, start: float) -> None:
+        """Count an answer to ``path`` and time it from ``start`` (its perf_counter)."""
+        endpoint = path if path in self.known else "other"
+        counter = self._counters.get((endpoint, status))
+        if counter is None:
+            counter = self._counters[(endpoint, status)] = self.metrics.requests.labels(
+                endpoint=endpoint, status=str(status))
+        timer = self._timers.get(endpoint)
+        if timer is None:
+            timer = self._timers[endpoint] = self.metrics.latency.labels(endpoint=endpoint)
+        counter.inc()
+        timer.observe(time.perf_counter() - start)
 
 
 class _JsonBody:
@@ -188,11 +195,11 @@ def create_app(engine: Engine | ModelRouter, settings: ServeSettings,
               "/v1/classify": Route("classify", ClassifyRequest, api.classify),
               "/v1/generate": Route("generate", GenerateRequest, api.generate,
                                     hand_on=lambda body: body.stream)}
-    layers: ASGIApp = FastPath(_JsonBody(app), api, routes)
-    bodies = BodyLimit(layers, max_bytes=settings.max_body_bytes,
+    bodies = BodyLimit(_JsonBody(app), max_bytes=settings.max_body_bytes,
                        timeout_s=settings.body_timeout_s)
     served = _Metered(Admission(bodies, gate=gate, api_key=api.api_key), metrics=metrics)
     served.fastapi, served.gate, served.bodies = app, gate, bodies
+    served.fast = FastRoutes(api, routes, gate, served.record, lambda: bodies.refusal(408))
     return served
 
 

@@ -1,40 +1,52 @@
-"""The model endpoints' common case as plain ASGI, in front of FastAPI.
+"""The model endpoints' common case answered in the HTTP protocol itself, in front of ASGI.
 
-On a GPU the event loop's CPU per request is what bounds requests per second, and most of
-it went to FastAPI's per-request machinery (its middleware stack, routing, dependency
-solving, parsing the body to Python objects and validating them in a second pass, encoding
-the answer) and to tokenizing: bench/serve_cpu.py measured the event loop at 0.75 ms per
-``/v1/embed`` request before this path and 0.18 ms with it. So a POST to a model endpoint is
-answered here: the body read once, parsed and validated in one pass by pydantic's Rust JSON parser
-(``model_validate_json``) against the same request model FastAPI documents, then the same
-`handlers.Api` method FastAPI's route would call, and the answer written with orjson
-(`encoding`). The API key was checked before (`security.Admission`: 401 before a request
-takes a slot or its body is read), and the body was read within its limits (`BodyLimit`).
+On a GPU the event loop's CPU per request is what bounds requests per second. Under uvicorn
+every request costs an ASGI scope, a request-response cycle object, a task running the
+app through each middleware layer, and message dicts for the body and for each part of the
+answer: bench/serve_cpu.py measured that machinery as the larger part of what the event loop
+did per ``/v1/embed`` request once FastAPI's own layers were out of the way. So the common
+case is answered here, in uvicorn's httptools protocol (`protocol_class`), the moment its
+headers are complete: a POST to a model endpoint, HTTP/1.1, a ``Content-Length`` within
+``--max-body-bytes``, no ``Expect`` or ``Transfer-Encoding``, the API key right (checked on
+the raw headers before anything else), a free `RequestGate` slot, and no other request in
+progress on its connection. Its body is parsed and validated in one pass by pydantic's Rust
+JSON parser (``model_validate_json``) against the request model FastAPI documents, the same
+`handlers.Api` method FastAPI's route would call runs in one task, and the answer, written by
+orjson (`encoding`), goes out in one write with its head.
 
-Whatever this path does not take on itself goes to FastAPI unchanged, with the body replayed:
-a body that does not validate (FastAPI answers its 422, naming the field, in its own
-format), and streamed generation. Errors after
-validation are answered from the table both paths share (`answers`). The stages of every
-request it answers are timed (`stages`).
+Everything else goes through the ASGI layers (`app`: metering, admission, the body limit) to
+FastAPI, which answers every refusal (401, 413, 429, 400) in its place; so does a body this
+path took that does not validate (FastAPI's 422 names the field) or a streamed generation,
+handed over whole with its body. Both ways answer errors from one table (`answers`), count
+and time every answer in the same metrics (``record``), hold a slot of the same gate, answer
+408 to a body that has not arrived within ``--body-timeout`` (and at once on shutdown), and
+drop the queued inputs of a client that goes away. The stages of every request taken here
+are timed (`stages`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from shoestring.serve.answers import error_answer
+from shoestring.inference.stages import Laps
+from shoestring.serve.answers import CLIENT_CLOSED, error_answer
 from shoestring.serve.encoding import dumps
 from shoestring.serve.handlers import Api
-from shoestring.serve.security import ASGIApp, Receive, Scope, Send, replay
-from shoestring.inference.stages import START, Laps
+from shoestring.serve.security import ApiKey, Receive, RequestGate
 
 Handler = Callable[[Any, Receive, Laps], Awaitable[Any]]
-_JSON = (b"content-type", b"application/json")
+Record = Callable[[str, int, float], None]
+_STATUS = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode() for s in HTTPStatus}
+_JSON_HEAD = b"content-type: application/json\r\ncontent-length: "
+_log = logging.getLogger("uvicorn.error")
 
 
 @dataclass(frozen=True)
@@ -48,58 +60,287 @@ class Route:
     hand_on: Callable[[Any], bool] | None = None
 
 
-class FastPath:
-    """ASGI middleware answering POSTs to ``routes`` itself; everything else goes to ``app``."""
+class FastRoutes:
+    """What the protocol needs of the app: the endpoints it answers, the gate and key it
+    checks, the body limits, and where answers are counted (``record(path, status, start)``)."""
 
-    def __init__(self, app: ASGIApp, api: Api, routes: dict[str, Route]) -> None:
-        self.app, self.api, self.routes = app, api, routes
+    def __init__(self, api: Api, routes: dict[str, Route], gate: RequestGate, record: Record,
+                 late_body: Callable[[], dict]) -> None:
+        self.api, self.gate, self.record, self.late_body = api, gate, record, late_body
+        self.routes = {path.encode(): (path, route) for path, route in routes.items()}
+        self.key: ApiKey | None = api.api_key
+        self.max_body_bytes = api.settings.max_body_bytes
+        self.body_timeout_s = api.settings.body_timeout_s
+        self.reading: set[_Direct] = set()  # requests whose body is late (a timer each)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        route = self.routes.get(scope.get("path", "")) if scope["type"] == "http" else None
-        if route is None or scope.get("method") != "POST":
-            return await self.app(scope, receive, send)
-        cpu = time.thread_time()  # the body is replayed by BodyLimit: no wait before parsing
-        body = await _read_body(receive)
-        if body is None:  # the client went away before its body arrived
+    def stop_waiting(self) -> None:
+        """On shutdown: every body still awaited gets its 408 now."""
+        for request in list(self.reading):
+            request.late()
+
+
+class _Direct:
+    """One request answered by the fast path. uvicorn's connection code sees it as the
+    connection's current cycle (``response_complete``, ``keep_alive``, ``disconnected``,
+    ``message_event``), so its pipelining, keep-alive and shutdown logic applies unchanged."""
+
+    __slots__ = ("proto", "path", "route", "keep_alive", "body", "timer", "start", "held",
+                 "response_complete", "disconnected", "gone")
+
+    def __init__(self, proto: Any, path: str, route: Route, keep_alive: bool) -> None:
+        self.proto, self.path, self.route, self.keep_alive = proto, path, route, keep_alive
+        self.body: list[bytes] | None = []  # None once read
+        self.timer: asyncio.TimerHandle | None = None
+        self.start = time.perf_counter()
+        self.held = True  # a gate slot
+        self.response_complete = self.disconnected = False
+        self.gone: asyncio.Future | None = None
+
+    @property
+    def message_event(self) -> _Direct:  # uvicorn calls message_event.set() on its cycle
+        return self
+
+    def set(self) -> None:
+        pass
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self.proto.fast.gate.active -= 1
+
+    def late(self) -> None:
+        """The body has not arrived in time (or the server is stopping): 408, and close."""
+        if self.body is None:
             return
-        api = self.api
-        try:  # the API key was checked in front (`security.Admission`)
+        self.body = None
+        self._stop_timer()
+        self.respond(408, dumps(self.proto.fast.late_body()), {"connection": "close"})
+
+    def _stop_timer(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+            self.proto.fast.reading.discard(self)
+
+    def lost(self) -> None:
+        """The client went away: a body being read is given up; a waiting handler sees it."""
+        self.disconnected = True
+        if self.body is not None:
+            self.body = None
+            self._stop_timer()
+            self.finish(CLIENT_CLOSED, keep=False)
+        elif self.gone is not None and not self.gone.done():
+            self.gone.set_result(None)
+
+    async def receive(self) -> dict:
+        """The ASGI ``receive`` the handlers watch for a disconnect (the body is read)."""
+        if not self.disconnected:
+            if self.gone is None:
+                self.gone = self.proto.loop.create_future()
+            await self.gone
+        return {"type": "http.disconnect"}
+
+    def begin(self, body: bytes) -> None:
+        """The body is in: validate it, then answer in a task (or hand it to FastAPI)."""
+        self._stop_timer()
+        route, proto = self.route, self.proto
+        cpu = time.thread_time()
+        try:
             request = route.model.model_validate_json(body)
         except ValidationError:
             request = None
         if request is None or (route.hand_on is not None and route.hand_on(request)):
-            return await self.app(scope, replay(body, receive), send)
-        laps = Laps(api.metrics.stages, route.task, scope.get(START), cpu)
+            self.release()
+            proto.hand_over(body)
+            return
+        laps = Laps(proto.fast.api.metrics.stages, route.task, self.start, cpu)
         laps.lap("parse")
+        task = proto.loop.create_task(self.answer(request, laps))
+        proto.tasks.add(task)
+        task.add_done_callback(proto.tasks.discard)
+
+    async def answer(self, request: Any, laps: Laps) -> None:
+        api = self.proto.fast.api
         headers: dict[str, str] = {}
         try:
-            content, status = await route.handle(request, receive, laps), 200
+            content, status = await self.route.handle(request, self.receive, laps), 200
+        except asyncio.CancelledError:  # a forced shutdown
+            self.finish(500, keep=False)
+            raise
         except Exception as e:
             answer = error_answer(e, api.metrics, api.settings.request_timeout_s)
             if answer is None:
-                raise
-            content, status, headers = answer.body, answer.status, answer.headers
+                _log.exception("Exception answering %s", self.path)
+                content, status = {"detail": "Internal Server Error"}, 500
+            else:
+                content, status, headers = answer.body, answer.status, answer.headers
             laps.skip()
         data = dumps(content)
         laps.lap("serialize")
-        raw = [_JSON, (b"content-length", str(len(data)).encode())]
-        raw += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
-        await send({"type": "http.response.start", "status": status, "headers": raw})
-        await send({"type": "http.response.body", "body": data})
+        self.respond(status, data, headers)
         laps.lap("send")
 
+    def respond(self, status: int, data: bytes, headers: dict[str, str]) -> None:
+        """Head and body in one write, then the connection goes on (or closes)."""
+        proto = self.proto
+        transport = proto.transport
+        keep = self.keep_alive and not self.disconnected
+        line = _STATUS.get(status) or f"HTTP/1.1 {status} \r\n".encode()
+        parts = [line, _JSON_HEAD, str(len(data)).encode(), b"\r\n"]
+        for name, value in proto.server_state.default_headers:
+            parts += [name, b": ", value, b"\r\n"]
+        for name, value in headers.items():
+            name = name.lower()
+            if name == "connection" and value.lower() == "close":
+                keep = False
+                continue
+            parts += [name.encode("latin-1"), b": ", value.encode("latin-1"), b"\r\n"]
+        if not keep:
+            parts.append(b"connection: close\r\n")
+        parts += [b"\r\n", data]
+        if not transport.is_closing():
+            transport.write(b"".join(parts))
+        self.finish(status, keep)
 
-async def _read_body(receive: Receive) -> bytes | None:
-    """The whole request body (one message when `security.BodyLimit` is in front)."""
-    message = await receive()
-    if message["type"] != "http.request":
-        return None
-    if not message.get("more_body", False):
-        return message.get("body", b"")
-    chunks = [message.get("body", b"")]
-    while message.get("more_body", False):
-        message = await receive()
-        if message["type"] != "http.request":
-            return None
-        chunks.append(message.get("body", b""))
-    return b"".join(chunks)
+    def finish(self, status: int, keep: bool) -> None:
+        """The request is over: its slot back, counted, and the connection's next step."""
+        if self.response_complete:
+            return
+        self.release()
+        self.response_complete = True
+        proto = self.proto
+        if proto.direct is self:
+            proto.direct = None
+        proto.fast.record(self.path, status, self.start)
+        if not keep:
+            proto.transport.close()
+        proto.on_response_complete()  # the next pipelined request, or the keep-alive timer
+
+
+def protocol_class(fast: FastRoutes | None) -> Any:
+    """uvicorn's httptools protocol with the fast path for ``fast``'s endpoints and
+    `_OneWrite` transports ("auto" where httptools is missing: uvicorn's h11 protocol as it
+    is, every request through ASGI)."""
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except ImportError:
+        return "auto"
+
+    class FastProtocol(HttpToolsProtocol):
+        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+            self.fast, self.direct = fast, None
+            super().connection_made(_OneWrite(transport, self.loop))
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            direct = self.direct
+            if direct is not None and direct.body is not None and direct.timer is None:
+                direct.timer = self.loop.call_later(self.fast.body_timeout_s, direct.late)
+                self.fast.reading.add(direct)
+
+        def on_headers_complete(self) -> None:
+            direct = self._take()
+            if direct is None:
+                return super().on_headers_complete()
+            self.direct = self.cycle = direct
+
+        def _take(self) -> _Direct | None:
+            """A `_Direct` for this request if the fast path answers it (a slot taken)."""
+            fast = self.fast
+            found = None if fast is None else fast.routes.get(self.url)
+            if found is None or self.direct is not None or self.expect_100_continue:
+                return None
+            if self.cycle is not None and not self.cycle.response_complete:
+                return None  # an answer still owed on this connection: queue behind it
+            parser = self.parser
+            if (parser.get_method() != b"POST" or parser.get_http_version() != "1.1"
+                    or parser.should_upgrade()):
+                return None
+            length = None
+            for name, value in self.headers:
+                if name == b"content-length":
+                    length = value
+                elif name == b"transfer-encoding":
+                    return None
+            if length is None or not length.isdigit() or int(length) > fast.max_body_bytes:
+                return None
+            if fast.key is not None and not fast.key.check_raw(self.headers):
+                return None
+            gate = fast.gate
+            if gate.active >= gate.max_requests:
+                return None
+            gate.active += 1
+            return _Direct(self, *found, keep_alive=parser.should_keep_alive())
+
+        def on_body(self, body: bytes) -> None:
+            direct = self.direct
+            if direct is None or direct.body is None:
+                return super().on_body(body)
+            direct.body.append(body)
+
+        def on_message_complete(self) -> None:
+            direct = self.direct
+            if direct is None or direct.body is None:
+                return super().on_message_complete()
+            body, direct.body = b"".join(direct.body), None
+            direct.begin(body)
+
+        def hand_over(self, body: bytes) -> None:
+            """The request this path took goes to the ASGI app after all, body included."""
+            self.direct = self.cycle = None
+            super().on_headers_complete()
+            self.cycle.body, self.cycle.more_body = body, False
+            self.cycle.message_event.set()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            direct = self.direct
+            super().connection_lost(exc)
+            if direct is not None:
+                direct.lost()
+
+    return FastProtocol
+
+
+class _OneWrite:
+    """A connection's transport that sends an ASGI response's head and body in one write.
+
+    uvicorn writes the status line and headers as soon as the app sends
+    ``http.response.start``, and the body on the next message: two send() calls and two TCP
+    segments per answer, each costing the server a system call and (on loopback) the
+    receiving side's network stack. The head is held here instead and goes out with the next
+    write; a head nothing follows in the same turn of the event loop (a HEAD request's)
+    goes out on its own at the end of that turn, and before the connection closes. (The
+    fast path writes its answers whole.)"""
+
+    __slots__ = ("_transport", "_loop", "_head")
+
+    def __init__(self, transport: Any, loop: Any) -> None:
+        self._transport, self._loop, self._head = transport, loop, None
+
+    def write(self, data: bytes) -> None:
+        head = self._head
+        if head is not None:
+            self._head = None
+            self._transport.writelines((head, data))
+        elif data[:5] == b"HTTP/" and data[-4:] == b"\r\n\r\n":
+            self._head = data
+            self._loop.call_soon(self._flush)
+        else:
+            self._transport.write(data)
+
+    def _flush(self) -> None:
+        if self._head is not None:
+            head, self._head = self._head, None
+            if not self._transport.is_closing():  # the client may have gone meanwhile
+                self._transport.write(head)
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def abort(self) -> None:
+        self._head = None
+        self._transport.abort()
+
+    def __getattr__(self, name: str) -> Any:  # everything else is the transport's own
+        return getattr(self._transport, name)

@@ -133,7 +133,7 @@ class BodyLimit:
         self.app, self.max_bytes, self.timeout_s = app, max_bytes, timeout_s
         self._waiting: set[_BodyWait] = set()
 
-    def _refusal(self, status: int) -> dict:
+    def refusal(self, status: int) -> dict:
         if status == 408:
             return {"detail": f"the request body did not arrive within {self.timeout_s:g} s "
                     "(--body-timeout): send the body with its headers",
@@ -181,7 +181,7 @@ class BodyLimit:
                 return await send_json(send, 400, {"detail": "Content-Length is not a number"},
                                        [CLOSE])
             if declared > self.max_bytes:
-                return await send_json(send, 413, self._refusal(413), [CLOSE])
+                return await send_json(send, 413, self.refusal(413), [CLOSE])
         wait = _BodyWait(self.timeout_s)
         self._waiting.add(wait)
         try:
@@ -196,7 +196,7 @@ class BodyLimit:
         if isinstance(body, bytes):
             await self.app(scope, replay(body, receive), send)
         elif body is not None:
-            await send_json(send, body, self._refusal(body), [CLOSE])
+            await send_json(send, body, self.refusal(body), [CLOSE])
 
 
 class Refused(Exception):

@@ -28,6 +28,7 @@ import uvicorn
 from shoestring.errors import ShoestringError
 from shoestring.model_repository import ModelRepository
 from shoestring.serve.app import create_app
+from shoestring.serve.fastpath import protocol_class
 from shoestring.inference.engine import Engine, load_engine
 from shoestring.serve import replicas
 from shoestring.serve.metrics import ServeMetrics
@@ -60,65 +61,6 @@ def url_of(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-class _OneWrite:
-    """A connection's transport that sends a response's head and body in one write.
-
-    uvicorn writes the status line and headers as soon as the app sends
-    ``http.response.start``, and the body on the next message: two send() calls and two TCP
-    segments per answer, each costing the server a system call and (on loopback) the
-    receiving side's network stack. The head is held here instead and goes out with the next
-    write; a head nothing follows in the same turn of the event loop (a HEAD request's)
-    goes out on its own at the end of that turn, and before the connection closes."""
-
-    __slots__ = ("_transport", "_loop", "_head")
-
-    def __init__(self, transport: Any, loop: Any) -> None:
-        self._transport, self._loop, self._head = transport, loop, None
-
-    def write(self, data: bytes) -> None:
-        head = self._head
-        if head is not None:
-            self._head = None
-            self._transport.writelines((head, data))
-        elif data[:5] == b"HTTP/" and data[-4:] == b"\r\n\r\n":
-            self._head = data
-            self._loop.call_soon(self._flush)
-        else:
-            self._transport.write(data)
-
-    def _flush(self) -> None:
-        if self._head is not None:
-            head, self._head = self._head, None
-            if not self._transport.is_closing():  # the client may have gone meanwhile
-                self._transport.write(head)
-
-    def close(self) -> None:
-        self._flush()
-        self._transport.close()
-
-    def abort(self) -> None:
-        self._head = None
-        self._transport.abort()
-
-    def __getattr__(self, name: str) -> Any:  # everything else is the transport's own
-        return getattr(self._transport, name)
-
-
-def _http_protocol() -> Any:
-    """uvicorn's httptools protocol with `_OneWrite` transports ("auto" where httptools is
-    missing: uvicorn's h11 protocol as it is)."""
-    try:
-        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-    except ImportError:
-        return "auto"
-
-    class OneWriteProtocol(HttpToolsProtocol):
-        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
-            super().connection_made(_OneWrite(transport, self.loop))
-
-    return OneWriteProtocol
-
-
 class _Server(uvicorn.Server):
     """uvicorn's server, which on shutdown also stops waiting for request bodies (each still
     awaited is answered 408 at once: a slow client does not hold up the drain) and, once
@@ -131,6 +73,7 @@ class _Server(uvicorn.Server):
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         in_flight = self.served.gate.active
         self.served.bodies.stop_waiting()
+        self.served.fast.stop_waiting()
         await super().shutdown(sockets)
         if self.announce is not None:
             signals = getattr(self, "_captured_signals", [])  # uvicorn >= 0.29
@@ -144,7 +87,7 @@ def build_server(engine: Engine | ModelRouter, settings: ServeSettings,
     """The uvicorn server for ``engine``'s app; ``announce`` gets its shutdown line."""
     app = create_app(engine, settings)
     config = uvicorn.Config(
-        app, log_level="warning", access_log=False, lifespan="on", http=_http_protocol(),
+        app, log_level="warning", access_log=False, lifespan="on", http=protocol_class(app.fast),
         timeout_graceful_shutdown=settings.shutdown_timeout_s,
         # A safety net under the app's own limits (429 at --max-concurrent-requests):
         # connections beyond this are answered 503 by uvicorn before any parsing.
