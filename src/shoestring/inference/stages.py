@@ -136,3 +136,8 @@ class Laps:
     def skip(self) -> None:
         """Restart the clock without recording (time spent awaiting other work)."""
         self.wall, self.cpu = time.perf_counter(), time.thread_time()
+
+    def resume(self) -> None:
+        """This thread is back on the request after doing other work: the CPU clock restarts,
+        the wall clock runs on (the wait is part of the next stage's wall time)."""
+        self.cpu = time.thread_time()

@@ -160,6 +160,7 @@ class _Direct:
         task.add_done_callback(proto.tasks.discard)
 
     async def answer(self, request: Any, laps: Laps) -> None:
+        laps.resume()  # the event loop ran other requests between `begin` and here
         api = self.proto.fast.api
         headers: dict[str, str] = {}
         try:
