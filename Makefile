@@ -95,7 +95,8 @@ gpu-data:
 # results under $(GPU_OUT) (the device tool's $OUT when set). GPU_PART=tests or bench: one half
 # (each fits one 10-minute device command); GPU_PART=default: issue 48's default-path and
 # quality rows with the hand-configured mlm-base row, on $(GPU_DATA) (`make gpu-data`);
-# GPU_PART=planner: issue 51's calibrated plan, trained and evaluated, at $(GPU_PLANNER_BUDGET).
+# GPU_PART=planner: issue 51's calibrated plan, trained and evaluated, at $(GPU_PLANNER_BUDGET);
+# GPU_PART=serve: issue 49's serving rows (1, 2 and 4 replicas of the mlm-cram run).
 gpu-check:
 	GPU_WHEELS_DIR=$(GPU_WHEELS_DIR) GPU_SITE=$(GPU_SITE) GPU_OUT=$(GPU_OUT) \
 	  GPU_SECONDS=$(GPU_SECONDS) GPU_PART=$(GPU_PART) GPU_DATA=$(GPU_DATA) \

@@ -18,6 +18,9 @@
 # included; GPU_PLANNER_FLAGS=--curves for learning curves) on the same slice, `train --plan`,
 # then `eval`, which sets the plan's predicted
 # held-out loss and interval beside the achieved one (planner.log, plan.yaml, eval.json).
+# GPU_PART=serve (issue 49, its own command): the mlm-cram shape, then its /v1/embed served
+# by 1, 2 and 4 replicas at 32 and 256 clients against the engine's offline ceiling, with
+# the server's stage breakdown (gpu-serve.json, .md, .jsonl, .log); needs no data.
 # Exit status: non-zero when the tests or the benchmark failed (both always run); 2 when
 # something the command needs did not travel.
 set -u
@@ -34,8 +37,8 @@ QUALITY_SECONDS=${GPU_QUALITY_SECONDS:-120}
 PLANNER_BUDGET=${GPU_PLANNER_BUDGET:-5m}
 PLANNER_FLAGS=${GPU_PLANNER_FLAGS:-}  # e.g. --curves: calibrate on learning curves
 
-case "$PART" in all|tests|bench|default|planner) ;;
-  *) echo "GPU_PART=$PART: choose tests, bench, default, planner or all (docs/gpu.md)" >&2
+case "$PART" in all|tests|bench|default|planner|serve) ;;
+  *) echo "GPU_PART=$PART: choose tests, bench, default, planner, serve or all (docs/gpu.md)" >&2
      exit 2 ;;
 esac
 if { [ "$PART" = default ] || [ "$PART" = planner ]; } && [ ! -f "$DATA/manifest.json" ]; then
@@ -84,6 +87,15 @@ if [ "$PART" = default ]; then
     --out "$OUTDIR/gpu-default.json" --table "$OUTDIR/gpu-default.md" \
     --record "$OUTDIR/gpu-default.jsonl" --work /tmp/shoestring-gpu-work 2>&1 \
     | tee "$OUTDIR/gpu-default.log"
+  bench_rc=$?
+fi
+if [ "$PART" = serve ]; then
+  # Issue 49: the mlm-cram shape trained (its serving needs the run), then /v1/embed served
+  # with 1, 2 and 4 replicas at 32 and 256 clients against the engine's offline ceiling.
+  "$PY" bench/gpu.py --only mlm-cram --serve-workers 1 2 4 --seconds "$SECONDS_EACH" \
+    --out "$OUTDIR/gpu-serve.json" --table "$OUTDIR/gpu-serve.md" \
+    --record "$OUTDIR/gpu-serve.jsonl" --work /tmp/shoestring-gpu-work 2>&1 \
+    | tee "$OUTDIR/gpu-serve.log"
   bench_rc=$?
 fi
 if [ "$PART" = planner ]; then

@@ -126,6 +126,10 @@ def test_the_default_rows_refuse_without_their_data_and_say_what_to_run(tmp_path
         assert "make gpu-data" in r.stderr and '".gpu-data"' in r.stderr  # what to carry
         assert f"GPU_PART={part}" in r.stderr
         assert not (tmp_path / "o").exists()  # refused before installing or writing anything
+    r = subprocess.run(["bash", str(check)], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "GPU_PART": "nonsense", "GPU_OUT": str(tmp_path / "o")})
+    assert r.returncode == 2 and "serve" in r.stderr and "planner" in r.stderr
+    assert not (tmp_path / "o").exists()
 
 
 def test_the_slice_keeps_every_nth_document_of_each_source(tmp_path: Path) -> None:

@@ -6,8 +6,8 @@ One `Engine` per loaded model. Its work is split by where it runs:
   ``--max-length``: reject or truncate; a fill-mask input's mask token; token ids inside the
   vocabulary) and returns the payload a batch call takes, or raises `InputError` → HTTP 422;
 * `tokenize` turns many texts into token ids in one call: a BERT WordPiece tokenizer's
-  printable-ASCII texts word by word from a cache (`data.wordpiece_cache`, 8x less CPU than
-  the library, the same ids), the rest in one batch call of the Rust tokenizer, which
+  printable-ASCII texts word by word from a cache (`data.wordpiece_cache`, 4-5x less CPU
+  than the library, the same ids), the rest in one batch call of the Rust tokenizer, which
   releases the GIL and spreads a batch over the cores. The server calls it on the batcher's
   worker thread for everything queued at once, not on the event loop per request; token ids
   a client sends (``input_ids``) skip it and are admitted on the event loop (a range check);
