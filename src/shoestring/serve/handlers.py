@@ -1,10 +1,10 @@
 """A model request's path, whichever way it came in: authorize, pick the model, check the
 input count, queue one job per input, wait, and build the answer.
 
-Both ways in call these methods: the fast path (`fastpath`, raw ASGI) for the common case
-and the FastAPI routes (`app`) for the rest, so both give the same answers. Texts are queued
-as text: the batcher's worker tokenizes everything queued in one call of the Rust tokenizer,
-off the event loop (`batcher`). Token ids a client sent (``input_ids``) are checked here on
+Both ways in call these methods: the fast path (`fastpath`, in the HTTP protocol itself) for
+the common case and the FastAPI routes (`app`) for the rest, so both give the same answers.
+Texts are queued as text: the batcher's worker tokenizes everything queued at once, off the
+event loop (`batcher`, `inference.engine.Engine.tokenize`). Token ids a client sent (``input_ids``) are checked here on
 the event loop (inside the vocabulary, within ``--max-length``), which costs microseconds.
 
 While a request waits for its results it also watches for its client disconnecting (once it
