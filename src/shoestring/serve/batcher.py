@@ -96,12 +96,14 @@ class JobGroup:
     """One request's jobs and the single future its handler awaits: their results in order
     (an exception in place of a failed input's result), or the first admission error."""
 
-    __slots__ = ("future", "results", "remaining", "jobs")
+    __slots__ = ("future", "results", "remaining")
 
-    def __init__(self, future: asyncio.Future, jobs: Sequence[Job]) -> None:
-        self.future, self.jobs = future, jobs
-        self.results: list[Any] = [None] * len(jobs)
-        self.remaining = len(jobs)
+    def __init__(self, future: asyncio.Future, count: int) -> None:
+        # Not the jobs themselves: each job points here, and a pointer back would make every
+        # request a reference cycle, left for the garbage collector to find.
+        self.future = future
+        self.results: list[Any] = [None] * count
+        self.remaining = count
 
     def settle(self, index: int, result: Any) -> None:
         """One job's result (on the event loop); the future is set with the last one."""
@@ -266,7 +268,7 @@ class MicroBatcher:
         results in order, an exception instance in place of a failed input's result; or the
         exception that refused one of them before it ran (then none of them run)."""
         loop = asyncio.get_running_loop()
-        request = JobGroup(loop.create_future(), jobs)
+        request = JobGroup(loop.create_future(), len(jobs))
         for i, job in enumerate(jobs):
             job.group, job.index, job.loop = request, i, loop
         self._enqueue(jobs)
