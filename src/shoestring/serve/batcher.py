@@ -67,7 +67,7 @@ class BatcherClosed(Exception):
     """The server is shutting down and accepts no new work."""
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Job:
     """One input waiting for the model. Jobs with equal ``key`` may share a model call.
 
@@ -230,6 +230,7 @@ class MicroBatcher:
         self._last_arrival: float | None = None
         self._in_flight = 0
         self._thread: threading.Thread | None = None
+        self._running = False  # the worker is alive (a flag: a request checks it)
 
     # --- event-loop side -------------------------------------------------------------------
 
@@ -244,10 +245,11 @@ class MicroBatcher:
 
     @property
     def accepting(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and not self._closing
+        return self._running and not self._closing
 
     def start(self) -> None:
         if self._thread is None:
+            self._running = True
             self._thread = threading.Thread(target=self._worker, name="shoestring-batcher",
                                             daemon=True)
             self._thread.start()
@@ -416,19 +418,25 @@ class MicroBatcher:
         _deliver([j for j, _ in failed], [e for _, e in failed])
 
     def _worker(self) -> None:
-        while (batch := self._next_batch()) is not None:
-            key = batch[0].key
-            lengths = [j.length for j in batch]
-            groups = plan_groups(lengths, self.group_overhead_tokens, self._pad(key))
-            # Oldest first: shortest-first would leave a long input that has already waited
-            # behind every short group of each batch, which is what stretches the tail.
-            groups.sort(key=lambda g: min(batch[i].enqueued for i in g))
-            try:
-                for group in groups:
-                    self._run_group(key, [batch[i] for i in group])
-            finally:
-                with self._cv:
-                    self._in_flight -= len(batch)
+        try:
+            while (batch := self._next_batch()) is not None:
+                self._run_batch(batch)
+        finally:
+            self._running = False
+
+    def _run_batch(self, batch: list[Job]) -> None:
+        key = batch[0].key
+        lengths = [j.length for j in batch]
+        groups = plan_groups(lengths, self.group_overhead_tokens, self._pad(key))
+        # Oldest first: shortest-first would leave a long input that has already waited
+        # behind every short group of each batch, which is what stretches the tail.
+        groups.sort(key=lambda g: min(batch[i].enqueued for i in g))
+        try:
+            for group in groups:
+                self._run_group(key, [batch[i] for i in group])
+        finally:
+            with self._cv:
+                self._in_flight -= len(batch)
 
     def _run_group(self, key: tuple, jobs: list[Job]) -> None:
         live = [j for j in jobs if not j.cancelled]

@@ -160,7 +160,6 @@ class _Direct:
         task.add_done_callback(proto.tasks.discard)
 
     async def answer(self, request: Any, laps: Laps) -> None:
-        laps.resume()  # the event loop ran other requests between `begin` and here
         api = self.proto.fast.api
         headers: dict[str, str] = {}
         try:
@@ -187,9 +186,8 @@ class _Direct:
         transport = proto.transport
         keep = self.keep_alive and not self.disconnected
         line = _STATUS.get(status) or f"HTTP/1.1 {status} \r\n".encode()
-        parts = [line, _JSON_HEAD, str(len(data)).encode(), b"\r\n"]
-        for name, value in proto.server_state.default_headers:
-            parts += [name, b": ", value, b"\r\n"]
+        parts = [line, _JSON_HEAD, str(len(data)).encode(), b"\r\n",
+                 _joined(proto.server_state.default_headers)]
         for name, value in headers.items():
             name = name.lower()
             if name == "connection" and value.lower() == "close":
@@ -218,6 +216,18 @@ class _Direct:
         proto.on_response_complete()  # the next pipelined request, or the keep-alive timer
 
 
+_JOINED: list[Any] = [None, b""]  # uvicorn's default header list and its bytes
+
+
+def _joined(headers: list[tuple[bytes, bytes]]) -> bytes:
+    """``headers`` (the server's date and name) as head lines; uvicorn replaces the list
+    once a second, so it is joined once a second, not per answer."""
+    if _JOINED[0] is not headers:
+        _JOINED[1] = b"".join(b"%s: %s\r\n" % pair for pair in headers)
+        _JOINED[0] = headers
+    return _JOINED[1]
+
+
 def protocol_class(fast: FastRoutes | None) -> Any:
     """uvicorn's httptools protocol with the fast path for ``fast``'s endpoints and
     `_OneWrite` transports ("auto" where httptools is missing: uvicorn's h11 protocol as it
@@ -239,11 +249,24 @@ def protocol_class(fast: FastRoutes | None) -> Any:
                 direct.timer = self.loop.call_later(self.fast.body_timeout_s, direct.late)
                 self.fast.reading.add(direct)
 
+        def on_message_begin(self) -> None:
+            # uvicorn builds the request's ASGI scope here; only a request that goes to ASGI
+            # needs one, and `_to_asgi` builds it then.
+            self.url, self.expect_100_continue, self.headers = b"", False, []
+
         def on_headers_complete(self) -> None:
             direct = self._take()
             if direct is None:
-                return super().on_headers_complete()
+                return self._to_asgi()
             self.direct = self.cycle = direct
+
+        def _to_asgi(self) -> None:
+            """uvicorn's own start of a request: its scope, cycle and task."""
+            url, headers, expect = self.url, self.headers, self.expect_100_continue
+            super().on_message_begin()
+            self.url, self.expect_100_continue = url, expect
+            self.headers = self.scope["headers"] = headers
+            super().on_headers_complete()
 
         def _take(self) -> _Direct | None:
             """A `_Direct` for this request if the fast path answers it (a slot taken)."""
@@ -289,7 +312,7 @@ def protocol_class(fast: FastRoutes | None) -> Any:
         def hand_over(self, body: bytes) -> None:
             """The request this path took goes to the ASGI app after all, body included."""
             self.direct = self.cycle = None
-            super().on_headers_complete()
+            self._to_asgi()
             self.cycle.body, self.cycle.more_body = body, False
             self.cycle.message_event.set()
 

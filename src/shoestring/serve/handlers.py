@@ -66,7 +66,7 @@ class Api:
             raise Refused(413, f"{count} inputs in one request; this server takes at "
                           f"most {limit} (--max-client-batch): split the request",
                           "max_client_batch", limit)
-        slot = await self.router.slot_for(body.model)
+        slot = self.router.loaded(body.model) or await self.router.slot_for(body.model)
         engine = slot.engine
         if task not in engine.tasks:
             served = ", ".join(f"/v1/{t}" for t in sorted(engine.tasks))
@@ -119,8 +119,11 @@ class Api:
                    admit_name: str, key: tuple, options: tuple = (),
                    texts: list[Any] | None = None, slot: Slot | None = None) -> list[Any]:
         slot = slot or await self.slot_for(body, task)
+        ids = laps is not None and body.input_ids is not None
+        if ids:
+            laps.resume()  # the loop may have run other requests since this one's last lap
         jobs = self.jobs(slot, key, body, getattr(slot.engine, admit_name), options, texts)
-        if laps is not None and body.input_ids is not None:
+        if ids:
             laps.lap("tokenize", len(jobs))  # token ids admitted on the event loop
         out = await self.infer(receive, jobs, body.many, slot, body.field)
         if laps is not None:

@@ -154,6 +154,10 @@ class ModelRouter:
             if key not in self.slots:
                 self.add(key, self._load(path, version))
 
+    def loaded(self, model: str | None) -> Slot | None:
+        """The slot that answers ``model`` now if it is loaded (nothing to await), else None."""
+        return self.slots.get(self.target(model)[0])
+
     async def slot_for(self, model: str | None) -> Slot:
         """The slot that answers ``model`` now, loading its version on first use (a version
         that failed to load is answered 503 from then on, without trying again)."""
