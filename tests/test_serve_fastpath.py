@@ -225,12 +225,7 @@ def test_raw_keep_alive_answers_and_a_head_request(server: ServerThread) -> None
         reader = sock.makefile("rb")
 
         def answer() -> tuple[int, dict[str, str]]:
-            status = int(reader.readline().split()[1])
-            headers = {}
-            while (line := reader.readline()) not in (b"\r\n", b""):
-                name, _, value = line.decode("latin-1").partition(":")
-                headers[name.strip().lower()] = value.strip()
-            return status, headers
+            return _head(reader)
 
         for text in TEXTS:
             body = json.dumps({"inputs": text}).encode()
@@ -293,13 +288,19 @@ def _raw(server: ServerThread, payload: bytes, answers: int,
             sock.sendall(rest)
         reader = sock.makefile("rb")
         for _ in range(answers):
-            status = int(reader.readline().split()[1])
-            headers = {}
-            while (line := reader.readline()) not in (b"\r\n", b""):
-                name, _, value = line.decode("latin-1").partition(":")
-                headers[name.strip().lower()] = value.strip()
+            status, headers = _head(reader)
             out.append((status, headers, reader.read(int(headers.get("content-length", 0)))))
     return out
+
+
+def _head(reader) -> tuple[int, dict[str, str]]:
+    """The status and headers of the next answer on a connection's reader."""
+    status = int(reader.readline().split()[1])
+    headers = {}
+    while (line := reader.readline()) not in (b"\r\n", b""):
+        name, _, value = line.decode("latin-1").partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return status, headers
 
 
 def _post(path: str, body: dict, extra: str = "", version: str = "1.1") -> bytes:

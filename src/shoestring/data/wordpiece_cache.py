@@ -3,8 +3,8 @@
 The Rust ``tokenizers`` library spends most of a short text's time outside the vocabulary:
 its normalizer and pre-tokenizer keep an alignment entry per character (for offsets nobody
 here reads), and WordPiece rebuilds each word's pieces every time it meets the word. For a
-served encoder that was about 40 µs of CPU per 110-character sentence, a sixth of the
-server's whole CPU per request (bench/serve_cpu.py). For printable ASCII text, what the BERT
+served encoder that was 37 µs of CPU per 110-character sentence (bench/tokenize_cache.py),
+a large share of the server's whole CPU per request (bench/serve_cpu.py). For printable ASCII text, what the BERT
 normalizer and pre-tokenizer do reduces to lower-casing and splitting into runs of letters
 and digits and single punctuation characters; each word's pieces are then a pure function
 of the word, so they are computed once by the library's own WordPiece model and kept.

@@ -27,8 +27,8 @@ import abc
 import contextlib
 import json
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch

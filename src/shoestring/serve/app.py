@@ -297,8 +297,7 @@ def _add_status_routes(app: FastAPI, api: Api) -> None:
     @app.get("/healthz")
     async def healthz() -> JSONResponse:
         """Liveness: the process answers and its inference workers are alive."""
-        threads = [s.batcher._thread for s in router.slots.values()]
-        alive = all(t is not None and t.is_alive() for t in threads)
+        alive = all(s.batcher.alive for s in router.slots.values())
         return JSONResponse({"status": "ok" if alive else "worker stopped"},
                             status_code=200 if alive else 500)
 

@@ -244,6 +244,11 @@ class MicroBatcher:
         return self._in_flight
 
     @property
+    def alive(self) -> bool:
+        """The worker thread is running (it clears this as it exits, however it exits)."""
+        return self._running
+
+    @property
     def accepting(self) -> bool:
         return self._running and not self._closing
 

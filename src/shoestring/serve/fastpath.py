@@ -72,6 +72,14 @@ class FastRoutes:
         self.max_body_bytes = api.settings.max_body_bytes
         self.body_timeout_s = api.settings.body_timeout_s
         self.reading: set[_Direct] = set()  # requests whose body is late (a timer each)
+        self._defaults: tuple[Any, bytes] = (None, b"")  # uvicorn's header list, joined
+
+    def head_lines(self, headers: list[tuple[bytes, bytes]]) -> bytes:
+        """The server's default headers (its date and name) as head lines: uvicorn replaces
+        the list once a second, so it is joined once a second, not per answer."""
+        if self._defaults[0] is not headers:
+            self._defaults = (headers, b"".join(b"%s: %s\r\n" % pair for pair in headers))
+        return self._defaults[1]
 
     def stop_waiting(self) -> None:
         """On shutdown: every body still awaited gets its 408 now."""
@@ -187,7 +195,7 @@ class _Direct:
         keep = self.keep_alive and not self.disconnected
         line = _STATUS.get(status) or f"HTTP/1.1 {status} \r\n".encode()
         parts = [line, _JSON_HEAD, str(len(data)).encode(), b"\r\n",
-                 _joined(proto.server_state.default_headers)]
+                 proto.fast.head_lines(proto.server_state.default_headers)]
         for name, value in headers.items():
             name = name.lower()
             if name == "connection" and value.lower() == "close":
@@ -214,18 +222,6 @@ class _Direct:
         if not keep:
             proto.transport.close()
         proto.on_response_complete()  # the next pipelined request, or the keep-alive timer
-
-
-_JOINED: list[Any] = [None, b""]  # uvicorn's default header list and its bytes
-
-
-def _joined(headers: list[tuple[bytes, bytes]]) -> bytes:
-    """``headers`` (the server's date and name) as head lines; uvicorn replaces the list
-    once a second, so it is joined once a second, not per answer."""
-    if _JOINED[0] is not headers:
-        _JOINED[1] = b"".join(b"%s: %s\r\n" % pair for pair in headers)
-        _JOINED[0] = headers
-    return _JOINED[1]
 
 
 def protocol_class(fast: FastRoutes | None) -> Any:

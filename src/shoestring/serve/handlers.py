@@ -4,8 +4,9 @@ input count, queue one job per input, wait, and build the answer.
 Both ways in call these methods: the fast path (`fastpath`, in the HTTP protocol itself) for
 the common case and the FastAPI routes (`app`) for the rest, so both give the same answers.
 Texts are queued as text: the batcher's worker tokenizes everything queued at once, off the
-event loop (`batcher`, `inference.engine.Engine.tokenize`). Token ids a client sent (``input_ids``) are checked here on
-the event loop (inside the vocabulary, within ``--max-length``), which costs microseconds.
+event loop (`batcher`, `inference.engine.Engine.tokenize`). Token ids a client sent
+(``input_ids``) are checked here on the event loop (inside the vocabulary, within
+``--max-length``), which costs microseconds.
 
 While a request waits for its results it also watches for its client disconnecting (once it
 has waited `WATCH_AFTER_S`; its queued jobs are then dropped before they cost compute) and
