@@ -9,6 +9,9 @@ Each corpus is also checked for equal ids, text by text.
 
     python bench/tokenize_cache.py
 
+Then the cache's memory as it fills, from 1,024 words to its bound (`MAX_WORDS`, when it is
+emptied): the corpora's words, then random lower-case words, measured with tracemalloc.
+
 Corpora: the bench's serving sentences (bench/serve_load.py's, with ``[MASK]`` in each),
 builtin:pydocs documents cut to 512 characters, and where it is present the shared
 mixed-en.jsonl (its first 4,000 documents, cut the same way). The tokenizer is a WordPiece
@@ -19,14 +22,16 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import time
+import tracemalloc
 
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 from common import SHARED, Bench, parser  # noqa: E402
 from serve_load import make_texts  # noqa: E402
 from shoestring.data.builtin import iter_pydocs  # noqa: E402
-from shoestring.data.wordpiece_cache import WordPieceCache  # noqa: E402
+from shoestring.data.wordpiece_cache import MAX_WORDS, WordPieceCache  # noqa: E402
 from shoestring.prep.tokenizer_training import train_wordpiece  # noqa: E402
 
 BATCH = 16
@@ -79,7 +84,31 @@ def main() -> None:
                      "ids equal": same})
     bench.table(rows, formats={"chars/text": ".0f", "library us/text": ".1f",
                                "cached us/text": ".1f", "speed-up": ".1f"})
+    bench.table(cache_memory(tok, [t for texts in corpora().values() for t in texts]),
+                name="memory", formats={"MB": ".2f", "bytes/word": ".0f"})
     bench.end()
+
+
+def cache_memory(tok, texts: list[str]) -> list[dict]:
+    """The cache's size (tracemalloc: what filling it allocated and kept) at 1,024 words, a
+    decade more, and its bound."""
+    rng = random.Random(0)
+    words = list(dict.fromkeys(w for t in texts for w in t.lower().split() if w.isalpha()))
+    while len(words) < MAX_WORDS:
+        words.append("".join(rng.choice("abcdefghijklmnopqrstuvwxyz")
+                             for _ in range(rng.randint(3, 12))))
+    rows = []
+    for n in (1024, 10240, MAX_WORDS - 1):
+        cache = WordPieceCache.for_tokenizer(tok)
+        tracemalloc.start()
+        for i in range(0, n, 512):
+            cache.encode([" ".join(words[i:min(n, i + 512)])])
+        kept, _ = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        size = len(cache._pieces)
+        print(f"cache of {size:,} words: {kept / 2**20:.2f} MB ({kept / size:.0f} bytes/word)")
+        rows.append({"words": size, "MB": kept / 2**20, "bytes/word": kept / size})
+    return rows
 
 
 if __name__ == "__main__":

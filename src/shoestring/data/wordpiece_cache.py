@@ -35,7 +35,8 @@ _WORDS = re.compile(r"[A-Za-z0-9]+|[!-/:-@\[-`{-~]")
 # Characters the BERT normalizer removes (control characters other than tab, LF and CR) and
 # which this path therefore leaves to the library.
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
-# Distinct words kept; the cache is emptied when it reaches this (a bounded memory, ~10 MB).
+# Distinct words kept; the cache is emptied when it reaches this: a bounded memory, about
+# 21 MB per served model at the bound (bench/tokenize_cache.py).
 MAX_WORDS = 65_536
 
 
