@@ -5,6 +5,7 @@ from the device, the memory left and the budget, the same on every rank."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -197,6 +198,61 @@ def test_a_finished_run_records_its_rate_for_the_next_decision(
     assert key.startswith(f"{s['device']} | float32 | mlm 2x64") and "sdpa attention" in key
     assert entry["eager_tokens_per_s"] > 0 and "compiled_tokens_per_s" not in entry
     assert "compile off" in s["speed_choices"] and s["compiled"] is False
+    # a damaged or hand-edited cache costs the next run its records, never the run (issue
+    # 62): its own key holding a list, NaN elsewhere (json.loads takes it, json.dumps of a
+    # finished run's records would not), a boolean and an absurd figure beside them
+    path = cc.records_path()
+    path.write_text(path.read_text().replace("{", '{"nan": NaN, "bool": {"eager_tokens_per_s": '
+                                              'true}, "huge": {"compile_s": 1e300}, ', 1))
+    damaged = json.loads(path.read_text())
+    damaged[key] = [1, 2]
+    path.write_text(json.dumps(damaged))
+    train(tiny_config(budget="4s", precision="fp32", attention="sdpa"), pydocs_dir,
+          tmp_path / "run2")
+    after = json.loads(path.read_text())  # strict JSON again
+    assert after[key]["eager_tokens_per_s"] > 0 and after["nan"] is None
+
+
+def test_damaged_compile_figures_are_ignored_not_trusted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from shoestring.train import compile_costs as cc
+
+    monkeypatch.setenv("SHOESTRING_HOME", str(tmp_path))
+    dev, cpu = "cpu-x", cc.ASSUMED["cpu"]
+    key = cc.shape_key(dev, "float32", "A")
+    for entry in ({"eager_tokens_per_s": 1e-300, "compiled_tokens_per_s": 1e300},  # ratio inf
+                  {"eager_tokens_per_s": 1e300, "compiled_tokens_per_s": 1e-300},  # ratio 0
+                  {"eager_tokens_per_s": True, "compiled_tokens_per_s": 5.0, "compile_s": 1e300},
+                  {"eager_tokens_per_s": "1", "compile_s": -3}, [1], "x", None):
+        cc.records_path().write_text(json.dumps({key: entry}))
+        got = cc.lookup("cpu", dev, "float32", "A")
+        assert (got.seconds, got.speedup) == (cpu.seconds, cpu.speedup), entry
+        assert got.gain(60.0) == cpu.gain(60.0)  # no ZeroDivisionError, no overflow
+
+
+def _record_many(home: str, worker: int, count: int) -> None:
+    os.environ["SHOESTRING_HOME"] = home
+    from shoestring.train import compile_costs as cc
+
+    for i in range(count):
+        cc.record("dev", "float32", f"w{worker} s{i}", False, 2_000, 3.0, 1_000, 1.0)
+
+
+def test_concurrent_recorders_keep_every_record(tmp_path: Path) -> None:
+    """Three processes recording at once: every record is kept, and no reader ever finds
+    the file unreadable (each writer has its own temporary file, and they take turns)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_record_many, args=(str(tmp_path), w, 60)) for w in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0, 0, 0]
+    records = json.loads((tmp_path / "compile.json").read_text())
+    assert len(records) == 180
+    assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob(".*.tmp"))
 
 
 def test_agreed_takes_rank_zeros_choice() -> None:

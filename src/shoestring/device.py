@@ -70,18 +70,14 @@ def peaks_path() -> Path:
 def _best_recorded(key: str, probe: float) -> float:
     """max(probe, the record for ``key``); a higher probe becomes the record. The file is a
     cache: unreadable or unwritable, it is ignored."""
-    from shoestring.fsutil import json_object_or_none, write_json_atomic
+    from shoestring.fsutil import json_cache
 
-    path = peaks_path()
-    records = json_object_or_none(path) or {}
-    best = records.get(key)
-    best = float(best) if isinstance(best, (int, float)) and math.isfinite(best) else 0.0
-    if probe > best:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(path, {**records, key: probe})
-        except OSError:
-            pass
+    with json_cache(peaks_path()) as records:
+        best = records.get(key)
+        best = (float(best) if isinstance(best, (int, float)) and not isinstance(best, bool)
+                and math.isfinite(best) and best > 0 else 0.0)
+        if probe > best:
+            records[key] = probe
     return max(probe, best)
 
 

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -84,9 +85,13 @@ def atomic_file(path: str | Path) -> Iterator[Any]:
     renamed over ``path`` when the block ends; on any failure (a full disk) it is removed
     and ``path`` keeps its previous content."""
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
+    # A name of its own per writer: two processes writing one file at once (the caches under
+    # $SHOESTRING_HOME) must not write into, or rename, each other's temporary file.
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = Path(name)
     try:
-        with open(tmp, "wb") as f:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), _default_mode())  # mkstemp's is 0600
             yield f
             f.flush()
             os.fsync(f.fileno())
@@ -94,6 +99,41 @@ def atomic_file(path: str | Path) -> Iterator[Any]:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _default_mode() -> int:
+    """The mode a file created with open() gets here (0o666 less the umask)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+@contextmanager
+def json_cache(path: str | Path) -> Iterator[dict[str, Any]]:
+    """A JSON object cache file (under $SHOESTRING_HOME) to read and update in place: the
+    block gets its data ({} when absent or damaged) and may change it; the new content is
+    written atomically when the block ends. Concurrent updaters take turns on an exclusive
+    lock (``path.lock``), so none of their records is lost. Unwritable: nothing is written
+    and nothing is raised (a cache is not worth failing a run for)."""
+    import fcntl
+
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(path.with_name(path.name + ".lock"), "a")
+    except OSError:
+        yield json_object_or_none(path) or {}
+        return
+    with lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        data = json_object_or_none(path) or {}
+        before = json.dumps(data, sort_keys=True)
+        yield data
+        if json.dumps(data, sort_keys=True) != before:
+            try:
+                write_json_atomic(path, data)
+            except (OSError, ValueError):
+                pass
 
 
 def write_bytes_atomic(path: str | Path, data: bytes) -> None:
@@ -105,8 +145,8 @@ def write_bytes_atomic(path: str | Path, data: bytes) -> None:
 def json_object_or_none(path: str | Path) -> dict[str, Any] | None:
     """A JSON object file's data; None when it is absent, unreadable, not JSON or not an
     object (for callers to whom a damaged file is as good as none)."""
-    try:
-        value = json.loads(Path(path).read_text(encoding="utf-8"))
+    try:  # NaN and Infinity are not JSON: read as null, so writing the data back never fails
+        value = json.loads(Path(path).read_text(encoding="utf-8"), parse_constant=lambda c: None)
     except (OSError, ValueError):
         return None
     return value if isinstance(value, dict) else None
@@ -151,9 +191,7 @@ def save_safetensors(tensors: dict, path: str | Path, metadata: dict[str, str] |
             raise
         Path(path).unlink(missing_ok=True)
         raise OSError(int(code.group(1)), os.strerror(int(code.group(1))), str(path)) from e
-    mask = os.umask(0)
-    os.umask(mask)
-    os.chmod(path, 0o666 & ~mask)
+    os.chmod(path, _default_mode())
 
 
 def recover_interrupted_swap(out: str | Path) -> None:

@@ -9,7 +9,9 @@ time beyond a steady step. The speed-up is the ratio of the two rates once both 
 for the key; the cost is the latest measured, so a warm inductor cache (a few seconds) makes
 the next run compile sooner. A key without a figure borrows the median of the device's other
 keys, then `ASSUMED` for the device type. The file is a cache (``$SHOESTRING_HOME/
-compile.json``): unreadable or unwritable, it is ignored.
+compile.json``): unreadable or unwritable, it is ignored, and so is any figure in it that is
+not a plausible measurement (a wrong type, a boolean, NaN, a rate or cost out of range): a
+damaged or hand-edited file costs a run its records, never the run.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from shoestring.fsutil import json_object_or_none, write_json_atomic
+from shoestring.fsutil import json_cache, json_object_or_none
 
 
 @dataclass(frozen=True)
@@ -57,17 +59,33 @@ def shape_key(device: str, dtype: str, shape: str) -> str:
     return f"{device} | {dtype} | {shape}"
 
 
-def _rate(entry: dict, name: str) -> float | None:
-    x = entry.get(name)
-    return float(x) if isinstance(x, (int, float)) and x > 0 else None
+# Figures outside these ranges are not measurements (tokens/s; seconds of compiling; the
+# ratio of two rates) and are ignored as if absent.
+RATE_RANGE = (1e-3, 1e15)
+COMPILE_S_RANGE = (0.0, 1e5)
+SPEEDUP_RANGE = (1e-3, 1e3)
+
+
+def _number(x: object, low: float, high: float) -> float | None:
+    """``x`` as a float when it is a real number (not a boolean) within [low, high]."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    x = float(x)
+    return x if low <= x <= high else None  # NaN compares false: None
+
+
+def _entry(records: dict, key: str) -> dict:
+    entry = records.get(key)
+    return entry if isinstance(entry, dict) else {}
 
 
 def _measured(entry: dict) -> tuple[float | None, float | None]:
     """(compile seconds, speed-up) that one key's entry measured (None: not yet)."""
-    eager, compiled = _rate(entry, "eager_tokens_per_s"), _rate(entry, "compiled_tokens_per_s")
-    cost = entry.get("compile_s")
-    cost = float(cost) if isinstance(cost, (int, float)) and cost >= 0 else None
-    return cost, (compiled / eager if eager and compiled else None)
+    eager = _number(entry.get("eager_tokens_per_s"), *RATE_RANGE)
+    compiled = _number(entry.get("compiled_tokens_per_s"), *RATE_RANGE)
+    cost = _number(entry.get("compile_s"), *COMPILE_S_RANGE)
+    speedup = _number(compiled / eager, *SPEEDUP_RANGE) if eager and compiled else None
+    return cost, speedup
 
 
 def lookup(device_type: str, device: str, dtype: str, shape: str) -> CompileCost:
@@ -75,7 +93,7 @@ def lookup(device_type: str, device: str, dtype: str, shape: str) -> CompileCost
     other shapes, or assumed for the device type (``source`` says which)."""
     records = json_object_or_none(records_path()) or {}
     key = shape_key(device, dtype, shape)
-    own = _measured(records.get(key) or {})
+    own = _measured(_entry(records, key))
     prefix = shape_key(device, dtype, "")
     others = [_measured(v) for k, v in records.items()
               if k.startswith(prefix) and k != key and isinstance(v, dict)]
@@ -106,17 +124,12 @@ def record(device: str, dtype: str, shape: str, compiled: bool, tokens: int, sec
     if steady_s < MIN_STEADY_SECONDS or tokens <= first_step_tokens:
         return None
     rate = (tokens - first_step_tokens) / steady_s
-    path = records_path()
-    records = json_object_or_none(path) or {}
     key = shape_key(device, dtype, shape)
-    entry = dict(records.get(key) or {})
-    entry["compiled_tokens_per_s" if compiled else "eager_tokens_per_s"] = rate
-    if compiled:
-        entry["compile_s"] = max(0.0, first_step_s - first_step_tokens / rate)
-    entry["updated"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(path, {**records, key: entry})
-    except OSError:
-        pass
+    with json_cache(records_path()) as records:
+        entry = dict(_entry(records, key))
+        entry["compiled_tokens_per_s" if compiled else "eager_tokens_per_s"] = rate
+        if compiled:
+            entry["compile_s"] = max(0.0, first_step_s - first_step_tokens / rate)
+        entry["updated"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        records[key] = entry
     return entry
