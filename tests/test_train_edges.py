@@ -260,3 +260,29 @@ def test_sigterm_to_the_group_while_the_first_step_compiles_checkpoints(
                 "--set", "train.compile=false", *TINY)
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads((run / "summary.json").read_text())["steps"] == 4
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_the_last_checkpoint_is_saved_stops_cleanly_and_resumes_to_the_end(
+        pydocs_dir: Path, tmp_path: Path) -> None:
+    """SIGINT as the run says it is saving its last checkpoint (issue 62): no traceback, the
+    interrupted line with exit 130 and the checkpoint kept; --resume then finishes the run
+    without training past its budget. (Should the signal land once final/ is being written,
+    the run finishes and says so.)"""
+    from conftest import interrupt_cli
+
+    run = tmp_path / "run"
+    rc, err = interrupt_cli(["train", "-d", str(pydocs_dir), "-o", str(run), "--steps", "4",
+                             *TINY], when="saving the last checkpoint")
+    assert "Traceback" not in err, err[-3000:]
+    if rc == 0:  # it had reached final/: finished, and said why it did not stop
+        assert "the run was finished first" in err, err[-3000:]
+        return
+    assert rc == 130, err[-3000:]
+    assert "interrupted by SIGINT at step 4" in err and "--resume" in err, err[-3000:]
+    assert list_checkpoints(run) and not (run / "final").exists()
+    r = run_cli("train", "-d", str(pydocs_dir), "-o", str(run), "--resume", "--steps", "4",
+                *TINY)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads((run / "summary.json").read_text())["steps"] == 4
+    assert (run / "final" / "model.safetensors").is_file()

@@ -38,7 +38,7 @@ from shoestring.dist.parallelism import (
     world_from_env,
 )
 from shoestring.errors import ShoestringError, TrainingInterrupted  # noqa: F401 (re-export)
-from shoestring.fsutil import check_output_dir, check_writable_dir
+from shoestring.fsutil import check_output_dir, check_writable_dir, json_object_or_none
 from shoestring.progress import PLAIN_LINE_SECONDS
 from shoestring.units import BudgetSpec
 from shoestring.model import build_model
@@ -488,7 +488,8 @@ def _setup(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
         elapsed = ckpt.state["elapsed"]
         s, cursor = resume_state(ckpt.state, b.budget.progress(
             ckpt.state["step"], ckpt.state["tokens"], elapsed=elapsed), gen, b.scaler)
-        if b.budget.progress(s.step, s.tokens, elapsed=elapsed) >= 1.0:
+        finished = (json_object_or_none(run.summary_path) or {}).get("steps") == s.step
+        if b.budget.progress(s.step, s.tokens, elapsed=elapsed) >= 1.0 and finished:
             raise ShoestringError(
                 f"nothing to resume: the checkpoint at step {s.step} has used the whole "
                 f"budget ({b.budget.describe()})", where=str(ckpt.path),
@@ -578,11 +579,13 @@ def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
     if deadline is not None and r.budget.seconds is not None:
         r.budget.seconds = min(r.budget.seconds, max(deadline - time.perf_counter(), 1e-3))
     r.budget.restart(elapsed_before=s.elapsed)
+    # A run stopped while finishing (`_finish`) resumes to its finish, not one step past it.
+    spent = ckpt is not None and r.budget.progress(s.step, s.tokens, elapsed=s.elapsed) >= 1.0
     step_time = 0.0
     try:
         with _signals_caught() as caught, _Bar(console, parallel.is_main,
                                                r.budget.describe()) as bar:
-            while True:  # at least one step, however small the budget
+            while not spent:  # at least one step, however small the budget
                 bsz, lr = r.batch_and_lr(s, step_time)
                 before = r.loader.cursor, r.gen.get_state()
                 try:
@@ -625,6 +628,16 @@ def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
     return _finish(r, s, console)
 
 
+def _write_final(r: _Run, final_ckpt: Path) -> None:
+    """``final/`` from the last checkpoint (rank 0)."""
+    cfg, data = r.cfg, r.data
+    if r.parallel.is_main:
+        final = consolidate(final_ckpt, build_model(cfg.model, data.vocab_size))
+        r.run.save_final(final, model_meta(cfg, data.vocab_size, data.seq_len,
+                                           data.special_ids), data.tokenizer_path)
+        r.run.clear_evaluations()  # they scored the final/ this one replaces
+
+
 def _off_the_clock(r: _Run) -> str:
     """What the run does besides the steps the budget counts, said before it starts (a
     `--budget 2m` run that takes 3.5 minutes should not surprise anyone)."""
@@ -655,26 +668,34 @@ def _finish(r: _Run, s: TrainState, console: Console) -> dict:
     cfg, data, parallel = r.cfg, r.data, r.parallel
     train_seconds = s.elapsed  # the budget's seconds, before a resume included
     save_start = time.perf_counter()
-    if parallel.is_main:
-        console.print(f"budget spent at step {s.step}: saving the last checkpoint, "
-                      f"{'validating, ' if r.val_batch is not None else ''}writing final/ …",
-                      highlight=False)
-    final_ckpt = r.checkpoint(s)
-    val_loss = r.validate(s, 1.0) if r.val_batch is not None else None
-    if parallel.is_main:
-        final = consolidate(final_ckpt, build_model(cfg.model, data.vocab_size))
-        r.run.save_final(final, model_meta(cfg, data.vocab_size, data.seq_len,
-                                           data.special_ids), data.tokenizer_path)
-        r.run.clear_evaluations()  # they scored the final/ this one replaces
-    save_seconds = time.perf_counter() - save_start
-    r.close_metrics()
-    summary = run_summary(r, s, train_seconds, save_seconds, val_loss)
-    if parallel.is_main:
-        r.run.write_summary(summary)
-        if not r.resumed:  # what compiling cost and bought here, for the next `auto`
-            compile_costs.record(
-                r.dev.name, _dtype_name(r.dev), _step_shape(cfg, parallel, r.micro, data.seq_len,
-                                                            r.speed.attention),
-                r.speed.compile, s.tokens, train_seconds, r.first_step_tokens, r.first_step_s)
+    # Ctrl-C or SIGTERM here waits for the last checkpoint and the final validation, then
+    # stops the run as during training (a checkpoint, the resume line): the signal is what
+    # the user did, and a checkpoint half-written by it would be lost. Once final/ is being
+    # written, the run finishes first (seconds) and says so.
+    with _signals_caught() as caught:
+        if parallel.is_main:
+            console.print(f"budget spent at step {s.step}: saving the last checkpoint, "
+                          f"{'validating, ' if r.val_batch is not None else ''}writing "
+                          "final/ …", highlight=False)
+        final_ckpt = r.checkpoint(s)
+        val_loss = r.validate(s, 1.0) if r.val_batch is not None else None
+        (signum,) = parallel.agree([float(caught[0] if caught else 0)])
+        if signum:
+            r.close_metrics()
+            raise TrainingInterrupted(int(signum), r.last_ckpt, s.step)
+        _write_final(r, final_ckpt)
+        save_seconds = time.perf_counter() - save_start
+        r.close_metrics()
+        summary = run_summary(r, s, train_seconds, save_seconds, val_loss)
+        if parallel.is_main:
+            r.run.write_summary(summary)
+            if not r.resumed:  # what compiling cost and bought here, for the next `auto`
+                compile_costs.record(
+                    r.dev.name, _dtype_name(r.dev), _step_shape(cfg, parallel, r.micro,
+                                                                data.seq_len, r.speed.attention),
+                    r.speed.compile, s.tokens, train_seconds, r.first_step_tokens, r.first_step_s)
+    if caught and parallel.is_main:
+        console.print(f"{signal.Signals(caught[0]).name} arrived while final/ was being written: "
+                      "the run was finished first", highlight=False)
     parallel.barrier()
     return summary
