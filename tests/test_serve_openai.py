@@ -164,10 +164,34 @@ def test_errors_come_in_openais_shape_through_the_sdks_exceptions(
     assert "Extra inputs are not permitted" in e.body["message"]
     e = _error(lambda: embed(model="run", input="x " * 40000))  # over --max-body-bytes
     assert e.status_code == 413 and e.body["code"] == "max_body_bytes"
+    broken = httpx.post(server.url + "/v1/embeddings", content=b'{"model": "run", "input"',
+                        headers=AUTH, timeout=60)
+    assert broken.status_code == 400 and broken.json()["error"]["type"] == "invalid_request_error"
     wrong = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY[:-1] + "x", max_retries=0)
     e = _error(lambda: wrong.embeddings.create(model="run", input="x"))
     assert isinstance(e, openai.AuthenticationError) and e.body["code"] == "invalid_api_key"
     assert set(e.body) == {"message", "type", "param", "code"}
+
+
+def test_every_native_refusal_has_its_openai_form() -> None:
+    """The refusals a test cannot provoke on demand here (a full queue, a shutdown, a
+    deadline), as the table turns them into OpenAI's shape: status kept, the limit as code."""
+    from shoestring.serve.answers import openai_error
+    from shoestring.serve.security import Refused
+
+    full = Refused(429, "the queue is full; retry after 1 s", "max_queue", 64)
+    assert openai_error(429, full.body()) == (429, {"error": {
+        "message": "the queue is full; retry after 1 s", "type": "rate_limit_error",
+        "param": "input", "code": "max_queue"}})
+    status, body = openai_error(503, {"detail": "the server is shutting down"})
+    assert status == 503 and body["error"]["type"] == "server_error"
+    assert openai_error(504, {"detail": "no answer"})[1]["error"]["code"] == "timeout"
+    status, body = openai_error(408, {"detail": "late", "limit": "body_timeout", "value": 15})
+    assert (status, body["error"]["code"], body["error"]["param"]) == (408, "body_timeout", None)
+    status, body = openai_error(422, {"detail": [{"loc": ["body", "inputs", 2], "msg": "bad"},
+                                                 {"loc": ["body"], "msg": "worse"}]})
+    assert status == 400 and body["error"]["message"] == "input[2]: bad; worse"
+    assert body["error"]["param"] == "input"
 
 
 def test_the_sdk_lists_the_served_models(sdk: openai.OpenAI, http: httpx.Client) -> None:

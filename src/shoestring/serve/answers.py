@@ -106,7 +106,7 @@ _OPENAI_FIELDS = {"inputs": "input", "input_ids": "input"}  # /v1/embed's names 
 def _where(loc: list) -> str:
     """A validation error's place as OpenAI names it: ``input[3]``, ``dimensions``."""
     parts = [p for p in loc if p != "body"]
-    if not parts:
+    if not parts or isinstance(parts[0], int):  # the body itself (an int: where JSON broke)
         return ""
     out = _OPENAI_FIELDS.get(str(parts[0]), str(parts[0]))
     for p in parts[1:]:

@@ -25,7 +25,9 @@ first answers. ``GET /`` is a page to browse the models and try them (`page`).
 Status codes: 401 bad or missing API key · 404 an endpoint this model does not serve ·
 408 the body did not arrive within --body-timeout · 413 body too large or more inputs than
 --max-client-batch · 422 bad input · 429 at --max-concurrent-requests or a full queue ·
-503 shutting down · 504 timed out.
+503 shutting down · 504 timed out. OpenAI's ``/v1/embeddings`` answers these in OpenAI's
+error shape (a bad request there is a 400; `answers.ShapedErrors`), and it and
+``/v1/rerank`` answer a model they lack 404.
 """
 
 from __future__ import annotations
