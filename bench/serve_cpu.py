@@ -13,8 +13,9 @@ The old code is a git commit's ``src`` (``git archive COMMIT src``, extracted on
 ``src``. Each round starts both servers (same model, threads, texts and
 clients) and then runs short bursts against each in turn, so drift on the machine hits both
 alike. The new server is
-also measured with clients asking for base64 embeddings and with clients sending token ids
-(``input_ids``, tokenized in this process), and its ``/metrics`` stage counters give the CPU
+also measured with clients asking for base64 embeddings, with clients sending token ids
+(``input_ids``, tokenized in this process) and with OpenAI's ``/v1/embeddings`` (issue 59:
+the same texts, float answers), and its ``/metrics`` stage counters give the CPU
 per stage (`shoestring.inference.stages`); "other" is the rest of its CPU (the HTTP protocol, the
 request layers, hand-offs between threads).
 
@@ -284,7 +285,7 @@ def main() -> None:
 
     results: dict[str, list[dict]] = {"old (JSON)": [], "new (JSON)": []}
     if not args.no_variants:
-        results.update({"new (base64)": [], "new (input_ids)": []})
+        results.update({"new (base64)": [], "new (input_ids)": [], "new (/v1/embeddings)": []})
     extra = {f"new {setting}": dict([setting.split("=", 1)]) for setting in args.new_env}
     results.update({f"{side} (JSON)": [] for side in extra})
     for r in range(args.rounds):
@@ -300,9 +301,13 @@ def main() -> None:
                 post = lambda body: encode_post(host, int(port), "/v1/embed", body)  # noqa: E731
                 runs.append((f"{side} (JSON)", server, [post({"inputs": t}) for t in texts]))
                 if side == "new" and not args.no_variants:
+                    openai = [encode_post(host, int(port), "/v1/embeddings", {
+                        "model": run.resolve().name, "input": t, "encoding_format": "float"})
+                        for t in texts]
                     runs += [("new (base64)", server, [post({"inputs": t, "encoding_format":
                                                               "base64"}) for t in texts]),
-                             ("new (input_ids)", server, [post({"input_ids": i}) for i in ids])]
+                             ("new (input_ids)", server, [post({"input_ids": i}) for i in ids]),
+                             ("new (/v1/embeddings)", server, openai)]
             for label, server, reqs in runs:  # warm-up: every path once
                 asyncio.run(closed_loop(server.url, reqs, args.clients, max(4 * args.clients, 400)))
             for b in range(args.bursts):

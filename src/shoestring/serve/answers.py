@@ -9,20 +9,31 @@ whichever path it took:
 any body that is not JSON) · 413/429 `Refused` (with Retry-After on 429) · 422
 `InputError` · 429 `QueueFull` · 503 `BatcherClosed` (shutting down) and `ModelUnavailable`
 · 504 `Timeout` · 499 `ClientGone` (only ever seen in metrics).
+
+A route that speaks another protocol answers its errors in that protocol's shape: OpenAI's
+``/v1/embeddings`` as ``{"error": {"message", "type", "param", "code"}}`` (`openai_error`).
+The fast path applies the shape to the answer it builds; `ShapedErrors` applies it to
+whatever the ASGI layers answer on that route (their 401, 408, 413, 429, FastAPI's 422), so
+both paths give the same answer there too. (``/v1/rerank`` answers in the ``{"detail": ...}``
+shape Jina's API uses, which is the server's own.)
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
 
 from starlette.exceptions import HTTPException
 
 from shoestring.serve.batcher import BatcherClosed, QueueFull
+from shoestring.serve.encoding import dumps
 from shoestring.inference.engine import InputError
 from shoestring.serve.metrics import ServeMetrics
 from shoestring.serve.routing import ModelUnavailable
-from shoestring.serve.security import Refused
+from shoestring.serve.security import ASGIApp, Message, Receive, Refused, Scope, Send
 
 CLIENT_CLOSED = 499  # nginx's code for "client closed the request"; only ever seen in metrics
 
@@ -80,3 +91,108 @@ def error_answer(e: BaseException, metrics: ServeMetrics, timeout_s: float) -> A
     if isinstance(e, ClientGone):
         return Answer(CLIENT_CLOSED, {"detail": "client disconnected"})
     return None
+
+
+# --- other protocols' error shapes -------------------------------------------------------------
+
+Shape = Callable[[int, Any], "tuple[int, Any]"]  # (status, native body) → (status, body)
+
+# What each refused limit is in OpenAI's shape: (the request field it is about, or None).
+_LIMIT_PARAMS = {"max_client_batch": "input", "max_body_bytes": None, "body_timeout": None,
+                 "max_concurrent_requests": None, "max_queue": "input"}
+_OPENAI_FIELDS = {"inputs": "input", "input_ids": "input"}  # /v1/embed's names → OpenAI's
+
+
+def _where(loc: list) -> str:
+    """A validation error's place as OpenAI names it: ``input[3]``, ``dimensions``."""
+    parts = [p for p in loc if p != "body"]
+    if not parts or isinstance(parts[0], int):  # the body itself (an int: where JSON broke)
+        return ""
+    out = _OPENAI_FIELDS.get(str(parts[0]), str(parts[0]))
+    for p in parts[1:]:
+        out += f"[{p}]" if isinstance(p, int) else f".{p}"
+    return out
+
+
+def openai_error(status: int, body: Any) -> tuple[int, dict]:
+    """A native error answer in OpenAI's shape: ``{"error": {"message", "type", "param",
+    "code"}}``. A bad request (the server's own 422) is OpenAI's 400; ``param`` is the
+    request field at fault (``input``, ``model``, ``dimensions``), ``code`` what OpenAI's
+    clients switch on: ``model_not_found`` (404), ``invalid_api_key`` (401), or the refused
+    limit's name (413/429, as the native body's ``limit``)."""
+    detail = body.get("detail", body) if isinstance(body, dict) else body
+    param = code = None
+    if isinstance(detail, list):  # validation errors, each with loc and msg
+        places = [_where(list(e.get("loc") or ())) for e in detail]
+        message = "; ".join(f"{w}: {e.get('msg')}" if w else str(e.get("msg"))
+                            for w, e in zip(places, detail))
+        param = next((w.split("[")[0] for w in places if w), None)
+        status = 400 if status == 422 else status
+    else:
+        message = str(detail)
+        if isinstance(body, dict) and "limit" in body:
+            code, param = body["limit"], _LIMIT_PARAMS.get(body["limit"])
+        elif status == 401:
+            code = "invalid_api_key"
+        elif status == 404:
+            code, param = "model_not_found", "model"
+        elif isinstance(body, dict) and "model" in body:
+            code, param = "model_unavailable", "model"
+        elif status == 504:
+            code = "timeout"
+    kind = ("server_error" if status >= 500 else "rate_limit_error" if status == 429
+            else "invalid_request_error")
+    return status, {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+class ShapedErrors:
+    """ASGI middleware: an error answer (status ≥ 400) on a route in ``shapes`` is rewritten
+    in that route's protocol shape, whichever layer answered it. Only those routes' errors
+    are held and rewritten; every other answer passes as it was sent."""
+
+    def __init__(self, app: ASGIApp, shapes: dict[str, Shape]) -> None:
+        self.app, self.shapes = app, shapes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        shape = self.shapes.get(scope.get("path", "")) if scope["type"] == "http" else None
+        if shape is None:
+            return await self.app(scope, receive, send)
+        start: Message | None = None
+        chunks: list[bytes] = []
+
+        async def shaped_send(message: Message) -> None:
+            nonlocal start
+            if message["type"] == "http.response.start" and message["status"] >= 400:
+                start = message
+                return
+            if start is None or message["type"] != "http.response.body":
+                return await send(message)
+            chunks.append(message.get("body", b""))
+            if message.get("more_body", False):
+                return
+            status, content = shape(start["status"], _read(b"".join(chunks)))
+            data = _write(content)
+            headers = [(k, v) for k, v in start.get("headers", ())
+                       if k.lower() not in (b"content-length", b"content-type")]
+            await send({"type": "http.response.start", "status": status, "headers": [
+                *headers, (b"content-type", b"application/json"),
+                (b"content-length", str(len(data)).encode())]})
+            await send({"type": "http.response.body", "body": data})
+
+        await self.app(scope, receive, shaped_send)
+
+
+def _read(data: bytes) -> Any:
+    """An error body as sent: JSON (the standard library's parser: an escaped lone surrogate
+    in an echoed input reads back), or its text."""
+    try:
+        return json.loads(data)
+    except ValueError:
+        return {"detail": data.decode("utf-8", "replace")}
+
+
+def _write(content: Any) -> bytes:
+    try:
+        return dumps(content)
+    except TypeError:  # a lone surrogate: not UTF-8, so written escaped
+        return json.dumps(content, separators=(",", ":")).encode("ascii")

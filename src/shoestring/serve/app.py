@@ -25,7 +25,9 @@ first answers. ``GET /`` is a page to browse the models and try them (`page`).
 Status codes: 401 bad or missing API key · 404 an endpoint this model does not serve ·
 408 the body did not arrive within --body-timeout · 413 body too large or more inputs than
 --max-client-batch · 422 bad input · 429 at --max-concurrent-requests or a full queue ·
-503 shutting down · 504 timed out.
+503 shutting down · 504 timed out. OpenAI's ``/v1/embeddings`` answers these in OpenAI's
+error shape (a bad request there is a 400; `answers.ShapedErrors`), and it and
+``/v1/rerank`` answer a model they lack 404.
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from shoestring import __version__
-from shoestring.serve.answers import ClientGone, Timeout, error_answer
+from shoestring.serve.answers import ClientGone, ShapedErrors, Timeout, error_answer
+from shoestring.serve.answers import openai_error
 from shoestring.serve.batcher import BatcherClosed, QueueFull
 from shoestring.serve.encoding import FastJSON
 from shoestring.inference.engine import Engine, InputError
@@ -59,14 +62,15 @@ from shoestring.serve.page import PAGE
 from shoestring.serve.routing import ModelRouter, ModelUnavailable
 from shoestring.serve.schemas import ClassifyRequest, ClassifyResponse, EmbedRequest, EmbedResponse
 from shoestring.serve.schemas import FillMaskRequest, FillMaskResponse, GenerateRequest
-from shoestring.serve.schemas import GenerateResponse
+from shoestring.serve.schemas import EmbeddingsRequest, EmbeddingsResponse, GenerateResponse
+from shoestring.serve.schemas import RerankRequest, RerankResponse
 from shoestring.serve.security import Admission, ApiKey, ASGIApp, BodyLimit, Receive
 from shoestring.serve.security import Refused, RequestGate, Scope, Send
 from shoestring.serve.settings import ServeSettings
 from shoestring.inference.stages import START
 
 ENDPOINTS = {"/v1/fill-mask": "fill-mask", "/v1/embed": "embed", "/v1/classify": "classify",
-             "/v1/generate": "generate"}
+             "/v1/generate": "generate", "/v1/embeddings": "embed", "/v1/rerank": "rerank"}
 OTHER_PATHS = ("/", "/healthz", "/readyz", "/metrics", "/v1/model", "/v1/models", "/v1/search")
 # Newer FastAPI looks up OpenTelemetry providers on every request: 0.5 ms of the event loop
 # per request under load (cProfile of `serve` at 32 clients). This server keeps its own
@@ -194,10 +198,15 @@ def create_app(engine: Engine | ModelRouter, settings: ServeSettings,
               "/v1/embed": Route("embed", EmbedRequest, api.embed),
               "/v1/classify": Route("classify", ClassifyRequest, api.classify),
               "/v1/generate": Route("generate", GenerateRequest, api.generate,
-                                    hand_on=lambda body: body.stream)}
+                                    hand_on=lambda body: body.stream),
+              "/v1/embeddings": Route("embed", EmbeddingsRequest, api.openai_embeddings,
+                                      shape=openai_error),
+              "/v1/rerank": Route("rerank", RerankRequest, api.rerank)}
     bodies = BodyLimit(_JsonBody(app), max_bytes=settings.max_body_bytes,
                        timeout_s=settings.body_timeout_s)
-    served = _Metered(Admission(bodies, gate=gate, api_key=api.api_key), metrics=metrics)
+    admitted = Admission(bodies, gate=gate, api_key=api.api_key)
+    shapes = {path: route.shape for path, route in routes.items() if route.shape is not None}
+    served = _Metered(ShapedErrors(admitted, shapes), metrics=metrics)
     served.fastapi, served.gate, served.bodies = app, gate, bodies
     served.fast = FastRoutes(api, routes, gate, served.record, lambda: bodies.refusal(408))
     return served
@@ -268,6 +277,19 @@ def _add_inference_routes(app: FastAPI, api: Api) -> None:
         out = await api.generate(body, request.receive)
         return out if isinstance(out, Response) else FastJSON(out)
 
+    @app.post("/v1/embeddings", response_model=EmbeddingsResponse, dependencies=authorized)
+    async def embeddings(body: EmbeddingsRequest, request: Request) -> Any:
+        """OpenAI's embeddings API: /v1/embed's vectors, OpenAI's request and answer (errors
+        too: {"error": {"message", "type", "param", "code"}})."""
+        return FastJSON(await api.openai_embeddings(body, request.receive))
+
+    @app.post("/v1/rerank", response_model=RerankResponse, dependencies=authorized,
+              response_model_exclude_none=True)
+    async def rerank(body: RerankRequest, request: Request) -> Any:
+        """Documents by relevance to a query, best first (Jina's and Cohere's shape): a pair
+        classifier's positive probability, or an encoder's cosine."""
+        return FastJSON(await api.rerank(body, request.receive))
+
 
 def _add_status_routes(app: FastAPI, api: Api) -> None:
     """What is served and how it is doing: model info, the page, health, readiness, metrics."""
@@ -286,8 +308,10 @@ def _add_status_routes(app: FastAPI, api: Api) -> None:
 
     @app.get("/v1/models", dependencies=authorized)
     async def models() -> dict:
-        """The served models: current version, stored versions with eval metrics and tags."""
-        return {"models": await asyncio.to_thread(router.describe), "worker": os.getpid()}
+        """The served models: current version, stored versions with eval metrics and tags;
+        ``data``: the same names as OpenAI's model objects (``client.models.list()``)."""
+        models, data = await asyncio.to_thread(lambda: (router.describe(), router.model_objects()))
+        return {"object": "list", "data": data, "models": models, "worker": os.getpid()}
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def page() -> HTMLResponse:

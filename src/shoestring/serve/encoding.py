@@ -28,13 +28,26 @@ def dumps(content: Any) -> bytes:
     return orjson.dumps(content, option=_OPTIONS)
 
 
+def _base64(row: Any) -> str:
+    return base64.b64encode(np.asarray(row, dtype="<f4").tobytes()).decode()
+
+
 def embeddings_answer(rows: Sequence[Any], encoding_format: str = "float") -> dict[str, Any]:
     """The ``/v1/embed`` answer for ``rows`` (float32 vectors), in the asked encoding."""
     dims = len(rows[0]) if len(rows) else 0
     if encoding_format == "base64":
-        return {"embeddings": [base64.b64encode(np.asarray(r, dtype="<f4").tobytes()).decode()
-                               for r in rows], "dimensions": dims}
+        return {"embeddings": [_base64(r) for r in rows], "dimensions": dims}
     return {"embeddings": rows, "dimensions": dims}
+
+
+def openai_embeddings_answer(rows: Sequence[Any], encoding_format: str, model: str,
+                             tokens: int) -> dict[str, Any]:
+    """OpenAI's embeddings answer for ``rows``; ``tokens``: the positions the model read."""
+    b64 = encoding_format == "base64"
+    return {"object": "list",
+            "data": [{"object": "embedding", "index": i, "embedding": _base64(r) if b64 else r}
+                     for i, r in enumerate(rows)],
+            "model": model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
 
 class FastJSON(Response):

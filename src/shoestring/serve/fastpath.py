@@ -37,7 +37,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from shoestring.inference.stages import Laps
-from shoestring.serve.answers import CLIENT_CLOSED, error_answer
+from shoestring.serve.answers import CLIENT_CLOSED, Shape, error_answer
 from shoestring.serve.encoding import dumps
 from shoestring.serve.handlers import Api
 from shoestring.serve.security import ApiKey, Receive, RequestGate
@@ -51,13 +51,15 @@ _log = logging.getLogger("uvicorn.error")
 
 @dataclass(frozen=True)
 class Route:
-    """A model endpoint: its task (the stage metrics' label), body model and handler, and
-    which valid bodies FastAPI answers instead (a streamed generation)."""
+    """A model endpoint: its task (the stage metrics' label), body model and handler, which
+    valid bodies FastAPI answers instead (a streamed generation), and the shape of its error
+    answers when it speaks another protocol (`answers.openai_error`)."""
 
     task: str
     model: type[BaseModel]
     handle: Handler
     hand_on: Callable[[Any], bool] | None = None
+    shape: Shape | None = None
 
 
 class FastRoutes:
@@ -122,7 +124,10 @@ class _Direct:
             return
         self.body = None
         self._stop_timer()
-        self.respond(408, dumps(self.proto.fast.late_body()), {"connection": "close"})
+        status, content = 408, self.proto.fast.late_body()
+        if self.route.shape is not None:
+            status, content = self.route.shape(status, content)
+        self.respond(status, dumps(content), {"connection": "close"})
 
     def _stop_timer(self) -> None:
         if self.timer is not None:
@@ -182,6 +187,8 @@ class _Direct:
                 content, status = {"detail": "Internal Server Error"}, 500
             else:
                 content, status, headers = answer.body, answer.status, answer.headers
+            if self.route.shape is not None:
+                status, content = self.route.shape(status, content)
             laps.skip()
         data = dumps(content)
         laps.lap("serialize")

@@ -11,6 +11,11 @@ event loop (`batcher`, `inference.engine.Engine.tokenize`). Token ids a client s
 While a request waits for its results it also watches for its client disconnecting (once it
 has waited `WATCH_AFTER_S`; its queued jobs are then dropped before they cost compute) and
 for its deadline (504).
+
+Two other protocols' routes run on the same steps: OpenAI's ``/v1/embeddings`` is
+`/v1/embed` with its defaults, answered in OpenAI's shape with the token count; ``/v1/rerank``
+(Jina's and Cohere's shape) scores each document against the query with a pair classifier
+(the positive label's probability, or the regression value) or an encoder (cosine).
 """
 
 from __future__ import annotations
@@ -20,18 +25,20 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from fastapi import HTTPException, Request
 from fastapi.responses import StreamingResponse
 
 from shoestring.serve.answers import ClientGone, Timeout
 from shoestring.serve.batcher import Job
-from shoestring.serve.encoding import embeddings_answer
-from shoestring.inference.engine import InputError, input_loc
+from shoestring.serve.encoding import embeddings_answer, openai_embeddings_answer
+from shoestring.inference.engine import Engine, InputError, input_loc
 from shoestring.serve.metrics import ServeMetrics
 from shoestring.serve.retrieval_routes import need
-from shoestring.serve.routing import ModelRouter, Slot
-from shoestring.serve.schemas import ClassifyRequest, EmbedRequest, FillMaskRequest
-from shoestring.serve.schemas import GenerateRequest
+from shoestring.serve.routing import ModelRouter, Slot, UnknownModel
+from shoestring.serve.schemas import ClassifyRequest, EmbeddingsRequest, EmbedRequest
+from shoestring.serve.schemas import FillMaskRequest, GenerateRequest, RerankRequest
 from shoestring.serve.security import MISSING_KEY, ApiKey, Receive, Refused
 from shoestring.serve.settings import ServeSettings
 from shoestring.inference.stages import Laps
@@ -56,9 +63,9 @@ class Api:
         if self.api_key is not None and not self.api_key.check(request.headers):
             raise HTTPException(401, MISSING_KEY, headers={"WWW-Authenticate": "Bearer"})
 
-    async def slot_for(self, body: Any, task: str) -> Slot:
+    async def slot_for(self, body: Any, task: str | None) -> Slot:
         """The model ``body.model`` names, once the input count is within the limit (413) and
-        that model can do ``task`` (404)."""
+        that model can do ``task`` (404; None: not checked here)."""
         # More inputs than one batch holds are split across batches; above the client-batch
         # limit the request is refused whole (TEI's 413).
         limit, count = self.settings.max_client_batch, body.count
@@ -69,7 +76,7 @@ class Api:
                           "max_client_batch", limit)
         slot = self.router.loaded(body.model) or await self.router.slot_for(body.model)
         engine = slot.engine
-        if task not in engine.tasks:
+        if task is not None and task not in engine.tasks:
             served = ", ".join(f"/v1/{t}" for t in sorted(engine.tasks))
             raise HTTPException(404, f"this server's model is {_article(engine.kind)} "
                                 f"{engine.kind}, which does not do {task}; it serves {served}")
@@ -88,7 +95,8 @@ class Api:
                 payload, length = admit(check(ids, loc), loc, *options)
                 out.append(Job(key, length, payload))
             return out
-        return [Job(key, -1, None, text=t, finish=admit, loc=input_loc(i, many),
+        field = body.field
+        return [Job(key, -1, None, text=t, finish=admit, loc=input_loc(i, many, field),
                     options=options) for i, t in enumerate(texts or body.texts)]
 
     async def infer(self, receive: Receive, jobs: list[Job], many: bool, slot: Slot,
@@ -119,6 +127,15 @@ class Api:
     async def _run(self, task: str, body: Any, receive: Receive, laps: Laps | None,
                    admit_name: str, key: tuple, options: tuple = (),
                    texts: list[Any] | None = None, slot: Slot | None = None) -> list[Any]:
+        return (await self._run_jobs(task, body, receive, laps, admit_name, key, options,
+                                     texts, slot))[0]
+
+    async def _run_jobs(self, task: str, body: Any, receive: Receive, laps: Laps | None,
+                        admit_name: str, key: tuple, options: tuple = (),
+                        texts: list[Any] | None = None,
+                        slot: Slot | None = None) -> tuple[list[Any], list[Job]]:
+        """The results of ``body``'s inputs, and their jobs (each with the token positions
+        the model read: what the usage counts of other protocols report)."""
         slot = slot or await self.slot_for(body, task)
         ids = laps is not None and body.input_ids is not None
         if ids:
@@ -129,7 +146,25 @@ class Api:
         out = await self.infer(receive, jobs, body.many, slot, body.field)
         if laps is not None:
             laps.skip()  # waiting: the other stages are timed where they run
-        return out
+        return out, jobs
+
+    async def able_slot(self, body: Any, can: Callable[[Engine], bool], doing: str) -> Slot:
+        """The model ``body.model`` names if it ``can``; else 404 naming the served models
+        that can (what OpenAI's and the rerank protocols answer for a model they lack)."""
+        try:
+            slot: Slot | None = await self.slot_for(body, None)
+        except UnknownModel:
+            slot = None
+        if slot is None or not can(slot.engine):
+            name = body.model or self.router.default.name
+            able = self.router.able(can)
+            kind = "" if slot is None else slot.engine.kind
+            why = (f"this server serves no model {name!r}" if slot is None else
+                   f"model {name!r} is {_article(kind)} {kind}, which cannot {doing}")
+            raise HTTPException(404, f"{why}; " + (
+                f"send model set to one that can: {', '.join(able)}" if able
+                else f"no model this server serves can {doing}"))
+        return slot
 
     # --- the endpoints: a validated body in, the answer's content out ----------------------
 
@@ -141,9 +176,60 @@ class Api:
 
     async def embed(self, body: EmbedRequest, receive: Receive,
                     laps: Laps | None = None) -> dict[str, Any]:
-        out = await self._run("embed", body, receive, laps, "admit_embed", ("embed",),
-                              (body.pooling, body.normalize))
+        out, _ = await self._embed(body, receive, laps)
         return embeddings_answer(out, body.encoding_format)
+
+    async def _embed(self, body: EmbedRequest, receive: Receive, laps: Laps | None,
+                     slot: Slot | None = None) -> tuple[list[Any], int]:
+        """The vectors of ``body``'s inputs and the token positions the model read."""
+        out, jobs = await self._run_jobs("embed", body, receive, laps, "admit_embed", ("embed",),
+                                         (body.pooling, body.normalize), slot=slot)
+        return out, sum(j.length for j in jobs)
+
+    async def openai_embeddings(self, body: EmbeddingsRequest, receive: Receive,
+                                laps: Laps | None = None) -> dict[str, Any]:
+        """OpenAI's embeddings: `/v1/embed`'s vectors (its defaults) in OpenAI's answer."""
+        request = body.embed_request()
+        slot = await self.able_slot(request, _embeds, "embed")
+        out, tokens = await self._embed(request, receive, laps, slot)
+        width = len(out[0])
+        if body.dimensions is not None and body.dimensions != width:
+            raise InputError(f"dimensions = {body.dimensions}, but this model's embeddings "
+                             f"have {width} and it was not trained to shorten them (no "
+                             f"Matryoshka training): leave dimensions out or send {width}",
+                             ("body", "dimensions"))
+        return openai_embeddings_answer(out, body.encoding_format, body.model, tokens)
+
+    async def rerank(self, body: RerankRequest, receive: Receive,
+                     laps: Laps | None = None) -> dict[str, Any]:
+        """The documents by relevance to the query, best first: a pair classifier's
+        probability of its positive (last) label, or its regression value; an encoder's
+        cosine between the query's and each document's vector (`/v1/embed`'s defaults)."""
+        slot = await self.able_slot(body, reranks, "rerank")
+        engine = slot.engine
+        try:
+            if _embeds(engine):
+                texts = [body.query, *body.documents]
+                out, tokens = await self._embed(
+                    EmbedRequest.model_construct(inputs=texts, model=body.model), receive, laps,
+                    slot)
+                scores = _cosines(out[0], out[1:])
+            else:
+                out, jobs = await self._run_jobs(
+                    "classify", body, receive, laps, "admit_classify", ("classify",),
+                    texts=[(body.query, d) for d in body.documents], slot=slot)
+                positive = engine.labels[-1]  # type: ignore[attr-defined]
+                scores = [r["value"] if "value" in r else r["scores"][positive] for r in out]
+                tokens = sum(j.length for j in jobs)
+        except InputError as e:
+            raise InputError(e.message, _rerank_loc(e.loc)) from None
+        order = sorted(range(len(scores)), key=lambda i: -scores[i])[: body.top_n]
+        docs = body.documents
+        results = [{"index": i, "relevance_score": scores[i], "document": {"text": docs[i]}}
+                   if body.return_documents else {"index": i, "relevance_score": scores[i]}
+                   for i in order]
+        return {"model": body.model or self.router.default.name, "results": results,
+                "usage": {"total_tokens": tokens}}
 
     async def classify(self, body: ClassifyRequest, receive: Receive,
                        laps: Laps | None = None) -> dict[str, Any]:
@@ -259,6 +345,35 @@ async def _disconnected(receive: Receive) -> None:
         message = await receive()
         if message["type"] == "http.disconnect":
             return
+
+
+def _embeds(engine: Engine) -> bool:
+    return "embed" in engine.tasks
+
+
+def reranks(engine: Engine) -> bool:
+    """Whether ``engine`` can rank documents: an encoder (by cosine), or a pair classifier
+    with one relevance number per pair (two labels, or regression)."""
+    if _embeds(engine):
+        return True
+    return ("classify" in engine.tasks and getattr(engine, "pair", False)
+            and (engine.problem == "regression"  # type: ignore[attr-defined]
+                 or len(engine.labels) == 2))  # type: ignore[attr-defined]
+
+
+def _cosines(query: Any, documents: list[Any]) -> list[float]:
+    q = np.asarray(query, dtype=np.float64)
+    d = np.asarray(documents, dtype=np.float64)
+    norms = np.linalg.norm(d, axis=1) * np.linalg.norm(q)
+    return (d @ q / np.maximum(norms, 1e-12)).tolist()
+
+
+def _rerank_loc(loc: tuple) -> tuple:
+    """An embedding rerank's input error placed in the rerank body: input 0 was the query,
+    input i the document i - 1."""
+    if loc[:2] != ("body", "inputs") or len(loc) < 3:
+        return loc
+    return ("body", "query") if loc[2] == 0 else ("body", "documents", loc[2] - 1)
 
 
 def _article(word: str) -> str:

@@ -41,6 +41,11 @@ class ModelUnavailable(Exception):
         self.model, self.message = model, message
 
 
+class UnknownModel(InputError):
+    """A ``model`` field naming no model this server serves: a 422 on the server's own routes;
+    the OpenAI and rerank routes answer it 404, as those protocols do."""
+
+
 @dataclass
 class Served:
     """One model the server was started with."""
@@ -122,8 +127,8 @@ class ModelRouter:
             name, _, sel = model.partition(":")
             served = self.served.get(name)
             if served is None:
-                raise InputError(f"this server serves no model {name!r}; it serves "
-                                 f"{', '.join(sorted(self.served))}", ("body", "model"))
+                raise UnknownModel(f"this server serves no model {name!r}; it serves "
+                                   f"{', '.join(sorted(self.served))}", ("body", "model"))
         if served.ref is None:
             if sel:
                 raise InputError(f"{served.name} is served from a folder and has no versions or "
@@ -222,6 +227,32 @@ class ModelRouter:
     @property
     def accepting(self) -> bool:
         return all(s.batcher.accepting for s in self.slots.values())
+
+    def able(self, can: Callable[[Engine], bool]) -> list[str]:
+        """The served models whose current version is loaded and ``can`` do something."""
+        out = []
+        for name in self.served:
+            try:
+                slot = self.loaded(name)
+            except (InputError, ModelUnavailable):
+                continue
+            if slot is not None and can(slot.engine):
+                out.append(name)
+        return out
+
+    def model_objects(self) -> list[dict]:
+        """Each served model as OpenAI's model object (what ``client.models.list()`` reads):
+        ``created`` is when its folder last changed."""
+        out = []
+        for served in self.served.values():
+            folder = served.path or self.repository.root / served.name
+            try:
+                created = int(folder.stat().st_mtime)
+            except OSError:
+                created = 0
+            out.append({"id": served.name, "object": "model", "created": created,
+                        "owned_by": "shoestring"})
+        return out
 
     def describe(self) -> list[dict]:
         """Each served model: its current version, every stored version, what is loaded."""

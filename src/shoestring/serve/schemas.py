@@ -12,7 +12,7 @@ both. ``/v1/embed`` can answer each vector as base64 of its little-endian float3
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic import model_validator
@@ -31,22 +31,42 @@ def _encodable(text: str, where: str) -> None:
             {"where": where, "code": f"{ord(text[e.start]):04X}", "pos": e.start}) from None
 
 
+def _texts(v: str | list[str], field: str, one: str = "the text") -> str | list[str]:
+    """``field``'s text(s) checked: a list not empty, no text blank or with a lone surrogate
+    (``one``: what a single text is called in the error)."""
+    if isinstance(v, list):
+        if not v:
+            raise PydanticCustomError("empty_inputs", "{field} is an empty list: send at least "
+                                      "one text", {"field": field})
+        for i, t in enumerate(v):
+            if not t.strip():
+                raise PydanticCustomError("empty_text", "{field}[{i}] is empty: every text "
+                                          "needs some content", {"field": field, "i": i})
+            _encodable(t, f"{field}[{i}]")
+    elif not v.strip():
+        raise PydanticCustomError("empty_text", "{one} is empty: send some content", {"one": one})
+    else:
+        _encodable(v, one)
+    return v
+
+
 STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 MIN_TEMPERATURE = 0.01  # below it logits / temperature overflow float32: sampling is greedy
 MIN_TOP_P = 1e-6  # the smallest probability mass worth asking for (smaller: use top_k=1)
 
 
-def _token_ids(value: Any) -> list[list[int]]:
-    """``input_ids`` as a list of id lists (one per input), its shape checked here so that an
-    error names the place (``input_ids[1][3]``); the ids' range is the engine's check, which
-    knows the vocabulary."""
+def _token_ids(value: Any, field: str = "input_ids") -> list[list[int]]:
+    """``field`` (token ids) as a list of id lists (one per input), its shape checked here so
+    that an error names the place (``input_ids[1][3]``); the ids' range is the engine's
+    check, which knows the vocabulary."""
     if not isinstance(value, list) or not value:
-        raise PydanticCustomError("token_ids", "input_ids must be a non-empty list of token ids "
-                                  "(one input) or of such lists (several inputs)")
+        raise PydanticCustomError("token_ids", "{field} must be a non-empty list of token ids "
+                                  "(one input) or of such lists (several inputs)",
+                                  {"field": field})
     many = isinstance(value[0], list)
     lists = value if many else [value]
     for i, ids in enumerate(lists):
-        where = f"input_ids[{i}]" if many else "input_ids"
+        where = f"{field}[{i}]" if many else field
         if not isinstance(ids, list):
             raise PydanticCustomError("token_ids", "{where} is not a list of token ids",
                                       {"where": where})
@@ -74,22 +94,7 @@ class _Request(BaseModel):
     @field_validator("inputs")
     @classmethod
     def _not_empty(cls, v: str | list[str] | None) -> str | list[str] | None:
-        if v is None:
-            return v
-        if isinstance(v, list):
-            if not v:
-                raise PydanticCustomError("empty_inputs",
-                                          "inputs is an empty list: send at least one text")
-            for i, t in enumerate(v):
-                if not t.strip():
-                    raise PydanticCustomError("empty_text", "inputs[{i}] is empty: every text "
-                                              "needs some content", {"i": i})
-                _encodable(t, f"inputs[{i}]")
-        elif not v.strip():
-            raise PydanticCustomError("empty_text", "the text is empty: send some content")
-        else:
-            _encodable(v, "the text")
-        return v
+        return v if v is None else _texts(v, "inputs")
 
     @field_validator("input_ids", mode="wrap")
     @classmethod
@@ -215,6 +220,107 @@ class GenerateRequest(_Request):
         return v
 
 
+# --- other protocols' requests: OpenAI's embeddings, the rerank shape of Jina and Cohere ------
+
+
+class EmbeddingsRequest(BaseModel):
+    """OpenAI's ``POST /v1/embeddings``: the served model's pooled, normalized vectors (those
+    `/v1/embed` answers with its defaults), with a token count. Unknown fields are refused
+    (a 400 naming them), as OpenAI does."""
+
+    model_config = STRICT
+
+    input: str | list[str] | list[int] | list[list[int]] = Field(
+        description="one text, a list of texts, one input's token ids, or a list of them "
+        "(ids as the served tokenizer writes them, special tokens included)")
+    model: str = Field(description="a served model's name, as GET /v1/models lists it")
+    encoding_format: Literal["float", "base64"] = Field(
+        "float", description="numbers, or base64 of little-endian float32 bytes")
+    dimensions: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="the model's full width only: these models were not trained to "
+        "shorten their vectors")
+    user: str | None = Field(None, description="accepted and ignored")
+
+    @field_validator("input", mode="wrap")
+    @classmethod
+    def _input_shape(cls, v: Any, handler: Any) -> Any:
+        try:
+            out = handler(v)
+        except ValidationError:
+            # One error saying what input may be, naming the place, not one per shape tried.
+            if isinstance(v, list) and v and isinstance(v[0], str):
+                i = next(i for i, t in enumerate(v) if not isinstance(t, str))
+                raise PydanticCustomError(
+                    "input_shape", "input[{i}] is {value}: a list of texts holds only texts",
+                    {"i": i, "value": repr(v[i])}) from None
+            if isinstance(v, list) and v:
+                _token_ids(v, "input")
+            raise PydanticCustomError(
+                "input_shape", "input must be a text, a list of texts, a list of token ids "
+                "or a list of token-id lists") from None
+        if isinstance(out, str) or not out or isinstance(out[0], str):
+            return _texts(out, "input", "input")
+        if isinstance(out[0], list) and not all(out):
+            _token_ids(out, "input")  # raises, naming the empty list
+        return out
+
+    def embed_request(self) -> EmbedRequest:
+        """The same input as a `/v1/embed` body with that route's defaults (pooling,
+        normalization), so both routes compute the same vectors."""
+        v = self.input
+        ids = isinstance(v, list) and not isinstance(v[0], str)
+        return EmbedRequest.model_construct(inputs=None if ids else v,
+                                            input_ids=v if ids else None, model=self.model)
+
+
+class RerankDocument(BaseModel):
+    """A document as Cohere's v1 API takes one: its ``text`` (other fields are ignored)."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    text: str
+
+
+class RerankRequest(BaseModel):
+    """Documents ranked by relevance to a query, in the shape Jina's and Cohere's rerank APIs
+    share: by a pair classifier's positive probability, or an encoder's cosine."""
+
+    model_config = STRICT
+
+    query: str = Field(description="the text the documents are ranked against")
+    documents: list[str | RerankDocument] = Field(
+        description="texts, or objects with a 'text' field (Cohere's v1 shape)")
+    top_n: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="answer the best n only (default: all)")
+    return_documents: bool = Field(False, description="include each document's text")
+    model: str | None = Field(None, description="which served model ranks: NAME or "
+                              "NAME:VERSION|TAG (default: the first)")
+
+    @field_validator("query")
+    @classmethod
+    def _query_text(cls, v: str) -> str:
+        return _texts(v, "query", "query")  # type: ignore[return-value]
+
+    @field_validator("documents")
+    @classmethod
+    def _document_texts(cls, v: list[str | RerankDocument]) -> list[str]:
+        return _texts([d if isinstance(d, str) else d.text for d in v],  # type: ignore[return-value]
+                      "documents")
+
+    # What the request path reads of a body (`handlers.Api`): documents are its inputs.
+    input_ids: ClassVar[None] = None
+    many: ClassVar[bool] = True
+    field: ClassVar[str] = "documents"
+
+    @property
+    def texts(self) -> list[str]:
+        return self.documents  # type: ignore[return-value]
+
+    @property
+    def count(self) -> int:
+        return len(self.documents)
+
+
 # --- responses --------------------------------------------------------------------------------
 
 
@@ -259,3 +365,42 @@ class Generation(BaseModel):
 
 class GenerateResponse(BaseModel):
     results: list[Generation]
+
+
+class EmbeddingData(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str
+
+
+class Usage(BaseModel):
+    prompt_tokens: int = Field(description="token positions the model read, special tokens "
+                               "included")
+    total_tokens: int
+
+
+class EmbeddingsResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[EmbeddingData]
+    model: str
+    usage: Usage
+
+
+class RerankDocumentText(BaseModel):
+    text: str
+
+
+class RerankResult(BaseModel):
+    index: int = Field(description="the document's place in the request")
+    relevance_score: float
+    document: RerankDocumentText | None = None
+
+
+class RerankUsage(BaseModel):
+    total_tokens: int
+
+
+class RerankResponse(BaseModel):
+    model: str
+    results: list[RerankResult] = Field(description="best first")
+    usage: RerankUsage
