@@ -88,6 +88,14 @@ def test_a_truncated_shard_or_a_bad_state_is_refused_by_name(pydocs_dir: Path,
     text = " ".join(r.stderr.split())
     assert str(newest / "state.json") in text and "step: Input should be a valid integer" in text
     assert "delete this checkpoint folder" in text
+    cut = json.loads(state)  # the random state cut short (issue 62: a RuntimeError traceback)
+    cut["rng"]["torch"] = cut["rng"]["torch"][:100]
+    (newest / "state.json").write_text(json.dumps(cut))
+    r = run_cli(*resume)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    text = " ".join(r.stderr.split())
+    assert str(newest / "state.json") in text and "rng.torch is damaged (100 values" in text
+    assert "delete this checkpoint folder" in text
     (newest / "state.json").write_text(state)
     shard = next(newest.glob("*.distcp"))
     with open(shard, "r+b") as f:

@@ -78,11 +78,27 @@ def capture_rng(gen: torch.Generator) -> dict[str, Any]:
     return state
 
 
-def restore_rng(state: dict[str, Any], gen: torch.Generator) -> None:
-    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
-    gen.set_state(torch.tensor(state["masking"], dtype=torch.uint8))
+def restore_rng(state: dict[str, Any], gen: torch.Generator, where: str = "state.json") -> None:
+    """Put back `capture_rng`'s streams; a stream cut short or holding other than bytes is a
+    ShoestringError naming it (torch's own error is a traceback about a tensor size)."""
+    torch.set_rng_state(_rng_bytes(state, "torch", torch.get_rng_state(), where))
+    gen.set_state(_rng_bytes(state, "masking", gen.get_state(), where))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]])
+
+
+def _rng_bytes(state: dict[str, Any], name: str, like: Tensor, where: str) -> Tensor:
+    value = state.get(name)
+    ok = (isinstance(value, list) and len(value) == like.numel()
+          and all(isinstance(v, int) and 0 <= v <= 255 for v in value))
+    if not ok:
+        size = f"{len(value)} values" if isinstance(value, list) else type(value).__name__
+        raise ShoestringError(
+            f"the checkpoint's random state rng.{name} is damaged ({size}; this torch keeps "
+            f"{like.numel()} bytes)", where=where,
+            fix="delete this checkpoint folder to resume from the one before, or start the run "
+            "again")
+    return torch.tensor(value, dtype=torch.uint8)
 
 
 # --------------------------------------------------------------------------- fused parts

@@ -487,7 +487,8 @@ def _setup(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
         load_checkpoint(ckpt, parallel)
         elapsed = ckpt.state["elapsed"]
         s, cursor = resume_state(ckpt.state, b.budget.progress(
-            ckpt.state["step"], ckpt.state["tokens"], elapsed=elapsed), gen, b.scaler)
+            ckpt.state["step"], ckpt.state["tokens"], elapsed=elapsed), gen, b.scaler,
+            str(ckpt.path / "state.json"))
         finished = (json_object_or_none(run.summary_path) or {}).get("steps") == s.step
         if b.budget.progress(s.step, s.tokens, elapsed=elapsed) >= 1.0 and finished:
             raise ShoestringError(

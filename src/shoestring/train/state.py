@@ -104,10 +104,11 @@ def check_state(state: Any, where: str) -> None:
 
 
 def resume_state(state: dict[str, Any], progress_at_save: float, gen: torch.Generator,
-                 scaler: torch.amp.GradScaler | None) -> tuple[TrainState, Cursor]:
+                 scaler: torch.amp.GradScaler | None,
+                 where: str = "state.json") -> tuple[TrainState, Cursor]:
     """``checkpoint_state``'s dict back: the counters and the data cursor; restores the RNG
     streams into ``gen`` (and the global ones) and the loss scaler in place."""
-    restore_rng(state["rng"], gen)
+    restore_rng(state["rng"], gen, where)
     if scaler is not None and "scaler" in state:
         scaler.load_state_dict(state["scaler"])
     s = TrainState(step=state["step"], tokens=state["tokens"], skipped=state["skipped"],
