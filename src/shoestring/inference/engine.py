@@ -284,7 +284,7 @@ class EncoderEngine(Engine):
         self.pad_id, self.mask_id = self.specials["pad"], self.specials["mask"]
         self.mask_token = self.specials["mask_token"] or "[MASK]"
         if self.mask_id is None or getattr(model, "mlm_head", True) is None:
-            self.tasks = frozenset({"embed"})
+            self.tasks = frozenset({"embed"})  # no mask token, or (hf_folder) no MLM head
         defaults = meta.get("embedding") or {}
         self.pooling: str = defaults.get("pooling", "mean")
         self.normalize: bool = defaults.get("normalize", True)
