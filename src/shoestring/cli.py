@@ -596,8 +596,9 @@ def cram(
 def serve(
     models: Annotated[
         list[str],
-        typer.Argument(help="Run dir, `shoestring export` folder, classifier folder, or a repository "
-                       "model NAME[:VERSION|:TAG] (several: requests pick one with \"model\").",
+        typer.Argument(help="Run dir, `shoestring export` folder, classifier folder, transformers "
+                       "encoder folder (BERT, sentence-transformers, ...; shoestring[hf]), or a "
+                       "repository model NAME[:VERSION|:TAG] (several: requests pick one with \"model\").",
                        show_default=False, metavar="MODEL..."),
     ],
     host: Annotated[str, typer.Option(help="Address to listen on (loopback: this machine only).")] = "127.0.0.1",
@@ -665,7 +666,7 @@ def index(
     ],
     output: Annotated[Path, typer.Option("--output", "-o", help="Index dir to write.")],
     encoder: Annotated[
-        Optional[Path], typer.Option("--encoder", help="Encoder run dir or export: adds a dense index of its embeddings.", metavar="RUN|HF_DIR")
+        Optional[Path], typer.Option("--encoder", help="Encoder run dir, export or transformers encoder folder: adds a dense index of its embeddings.", metavar="RUN|HF_DIR")
     ] = None,
     passage_words: Annotated[int, typer.Option("--passage-words", min=1, help="Words per passage.")] = 100,
     text_field: Annotated[str, typer.Option("--text-field", help="JSON field / column with the text.")] = "text",

@@ -18,7 +18,8 @@ One `Engine` per loaded model. Its work is split by where it runs:
 
 ``prepare_*`` (tokenize + admit, for a list of texts) is the same path for callers outside the
 server (retrieval, benchmarks). `load_engine` recognises a run dir (encoder or decoder), a
-`shoestring export` (Hugging Face ModernBERT) folder, and a fine-tuned classifier folder.
+`shoestring export` (Hugging Face ModernBERT) folder, a fine-tuned classifier folder, and
+another project's transformers encoder folder (`hf_folder`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from torch import nn
 
 from shoestring import families
 from shoestring.data.wordpiece_cache import WordPieceCache
+from shoestring.errors import ShoestringError
 from shoestring.inference.stages import Laps, StageTimes
 from shoestring.inference.tokens import TextDelta, TokenSink
 
@@ -70,6 +72,18 @@ def trained_context(meta: dict, source: Path) -> int | None:
         if isinstance(trained, int) and 0 < trained < context:
             context = trained
     return context
+
+
+def specials(meta: dict) -> dict[str, Any]:
+    """The ids of the pad, mask, cls and sep tokens (None: the tokenizer has none) and the
+    mask token's text, whatever the tokenizer calls them: a transformers folder's meta says
+    (``specials``); our models have the fixed layout ``[PAD]``, ``[MASK]``, ... (a
+    classifier's under its ``base``)."""
+    if "specials" in meta:
+        return meta["specials"]
+    ids = meta.get("special_ids") or (meta.get("base") or {}).get("special_ids") or {}
+    return {"pad": ids.get("[PAD]", 0), "mask": ids.get("[MASK]"), "cls": ids.get("[CLS]"),
+            "sep": ids.get("[SEP]"), "mask_token": "[MASK]"}
 
 
 def input_loc(index: int, many: bool, field: str = "inputs") -> Loc:
@@ -172,11 +186,14 @@ class Engine(abc.ABC):
 
     def describe(self) -> dict[str, Any]:
         params = sum(p.numel() for p in self.model.parameters())
-        return {"kind": self.kind, "source": str(self.source), "tasks": sorted(self.tasks),
-                "parameters": params, "max_length": self.max_length, "truncate": self.truncate,
-                "vocab_size": self.vocab_size, "call_overhead_tokens": self.call_overhead_tokens,
-                "device": str(self.device),
-                "precision": str(self.dtype).removeprefix("torch.")}
+        out = {"kind": self.kind, "source": str(self.source), "tasks": sorted(self.tasks),
+               "parameters": params, "max_length": self.max_length, "truncate": self.truncate,
+               "vocab_size": self.vocab_size, "call_overhead_tokens": self.call_overhead_tokens,
+               "device": str(self.device),
+               "precision": str(self.dtype).removeprefix("torch.")}
+        if "transformers" in self.meta:  # a transformers folder: what it is, how it loaded
+            out["transformers"] = self.meta["transformers"]
+        return out
 
     def pad_batches(self, key: tuple) -> bool:
         """Whether inputs of different lengths may share a call (the model masks padding)."""
@@ -246,13 +263,16 @@ def _vocab_size(model: nn.Module, tokenizer: Any) -> int:
     """Token ids this model takes: the tokenizer's vocabulary, within the embedding's rows."""
     size = tokenizer.get_vocab_size(with_added_tokens=True)
     for name, module in model.named_modules():
-        if name.endswith("tok_embeddings") and isinstance(module, nn.Embedding):
+        if name.endswith(("tok_embeddings", "word_embeddings")) and isinstance(module,
+                                                                         nn.Embedding):
             return min(size, module.num_embeddings)
     return size
 
 
 class EncoderEngine(Engine):
-    """A masked-LM encoder (run dir or HF export): fill-mask and embeddings."""
+    """A masked-LM encoder (run dir, HF export or transformers folder): fill-mask (where it
+    has a masked-LM head) and embeddings, pooled and normalised as the request says, else
+    as the model's own defaults (``meta["embedding"]``; mean and unit length for ours)."""
 
     kind = "encoder"
     tasks = frozenset({"fill-mask", "embed"})
@@ -260,9 +280,14 @@ class EncoderEngine(Engine):
     def __init__(self, model: nn.Module, tokenizer: Any, meta: dict, source: Path,
                  **kw: Any) -> None:
         super().__init__(model, tokenizer, meta, source, **kw)
-        ids = meta["special_ids"]
-        self.pad_id, self.mask_id = ids["[PAD]"], ids["[MASK]"]
-        self.mask_token = "[MASK]"
+        self.specials = specials(meta)
+        self.pad_id, self.mask_id = self.specials["pad"], self.specials["mask"]
+        self.mask_token = self.specials["mask_token"] or "[MASK]"
+        if self.mask_id is None or getattr(model, "mlm_head", True) is None:
+            self.tasks = frozenset({"embed"})  # no mask token, or (hf_folder) no MLM head
+        defaults = meta.get("embedding") or {}
+        self.pooling: str = defaults.get("pooling", "mean")
+        self.normalize: bool = defaults.get("normalize", True)
 
     def admit_fill_mask(self, ids: list[int], loc: Loc,
                         top_k: int) -> tuple[tuple[list[int], list[int], int], int]:
@@ -270,23 +295,26 @@ class EncoderEngine(Engine):
         ids = self._fit(ids, loc, keep_last=True)
         positions = [p for p, t in enumerate(ids) if t == self.mask_id]
         if not positions:
-            why = ("its [MASK] token was cut off by --truncate; put it earlier" if had_mask
-                   else f"it has no {self.mask_token} token: write {self.mask_token} where "
-                   "a word should be predicted (exactly so, in capitals)")
+            why = (f"its {self.mask_token} token was cut off by --truncate; put it earlier"
+                   if had_mask else f"it has no {self.mask_token} token: write "
+                   f"{self.mask_token} where a word should be predicted (exactly so"
+                   + (", in capitals)" if self.mask_token.isupper() else ")"))
             raise InputError(f"fill-mask needs a {self.mask_token} token, and {why}", loc)
         return (ids, positions, top_k), len(ids)
 
-    def admit_embed(self, ids: list[int], loc: Loc, pooling: str,
-                    normalize: bool) -> tuple[tuple[list[int], str, bool], int]:
+    def admit_embed(self, ids: list[int], loc: Loc, pooling: str | None,
+                    normalize: bool | None) -> tuple[tuple[list[int], str, bool], int]:
+        """None for ``pooling`` or ``normalize``: the model's default."""
         ids = self._fit(ids, loc, keep_last=True)
-        return (ids, pooling, normalize), len(ids)
+        return (ids, pooling or self.pooling,
+                self.normalize if normalize is None else normalize), len(ids)
 
     def prepare_fill_mask(self, texts: list[str], top_k: int,
                           many: bool) -> list[tuple[list[int], list[int], int]]:
         return [self.admit_fill_mask(ids, input_loc(i, many), top_k)[0]
                 for i, ids in enumerate(self.tokenize(texts))]
 
-    def prepare_embed(self, texts: list[str], pooling: str, normalize: bool,
+    def prepare_embed(self, texts: list[str], pooling: str | None, normalize: bool | None,
                       many: bool) -> list[tuple[list[int], str, bool]]:
         return [self.admit_embed(ids, input_loc(i, many), pooling, normalize)[0]
                 for i, ids in enumerate(self.tokenize(texts))]
@@ -361,12 +389,18 @@ class EncoderEngine(Engine):
         return out
 
     def _probe(self) -> tuple[tuple, Any] | None:
-        return ("embed",), lambda ids: (ids, "mean", True)
+        return ("embed",), lambda ids: (ids, self.pooling, self.normalize)
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(),
+                "embedding": {"pooling": self.pooling, "normalize": self.normalize}}
 
     def warmup(self) -> None:
-        seq = [self.meta["special_ids"]["[CLS]"], self.mask_id, self.meta["special_ids"]["[SEP]"]]
-        self.run(("fill-mask",), [(seq, [1], 1)] * 2)
-        self.run(("embed",), [(seq, "mean", True), (seq[:2], "mean", True)])
+        s = self.specials
+        seq = [t for t in (s["cls"], self.mask_id, s["sep"]) if t is not None] or [self.probe_id]
+        if "fill-mask" in self.tasks:
+            self.run(("fill-mask",), [(seq, [seq.index(self.mask_id)], 1)] * 2)
+        self.run(("embed",), [(seq, "mean", True), (seq[:2] or seq, "mean", True)])
 
 
 class ClassifierEngine(Engine):
@@ -378,11 +412,14 @@ class ClassifierEngine(Engine):
     def __init__(self, model: nn.Module, tokenizer: Any, meta: dict, source: Path,
                  **kw: Any) -> None:
         super().__init__(model, tokenizer, meta, source, **kw)
-        self.pad_id = meta["base"].get("special_ids", {}).get("[PAD]", 0)
+        self.pad_id = specials(meta)["pad"]
         self.problem = meta.get("problem", "classification")
         n = int(meta["num_labels"])
         self.labels = list(meta.get("labels") or [str(i) for i in range(n)])
-        self.pair = bool(meta.get("pair", False))
+        # True: pairs only; False: single texts only; None: either (a transformers
+        # classifier whose tokenizer has a pair template: a cross-encoder or not).
+        pair = meta.get("pair", False)
+        self.pair: bool | None = None if pair is None else bool(pair)
 
     def check_pairs(self, n: int, pairs: list[str] | None, ids_given: bool = False) -> None:
         """A request's ``pairs`` against this classifier: given exactly when it takes pairs,
@@ -392,10 +429,10 @@ class ClassifierEngine(Engine):
                 raise InputError("'input_ids' already hold both texts of each pair: leave out "
                                  "'pairs'", ("body", "pairs"))
             return
-        if self.pair and pairs is None:
+        if self.pair is True and pairs is None:
             raise InputError("this classifier takes text pairs: send 'pairs' (one second text "
                              "per input) beside 'inputs'", ("body", "pairs"))
-        if not self.pair and pairs is not None:
+        if self.pair is False and pairs is not None:
             raise InputError("this classifier takes single texts: leave out 'pairs'",
                              ("body", "pairs"))
         if pairs is not None and len(pairs) != n:
@@ -543,12 +580,15 @@ ENGINES: dict[str, type[Engine]] = {
 def load_engine(path: str | Path, *, max_length: int | None = None, truncate: bool = False,
                 precision: str = "fp32") -> Engine:
     """The right engine for folder ``path``: a run dir (``final/`` inside, or ``final/``
-    itself), an export (`shoestring export`: ModernBERT or Llama), or a classifier folder."""
+    itself), an export (`shoestring export`: ModernBERT or Llama), a classifier folder, or a
+    transformers encoder folder (`hf_folder`)."""
     from shoestring.artifacts import Kind, identify
 
     kw = {"max_length": max_length, "truncate": truncate, "precision": precision}
-    artifact = identify(path, want=(Kind.RUN, Kind.EXPORT, Kind.CLASSIFIER),
+    artifact = identify(path, want=(Kind.RUN, Kind.EXPORT, Kind.CLASSIFIER, Kind.HF_ENCODER),
                         command="shoestring serve", trained=True)
+    if artifact.kind is Kind.HF_ENCODER:
+        return _transformers_engine(artifact.path, kw)
     if artifact.kind is Kind.CLASSIFIER:
         from shoestring.eval.classifier import load_classifier
 
@@ -557,7 +597,34 @@ def load_engine(path: str | Path, *, max_length: int | None = None, truncate: bo
                                 **kw)
     from shoestring.export.hub import open_model
 
-    model, meta, _ = open_model(artifact.path)
+    try:
+        model, meta, _ = open_model(artifact.path)
+    except ShoestringError:
+        if not _foreign_encoder(artifact.path):
+            raise
+        # A ModernBERT that `shoestring export` did not write and our importer does not
+        # compute exactly (the hub's, with sliding-window layers): transformers does.
+        return _transformers_engine(artifact.path, kw)
     family = families.by_architecture(meta.get("architecture"), where=str(artifact.model_dir))
     return ENGINES[family.name](model, _tokenizer(artifact.tokenizer_path), meta, artifact.path,
                                 **kw)
+
+
+def _transformers_engine(path: Path, kw: dict[str, Any]) -> Engine:
+    """The engine of a transformers encoder folder (`hf_folder`)."""
+    from shoestring.inference.hf_folder import open_hf_folder
+
+    model, tok, meta, kind = open_hf_folder(path)
+    engine = ClassifierEngine if kind == "classifier" else EncoderEngine
+    return engine(model, tok, meta, path, **kw)
+
+
+def _foreign_encoder(path: Path) -> bool:
+    """An encoder export folder not written by `shoestring export` (no marker)."""
+    from shoestring.fsutil import json_object_or_none
+
+    if (path / ".shoestring-export").is_file():
+        return False
+    model_type = (json_object_or_none(path / "config.json") or {}).get("model_type")
+    family = next((f for f in families.all_families() if f.hf_model_type == model_type), None)
+    return family is not None and not family.causal

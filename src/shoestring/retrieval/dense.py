@@ -1,8 +1,8 @@
 """The dense index: an encoder's pooled embeddings in a ``faiss`` exact inner-product index.
 
-Embeddings are the encoder's mean-pooled last hidden states, L2-normalized (the same pooling
-``serve``'s ``/v1/embed`` computes, by the same engine), so inner product is cosine
-similarity. ``IndexFlatIP`` is exhaustive: exact, and fast enough for the corpora this tool
+Embeddings are the encoder's pooled last hidden states (its own pooling: mean for
+shoestring's encoders, a sentence-transformers folder's own), L2-normalized (what ``serve``'s
+``/v1/embed`` computes, by the same engine), so inner product is cosine similarity. ``IndexFlatIP`` is exhaustive: exact, and fast enough for the corpora this tool
 trains on (a million passages × 256 dims is 1 GB and ~0.1 s a query on one core).
 """
 
@@ -60,11 +60,16 @@ class Embedder:
         batch (a dense index of a real corpus takes minutes on a CPU)."""
         out = [np.zeros((0, self.dim), np.float32)]
         for i in range(0, len(texts), batch):
-            payloads = self.engine.prepare_embed(texts[i:i + batch], "mean", True, many=True)
+            payloads = self.engine.prepare_embed(texts[i:i + batch], None, True, many=True)
             out.append(np.asarray(self.engine.run(("embed",), payloads), np.float32))
             if progress is not None:
                 progress(min(i + batch, len(texts)), len(texts))
         return np.concatenate(out)
+
+    @property
+    def pooling(self) -> str:
+        """How a vector is made, for the index manifest."""
+        return f"{self.engine.pooling}, L2-normalized"
 
     @property
     def dim(self) -> int:

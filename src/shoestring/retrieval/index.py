@@ -166,7 +166,7 @@ def build_index(specs: list[str], out: str | Path, *, encoder: str | Path | None
             DenseIndex.build(vectors).save(tmp)
             seconds["dense"] = round(time.perf_counter() - t, 3)
             enc_info = {"path": str(Path(encoder).resolve()), "sha256": enc_hash,
-                        "dim": embedder.dim, "pooling": "mean, L2-normalized"}
+                        "dim": embedder.dim, "pooling": embedder.pooling}
             rebuilt.append("dense")
             announce(f"dense: {embedder.dim}-dim embeddings in {seconds['dense']:.1f}s")
         manifest = {

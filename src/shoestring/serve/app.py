@@ -260,8 +260,8 @@ def _add_inference_routes(app: FastAPI, api: Api) -> None:
 
     @app.post("/v1/embed", response_model=EmbedResponse, dependencies=authorized)
     async def embed(body: EmbedRequest, request: Request) -> Any:
-        """One pooled vector per input (mean or [CLS]; unit length unless normalize=false),
-        as numbers or base64 little-endian float32 (encoding_format)."""
+        """One pooled vector per input (mean or [CLS], unit length or not: as asked, else
+        the model's own), as numbers or base64 little-endian float32 (encoding_format)."""
         return FastJSON(await api.embed(body, request.receive))
 
     @app.post("/v1/classify", response_model=ClassifyResponse, dependencies=authorized,

@@ -356,7 +356,8 @@ def reranks(engine: Engine) -> bool:
     with one relevance number per pair (two labels, or regression)."""
     if _embeds(engine):
         return True
-    return ("classify" in engine.tasks and getattr(engine, "pair", False)
+    # pair None: a transformers classifier that takes single texts and pairs alike
+    return ("classify" in engine.tasks and getattr(engine, "pair", False) is not False
             and (engine.problem == "regression"  # type: ignore[attr-defined]
                  or len(engine.labels) == 2))  # type: ignore[attr-defined]
 

@@ -161,8 +161,12 @@ class FillMaskRequest(_Request):
 class EmbedRequest(_Request):
     """One vector per text from the encoder's last hidden states."""
 
-    pooling: Literal["mean", "cls"] = Field("mean", description="mean over tokens, or [CLS]")
-    normalize: bool = Field(True, description="scale each vector to unit length")
+    pooling: Literal["mean", "cls"] | None = Field(
+        None, description="mean over tokens, or [CLS]; unset: the model's own (/v1/model "
+        "shows it: mean for shoestring's models, a sentence-transformers folder's pooling)")
+    normalize: bool | None = Field(
+        None, description="scale each vector to unit length; unset: the model's own (true "
+        "for shoestring's models)")
     encoding_format: Literal["float", "base64"] = Field(
         "float", description="each vector as a list of numbers, or as base64 of its "
         "little-endian float32 bytes (smaller, and exact)")
