@@ -106,3 +106,10 @@ def test_bad_yaml_file(tmp_path: Path) -> None:
         load_config(f)
     with pytest.raises(ShoestringError, match="not found"):
         load_config(tmp_path / "missing.yaml")
+
+
+def test_a_data_dir_given_twice_to_dedup_against_counts_once(tmp_path: Path) -> None:
+    """`--dedup-against D --dedup-against D` (or D and ./D/) lists D once (issue 62)."""
+    d = tmp_path / "d"
+    cfg = load_config(overrides=[f"curate.dedup_against=[{d},{d}/,{tmp_path}/./d,other]"])
+    assert cfg.curate.dedup_against == [str(d), "other"]

@@ -155,3 +155,11 @@ def test_cli_report(runs: list[Path], tmp_path: Path) -> None:
     bad = run_cli("report", str(tmp_path / "rep"), timeout=120)  # a report is not a run dir
     assert bad.returncode == 2 and "not a shoestring run dir" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_a_run_named_twice_is_reported_once(runs: list[Path], tmp_path: Path) -> None:
+    """`report R R` (or R and ./R/) plots R once (issue 62: it was drawn twice)."""
+    run = runs[0]
+    out = write_report([run, Path(f"{run}/"), run.parent / "." / run.name], tmp_path / "rep")
+    report = json.loads((out / "report.json").read_text())
+    assert [r["name"] for r in report["runs"]] == ["alpha"]

@@ -233,6 +233,7 @@ def prep(
 
     An interrupted prep resumes when re-run with the same inputs and settings.
     """
+    from shoestring.fsutil import unique_paths
     from shoestring.prep.prep import build_dir, prep as run_prep
 
     options = {"--objective": ("data.objective", objective), "--tokenizer": ("data.tokenizer", tokenizer),
@@ -248,7 +249,7 @@ def prep(
     if decontam:
         cfg.curate.decontam = [*cfg.curate.decontam, *decontam]
     if dedup_against:
-        cfg.curate.dedup_against = [*cfg.curate.dedup_against, *dedup_against]
+        cfg.curate.dedup_against = unique_paths([*cfg.curate.dedup_against, *dedup_against])
     ray_options = _ray_options(executor, ray_address)
     try:
         manifest = run_prep(sources, output, cfg.data, console=err, curate=cfg.curate,

@@ -29,7 +29,7 @@ from pydantic import (
 
 from shoestring import families
 from shoestring.errors import ShoestringError
-from shoestring.fsutil import read_yaml
+from shoestring.fsutil import read_yaml, unique_paths
 from shoestring.units import BudgetSpec, parse_budget, parse_interval
 
 
@@ -559,6 +559,11 @@ class CurateConfig(_Section):
         1, description="copies of each canary in train; a list [1, 4, 16] cycles over canaries"
     )
     canary_seed: int = Field(0, ge=0, description="seed of the canary secrets and their hosts")
+
+    @field_validator("dedup_against")
+    @classmethod
+    def _once_each(cls, value: list[str]) -> list[str]:
+        return unique_paths(value)
 
     @field_validator("rep_max_top_ngram_frac", "rep_max_dup_ngram_frac")
     @classmethod

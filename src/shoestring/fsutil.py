@@ -136,6 +136,20 @@ def json_cache(path: str | Path) -> Iterator[dict[str, Any]]:
                 pass
 
 
+def unique_paths(paths: list[Any]) -> list[Any]:
+    """``paths`` with later mentions of a folder already listed dropped (the same folder by
+    another spelling too: ``d`` and ``./d/``), in their first order: a data dir given twice to
+    dedup against, or a run given twice to a report, counts once."""
+    seen: set[str] = set()
+    out = []
+    for p in paths:
+        key = os.path.realpath(os.path.expanduser(str(p)))
+        if key not in seen:
+            seen.add(key)
+            out.append(p)
+    return out
+
+
 def write_bytes_atomic(path: str | Path, data: bytes) -> None:
     """Write ``data`` to ``path`` all or nothing (`atomic_file`)."""
     with atomic_file(path) as f:

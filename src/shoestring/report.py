@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 
 from shoestring.errors import ShoestringError
-from shoestring.fsutil import building_dir, check_output_dir, json_object_or_none
+from shoestring.fsutil import building_dir, check_output_dir, json_object_or_none, unique_paths
 from shoestring.fsutil import write_bytes_atomic
 from shoestring.fsutil import write_json_atomic, write_text_atomic
 from shoestring.rundir import RunDir, parse_metrics, read_json_object
@@ -390,7 +390,7 @@ def write_report(run_dirs: list[str | Path], out: str | Path) -> Path:
     """
     if not run_dirs:
         raise ShoestringError("no run dirs given", fix="shoestring report RUN_DIR [RUN_DIR ...]")
-    paths = [Path(p) for p in run_dirs]
+    paths = [Path(p) for p in unique_paths(run_dirs)]
     runs = [load_run(p, n) for p, n in zip(paths, _names(paths))]
     if not any(r.train or r.val for r in runs):  # one without metrics is listed beside others
         raise ShoestringError("no run has metrics yet", where=", ".join(map(str, paths)),
