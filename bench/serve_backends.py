@@ -1,7 +1,8 @@
 """Inference backends offline (issue 59): sentences/s of the engine alone (``Engine.run`` on
 ``/v1/embed`` payloads, no server) per backend — PyTorch fp32 eager, ONNX Runtime fp32, ONNX
 Runtime int8 — for a 6 × 384 and a 12 × 768 encoder of ours, at batch 1 and 32, on real
-sentences (bench/serve_load.py's ``make_texts``), with each backend's accuracy-gate figures
+sentences (bench/serve_load.py's ``make_texts``, 512 of them, batched in length order), with
+each backend's accuracy-gate figures
 and what ``--backend auto`` takes on this machine.
 
 The encoders are our default recipe (rotary, GeGLU, pre-norm, no biases; 8k vocabulary),
@@ -47,7 +48,8 @@ def build_run(work: Path, size: str) -> Path:
     run = work / f"run-{size}"
     if (run / "final" / "model.safetensors").is_file():
         return run
-    sets = ["train.budget=null", "train.steps=2", "train.batch_size=8",
+    sets = ["train.budget=null", "train.steps=2", "train.batch_size=8", "train.val_every=0",
+            "train.val_sequences=8", "train.checkpoint_every=null", "train.attention=sdpa",
             *(f"model.{k}={v}" for k, v in SIZES[size].items())]
     cfg = load_config(None, sets)
     if not (work / "data" / "manifest.json").is_file():
@@ -91,7 +93,9 @@ def throughput(args) -> None:
                      f"{auto_s:.1f} s incl. export {info['export_s']} s, int8 "
                      f"{info['quantize_s']} s)")
         engines = {b: load_engine(run, truncate=True, backend=b) for b in BACKENDS}
-        payloads = engines["torch"].prepare_embed(texts, "mean", True, True)
+        # sorted by length, as the batcher groups a busy queue: padding is not what is compared
+        payloads = sorted(engines["torch"].prepare_embed(texts, "mean", True, True),
+                          key=lambda p: len(p[0]))
         for batch in args.batches:
             chunks = [payloads[i : i + batch] for i in range(0, len(payloads), batch)]
             per: dict[str, list[float]] = {b: [] for b in BACKENDS}

@@ -54,6 +54,9 @@ GATE_BATCH = 8
 GATE_MAX_TOKENS = 128   # sample inputs are at most this long (and --max-length)
 TIMING_BATCH = (16, 64)  # auto times this many inputs of this many tokens (within --max-length)
 TIMING_SECONDS = 1.0     # interleaved rounds for this long (each candidate at least twice)
+MIN_GAIN = 1.10  # auto leaves PyTorch only for a candidate this much faster: a runtime switch
+# must pay beyond the timing's noise on a shared machine (and keeps a model whose candidates
+# tie on the runtime that answers an input the same batched or alone, bit for bit)
 OUTPUTS = {"encoder": "hidden states (batch, sequence, hidden), float32",
            "classifier": "logits (batch, labels), float32"}
 
@@ -178,11 +181,14 @@ def choose(engine: Engine, requested: str, model_dir: Path) -> BackendChoice:
     else:
         seconds = time_forwards(engine, forwards)
         passing = [n for n in forwards if n == "torch" or gates[n].passed]
-        best = min(passing, key=seconds.__getitem__)
+        fast = [n for n in passing if n == "torch" or seconds["torch"] >= MIN_GAIN * seconds[n]]
+        best = min(fast, key=seconds.__getitem__)
         ratio = ", ".join(f"{seconds[n] / seconds[best]:.2f}x {n}"
                           for n in forwards if n != best)
         failed = [n for n in forwards if n not in passing]
+        slow = [n for n in passing if n not in fast]
         why = f"fastest here ({ratio})" + (
+            f"; {', '.join(slow)} under {MIN_GAIN:.2f}x torch" if slow else "") + (
             f"; {', '.join(failed)} failed the gate" if failed else "")
         choice = BackendChoice(best, requested, why, seconds={k: round(v, 5) for k, v in
                                                               seconds.items()},

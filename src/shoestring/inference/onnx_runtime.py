@@ -51,11 +51,12 @@ INPUTS = ("input_ids", "attention_mask")
 OUTPUT = "output"
 
 # Session settings, measured with bench/serve_backends.py --sweep-options (BENCHMARKS.md,
-# issue 59): intra-op threads = the server's torch threads (--threads), one inter-op thread
-# with sequential execution (one graph at a time is all a server's batch worker runs), all
-# graph optimisations, the memory arena on. Thread spinning is off: a spinning pool keeps the
-# cores busy after each call, which the event loop and tokenizer, sharing those cores, pay
-# for; it bought nothing measurable at batch 32 and cost time at batch 1.
+# issue 59; 6 x 384 encoder, 2 cores shared at load 7-10): intra-op threads = the server's
+# torch threads (--threads), one inter-op thread with sequential execution (one graph at a
+# time is all a server's batch worker runs), all graph optimisations (basic: 0.61-0.93x,
+# extended: 0.69-1.09x), the memory arena on (off: 0.77-1.14x, noise at fp32). Thread
+# spinning is off: a spinning pool burns the cores between calls that the event loop, the
+# tokenizer and the neighbours need; on it measured 0.31-0.78x.
 GRAPH_OPTIMIZATION = "ORT_ENABLE_ALL"
 MEMORY_ARENA = True
 SPINNING = False
