@@ -180,21 +180,25 @@ def choose(engine: Engine, requested: str, model_dir: Path) -> BackendChoice:
                               "backend that passes")
     else:
         seconds = time_forwards(engine, forwards)
-        passing = [n for n in forwards if n == "torch" or gates[n].passed]
-        fast = [n for n in passing if n == "torch" or seconds["torch"] >= MIN_GAIN * seconds[n]]
-        best = min(fast, key=seconds.__getitem__)
-        ratio = ", ".join(f"{seconds[n] / seconds[best]:.2f}x {n}"
-                          for n in forwards if n != best)
-        failed = [n for n in forwards if n not in passing]
-        slow = [n for n in passing if n not in fast]
-        why = f"fastest here ({ratio})" + (
-            f"; {', '.join(slow)} under {MIN_GAIN:.2f}x torch" if slow else "") + (
-            f"; {', '.join(failed)} failed the gate" if failed else "")
-        choice = BackendChoice(best, requested, why, seconds={k: round(v, 5) for k, v in
-                                                              seconds.items()},
-                               gates=gates, onnx=onnx_info)
+        best, why = pick(seconds, gates)
+        choice = BackendChoice(best, requested, why, gates=gates, onnx=onnx_info,
+                               seconds={k: round(v, 5) for k, v in seconds.items()})
     engine.set_forward(forwards[choice.name])
     return choice
+
+
+def pick(seconds: dict[str, float], gates: dict[str, Gate]) -> tuple[str, str]:
+    """``auto``'s rule: the fastest of torch and the candidates that pass their gate and beat
+    torch by `MIN_GAIN`; and the reason, with every ratio."""
+    passing = [n for n in seconds if n == "torch" or gates[n].passed]
+    fast = [n for n in passing if n == "torch" or seconds["torch"] >= MIN_GAIN * seconds[n]]
+    best = min(fast, key=seconds.__getitem__)
+    ratio = ", ".join(f"{seconds[n] / seconds[best]:.2f}x {n}" for n in seconds if n != best)
+    failed = [n for n in seconds if n not in passing]
+    slow = [n for n in passing if n not in fast]
+    return best, (f"fastest here ({ratio})"
+                  + (f"; {', '.join(slow)} under {MIN_GAIN:.2f}x torch" if slow else "")
+                  + (f"; {', '.join(failed)} failed the gate" if failed else ""))
 
 
 def _onnx_unsupported(engine: Engine) -> str | None:
