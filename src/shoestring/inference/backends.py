@@ -10,10 +10,10 @@ answers stay where they were.
 * ``torch`` — the model as loaded (fp32, or bf16 autocast with ``--precision``).
 * ``onnx`` — the same call exported to ONNX and run by ONNX Runtime (`onnx_runtime`).
 * ``onnx-int8`` — that graph with int8 weights (dynamic quantization).
-* ``auto`` (the server's default) — on a CPU at fp32, times the three on this machine (a batch
-  of `TIMING_BATCH`, interleaved as `train.speed` times attention kernels) and takes the
-  fastest that passes the gate; on a GPU or under bf16 it keeps ``torch`` (ONNX Runtime here
-  runs on the CPU, in fp32). Decoders always run on PyTorch: generation is a loop of cached
+* ``auto`` (the server's default) — on a CPU at fp32, times the three on this machine (on the
+  gate's own sample, batch by batch in turn: one pass gives both the figures and the times)
+  and takes the fastest that passes the gate (and beats PyTorch by `MIN_GAIN`); on a GPU or
+  under bf16 it keeps ``torch`` (ONNX Runtime here runs on the CPU, in fp32). Decoders always run on PyTorch: generation is a loop of cached
   steps that this seam does not cover; ``--backend onnx`` for one is refused.
 
 **The accuracy gate** (`MIN_COSINE`, `MIN_AGREEMENT`, `MAX_REGRESSION_ERROR`): on a sample of
@@ -27,6 +27,7 @@ fails is served anyway (the user asked for it) with a warning that shows the fig
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,8 +53,6 @@ MAX_REGRESSION_ERROR = 0.1  # largest |difference| over the spread (std) of fp32
 GATE_SAMPLES = 32       # sample inputs, of varied lengths, run in padded batches of 8
 GATE_BATCH = 8
 GATE_MAX_TOKENS = 128   # sample inputs are at most this long (and --max-length)
-TIMING_BATCH = (16, 64)  # auto times this many inputs of this many tokens (within --max-length)
-TIMING_SECONDS = 1.0     # interleaved rounds for this long (each candidate at least twice)
 MIN_GAIN = 1.10  # auto leaves PyTorch only for a candidate this much faster: a runtime switch
 # must pay beyond the timing's noise on a shared machine (and keeps a model whose candidates
 # tie on the runtime that answers an input the same batched or alone, bit for bit)
@@ -98,7 +97,7 @@ class BackendChoice:
     name: str = "torch"
     requested: str = "torch"
     why: str = "as asked"
-    seconds: dict[str, float] = field(default_factory=dict)  # TIMING_BATCH per candidate
+    seconds: dict[str, float] = field(default_factory=dict)  # the gate's sample, per candidate
     gates: dict[str, Gate] = field(default_factory=dict)
     onnx: dict[str, Any] = field(default_factory=dict)  # cache folder, export/quantize seconds
     warning: str | None = None
@@ -115,7 +114,7 @@ class BackendChoice:
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "requested": self.requested, "why": self.why,
-                "seconds": self.seconds, "timing_batch": list(TIMING_BATCH),
+                "seconds": self.seconds,
                 "gate": {"min_cosine": MIN_COSINE, "min_agreement": MIN_AGREEMENT,
                          "max_regression_error": MAX_REGRESSION_ERROR,
                          **{k: g.as_dict() for k, g in self.gates.items()}},
@@ -169,7 +168,8 @@ def choose(engine: Engine, requested: str, model_dir: Path) -> BackendChoice:
     forwards: dict[str, Forward] = {"torch": torch_fwd}
     forwards.update({n: ort_rt.OnnxForward(paths[n]) for n in wanted})
     sample, source = gate_sample(engine)
-    gates = {n: measure_gate(engine, torch_fwd, forwards[n], sample, source) for n in wanted}
+    outputs, seconds = run_sample(engine, forwards, sample)
+    gates = {n: measure_gate(engine, outputs["torch"], outputs[n], source) for n in wanted}
     if requested != "auto":
         gate = gates[requested]
         choice = BackendChoice(requested, requested, "as asked", gates=gates, onnx=onnx_info)
@@ -179,7 +179,6 @@ def choose(engine: Engine, requested: str, model_dir: Path) -> BackendChoice:
                               "serving it as asked; leave --backend out to serve the fastest "
                               "backend that passes")
     else:
-        seconds = time_forwards(engine, forwards)
         best, why = pick(seconds, gates)
         choice = BackendChoice(best, requested, why, gates=gates, onnx=onnx_info,
                                seconds={k: round(v, 5) for k, v in seconds.items()})
@@ -258,17 +257,39 @@ def _val_rows(engine: Engine) -> list[list[int]] | None:
     return [rows[i % n] for i in range(GATE_SAMPLES)]
 
 
-def measure_gate(engine: Engine, reference: Forward, candidate: Forward,
-                 sample: list[list[int]], source: str) -> Gate:
-    """``candidate`` against ``reference`` (PyTorch fp32) on ``sample``, in padded batches."""
-    ref, got, masks = [], [], []
+Outputs = list[tuple[torch.Tensor, torch.Tensor]]  # per batch: (output, mask of real tokens)
+
+
+def run_sample(engine: Engine, forwards: dict[str, Forward], sample: list[list[int]]
+               ) -> tuple[dict[str, Outputs], dict[str, float]]:
+    """Each backend's outputs on ``sample`` (padded batches of `GATE_BATCH`) and its seconds
+    for the whole sample: the gate and ``auto``'s timing from one pass. The backends take
+    each batch in turn, the order rotating, so a burst of load hits them alike; each runs one
+    small batch first (first-call allocations are not what is timed)."""
+    outputs: dict[str, Outputs] = {n: [] for n in forwards}
+    seconds = dict.fromkeys(forwards, 0.0)
+    names = list(forwards)
     with torch.inference_mode():
-        for i in range(0, len(sample), GATE_BATCH):
+        warm = torch.full((1, 8), engine.probe_id, dtype=torch.long, device=engine.device)
+        for fwd in forwards.values():
+            fwd(warm, None)
+        for k, i in enumerate(range(0, len(sample), GATE_BATCH)):
             ids, mask = engine._pad(sample[i : i + GATE_BATCH], engine.pad_id)
-            ref.append(reference(ids, mask).float())
-            got.append(candidate(ids, mask).float())
-            masks.append(torch.ones(ids.shape, dtype=torch.bool) if mask is None else mask)
-    gate = Gate(samples=len(sample), source=source)
+            real = torch.ones(ids.shape, dtype=torch.bool) if mask is None else mask
+            for n in names[k % len(names):] + names[: k % len(names)]:
+                t = time.perf_counter()
+                out = forwards[n](ids, mask)
+                seconds[n] += time.perf_counter() - t
+                outputs[n].append((out.float(), real))
+    return outputs, seconds
+
+
+def measure_gate(engine: Engine, reference: Outputs, candidate: Outputs, source: str) -> Gate:
+    """A candidate's outputs against PyTorch fp32's on the same batches (`run_sample`)."""
+    ref = [r for r, _ in reference]
+    got = [g for g, _ in candidate]
+    masks = [m for _, m in reference]
+    gate = Gate(samples=sum(len(m) for m in masks), source=source)
     if engine.kind != "classifier":
         cos = torch.cat([F.cosine_similarity(_mean(r, m), _mean(g, m), dim=-1)
                          for r, g, m in zip(ref, got, masks)])
@@ -290,20 +311,3 @@ def measure_gate(engine: Engine, reference: Forward, candidate: Forward,
 def _mean(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     m = mask.unsqueeze(-1).to(hidden.dtype)
     return (hidden * m).sum(1) / m.sum(1).clamp_min(1.0)
-
-
-def time_forwards(engine: Engine, forwards: dict[str, Forward]) -> dict[str, float]:
-    """Best seconds of one `TIMING_BATCH` call per backend, interleaved (`train.speed`)."""
-    from shoestring.train.speed import best_times
-
-    rows, length = TIMING_BATCH
-    ids, _ = engine._pad([[engine.probe_id] * min(length, engine.max_length)] * rows,
-                         engine.pad_id)
-
-    def call(fwd: Forward) -> Callable[[], None]:
-        def run() -> None:
-            with torch.inference_mode():
-                fwd(ids, None)
-        return run
-
-    return best_times({n: call(f) for n, f in forwards.items()}, TIMING_SECONDS)

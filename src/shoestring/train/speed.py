@@ -50,7 +50,7 @@ class SpeedChoices:
         return f"attention {self.attention}, compile {'on' if self.compile else 'off'} ({self.why})"
 
 
-def best_times(fns: dict[str, Callable[[], None]], seconds: float) -> dict[str, float]:
+def _best_times(fns: dict[str, Callable[[], None]], seconds: float) -> dict[str, float]:
     """Best wall time of each function, called in turn (after a warm-up call each) until
     ``seconds`` have passed: interleaving makes a burst of load hit every candidate alike."""
     for fn in fns.values():
@@ -82,7 +82,7 @@ def time_attention(rows: int, heads: int, kv_heads: int, seq_len: int, head_dim:
                                                        enable_gqa=gqa),
         "eager": lambda: eager_attention(q, k, v, causal=causal),
     }
-    return best_times({name: lambda f=f: f().backward(grad) for name, f in kernels.items()},
+    return _best_times({name: lambda f=f: f().backward(grad) for name, f in kernels.items()},
                        seconds)
 
 
