@@ -6,10 +6,10 @@ with the batch and sequence axes dynamic. Any model object with that interface g
 way; the engine's pooling, fill-mask head and answers stay in PyTorch/NumPy.
 
 * **Export** uses the TorchScript exporter (``torch.onnx.export(..., dynamo=False)``, opset
-  `OPSET`): on torch 2.13 it exports our 12 × 768 encoder in seconds into one self-contained
-  file; the dynamo exporter took 5x as long on a 6 × 384 one, wrote the weights to a side file,
-  and its graph quantized into a slower int8 model than the fp32 one (bench/serve_backends.py
-  ``--export``). Before tracing, one forward at the longest length served fills the model's
+  `OPSET`): on torch 2.13 it exports our 12 × 768 encoder in 31 s on a loaded 2-core CPU, into one self-contained
+  file; the dynamo exporter took 4.7x as long on a 6 × 384 one (11.3 s against 2.4 s), wrote
+  the weights to a side file, and both its graphs ran slower (fp32 0.75x, int8 0.69x;
+  bench/serve_backends.py ``--exporters``, BENCHMARKS.md). Before tracing, one forward at the longest length served fills the model's
   position caches (rotary tables), so the graph slices a table of that length for any input
   up to it rather than baking in the example's length.
 * **int8** is ONNX Runtime's dynamic quantization (`quantize_dynamic`: int8 weights, each
