@@ -6,12 +6,13 @@ with the batch and sequence axes dynamic. Any model object with that interface g
 way; the engine's pooling, fill-mask head and answers stay in PyTorch/NumPy.
 
 * **Export** uses the TorchScript exporter (``torch.onnx.export(..., dynamo=False)``, opset
-  `OPSET`): on torch 2.13 it exports our 12 × 768 encoder in 31 s on a loaded 2-core CPU, into one self-contained
-  file; the dynamo exporter took 4.7x as long on a 6 × 384 one (11.3 s against 2.4 s), wrote
-  the weights to a side file, and both its graphs ran slower (fp32 0.75x, int8 0.69x;
-  bench/serve_backends.py ``--exporters``, BENCHMARKS.md). Before tracing, one forward at the longest length served fills the model's
-  position caches (rotary tables), so the graph slices a table of that length for any input
-  up to it rather than baking in the example's length.
+  `OPSET`): on torch 2.13 it exported our 12 × 768 encoder in 31 s on a loaded 2-core CPU,
+  into one self-contained file; the dynamo exporter took 4.7x as long on a 6 × 384 one (11.3 s
+  against 2.4 s), wrote the weights to a side file, and both its graphs ran slower (fp32
+  0.75x, int8 0.69x; bench/serve_backends.py ``--exporters``, BENCHMARKS.md). Before tracing,
+  one forward at the longest length served fills the model's position caches (rotary
+  tables), so the graph slices a table of that length for any input up to it rather than
+  baking in the example's length.
 * **int8** is ONNX Runtime's dynamic quantization (`quantize_dynamic`: int8 weights, each
   activation quantized per call), of the MatMuls only; whether it is accurate enough for a
   given model is the accuracy gate's question (`backends`), not assumed here.
