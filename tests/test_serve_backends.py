@@ -121,7 +121,7 @@ def test_onnx_cache_is_reused_and_rebuilt_when_the_weights_change(run_dir: Path,
     first = load_engine(run, max_length=64, backend="onnx")
     info = first.backend.onnx
     folder = Path(info["folder"])
-    assert not info["cached"] and info["export_s"] > 0 and folder.parent == run / "final" / "onnx"
+    assert not info["cached"] and info["export_s"] > 0 and folder.parent == run / "onnx"
     stamp = (folder / "model.onnx").stat().st_mtime_ns
     again = load_engine(run, max_length=64, backend="onnx")
     assert again.backend.onnx["cached"] and again.backend.onnx["folder"] == str(folder)
@@ -148,12 +148,25 @@ def test_onnx_cache_moves_home_when_the_model_folder_cannot_take_it(
     monkeypatch.setenv("SHOESTRING_HOME", str(tmp_path / "home"))
     # a file where the cache folder would go: as unwritable as a read-only mount, and root
     # (these tests' usual user in containers) cannot write past a chmod
-    (run / "final" / "onnx").write_text("not a folder")
+    (run / "onnx").write_text("not a folder")
     eng = load_engine(run, max_length=64, backend="onnx")
     assert eng.backend.onnx["folder"].startswith(str(tmp_path / "home" / "onnx"))
     assert "is not writable" in eng.backend.onnx["note"]
     again = load_engine(run, max_length=64, backend="onnx")
     assert again.backend.onnx["cached"] and again.backend.onnx["folder"] == eng.backend.onnx["folder"]
+
+
+def test_a_repository_version_is_never_written_to(run_dir: Path, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from shoestring.model_repository import ModelRepository
+
+    monkeypatch.setenv("SHOESTRING_HOME", str(tmp_path / "home"))
+    repo = ModelRepository(tmp_path / "home" / "models")
+    version, _ = repo.push(run_dir, "bert")
+    eng = load_engine(repo.resolve("bert").path, max_length=64, backend="onnx")
+    assert "model repository version" in eng.backend.onnx["note"]
+    assert eng.backend.onnx["folder"].startswith(str(tmp_path / "home" / "onnx"))
+    repo.verify(repo.resolve("bert"))  # its files are as pushed
 
 
 def test_auto_takes_the_fastest_that_passes_and_shows_every_figure(run_dir: Path) -> None:

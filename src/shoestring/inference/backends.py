@@ -130,9 +130,10 @@ def check_backend(name: str) -> str:
     return name
 
 
-def choose(engine: Engine, requested: str, model_dir: Path) -> BackendChoice:
+def choose(engine: Engine, requested: str, model_dir: Path, cache_root: Path) -> BackendChoice:
     """Put ``engine`` on the backend ``requested`` (``auto``: the fastest that passes the
-    gate) and say why; the engine's forward is replaced in place."""
+    gate) and say why; the engine's forward is replaced in place. ``model_dir`` holds the
+    weights (the cache key's files), ``cache_root`` the ONNX cache (`onnx_runtime`)."""
     check_backend(requested)
     torch_fwd = engine.torch_forward()
     if torch_fwd is None:
@@ -156,7 +157,7 @@ def choose(engine: Engine, requested: str, model_dir: Path) -> BackendChoice:
     from shoestring.inference import onnx_runtime as ort_rt
 
     key = ort_rt.cache_key(model_dir, engine.kind, engine.max_length)
-    folder, moved = ort_rt.cache_folder(model_dir, key)
+    folder, moved = ort_rt.cache_folder(cache_root, key)
     files = ort_rt.export_files(engine.model, torch_fwd, folder, probe_id=engine.probe_id,
                                 max_length=engine.max_length,
                                 describe={"kind": engine.kind, "output": OUTPUTS[engine.kind]})

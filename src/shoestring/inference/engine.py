@@ -597,5 +597,5 @@ def load_engine(path: str | Path, *, max_length: int | None = None, truncate: bo
         engine = ENGINES[family.name](model, _tokenizer(artifact.tokenizer_path), meta,
                                       artifact.path, **kw)
     engine.model_dir = artifact.model_dir
-    engine.backend = choose(engine, backend, artifact.model_dir)
+    engine.backend = choose(engine, backend, artifact.model_dir, artifact.path)
     return engine

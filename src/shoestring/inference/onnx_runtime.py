@@ -16,10 +16,12 @@ way; the engine's pooling, fill-mask head and answers stay in PyTorch/NumPy.
 * **int8** is ONNX Runtime's dynamic quantization (`quantize_dynamic`: int8 weights, each
   activation quantized per call), of the MatMuls only; whether it is accurate enough for a
   given model is the accuracy gate's question (`backends`), not assumed here.
-* **Cache**: both files live in ``<model folder>/onnx/<key>/``, ``key`` a digest of every file
-  in the model folder (name, size, modification time) and of the exporter's versions and
-  settings, so changed weights are never served from a stale graph; a folder that cannot be
-  written puts them under ``$SHOESTRING_HOME/onnx/`` instead. Files are written atomically
+* **Cache**: both files live in ``<run dir>/onnx/<key>/`` (beside ``final/``, which stays as
+  training wrote it) or ``<model folder>/onnx/<key>/``, ``key`` a digest of every file in the
+  model folder (name, size, modification time) and of the exporter's versions and settings,
+  so changed weights are never served from a stale graph; a folder that cannot be written,
+  or a model repository's version (immutable: its sha256 covers its files), puts them under
+  ``$SHOESTRING_HOME/onnx/`` instead. Files are written atomically
   (`fsutil`), and concurrent loaders (``--workers``) export once: the others wait on a lock.
 """
 
@@ -113,10 +115,16 @@ def _home() -> Path:
     return Path(os.environ.get("SHOESTRING_HOME") or "~/.shoestring").expanduser()
 
 
-def cache_folder(model_dir: Path, key: str) -> tuple[Path, str | None]:
-    """``<model_dir>/onnx/<key>``, or under ``$SHOESTRING_HOME/onnx/`` when the model folder
-    cannot be written (a read-only mount); the second value says why it moved (None: beside)."""
-    beside = model_dir / "onnx"
+def cache_folder(folder: Path, key: str) -> tuple[Path, str | None]:
+    """``<folder>/onnx/<key>`` (``folder``: a run dir, beside its final/, or the model's
+    folder), or under ``$SHOESTRING_HOME/onnx/`` when it cannot be written (a read-only mount)
+    or must not be (a model repository's version, whose files its sha256 covers); the second
+    value says why it moved (None: beside)."""
+    beside = folder / "onnx"
+    where = hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:12]
+    home = _home() / "onnx" / f"{folder.name}-{where}" / key
+    if folder.name == "model" and (folder.parent / "manifest.json").is_file():
+        return home, f"{folder} is a model repository version (immutable): the ONNX cache is at {home}"
     try:
         beside.mkdir(exist_ok=True)
         probe = beside / f".write-probe-{os.getpid()}"
@@ -124,8 +132,6 @@ def cache_folder(model_dir: Path, key: str) -> tuple[Path, str | None]:
         probe.unlink()
         return beside / key, None
     except OSError as e:
-        where = hashlib.sha256(str(model_dir.resolve()).encode()).hexdigest()[:12]
-        home = _home() / "onnx" / f"{model_dir.name}-{where}" / key
         return home, f"{beside} is not writable ({e.strerror}): the ONNX cache is at {home}"
 
 
