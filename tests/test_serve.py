@@ -38,7 +38,10 @@ def run_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
 
 
 def start(path: Path, **settings: object) -> ServerThread:
-    s = make_settings(port=0, **settings)
+    """A server on a free port. PyTorch unless ``backend`` is given: ``auto`` times the
+    backends at load, and a test comparing answers must not be left to pick one by timing
+    (tests/test_serve_backends.py covers auto and the ONNX backends)."""
+    s = make_settings(port=0, **{"backend": "torch", **settings})
     return ServerThread(load(path, s), s).start()
 
 

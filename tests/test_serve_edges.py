@@ -6,6 +6,7 @@ real `shoestring serve` process over real sockets."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -183,8 +184,11 @@ def test_ready_line_lists_every_model_and_sigterm_drains_with_one_line(
     decoder = save_tiny_decoder(run_dir, tmp_path / "clm")
     srv = Served([str(run_dir), str(decoder), "--max-wait-ms", "1500"], key=False)
     try:
-        assert srv.ready_line == (f"encoder {run_dir} (embed, fill-mask), "
-                                  f"decoder {decoder} (generate)")
+        # each model with its tasks and its backend (tests/test_serve_backends.py: the figures)
+        assert re.fullmatch(rf"encoder {re.escape(str(run_dir))} \(embed, fill-mask\) "
+                            r"\[backend [^\]]+\], "
+                            rf"decoder {re.escape(str(decoder))} \(generate\) "
+                            r"\[backend torch: decoders run on PyTorch\]", srv.ready_line)
         answers: list[int] = []
 
         def one(i: int) -> None:

@@ -534,8 +534,21 @@ def export(
     run: Annotated[Path, typer.Argument(help="Run dir written by `shoestring train`.", show_default=False, metavar="RUN_DIR")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Folder to write (Hugging Face format).")],
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a previous export.")] = False,
+    fmt: Annotated[str, typer.Option("--format", help="hf (Hugging Face: ModernBERT or Llama) or onnx (an encoder's or classifier's forward pass, fp32 and int8, for ONNX Runtime).")] = "hf",
 ) -> None:
-    """Export a trained run in Hugging Face format: encoders as ModernBERT, decoders as Llama."""
+    """Export a trained run in Hugging Face format (encoders as ModernBERT, decoders as Llama),
+    or an encoder's or classifier's forward pass as ONNX (--format onnx)."""
+    if fmt == "onnx":
+        from shoestring.inference.engine import load_engine
+        from shoestring.inference.onnx_runtime import export_folder
+
+        path = export_folder(load_engine(run), output, overwrite=overwrite)
+        err.print(f"exported {path}: model.onnx (fp32), model.int8.onnx, tokenizer.json, "
+                  "onnx.json (inputs and outputs)", markup=False, highlight=False)
+        return
+    if fmt != "hf":
+        raise ShoestringError(f"{fmt!r} is not an export format", where="--format",
+                              fix="use hf or onnx")
     from shoestring.export.hub import export_run
 
     path = export_run(run, output, overwrite=overwrite)
@@ -633,6 +646,7 @@ def serve(
         Optional[Path], typer.Option("--index", help="Index dir (shoestring index): adds /v1/search and generate's retrieve option.", metavar="INDEX")
     ] = None,
     workers: Annotated[int, typer.Option(help="Engine processes behind the one port (replicas).")] = 1,
+    backend: Annotated[str, typer.Option(help="Encoders' and classifiers' forward pass: auto (the fastest here that passes the accuracy gate), torch, onnx or onnx-int8 (ONNX Runtime). Decoders run on torch.")] = "auto",
 ) -> None:
     """Serve trained models over HTTP with token-budget batching (docs/serving.md)."""
     from shoestring.serve.server import serve as run_serve
@@ -646,7 +660,7 @@ def serve(
         request_timeout_s=request_timeout, body_timeout_s=body_timeout,
         shutdown_timeout_s=shutdown_timeout, api_key=api_key,
         precision=precision, threads=threads, index=str(index) if index else None,
-        workers=workers)
+        workers=workers, backend=backend)
     if not settings.loopback and settings.api_key is None:
         err.print(f"[yellow]warning:[/] listening on {host} without --api-key: anyone who can "
                   "reach this machine can use the model")

@@ -109,6 +109,8 @@ class Engine(abc.ABC):
         self.tokenizer = tokenizer
         self.meta = meta
         self.source = source
+        # The folder holding the weights and tokenizer (a run's final/; `load_engine` sets it).
+        self.model_dir = source
         # None: the training length is not recorded (`trained_context`).
         self.context = trained_context(meta, source)
         # The longest input served (`fit`): the caller's, else the trained context.
@@ -120,6 +122,13 @@ class Engine(abc.ABC):
         # A model call's fixed cost in token positions (`calibrate`); None: not measured, the
         # batcher's default applies.
         self.call_overhead_tokens: float | None = None
+        # The one forward call per batch and the runtime doing it (`inference.backends`):
+        # PyTorch until `load_engine` chooses another.
+        from shoestring.inference.backends import BackendChoice
+
+        self.backend = BackendChoice()
+        self._forward: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor] | None = (
+            self.torch_forward())
         # A WordPiece tokenizer's common case from a word cache; else the Rust tokenizer's
         # batch call without character offsets (nobody here reads them; tokenizers older
         # than 0.20 have only the full one).
@@ -184,13 +193,24 @@ class Engine(abc.ABC):
         mask = pos >= width - n if left else pos < n
         return ids.to(self.device), mask.to(self.device)
 
+    def torch_forward(self) -> Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor] | None:
+        """The model's one call per batch, ``(ids, mask) → tensor``, as PyTorch runs it: the
+        seam a backend replaces (None: this engine's work is not one forward, e.g. generation)."""
+        return None
+
+    def set_forward(self, forward: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
+                    ) -> None:
+        """Run each batch's forward call through ``forward`` (`inference.backends.choose`)."""
+        self._forward = forward
+
     def describe(self) -> dict[str, Any]:
         params = sum(p.numel() for p in self.model.parameters())
         out = {"kind": self.kind, "source": str(self.source), "tasks": sorted(self.tasks),
                "parameters": params, "max_length": self.max_length, "truncate": self.truncate,
                "vocab_size": self.vocab_size, "call_overhead_tokens": self.call_overhead_tokens,
                "device": str(self.device),
-               "precision": str(self.dtype).removeprefix("torch.")}
+               "precision": str(self.dtype).removeprefix("torch."),
+               "backend": self.backend.as_dict()}
         if "transformers" in self.meta:  # a transformers folder: what it is, how it loaded
             out["transformers"] = self.meta["transformers"]
         return out
@@ -319,9 +339,13 @@ class EncoderEngine(Engine):
         return [self.admit_embed(ids, input_loc(i, many), pooling, normalize)[0]
                 for i, ids in enumerate(self.tokenize(texts))]
 
+    def torch_forward(self) -> Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]:
+        return self.model.encode
+
     def _hidden(self, seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor | None]:
         ids, mask = self._pad(seqs, self.pad_id)
-        return self.model.encode(ids, mask), mask
+        assert self._forward is not None
+        return self._forward(ids, mask), mask
 
     def run(self, key: tuple, payloads: list[Any]) -> list[Any]:
         with self._context():
@@ -449,11 +473,15 @@ class ClassifierEngine(Engine):
         encs = self.tokenize(texts if pairs is None else list(zip(texts, pairs)))
         return [self.admit_classify(ids, input_loc(i, many))[0] for i, ids in enumerate(encs)]
 
+    def torch_forward(self) -> Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]:
+        return self.model
+
     def run(self, key: tuple, payloads: list[Any]) -> list[Any]:
         laps = self._laps("classify")
         with self._context():
             ids, mask = self._pad(payloads, self.pad_id)
-            logits = self.model(ids, mask).float()
+            assert self._forward is not None
+            logits = self._forward(ids, mask).float()
         if laps:
             laps.lap("forward", len(payloads))
         if self.problem == "regression":
@@ -578,36 +606,46 @@ ENGINES: dict[str, type[Engine]] = {
 
 
 def load_engine(path: str | Path, *, max_length: int | None = None, truncate: bool = False,
-                precision: str = "fp32") -> Engine:
+                precision: str = "fp32", backend: str = "torch") -> Engine:
     """The right engine for folder ``path``: a run dir (``final/`` inside, or ``final/``
     itself), an export (`shoestring export`: ModernBERT or Llama), a classifier folder, or a
-    transformers encoder folder (`hf_folder`)."""
+    transformers encoder folder (`hf_folder`); its forward pass on ``backend``
+    (`inference.backends`: torch, onnx, onnx-int8, or auto, which measures them here)."""
     from shoestring.artifacts import Kind, identify
+    from shoestring.inference.backends import check_backend, choose
 
+    check_backend(backend)
     kw = {"max_length": max_length, "truncate": truncate, "precision": precision}
     artifact = identify(path, want=(Kind.RUN, Kind.EXPORT, Kind.CLASSIFIER, Kind.HF_ENCODER),
                         command="shoestring serve", trained=True)
+    engine: Engine
     if artifact.kind is Kind.HF_ENCODER:
-        return _transformers_engine(artifact.path, kw)
-    if artifact.kind is Kind.CLASSIFIER:
+        engine = _transformers_engine(artifact.path, kw)
+    elif artifact.kind is Kind.CLASSIFIER:
         from shoestring.eval.classifier import load_classifier
 
         model, meta = load_classifier(artifact.path)
-        return ClassifierEngine(model, _tokenizer(artifact.tokenizer_path), meta, artifact.path,
-                                **kw)
-    from shoestring.export.hub import open_model
+        engine = ClassifierEngine(model, _tokenizer(artifact.tokenizer_path), meta,
+                                  artifact.path, **kw)
+    else:
+        from shoestring.export.hub import open_model
 
-    try:
-        model, meta, _ = open_model(artifact.path)
-    except ShoestringError:
-        if not _foreign_encoder(artifact.path):
-            raise
-        # A ModernBERT that `shoestring export` did not write and our importer does not
-        # compute exactly (the hub's, with sliding-window layers): transformers does.
-        return _transformers_engine(artifact.path, kw)
-    family = families.by_architecture(meta.get("architecture"), where=str(artifact.model_dir))
-    return ENGINES[family.name](model, _tokenizer(artifact.tokenizer_path), meta, artifact.path,
-                                **kw)
+        try:
+            model, meta, _ = open_model(artifact.path)
+        except ShoestringError:
+            if not _foreign_encoder(artifact.path):
+                raise
+            # A ModernBERT that `shoestring export` did not write and our importer does not
+            # compute exactly (the hub's, with sliding-window layers): transformers does.
+            engine = _transformers_engine(artifact.path, kw)
+        else:
+            family = families.by_architecture(meta.get("architecture"),
+                                              where=str(artifact.model_dir))
+            engine = ENGINES[family.name](model, _tokenizer(artifact.tokenizer_path), meta,
+                                          artifact.path, **kw)
+    engine.model_dir = artifact.model_dir
+    engine.backend = choose(engine, backend, artifact.model_dir, artifact.path)
+    return engine
 
 
 def _transformers_engine(path: Path, kw: dict[str, Any]) -> Engine:

@@ -104,7 +104,9 @@ def load(path: str | Path, settings: ServeSettings) -> Engine:
 
         torch.set_num_threads(settings.threads)
     engine = load_engine(path, max_length=settings.max_length, truncate=settings.truncate,
-                         precision=settings.precision)
+                         precision=settings.precision, backend=settings.backend)
+    if engine.backend.warning:
+        print(f"warning: {path}: {engine.backend.warning}", file=sys.stderr, flush=True)
     _check_length(engine, settings, path)
     engine.warmup()
     engine.calibrate()  # what one more model call costs: how the batcher splits a batch
@@ -171,8 +173,8 @@ def tune_gc() -> None:
 
 def _describe(router: ModelRouter) -> str:
     """Every served model with its kind and tasks, the default (a request naming none) first."""
-    return ", ".join(f"{slot.engine.kind} {slot.key} ({', '.join(sorted(slot.engine.tasks))})"
-                     for slot in router.current_slots())
+    return ", ".join(f"{slot.engine.kind} {slot.key} ({', '.join(sorted(slot.engine.tasks))}) "
+                     f"[{slot.engine.backend.summary()}]" for slot in router.current_slots())
 
 
 def serve(models: str | Path | list[str], settings: ServeSettings, announce: Any = print) -> None:

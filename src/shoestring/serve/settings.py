@@ -71,6 +71,10 @@ class ServeSettings(BaseModel):
     precision: Literal["auto", "fp32", "bf16"] = Field(
         "fp32", description="inference precision: fp32, bf16 autocast, or auto (bf16 where it is "
         "faster)")
+    backend: Literal["auto", "torch", "onnx", "onnx-int8"] = Field(
+        "auto", description="forward-pass runtime of encoders and classifiers: PyTorch, ONNX "
+        "Runtime fp32 or int8, or auto (the fastest here that passes the accuracy gate; "
+        "inference/backends.py)")
 
     @field_validator("api_key")
     @classmethod
