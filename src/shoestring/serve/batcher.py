@@ -43,6 +43,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from shoestring.inference.stages import StageTimes
 from shoestring.serve.metrics import ServeMetrics
 
 RunFn = Callable[[tuple, list[Any]], list[Any]]
@@ -423,9 +424,19 @@ class MicroBatcher:
         _deliver([j for j, _ in failed], [e for _, e in failed])
 
     def _worker(self) -> None:
+        stages = self.metrics.stages if self.metrics else None
         try:
+            cpu = time.thread_time()
+            booked = stages.thread_cpu() if stages else 0.0
             while (batch := self._next_batch()) is not None:
                 self._run_batch(batch)
+                if stages is not None:
+                    # The worker's CPU since the last batch that no other stage recorded:
+                    # choosing and planning this batch, its metrics, the hand-off back.
+                    now, recorded = time.thread_time(), stages.thread_cpu()
+                    own = max(0.0, (now - cpu) - (recorded - booked))
+                    stages.observe(str(batch[0].key[0]), "batch", own, own, len(batch))
+                    cpu, booked = now, recorded + own
         finally:
             self._running = False
 
@@ -469,7 +480,7 @@ class MicroBatcher:
                 self.metrics.failed.labels(task=str(key[0])).inc(failed)
         for job in live:
             job.done = True
-        _deliver(live, results)
+        _deliver(live, results, self.metrics.stages if self.metrics else None)
 
     def _call(self, key: tuple, jobs: list[Job]) -> list[Any] | BaseException:
         t = time.perf_counter()
@@ -513,9 +524,19 @@ def _tokenize_jobs(tokenize: TokenizeFn | None,
     return out
 
 
-def _deliver_batch(pairs: list[tuple[Job, Any]]) -> None:
+def _deliver_batch(pairs: list[tuple[Job, Any]], stages: StageTimes | None = None) -> None:
     """Settle each job's future or request with its result (on its event loop); one already
-    done is left."""
+    done is left. With ``stages``, its CPU is the ``deliver`` stage."""
+    if stages is not None:
+        wall, cpu = time.perf_counter(), time.thread_time()
+        _settle(pairs)
+        stages.observe(str(pairs[0][0].key[0]), "deliver", time.perf_counter() - wall,
+                       time.thread_time() - cpu, len(pairs))
+    else:
+        _settle(pairs)
+
+
+def _settle(pairs: list[tuple[Job, Any]]) -> None:
     for job, result in pairs:
         group = job.group
         if group is not None:
@@ -535,7 +556,8 @@ def _deliver_batch(pairs: list[tuple[Job, Any]]) -> None:
             future.set_result(result)
 
 
-def _deliver(jobs: Sequence[Job], results: Sequence[Any]) -> None:
+def _deliver(jobs: Sequence[Job], results: Sequence[Any],
+             stages: StageTimes | None = None) -> None:
     """Hand results to their event loops: one wake-up per loop, not one per job."""
     by_loop: dict[int, tuple[asyncio.AbstractEventLoop, list]] = {}
     for job, result in zip(jobs, results):
@@ -544,7 +566,7 @@ def _deliver(jobs: Sequence[Job], results: Sequence[Any]) -> None:
         by_loop.setdefault(id(job.loop), (job.loop, []))[1].append((job, result))
     for loop, pairs in by_loop.values():
         try:
-            loop.call_soon_threadsafe(_deliver_batch, pairs)
+            loop.call_soon_threadsafe(_deliver_batch, pairs, stages)
         except RuntimeError:  # the loop is closed: nobody is waiting any more
             pass
 

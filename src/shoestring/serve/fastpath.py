@@ -253,7 +253,7 @@ class _Direct:
         """The body is in: validate it, then answer in a task (or hand it to FastAPI)."""
         self._stop_timer()
         route, proto = self.route, self.proto
-        cpu = time.thread_time()
+        cpu = proto.cpu_in  # the thread time when its bytes began to be read
         try:
             request = route.model.model_validate_json(body)
         except ValidationError:
@@ -267,6 +267,7 @@ class _Direct:
         task = proto.loop.create_task(self.answer(request, laps))
         proto.tasks.add(task)
         task.add_done_callback(proto.tasks.discard)
+        proto.cpu_in = time.thread_time()  # a request pipelined behind it starts here
 
     async def answer(self, request: Any, laps: Laps) -> None:
         api = self.proto.fast.api
@@ -341,6 +342,7 @@ def protocol_class(fast: FastRoutes | None) -> Any:
             super().connection_made(_OneWrite(transport, self.loop))
 
         def data_received(self, data: bytes) -> None:
+            self.cpu_in = time.thread_time()  # the parse stage's CPU starts here
             super().data_received(data)
             direct = self.direct
             if direct is not None and direct.body is not None and direct.timer is None:
