@@ -232,6 +232,8 @@ class MicroBatcher:
         self._in_flight = 0
         self._thread: threading.Thread | None = None
         self._running = False  # the worker is alive (a flag: a request checks it)
+        self._wake_due = False  # a wake-up of the worker is scheduled on the event loop
+        self._outbox: list[tuple[list[Job], list[Any]]] = []  # results not yet handed back
 
     # --- event-loop side -------------------------------------------------------------------
 
@@ -268,7 +270,7 @@ class MicroBatcher:
         loop = asyncio.get_running_loop()
         for job in jobs:
             job.future, job.loop = loop.create_future(), loop
-        self._enqueue(jobs)
+        self._enqueue(jobs, loop)
         return [job.future for job in jobs]  # type: ignore[misc]
 
     def submit_request(self, jobs: Sequence[Job]) -> asyncio.Future:
@@ -279,10 +281,10 @@ class MicroBatcher:
         request = JobGroup(loop.create_future(), len(jobs))
         for i, job in enumerate(jobs):
             job.group, job.index, job.loop = request, i, loop
-        self._enqueue(jobs)
+        self._enqueue(jobs, loop)
         return request.future
 
-    def _enqueue(self, jobs: Sequence[Job]) -> None:
+    def _enqueue(self, jobs: Sequence[Job], loop: asyncio.AbstractEventLoop) -> None:
         now = time.monotonic()
         with self._cv:
             if not self.accepting:
@@ -303,8 +305,20 @@ class MicroBatcher:
             # a gathering window, a full batch ends it. In between it sleeps until the window
             # closes; waking it on every arrival would only trade the GIL back and forth with
             # the event loop, which is busy receiving the very requests it is waiting for.
-            if was_empty or (self.max_wait_s > 0 and len(self._pending) >= self.max_batch_size):
-                self._cv.notify()
+            #
+            # The wake-up itself waits for the end of the event loop's current pass: woken at
+            # once, the worker would only wait for the GIL, which the loop holds until it
+            # has read the other connections' requests and goes back to its poll (each such
+            # wait a thread switch: CPU on both sides), and those requests join its batch.
+            if ((was_empty or (self.max_wait_s > 0 and len(self._pending) >= self.max_batch_size))
+                    and not self._wake_due):
+                self._wake_due = True
+                loop.call_soon(self._wake)
+
+    def _wake(self) -> None:
+        with self._cv:
+            self._wake_due = False
+            self._cv.notify()
 
     def cancel(self, jobs: Sequence[Job], reason: str) -> int:
         """Drop ``jobs`` that have not run yet (client gone, time up); returns how many."""
@@ -437,6 +451,10 @@ class MicroBatcher:
                     own = max(0.0, (now - cpu) - (recorded - booked))
                     stages.observe(str(batch[0].key[0]), "batch", own, own, len(batch))
                     cpu, booked = now, recorded + own
+                # Last, just before the worker looks for more work (and sleeps if there is
+                # none): the event loop this wakes then finds the GIL free instead of waiting
+                # for the worker's bookkeeping (a thread switch each way per batch).
+                self._hand_back()
         finally:
             self._running = False
 
@@ -449,6 +467,7 @@ class MicroBatcher:
         groups.sort(key=lambda g: min(batch[i].enqueued for i in g))
         try:
             for group in groups:
+                self._hand_back()  # the previous group's results: not held behind this one
                 self._run_group(key, [batch[i] for i in group])
         finally:
             with self._cv:
@@ -480,7 +499,15 @@ class MicroBatcher:
                 self.metrics.failed.labels(task=str(key[0])).inc(failed)
         for job in live:
             job.done = True
-        _deliver(live, results, self.metrics.stages if self.metrics else None)
+        self._outbox.append((live, results))
+
+    def _hand_back(self) -> None:
+        """Results of the groups run since the last call, to their event loops."""
+        if self._outbox:
+            stages = self.metrics.stages if self.metrics else None
+            outbox, self._outbox = self._outbox, []
+            _deliver([j for jobs, _ in outbox for j in jobs],
+                     [r for _, results in outbox for r in results], stages)
 
     def _call(self, key: tuple, jobs: list[Job]) -> list[Any] | BaseException:
         t = time.perf_counter()
