@@ -18,12 +18,14 @@ handing its results to the event loop; its wall time is that CPU time, the waits
 not part of it), ``forward`` (padding, the copy to the device and the model call),
 ``pooling`` (pooling and normalising an embedding, or another task's output step, and the
 copy back), ``deliver`` (the event loop settling a batch's results), ``serialize`` (the
-answer to bytes), ``send`` (the bytes to the connection, and the request's accounting).
-``parse``, ``serialize`` and ``send`` count requests; the others count inputs (a request of
+answer to bytes), ``send`` (the bytes to the connection, and the request's accounting),
+``loop`` (on the fast path: the event loop's CPU since the previous answer that no other
+stage recorded: its poll, socket reads, waking on a batch's results, switching tasks).
+``parse``, ``serialize``, ``send`` and ``loop`` count requests; the others count inputs (a request of
 n texts counts n): a stage run once for a whole batch adds the batch's wall time once per
-input in it (each waited that long) and its CPU time once. What no stage covers is the event
-loop's own turn (waiting on and reading the sockets, waking on a batch's results, resuming a
-request's task) and, on the ASGI path, the ASGI layers.
+input in it (each waited that long) and its CPU time once. ``batch`` and ``loop`` are what
+their thread spent outside the other stages, so together the stages cover the worker's and
+the event loop's CPU (`bench/serve_cpu.py` prints the rest: other threads, the ASGI path).
 
 prometheus-client's own ``Histogram.observe`` costs microseconds and takes a lock per call;
 a few stages per request at thousands of requests per second would be a visible share of
@@ -45,7 +47,7 @@ from prometheus_client.utils import floatToGoString
 # ``time.perf_counter()``): the start of its ``parse`` stage.
 START = "shoestring.start"
 STAGES = ("parse", "submit", "tokenize", "queue", "batch", "forward", "pooling", "deliver",
-          "serialize", "send")
+          "serialize", "send", "loop")
 # From 10 µs (parsing one short request) to 10 s (a long queue).
 STAGE_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                  0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)

@@ -174,6 +174,8 @@ class FastRoutes:
         self.body_timeout_s = api.settings.body_timeout_s
         self.reading: set[_Direct] = set()  # requests whose body is late (a timer each)
         self._defaults: tuple[Any, bytes] = (None, b"")  # uvicorn's header list, joined
+        # The event loop's thread time and the stage CPU it had recorded at the last answer.
+        self._loop_mark: tuple[float, float] | None = None
 
     def head_lines(self, headers: list[tuple[bytes, bytes]]) -> bytes:
         """The server's default headers (its date and name) as head lines: uvicorn replaces
@@ -181,6 +183,18 @@ class FastRoutes:
         if self._defaults[0] is not headers:
             self._defaults = (headers, b"".join(b"%s: %s\r\n" % pair for pair in headers))
         return self._defaults[1]
+
+    def loop_lap(self, task: str) -> None:
+        """The ``loop`` stage: the event loop's CPU since the previous answer that no other
+        stage recorded (its poll, socket reads, waking on a batch's results, switching
+        tasks, the server's ticks), observed once per answer."""
+        stages = self.api.metrics.stages
+        now, recorded = time.thread_time(), stages.thread_cpu()
+        if self._loop_mark is not None:
+            own = max(0.0, (now - self._loop_mark[0]) - (recorded - self._loop_mark[1]))
+            stages.observe(task, "loop", own, own)
+            recorded += own
+        self._loop_mark = (now, recorded)
 
     def stop_waiting(self) -> None:
         """On shutdown: every body still awaited gets its 408 now."""
@@ -289,6 +303,7 @@ class _Direct:
         laps.lap("serialize")
         self.respond(status, data, headers)
         laps.lap("send")
+        self.proto.fast.loop_lap(self.route.task)
 
     def respond(self, status: int, data: bytes, headers: dict[str, str]) -> None:
         """Head and body in one write, then the connection goes on (or closes)."""
