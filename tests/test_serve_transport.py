@@ -64,7 +64,8 @@ def test_the_installed_uvicorn_is_inside_the_range_and_has_every_name() -> None:
     assert refusal() is None
 
 
-def test_a_release_that_renames_what_the_fast_path_reads_is_caught() -> None:
+def test_a_release_that_renames_what_the_fast_path_reads_is_caught(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     class Renamed(HttpToolsProtocol):  # a release that reads a new field of its cycle
@@ -74,14 +75,10 @@ def test_a_release_that_renames_what_the_fast_path_reads_is_caught() -> None:
     assert missing_names(Renamed) == ["cycle.trailers_done"]
     bare = missing_names(type("Bare", (), {"loop": None}))
     assert "parser" in bare and "on_headers_complete" in bare and "loop" not in bare
-    monkey = pytest.MonkeyPatch()
-    try:
-        monkey.setattr(fastpath, "missing_names", lambda protocol: ["parser"])
-        assert refusal() == ("uvicorn " + fastpath.installed_uvicorn() + "'s HttpToolsProtocol "
-                             "lacks parser, which the fast path reads: serving through plain "
-                             "ASGI (same answers, more CPU per request)")
-    finally:
-        monkey.undo()
+    monkeypatch.setattr(fastpath, "missing_names", lambda protocol: ["parser"])
+    assert refusal() == ("uvicorn " + fastpath.installed_uvicorn() + "'s HttpToolsProtocol "
+                         "lacks parser, which the fast path reads: serving through plain "
+                         "ASGI (same answers, more CPU per request)")
 
 
 def test_refusals_name_the_version_and_the_range(monkeypatch: pytest.MonkeyPatch) -> None:
