@@ -9,19 +9,25 @@ BIN    := $(VENV)/bin
 #   make demo TORCH_SPEC='torch>=2.6'
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: demo test test-all install dev clean browser gpu-wheels gpu-data gpu-check
+# Every install takes the versions CI tests from constraints.txt (pip's -c: a pin applies to a
+# package only if something asks for it), so what CI tests is what installs. `make constraints`
+# rewrites it from this venv's packages (pip freeze, minus the editable shoestring and torch,
+# which TORCH_SPEC pins): run it after adding or upgrading a dependency, then run the tests.
+CONSTRAINTS := constraints.txt
+
+.PHONY: demo test test-all install dev clean browser constraints gpu-wheels gpu-data gpu-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-$(VENV)/.installed: $(BIN)/python pyproject.toml
+$(VENV)/.installed: $(BIN)/python pyproject.toml $(CONSTRAINTS)
 	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/pip install --quiet -e .
+	$(BIN)/pip install --quiet -c $(CONSTRAINTS) -e .
 	touch $@
 
 $(VENV)/.installed-dev: $(VENV)/.installed
-	$(BIN)/pip install --quiet -e ".[dev]"
+	$(BIN)/pip install --quiet -c $(CONSTRAINTS) -e ".[dev]"
 	@$(MAKE) --no-print-directory browser
 	touch $@
 
@@ -37,6 +43,12 @@ browser:
 	else echo "note: chromium/chromedriver missing (installing needs root and apt-get); the browser test will skip"; fi
 
 install: $(VENV)/.installed
+
+constraints: $(BIN)/python
+	@{ echo "# The versions CI tests (make constraints: pip freeze of .venv, without shoestring"; \
+	  echo "# itself, torch, which the Makefile's TORCH_SPEC pins, or packages from local paths)."; \
+	  $(BIN)/pip freeze --exclude-editable | grep -v -i -E '^(torch|shoestring)==| @ '; } > $(CONSTRAINTS)
+	@echo "wrote $(CONSTRAINTS): $$(grep -vc '^#' $(CONSTRAINTS)) packages"
 
 dev: $(VENV)/.installed-dev
 

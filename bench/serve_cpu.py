@@ -19,7 +19,12 @@ the same texts, float answers), and its ``/metrics`` stage counters give the CPU
 per stage (`shoestring.inference.stages`); "other" is the rest of its CPU (the HTTP protocol, the
 request layers, hand-offs between threads).
 
+``--client httpx`` drives the servers with a real client instead of the raw saturating one
+(``httpx.AsyncClient``, a keep-alive pool of a connection per client): the CPU per request a
+deployment's clients cost the server, with the smaller batches they bring.
+
     python bench/serve_cpu.py                        # 64 clients, 2 rounds x 4 bursts
+    python bench/serve_cpu.py --client httpx --clients 1 --no-variants
     python bench/serve_cpu.py --rounds 3 --bursts 6 --requests 2000 --base-commit 68c8409
 """
 
@@ -35,12 +40,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from common import ROOT, Bench, format_load, load_average, parser
-from serve_load import Server, closed_loop, encode_post, make_texts, scrape_metrics
+from serve_load import (Server, closed_loop, encode_post, httpx_closed_loop, make_texts,
+                        scrape_metrics)
 
-STAGES = ("parse", "tokenize", "queue", "forward", "pooling", "serialize", "send")
-CPU_STAGES = ("parse", "tokenize", "forward", "pooling", "serialize", "send")  # queue: waiting
+from shoestring.inference.stages import STAGES  # noqa: E402
+
+CPU_STAGES = tuple(s for s in STAGES if s != "queue")  # queue: waiting
 
 
 def build_tiny_model(work: Path) -> Path:
@@ -145,13 +153,13 @@ def start(side: str, source: Path, run: Path, threads: int,
                          "--threads", str(threads), "--truncate"], env=env)
 
 
-def measure(server: Server, label: str, requests: list[bytes], clients: int,
-            count: int) -> dict:
+def measure(server: Server, label: str, requests: list, clients: int, count: int,
+            drive: Any = closed_loop) -> dict:
     """One timed burst against a warm server: its CPU per request (total, event loop, other
     threads), per stage where it reports stages, and the clients' view."""
     load_before = load_average()
     m0, c0 = scrape_metrics(server.url), cpu_by_thread(server.proc.pid)
-    latencies, errors, wall = asyncio.run(closed_loop(server.url, requests, clients, count))
+    latencies, errors, wall = asyncio.run(drive(server.url, requests, clients, count))
     c1, m1 = cpu_by_thread(server.proc.pid), scrape_metrics(server.url)
     n = len(latencies)
     if n < 2:
@@ -257,6 +265,8 @@ def main() -> None:
                     default=Path(tempfile.gettempdir()) / "shoestring-serve-cpu")
     ap.add_argument("--base-commit", default="68c8409", help="the old code's commit")
     ap.add_argument("--clients", type=int, default=64)
+    ap.add_argument("--client", choices=("raw", "httpx"), default="raw",
+                    help="raw: the saturating raw-socket client; httpx: httpx.AsyncClient")
     ap.add_argument("--requests", type=int, default=1500, help="timed requests per burst")
     ap.add_argument("--rounds", type=int, default=2, help="server starts")
     ap.add_argument("--bursts", type=int, default=4,
@@ -280,7 +290,7 @@ def main() -> None:
     ids = [e.ids for e in tok.encode_batch(texts)]
     bench = Bench("serve_cpu", args, precision="fp32", threads=args.threads)
     print(f"model {run}; {len(texts)} one-sentence texts ({statistics.mean(map(len, ids)):.1f} "
-          f"tokens on average); {args.clients} clients; old = {args.base_commit}, new = "
+          f"tokens on average); {args.clients} {args.client} clients; old = {args.base_commit}, new = "
           "this checkout", flush=True)
 
     results: dict[str, list[dict]] = {"old (JSON)": [], "new (JSON)": []}
@@ -296,9 +306,13 @@ def main() -> None:
                         for side, env in extra.items()})
         try:
             runs = []
+            drive = closed_loop if args.client == "raw" else httpx_closed_loop
             for side, server in servers.items():
                 host, port = server.url.removeprefix("http://").rsplit(":", 1)
-                post = lambda body: encode_post(host, int(port), "/v1/embed", body)  # noqa: E731
+                if args.client == "raw":
+                    post = lambda body: encode_post(host, int(port), "/v1/embed", body)  # noqa: E731
+                else:
+                    post = lambda body: ("/v1/embed", json.dumps(body).encode())  # noqa: E731
                 runs.append((f"{side} (JSON)", server, [post({"inputs": t}) for t in texts]))
                 if side == "new" and not args.no_variants:
                     openai = [encode_post(host, int(port), "/v1/embeddings", {
@@ -309,12 +323,12 @@ def main() -> None:
                              ("new (input_ids)", server, [post({"input_ids": i}) for i in ids]),
                              ("new (/v1/embeddings)", server, openai)]
             for label, server, reqs in runs:  # warm-up: every path once
-                asyncio.run(closed_loop(server.url, reqs, args.clients, max(4 * args.clients, 400)))
+                asyncio.run(drive(server.url, reqs, args.clients, max(4 * args.clients, 400)))
             for b in range(args.bursts):
                 # Rotate the order, so no kind always follows the same one.
                 for label, server, reqs in runs[b % len(runs):] + runs[:b % len(runs)]:
                     results[label].append(measure(server, label, reqs, args.clients,
-                                                  args.requests))
+                                                  args.requests, drive))
         finally:
             for server in servers.values():
                 server.stop()

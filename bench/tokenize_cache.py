@@ -2,7 +2,7 @@
 
 What `shoestring.inference.engine.Engine.tokenize` costs per text, in CPU time of the calling
 thread with ``TOKENIZERS_PARALLELISM=false`` (one thread: the whole cost, not spread over a
-pool), for the library's ``encode_batch_fast`` and for `shoestring.data.wordpiece_cache`
+pool), for the library's ``encode_batch_fast`` and for `shoestring.inference.wordpiece_cache`
 (printable-ASCII texts word by word from a cache, the rest through the library), on the same
 texts, in batches of 16 as the server's worker sees them, interleaved, best of 5 passes.
 Each corpus is also checked for equal ids, text by text.
@@ -31,7 +31,7 @@ os.environ["TOKENIZERS_PARALLELISM"] = "false"
 from common import SHARED, Bench, parser  # noqa: E402
 from serve_load import make_texts  # noqa: E402
 from shoestring.data.builtin import iter_pydocs  # noqa: E402
-from shoestring.data.wordpiece_cache import MAX_WORDS, WordPieceCache  # noqa: E402
+from shoestring.inference.wordpiece_cache import MAX_WORDS, WordPieceCache  # noqa: E402
 from shoestring.prep.tokenizer_training import train_wordpiece  # noqa: E402
 
 BATCH = 16

@@ -134,17 +134,20 @@ def test_stage_metrics_count_requests_and_inputs(client: httpx.Client) -> None:
                 else f"shoestring_stage_seconds_{kind}")
         return metric(text, name, stage=stage, task="embed")
 
+    embed(client, inputs=TEXTS[0])  # the loop stage starts counting at an answer
     before = client.get("/metrics").text
     for t in TEXTS:
         embed(client, inputs=t)
     embed(client, inputs=TEXTS[:2])  # one request, two inputs
     after = client.get("/metrics").text
     assert "# TYPE shoestring_stage_seconds histogram" in after
-    for name, want in (("parse", 5), ("serialize", 5), ("send", 5), ("tokenize", 6),
-                       ("queue", 6), ("forward", 6), ("pooling", 6)):
+    for name, want in (("parse", 5), ("serialize", 5), ("send", 5), ("loop", 5), ("submit", 6),
+                       ("tokenize", 6), ("queue", 6), ("batch", 6), ("forward", 6),
+                       ("pooling", 6), ("deliver", 6)):
         assert stage(after, name) - stage(before, name) == want, name
         assert stage(after, name, "sum") > stage(before, name, "sum")
-    assert stage(after, "forward", "cpu") > stage(before, "forward", "cpu")
+    for name in ("forward", "batch", "deliver", "submit"):
+        assert stage(after, name, "cpu") > stage(before, name, "cpu"), name
     le = 'shoestring_stage_seconds_bucket{le="+Inf",stage="parse",task="embed"}'
     assert le in after  # histogram buckets, cumulative to the count
 

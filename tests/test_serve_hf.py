@@ -101,7 +101,7 @@ def _ref(folder: Path, auto: str, *texts: list[str]) -> tuple[object, dict]:
 @pytest.fixture(scope="module")
 def client(folders: dict[str, Path]):
     """A client of one real server of the three folders (requests pick one by "model")."""
-    settings = make_settings(port=0, max_wait_ms=20)
+    settings = make_settings(port=0, max_wait_ms=20, backend="torch")  # exact comparisons
     srv = ServerThread(load_router([str(folders[n]) for n in ("st", "mlm", "ce")], settings),
                        settings).start()
     try:

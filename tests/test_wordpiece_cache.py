@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from tokenizers import AddedToken, Tokenizer
 
-from shoestring.data import wordpiece_cache
+from shoestring.inference import wordpiece_cache
 from shoestring.data.builtin import iter_pydocs
-from shoestring.data.wordpiece_cache import WordPieceCache
+from shoestring.inference.wordpiece_cache import WordPieceCache, encoder_for, library_encoder
 from shoestring.prep.tokenizer_training import train_tokenizer, train_wordpiece
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "corpora" / "mixed-en.jsonl"
@@ -113,3 +113,31 @@ def test_the_shared_english_corpus_gives_the_librarys_ids(tok: Tokenizer) -> Non
     got, want = cache.encode(texts), library(tok, texts)
     bad = [t[:80] for t, g, w in zip(texts, got, want) if g != w]
     assert not bad, bad[:3]
+
+
+class _OldLibrary:
+    """A tokenizer as tokenizers < 0.20 has it: ``encode_batch`` only, no ``encode_batch_fast``
+    (the real tokenizer's calls behind it)."""
+
+    def __init__(self, tok: Tokenizer) -> None:
+        self.encode_batch = tok.encode_batch
+
+
+def test_the_full_batch_call_gives_the_fast_calls_ids(tok: Tokenizer, docs: list[str]) -> None:
+    texts = sentences(docs)[:200] + ["Ünïcode café", "tab\tand\x07bell", ""]
+    fast, full = library_encoder(tok, fast=True), library_encoder(tok, fast=False)
+    assert fast(texts) == full(texts) == library(tok, texts)
+    old = library_encoder(_OldLibrary(tok))  # type: ignore[arg-type]
+    assert old(texts) == library(tok, texts)
+    with pytest.raises(AttributeError):  # the fallback really is the only call it has
+        library_encoder(_OldLibrary(tok), fast=True)  # type: ignore[arg-type]
+
+
+def test_encoder_for_takes_the_cache_only_where_it_applies(tok: Tokenizer,
+                                                          docs: list[str]) -> None:
+    texts = sentences(docs)[:100] + ["naïve façade"]
+    assert encoder_for(tok).__self__.__class__ is WordPieceCache  # type: ignore[attr-defined]
+    assert encoder_for(tok)(texts) == library(tok, texts)
+    bpe = train_tokenizer([d[:2000] for d in docs[:100]], "bpe", "clm", 600, False)
+    assert not hasattr(encoder_for(bpe), "__self__")  # the library's call
+    assert encoder_for(bpe)(texts) == library(bpe, texts)

@@ -6,7 +6,7 @@ One `Engine` per loaded model. Its work is split by where it runs:
   ``--max-length``: reject or truncate; a fill-mask input's mask token; token ids inside the
   vocabulary) and returns the payload a batch call takes, or raises `InputError` → HTTP 422;
 * `tokenize` turns many texts into token ids in one call: a BERT WordPiece tokenizer's
-  printable-ASCII texts word by word from a cache (`data.wordpiece_cache`, 4-5x less CPU
+  printable-ASCII texts word by word from a cache (`inference.wordpiece_cache`, 4-5x less CPU
   than the library, the same ids), the rest in one batch call of the Rust tokenizer, which
   releases the GIL and spreads a batch over the cores. The server calls it on the batcher's
   worker thread for everything queued at once, not on the event loop per request; token ids
@@ -36,8 +36,8 @@ import torch
 from torch import nn
 
 from shoestring import families
-from shoestring.data.wordpiece_cache import WordPieceCache
 from shoestring.errors import ShoestringError
+from shoestring.inference.wordpiece_cache import encoder_for
 from shoestring.inference.stages import Laps, StageTimes
 from shoestring.inference.tokens import TextDelta, TokenSink
 
@@ -130,12 +130,8 @@ class Engine(abc.ABC):
         self._forward: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor] | None = (
             self.torch_forward())
         # A WordPiece tokenizer's common case from a word cache; else the Rust tokenizer's
-        # batch call without character offsets (nobody here reads them; tokenizers older
-        # than 0.20 have only the full one).
-        cached = WordPieceCache.for_tokenizer(tokenizer)
-        batch = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
-        self._encode: Callable[[list[Any]], list[list[int]]] = (
-            cached.encode if cached is not None else lambda texts: [e.ids for e in batch(texts)])
+        # batch call (`wordpiece_cache.encoder_for`).
+        self._encode: Callable[[list[Any]], list[list[int]]] = encoder_for(tokenizer)
 
     # --- shared helpers -----------------------------------------------------------------------
 

@@ -10,13 +10,22 @@ CPU seconds, and exported on ``/metrics``:
   stage keeps busy.
 
 The stages, in a request's order (`STAGES`): ``parse`` (the request entering the app until
-its body is read, parsed and validated), ``tokenize``, ``queue`` (waiting for a batch, its own
-tokenizing excluded), ``forward`` (padding, the copy to the device and the model call),
+its body is read, parsed and validated; on the fast path from the first bytes of its headers),
+``submit`` (its inputs made into jobs and queued, the batcher's worker woken), ``tokenize``,
+``queue`` (waiting for a batch, its own tokenizing excluded), ``batch`` (the worker's own
+work per batch outside tokenize, forward and pooling: choosing and planning it, its metrics,
+handing its results to the event loop; its wall time is that CPU time, the waits for work are
+not part of it), ``forward`` (padding, the copy to the device and the model call),
 ``pooling`` (pooling and normalising an embedding, or another task's output step, and the
-copy back), ``serialize`` (the answer to bytes), ``send`` (the bytes to the connection).
-``parse``, ``serialize`` and ``send`` count requests; the others count inputs (a request of
+copy back), ``deliver`` (the event loop settling a batch's results), ``serialize`` (the
+answer to bytes), ``send`` (the bytes to the connection, and the request's accounting),
+``loop`` (on the fast path: the event loop's CPU since the previous answer that no other
+stage recorded: its poll, socket reads, waking on a batch's results, switching tasks).
+``parse``, ``serialize``, ``send`` and ``loop`` count requests; the others count inputs (a request of
 n texts counts n): a stage run once for a whole batch adds the batch's wall time once per
-input in it (each waited that long) and its CPU time once.
+input in it (each waited that long) and its CPU time once. ``batch`` and ``loop`` are what
+their thread spent outside the other stages, so together the stages cover the worker's and
+the event loop's CPU (`bench/serve_cpu.py` prints the rest: other threads, the ASGI path).
 
 prometheus-client's own ``Histogram.observe`` costs microseconds and takes a lock per call;
 a few stages per request at thousands of requests per second would be a visible share of
@@ -37,7 +46,8 @@ from prometheus_client.utils import floatToGoString
 # The ASGI scope key where the outermost layer notes when a request entered the app (its
 # ``time.perf_counter()``): the start of its ``parse`` stage.
 START = "shoestring.start"
-STAGES = ("parse", "tokenize", "queue", "forward", "pooling", "serialize", "send")
+STAGES = ("parse", "submit", "tokenize", "queue", "batch", "forward", "pooling", "deliver",
+          "serialize", "send", "loop")
 # From 10 µs (parsing one short request) to 10 s (a long queue).
 STAGE_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                  0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -76,6 +86,12 @@ class StageTimes:
         cell.count += n
         cell.wall += wall * n
         cell.cpu += cpu
+
+    def thread_cpu(self) -> float:
+        """CPU seconds this thread has recorded in every stage so far (what a stage covering
+        the rest of a thread's work subtracts)."""
+        me = threading.get_ident()
+        return sum(c.cpu for key, c in list(self._cells.items()) if key[0] == me)
 
     def _merged(self) -> dict[tuple[str, str], tuple[list[int], int, float, float]]:
         with self._lock:

@@ -43,6 +43,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from shoestring.inference.stages import StageTimes
 from shoestring.serve.metrics import ServeMetrics
 
 RunFn = Callable[[tuple, list[Any]], list[Any]]
@@ -231,6 +232,8 @@ class MicroBatcher:
         self._in_flight = 0
         self._thread: threading.Thread | None = None
         self._running = False  # the worker is alive (a flag: a request checks it)
+        self._wake_due = False  # a wake-up of the worker is scheduled on the event loop
+        self._outbox: list[tuple[list[Job], list[Any]]] = []  # results not yet handed back
 
     # --- event-loop side -------------------------------------------------------------------
 
@@ -267,7 +270,7 @@ class MicroBatcher:
         loop = asyncio.get_running_loop()
         for job in jobs:
             job.future, job.loop = loop.create_future(), loop
-        self._enqueue(jobs)
+        self._enqueue(jobs, loop)
         return [job.future for job in jobs]  # type: ignore[misc]
 
     def submit_request(self, jobs: Sequence[Job]) -> asyncio.Future:
@@ -278,10 +281,10 @@ class MicroBatcher:
         request = JobGroup(loop.create_future(), len(jobs))
         for i, job in enumerate(jobs):
             job.group, job.index, job.loop = request, i, loop
-        self._enqueue(jobs)
+        self._enqueue(jobs, loop)
         return request.future
 
-    def _enqueue(self, jobs: Sequence[Job]) -> None:
+    def _enqueue(self, jobs: Sequence[Job], loop: asyncio.AbstractEventLoop) -> None:
         now = time.monotonic()
         with self._cv:
             if not self.accepting:
@@ -302,8 +305,20 @@ class MicroBatcher:
             # a gathering window, a full batch ends it. In between it sleeps until the window
             # closes; waking it on every arrival would only trade the GIL back and forth with
             # the event loop, which is busy receiving the very requests it is waiting for.
-            if was_empty or (self.max_wait_s > 0 and len(self._pending) >= self.max_batch_size):
-                self._cv.notify()
+            #
+            # The wake-up itself waits for the end of the event loop's current pass: woken at
+            # once, the worker would only wait for the GIL, which the loop holds until it
+            # has read the other connections' requests and goes back to its poll (each such
+            # wait a thread switch: CPU on both sides), and those requests join its batch.
+            if ((was_empty or (self.max_wait_s > 0 and len(self._pending) >= self.max_batch_size))
+                    and not self._wake_due):
+                self._wake_due = True
+                loop.call_soon(self._wake)
+
+    def _wake(self) -> None:
+        with self._cv:
+            self._wake_due = False
+            self._cv.notify()
 
     def cancel(self, jobs: Sequence[Job], reason: str) -> int:
         """Drop ``jobs`` that have not run yet (client gone, time up); returns how many."""
@@ -423,9 +438,23 @@ class MicroBatcher:
         _deliver([j for j, _ in failed], [e for _, e in failed])
 
     def _worker(self) -> None:
+        stages = self.metrics.stages if self.metrics else None
         try:
+            cpu = time.thread_time()
+            booked = stages.thread_cpu() if stages else 0.0
             while (batch := self._next_batch()) is not None:
                 self._run_batch(batch)
+                if stages is not None:
+                    # The worker's CPU since the last batch that no other stage recorded:
+                    # choosing and planning this batch, its metrics, the hand-off back.
+                    now, recorded = time.thread_time(), stages.thread_cpu()
+                    own = max(0.0, (now - cpu) - (recorded - booked))
+                    stages.observe(str(batch[0].key[0]), "batch", own, own, len(batch))
+                    cpu, booked = now, recorded + own
+                # Last, just before the worker looks for more work (and sleeps if there is
+                # none): the event loop this wakes then finds the GIL free instead of waiting
+                # for the worker's bookkeeping (a thread switch each way per batch).
+                self._hand_back()
         finally:
             self._running = False
 
@@ -438,6 +467,7 @@ class MicroBatcher:
         groups.sort(key=lambda g: min(batch[i].enqueued for i in g))
         try:
             for group in groups:
+                self._hand_back()  # the previous group's results: not held behind this one
                 self._run_group(key, [batch[i] for i in group])
         finally:
             with self._cv:
@@ -469,7 +499,15 @@ class MicroBatcher:
                 self.metrics.failed.labels(task=str(key[0])).inc(failed)
         for job in live:
             job.done = True
-        _deliver(live, results)
+        self._outbox.append((live, results))
+
+    def _hand_back(self) -> None:
+        """Results of the groups run since the last call, to their event loops."""
+        if self._outbox:
+            stages = self.metrics.stages if self.metrics else None
+            outbox, self._outbox = self._outbox, []
+            _deliver([j for jobs, _ in outbox for j in jobs],
+                     [r for _, results in outbox for r in results], stages)
 
     def _call(self, key: tuple, jobs: list[Job]) -> list[Any] | BaseException:
         t = time.perf_counter()
@@ -513,9 +551,19 @@ def _tokenize_jobs(tokenize: TokenizeFn | None,
     return out
 
 
-def _deliver_batch(pairs: list[tuple[Job, Any]]) -> None:
+def _deliver_batch(pairs: list[tuple[Job, Any]], stages: StageTimes | None = None) -> None:
     """Settle each job's future or request with its result (on its event loop); one already
-    done is left."""
+    done is left. With ``stages``, its CPU is the ``deliver`` stage."""
+    if stages is not None:
+        wall, cpu = time.perf_counter(), time.thread_time()
+        _settle(pairs)
+        stages.observe(str(pairs[0][0].key[0]), "deliver", time.perf_counter() - wall,
+                       time.thread_time() - cpu, len(pairs))
+    else:
+        _settle(pairs)
+
+
+def _settle(pairs: list[tuple[Job, Any]]) -> None:
     for job, result in pairs:
         group = job.group
         if group is not None:
@@ -535,7 +583,8 @@ def _deliver_batch(pairs: list[tuple[Job, Any]]) -> None:
             future.set_result(result)
 
 
-def _deliver(jobs: Sequence[Job], results: Sequence[Any]) -> None:
+def _deliver(jobs: Sequence[Job], results: Sequence[Any],
+             stages: StageTimes | None = None) -> None:
     """Hand results to their event loops: one wake-up per loop, not one per job."""
     by_loop: dict[int, tuple[asyncio.AbstractEventLoop, list]] = {}
     for job, result in zip(jobs, results):
@@ -544,7 +593,7 @@ def _deliver(jobs: Sequence[Job], results: Sequence[Any]) -> None:
         by_loop.setdefault(id(job.loop), (job.loop, []))[1].append((job, result))
     for loop, pairs in by_loop.values():
         try:
-            loop.call_soon_threadsafe(_deliver_batch, pairs)
+            loop.call_soon_threadsafe(_deliver_batch, pairs, stages)
         except RuntimeError:  # the loop is closed: nobody is waiting any more
             pass
 

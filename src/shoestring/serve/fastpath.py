@@ -22,12 +22,22 @@ and time every answer in the same metrics (``record``), hold a slot of the same 
 408 to a body that has not arrived within ``--body-timeout`` (and at once on shutdown), and
 drop the queued inputs of a client that goes away. The stages of every request taken here
 are timed (`stages`).
+
+This module is the one place that reads uvicorn's private names (its httptools protocol's
+callbacks and attributes, its request cycle's, its server's captured signals). It is used
+only inside the uvicorn releases CI tests (`FAST_PATH_UVICORN`) and where every name it reads
+exists (`refusal`); elsewhere, or with ``SHOESTRING_FAST_PATH=0``, the server runs on
+uvicorn's own protocol, every request through ASGI (the same answers, more CPU per
+request), and says so once at start.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
+import os
+import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -47,6 +57,97 @@ Record = Callable[[str, int, float], None]
 _STATUS = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode() for s in HTTPStatus}
 _JSON_HEAD = b"content-type: application/json\r\ncontent-length: "
 _log = logging.getLogger("uvicorn.error")
+
+# The uvicorn releases the fast path is tested with (CI installs the newest inside it:
+# pyproject.toml and constraints.txt). Widen it only after tests/test_serve_fastpath.py passes
+# on the new release.
+FAST_PATH_UVICORN = ">=0.27,<0.55"
+# ``SHOESTRING_FAST_PATH=0``: serve through plain ASGI whatever the version (to compare).
+FAST_PATH_ENV = "SHOESTRING_FAST_PATH"
+# What `protocol_class` reads or calls of uvicorn's HttpToolsProtocol (callbacks it extends,
+# methods it calls, its instances' attributes) and what uvicorn reads of a connection's
+# current request cycle, which a `_Direct` stands in for (``response_complete``, ...).
+_PROTOCOL_NAMES = ("connection_made", "data_received", "on_message_begin", "on_headers_complete",
+                   "on_body", "on_message_complete", "connection_lost", "on_response_complete",
+                   "loop", "url", "expect_100_continue", "headers", "scope", "cycle", "parser",
+                   "transport", "server_state", "tasks")
+_CYCLE_NAMES = frozenset({"response_complete", "keep_alive", "disconnected", "message_event",
+                          "body", "more_body"})
+_CYCLE_READ = re.compile(r"self\.cycle\.(\w+)")
+_PLAIN = "same answers, more CPU per request"
+
+
+def in_range(version: str, spec: str = FAST_PATH_UVICORN) -> bool | None:
+    """Whether ``version`` is inside ``spec`` (None: it cannot be read as a version)."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(version) in SpecifierSet(spec)
+    except InvalidVersion:
+        return None
+
+
+def installed_uvicorn() -> str:
+    """The installed uvicorn's version string."""
+    import uvicorn
+
+    return str(getattr(uvicorn, "__version__", "unknown"))
+
+
+def _names(cls: type) -> set[str]:
+    """The names ``cls`` has or its own functions' code uses: ``self.x = ...`` in any method
+    puts ``x`` there, so an instance attribute a release renames is missing from it."""
+    names = set(dir(cls))
+    for klass in cls.__mro__:
+        for value in vars(klass).values():
+            code = getattr(value, "__code__", None)
+            if code is not None:
+                names.update(code.co_names)
+    return names
+
+
+def missing_names(protocol: type) -> list[str]:
+    """What the fast path reads of ``protocol`` (uvicorn's HttpToolsProtocol) that it lacks,
+    and what it reads of its request cycle that a `_Direct` does not answer."""
+    have = _names(protocol)
+    missing = [name for name in _PROTOCOL_NAMES if name not in have]
+    try:
+        source = inspect.getsource(protocol)
+    except (OSError, TypeError):
+        source = ""  # no source installed: the names above are all there is to check
+    missing += sorted({f"cycle.{n}" for n in _CYCLE_READ.findall(source)} -
+                      {f"cycle.{n}" for n in _CYCLE_NAMES})
+    return missing
+
+
+def refusal(version: str | None = None) -> str | None:
+    """Why the fast path is not used in this process (None: it is): turned off by hand,
+    httptools missing, uvicorn outside `FAST_PATH_UVICORN`, or a name it reads gone."""
+    if os.environ.get(FAST_PATH_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+        return f"{FAST_PATH_ENV}={os.environ[FAST_PATH_ENV]}: serving through plain ASGI ({_PLAIN})"
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except ImportError:
+        return f"httptools is not installed: serving through uvicorn's h11 protocol ({_PLAIN})"
+    version = installed_uvicorn() if version is None else version
+    inside = in_range(version)
+    if inside is None:
+        return (f"cannot read uvicorn's version {version!r} to check it against the fast "
+                f"path's tested range {FAST_PATH_UVICORN}: serving through plain ASGI ({_PLAIN})")
+    if not inside:
+        return (f"uvicorn {version} is outside the fast path's tested range {FAST_PATH_UVICORN}: "
+                f"serving through plain ASGI ({_PLAIN})")
+    missing = missing_names(HttpToolsProtocol)
+    if missing:
+        return (f"uvicorn {version}'s HttpToolsProtocol lacks {', '.join(missing)}, which the "
+                f"fast path reads: serving through plain ASGI ({_PLAIN})")
+    return None
+
+
+def captured_signals(server: Any) -> list[int]:
+    """The signals uvicorn's server caught while running (uvicorn >= 0.29; else none)."""
+    return list(getattr(server, "_captured_signals", []))
 
 
 @dataclass(frozen=True)
@@ -75,6 +176,8 @@ class FastRoutes:
         self.body_timeout_s = api.settings.body_timeout_s
         self.reading: set[_Direct] = set()  # requests whose body is late (a timer each)
         self._defaults: tuple[Any, bytes] = (None, b"")  # uvicorn's header list, joined
+        # The event loop's thread time and the stage CPU it had recorded at the last answer.
+        self._loop_mark: tuple[float, float] | None = None
 
     def head_lines(self, headers: list[tuple[bytes, bytes]]) -> bytes:
         """The server's default headers (its date and name) as head lines: uvicorn replaces
@@ -82,6 +185,18 @@ class FastRoutes:
         if self._defaults[0] is not headers:
             self._defaults = (headers, b"".join(b"%s: %s\r\n" % pair for pair in headers))
         return self._defaults[1]
+
+    def loop_lap(self, task: str) -> None:
+        """The ``loop`` stage: the event loop's CPU since the previous answer that no other
+        stage recorded (its poll, socket reads, waking on a batch's results, switching
+        tasks, the server's ticks), observed once per answer."""
+        stages = self.api.metrics.stages
+        now, recorded = time.thread_time(), stages.thread_cpu()
+        if self._loop_mark is not None:
+            own = max(0.0, (now - self._loop_mark[0]) - (recorded - self._loop_mark[1]))
+            stages.observe(task, "loop", own, own)
+            recorded += own
+        self._loop_mark = (now, recorded)
 
     def stop_waiting(self) -> None:
         """On shutdown: every body still awaited gets its 408 now."""
@@ -157,7 +272,7 @@ class _Direct:
         """The body is in: validate it, then answer in a task (or hand it to FastAPI)."""
         self._stop_timer()
         route, proto = self.route, self.proto
-        cpu = time.thread_time()
+        cpu = proto.cpu_in  # the thread time when its bytes began to be read
         try:
             request = route.model.model_validate_json(body)
         except ValidationError:
@@ -171,6 +286,7 @@ class _Direct:
         task = proto.loop.create_task(self.answer(request, laps))
         proto.tasks.add(task)
         task.add_done_callback(proto.tasks.discard)
+        proto.cpu_in = time.thread_time()  # a request pipelined behind it starts here
 
     async def answer(self, request: Any, laps: Laps) -> None:
         api = self.proto.fast.api
@@ -194,6 +310,7 @@ class _Direct:
         laps.lap("serialize")
         self.respond(status, data, headers)
         laps.lap("send")
+        self.proto.fast.loop_lap(self.route.task)
 
     def respond(self, status: int, data: bytes, headers: dict[str, str]) -> None:
         """Head and body in one write, then the connection goes on (or closes)."""
@@ -233,12 +350,13 @@ class _Direct:
 
 def protocol_class(fast: FastRoutes | None) -> Any:
     """uvicorn's httptools protocol with the fast path for ``fast``'s endpoints and
-    `_OneWrite` transports ("auto" where httptools is missing: uvicorn's h11 protocol as it
-    is, every request through ASGI)."""
-    try:
-        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-    except ImportError:
+    `_OneWrite` transports; where `refusal` says why not, uvicorn's own protocol ("auto":
+    every request through ASGI), and a log line saying so."""
+    why = refusal()
+    if why is not None:
+        _log.warning("shoestring serve: %s", why)
         return "auto"
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     class FastProtocol(HttpToolsProtocol):
         def connection_made(self, transport: Any) -> None:  # type: ignore[override]
@@ -246,6 +364,7 @@ def protocol_class(fast: FastRoutes | None) -> Any:
             super().connection_made(_OneWrite(transport, self.loop))
 
         def data_received(self, data: bytes) -> None:
+            self.cpu_in = time.thread_time()  # the parse stage's CPU starts here
             super().data_received(data)
             direct = self.direct
             if direct is not None and direct.body is not None and direct.timer is None:

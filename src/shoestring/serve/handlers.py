@@ -100,11 +100,13 @@ class Api:
                     options=options) for i, t in enumerate(texts or body.texts)]
 
     async def infer(self, receive: Receive, jobs: list[Job], many: bool, slot: Slot,
-                    field: str = "inputs") -> list[Any]:
+                    field: str = "inputs", laps: Laps | None = None) -> list[Any]:
         """Queue ``jobs`` on ``slot``'s batcher and wait for the first of: the results, the
         client going away (jobs dropped), the deadline (504)."""
         batcher = slot.batcher
         results = batcher.submit_request(jobs)
+        if laps is not None:
+            laps.lap("submit", len(jobs))
         try:
             first = await _first_of(results, receive, self.settings.request_timeout_s)
         except asyncio.CancelledError:  # the server gave up on this request (forced shutdown)
@@ -137,13 +139,12 @@ class Api:
         """The results of ``body``'s inputs, and their jobs (each with the token positions
         the model read: what the usage counts of other protocols report)."""
         slot = slot or await self.slot_for(body, task)
-        ids = laps is not None and body.input_ids is not None
-        if ids:
+        if laps is not None:
             laps.resume()  # the loop may have run other requests since this one's last lap
         jobs = self.jobs(slot, key, body, getattr(slot.engine, admit_name), options, texts)
-        if ids:
+        if laps is not None and body.input_ids is not None:
             laps.lap("tokenize", len(jobs))  # token ids admitted on the event loop
-        out = await self.infer(receive, jobs, body.many, slot, body.field)
+        out = await self.infer(receive, jobs, body.many, slot, body.field, laps)
         if laps is not None:
             laps.skip()  # waiting: the other stages are timed where they run
         return out, jobs

@@ -28,7 +28,7 @@ import uvicorn
 from shoestring.errors import ShoestringError
 from shoestring.model_repository import ModelRepository
 from shoestring.serve.app import create_app
-from shoestring.serve.fastpath import protocol_class
+from shoestring.serve.fastpath import captured_signals, protocol_class
 from shoestring.inference.engine import Engine, load_engine
 from shoestring.serve import replicas
 from shoestring.serve.metrics import ServeMetrics
@@ -76,7 +76,7 @@ class _Server(uvicorn.Server):
         self.served.fast.stop_waiting()
         await super().shutdown(sockets)
         if self.announce is not None:
-            signals = getattr(self, "_captured_signals", [])  # uvicorn >= 0.29
+            signals = captured_signals(self)
             how = signal.Signals(signals[-1]).name if signals else "asked to"
             self.announce(f"shoestring serve: stopped ({how}): drained {in_flight} in-flight "
                           f"request{'' if in_flight == 1 else 's'}")

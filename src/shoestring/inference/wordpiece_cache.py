@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 from tokenizers import Tokenizer
@@ -40,12 +41,33 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 MAX_WORDS = 65_536
 
 
+Encoder = Callable[[list[Any]], list[list[int]]]
+
+
+def encoder_for(tokenizer: Tokenizer) -> Encoder:
+    """``texts -> ids per text`` for ``tokenizer``: the word cache where its layout is one
+    this reproduces exactly, else the library's batch call (`library_encoder`)."""
+    cached = WordPieceCache.for_tokenizer(tokenizer)
+    return cached.encode if cached is not None else library_encoder(tokenizer)
+
+
+def library_encoder(tokenizer: Tokenizer, fast: bool | None = None) -> Encoder:
+    """The library's batch call, ids only. ``encode_batch_fast`` (tokenizers >= 0.20) skips
+    the character offsets nobody here reads; older releases have only ``encode_batch``, which
+    gives the same ids. ``fast``: None takes the fast call where the library has it; False
+    forces the full one (the tests compare the two)."""
+    if fast is None:
+        fast = hasattr(tokenizer, "encode_batch_fast")
+    batch = tokenizer.encode_batch_fast if fast else tokenizer.encode_batch
+    return lambda texts: [e.ids for e in batch(texts)]
+
+
 class WordPieceCache:
     """``encode(texts) -> ids per text``, equal to ``tokenizer.encode_batch(texts)``'s ids."""
 
     def __init__(self, tokenizer: Tokenizer, lowercase: bool, prefix: list[int],
                  suffix: list[int], added: list[dict]) -> None:
-        self._library = tokenizer
+        self._library = library_encoder(tokenizer)
         self._model = tokenizer.model
         self._lowercase = lowercase
         self._prefix, self._suffix = prefix, suffix
@@ -109,9 +131,8 @@ class WordPieceCache:
             ids += self._suffix
             out.append(ids)
         if rest:
-            encoded = self._library.encode_batch_fast([texts[i] for i in rest])
-            for i, e in zip(rest, encoded):
-                out[i] = e.ids
+            for i, ids in zip(rest, self._library([texts[i] for i in rest])):
+                out[i] = ids
         return out  # type: ignore[return-value]
 
     def _words(self, text: str, ids: list[int]) -> None:
