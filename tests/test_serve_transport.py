@@ -115,8 +115,8 @@ def test_the_cli_with_the_fast_path_off_says_so_and_answers_the_same_bytes(
         run_dir: Path, fast_answers: list) -> None:  # noqa: F811
     env = {**os.environ, "COLUMNS": "200", "SHOESTRING_FAST_PATH": "0"}
     proc = subprocess.Popen([sys.executable, "-m", "shoestring", "serve", str(run_dir), "--port",
-                             "0", "--max-length", "64"], stderr=subprocess.PIPE, text=True,
-                            env=env)
+                             "0", "--max-length", "64", "--backend", "torch"],
+                            stderr=subprocess.PIPE, text=True, env=env)
     try:
         said = announced(proc, r"shoestring serve: (SHOESTRING_FAST_PATH=0: .*)$")
         assert said and said.group(1) == ("SHOESTRING_FAST_PATH=0: serving through plain ASGI "
