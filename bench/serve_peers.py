@@ -59,9 +59,17 @@ argument ``OptimizationConfig`` no longer takes; it logs that and loads the mode
 the fp32 ONNX file is optimized at export instead; and it hands optimum an absolute file name
 that optimum 2.x rejects, so it is started in the ONNX folder with ``--model-id .``.
 
-    python bench/serve_peers.py --infinity /tmp/infvenv/bin/infinity_emb          # ~10+ min
     python bench/serve_peers.py --infinity /tmp/infvenv/bin/infinity_emb --quick  # smoke
-    python bench/serve_peers.py --shapes 12x768 --clients 64 --sizes 16 --rounds 3
+    python bench/serve_peers.py --infinity /tmp/infvenv/bin/infinity_emb --shapes 6x384
+    python bench/serve_peers.py --infinity /tmp/infvenv/bin/infinity_emb --shapes 12x768 \
+        --infinity-on bert --rounds 1
+
+What a run costs on 2 shared cores (load ~5, fp32 rows at ~90 sentences/s for 6 x 384): a
+burst of 64 clients x 16 sentences is 1,024 sentences, ~10-25 s a row at 6 x 384, so the
+6 x 384 shape with ten rows, six cells and two rounds is ~10 minutes; 12 x 768 is ~6-8x the
+compute a sentence, so all of it at once is an hour: split it (above), or narrow it with
+``--clients``/``--sizes``/``--infinity-on``. Preparing the models (two training runs, the
+ONNX exports in Infinity's environment) happens once, in ``--work``.
 """
 
 from __future__ import annotations
@@ -487,7 +495,7 @@ def main() -> None:
                     help="sentences per request")
     ap.add_argument("--rounds", type=int, default=2, help="bursts per cell and row, "
                     "interleaved (the rows' order rotates)")
-    ap.add_argument("--waves", type=int, default=2,
+    ap.add_argument("--waves", type=int, default=1,
                     help="requests per client in one burst (at least --min-requests in all)")
     ap.add_argument("--min-requests", type=int, default=16)
     ap.add_argument("--backends", nargs="*", default=None,
@@ -502,11 +510,13 @@ def main() -> None:
     ap.add_argument("--work", type=Path,
                     default=Path(tempfile.gettempdir()) / "shoestring-serve-peers")
     ap.add_argument("--quick", action="store_true",
-                    help="a smoke run: 6 x 384 only, 1 and 64 clients, one round")
+                    help="a smoke run: 6 x 384 only, 1 and 16 clients, one round, Infinity "
+                    "on our export only")
     ap.add_argument("--json", type=Path, help="also write every burst's figures here")
     args = ap.parse_args()
     if args.quick:
-        args.shapes, args.clients, args.rounds, args.waves = ["6x384"], [1, 64], 1, 1
+        args.shapes, args.clients, args.rounds, args.waves = ["6x384"], [1, 16], 1, 1
+        args.infinity_on = ["ours"]
     if args.backends is None:
         args.backends = backends_listed()
     args.work.mkdir(parents=True, exist_ok=True)
