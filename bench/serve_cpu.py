@@ -144,13 +144,15 @@ def resident_mb(pid: int) -> float:
     return total / 1024
 
 
-def start(side: str, source: Path, run: Path, threads: int,
-          extra_env: dict[str, str] | None = None) -> Server:
-    """``shoestring serve`` of ``run`` with the code in ``source``, on a free port."""
+def start(side: str, source: Path, run: Path, threads: int | None,
+          extra_env: dict[str, str] | None = None, extra: tuple[str, ...] = ()) -> Server:
+    """``shoestring serve`` of ``run`` with the code in ``source``, on a free port, with
+    ``threads`` torch threads (None: the server's own default) and ``extra`` flags."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(source), str(ROOT / "bench")]),
-           "OMP_NUM_THREADS": str(threads), **(extra_env or {})}
+           **({"OMP_NUM_THREADS": str(threads)} if threads else {}), **(extra_env or {})}
     return Server(side, [sys.executable, "-m", "shoestring", "serve", str(run), "--port", "0",
-                         "--threads", str(threads), "--truncate"], env=env)
+                         *(["--threads", str(threads)] if threads else []), "--truncate",
+                         *extra], env=env)
 
 
 def measure(server: Server, label: str, requests: list, clients: int, count: int,

@@ -80,24 +80,23 @@ PEER = textwrap.dedent('''
 ''')
 
 
-def build_model(work: Path, preset: str | None) -> Path:
-    """The `cram` model size (256 hidden, 4 layers, 8k vocab) or a named encoder preset,
+def build_model(work: Path, preset: str | None, shape: dict[str, int] | None = None) -> Path:
+    """The `cram` model size (256 hidden, 4 layers, 8k vocab), a named encoder preset, or
+    ``shape`` (``model.*`` fields, e.g. ``{"hidden_size": 384, "num_layers": 6, ...}``),
     briefly trained on pydocs (serving speed does not depend on the weights' quality)."""
     from shoestring.config import load_config
     from shoestring.prep.prep import prep
     from shoestring.train.loop import train
 
-    run = work / (f"run-{preset}" if preset else "run")
+    name = "x".join(str(v) for v in shape.values()) if shape else preset
+    run = work / (f"run-{name}" if name else "run")
     if (run / "final" / "model.safetensors").is_file():
         return run
     sets = ["train.budget=null", "train.steps=10"]
-    if preset:
-        sets = [
-            "train.budget=null",
-            "train.steps=2",
-            "train.batch_size=8",
-            f"model.preset={preset}",
-        ]
+    if preset or shape:
+        sets = ["train.budget=null", "train.steps=2", "train.batch_size=8"]
+        sets += [f"model.preset={preset}"] if preset else []
+        sets += [f"model.{k}={v}" for k, v in (shape or {}).items()]
     cfg = load_config(None, sets)
     if not (work / "data" / "manifest.json").is_file():
         prep(["builtin:pydocs"], work / "data", cfg.data)
@@ -144,18 +143,21 @@ class Server:
         url: str | None = None,
         env: dict | None = None,
         health: str = "/healthz",
+        cwd: Path | None = None,
     ) -> None:
         self.name = name
         self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env
+            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd
         )
         if url is None:  # ours announces its port on stderr
+            seen = []
             while line := self.proc.stderr.readline():
+                seen.append(line)
                 if m := re.search(r"on (http://127\.0\.0\.1:\d+)", line):
                     url = m.group(1)
                     break
             if url is None:
-                raise RuntimeError(f"{name} did not start: {self.proc.stderr.read()}")
+                raise RuntimeError(f"{name} did not start: {''.join(seen)[-3000:]}")
         self.url = url
         self.log: list[str] = []  # keep draining stderr so the server never blocks on it
         threading.Thread(target=lambda: self.log.extend(self.proc.stderr), daemon=True).start()
