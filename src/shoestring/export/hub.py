@@ -62,7 +62,8 @@ def import_hf(hf_dir: str | Path) -> tuple[nn.Module, dict]:
     try:
         family = families.by_hf_model_type(kind)
     except ShoestringError:
-        known = " and ".join(f.hf_model_type for f in families.all_families())
+        known = " and ".join(dict.fromkeys(f.hf_model_type for f in families.all_families()
+                                           if f.hf_model_type))
         raise ShoestringError(
             f"cannot import: model_type = {json.dumps(kind)} (shoestring reads {known})",
             where=str(hf_dir / "config.json")) from None
