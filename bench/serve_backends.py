@@ -16,7 +16,7 @@ optimisation, memory arena) on the 6 × 384 model: what inference/onnx_runtime.p
 ``--exporters`` times the two torch.onnx exporters (TorchScript, dynamo) on it.
 
     python bench/serve_backends.py                       # both sizes, batch 1 and 32
-    python bench/serve_backends.py --sizes 6x384 --rounds 5
+    python bench/serve_backends.py --sizes 6x384 --repeats 5
     python bench/serve_backends.py --sweep-options
     python bench/serve_backends.py --exporters
 """
