@@ -184,6 +184,22 @@ def test_cross_encoder_scores_match_sequence_classification(folders: dict[str, P
         float(single.logits.softmax(-1)[0, 1]), abs=1e-5)
 
 
+def test_a_transformers_cross_encoder_reranks(client: httpx.Client) -> None:
+    """A cross-encoder folder takes single texts and pairs alike (its ``pair`` is None): it
+    still reranks, by the positive label's probability of each (query, document) pair, best
+    first, as /v1/classify scores the same pairs."""
+    docs = ["a man is playing a guitar.", "a quick brown fox runs", "the cat"]
+    r = client.post("/v1/rerank", json={"query": "the dog", "documents": docs, "model": "ce"})
+    assert r.status_code == 200, r.text
+    results = r.json()["results"]
+    scores = client.post("/v1/classify", json={"inputs": ["the dog"] * 3, "pairs": docs,
+                                               "model": "ce"}).json()["results"]
+    want = sorted(((x["scores"]["relevant"], i) for i, x in enumerate(scores)), reverse=True)
+    assert [x["index"] for x in results] == [i for _, i in want]
+    assert [x["relevance_score"] for x in results] == pytest.approx([s for s, _ in want],
+                                                                    abs=1e-6)
+
+
 def test_a_modernbert_our_importer_refuses_is_served_by_transformers(
         folders: dict[str, Path]) -> None:
     """A ModernBERT with sliding-window layers (as the hub's are) is not one `shoestring
