@@ -399,6 +399,12 @@ def test_api_key_is_required_where_it_should_be(run_dir: Path) -> None:
         )
         assert c.post("/v1/fill-mask", json=body, headers={"X-API-Key": KEY}).status_code == 200
         assert c.get("/metrics", headers={"X-API-Key": KEY}).status_code == 200
+        # an empty X-API-Key does not hide a valid bearer (issue 62), on both ways in: the
+        # fast path (a plain POST) and ASGI (/metrics)
+        both = {"X-API-Key": "", "Authorization": f"Bearer {KEY}"}
+        assert c.post("/v1/fill-mask", json=body, headers=both).status_code == 200
+        assert c.get("/metrics", headers=both).status_code == 200
+        assert c.post("/v1/fill-mask", json=body, headers={"X-API-Key": ""}).status_code == 401
         assert c.get("/healthz").status_code == 200 and c.get("/readyz").status_code == 200
         # The API's description is behind the key too.
         for path in ("/docs", "/redoc", "/openapi.json"):

@@ -58,7 +58,8 @@ class ApiKey:
         return self._matches(key, auth)
 
     def _matches(self, key: str | None, auth: str) -> bool:
-        given = key
+        # An empty X-API-Key is no key: it must not hide a valid Authorization: Bearer.
+        given = (key or "").strip() or None
         if given is None:
             scheme, _, token = auth.partition(" ")
             given = token.strip() if scheme.lower() == "bearer" else None
