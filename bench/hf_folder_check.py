@@ -90,6 +90,8 @@ def main() -> None:
     got, info = served(args.folder, TEXTS)
     print(f"served: {info['transformers']}, embedding defaults {info['embedding']}, "
           f"max_length {info['max_length']}")
+    print(f"backend (auto's choice, its timings and the accuracy gate's figures): "
+          f"{info['backend']}")
     rows = [{"reference": "transformers by hand",
              "max_abs_diff": float(np.abs(got - by_hand(args.folder, TEXTS)).max())}]
     try:
