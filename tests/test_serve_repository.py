@@ -160,7 +160,7 @@ def test_one_server_routes_by_model_and_follows_a_moved_tag(
 ) -> None:
     a, b = runs
     _, repo = _two_versions_prod_on_first(runs, home)
-    settings = make_settings(port=0, max_length=64)
+    settings = make_settings(port=0, max_length=64, backend="torch")  # exact compares
     router = load_router(["bert:prod", str(b)], settings, repo)
     with ServerThread(router, settings) as srv, httpx.Client(base_url=srv.url, timeout=60) as c:
 
@@ -329,7 +329,7 @@ def test_names_and_tags_cannot_leave_the_repository(
 
     # A server: a request's model field cannot name a path either.
     repo.push(a, "bert")
-    settings = make_settings(port=0, max_length=64)
+    settings = make_settings(port=0, max_length=64, backend="torch")  # exact compares
     with ServerThread(load_router(["bert"], settings, repo), settings) as srv:
         for model in (f"bert:{rel}", "bert:/etc", "../bert", "bert:.."):
             r = httpx.post(srv.url + "/v1/embed", json={"inputs": "x", "model": model}, timeout=60)
@@ -342,7 +342,7 @@ def test_a_corrupted_tags_or_manifest_file_is_reported_and_skipped(
 ) -> None:
     root, repo = _two_versions_prod_on_first(runs, home)
     repo.push(runs[1], "enc")
-    settings = make_settings(port=0, max_length=64)
+    settings = make_settings(port=0, max_length=64, backend="torch")  # exact compares
     router = load_router(["bert:prod", "enc"], settings, repo)
     tags = root / "bert" / "tags.json"
     with ServerThread(router, settings) as srv, httpx.Client(base_url=srv.url, timeout=60) as c:
@@ -419,7 +419,7 @@ def test_changed_weights_are_refused_at_load_and_by_models_verify(
     assert "1 stored version(s) failed the check: bert:2" in " ".join(checked.stderr.split())
     assert "bert:1 ok" in " ".join(ok("models", "verify", "bert:1").split())
 
-    settings = make_settings(port=0, max_length=64)
+    settings = make_settings(port=0, max_length=64, backend="torch")  # exact compares
     with pytest.raises(ShoestringError, match=f"recorded {recorded}, now [0-9a-f]{{64}}") as e:
         load_router(["bert:2"], settings, repo)
     assert e.value.where == str(weights.parent)
@@ -445,7 +445,7 @@ def test_removing_the_version_a_served_tag_points_at_needs_force_and_readyz_tell
 ) -> None:
     a, b = runs
     _, repo = _two_versions_prod_on_first(runs, home)
-    settings = make_settings(port=0, max_length=64)
+    settings = make_settings(port=0, max_length=64, backend="torch")  # exact compares
     with ServerThread(load_router(["bert:prod"], settings, repo), settings) as srv, httpx.Client(
         base_url=srv.url, timeout=60
     ) as c:

@@ -353,7 +353,7 @@ def calibrated_plan(req: PlanRequest, spec: CalibrationSpec, calibrate_data: boo
         cal.boot, cal.history = boot, [str(h) for h in history or []]
         write_law(boot, cal.dir / "law.yaml")
     _check_usable(boot, total, cal.dir if cal else None)
-    spent = spent_s + time.perf_counter() - started
+    spent = round(spent_s + time.perf_counter() - started, 1)  # one figure, note and tree alike
     rest = _remaining(req, base, cal, spent)
     tree = make_plan(rest, console, fitted=boot)
     meta = tree["plan"]
@@ -362,7 +362,7 @@ def calibrated_plan(req: PlanRequest, spec: CalibrationSpec, calibrate_data: boo
     if cal is not None:
         meta["calibration"] = cal.to_dict()
         meta["calibration"]["law_file"] = str(cal.dir / "law.yaml")
-        meta["calibration"]["spent_before_plan_s"] = round(spent, 1)
+        meta["calibration"]["spent_before_plan_s"] = spent
         meta["notes"].insert(0, calibration_note(cal, budget, spent))
     if history:
         meta["history"] = {"runs": [str(h) for h in history], "points": len(points)}
