@@ -632,6 +632,9 @@ def serve(
     request_timeout: Annotated[float, typer.Option(help="Seconds before an unanswered request gets 504.")] = 30.0,
     body_timeout: Annotated[float, typer.Option(help="Seconds for a request's body to arrive after its headers (408 and the connection closed after).")] = 15.0,
     shutdown_timeout: Annotated[float, typer.Option(help="On Ctrl-C/SIGTERM, seconds to let in-flight requests finish.")] = 30.0,
+    idle_timeout: Annotated[float, typer.Option(help="Seconds a connection may go without a whole request head (after it opens or after an answer) or without reading an answer before it is closed.")] = 30.0,
+    max_connections: Annotated[int, typer.Option(help="Open connections at most: one more closes the longest-idle one (503 when none is idle).")] = 4096,
+    max_header_bytes: Annotated[int, typer.Option(help="A request's line and headers at most (431 above it).")] = 16384,
     api_key: Annotated[
         Optional[str],
         typer.Option(envvar="SHOESTRING_API_KEY", show_envvar=True,
@@ -658,7 +661,8 @@ def serve(
         max_length=max_length, truncate=truncate, max_client_batch=max_client_batch,
         max_body_bytes=max_body_bytes, max_new_tokens=max_new_tokens,
         request_timeout_s=request_timeout, body_timeout_s=body_timeout,
-        shutdown_timeout_s=shutdown_timeout, api_key=api_key,
+        shutdown_timeout_s=shutdown_timeout, idle_timeout_s=idle_timeout,
+        max_connections=max_connections, max_header_bytes=max_header_bytes, api_key=api_key,
         precision=precision, threads=threads, index=str(index) if index else None,
         workers=workers, backend=backend)
     if not settings.loopback and settings.api_key is None:

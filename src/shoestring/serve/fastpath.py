@@ -48,6 +48,7 @@ from pydantic import BaseModel, ValidationError
 
 from shoestring.inference.stages import Laps
 from shoestring.serve.answers import CLIENT_CLOSED, Shape, error_answer
+from shoestring.serve.connections import Connections, connection_cap
 from shoestring.serve.encoding import dumps
 from shoestring.serve.handlers import Api
 from shoestring.serve.security import ApiKey, Receive, RequestGate
@@ -69,8 +70,9 @@ FAST_PATH_ENV = "SHOESTRING_FAST_PATH"
 # current request cycle, which a `_Direct` stands in for (``response_complete``, ...).
 _PROTOCOL_NAMES = ("connection_made", "data_received", "on_message_begin", "on_headers_complete",
                    "on_body", "on_message_complete", "connection_lost", "on_response_complete",
-                   "loop", "url", "expect_100_continue", "headers", "scope", "cycle", "parser",
-                   "transport", "server_state", "tasks")
+                   "send_400_response", "pause_writing", "resume_writing", "loop", "url",
+                   "expect_100_continue", "headers", "scope", "cycle", "parser", "transport",
+                   "server_state", "tasks", "flow", "pipeline")
 _CYCLE_NAMES = frozenset({"response_complete", "keep_alive", "disconnected", "message_event",
                           "body", "more_body"})
 _CYCLE_READ = re.compile(r"self\.cycle\.(\w+)")
@@ -172,8 +174,11 @@ class FastRoutes:
         self.api, self.gate, self.record, self.late_body = api, gate, record, late_body
         self.routes = {path.encode(): (path, route) for path, route in routes.items()}
         self.key: ApiKey | None = api.api_key
-        self.max_body_bytes = api.settings.max_body_bytes
-        self.body_timeout_s = api.settings.body_timeout_s
+        settings = api.settings
+        self.max_body_bytes, self.body_timeout_s = settings.max_body_bytes, settings.body_timeout_s
+        self.max_header_bytes = settings.max_header_bytes
+        self.connections = Connections(connection_cap(settings.max_connections),
+                                       settings.idle_timeout_s, api.metrics.closed)
         self.reading: set[_Direct] = set()  # requests whose body is late (a timer each)
         self._defaults: tuple[Any, bytes] = (None, b"")  # uvicorn's header list, joined
         # The event loop's thread time and the stage CPU it had recorded at the last answer.
@@ -185,6 +190,18 @@ class FastRoutes:
         if self._defaults[0] is not headers:
             self._defaults = (headers, b"".join(b"%s: %s\r\n" % pair for pair in headers))
         return self._defaults[1]
+
+    def answer_bytes(self, status: int, data: bytes, headers: dict[str, str], keep: bool,
+                     defaults: list[tuple[bytes, bytes]]) -> bytes:
+        """A whole JSON answer, head and body; ``keep`` False adds ``connection: close``."""
+        line = _STATUS.get(status) or f"HTTP/1.1 {status} \r\n".encode()
+        parts = [line, _JSON_HEAD, str(len(data)).encode(), b"\r\n", self.head_lines(defaults)]
+        for name, value in headers.items():
+            parts += [name.encode("latin-1"), b": ", value.encode("latin-1"), b"\r\n"]
+        if not keep:
+            parts.append(b"connection: close\r\n")
+        parts += [b"\r\n", data]
+        return b"".join(parts)
 
     def loop_lap(self, task: str) -> None:
         """The ``loop`` stage: the event loop's CPU since the previous answer that no other
@@ -313,24 +330,30 @@ class _Direct:
         self.proto.fast.loop_lap(self.route.task)
 
     def respond(self, status: int, data: bytes, headers: dict[str, str]) -> None:
-        """Head and body in one write, then the connection goes on (or closes)."""
+        """Head and body in one write, then the connection goes on (or closes) once the
+        client has taken the answer: while the transport's buffer is over its high-water mark
+        the connection reads no further request (as uvicorn's own cycle awaits its drain), so
+        a client that never reads cannot grow the server's memory."""
         proto = self.proto
         transport = proto.transport
         keep = self.keep_alive and not self.disconnected
-        line = _STATUS.get(status) or f"HTTP/1.1 {status} \r\n".encode()
-        parts = [line, _JSON_HEAD, str(len(data)).encode(), b"\r\n",
-                 proto.fast.head_lines(proto.server_state.default_headers)]
-        for name, value in headers.items():
-            name = name.lower()
-            if name == "connection" and value.lower() == "close":
+        if headers:
+            headers = {k.lower(): v for k, v in headers.items()}
+            if headers.pop("connection", "").lower() == "close":
                 keep = False
-                continue
-            parts += [name.encode("latin-1"), b": ", value.encode("latin-1"), b"\r\n"]
-        if not keep:
-            parts.append(b"connection: close\r\n")
-        parts += [b"\r\n", data]
         if not transport.is_closing():
-            transport.write(b"".join(parts))
+            transport.write(proto.fast.answer_bytes(status, data, headers, keep,
+                                                    proto.server_state.default_headers))
+        self.release()
+        if proto.flow.write_paused and not transport.is_closing():
+            task = proto.loop.create_task(self._taken(status, keep))
+            proto.tasks.add(task)
+            task.add_done_callback(proto.tasks.discard)
+            return
+        self.finish(status, keep)
+
+    async def _taken(self, status: int, keep: bool) -> None:
+        await self.proto.flow.drain()  # the connection's loss or --idle-timeout ends it too
         self.finish(status, keep)
 
     def finish(self, status: int, keep: bool) -> None:
@@ -348,6 +371,30 @@ class _Direct:
         proto.on_response_complete()  # the next pipelined request, or the keep-alive timer
 
 
+def head_problem(headers: list[tuple[bytes, bytes]], version: str, upgrade: bool
+                 ) -> tuple[int, dict] | None:
+    """Why a request head must not be served (its status and answer), or None: an HTTP/1.1
+    request without exactly one ``Host`` (RFC 9112 §3.2: 400), a transfer coding other than
+    ``chunked`` alone (§6.1: 501; ``identity`` is no longer one), or a body on a request that
+    asks to switch protocols (the parser stops at the switch, so the body could never be
+    read: 400 rather than no answer)."""
+    hosts = sum(name == b"host" for name, _ in headers)
+    if hosts != 1 and (version != "1.0" or hosts > 1):
+        return 400, {"detail": f"an HTTP/{version} request needs exactly one Host header, this "
+                     f"one has {hosts}"}
+    codings = [value for name, value in headers if name == b"transfer-encoding"]
+    if codings and [c.strip().lower() for c in b",".join(codings).split(b",")] != [b"chunked"]:
+        shown = b", ".join(codings).decode("latin-1")
+        return 501, {"detail": f"Transfer-Encoding {shown!r} is not supported: send the body "
+                     "with a Content-Length, or with 'chunked' alone"}
+    if upgrade and (codings or any(name == b"content-length" and value.strip() not in (b"", b"0")
+                                   for name, value in headers)):
+        return 400, {"detail": "this server does not switch protocols, and a request that asks "
+                     "to (Connection: upgrade) cannot carry a body here: send it without "
+                     "the Upgrade and Connection: upgrade headers"}
+    return None
+
+
 def protocol_class(fast: FastRoutes | None) -> Any:
     """uvicorn's httptools protocol with the fast path for ``fast``'s endpoints and
     `_OneWrite` transports; where `refusal` says why not, uvicorn's own protocol ("auto":
@@ -361,11 +408,30 @@ def protocol_class(fast: FastRoutes | None) -> Any:
     class FastProtocol(HttpToolsProtocol):
         def connection_made(self, transport: Any) -> None:  # type: ignore[override]
             self.fast, self.direct = fast, None
+            # A whole answer owed in place of the next request (an error: then close), the
+            # bytes of the request head being read (`in_head`: between requests or inside
+            # one's head), and the timer of an answer the client is not reading.
+            self.refusal: bytes | None = None
+            self.in_head, self.head_bytes, self.unread = True, 0, None
             super().connection_made(_OneWrite(transport, self.loop))
+            if not fast.connections.opened(self):
+                n = fast.connections.max_connections
+                self.refuse(503, {"detail": f"the server holds its limit of {n} connections, "
+                                  "every one with a request in progress: retry shortly",
+                                  "limit": "max_connections", "value": n}, "refused")
 
         def data_received(self, data: bytes) -> None:
+            if self.refusal is not None:
+                return  # an error is owed: nothing after it is read
             self.cpu_in = time.thread_time()  # the parse stage's CPU starts here
+            if self.in_head:
+                self.head_bytes += len(data)
             super().data_received(data)
+            limit = self.fast.max_header_bytes
+            if self.in_head and self.head_bytes > limit and self.refusal is None:
+                self.refuse(431, {"detail": f"the request line and headers are over {limit} "
+                                  "bytes", "limit": "max_header_bytes", "value": limit},
+                            "header_too_large")
             direct = self.direct
             if direct is not None and direct.body is not None and direct.timer is None:
                 direct.timer = self.loop.call_later(self.fast.body_timeout_s, direct.late)
@@ -377,6 +443,13 @@ def protocol_class(fast: FastRoutes | None) -> Any:
             self.url, self.expect_100_continue, self.headers = b"", False, []
 
         def on_headers_complete(self) -> None:
+            self.in_head, self.head_bytes = False, 0
+            self.fast.connections.busy(self)
+            parser = self.parser
+            problem = head_problem(self.headers, parser.get_http_version(),
+                                   parser.should_upgrade())
+            if problem is not None:
+                return self.refuse(*problem, reason="bad_request")
             direct = self._take()
             if direct is None:
                 return self._to_asgi()
@@ -421,13 +494,18 @@ def protocol_class(fast: FastRoutes | None) -> Any:
         def on_body(self, body: bytes) -> None:
             direct = self.direct
             if direct is None or direct.body is None:
-                return super().on_body(body)
+                if self.refusal is None:
+                    super().on_body(body)
+                return
             direct.body.append(body)
 
         def on_message_complete(self) -> None:
+            self.in_head = True
             direct = self.direct
             if direct is None or direct.body is None:
-                return super().on_message_complete()
+                if self.refusal is None:
+                    super().on_message_complete()
+                return
             body, direct.body = b"".join(direct.body), None
             direct.begin(body)
 
@@ -440,9 +518,81 @@ def protocol_class(fast: FastRoutes | None) -> Any:
 
         def connection_lost(self, exc: Exception | None) -> None:
             direct = self.direct
+            self.fast.connections.gone(self)
+            self._stop_unread()
             super().connection_lost(exc)
             if direct is not None:
                 direct.lost()
+
+        def owed(self) -> bool:
+            """Whether an answer is still owed on this connection (in progress or queued)."""
+            return (self.cycle is not None and not self.cycle.response_complete) or bool(
+                self.pipeline)
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if self.transport.is_closing() or self.owed():
+                return
+            if self.refusal is not None:
+                self._send_refusal()
+            else:
+                self.fast.connections.wait(self)
+
+        def refuse(self, status: int, content: dict, reason: str) -> None:
+            """Answer ``status`` with ``content`` and close, after every answer still owed
+            on this connection (pipelined requests are answered in order, RFC 9112)."""
+            if self.refusal is not None:
+                return
+            self.fast.connections.count(reason)
+            self.refusal = self.fast.answer_bytes(status, dumps(content), {}, False,
+                                                  self.server_state.default_headers)
+            if not self.owed():
+                self._send_refusal()
+
+        def _send_refusal(self) -> None:
+            if not self.transport.is_closing():
+                self.transport.write(self.refusal)
+                self.transport.close()
+
+        def send_400_response(self, msg: str) -> None:  # uvicorn's answer to unparsable bytes
+            self.refuse(400, {"detail": f"{msg.rstrip('.')}: the bytes after the last whole "
+                              "request are not HTTP/1.1"}, "bad_request")
+
+        def idle_expired(self) -> None:
+            """No whole request head within --idle-timeout: a silent connection is closed; one
+            that began a head is answered 408 first."""
+            if self.transport.is_closing() or self.owed():
+                return
+            fast = self.fast
+            if self.head_bytes == 0:
+                fast.connections.count("idle")
+                self.transport.close()
+                return
+            fast.connections.gone(self)
+            t = fast.connections.idle_timeout_s
+            self.refuse(408, {"detail": f"the request head did not arrive within {t:g} s",
+                              "limit": "idle_timeout", "value": t}, "head_timeout")
+
+        def pause_writing(self) -> None:
+            super().pause_writing()
+            if self.unread is None:
+                self.unread = self.loop.call_later(self.fast.connections.idle_timeout_s,
+                                                   self._unread)
+
+        def resume_writing(self) -> None:
+            super().resume_writing()
+            self._stop_unread()
+
+        def _stop_unread(self) -> None:
+            if self.unread is not None:
+                self.unread.cancel()
+                self.unread = None
+
+        def _unread(self) -> None:
+            """An answer unread for --idle-timeout: the client is not reading; drop it."""
+            self.unread = None
+            self.fast.connections.count("unread")
+            self.transport.abort()
 
     return FastProtocol
 
@@ -464,6 +614,11 @@ class _OneWrite:
         self._transport, self._loop, self._head = transport, loop, None
 
     def write(self, data: bytes) -> None:
+        if self._transport.is_closing():
+            # uvicorn marks only a connection's newest cycle disconnected: a pipelined one
+            # woken from its drain by the loss writes on, which uvloop's transport refuses
+            self._head = None
+            return
         head = self._head
         if head is not None:
             self._head = None

@@ -86,6 +86,10 @@ class ServeMetrics:
             "shoestring_refused_requests_total",
             "Requests refused for a limit, by the limit (max_concurrent_requests, max_queue, "
             "max_client_batch).", ("limit",), registry=reg)
+        self.closed = Counter(
+            "shoestring_closed_connections_total",
+            "Connections the server closed itself, by reason (idle, head_timeout, unread, "
+            "evicted, refused, header_too_large, bad_request).", ("reason",), registry=reg)
         self.streams = Counter("shoestring_streams_total",
                                "Streamed generations ended, by finish reason (stop, length, "
                                "cancelled: the client went away).", ("finish_reason",),

@@ -86,12 +86,15 @@ def build_server(engine: Engine | ModelRouter, settings: ServeSettings,
                  announce: Any = None) -> uvicorn.Server:
     """The uvicorn server for ``engine``'s app; ``announce`` gets its shutdown line."""
     app = create_app(engine, settings)
+    http = protocol_class(app.fast)
     config = uvicorn.Config(
-        app, log_level="warning", access_log=False, lifespan="on", http=protocol_class(app.fast),
+        app, log_level="warning", access_log=False, lifespan="on", http=http,
         timeout_graceful_shutdown=settings.shutdown_timeout_s,
-        # A safety net under the app's own limits (429 at --max-concurrent-requests):
-        # connections beyond this are answered 503 by uvicorn before any parsing.
-        limit_concurrency=settings.max_concurrent_requests + 512, timeout_keep_alive=30,
+        # With the fast path's protocol, `connections` bounds and ages connections; on
+        # uvicorn's own, its limit_concurrency answers 503 to every request past this many
+        # connections or tasks (docs/security.md).
+        limit_concurrency=None if http != "auto" else settings.max_connections,
+        timeout_keep_alive=settings.idle_timeout_s, ws="none",  # no route speaks WebSocket
         proxy_headers=False,  # loopback by default; a proxy in front sets its own headers
     )
     return _Server(config, app, announce)

@@ -53,6 +53,16 @@ class ServeSettings(BaseModel):
     body_timeout_s: float = Field(
         15.0, gt=0.0, le=3600.0, description="a request body not fully arrived this long after "
         "its headers gets 408 and the connection is closed (slow or stalled clients)")
+    idle_timeout_s: float = Field(
+        30.0, gt=0.0, le=3600.0, description="a connection is closed when it has not sent a "
+        "whole request head this long after it opened or after its last answer, or has not "
+        "read an answer for this long (idle, trickling and unread connections)")
+    max_connections: int = Field(
+        4096, ge=16, le=1_000_000, description="open connections at most: a new one beyond it "
+        "closes the longest-idle connection, or is answered 503 when none is idle")
+    max_header_bytes: int = Field(
+        16384, ge=1024, le=1 << 20, description="a request's line and headers at most (431 "
+        "and the connection closed above it)")
     shutdown_timeout_s: float = Field(
         30.0, ge=0.0, description="on shutdown, wait this long for in-flight requests"
     )
