@@ -88,6 +88,13 @@ def base_source(commit: str) -> Path:
 # ---------------------------------------------------------------------------- CPU from /proc
 
 TICK = os.sysconf("SC_CLK_TCK")
+# A thread's CPU time is read in nanoseconds from /proc/PID/task/TID/schedstat (the
+# scheduler's own sum of the thread's run time) where the kernel has it; else from
+# /proc/PID/task/TID/stat in clock ticks (10 ms each at 100 Hz), too coarse for a few
+# hundred requests: at 600, a 0.33 ms/request figure read over a few threads moves by ~7%
+# per tick. `clock_resolution_ms` says what the figure printed can resolve.
+SCHEDSTAT = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/schedstat")
+CLOCK_S = 1e-9 if SCHEDSTAT else 1 / TICK
 
 
 def _stat(path: str) -> tuple[int, float] | None:
@@ -114,21 +121,41 @@ def process_tree(pid: int) -> list[int]:
     return tree
 
 
+def _thread_cpu(task: str) -> float | None:
+    """CPU seconds so far of one thread (``/proc/PID/task/TID``), at `CLOCK_S` resolution."""
+    if SCHEDSTAT:
+        try:
+            with open(f"{task}/schedstat") as f:
+                return int(f.read().split()[0]) * 1e-9
+        except (OSError, ValueError, IndexError):
+            return None
+    st = _stat(f"{task}/stat")
+    return None if st is None else st[1]
+
+
 def cpu_by_thread(pid: int) -> dict[str, float]:
     """CPU seconds so far of every thread of the server's processes: ``main`` (each
     process's main thread: the event loop) and ``other`` (batcher, tokenizer and torch
-    threads). Threads that have exited are not counted: the servers keep theirs."""
-    out = {"main": 0.0, "other": 0.0}
+    threads), and ``threads``, how many were read (each reading is off by up to one
+    `CLOCK_S`). Threads that have exited are not counted: the servers keep theirs."""
+    out = {"main": 0.0, "other": 0.0, "threads": 0}
     for proc in process_tree(pid):
         try:
             tids = os.listdir(f"/proc/{proc}/task")
         except OSError:
             continue
         for tid in tids:
-            st = _stat(f"/proc/{proc}/task/{tid}/stat")
-            if st is not None:
-                out["main" if int(tid) == proc else "other"] += st[1]
+            cpu = _thread_cpu(f"/proc/{proc}/task/{tid}")
+            if cpu is not None:
+                out["main" if int(tid) == proc else "other"] += cpu
+                out["threads"] += 1
     return out
+
+
+def clock_resolution_ms(threads: int, requests: int) -> float:
+    """The most the CPU ms/request of a burst can be off by the clock alone: each thread's
+    reading before and after rounds down by up to one `CLOCK_S`."""
+    return 1000 * threads * CLOCK_S / requests
 
 
 def resident_mb(pid: int) -> float:
@@ -167,7 +194,8 @@ def measure(server: Server, label: str, requests: list, clients: int, count: int
     if n < 2:
         raise RuntimeError(f"{label}: only {n} requests succeeded")
     q = statistics.quantiles(sorted(latencies), n=100, method="inclusive")
-    per = {k: 1000 * (c1[k] - c0[k]) / n for k in c0}
+    per = {k: 1000 * (c1[k] - c0[k]) / n for k in ("main", "other")}
+    resolution = clock_resolution_ms(int(max(c0["threads"], c1["threads"])), n)
 
     def delta(kind: str, stage: str) -> float:
         return m1[kind].get(stage, 0.0) - m0[kind].get(stage, 0.0)
@@ -181,9 +209,12 @@ def measure(server: Server, label: str, requests: list, clients: int, count: int
            "p50_ms": 1000 * q[49], "p99_ms": 1000 * q[98],
            "batch": (m1["inputs"] - m0["inputs"]) / batches if batches else float("nan"),
            "stage_cpu_ms": stages, "stage_wall_ms": walls,
-           "rss_mb": resident_mb(server.proc.pid), "load": [load_before, load_average()]}
+           "rss_mb": resident_mb(server.proc.pid), "load": [load_before, load_average()],
+           "resolution_ms": resolution}
     print(f"  {label}: {out['cpu_ms']:.3f} CPU ms/request (event loop {per['main']:.3f}, other "
-          f"threads {per['other']:.3f}); {out['req_s']:.0f} req/s, p50 {out['p50_ms']:.1f} ms, "
+          f"threads {per['other']:.3f}; clock resolution ±{resolution:.4f}, "
+          f"{100 * resolution / max(out['cpu_ms'], 1e-9):.2f}%); "
+          f"{out['req_s']:.0f} req/s, p50 {out['p50_ms']:.1f} ms, "
           f"p99 {out['p99_ms']:.1f} ms, {out['batch']:.1f} inputs/batch, errors {errors}, "
           f"resident {out['rss_mb']:.0f} MB; "
           f"load {format_load(load_before)} -> {format_load(load_average())}", flush=True)
@@ -208,7 +239,9 @@ def pooled(runs: list[dict]) -> dict:
     return {**mean, "requests": n, "stage_cpu_ms": stages, "stage_wall_ms": walls,
             **{k: statistics.median(r[k] for r in runs) for k in ("req_s", "p50_ms", "p99_ms",
                                                                    "batch")},
-            "errors": sum(r["errors"] for r in runs), "rss_mb": max(r["rss_mb"] for r in runs)}
+            "errors": sum(r["errors"] for r in runs), "rss_mb": max(r["rss_mb"] for r in runs),
+            # bursts' clock errors add up at most, spread over all their requests
+            "resolution_ms": sum(r["resolution_ms"] * r["requests"] for r in runs) / n}
 
 
 def report(results: dict[str, list[dict]], bench: Bench, args: object) -> None:
@@ -234,7 +267,10 @@ def report(results: dict[str, list[dict]], bench: Bench, args: object) -> None:
     notes = [f"new / old CPU per request: {ratio:.3f} over all bursts ({len(ratios)} pairs of "
              f"adjacent bursts: {ratios[0]:.3f} to {ratios[-1]:.3f}, median "
              f"{statistics.median(ratios):.3f}); target <= 0.333: "
-             + ("met" if ratio <= 1 / 3 else "not met")]
+             + ("met" if ratio <= 1 / 3 else "not met"),
+             "CPU clock resolution of each row's CPU ms/request (pooled): "
+             + ", ".join(f"{label} ±{pooled(runs)['resolution_ms']:.4f}"
+                         for label, runs in results.items())]
     stage_rows = []
     for label, runs in results.items():
         p = pooled(runs)
@@ -294,6 +330,10 @@ def main() -> None:
     print(f"model {run}; {len(texts)} one-sentence texts ({statistics.mean(map(len, ids)):.1f} "
           f"tokens on average); {args.clients} {args.client} clients; old = {args.base_commit}, new = "
           "this checkout", flush=True)
+    print("CPU clock: " + ("/proc/PID/task/TID/schedstat, nanoseconds" if SCHEDSTAT else
+                           f"/proc/PID/task/TID/stat, ticks of {1000 / TICK:.0f} ms (no schedstat "
+                           "here): the more requests a burst, the finer its figure")
+          + "; each burst prints its resolution", flush=True)
 
     results: dict[str, list[dict]] = {"old (JSON)": [], "new (JSON)": []}
     if not args.no_variants:

@@ -93,8 +93,7 @@ def test_the_page_never_inserts_markup_built_from_data() -> None:
     assert re.search(r"e\.append\(c instanceof Node \? c : String\(", script)
 
 
-@pytest.fixture()
-def server(pydocs_dir: Path, tmp_path: Path):
+def _serve(pydocs_dir: Path, tmp_path: Path, **settings: object):
     from shoestring.eval.mlm import evaluate_run
     from shoestring.train.loop import train
 
@@ -105,8 +104,22 @@ def server(pydocs_dir: Path, tmp_path: Path):
     repo.push(run, "bert")
     repo.tag("bert:1", "prod")
     _plant_payload(repo)
-    settings = make_settings(port=0, max_length=64)
-    with ServerThread(load_router(["bert:prod"], settings, repo), settings) as srv:
+    s = make_settings(port=0, max_length=64, **settings)
+    return ServerThread(load_router(["bert:prod"], s, repo), s)
+
+
+@pytest.fixture()
+def server(pydocs_dir: Path, tmp_path: Path):
+    with _serve(pydocs_dir, tmp_path) as srv:
+        yield srv
+
+
+KEY = "page-key-0123456789"
+
+
+@pytest.fixture()
+def keyed_server(pydocs_dir: Path, tmp_path: Path):
+    with _serve(pydocs_dir, tmp_path, api_key=KEY) as srv:
         yield srv
 
 
@@ -144,3 +157,22 @@ def test_the_page_lists_models_and_runs_a_fill_mask_query(browser, server: Serve
     browser.find_element(By.ID, "run").click()
     item = wait.until(lambda b: b.find_element(By.CSS_SELECTOR, "#result ul.fill-mask li"))
     assert item.text.startswith(f"position {position}: {top} (")
+
+
+@pytest.mark.slow  # a training run, an eval and a browser, ~30 s
+def test_typing_the_key_refreshes_the_models_without_leaving_the_field(
+    browser, keyed_server: ServerThread
+) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get(keyed_server.url + "/")
+    wait = WebDriverWait(browser, 60)
+    wait.until(lambda b: "401" in b.find_element(By.CSS_SELECTOR, "#models td.error").text)
+    # The page's periodic refreshes stopped: from here only typing the key can refresh it.
+    browser.execute_script("for (let i = 1; i < 10000; i++) clearInterval(i);")
+    box = browser.find_element(By.ID, "key")
+    box.send_keys(KEY)  # typed, never blurred (the old page refreshed on "change": on blur)
+    row = wait.until(lambda b: b.find_element(By.CSS_SELECTOR, "#models tr.model-row"))
+    assert row.find_elements(By.TAG_NAME, "td")[0].text == "bert"
+    assert browser.switch_to.active_element.get_attribute("id") == "key"

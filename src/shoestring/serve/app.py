@@ -327,17 +327,24 @@ def _add_status_routes(app: FastAPI, api: Api) -> None:
 
     @app.get("/readyz")
     async def readyz() -> JSONResponse:
-        """Readiness: accepting work, the queue has room, and every served model's current
-        version can be served (else 503, with why: send traffic elsewhere)."""
+        """Readiness: accepting work, every ``--workers`` replica loaded, the queue has room,
+        and every served model's current version can be served (else 503, with why: send
+        traffic elsewhere)."""
         depth = router.queue_depth
         problems = await asyncio.to_thread(router.unservable)
+        replicas = getattr(app.state, "replicas", None)  # --workers: `replicas.Loaded`
+        loading = replicas.waiting() if replicas is not None else None
         if not router.accepting:
             state = "shutting down"
+        elif loading:
+            state = "loading"
         elif depth >= settings.max_queue:
             state = "queue full"
         else:
             state = "cannot serve a model" if problems else "ready"
         body = {"status": state, "queue_depth": depth, "tasks": tasks}
+        if loading:
+            body["workers"] = loading
         if problems:
             body["problems"] = problems
         return JSONResponse(body, status_code=200 if state == "ready" else 503)

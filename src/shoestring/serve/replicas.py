@@ -12,6 +12,9 @@ on a CPU its peak resident memory (``VmHWM``; it counts the shared libraries too
 high). The parent checks that the other N - 1 fit in what is free then (device memory, or
 ``MemAvailable``), keeping `HEADROOM` spare, and otherwise stops with an error that says how
 many fit.
+
+While they load, every replica that already serves answers ``/readyz`` 503 (`Loaded`): a
+load balancer sends nothing to a server whose other replicas are still loading.
 """
 
 from __future__ import annotations
@@ -56,6 +59,30 @@ def measure(engines: list[Any], max_batch_tokens: int,
         return Footprint(str(device), int(peak), int(free))
     return Footprint(str(device), _proc_kib("/proc/self/status", "VmHWM") << 10,
                      _proc_kib("/proc/meminfo", "MemAvailable") << 10)
+
+
+class Loaded:
+    """How many of a server's N replicas have loaded their models: one counter in shared
+    memory, made by the parent before the replicas start, raised by each replica once it has
+    loaded and read by every replica's ``/readyz`` (503 until all N have)."""
+
+    def __init__(self, context: Any, total: int) -> None:
+        self.total = total
+        self._count = context.Value("i", 0)  # passed to each replica as it is spawned
+
+    def add(self) -> None:
+        """This replica has loaded its models."""
+        with self._count.get_lock():
+            self._count.value += 1
+
+    @property
+    def count(self) -> int:
+        return int(self._count.value)
+
+    def waiting(self) -> str | None:
+        """Why the server is not ready yet ("1 of 2 workers loaded"); None once all are."""
+        count = self.count
+        return None if count >= self.total else f"{count} of {self.total} workers loaded"
 
 
 def check_fit(workers: int, footprint: Footprint, flag: str = "--workers") -> None:

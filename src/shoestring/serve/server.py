@@ -28,7 +28,7 @@ import uvicorn
 from shoestring.errors import ShoestringError
 from shoestring.model_repository import ModelRepository
 from shoestring.serve.app import create_app
-from shoestring.serve.fastpath import captured_signals, protocol_class
+from shoestring.serve.fastpath import protocol_class
 from shoestring.inference.engine import Engine, load_engine
 from shoestring.serve import replicas
 from shoestring.serve.metrics import ServeMetrics
@@ -69,6 +69,19 @@ class _Server(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, app: Any, announce: Any = None) -> None:
         super().__init__(config)
         self.served, self.announce = app, announce
+        self.stop_signals: list[int] = []  # what stopped it, recorded here for any uvicorn
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        self.stop_signals.append(sig)
+        super().handle_exit(sig, frame)
+
+    def run(self, sockets: list[socket.socket] | None = None) -> None:
+        """Serve until stopped; stopped by a signal, end as that signal ends a process (the
+        exit status says SIGTERM). uvicorn >= 0.29 raises it again itself once it has shut
+        down; older ones (no ``_captured_signals``) return, so it is raised here."""
+        super().run(sockets)
+        if self.stop_signals and not hasattr(self, "_captured_signals"):
+            end_as_signalled(self.stop_signals[-1], restore_default=True)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         in_flight = self.served.gate.active
@@ -76,10 +89,21 @@ class _Server(uvicorn.Server):
         self.served.fast.stop_waiting()
         await super().shutdown(sockets)
         if self.announce is not None:
-            signals = captured_signals(self)
-            how = signal.Signals(signals[-1]).name if signals else "asked to"
+            how = signal.Signals(self.stop_signals[-1]).name if self.stop_signals else "asked to"
             self.announce(f"shoestring serve: stopped ({how}): drained {in_flight} in-flight "
                           f"request{'' if in_flight == 1 else 's'}")
+
+
+def end_as_signalled(signum: int, restore_default: bool = False) -> None:
+    """End this process as ``signum`` would have without a handler (SIGTERM: killed by it;
+    SIGINT: KeyboardInterrupt, which the CLI ends with 130), as uvicorn does after a drain:
+    a supervisor reads from the exit status that the stop was asked for. With
+    ``restore_default`` the signal's default handler is put back first; else the handler in
+    place (the one this process had before serving) decides."""
+    if restore_default:
+        signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT
+                      else signal.SIG_DFL)
+    signal.raise_signal(signum)
 
 
 def build_server(engine: Engine | ModelRouter, settings: ServeSettings,
@@ -185,7 +209,10 @@ def serve(models: str | Path | list[str], settings: ServeSettings, announce: Any
     that many processes sharing one listening socket)."""
     models = [str(m) for m in models] if isinstance(models, list) else [str(models)]
     if settings.workers > 1:
-        return serve_workers(models, settings, announce)
+        stopped_by = serve_workers(models, settings, announce)
+        if stopped_by is not None:  # here, once its queue and counter are freed (not leaked)
+            end_as_signalled(stopped_by)
+        return
     router = load_router(models, settings)
     sock = bind(settings.host, settings.port)
     server = build_server(router, settings, announce)
@@ -198,9 +225,13 @@ def serve(models: str | Path | list[str], settings: ServeSettings, announce: Any
 
 
 def _worker_main(models: list[str], settings: ServeSettings, sock: socket.socket,
-                 ready: Any, measure_memory: bool = False) -> None:
+                 ready: Any, loaded: replicas.Loaded, measure_memory: bool = False) -> None:
     """One replica: its own models, batchers and event loop on the shared socket. The
-    first of several also reports its memory at its largest batch (`replicas`)."""
+    first of several also reports its memory at its largest batch (`replicas`); each counts
+    itself in ``loaded`` once loaded, and its ``/readyz`` answers 503 until all have."""
+    # Ctrl-C in a terminal reaches every process of the group: the parent decides, and
+    # passes on a SIGTERM (a replica still loading just ends; one serving drains).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         router = load_router(models, settings)
         server = build_server(router, settings, lambda line: print(
@@ -208,23 +239,46 @@ def _worker_main(models: list[str], settings: ServeSettings, sock: socket.socket
     except ShoestringError as e:
         ready.put(("error", e.message))
         return
+    server.served.fastapi.state.replicas = loaded  # what its /readyz waits for
     footprint = None
     if measure_memory:
         footprint = replicas.measure([s.engine for s in router.slots.values()],
                                      settings.max_batch_tokens)
     tune_gc()
+    loaded.add()
     ready.put(("ready", (os.getpid(), footprint)))
     server.run(sockets=[sock])
 
 
-def serve_workers(models: list[str], settings: ServeSettings, announce: Any = print) -> None:
+def _died_while_loading(proc: Any) -> ShoestringError:
+    """A replica that ended before it reported loaded, and no stop was asked for: how it
+    ended (a signal by name; a Python traceback is printed above only for status 1, an
+    exception that escaped)."""
+    code = proc.exitcode
+    if code < 0:
+        how = f"was killed by {signal.Signals(-code).name}"
+        fix = ("SIGKILL is what the kernel's out-of-memory killer sends: see `dmesg`, and try "
+               "fewer --workers or a lower --max-batch-tokens" if -code == signal.SIGKILL
+               else "see what sent it the signal")
+    else:
+        how = f"exited with status {code}" + (" (its traceback is above)" if code == 1 else "")
+        fix = "see its output above"
+    return ShoestringError(f"worker {proc.name} (pid {proc.pid}) {how} while loading its models",
+                           where="--workers", fix=fix)
+
+
+def serve_workers(models: list[str], settings: ServeSettings,
+                  announce: Any = print) -> int | None:
     """``--workers N``: N replica processes (cortex's scaling) accept on one socket.
 
     The kernel hands each new connection to one of them. The first replica starts alone and
     measures its memory at its largest batch; the others start only if they fit beside it
-    (`replicas.check_fit`: else an error, exit 2). SIGTERM or SIGINT to this process is
-    passed to every replica, each drains (in-flight requests finish, queued inputs run) and
-    this process returns once all have exited.
+    (`replicas.check_fit`: else an error, exit 2). Every replica answers ``/readyz`` 503 until
+    all have loaded (`replicas.Loaded`). SIGTERM or SIGINT to this process is passed to every
+    replica, each drains (in-flight requests finish, queued inputs run; one still loading just
+    ends), and once all have exited this returns that signal (`serve` then ends the process
+    as the signal would, as a single server does): a stop asked for while they load is a
+    stop, not a failure. None: the replicas ended without being asked.
     """
     import multiprocessing as mp
 
@@ -237,53 +291,71 @@ def serve_workers(models: list[str], settings: ServeSettings, announce: Any = pr
     sock = bind(settings.host, settings.port)
     ctx = mp.get_context("spawn")
     ready = ctx.Queue()
-    procs = [ctx.Process(target=_worker_main, args=(models, settings, sock, ready, i == 0),
+    loaded = replicas.Loaded(ctx, settings.workers)
+    procs = [ctx.Process(target=_worker_main,
+                         args=(models, settings, sock, ready, loaded, i == 0),
                          name=f"shoestring-worker-{i}") for i in range(settings.workers)]
-    stopping = threading.Event()
+    stopped: list[int] = []  # the signals asked to stop, in order
 
-    def forward(signum: int, frame: Any) -> None:
-        stopping.set()
+    def stop_workers() -> None:
         for p in procs:
             if p.pid is not None and p.is_alive():
                 os.kill(p.pid, signal.SIGTERM)
 
-    def await_ready(started: list[Any]) -> list[tuple[int, Any]]:
+    def forward(signum: int, frame: Any) -> None:
+        stopped.append(signum)
+        stop_workers()
+
+    def await_ready(started: list[Any]) -> list[tuple[int, Any]] | None:
+        """Each of ``started``'s pid and footprint once loaded (None: a stop was asked)."""
         out: list[tuple[int, Any]] = []
         while len(out) < len(started):
+            if stopped:
+                return None
             try:
-                status, value = ready.get(timeout=1.0)
+                status, value = ready.get(timeout=0.25)
             except queue.Empty:  # a worker that died while loading never reports
-                dead = [p for p in started if p.exitcode is not None]
-                if dead:
-                    forward(signal.SIGTERM, None)
-                    raise RuntimeError(
-                        f"worker {dead[0].name} exited with status {dead[0].exitcode} while "
-                        "loading its models (its traceback is above)"
-                    ) from None
+                dead = next((p for p in started if p.exitcode is not None), None)
+                if dead is not None and not stopped:
+                    stop_workers()
+                    raise _died_while_loading(dead) from None
                 continue
             if status == "error":
-                forward(signal.SIGTERM, None)
+                stop_workers()
                 raise ShoestringError(value)
             out.append(value)
-        return out
+        return None if stopped else out
 
+    announce(f"starting {settings.workers} workers for {', '.join(models)} on {url_of(sock)} "
+             f"(/readyz answers 503 until all have loaded)")
     old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         procs[0].start()
-        [(first, footprint)] = await_ready(procs[:1])
-        try:
-            replicas.check_fit(settings.workers, footprint)
-        except ShoestringError:
-            forward(signal.SIGTERM, None)
-            raise
-        for p in procs[1:]:
-            p.start()
-        pids = [first] + [pid for pid, _ in await_ready(procs[1:])]
-        announce(f"serving {', '.join(models)} with {settings.workers} workers "
-                 f"(pids {', '.join(map(str, pids))}, {settings.threads} threads each; "
-                 f"{footprint.describe()}) on {url_of(sock)}")
+        first = await_ready(procs[:1])
+        if first is not None:
+            footprint = first[0][1]
+            try:
+                replicas.check_fit(settings.workers, footprint)
+            except ShoestringError:
+                stop_workers()
+                raise
+            for p in procs[1:]:
+                if not stopped:
+                    p.start()
+            rest = await_ready(procs[1:])
+            if rest is not None:
+                pids = [first[0][0]] + [pid for pid, _ in rest]
+                announce(f"serving {', '.join(models)} with {settings.workers} workers "
+                         f"(pids {', '.join(map(str, pids))}, {settings.threads} threads each; "
+                         f"{footprint.describe()}) on {url_of(sock)}")
+        if stopped:  # a worker started as the signal came gets it too
+            stop_workers()
         for p in procs:
-            p.join()
+            if p.pid is not None:
+                p.join()
+        if stopped and loaded.count < settings.workers:
+            announce(f"shoestring serve: stopped ({signal.Signals(stopped[-1]).name}) while "
+                     f"the workers loaded ({loaded.waiting()})")
     finally:
         for p in procs:
             if p.is_alive():
@@ -293,6 +365,7 @@ def serve_workers(models: list[str], settings: ServeSettings, announce: Any = pr
         for s, h in old.items():
             signal.signal(s, h)
         sock.close()
+    return stopped[-1] if stopped else None
 
 
 class ServerThread:
