@@ -24,7 +24,7 @@ drop the queued inputs of a client that goes away. The stages of every request t
 are timed (`stages`).
 
 This module is the one place that reads uvicorn's private names (its httptools protocol's
-callbacks and attributes, its request cycle's, its server's captured signals). It is used
+callbacks and attributes, its request cycle's). It is used
 only inside the uvicorn releases CI tests (`FAST_PATH_UVICORN`) and where every name it reads
 exists (`refusal`); elsewhere, or with ``SHOESTRING_FAST_PATH=0``, the server runs on
 uvicorn's own protocol, every request through ASGI (the same answers, more CPU per
@@ -145,11 +145,6 @@ def refusal(version: str | None = None) -> str | None:
         return (f"uvicorn {version}'s HttpToolsProtocol lacks {', '.join(missing)}, which the "
                 f"fast path reads: serving through plain ASGI ({_PLAIN})")
     return None
-
-
-def captured_signals(server: Any) -> list[int]:
-    """The signals uvicorn's server caught while running (uvicorn >= 0.29; else none)."""
-    return list(getattr(server, "_captured_signals", []))
 
 
 @dataclass(frozen=True)
