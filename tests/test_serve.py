@@ -162,6 +162,30 @@ def test_bad_input_is_a_422_that_says_what(client: httpx.Client, body: dict, mes
     assert message in json.dumps(r.json())
 
 
+def test_text_the_tokenizer_empties_is_the_empty_text(client: httpx.Client) -> None:
+    """Characters a tokenizer's normaliser drops (NUL, a zero-width space, U+FFFD) make a
+    text of special tokens only: 422 naming the input, as an empty text is, not an answer
+    for the empty text."""
+    for text in ("\u0000", "\u200b", "\ufffd", "\u200b\u0000\ufffd"):
+        r = client.post("/v1/embed", json={"inputs": ["a b", text]})
+        assert r.status_code == 422, (text, r.text)
+        assert r.json()["detail"][0]["loc"] == ["body", "inputs", 1]
+        assert "empty once this model's tokenizer" in r.json()["detail"][0]["msg"]
+    assert client.post("/v1/embed", json={"inputs": "a\u200bb"}).status_code == 200
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-32"])
+def test_a_body_not_in_utf8_is_a_422_both_ways_in(client: httpx.Client, encoding: str) -> None:
+    """JSON is UTF-8 (RFC 8259): a UTF-16 or -32 body, which Python's json.loads would have
+    decoded by guessing, is refused on the fast path and through FastAPI (chunked) alike."""
+    body = json.dumps({"inputs": "a b"}).encode(encoding)
+    for headers in ({}, {"transfer-encoding": "chunked"}):
+        content = body if not headers else iter([body])
+        r = client.post("/v1/embed", content=content, headers=headers)
+        assert r.status_code == 422, r.text
+        assert r.json()["detail"][0]["type"] == "json_invalid"
+
+
 def test_malformed_json_and_oversized_body(client: httpx.Client) -> None:
     r = client.post("/v1/embed", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 422

@@ -132,6 +132,7 @@ class Engine(abc.ABC):
         # A WordPiece tokenizer's common case from a word cache; else the Rust tokenizer's
         # batch call (`wordpiece_cache.encoder_for`).
         self._encode: Callable[[list[Any]], list[list[int]]] = encoder_for(tokenizer)
+        self._bare: dict[bool, int] = {}  # ids of an empty text (pair: of two), `_has_content`
 
     # --- shared helpers -----------------------------------------------------------------------
 
@@ -157,6 +158,20 @@ class Engine(abc.ABC):
             bad = low if low < 0 else high
             raise InputError(f"token id {bad} at position {ids.index(bad)} is outside this "
                              f"model's vocabulary (0 to {self.vocab_size - 1})", loc)
+        return ids
+
+    def _has_content(self, ids: list[int], loc: Loc, pair: bool = False) -> list[int]:
+        """``ids`` hold more than the special tokens the tokenizer adds to an empty text: a
+        text its normaliser empties (only control, zero-width, combining or replacement
+        characters: ``"\u0000"``, ``"\u200b"``) is the empty text the schema refuses."""
+        bare = self._bare.get(pair)
+        if bare is None:
+            bare = self._bare[pair] = len(self._encode([("", "") if pair else ""])[0])
+        if len(ids) <= bare:
+            raise InputError("the text is empty once this model's tokenizer has normalised "
+                             "it (it holds only characters the tokenizer drops: control, "
+                             "zero-width, combining or replacement ones): send some content",
+                             loc)
         return ids
 
     def _fit(self, ids: list[int], loc: Loc, keep_last: bool) -> list[int]:
@@ -321,7 +336,7 @@ class EncoderEngine(Engine):
     def admit_embed(self, ids: list[int], loc: Loc, pooling: str | None,
                     normalize: bool | None) -> tuple[tuple[list[int], str, bool], int]:
         """None for ``pooling`` or ``normalize``: the model's default."""
-        ids = self._fit(ids, loc, keep_last=True)
+        ids = self._fit(self._has_content(ids, loc), loc, keep_last=True)
         return (ids, pooling or self.pooling,
                 self.normalize if normalize is None else normalize), len(ids)
 
@@ -460,7 +475,7 @@ class ClassifierEngine(Engine):
                              "per input", ("body", "pairs"))
 
     def admit_classify(self, ids: list[int], loc: Loc) -> tuple[list[int], int]:
-        ids = self._fit(ids, loc, keep_last=True)
+        ids = self._fit(self._has_content(ids, loc, self.pair is True), loc, keep_last=True)
         return ids, len(ids)
 
     def prepare_classify(self, texts: list[str], pairs: list[str] | None,

@@ -147,7 +147,30 @@ class _JsonBody:
         if scope["type"] == "http" and scope.get("method") == "POST":
             headers = [(k, v) for k, v in scope.get("headers") or [] if k != b"content-type"]
             scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
+            first: dict | None = await receive()
+            if first["type"] == "http.request" and _not_utf8(first.get("body", b"")):
+                # Python's json.loads would guess UTF-16 or -32; the fast path's parser, and
+                # RFC 8259 (8.1), take UTF-8 only: both ways in refuse it alike
+                error = {"type": "json_invalid", "loc": ["body", 0], "msg": "JSON decode error",
+                         "input": {}, "ctx": {"error": "the body is UTF-16 or UTF-32: JSON "
+                                              "must be sent as UTF-8 (RFC 8259)"}}
+                return await JSONResponse({"detail": [error]}, 422)(scope, receive, send)
+
+            async def again() -> dict:
+                nonlocal first
+                if first is not None:
+                    message, first = first, None
+                    return message
+                return await receive()
+
+            receive = again
         await self.app(scope, receive, send)
+
+
+def _not_utf8(body: bytes) -> bool:
+    """Whether a JSON body is UTF-16 or UTF-32: a byte-order mark, or a NUL among its first
+    four bytes (valid UTF-8 JSON has none: RFC 8259's own way of telling them apart)."""
+    return body[:2] in (b"\xff\xfe", b"\xfe\xff") or b"\x00" in body[:4]
 
 
 def create_app(engine: Engine | ModelRouter, settings: ServeSettings,
