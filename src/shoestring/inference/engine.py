@@ -334,9 +334,12 @@ class EncoderEngine(Engine):
         return (ids, positions, top_k), len(ids)
 
     def admit_embed(self, ids: list[int], loc: Loc, pooling: str | None,
-                    normalize: bool | None) -> tuple[tuple[list[int], str, bool], int]:
-        """None for ``pooling`` or ``normalize``: the model's default."""
-        ids = self._fit(self._has_content(ids, loc), loc, keep_last=True)
+                    normalize: bool | None, *, empty_ok: bool = False
+                    ) -> tuple[tuple[list[int], str, bool], int]:
+        """None for ``pooling`` or ``normalize``: the model's default. ``empty_ok``: a text
+        the tokenizer empties is embedded as the empty text (a corpus being indexed), not
+        refused (a client's request)."""
+        ids = self._fit(ids if empty_ok else self._has_content(ids, loc), loc, keep_last=True)
         return (ids, pooling or self.pooling,
                 self.normalize if normalize is None else normalize), len(ids)
 
@@ -347,7 +350,7 @@ class EncoderEngine(Engine):
 
     def prepare_embed(self, texts: list[str], pooling: str | None, normalize: bool | None,
                       many: bool) -> list[tuple[list[int], str, bool]]:
-        return [self.admit_embed(ids, input_loc(i, many), pooling, normalize)[0]
+        return [self.admit_embed(ids, input_loc(i, many), pooling, normalize, empty_ok=True)[0]
                 for i, ids in enumerate(self.tokenize(texts))]
 
     def torch_forward(self) -> Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]:
