@@ -118,7 +118,9 @@ def build_server(engine: Engine | ModelRouter, settings: ServeSettings,
         # uvicorn's own, its limit_concurrency answers 503 to every request past this many
         # connections or tasks (docs/security.md).
         limit_concurrency=None if http != "auto" else settings.max_connections,
-        timeout_keep_alive=settings.idle_timeout_s, ws="none",  # no route speaks WebSocket
+        # (uvicorn's keep-alive timer a second later: the protocol's own closes and counts)
+        timeout_keep_alive=settings.idle_timeout_s + (http != "auto"),
+        ws="none",  # no route speaks WebSocket
         proxy_headers=False,  # loopback by default; a proxy in front sets its own headers
     )
     return _Server(config, app, announce)
