@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn
 
 from shoestring import families
@@ -48,6 +49,8 @@ from shoestring.train.budget import Budget
 from shoestring.train.checkpoint import (
     Checkpoint,
     consolidate,
+    incomplete_checkpoints,
+    incomplete_note,
     latest_checkpoint,
     load_checkpoint,
     save_checkpoint,
@@ -60,7 +63,8 @@ from shoestring.train.metrics import MetricsLog
 from shoestring.train.schedule import batch_at, lr_factor
 from shoestring.train import compile_costs, speed as speed_choices
 from shoestring.train.summary import run_summary
-from shoestring.train.state import TrainState, check_state, checkpoint_state, resume_state
+from shoestring.train.state import (TrainState, check_cursor, check_state, checkpoint_state,
+                                    resume_state)
 from shoestring.train.window import Window
 
 
@@ -287,6 +291,10 @@ def train(
         if not RunDir(run_dir).is_run:
             raise ShoestringError("nothing to resume: not a run dir", where=str(run_dir),
                                   fix="train without --resume to start a run here")
+        if world_from_env()[0] == 0:
+            for cut in incomplete_checkpoints(run_dir):
+                console.print(f"[yellow]warning:[/] {escape(incomplete_note(cut))}",
+                              highlight=False)
         ckpt = latest_checkpoint(run_dir)
         if ckpt is None:
             raise ShoestringError("nothing to resume: the run dir has no checkpoint",
@@ -302,6 +310,8 @@ def train(
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
     check_layout(cfg, layout, data.vocab_size, world, device_type)
     train_split = data.split("train", verify="sha256")  # a flipped byte must not train silently
+    if ckpt is not None:
+        check_cursor(ckpt.state, len(train_split), str(ckpt.path / "state.json"), data.path)
     spare = check_fits(cfg.model, data.vocab_size, data.seq_len, cfg.train.micro_batch(layout.dp),
                        layout, cfg.train.precision, device_type,
                        local_ranks=int(os.environ.get("LOCAL_WORLD_SIZE", 1)))["spare"]
