@@ -585,14 +585,17 @@ def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
         for note in (warning, busy, *_mixture_report(r, cfg, data, console)):
             if note:
                 console.print(f"[yellow]warning:[/] {note}", highlight=False)
-        console.print(_off_the_clock(r), highlight=False)
+        console.print(_off_the_clock(r, s), highlight=False)
+    few_said = r.budget.seconds is not None  # a wall-clock budget's steps: once measured
+    if not few_said:
+        few_said = _say_few_steps(r, s, console)
     parallel.train_mode(True)
     if deadline is not None and r.budget.seconds is not None:
         r.budget.seconds = min(r.budget.seconds, max(deadline - time.perf_counter(), 1e-3))
     r.budget.restart(elapsed_before=s.elapsed)
     # A run stopped while finishing (`_finish`) resumes to its finish, not one step past it.
     spent = ckpt is not None and r.budget.progress(s.step, s.tokens, elapsed=s.elapsed) >= 1.0
-    step_time = 0.0
+    step_time, ran = 0.0, 0
     try:
         with _signals_caught() as caught, _Bar(console, parallel.is_main,
                                                r.budget.describe()) as bar:
@@ -614,6 +617,9 @@ def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
                     continue
                 p = r.budget.progress(s.step, s.tokens, elapsed=s.elapsed)
                 done = p >= 1.0
+                ran += 1
+                if not few_said and (ran >= 2 or done):  # the first step warms up
+                    few_said = _say_few_steps(r, s, console, step_time)
                 if (s.step % cfg.train.log_every == 0 or done) and r.window.steps:
                     r.log(r.window.record(s, p, lr, bsz))
                     bar.update(r.window.bar(s, p))
@@ -649,15 +655,51 @@ def _write_final(r: _Run, final_ckpt: Path) -> None:
         r.run.clear_evaluations()  # they scored the final/ this one replaces
 
 
-def _off_the_clock(r: _Run) -> str:
+def _off_the_clock(r: _Run, s: TrainState) -> str:
     """What the run does besides the steps the budget counts, said before it starts (a
-    `--budget 2m` run that takes 3.5 minutes should not surprise anyone)."""
-    tc = r.cfg.train
-    checks = max(round(1 / tc.val_every) - 1, 0) if tc.val_every > 0 else 0
-    val = (f"{checks} validation{'s' if checks != 1 else ''} and a final one, of "
-           f"{len(r.val_batch[0])} sequences each, " if r.val_batch is not None else "")
-    return (f"the budget ({r.budget.describe()}) counts training steps only: {val}the "
+    `--budget 2m` run that takes 3.5 minutes should not surprise anyone). The validations
+    are counted over the steps there will be (at most one a step, none at the last): exact
+    for a step budget, "up to" for any other."""
+    tc, b = r.cfg.train, r.budget
+    exact = b.steps is not None and b.seconds is None and b.tokens is None and b.flops is None
+    checks = periodic_validations(tc.val_every, b.steps, s.step, s.next_val)
+    val = (f"{'' if exact else 'up to '}{checks} validation{'s' if checks != 1 else ''} and a "
+           f"final one, of {len(r.val_batch[0])} sequences each, "
+           if r.val_batch is not None else "")
+    return (f"the budget ({b.describe()}) counts training steps only: {val}the "
             "checkpoints and writing final/ come on top of it, as did the setup before")
+
+
+def periodic_validations(every: float, steps: int | None, done: int = 0,
+                         next_val: float | None = None) -> int:
+    """How many periodic validations the loop runs (one when progress reaches ``next_val``,
+    which then moves past it by ``every``; never at the last step) in a run of ``steps``
+    steps resumed after ``done``; without ``steps``, how many the budget's fractions allow."""
+    if every <= 0:
+        return 0
+    at = every if next_val is None else next_val
+    if steps is None or steps - done > 100_000:  # no step count to cap it (or no need)
+        return sum(1 for k in range(1, math.ceil(1 / every) + 1) if at <= k * every < 1)
+    count = 0
+    for step in range(done + 1, steps):
+        if step / steps >= at:
+            count += 1
+            while at <= step / steps:
+                at += every
+    return count
+
+
+def _say_few_steps(r: _Run, s: TrainState, console: Console,
+                   step_seconds: float | None = None) -> bool:
+    """`speed.few_steps_note` for this run, printed by rank 0 (a wall-clock budget's once a
+    step has been timed). True: nothing more to say."""
+    steps = speed_choices.expected_steps(
+        r.budget, r.cfg.train.batch_size * r.data.seq_len, r.flops_per_token, done=s.step,
+        elapsed=s.elapsed, step_seconds=step_seconds)
+    note = speed_choices.few_steps_note(steps, r.n_params[0])
+    if note and r.parallel.is_main:
+        console.print(f"note: {note}", highlight=False, markup=False)
+    return True
 
 
 def _lost_step(r: _Run, s: TrainState, signum: int, cursor: Cursor,
