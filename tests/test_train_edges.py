@@ -302,6 +302,9 @@ def test_the_header_promises_the_validations_a_short_run_makes_and_says_it_is_sh
     assert sum("val_loss" in x for x in records) == 2 + 1  # what was promised, and no more
     assert text.count("note: this budget buys about 3 steps of this 0.2M-parameter model") == 1
     assert "too few for it to learn much" in text and "--set model.preset=tiny" in text
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["setup_seconds"] > 0  # what the budget leaves out, said at the end too
+    assert "s setup: outside the budget)" in " ".join((r.stdout + r.stderr).split())
 
 
 def test_steps_a_budget_buys_and_the_validations_counted_like_the_loop() -> None:

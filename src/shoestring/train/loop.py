@@ -282,6 +282,7 @@ def train(
     config must describe the same model; the budget may be extended). Every check that can
     fail is made on every rank before any process group exists.
     """
+    started = time.perf_counter()  # the setup before the clock: said in the summary
     console = console or Console(stderr=True)
     data = DataDir(data_dir)
     _check_data(cfg, data)
@@ -322,7 +323,7 @@ def train(
         parallel = Parallelism.start(cfg, layout, data.vocab_size)
         try:
             return _train(cfg, data, train_split, run_dir, parallel, console, ckpt, spare,
-                          deadline)
+                          deadline, started)
         finally:
             parallel.close()
 
@@ -379,6 +380,7 @@ class _Run(_Built):
     first_step_s: float = 0.0  # the first step's wall clock: compilation happens there
     first_step_tokens: int = 0
     load_start: float | None = None  # the CPU's 1-minute load average as training began
+    setup_seconds: float = 0.0  # from `train`'s call to the clock's start
 
     @property
     def quantum(self) -> int:
@@ -572,8 +574,10 @@ def _mixture_report(r: _Run, cfg: Config, data: DataDir, console: Console) -> li
 
 def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
            parallel: Parallelism, console: Console, ckpt: Checkpoint | None,
-           spare_bytes: int | None, deadline: float | None = None) -> dict:
-    """The loop (see `train`); ``parallel`` holds everything that depends on the layout."""
+           spare_bytes: int | None, deadline: float | None = None,
+           started: float | None = None) -> dict:
+    """The loop (see `train`); ``parallel`` holds everything that depends on the layout;
+    ``started``: when `train` was called (the setup until the clock starts is timed)."""
     r, s = _setup(cfg, data, train_split, run_dir, parallel, ckpt, spare_bytes)
     if parallel.is_main:
         console.print(r.describe(s, resumed=ckpt is not None))
@@ -593,6 +597,7 @@ def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
     if deadline is not None and r.budget.seconds is not None:
         r.budget.seconds = min(r.budget.seconds, max(deadline - time.perf_counter(), 1e-3))
     r.budget.restart(elapsed_before=s.elapsed)
+    r.setup_seconds = time.perf_counter() - started if started is not None else 0.0
     # A run stopped while finishing (`_finish`) resumes to its finish, not one step past it.
     spent = ckpt is not None and r.budget.progress(s.step, s.tokens, elapsed=s.elapsed) >= 1.0
     step_time, ran = 0.0, 0
