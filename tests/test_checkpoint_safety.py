@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from conftest import run_cli, tiny_config
+from shoestring.data.datadir import DataDir
 from shoestring.errors import ShoestringError
-from shoestring.train.checkpoint import _dcp, list_checkpoints
+from shoestring.train.checkpoint import _dcp, incomplete_checkpoints, list_checkpoints
 from shoestring.train.loop import train
 
 
@@ -96,6 +97,17 @@ def test_a_truncated_shard_or_a_bad_state_is_refused_by_name(pydocs_dir: Path,
     text = " ".join(r.stderr.split())
     assert str(newest / "state.json") in text and "rng.torch is damaged (100 values" in text
     assert "delete this checkpoint folder" in text
+    far = json.loads(state)  # a cursor past the data (issue 62: accepted silently)
+    far["cursor"]["offset"] = 10**9
+    (newest / "state.json").write_text(json.dumps(far))
+    r = run_cli(*resume)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    text = " ".join(r.stderr.split())
+    sequences = DataDir(pydocs_dir).manifest["splits"]["train"]["sequences"]
+    assert str(newest / "state.json") in text and "cursor.offset is 1,000,000,000" in text
+    assert f"holds {sequences:,} sequences" in text and str(pydocs_dir) in text
+    assert "--data set to the data dir this run trained on" in text
+    assert list_checkpoints(run)[-1] == newest  # refused before any step
     (newest / "state.json").write_text(state)
     shard = next(newest.glob("*.distcp"))
     with open(shard, "r+b") as f:
@@ -110,3 +122,32 @@ def test_a_truncated_shard_or_a_bad_state_is_refused_by_name(pydocs_dir: Path,
     assert r.returncode == 0, r.stderr[-2000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 3 and summary["resumed"]
+
+
+def test_an_incomplete_checkpoint_is_named_skipped_and_then_pruned(pydocs_dir: Path,
+                                                                  tmp_path: Path) -> None:
+    """A ``step_N`` folder without DCP's .metadata (cut off while saved or copied) cannot be
+    loaded: `train --resume` says which folder it skips and why, resumes from the newest
+    complete one, and the folder is deleted with the next save (issue 62: skipped without a
+    word, then pruned)."""
+    import json
+    import shutil
+
+    run = tmp_path / "run"
+    train(tiny_config(steps=3, checkpoint_every="1steps"), pydocs_dir, run)
+    older, newest = list_checkpoints(run)
+    (newest / ".metadata").unlink()
+    copied = newest.parent / "step_00000050"  # a copy cut off: no step re-saves its name
+    shutil.copytree(older, copied)
+    (copied / ".metadata").unlink()
+    assert incomplete_checkpoints(run) == [newest, copied]
+    r = run_cli("train", "-d", str(pydocs_dir), "-o", str(run), "--resume", "--steps", "4")
+    assert r.returncode == 0, r.stderr[-2000:]
+    text = " ".join(r.stderr.split())
+    for cut in (newest, copied):
+        assert (f"warning: skipping the checkpoint {cut}: it has no DCP .metadata, so it was "
+                "cut off while it was saved") in text, text[:2000]
+    assert "resuming at step 2" in text and "deleted when the run saves its next" in text
+    assert json.loads((run / "summary.json").read_text())["steps"] == 4
+    assert incomplete_checkpoints(run) == [] and not copied.exists()
+    assert [p.name for p in list_checkpoints(run)] == ["step_00000003", "step_00000004"]

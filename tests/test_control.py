@@ -99,7 +99,11 @@ def test_pretraining_on_the_tasks_text_beats_scratch(tmp_path: Path) -> None:
         docs.append(json.dumps({"text": ". ".join(sents) + "."}))
     (tmp_path / "corpus.jsonl").write_text("\n".join(docs))
     prep([str(tmp_path / "corpus.jsonl")], tmp_path / "data", DataConfig(vocab_size=200, seq_len=32))
-    train(tiny_config(steps=800, batch_size=32), tmp_path / "data", tmp_path / "run")
+    # 200 steps at a high peak lr teach the classes as 800 at the default did, in a quarter of
+    # the time (issue 62: at load 5-9 the 800 steps ran past the test's 600 s timeout). At
+    # this size, pretrained vs scratch dev-accuracy medians: lr 7e-3 100 vs 45, 1e-2 90 vs 45;
+    # the default 2e-3 needs the 800 steps (32 vs 45 after 200).
+    train(tiny_config(steps=200, batch_size=32, lr=7e-3), tmp_path / "data", tmp_path / "run")
     (tmp_path / "train.jsonl").write_text(_kind_rows(ANIMALS[:5] + VEHICLES[:5]))
     (tmp_path / "dev.jsonl").write_text(_kind_rows(ANIMALS[5:] + VEHICLES[5:]))
     spec = f"name=kind,train={tmp_path}/train.jsonl,dev={tmp_path}/dev.jsonl,text=text,label=label"

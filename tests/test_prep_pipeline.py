@@ -210,6 +210,88 @@ def test_resume_after_a_kill_while_tokenizing(
     assert _shards(out) == _shards(reference)
 
 
+def _children(pid: int) -> list[int]:
+    """The live child processes of ``pid``, from /proc (zombies count as gone)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc")
+@pytest.mark.parametrize("moment", ["tokenizer.child:1:wait", "encode.train:1:wait"])
+def test_prep_processes_exit_when_prep_is_killed(moment: str, corpus: Path, bpe_path: Path,
+                                                 tmp_path: Path) -> None:
+    """Issue 62: `kill -9` of prep left a 142 MB process and multiprocessing's resource
+    tracker running for as long as anyone let them. A real prep with 2 workers is held (the
+    fault hook waits) while its tokenizer trains in its child (the process that stayed) or
+    after its first encoded batch, killed with SIGKILL, and every process it had started
+    must go on its own."""
+    import signal
+    import time
+
+    trains = moment.startswith("tokenizer")  # no tokenizer given: prep trains one
+    code = (
+        "import sys; import shoestring.prep.prep as p; from shoestring.config import load_config;"
+        "import shoestring.prep.local as L, shoestring.prep.stages as S;"
+        "S.ENCODE_BATCH = 20; L.CHECKPOINT_CHARS = 1;"
+        f"p.prep([{str(corpus)!r}], {str(tmp_path / 'd')!r}, load_config(None, sys.argv[1:]).data)"
+    )
+    args = [a for a in _args(bpe_path) if not (trains and a.startswith("data.tokenizer="))]
+    proc = subprocess.Popen([sys.executable, "-c", code, *args, "data.workers=2"],
+                            env={**os.environ, "SHOESTRING_PREP_FAULT": moment},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    journal = tmp_path / ".d.partial" / "journal.json"
+
+    def held() -> bool:  # the tokenizer's child started / the first batch journaled
+        if trains:
+            return any("spawn_main" in _cmdline(c) for c in _children(proc.pid))
+        return journal.is_file() and "encode.train" in journal.read_text()
+
+    started: list[int] = []
+    try:
+        deadline = time.monotonic() + 240  # generous: a loaded machine; not a speed check
+        while not held():
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline, f"prep never reached {moment}"
+            time.sleep(0.1)
+        started = _children(proc.pid)
+        assert len(started) >= 2 + trains, started  # the pool's workers (+ the child)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+        deadline = time.monotonic() + 60
+        while any(_alive(c) for c in started) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = {c: _cmdline(c)[:80] for c in started if _alive(c)}
+        assert not left, f"prep's processes outlived it: {left}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for c in started:  # a failed run must not leave them behind either
+            if _alive(c):
+                os.kill(c, signal.SIGKILL)
+
+
 def test_other_settings_discard_an_interrupted_build(
     corpus: Path, bpe_path: Path, tmp_path: Path
 ) -> None:

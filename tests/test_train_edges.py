@@ -191,7 +191,7 @@ def test_a_log_hears_from_a_run_between_rare_log_steps(pydocs_dir: Path, tmp_pat
     text = " ".join(r.stderr.split())
     lines = [x for x in r.stderr.splitlines() if x.startswith("training ")]
     assert len(lines) >= 3 and lines[-1].startswith("training 100.0% of 35s"), lines
-    assert "the budget (35s) counts training steps only: 9 validations and a final one" in text
+    assert "the budget (35s) counts training steps only: up to 9 validations and a final" in text
     assert "budget spent at step" in text and text.index("budget spent") > text.index(lines[-1])
     load = json.loads((tmp_path / "run" / "summary.json").read_text())["cpu_load"]
     assert load["cores"] >= 1 and load["start"] >= 0 and load["end"] >= 0  # for the table
@@ -286,3 +286,42 @@ def test_ctrl_c_while_the_last_checkpoint_is_saved_stops_cleanly_and_resumes_to_
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads((run / "summary.json").read_text())["steps"] == 4
     assert (run / "final" / "model.safetensors").is_file()
+
+
+def test_the_header_promises_the_validations_a_short_run_makes_and_says_it_is_short(
+        pydocs_dir: Path, tmp_path: Path) -> None:
+    """Issue 62: a 2-step run's header promised 9 validations, and nothing said that a
+    handful of steps buys nothing. The count is the loop's own (at most one a step, none at
+    the last), and one plain note says the steps are too few and what to do."""
+    r = run_cli("train", "-d", str(pydocs_dir), "-o", str(tmp_path / "run"), "--steps", "3",
+                *TINY)
+    assert r.returncode == 0, r.stderr[-2000:]
+    text = " ".join(r.stderr.split())
+    assert "the budget (3 steps) counts training steps only: 2 validations and a final" in text
+    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert sum("val_loss" in x for x in records) == 2 + 1  # what was promised, and no more
+    assert text.count("note: this budget buys about 3 steps of this 0.2M-parameter model") == 1
+    assert "too few for it to learn much" in text and "--set model.preset=tiny" in text
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["setup_seconds"] > 0  # what the budget leaves out, said at the end too
+    assert "s setup: outside the budget)" in " ".join((r.stdout + r.stderr).split())
+
+
+def test_steps_a_budget_buys_and_the_validations_counted_like_the_loop() -> None:
+    """`expected_steps` and `periodic_validations` without a run: a wall-clock budget's steps
+    at a measured step time (what the loop calls after its second step), and the count of
+    validations for budgets the CLI test does not run."""
+    from shoestring.train.budget import Budget
+    from shoestring.train.loop import periodic_validations
+    from shoestring.train.speed import FEW_STEPS, expected_steps, few_steps_note
+
+    clock = Budget(seconds=40)  # issue 62's run: ~15 s a step of the base model on a CPU
+    steps = expected_steps(clock, 4096, 1e9, done=2, elapsed=31.0, step_seconds=15.0)
+    assert steps == 2 + 9 / 15 and "about 3 steps of this 78.0M" in few_steps_note(steps, 78_000_000)
+    assert expected_steps(clock, 4096, 1e9) is None  # not measured yet: nothing to say
+    assert expected_steps(Budget(steps=500, seconds=40), 4096, 1e9, step_seconds=15.0) < 3
+    assert expected_steps(Budget(tokens=4096 * 10), 4096, 1e9) == 10
+    assert few_steps_note(FEW_STEPS, 10**6) is None
+    assert [periodic_validations(0.1, n) for n in (1, 2, 3, 100)] == [0, 1, 2, 9]
+    assert periodic_validations(0.1, None) == 9 and periodic_validations(0.0, 100) == 0
+    assert periodic_validations(0.1, 100, done=50, next_val=0.6) == 4  # resumed half way

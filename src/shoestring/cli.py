@@ -423,7 +423,8 @@ def train(
 def _print_train(summary: dict, output: Path) -> None:
     t = Table(title=f"trained {output}", show_header=False)
     t.add_row("steps / tokens", f"{summary['steps']:,} / {summary['tokens']:,}")
-    t.add_row("time", f"{summary['train_seconds']:.1f}s (+{summary['save_seconds']:.1f}s save)")
+    t.add_row("time", f"{summary['train_seconds']:.1f}s (+{summary['save_seconds']:.1f}s save, "
+              f"+{summary.get('setup_seconds', 0.0):.1f}s setup: outside the budget)")
     t.add_row("tokens/s", f"{summary['tokens_per_s']:,.0f}")
     t.add_row("MFU", f"{summary['mfu']:.1%} of {summary['peak_flops'] / 1e9:,.0f} GFLOP/s measured ({summary['dtype']})")
     if summary.get("mfu_note"):

@@ -29,7 +29,7 @@ from shoestring.prep.executor import WORK_DIR, Journal, PrepPlan, fault_point, n
 from shoestring.prep.packing import StreamRows, unigram_sort_order
 from shoestring.prep.stages import (NO_COUNTS, encode, pack_record, pack_shard, shard_ranges,
                                     sorts, train_on_sample)
-from shoestring.prep.workers import WorkerPool
+from shoestring.prep.workers import WorkerPool, die_with_parent
 from shoestring.progress import progress_bar
 from shoestring.units import counted
 
@@ -143,7 +143,8 @@ class LocalStages:
         """`stages.train_on_sample` over the training spool, in a child process of its own:
         the trainer's word counts grow with the sample, and memory a process has freed
         often stays with it, so training in prep's own process would carry that peak
-        through tokenizing and packing."""
+        through tokenizing and packing. The child dies with prep (`die_with_parent`): killed
+        here, prep left it training and then waiting forever, with its resource tracker."""
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
@@ -152,8 +153,9 @@ class LocalStages:
         if total is None:  # a build folder journaled before the count was kept
             total = sum(len(t) for t in read_spool(spool))
         cap = cfg.tokenizer_sample_chars
-        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:
-            return child.submit(train_on_sample, partial(read_spool, spool), cap, total, kind,
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                                 initializer=die_with_parent, initargs=(os.getpid(),)) as child:
+            return child.submit(_train_in_child, partial(read_spool, spool), cap, total, kind,
                                 cfg.objective, cfg.vocab_size, cfg.lowercase_resolved,
                                 n_train if total <= cap else None).result()
 
@@ -237,6 +239,13 @@ class LocalStages:
         del bodies
         return pack_record(cfg, split, enc, shards,
                            self.d.source_split(split, enc, doc_ends, body, n))
+
+
+def _train_in_child(*args: Any) -> tuple[Any, dict[str, int]]:
+    """`stages.train_on_sample` in the tokenizer's child process (a fault point first, for
+    the tests' kill while a tokenizer trains)."""
+    fault_point("tokenizer.child", 1)
+    return train_on_sample(*args)
 
 
 def _long_documents_line(max_chars: int, stats: ReadStats) -> str:

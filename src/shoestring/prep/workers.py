@@ -11,13 +11,21 @@ spawning would re-import the caller's ``__main__``, which breaks scripts without
 single-threaded (``TOKENIZERS_PARALLELISM=false``), which is also what keeps a forked child
 of a process whose `tokenizers` thread pool already ran from deadlocking. Elsewhere workers
 are spawned.
+
+Workers die with prep (`die_with_parent`): a worker waits on a task pipe whose write end its
+siblings hold too, so when prep is killed (``kill -9``, the OOM killer) nothing closes it and
+the worker would wait forever, holding its memory (issue 62: a 142 MB worker seen 44 minutes
+later).
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import sys
+import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
@@ -52,7 +60,8 @@ class WorkerPool:
             saved = os.environ.get(_PARALLELISM)
             os.environ[_PARALLELISM] = "false"
             try:
-                self._pool = ctx.Pool(self.workers, initializer=_init_worker)
+                self._pool = ctx.Pool(self.workers, initializer=_init_worker,
+                                      initargs=(os.getpid(),))
             finally:
                 if saved is None:
                     del os.environ[_PARALLELISM]
@@ -92,10 +101,53 @@ class WorkerPool:
 _PARALLELISM = "TOKENIZERS_PARALLELISM"
 
 
-def _init_worker() -> None:
+def _init_worker(parent: int) -> None:
     # One thread per worker: the workers are the parallelism (no oversubscription).
     os.environ[_PARALLELISM] = "false"
     os.environ["RAYON_NUM_THREADS"] = "1"
+    die_with_parent(parent)
+
+
+PARENT_POLL_SECONDS = 1.0  # where the kernel cannot be asked: how often a worker looks
+
+
+def die_with_parent(parent: int) -> None:
+    """End this worker process soon after ``parent`` (the pid that started it) dies.
+
+    On Linux the kernel sends SIGKILL the moment the parent goes (``prctl(PR_SET_DEATHSIG)``;
+    SIGKILL, because a forked worker inherits prep's Python signal handlers and holds nothing
+    worth cleaning up: its results were for the parent). Elsewhere, or if prctl fails, a
+    daemon thread polls the parent pid every `PARENT_POLL_SECONDS`. Either way, a parent that
+    died before this ran is caught by the pid check. Meant for a pool initializer."""
+    if not _kernel_death_signal():
+        threading.Thread(target=_watch_parent, args=(parent,), daemon=True,
+                         name="shoestring-parent-watch").start()
+    if os.getppid() != parent:  # gone already (before the signal was armed)
+        os._exit(1)
+
+
+def _kernel_death_signal() -> bool:
+    """Ask Linux to SIGKILL this process when its parent dies; False where that is not
+    available."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        return libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _watch_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_SECONDS)
+    os._exit(1)
 
 
 def batched(items: Iterable[T], size: int, max_chars: int | None = None) -> Iterator[list[T]]:

@@ -215,7 +215,8 @@ def _dcp(fn, state: dict[str, Any], path: Path, no_dist: bool) -> None:  # noqa:
 def save_checkpoint(run_dir: Path, parallel: Parallelism, state: dict[str, Any], keep: int
                     ) -> Path:
     """Write ``checkpoints/step_N`` collectively (every rank calls this), atomically, then
-    prune to the newest ``keep``."""
+    prune to the newest ``keep``; incomplete folders (`incomplete_checkpoints`) go too: no
+    run can load them, and a resume already said it skipped them."""
     root = RunDir(run_dir).checkpoints_dir
     path = root / f"{CHECKPOINT_PREFIX}{state['step']:08d}"
     build = root / f".{path.name}.partial"
@@ -232,7 +233,7 @@ def save_checkpoint(run_dir: Path, parallel: Parallelism, state: dict[str, Any],
         if parallel.is_main:
             write_json_atomic(build / STATE, {"format": FORMAT, **state})
             swap_in_dir(build, path)
-            for old in list_checkpoints(run_dir)[:-keep]:
+            for old in list_checkpoints(run_dir)[:-keep] + incomplete_checkpoints(run_dir):
                 shutil.rmtree(old, ignore_errors=True)
     except (OSError, RuntimeError, CheckpointException) as e:  # a full disk (torch.save's
         refused = output_error(e, where=path)  # zip writer wraps it): name the checkpoint
@@ -288,6 +289,26 @@ def consolidate(path: str | Path, model: nn.Module) -> nn.Module:
 def list_checkpoints(run_dir: Path) -> list[Path]:
     """Complete checkpoints, oldest first (temporary build folders are hidden and skipped)."""
     return RunDir(run_dir).checkpoints()
+
+
+def incomplete_checkpoints(run_dir: Path) -> list[Path]:
+    """``step_N`` folders without DCP's ``.metadata`` or ``state.json`` (cut off while they
+    were saved or copied: this module's own saves appear complete or not at all), oldest
+    first; folders of the earlier formats (`legacy_checkpoints`) are not among them."""
+    root = RunDir(run_dir).checkpoints_dir
+    if not root.is_dir():
+        return []
+    skip = set(list_checkpoints(run_dir)) | set(legacy_checkpoints(Path(run_dir)))
+    return sorted(p for p in root.iterdir() if p.is_dir()
+                  and p.name.startswith(CHECKPOINT_PREFIX) and p not in skip)
+
+
+def incomplete_note(path: Path) -> str:
+    """What `train --resume` says of an incomplete checkpoint folder it skips."""
+    lacks = ("DCP .metadata" if not (path / ".metadata").is_file() else STATE)
+    return (f"skipping the checkpoint {path}: it has no {lacks}, so it was cut off while it "
+            "was saved (or copied) and cannot be loaded; resuming from the newest complete "
+            "one, and this folder is deleted when the run saves its next checkpoint")
 
 
 def read_state(path: Path) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn
 
 from shoestring import families
@@ -48,6 +49,8 @@ from shoestring.train.budget import Budget
 from shoestring.train.checkpoint import (
     Checkpoint,
     consolidate,
+    incomplete_checkpoints,
+    incomplete_note,
     latest_checkpoint,
     load_checkpoint,
     save_checkpoint,
@@ -60,7 +63,8 @@ from shoestring.train.metrics import MetricsLog
 from shoestring.train.schedule import batch_at, lr_factor
 from shoestring.train import compile_costs, speed as speed_choices
 from shoestring.train.summary import run_summary
-from shoestring.train.state import TrainState, check_state, checkpoint_state, resume_state
+from shoestring.train.state import (TrainState, check_cursor, check_state, checkpoint_state,
+                                    resume_state)
 from shoestring.train.window import Window
 
 
@@ -278,6 +282,7 @@ def train(
     config must describe the same model; the budget may be extended). Every check that can
     fail is made on every rank before any process group exists.
     """
+    started = time.perf_counter()  # the setup before the clock: said in the summary
     console = console or Console(stderr=True)
     data = DataDir(data_dir)
     _check_data(cfg, data)
@@ -287,6 +292,10 @@ def train(
         if not RunDir(run_dir).is_run:
             raise ShoestringError("nothing to resume: not a run dir", where=str(run_dir),
                                   fix="train without --resume to start a run here")
+        if world_from_env()[0] == 0:
+            for cut in incomplete_checkpoints(run_dir):
+                console.print(f"[yellow]warning:[/] {escape(incomplete_note(cut))}",
+                              highlight=False)
         ckpt = latest_checkpoint(run_dir)
         if ckpt is None:
             raise ShoestringError("nothing to resume: the run dir has no checkpoint",
@@ -302,6 +311,8 @@ def train(
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
     check_layout(cfg, layout, data.vocab_size, world, device_type)
     train_split = data.split("train", verify="sha256")  # a flipped byte must not train silently
+    if ckpt is not None:
+        check_cursor(ckpt.state, len(train_split), str(ckpt.path / "state.json"), data.path)
     spare = check_fits(cfg.model, data.vocab_size, data.seq_len, cfg.train.micro_batch(layout.dp),
                        layout, cfg.train.precision, device_type,
                        local_ranks=int(os.environ.get("LOCAL_WORLD_SIZE", 1)))["spare"]
@@ -312,7 +323,7 @@ def train(
         parallel = Parallelism.start(cfg, layout, data.vocab_size)
         try:
             return _train(cfg, data, train_split, run_dir, parallel, console, ckpt, spare,
-                          deadline)
+                          deadline, started)
         finally:
             parallel.close()
 
@@ -369,6 +380,7 @@ class _Run(_Built):
     first_step_s: float = 0.0  # the first step's wall clock: compilation happens there
     first_step_tokens: int = 0
     load_start: float | None = None  # the CPU's 1-minute load average as training began
+    setup_seconds: float = 0.0  # from `train`'s call to the clock's start
 
     @property
     def quantum(self) -> int:
@@ -562,8 +574,10 @@ def _mixture_report(r: _Run, cfg: Config, data: DataDir, console: Console) -> li
 
 def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
            parallel: Parallelism, console: Console, ckpt: Checkpoint | None,
-           spare_bytes: int | None, deadline: float | None = None) -> dict:
-    """The loop (see `train`); ``parallel`` holds everything that depends on the layout."""
+           spare_bytes: int | None, deadline: float | None = None,
+           started: float | None = None) -> dict:
+    """The loop (see `train`); ``parallel`` holds everything that depends on the layout;
+    ``started``: when `train` was called (the setup until the clock starts is timed)."""
     r, s = _setup(cfg, data, train_split, run_dir, parallel, ckpt, spare_bytes)
     if parallel.is_main:
         console.print(r.describe(s, resumed=ckpt is not None))
@@ -575,14 +589,18 @@ def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
         for note in (warning, busy, *_mixture_report(r, cfg, data, console)):
             if note:
                 console.print(f"[yellow]warning:[/] {note}", highlight=False)
-        console.print(_off_the_clock(r), highlight=False)
+        console.print(_off_the_clock(r, s), highlight=False)
+    few_said = r.budget.seconds is not None  # a wall-clock budget's steps: once measured
+    if not few_said:
+        few_said = _say_few_steps(r, s, console)
     parallel.train_mode(True)
     if deadline is not None and r.budget.seconds is not None:
         r.budget.seconds = min(r.budget.seconds, max(deadline - time.perf_counter(), 1e-3))
     r.budget.restart(elapsed_before=s.elapsed)
+    r.setup_seconds = time.perf_counter() - started if started is not None else 0.0
     # A run stopped while finishing (`_finish`) resumes to its finish, not one step past it.
     spent = ckpt is not None and r.budget.progress(s.step, s.tokens, elapsed=s.elapsed) >= 1.0
-    step_time = 0.0
+    step_time, ran = 0.0, 0
     try:
         with _signals_caught() as caught, _Bar(console, parallel.is_main,
                                                r.budget.describe()) as bar:
@@ -604,6 +622,9 @@ def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
                     continue
                 p = r.budget.progress(s.step, s.tokens, elapsed=s.elapsed)
                 done = p >= 1.0
+                ran += 1
+                if not few_said and (ran >= 2 or done):  # the first step warms up
+                    few_said = _say_few_steps(r, s, console, step_time)
                 if (s.step % cfg.train.log_every == 0 or done) and r.window.steps:
                     r.log(r.window.record(s, p, lr, bsz))
                     bar.update(r.window.bar(s, p))
@@ -639,15 +660,51 @@ def _write_final(r: _Run, final_ckpt: Path) -> None:
         r.run.clear_evaluations()  # they scored the final/ this one replaces
 
 
-def _off_the_clock(r: _Run) -> str:
+def _off_the_clock(r: _Run, s: TrainState) -> str:
     """What the run does besides the steps the budget counts, said before it starts (a
-    `--budget 2m` run that takes 3.5 minutes should not surprise anyone)."""
-    tc = r.cfg.train
-    checks = max(round(1 / tc.val_every) - 1, 0) if tc.val_every > 0 else 0
-    val = (f"{checks} validation{'s' if checks != 1 else ''} and a final one, of "
-           f"{len(r.val_batch[0])} sequences each, " if r.val_batch is not None else "")
-    return (f"the budget ({r.budget.describe()}) counts training steps only: {val}the "
+    `--budget 2m` run that takes 3.5 minutes should not surprise anyone). The validations
+    are counted over the steps there will be (at most one a step, none at the last): exact
+    for a step budget, "up to" for any other."""
+    tc, b = r.cfg.train, r.budget
+    exact = b.steps is not None and b.seconds is None and b.tokens is None and b.flops is None
+    checks = periodic_validations(tc.val_every, b.steps, s.step, s.next_val)
+    val = (f"{'' if exact else 'up to '}{checks} validation{'s' if checks != 1 else ''} and a "
+           f"final one, of {len(r.val_batch[0])} sequences each, "
+           if r.val_batch is not None else "")
+    return (f"the budget ({b.describe()}) counts training steps only: {val}the "
             "checkpoints and writing final/ come on top of it, as did the setup before")
+
+
+def periodic_validations(every: float, steps: int | None, done: int = 0,
+                         next_val: float | None = None) -> int:
+    """How many periodic validations the loop runs (one when progress reaches ``next_val``,
+    which then moves past it by ``every``; never at the last step) in a run of ``steps``
+    steps resumed after ``done``; without ``steps``, how many the budget's fractions allow."""
+    if every <= 0:
+        return 0
+    at = every if next_val is None else next_val
+    if steps is None or steps - done > 100_000:  # no step count to cap it (or no need)
+        return sum(1 for k in range(1, math.ceil(1 / every) + 1) if at <= k * every < 1)
+    count = 0
+    for step in range(done + 1, steps):
+        if step / steps >= at:
+            count += 1
+            while at <= step / steps:
+                at += every
+    return count
+
+
+def _say_few_steps(r: _Run, s: TrainState, console: Console,
+                   step_seconds: float | None = None) -> bool:
+    """`speed.few_steps_note` for this run, printed by rank 0 (a wall-clock budget's once a
+    step has been timed). True: nothing more to say."""
+    steps = speed_choices.expected_steps(
+        r.budget, r.cfg.train.batch_size * r.data.seq_len, r.flops_per_token, done=s.step,
+        elapsed=s.elapsed, step_seconds=step_seconds)
+    note = speed_choices.few_steps_note(steps, r.n_params[0])
+    if note and r.parallel.is_main:
+        console.print(f"note: {note}", highlight=False, markup=False)
+    return True
 
 
 def _lost_step(r: _Run, s: TrainState, signum: int, cursor: Cursor,

@@ -119,6 +119,37 @@ def _rate(flops_per_token: float, peak_flops: float) -> float:
     return max(peak_flops * ASSUMED_MFU / max(flops_per_token, 1.0), 1e-9)
 
 
+FEW_STEPS = 50  # below this many steps a model learns next to nothing: say so
+
+
+def expected_steps(budget: Budget, tokens_per_step: int, flops_per_token: float, *,
+                   done: int = 0, elapsed: float = 0.0, step_seconds: float | None = None
+                   ) -> float | None:
+    """Steps the budget buys: exact for a step, token or FLOP budget (whichever ends first);
+    a wall-clock one at ``step_seconds`` a step from ``done`` steps at ``elapsed`` seconds
+    (None: not measured yet, and no other limit)."""
+    limits = [budget.steps,
+              budget.tokens / tokens_per_step if budget.tokens is not None else None,
+              budget.flops / (flops_per_token * tokens_per_step)
+              if budget.flops is not None and flops_per_token else None]
+    if budget.seconds is not None and step_seconds:
+        limits.append(done + max(budget.seconds - elapsed, 0.0) / step_seconds)
+    known = [x for x in limits if x is not None]
+    return min(known) if known else None
+
+
+def few_steps_note(steps: float | None, params: int) -> str | None:
+    """A plain sentence when the budget buys fewer than `FEW_STEPS` steps (issue 62: two
+    steps of a 78M model on a CPU, and nothing said they buy nothing). None otherwise."""
+    if steps is None or steps >= FEW_STEPS:
+        return None
+    n = max(1, round(steps))
+    return (f"this budget buys about {n} step{'s' if n != 1 else ''} of this "
+            f"{params / 1e6:.1f}M-parameter model here: too few for it to learn much (give it "
+            f"{FEW_STEPS} or more): train a smaller model (--set model.preset=tiny; "
+            "`shoestring presets` lists them) or give a longer budget")
+
+
 LONG_BUDGET_SECONDS = 3600.0  # past this, a budget that is not wall clock gets a warning
 
 

@@ -11,6 +11,7 @@ read in this module only, so a resumed run continues exactly where the saved one
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -101,6 +102,21 @@ def check_state(state: Any, where: str) -> None:
         raise ShoestringError(
             f"the checkpoint's state is invalid: {field_name}: {err['msg']}{got}", where=where,
             fix="delete this checkpoint folder to resume from the one before") from None
+
+
+def check_cursor(state: dict[str, Any], sequences: int, where: str, data_dir: Path) -> None:
+    """Refuse a saved data cursor past the end of the data being resumed on (a ShoestringError:
+    exit 2). Each epoch is ``sequences`` long (a mixture's too) and a saved cursor always
+    points inside one, so an offset at or past it means another, larger data dir or an edited
+    state.json: the loader would silently start the next epoch instead."""
+    offset = state["cursor"].get("offset", 0)
+    if not 0 <= offset < sequences:
+        raise ShoestringError(
+            f"the checkpoint's data cursor cursor.offset is {offset:,}, outside the data: "
+            f"the train split of {data_dir} holds {sequences:,} sequences (offsets 0 to "
+            f"{sequences - 1:,})", where=where,
+            fix="resume with --data set to the data dir this run trained on; or delete this "
+            "checkpoint folder to resume from the one before")
 
 
 def resume_state(state: dict[str, Any], progress_at_save: float, gen: torch.Generator,

@@ -32,6 +32,7 @@ def run_summary(r: _Run, s: TrainState, train_seconds: float, save_seconds: floa
         "skipped_steps": s.skipped,
         "train_seconds": round(train_seconds, 3),
         "save_seconds": round(save_seconds, 3),
+        "setup_seconds": round(r.setup_seconds, 3),  # before the clock: not the budget's
         "tokens_per_s": tps,
         "tokens_per_s_per_device": tps / parallel.world,
         "flops_per_token": r.flops_per_token,
