@@ -442,7 +442,8 @@ def calibrated_plan(req: PlanRequest, spec: CalibrationSpec, calibrate_data: boo
 def _in_seconds(e: CalibrationTooSmall, seconds: float, flops: float, spent_s: float,
                 without: str) -> CalibrationTooSmall:
     """A wall-clock budget too small to calibrate, refused in the user's unit: the minutes
-    that buy the calibration's FLOPs at this machine's measured rate, plus what was spent
+    whose share pays for the smallest calibration at the seconds measured here (or, with
+    --mfu and no such price, that buy its FLOPs at the plan's rate), plus what was spent
     before (preparing, measuring) — the calibration's wall clock is more than its FLOPs."""
     rate = flops / seconds  # the plan bought the whole budget's seconds at this rate
     if e.need_flops is None:

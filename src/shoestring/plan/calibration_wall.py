@@ -134,15 +134,19 @@ def measure_wall(data_dir: str, candidates: list[dict[str, Any]], cal_dir: Path,
                  min_steps: int, console: Console) -> WallPrice:
     """The price in seconds of this calibration's points on this machine: measured over the
     shapes of ``candidates`` (every point the sweep may train), or read from the last
-    measurement beside ``cal_dir`` for the same data and settings."""
+    measurement beside ``cal_dir`` for the same data and settings when it spans their
+    largest shape."""
     from shoestring.plan.planner import _data_info
 
     path = cal_dir.parent / f"{cal_dir.name}.wall.json"
+    widest = max(p["flops_per_token"] for p in candidates)
     try:
         saved = json.loads(path.read_text(encoding="utf-8"))
-        return WallPrice(*(tuple((float(a), float(b)) for a, b in saved[k])
+        kept = WallPrice(*(tuple((float(a), float(b)) for a, b in saved[k])
                            for k in ("fixed", "rates")))
-    except (OSError, ValueError, KeyError, TypeError):
+        if widest <= 1.25 * kept.fixed[-1][0]:  # a larger budget's larger shapes: measured
+            return kept
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
         pass  # none yet, or unreadable: measured again
     start = time.perf_counter()
     data = _data_info(data_dir)
