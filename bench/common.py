@@ -144,6 +144,20 @@ def parser(doc: str | None) -> argparse.ArgumentParser:
     return ap
 
 
+def wall_budget(text: str) -> Any:
+    """argparse ``type=`` for a wall-clock budget (90s, 20m, 1h): its `BudgetSpec`, or the
+    usage error (exit 2) naming the forms."""
+    from shoestring.units import parse_budget
+
+    try:
+        budget = parse_budget(text)
+    except Exception as e:  # the budget grammar's own error
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if budget.kind != "seconds":
+        raise argparse.ArgumentTypeError(f"{text!r}: give a wall-clock budget (90s, 20m, 1h)")
+    return budget
+
+
 def add_repeats(ap: argparse.ArgumentParser, default: int,
                 help: str = "interleaved rounds; the median is reported") -> None:
     ap.add_argument("--repeats", type=int, default=default, help=help)

@@ -25,32 +25,27 @@ import time
 from pathlib import Path
 
 import yaml
-from common import ROOT, Bench, parser
+from common import ROOT, Bench, parser, wall_budget
 from table import render
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = parser(__doc__)
-    ap.add_argument("--budget", default="20m", help="wall-clock budget, as cram --budget takes")
+    ap.add_argument("--budget", default="20m", type=wall_budget,
+                    help="wall-clock budget, as cram --budget takes")
     ap.add_argument("--source", default="builtin:pydocs", help="corpus, as cram takes it")
     ap.add_argument("--jobs", type=int, default=1, help="calibration points trained at once")
     ap.add_argument("--share", type=float, default=0.15, help="cram --calibrate-share")
     ap.add_argument("--fresh", action="store_true", help="delete WORK/out first (prep again)")
     ap.add_argument("--work", type=Path, default=ROOT / "runs" / "bench" / "cram_auto")
     args = ap.parse_args(argv)
-    from shoestring.units import parse_budget
-
-    budget = parse_budget(args.budget)
-    if budget.kind != "seconds":
-        print(f"error: --budget {args.budget!r}: give a wall-clock budget (90s, 20m, 1h)",
-              file=sys.stderr)
-        return 2
+    budget = args.budget
     out = args.work / "out"
     if args.fresh:
         shutil.rmtree(out, ignore_errors=True)
     args.work.mkdir(parents=True, exist_ok=True)
     bench = Bench("cram_auto", args, precision="the trainer's (auto)")
-    cmd = [sys.executable, "-m", "shoestring", "cram", "--auto", "--budget", args.budget,
+    cmd = [sys.executable, "-m", "shoestring", "cram", "--auto", "--budget", budget.text,
            "--calibrate-share", str(args.share), "--jobs", str(args.jobs), "-o", str(out),
            args.source]
     log = args.work / "cram.log"

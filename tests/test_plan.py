@@ -223,7 +223,7 @@ def test_plan_h100_node_day() -> None:
     spent = p["model"]["tokens"] * p["model"]["flops_per_token"]
     assert spent == pytest.approx(p["budget"]["flops"])
     assert p["layout"]["fits"] and p["layout"]["memory_gb"] < 80
-    assert any("different scales" in n for n in p["notes"])
+    assert sum("scale of the law's data" in n for n in p["notes"]) == 1
     # the sections are a valid config as they stand
     cfg = Config.model_validate({k: tree[k] for k in ("model", "train", "data")})
     assert cfg.model.objective == "clm"
@@ -368,3 +368,20 @@ def test_unset_degrees_mean_data_parallel_over_the_ranks_left() -> None:
     assert (tp2.dp, tp2.tp, tp2.dp_shard) == (4, 2, 4)  # ZeRO-3: dp shards
     assert layout_from_config(ParallelConfig(dp=2), 4).world_size == 2  # given: kept (and
     # refused by validate against a world of 4, as before)
+
+
+def test_a_tiny_budgets_meaningless_loss_is_explained_once_plainly() -> None:
+    """Below the law's range its loss is no loss (above a uniform guess, shown clamped), on
+    another objective's scale too: one plain note says all of it (issue 62: three notes)."""
+    tree = make_plan(PlanRequest(hardware="t4", budget="30s", mfu=0.001, objective="mlm"))
+    p = tree["plan"]
+    about = [n for n in p["notes"]
+             if "loss" in n and ("scale" in n or "uniform" in n or "fitted on" in n)]
+    assert len(about) == 1, p["notes"]
+    ceiling = math.log(tree["data"]["vocab_size"])
+    assert about[0].startswith("the predicted loss means nothing here")
+    assert f"{ceiling:.2f} is shown" in about[0] and "CLM" in about[0] and "MLM" in about[0]
+    assert p["model"]["predicted_loss"] == pytest.approx(ceiling)
+    big = make_plan(PlanRequest(hardware="h100", budget="1h", objective="clm"))["plan"]
+    assert sum("loss" in n and "scale" in n for n in big["notes"]) == 1
+    assert not any("means nothing" in n for n in big["notes"])

@@ -169,6 +169,7 @@ def test_sweep_trains_points_in_parallel_processes_like_one_at_a_time(
     assert read_points(tmp_path / "bad") == []
 
 
+@pytest.mark.slow
 def test_branched_sweep_points_are_wsd_runs_of_their_length(tmp_path: Path,
                                                            pydocs_dir: Path) -> None:
     """A calibration's learning curve: each branch off the shared constant-LR trunk ends
@@ -181,12 +182,22 @@ def test_branched_sweep_points_are_wsd_runs_of_their_length(tmp_path: Path,
     from shoestring.plan.sweep import cost, read_points, run_sweep
     from shoestring.train.loop import train
 
-    quiet = Console(file=open(tmp_path / "log.txt", "w"), width=120)
+    log = tmp_path / "log.txt"
+    quiet = Console(file=open(log, "w"), width=200)
     over = ["train.tensorboard=false"]
-    points = run_sweep(pydocs_dir, tmp_path / "sweep", [1.5e10, 4e10], factors=[1],
-                       eval_sequences=8, console=quiet, overrides=over, branched=True,
-                       min_sizes=1, floor=False)
+    args = dict(factors=[1, 2], eval_sequences=8, overrides=over, branched=True, min_sizes=2,
+                floor=False)
+    points = run_sweep(pydocs_dir, tmp_path / "sweep", [1.5e10, 4e10], console=quiet, **args)
     shapes = {p["shape"] for p in points}
+    assert len(points) == 4 and len({p["trunk"] for p in points}) == 2
+    # trunk by trunk, not level by level, and the progress counts them in that order (issue
+    # 62: [1/25], [6/25], … then "4 of 25 points finished"); a rerun counts its skips
+    quiet.file.flush()
+    assert _progress(log) == [(1, 4), (2, 4), (3, 4), (4, 4)]
+    again = tmp_path / "again.txt"
+    run_sweep(pydocs_dir, tmp_path / "sweep", [1.5e10, 4e10],
+              console=Console(file=open(again, "w"), width=200), **args)
+    assert _progress(again) == [(1, 4), (2, 4), (3, 4), (4, 4)]
     curve = sorted((p for p in points if p["shape"] == min(shapes)), key=lambda p: p["steps"])
     assert len(curve) == 2, points  # one shape at both levels: one trunk, two branches
     low, high = curve
@@ -211,3 +222,12 @@ def test_branched_sweep_points_are_wsd_runs_of_their_length(tmp_path: Path,
         straight = held_out_loss("mlm", run, 8, p["seq_len"], quiet)
         assert p["val_loss"] == pytest.approx(straight, rel=1e-4)
     assert {p["id"] for p in read_points(tmp_path / "sweep")} == {p["id"] for p in points}
+
+
+
+def _progress(log: Path) -> list[tuple[int, int]]:
+    """The [k/n] progress counts a sweep's log printed, in order."""
+    import re
+
+    return [(int(a), int(b)) for a, b in re.findall(r"^\[(\d+)/(\d+)\]",
+                                                    log.read_text(encoding="utf-8"), re.M)]

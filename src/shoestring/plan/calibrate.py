@@ -37,6 +37,7 @@ from shoestring.data.datadir import DataDir
 from shoestring.errors import Interrupted, ShoestringError, TrainingInterrupted
 from shoestring.fsutil import write_text_atomic
 from shoestring.plan import prediction
+from shoestring.plan.calibration_wall import WallPrice, measure_wall
 from shoestring.plan.fit import BootstrapFit, bootstrap_fit, point_width
 from shoestring.plan.laws import law_to_yaml
 from shoestring.plan.planner import PlanRequest, _data_info, make_plan
@@ -125,11 +126,13 @@ def _smallest_top(data_dir: str, spec: CalibrationSpec) -> float | None:
 
 
 class CalibrationTooSmall(ShoestringError):
-    """The budget cannot buy the narrowest calibration; ``need_flops`` is what would."""
+    """The budget cannot buy the narrowest calibration; ``need_flops`` is what would (and
+    ``need_s``, with a wall price: the seconds of this machine that would)."""
 
     def __init__(self, budget_flops: float, need_flops: float | None, spec: CalibrationSpec,
-                 budget: str = "", fix: str = "") -> None:
+                 budget: str = "", fix: str = "", need_s: float | None = None) -> None:
         self.budget_flops, self.need_flops, self.spec = budget_flops, need_flops, spec
+        self.need_s = need_s
         need = f"{need_flops:.3g} FLOPs" if need_flops else "far more"
         super().__init__(
             f"budget too small to calibrate: {spec.share:.0%} of {budget or ''}"
@@ -149,39 +152,57 @@ def _spans(spec: CalibrationSpec) -> list[float]:
     return spans + ([spec.least_decades] if spans[-1] > spec.least_decades else [])
 
 
-def calibration_points(data_dir: str, budget_flops: float,
-                       spec: CalibrationSpec) -> list[dict[str, Any]]:
+def calibration_points(data_dir: str, budget_flops: float, spec: CalibrationSpec,
+                       wall: WallPrice | None = None, seconds: float | None = None
+                       ) -> list[dict[str, Any]]:
     """The sweep a budget pays for: the widest span (``spec.decades``, narrowed by quarter
     decades to ``spec.min_decades`` when the share cannot buy it) and within it the largest
-    top level whose points cost at most ``spec.share`` of the budget. A budget too small for
-    the narrowest span is refused with its minimum (`CalibrationTooSmall`)."""
+    top level whose points cost at most ``spec.share`` of the budget — of its FLOPs, and with
+    a ``wall`` price of its ``seconds`` too (what the points take on this machine,
+    `calibration_wall`). A budget too small for the narrowest span is refused with its
+    minimum (`CalibrationTooSmall`)."""
     spec.check()
-    need: float | None = None
+    need: tuple[float | None, float | None] = (None, None)
     for decades in _spans(spec):
-        points, need = _widest(data_dir, budget_flops, replace(spec, decades=decades))
+        points, need = _widest(data_dir, budget_flops, replace(spec, decades=decades), wall,
+                               seconds)
         if points is not None:
             return points
-    raise CalibrationTooSmall(budget_flops, need, spec)
+    raise CalibrationTooSmall(budget_flops, need[0], spec, need_s=need[1])
 
 
-def _widest(data_dir: str, budget_flops: float, spec: CalibrationSpec
-            ) -> tuple[list[dict[str, Any]] | None, float | None]:
-    """The sweep at ``spec.decades`` the share pays for, else None and the budget it needs."""
+def _widest(data_dir: str, budget_flops: float, spec: CalibrationSpec,
+            wall: WallPrice | None = None, seconds: float | None = None
+            ) -> tuple[list[dict[str, Any]] | None, tuple[float | None, float | None]]:
+    """The sweep at ``spec.decades`` the share pays for, else None and the budget it needs
+    (FLOPs, and seconds with a ``wall`` price)."""
     cap = spec.share * budget_flops
     ratio = sum(10 ** (-spec.decades * k / (spec.levels - 1)) for k in range(spec.levels))
     if spec.branched:  # a trunk to the top and each level's cool-down
         ratio = 1 - COOLDOWN + COOLDOWN * ratio
     smallest = _smallest_top(data_dir, spec)
     if smallest is None:
-        return None, None
+        return None, (None, None)
+
+    def fits(points: list[dict[str, Any]] | None) -> bool:
+        return points is not None and sum(map(cost, points)) <= cap and (
+            wall is None or seconds is None or wall.seconds(points) <= spec.share * seconds)
+
     top = max(cap / (spec.sizes * ratio), smallest)  # a step's rounding or a filled-in size
+    if wall is not None and not fits(_points(data_dir, top, spec)):
+        low, high = math.log(smallest), math.log(top)  # the largest top the seconds pay for
+        for _ in range(16):
+            mid = (low + high) / 2
+            low, high = (mid, high) if fits(_points(data_dir, math.exp(mid), spec)) else (low, mid)
+        top = math.exp(high)
     tops = [top * 0.97**k for k in range(40) if top * 0.97**k > smallest] + [smallest]
     for top in tops:  # can overshoot: shrink
         points = _points(data_dir, top, spec)
-        if points is not None and sum(map(cost, points)) <= cap:
-            return points, None
+        if fits(points):
+            return points, (None, None)
     least = _points(data_dir, smallest, spec) or []
-    return None, sum(map(cost, least)) / spec.share or None
+    return None, (sum(map(cost, least)) / spec.share or None,
+                  wall.seconds(least) / spec.share if wall is not None and least else None)
 
 
 @dataclass
@@ -199,6 +220,8 @@ class Calibration:
     budget_flops: float
     boot: BootstrapFit | None = None
     history: list[str] = field(default_factory=list)
+    estimated_wall_s: float | None = None  # at the speed measured before (wall budgets)
+    cap_s: float | None = None  # the share of a wall-clock budget's seconds
 
     def to_dict(self) -> dict[str, Any]:
         levels = sorted({p["budget_flops"] for p in self.points})
@@ -212,20 +235,52 @@ class Calibration:
             "levels": levels, "sizes_per_level": len(self.points) // max(len(levels), 1),
             "points": len(self.points), "fitted_points": len(self.all_points),
             "history": self.history,
+            **({"estimated_wall_s": round(self.estimated_wall_s, 1)}
+               if self.estimated_wall_s is not None else {}),
+            **({"share_of_budget_s": round(self.cap_s, 1)} if self.cap_s is not None else {}),
             "trunks": len({p["trunk"] for p in self.points if p.get("trunk")}),
             "decades": math.log10(levels[-1] / levels[0]) if len(levels) > 1 else 0.0,
         }
 
 
+def calibration_dir(data_dir: str, spec: CalibrationSpec, root: str | Path | None) -> Path:
+    """Where this data's calibration with these settings lives (default: beside the data)."""
+    base = Path(root) if root is not None else Path(data_dir).parent / "calibration"
+    return base / spec.key(data_dir)
+
+
+def wall_price(data_dir: str, budget_flops: float, spec: CalibrationSpec,
+               root: str | Path | None, config: str | Path | None,
+               console: Console) -> WallPrice:
+    """This machine's seconds for the points a calibration of at most ``budget_flops`` may
+    train (`calibration_wall`): measured over the shapes of the sweeps from the smallest one
+    this data allows to the one the FLOPs buy."""
+    data_dir = str(Path(data_dir).resolve())
+    candidates: list[dict[str, Any]] = []
+    for decades in _spans(spec):
+        narrow = replace(spec, decades=decades)
+        smallest = _smallest_top(data_dir, narrow)
+        if smallest is None:
+            continue
+        top = max(spec.share * budget_flops / spec.sizes, smallest)
+        for level in (smallest, top):
+            candidates += _points(data_dir, level, narrow) or []
+    if not candidates:  # no sweep at all: the FLOP sizing refuses it by name
+        raise CalibrationTooSmall(budget_flops, None, spec)
+    return measure_wall(data_dir, candidates, calibration_dir(data_dir, spec, root), config,
+                        list(spec.overrides), spec.eval_sequences, spec.min_steps, console)
+
+
 def calibrate(data_dir: str | Path, budget_flops: float, spec: CalibrationSpec,
               root: str | Path | None = None, config: str | Path | None = None,
-              console: Console | None = None) -> Calibration:
-    """Run (or reuse) the calibration sweep for this budget; returns its points and cost."""
+              console: Console | None = None, wall: WallPrice | None = None,
+              seconds: float | None = None) -> Calibration:
+    """Run (or reuse) the calibration sweep for this budget (with a ``wall`` price, at most
+    its share of ``seconds`` too); returns its points and cost."""
     console = console or Console(stderr=True)
     data_dir = str(Path(data_dir).resolve())
-    points = calibration_points(data_dir, budget_flops, spec)
-    cal_dir = Path(root) if root is not None else Path(data_dir).parent / "calibration"
-    cal_dir = cal_dir / spec.key(data_dir)
+    points = calibration_points(data_dir, budget_flops, spec, wall, seconds)
+    cal_dir = calibration_dir(data_dir, spec, root)
     done = {p["id"] for p in read_points(cal_dir)} if cal_dir.is_dir() else set()
     levels = sorted({p["budget_flops"] for p in points})
     span = math.log10(levels[-1] / levels[0])
@@ -237,13 +292,18 @@ def calibrate(data_dir: str | Path, budget_flops: float, spec: CalibrationSpec,
                   f"({', '.join(f'{c:.3g}' for c in levels)} FLOPs), "
                   f"{sum(map(cost, points)):.3g} FLOPs of {spec.share:.0%} × "
                   f"{budget_flops:.3g}; {len(done & {p['id'] for p in points})} reused")
+    if wall is not None and seconds is not None:
+        console.print(f"the {spec.share:.0%} share of the {seconds / 60:.3g} min budget is "
+                      f"{spec.share * seconds / 60:.3g} min here", highlight=False)
+    estimate = wall.seconds([p for p in points if p["id"] not in done]) if wall else None
     start = time.perf_counter()
     ids = {p["id"] for p in points}
     try:
         finished = run_sweep(data_dir, cal_dir, levels, law=spec.law, config=config,
                              overrides=list(spec.overrides), eval_sequences=spec.eval_sequences,
                              console=console, min_sizes=spec.sizes, min_steps=spec.min_steps,
-                             floor=False, jobs=spec.jobs, branched=spec.branched)
+                             floor=False, jobs=spec.jobs, branched=spec.branched,
+                             price=wall)
     except (KeyboardInterrupt, TrainingInterrupted):  # Ctrl-C in a point's training or scoring
         kept = len(ids & {p["id"] for p in read_points(cal_dir)})
         raise Interrupted(f"calibration interrupted: {kept} of {len(points)} points are finished "
@@ -255,7 +315,8 @@ def calibrate(data_dir: str | Path, budget_flops: float, spec: CalibrationSpec,
         cal_dir, mine, finished, sum(map(cost, mine)),
         sum(cost(p) for p in mine if not p["reused"]), wall,
         sum(p.get("train_seconds") or 0.0 for p in mine if not p["reused"]), spec.share,
-        budget_flops)
+        budget_flops, estimated_wall_s=estimate,
+        cap_s=spec.share * seconds if wall is not None and seconds is not None else None)
 
 
 # ----------------------------------------------------------------------------- history
@@ -339,14 +400,18 @@ def calibrated_plan(req: PlanRequest, spec: CalibrationSpec, calibrate_data: boo
         calibration_points(str(req.data), budget.amount, spec)
     base = make_plan(req, console)  # checks the request; the budget in FLOPs
     total = float(base["plan"]["budget"]["flops"])
-    if calibrate_data and budget.kind == "seconds":
+    wall, seconds = None, budget.amount if budget.kind == "seconds" else None
+    if calibrate_data and seconds is not None:
         try:
-            calibration_points(str(req.data), total, spec)
+            if req.mfu is None:  # the assumed MFU is far from the calibration's: measure it
+                wall = wall_price(str(req.data), total, spec, root, config, console)
+            calibration_points(str(req.data), total, spec, wall, seconds)
         except CalibrationTooSmall as e:
-            raise _in_seconds(e, budget.amount, total,
+            raise _in_seconds(e, seconds, total,
                               spent_s + time.perf_counter() - started, without) from None
     objective = base["plan"]["objective"]
-    cal = calibrate(req.data, total, spec, root, config, console) if calibrate_data else None
+    cal = (calibrate(req.data, total, spec, root, config, console, wall, seconds)
+           if calibrate_data else None)
     points = (cal.all_points if cal else []) + history_points(history or [], objective)
     boot = fit_points(points, objective, "calibrated" if cal else "history", spec)
     if cal is not None:
@@ -377,11 +442,18 @@ def calibrated_plan(req: PlanRequest, spec: CalibrationSpec, calibrate_data: boo
 def _in_seconds(e: CalibrationTooSmall, seconds: float, flops: float, spent_s: float,
                 without: str) -> CalibrationTooSmall:
     """A wall-clock budget too small to calibrate, refused in the user's unit: the minutes
-    that buy the calibration's FLOPs at this machine's measured rate, plus what was spent
+    whose share pays for the smallest calibration at the seconds measured here (or, with
+    --mfu and no such price, that buy its FLOPs at the plan's rate), plus what was spent
     before (preparing, measuring) — the calibration's wall clock is more than its FLOPs."""
     rate = flops / seconds  # the plan bought the whole budget's seconds at this rate
     if e.need_flops is None:
         fix = f"{without}: no budget of this machine calibrates on this data"
+    elif e.need_s is not None and e.need_s > e.need_flops / rate:
+        minutes = math.ceil((e.need_s + spent_s) / 60)
+        fix = (f"give --budget {minutes}m or more on this machine (its {e.spec.share:.0%} "
+               f"share pays for the smallest calibration, {e.need_s * e.spec.share / 60:.1f} "
+               f"min at the speed measured here, plus the {spent_s:.0f} s spent before), "
+               f"raise --calibrate-share, or {without}")
     else:
         minutes = math.ceil((e.need_flops / rate + spent_s) / 60)
         fix = (f"give --budget {minutes}m or more on this machine ({e.need_flops:.3g} FLOPs at "
@@ -485,6 +557,8 @@ def calibration_note(cal: Calibration, budget: BudgetSpec, spent_s: float | None
     d = cal.to_dict()
     within = "within" if d["within_share"] else "OVER"
     wall = f"{cal.wall_s:.0f} s wall here"
+    if cal.estimated_wall_s is not None:
+        wall += f" (~{cal.estimated_wall_s:.0f} s estimated at the speed measured first)"
     if budget.kind == "seconds":
         wall += f" ({cal.wall_s / budget.amount:.0%} of the {budget.amount:.0f} s budget"
         wall += (f"; {spent_s:.0f} s spent before the plan's run in all, all of it off the "

@@ -349,30 +349,15 @@ def _notes(fit: _Fit, law: Law, objective: str, hw: Hardware, data: dict[str, An
             f"the smallest shape; the plan trains {smallest.label} on fewer tokens per "
             "parameter than optimal"
         )
-    if law.name in LAWS:
-        notes.append(
-            f"predicted losses are on the scale of the '{law.name}' law's data "
-            f"({law.objective.upper()}, its tokenizer); MLM and CLM losses, and losses on "
-            "other tokenizers and corpora, are on different scales. The N:D split transfers "
-            "better than the loss value: `shoestring plan --calibrate` fits a law on your own "
-            "objective and data (or `shoestring sweep` + `shoestring plan --fit`, then --law "
-            "FILE)"
-        )
     ceiling = math.log(core.vocab)  # the loss of a uniform guess over the vocabulary
-    if loss > ceiling:
-        notes.append(
-            f"the law predicts a loss of {loss:.2f}, above ln(vocabulary) = {ceiling:.2f} (a "
-            "uniform guess): this budget is below the range the law was fitted on, so the "
-            "predicted loss is shown clamped to that ceiling"
-        )
-        loss = ceiling
+    about_loss = _loss_note(law, objective, loss, ceiling)
+    if about_loss:
+        notes.append(about_loss)
+    loss = min(loss, ceiling)
     if share < 1:
         notes.append(f"the {devices_per_node} processes on this CPU share its cores: each "
                      f"counts at {share:.2g} of the peak measured with "
                      f"{_threads()} threads, so more processes add no compute on one machine")
-    if law.objective != objective:
-        notes.append(f"this law was fitted on {law.objective.upper()} losses; you plan "
-                     f"{objective.upper()}")
     if not layout.fits:
         notes.append(
             f"does not fit: the estimate is {layout.memory_gb:.1f} GB per device against "
@@ -384,6 +369,32 @@ def _notes(fit: _Fit, law: Law, objective: str, hw: Hardware, data: dict[str, An
         data_out["sources"], warnings = _source_epochs(core.tokens, data["sources"])
         notes.extend(warnings)
     return notes, loss, data_out
+
+
+def _loss_note(law: Law, objective: str, loss: float, ceiling: float) -> str | None:
+    """What the predicted loss is worth, in one note (issue 62: three notes explained a
+    number that meant little): a published law's loss is on its own data's scale, and below
+    the range it was fitted on it is not a loss at all but is shown clamped at ln(vocabulary)
+    (a uniform guess); a law of another objective says so in the same breath."""
+    published = law.name in LAWS
+    other = law.objective != objective
+    where = (f"the '{law.name}' law was fitted on {law.objective.upper()} losses of its own "
+             f"data and tokenizer{'' if not other else f', not {objective.upper()}'}"
+             if published else
+             f"this law was fitted on {law.objective.upper()} losses; you plan "
+             f"{objective.upper()}" if other else "")
+    fix = ("`shoestring plan --calibrate` fits a law on your own objective and data (or "
+           "`shoestring sweep` + `shoestring plan --fit`, then --law FILE)")
+    if loss > ceiling:
+        return (f"the predicted loss means nothing here: this budget is below the range the "
+                f"law was fitted on, where it predicts {loss:.2f}, worse than a uniform guess "
+                f"(ln(vocabulary) = {ceiling:.2f}), so {ceiling:.2f} is shown"
+                + (f"; and {where}" if where else "")
+                + f". The size is still the law's pick; {fix}")
+    if published:
+        return (f"the predicted loss is on the scale of the law's data, not yours: {where}. "
+                f"The N:D split transfers better than the loss value; {fix}")
+    return where or None
 
 
 def _data_section(core: Sizing, law: Law, data: dict[str, Any], notes: list[str]
@@ -404,16 +415,17 @@ def _data_section(core: Sizing, law: Law, data: dict[str, Any], notes: list[str]
         "source": REPETITION_SOURCE,
     }
     r = out["repetition"]
-    notes.append(
-        f"the plan repeats the corpus {epochs:.1f} times: {r['tokens_wasted']:.0%} of the "
-        f"tokens seen are worth nothing new, and the predicted loss is {r['loss_vs_fresh']:+.3f} "
-        "against the same run on fresh data; the size was chosen for repeated data "
-        f"({REPETITION_SOURCE})")
+    note = (f"the plan repeats the corpus {epochs:.1f} times: {r['tokens_wasted']:.0%} of the "
+            f"tokens seen are worth nothing new, and the predicted loss is "
+            f"{r['loss_vs_fresh']:+.3f} against the same run on fresh data; the size was chosen "
+            f"for repeated data ({REPETITION_SOURCE})")
     if epochs > REPEAT_WARN_EPOCHS:
         out["warning"] = (
             f"the plan repeats the data {epochs:.1f} times; past ~4 epochs repeated tokens "
             "are worth much less than fresh ones: add data, or plan a smaller budget")
-        notes.append(out["warning"])
+        note += ". Past ~4 epochs repeated tokens are worth much less than fresh ones: add " \
+                "data, or plan a smaller budget"
+    notes.append(note)
     return out
 
 

@@ -30,6 +30,7 @@ lower budgets cost only their cool-down. The trunk's branches run in order; diff
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -254,9 +255,11 @@ def run_sweep(
     floor: bool = True,
     jobs: int = 1,
     branched: bool = False,
+    price: Any = None,
 ) -> list[dict[str, Any]]:
     """Train and score every point not yet finished (``jobs`` at a time); returns all
-    finished points. ``branched``: learning curves, one trunk per shape (`branch`)."""
+    finished points. ``branched``: learning curves, one trunk per shape (`branch`); ``price``:
+    this machine's seconds per point (`calibration_wall`), for the estimate up front."""
     console = console or Console(stderr=True)
     sweep_dir = Path(sweep_dir)
     data = _data_info(str(data_dir))
@@ -275,7 +278,7 @@ def run_sweep(
 
     train_points(sweep_dir, todo, data["dir"], data["objective"], config=config,
                  overrides=overrides, eval_sequences=eval_sequences, jobs=jobs,
-                 console=console)
+                 console=console, price=price)
     return read_points(sweep_dir)
 
 
@@ -289,9 +292,11 @@ def train_points(
     eval_sequences: int = 4096,
     jobs: int = 1,
     console: Console | None = None,
+    price: Any = None,
 ) -> None:
     """Train and score each point not yet in ``sweep_dir/points.jsonl`` into
-    ``sweep_dir/runs/<id>``, ``jobs`` at a time, appending each as it finishes.
+    ``sweep_dir/runs/<id>``, ``jobs`` at a time, appending each as it finishes; ``price``
+    (`calibration_wall.WallPrice`) estimates their seconds up front.
 
     The one way a point is trained, for sweeps, calibrations and the benches that retrain a
     calibration's points (another seed, say): a point's own ``overrides`` list, if it has one,
@@ -303,24 +308,24 @@ def train_points(
     sweep_dir.mkdir(parents=True, exist_ok=True)
     finished = read_points(sweep_dir)
     done = {p["id"] for p in finished}
-    pending = []
-    for i, point in enumerate(points, 1):
+    pending = [p for p in points if p["id"] not in done]
+    counted = itertools.count(1)  # [k/n]: k points finished once this one is (issue 62)
+    for point in points:
         if point["id"] in done:
-            console.print(f"[{i}/{len(points)}] {point['id']}: done already, skipped")
-        else:
-            pending.append((i, point))
-    eta = _Estimate([p for _, p in pending], finished, console)
+            console.print(f"[{next(counted)}/{len(points)}] {point['id']}: done already, "
+                          "skipped")
+    eta = _Estimate(pending, finished, console, price)
     threads = _threads_per_job(jobs) if jobs > 1 else None
-    chains: dict[str, list[tuple[int, dict[str, Any], tuple]]] = {}
-    for i, point in pending:  # a trunk's branches in order, one after another
+    chains: dict[str, list[tuple[dict[str, Any], tuple]]] = {}
+    for point in pending:  # a trunk's branches in order, one after another
         job = (point, str(config) if config else None,
                [*(overrides or []), *point.get("overrides", [])], data_dir, objective,
                str(sweep_dir / "runs"), eval_sequences, threads)
-        chains.setdefault(point.get("trunk") or point["id"], []).append((i, point, job))
+        chains.setdefault(point.get("trunk") or point["id"], []).append((point, job))
     if jobs <= 1 or len(pending) <= 1:
         for chain in chains.values():
-            for i, point, job in chain:
-                console.print(_announce(i, len(points), point))
+            for point, job in chain:
+                console.print(_announce(next(counted), len(points), point))
                 _finish(sweep_dir, point, _train_point(*job, console=console), console)
                 eta.finished(point)
         return
@@ -334,15 +339,15 @@ def train_points(
     error: BaseException | None = None
     with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, max_tasks_per_child=1) as pool:
         def submit(chain: list) -> Any:
-            i, point, job = chain.pop(0)
-            return pool.submit(_train_point, *job), (i, point, chain)
+            point, job = chain.pop(0)
+            return pool.submit(_train_point, *job), (point, chain)
 
         futures = dict(submit(chain) for chain in chains.values())
         remaining = set(futures)
         while remaining:
             done_now, remaining = wait(remaining, return_when=FIRST_COMPLETED)
             for fut in done_now:
-                i, point, chain = futures[fut]
+                point, chain = futures[fut]
                 if fut.cancelled():
                     continue
                 if fut.exception() is not None:
@@ -351,7 +356,7 @@ def train_points(
                     for other in remaining:
                         other.cancel()
                     continue
-                console.print(_announce(i, len(points), point))
+                console.print(_announce(next(counted), len(points), point))
                 _finish(sweep_dir, point, fut.result(), console)
                 eta.finished(point)
                 if chain and error is None:
@@ -364,37 +369,86 @@ def train_points(
 
 class _Estimate:
     """The wall time the pending points will take: a calibration is minutes to hours of runs,
-    and the plan's assumed MFU is far from what its small points reach on a CPU (for the
-    README's 4.1e13-FLOP calibration it implies ~1 min; it took 21.6), so the estimate is
-    measured — up front from the points this dir trained before (when there are any), and
-    after each point from this call's seconds per FLOP so far."""
+    and the plan's assumed MFU is far from what its small points reach on a CPU, so the
+    estimate is measured. With a ``price`` (`calibration_wall.WallPrice`: this machine's
+    seconds per point, measured before a wall-clock budget's calibration was sized) it is
+    given up front and then scaled by how this call's points compare with it. Without one,
+    up front from the points this dir trained before (when there are any), and after each
+    point by fitting this call's elapsed seconds to a price per point plus seconds per FLOP —
+    a small point is mostly its fixed price (starting, checkpoints, scoring), so the seconds
+    per FLOP of the first, smallest points alone would overstate the rest several times; while
+    every point so far cost the same FLOPs that split is unknown, and the rate so far is
+    given as the bound it is."""
 
     def __init__(self, pending: list[dict[str, Any]], finished: list[dict[str, Any]],
-                 console: Console) -> None:
-        self.left = sum(cost(p) for p in pending)
-        self.count, self.console = len(pending), console
-        self.start, self.done = time.perf_counter(), 0.0
+                 console: Console, price: Any = None) -> None:
+        self.todo = {p["id"]: p for p in pending}
+        self.console, self.price = console, price
+        self.start, self.done, self.count = time.perf_counter(), 0.0, 0
+        self.samples: list[tuple[int, float, float]] = []  # (points, FLOPs, seconds) so far
+        self.trained: list[dict[str, Any]] = []
         timed = [p for p in finished if p.get("train_seconds")]
         if not pending:
             return
-        line = f"{len(pending)} points to train, {self.left:.3g} FLOPs"
-        if timed:  # training seconds only: scoring and setup add to it
+        left = sum(cost(p) for p in pending)
+        line = f"{len(pending)} points to train, {left:.3g} FLOPs"
+        if price is not None:
+            line += (f": ~{price.seconds(pending) / 60:.1f} min of training and scoring at "
+                     "the speed measured here")
+        elif timed:  # training seconds only: scoring and setup add to it
             rate = sum(p["train_seconds"] for p in timed) / sum(cost(p) for p in timed)
-            line += (f": ~{rate * self.left / 60:.1f} min of training at the rate of "
+            line += (f": ~{rate * left / 60:.1f} min of training at the rate of "
                      f"the {len(timed)} points trained here before, plus scoring")
         else:
             line += "; the time left is estimated after the first point"
         console.print(line, highlight=False, soft_wrap=True)
 
     def finished(self, point: dict[str, Any]) -> None:
+        self.todo.pop(point["id"], None)
+        self.trained.append(point)
         self.done += cost(point)
-        self.left -= cost(point)
-        self.count -= 1
-        if self.count:
-            rate = (time.perf_counter() - self.start) / self.done
-            self.console.print(f"    ~{rate * self.left / 60:.1f} min left for {self.count} "
-                               f"point(s) ({self.left:.3g} FLOPs at this call's seconds per "
-                               "FLOP so far)", highlight=False, soft_wrap=True)
+        self.count += 1
+        elapsed = time.perf_counter() - self.start
+        self.samples.append((self.count, self.done, elapsed))
+        if not self.todo:
+            return
+        rest = list(self.todo.values())
+        left = sum(map(cost, rest))
+        if self.price is not None:
+            ratio = elapsed / max(self.price.seconds(self.trained), 1e-9)
+            minutes, how = (self.price.seconds(rest) * ratio / 60,
+                            f"the measured speed × {ratio:.2g}, how this call's points compare")
+        else:
+            fixed, per_flop = _fixed_and_rate(self.samples)
+            if per_flop is None:
+                minutes = elapsed / self.done * left / 60
+                how = ("at most: this call's seconds per FLOP so far, which larger points beat")
+            else:
+                minutes = (fixed * len(rest) + per_flop * left) / 60
+                how = f"{fixed:.0f} s a point plus this call's seconds per FLOP"
+        self.console.print(f"    ~{minutes:.1f} min left for {len(rest)} point(s) "
+                           f"({left:.3g} FLOPs; {how})", highlight=False, soft_wrap=True)
+
+
+def _fixed_and_rate(samples: list[tuple[int, float, float]]
+                    ) -> tuple[float, float | None]:
+    """Seconds = fixed × points + rate × FLOPs, least squares through the cumulative
+    ``samples`` (points, FLOPs, seconds) so far: (fixed, rate), or (0, None) while the points'
+    FLOPs cannot tell the two apart (all within a factor of 2) or the fit is not positive."""
+    flops = [f for _, f, _ in samples]
+    each = [b - a for a, b in zip([0.0, *flops], flops)]
+    if len(samples) < 2 or max(each) < 2 * min(each):
+        return 0.0, None
+    sxx = sum(k * k for k, _, _ in samples)
+    sxy = sum(k * f for k, f, _ in samples)
+    syy = sum(f * f for _, f, _ in samples)
+    det = sxx * syy - sxy * sxy
+    if det <= 1e-9 * sxx * syy:
+        return 0.0, None
+    bx = sum(k * t for k, _, t in samples)
+    by = sum(f * t for _, f, t in samples)
+    fixed, rate = (syy * bx - sxy * by) / det, (sxx * by - sxy * bx) / det
+    return (fixed, rate) if fixed >= 0 and rate > 0 else (0.0, None)
 
 
 def _threads_per_job(jobs: int) -> int:
