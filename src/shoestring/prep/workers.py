@@ -101,11 +101,14 @@ class WorkerPool:
 _PARALLELISM = "TOKENIZERS_PARALLELISM"
 
 
-def _init_worker(parent: int) -> None:
-    # One thread per worker: the workers are the parallelism (no oversubscription).
+def _init_worker(parent: int | None = None) -> None:
+    """One thread per worker: the workers are the parallelism (no oversubscription). A
+    pool's worker dies with ``parent`` (prep); a Ray task's process (no ``parent``) is Ray's
+    to manage."""
     os.environ[_PARALLELISM] = "false"
     os.environ["RAYON_NUM_THREADS"] = "1"
-    die_with_parent(parent)
+    if parent is not None:
+        die_with_parent(parent)
 
 
 PARENT_POLL_SECONDS = 1.0  # where the kernel cannot be asked: how often a worker looks
