@@ -163,7 +163,7 @@ def test_prep_on_ctrl_c_says_how_to_resume(tmp_path: Path) -> None:
 def test_plan_clamps_a_loss_above_a_uniform_guess() -> None:
     r = _ok(run_cli("plan", "--budget", "1e11flops", "--hardware", "h100"))
     assert "predicted loss 9.011" in r.stdout  # ln(8192)
-    assert "above ln(vocabulary) = 9.01" in " ".join(r.stdout.split())
+    assert "uniform guess (ln(vocabulary) = 9.01)" in " ".join(r.stdout.split())
 
 
 def test_help_shows_no_python_types_and_models_fits_80_columns() -> None:
