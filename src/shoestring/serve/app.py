@@ -156,12 +156,14 @@ class _JsonBody:
                                               "must be sent as UTF-8 (RFC 8259)"}}
                 return await JSONResponse({"detail": [error]}, 422)(scope, receive, send)
 
+            outer = receive
+
             async def again() -> dict:
                 nonlocal first
                 if first is not None:
                     message, first = first, None
                     return message
-                return await receive()
+                return await outer()
 
             receive = again
         await self.app(scope, receive, send)
