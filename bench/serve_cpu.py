@@ -30,6 +30,7 @@ deployment's clients cost the server, with the smaller batches they bring.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -296,12 +297,19 @@ def report(results: dict[str, list[dict]], bench: Bench, args: object) -> None:
     bench.table(stage_rows, name="stages", formats={k: ".3f" for k in (*STAGES, "other")})
 
 
-def main() -> None:
-    ap = parser(__doc__)
+def old_and_new_args(doc: str | None, base_commit: str) -> argparse.ArgumentParser:
+    """The options of a bench that serves the tiny model with old code and new: the model,
+    its work dir and the old code's commit."""
+    ap = parser(doc)
     ap.add_argument("--model", type=Path, help="run dir (default: build the 1 x 64 encoder)")
     ap.add_argument("--work", type=Path,
                     default=Path(tempfile.gettempdir()) / "shoestring-serve-cpu")
-    ap.add_argument("--base-commit", default="68c8409", help="the old code's commit")
+    ap.add_argument("--base-commit", default=base_commit, help="the old code's commit")
+    return ap
+
+
+def main() -> None:
+    ap = old_and_new_args(__doc__, "68c8409")
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--client", choices=("raw", "httpx"), default="raw",
                     help="raw: the saturating raw-socket client; httpx: httpx.AsyncClient")

@@ -19,13 +19,11 @@ bench/serve_cpu.py, one torch thread):
 from __future__ import annotations
 
 import socket
-import tempfile
 import time
-from pathlib import Path
 
 import httpx
-from common import ROOT, Bench, parser
-from serve_cpu import base_source, build_tiny_model, resident_mb, start
+from common import ROOT, Bench
+from serve_cpu import base_source, build_tiny_model, old_and_new_args, resident_mb, start
 from serve_load import Server
 
 
@@ -133,11 +131,7 @@ def header(server: Server, size: int) -> dict:
 
 
 def main() -> None:
-    ap = parser(__doc__)
-    ap.add_argument("--model", type=Path, help="run dir (default: build the 1 x 64 encoder)")
-    ap.add_argument("--work", type=Path,
-                    default=Path(tempfile.gettempdir()) / "shoestring-serve-cpu")
-    ap.add_argument("--base-commit", default="7ab5ac1", help="the old code's commit")
+    ap = old_and_new_args(__doc__, "7ab5ac1")
     ap.add_argument("--unread-requests", type=int, default=200)
     ap.add_argument("--idle-connections", type=int, default=1030)
     ap.add_argument("--idle-wait", type=float, default=35.0)
