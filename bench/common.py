@@ -1,6 +1,6 @@
 """What every script in ``bench/`` shares: the machine header printed above its figures, the
-arguments the scripts have in common, and the JSON-lines record BENCHMARKS.md's tables are
-rendered from (``bench/table.py``).
+arguments the scripts have in common, and the JSON-lines record the tables of BENCHMARKS.md and
+docs/benchmarks/ are rendered from (``bench/table.py``).
 
 A figure means nothing without the machine and the load it was measured under, and a table
 typed by hand drifts from what was printed. So each script makes one `Bench`: it prints the
@@ -15,8 +15,8 @@ script's own folder first on ``sys.path`` whatever the working directory, so ``i
 (like ``import peers`` and ``import jobs``) finds this folder with no ``sys.path`` edit; a
 script that re-runs itself as a job (``[sys.executable, __file__, ...]``) gets the same. Code
 started with ``python -c`` does not, so scripts hand such children data, not imports. Making
-``bench`` a package instead would turn every ``python bench/<name>.py`` command in README.md
-and BENCHMARKS.md into ``python -m bench.<name>``.
+``bench`` a package instead would turn every ``python bench/<name>.py`` command in README.md,
+BENCHMARKS.md and docs/ into ``python -m bench.<name>``.
 """
 
 from __future__ import annotations

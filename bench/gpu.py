@@ -674,7 +674,7 @@ def planned_rate(machine: dict, ours: dict) -> tuple[float, float] | None:
 
 
 def table(results: dict) -> str:
-    """The markdown table BENCHMARKS.md's GPU section takes, with the machine above it."""
+    """The markdown table docs/benchmarks/gpu.md takes, with the machine above it."""
     m = results["machine"]
     lines = [f"{m['device']}, driver {m['driver']}, torch {m['torch']} (CUDA {m['cuda']}), "
              f"transformers {m['transformers']}; {m['precision']}; dense peak "

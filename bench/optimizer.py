@@ -2,7 +2,7 @@
 
 The trainer issue asks for one modern optimizer alternative, kept only if it reaches a lower
 held-out loss than AdamW at equal budget here. The candidate lives in this script, not in
-the product, because it did not (see BENCHMARKS.md): `torch.optim.Muon` (Newton–Schulz
+the product, because it did not (see docs/benchmarks/train.md): `torch.optim.Muon` (Newton–Schulz
 orthogonalized Nesterov momentum 0.95) on the transformer blocks' 2-D weight matrices, AdamW
 (the trainer's own settings) on embeddings, the prediction head and every 1-D gain. It is
 injected into the real training loop in place of `build_optimizer`; everything else — data

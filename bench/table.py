@@ -1,5 +1,5 @@
-"""Render bench records as the markdown tables BENCHMARKS.md takes, so its tables are
-generated from what a script measured rather than typed.
+"""Render bench records as the markdown tables BENCHMARKS.md and docs/benchmarks/ take, so
+their tables are generated from what a script measured rather than typed.
 
 Every script in ``bench/`` appends its results to ``runs/bench/results.jsonl`` (``--record``,
 ``bench/common.py``): one JSON line per table with the command, the commit, the machine

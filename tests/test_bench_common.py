@@ -142,10 +142,11 @@ def test_every_script_starts_and_takes_record() -> None:
 
 
 def documented_commands() -> list[tuple[str, list[str]]]:
-    """Every ``python bench/<name>.py ...`` in README.md, BENCHMARKS.md, docs/ and the
-    scripts' own docstrings: (where, argv), with continuation lines joined, comments and
-    shell syntax cut off and placeholders (``<data dir>``, ``$x``) filled in."""
-    files = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").glob("*.md")),
+    """Every ``python bench/<name>.py ...`` in README.md, BENCHMARKS.md, docs/ (the
+    benchmark history in docs/benchmarks/ too) and the scripts' own docstrings: (where, argv),
+    with continuation lines joined, comments and shell syntax cut off and placeholders
+    (``<data dir>``, ``$x``) filled in."""
+    files = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").rglob("*.md")),
              *sorted(BENCH.glob("*.py"))]
     found = []
     for path in files:
@@ -154,7 +155,7 @@ def documented_commands() -> list[tuple[str, list[str]]]:
             args = re.sub(r"\[([^]]*)\]", r"\1", m.group(2)).replace("\\", " ")  # [--opt X]
             args = re.sub(r"<[^>]*>", "X", re.sub(r"\$\w+", "1", args))  # <dir>, $var
             argv = [DOC_ARGUMENTS.get(a, a) for a in shlex.split(args)]
-            found.append((f"{path.name}: {m.group(0).strip()}", [m.group(1), *argv]))
+            found.append((f"{path.relative_to(ROOT)}: {m.group(0).strip()}", [m.group(1), *argv]))
     return found
 
 
@@ -186,6 +187,7 @@ def test_documented_commands_still_parse() -> None:
     commands = documented_commands()
     assert len(commands) > 40 and {"bench/model_step.py", "bench/serve_tail.py"} <= {
         argv[0] for _, argv in commands}
+    assert any(where.startswith("docs/benchmarks/") for where, _ in commands)  # the history
     r = subprocess.run([sys.executable, "-c", PARSE_ONLY], input=json.dumps(commands),
                        capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]

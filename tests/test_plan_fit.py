@@ -1,7 +1,7 @@
 """The calibrated fit (`plan/fit.py`): Chinchilla's approach 2 (IsoFLOP minima → N_opt ∝ C^a)
 picks the size, approach 3 (Huber on log-loss, bounded, exponents tied to a) predicts the loss,
 and the bootstrap gives both their 90% intervals. Synthetic points from a known law, and the
-points of the wiki-books calibration whose unconstrained fit was degenerate (BENCHMARKS.md)."""
+points of the wiki-books calibration whose unconstrained fit was degenerate (docs/benchmarks/plan.md)."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def test_the_tied_law_predicts_a_new_run_inside_its_interval() -> None:
     assert inside >= 9  # of 10
 
 
-# The wiki-books calibration (BENCHMARKS.md, issue 35's run; bench/plan_refit.py prints its fit
+# The wiki-books calibration (docs/benchmarks/plan.md, issue 35's run; bench/plan_refit.py prints its fit
 # from the same file): held-out MLM loss of the five smallest shapes (vocabulary 8192,
 # sequences of 128; non-embedding N, FLOPs per token as `shapes.candidates` counts them) at
 # three levels. Unconstrained, approach 3 fitted E = 9e-24, β = 0.093 and planned 2×64, below
@@ -215,7 +215,7 @@ def _wiki_widths() -> list[float]:
 def test_the_frontier_sizes_only_shapes_of_the_widths_it_swept(tmp_path) -> None:
     """N_opt is measured on the sweep's proportions (32–64 hidden units per layer here); a
     plan past the sweep chooses among those, where nearest-N alone would take a shallower,
-    wider shape (BENCHMARKS.md: at one N, 2×256 trained 0.09 nats worse than 4×192)."""
+    wider shape (docs/benchmarks/plan.md: at one N, 2×256 trained 0.09 nats worse than 4×192)."""
     import dataclasses
 
     from shoestring.plan.calibrate import write_law
