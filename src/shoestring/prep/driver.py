@@ -61,10 +61,9 @@ def tokenizer_path(cfg: DataConfig) -> str | None:
 
 @dataclass(frozen=True)
 class ReadOutput:
-    """What a read stage hands the driver: the records of the reader (``stats``), of its
-    ``blocks`` (clean, curation, canaries) and of ``split``; ``dedup``: the manifest's
-    ``dedup_index`` / ``dedup_against`` entries, where kept; with ``--explain``, the blocks'
-    dropped-document ``examples`` (block → reason → examples) for `Driver._explain`."""
+    """What a read stage hands the driver: the records of the reader (``stats``), its
+    ``blocks`` (clean, curation, canaries) and ``split``; ``dedup``: the manifest's dedup
+    entries, where kept; ``examples``: --explain's drops (block → reason → examples)."""
 
     stats: ReadStats
     blocks: list[dict]
@@ -110,7 +109,6 @@ class Driver:
         self.seconds: dict[str, float] = {}
         self.tokenizer_sample: dict[str, int] | None = None  # set when the tokenizer trains
         self.encoded: dict[str, dict] = {}
-        self.blocks: list[dict] = []  # the read stage's block records
         self.compress: Any = None  # built once the tokenizer is known (run)
         self.read_output: ReadOutput | None = None  # --explain's, when read ran (not resumed)
         self.stages = stages
@@ -142,9 +140,6 @@ class Driver:
         self._explain()
         self._check_val(splits["val"], read)
         manifest = self._manifest(read, tok_info, ids, dtype, splits, time.perf_counter() - t0)
-        executor = self.stages.describe()
-        if executor is not None:
-            manifest["executor"] = executor
         write_json_atomic(self.build / "manifest.json", manifest)
         return manifest
 
@@ -162,8 +157,8 @@ class Driver:
         self.journal.restart("read")
         out = self.read_output = self.stages.read()
         stats, blocks, split = out.stats, out.blocks, out.split
-        self.blocks = [stats.record(self.cfg.max_document_chars), *blocks, split.report()]
-        self._check_read(stats, split)
+        records = [stats.record(self.cfg.max_document_chars), *blocks, split.report()]
+        self._check_read(stats, split, records)
         result = {
             **({"source_documents": split.source_docs} if self.cfg.mixture is not None else {}),
             "files": stats.files,
@@ -181,7 +176,7 @@ class Driver:
                 "characters": split.chars,
             },
             "skipped_examples": stats.skipped[:20],
-            "blocks": self.blocks,
+            "blocks": records,
             "split": split.how,
             **out.dedup,
             "train_characters": split.train_chars,  # the tokenizer sample's total
@@ -189,11 +184,11 @@ class Driver:
         self.journal.put("read", result)
         return result
 
-    def _check_read(self, stats: ReadStats, split: Split) -> None:
+    def _check_read(self, stats: ReadStats, split: Split, blocks: list[dict]) -> None:
         if split.kept == 0:
             dropped = "; ".join(
                 f"{b['block']} dropped " + ", ".join(f"{v:,} {k}" for k, v in b["dropped"].items())
-                for b in self.blocks if any(b.get("dropped", {}).values())
+                for b in blocks if any(b.get("dropped", {}).values())
             )
             raise ShoestringError(
                 f"the corpus is empty after cleaning: {counted(stats.documents, 'document')} read"
@@ -266,8 +261,7 @@ class Driver:
             lines.append(f"long documents (data.max_document_chars={self.cfg.max_document_chars:,}"
                          f"): {counted(read.stats.split_documents, 'document')} cut into "
                          f"{counted(read.stats.split_pieces, 'piece')}")
-        text = "\n".join(lines)
-        self.console.print(text, markup=False, highlight=False)
+        self.console.print("\n".join(lines), markup=False, highlight=False)
 
     def _mixture_manifest(self, splits: dict[str, dict]) -> dict:
         """The manifest's ``mixture``: the recipe, and per source its share (weight), what
@@ -362,6 +356,7 @@ class Driver:
                         "kept_shards": self.stages.kept_shards},
             "stage_seconds": {**self.seconds, **self.stages.seconds},
             "seconds": round(seconds, 3),
+            **({} if (executor := self.stages.describe()) is None else {"executor": executor}),
         }
 
 

@@ -66,8 +66,7 @@ class Executor(Protocol):
         """Build the data dir's files in ``plan.build``; the manifest (also written there)."""
 
     def build_fingerprint(self, data: str) -> str:
-        """The build folder's journal fingerprint from the data's (a resume needs a match):
-        apart from it when the executor's build folder holds intermediate files of its own."""
+        """The journal's fingerprint from the data's; apart if the build holds files of its own."""
 
 
 _REGISTRY: dict[str, Callable[[Any], Executor]] = {}

@@ -63,9 +63,8 @@ class LocalStages:
     """The `driver.Stages` of the local executor, working in the build folder's spools."""
 
     def __init__(self, plan: PrepPlan, journal: Journal, pool: WorkerPool) -> None:
-        self.pool, self.journal = pool, journal
-        self.specs, self.build, self.cfg = plan.specs, plan.build, plan.cfg
-        self.curate_cfg, self.console = plan.curate, plan.console
+        self.pool, self.journal, self.specs, self.build = pool, journal, plan.specs, plan.build
+        self.cfg, self.curate_cfg, self.console = plan.cfg, plan.curate, plan.console
         self.kept_shards = 0
         self.seconds: dict[str, float] = {}
         self.blocks: list[dict] = []  # the curation blocks' records
@@ -86,7 +85,6 @@ class LocalStages:
         explain = self.curate_cfg is not None and bool(self.curate_cfg.explain)
         split = Split(self.build, cfg.val_fraction, matcher, canaries.hosts if canaries else (),
                       keep_ids=explain)
-        self.blocks = []
         with progress_bar(self.console) as bar:
             task = bar.add_task("read + clean", total=None, unit="docs")
             docs = clean.process(bar.update(task, advance=1) or doc for doc in read)
@@ -109,7 +107,6 @@ class LocalStages:
             yield from docs
             return
         from shoestring.prep.curate import Curator
-
         from shoestring.prep.curate.dedup_index import DIR
 
         # Cleaning and data.min_chars already ran (block clean, in the workers).
