@@ -49,6 +49,7 @@ def main() -> None:
 
     import shoestring
     from shoestring.config import DataConfig
+    from shoestring.prep.executor import PrepPlan
     from shoestring.prep.local import LocalStages
     from shoestring.data.tokenizer import CLS, SEP
 
@@ -64,10 +65,8 @@ def main() -> None:
     ends.tofile(build / "docs-train.bin")
     cfg = DataConfig(order=args.order)
     journal = SimpleNamespace(get=lambda key: None, put=lambda key, value: None)
-    driver = SimpleNamespace(specs=[], build=build, cfg=cfg, curate_cfg=None,
-                             console=Console(quiet=True), journal=journal,
-                             source_split=lambda *a: None)
-    stages = LocalStages(driver, SimpleNamespace(workers=1))
+    plan = PrepPlan([], [], build, cfg, None, Console(quiet=True))
+    stages = LocalStages(plan, journal, SimpleNamespace(workers=1))
     base = status()
     peak = dict(base)
     done = threading.Event()
@@ -81,7 +80,8 @@ def main() -> None:
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     t = time.perf_counter()
-    out = stages.pack("train", {"tokens": n, "document_tokens": n - len(ends)},
+    out = stages.pack("train", {"tokens": n, "document_tokens": n - len(ends),
+                               "kept_documents": len(ends)},
                       np.dtype(np.uint16), {CLS: 2, SEP: 3}, 8192)
     seconds = time.perf_counter() - t
     done.set()

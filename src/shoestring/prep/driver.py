@@ -4,9 +4,9 @@ The driver owns what does not depend on where the work runs: the order of the st
 their journal entries, the train/val split rule (the `Split` writer), the tokenizer stage (a
 given file, or one trained by the executor), the checks of what read and pack produced, and
 the manifest. An executor supplies the `Stages` that run the work — the read stage (the
-reader ``sources.Read`` → the blocks clean, canaries and curation → `Split`, ending in
-`Driver.read_result` with their records), and ``stages.py``'s tokenizer training, encode
-and pack, where and when it chooses — and runs
+reader ``sources.Read`` → the blocks clean, canaries and curation → `Split`, their records
+handed back as a `ReadOutput`), and ``stages.py``'s tokenizer training, encode and pack,
+where and when it chooses; built from the plan and journal, they never call the driver — and runs
 ``Driver(plan, journal, stages).run()``: ``prep/local.py`` in this process and its workers,
 ``prep/ray/executor.py`` as Ray tasks.
 """
@@ -17,8 +17,9 @@ import hashlib
 import json
 import shutil
 import time
-from collections.abc import Callable, Container, Iterable, Iterator
+from collections.abc import Container, Iterable, Iterator
 from contextlib import ExitStack, nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -28,7 +29,7 @@ from shoestring import __version__
 from shoestring.config import DataConfig
 from shoestring.data.datadir import FORMAT
 from shoestring.prep.executor import Journal, PrepPlan
-from shoestring.data.mixture import SourceMatcher, source_ranges, source_weights
+from shoestring.data.mixture import SourceMatcher
 from shoestring.data.shards import token_dtype
 from shoestring.data.sources import Document, ReadStats
 from shoestring.data.tokenizer import (
@@ -58,14 +59,28 @@ def tokenizer_path(cfg: DataConfig) -> str | None:
     return None if cfg.tokenizer in ("auto", *KINDS) else cfg.tokenizer
 
 
+@dataclass(frozen=True)
+class ReadOutput:
+    """What a read stage hands the driver: the records of the reader (``stats``), its
+    ``blocks`` (clean, curation, canaries) and ``split``; ``dedup``: the manifest's dedup
+    entries, where kept; ``examples``: --explain's drops (block → reason → examples)."""
+
+    stats: ReadStats
+    blocks: list[dict]
+    split: Split
+    dedup: dict = field(default_factory=dict)
+    examples: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
+
+
 class Stages(Protocol):
     """Where and when an executor runs each stage's work (``prep/stages.py``'s functions)
     for the `Driver`, which journals what they return."""
 
     kept_shards: int  # shards a resumed pack found intact
+    seconds: dict[str, float]  # the executor's own timings, added to ``stage_seconds``
 
-    def read(self) -> dict:
-        """Sources → kept documents split into train and val; `Driver.read_result`'s entry."""
+    def read(self) -> ReadOutput:
+        """Sources → kept documents split into train and val, and their records."""
 
     def train_tokenizer(self, kind: str, n_train: int) -> tuple[Any, dict[str, int] | None]:
         """A ``kind`` tokenizer trained on the training documents, and its sample's size."""
@@ -73,8 +88,9 @@ class Stages(Protocol):
     def train_texts(self) -> Iterator[str]:
         """The training documents, in order."""
 
-    def encode(self, split: str, tok: Any, sep: int, dtype: np.dtype, n_docs: int) -> dict:
-        """Tokenize a split (`stages.encode`); its ``encode.{split}`` journal entry."""
+    def encode(self, split: str, tok: Any, sep: int, dtype: np.dtype, n_docs: int,
+               compress: Any) -> dict:
+        """Tokenize a split (`stages.encode`, filtered by ``compress``); its journal entry."""
 
     def pack(self, split: str, enc: dict, dtype: np.dtype, ids: dict[str, int],
              vocab: int) -> dict:
@@ -87,34 +103,27 @@ class Stages(Protocol):
 class Driver:
     """One prep's stages in order over a build folder, with ``stages`` doing the work."""
 
-    def __init__(self, plan: PrepPlan, journal: Journal,
-                 stages: Callable[[Driver], Stages]) -> None:
-        self.plan = plan
+    def __init__(self, plan: PrepPlan, journal: Journal, stages: Stages) -> None:
         self.specs, self.files, self.build, self.cfg = plan.specs, plan.files, plan.build, plan.cfg
         self.curate_cfg, self.console, self.journal = plan.curate, plan.console, journal
         self.seconds: dict[str, float] = {}
         self.tokenizer_sample: dict[str, int] | None = None  # set when the tokenizer trains
         self.encoded: dict[str, dict] = {}
-        self.blocks: list[dict] = []  # the read stage's block records
         self.compress: Any = None  # built once the tokenizer is known (run)
-        self.median_ratio: float | None = None
-        # --explain: the stages' dropped-document examples (block → reason → examples) and
-        # lines, printed together once the last progress bar is done (`_explain`)
-        self.examples: dict[str, dict[str, list[Any]]] = {}
-        self.explain_lines: list[str] = []
-        self.stages = stages(self)
+        self.read_output: ReadOutput | None = None  # --explain's, when read ran (not resumed)
+        self.stages = stages
 
     def run(self) -> dict:
         """Every stage not finished in the journal, then the manifest (written and returned)."""
         t0 = time.perf_counter()
-        read = self.journal.get("read") or self.timed("read", self.stages.read)
+        read = self.journal.get("read") or self.timed("read", self._read)
         tok_info = self.journal.get("tokenizer") or self.timed("tokenizer", self._tokenizer)
         tok = load_tokenizer(self.build / "tokenizer.json")
         if self.curate_cfg is not None:  # the threshold may depend on the corpus
             from shoestring.prep.curate.compress import Compressibility
 
-            self.median_ratio = tok_info.get("median_ratio")
-            self.compress = Compressibility.from_config(self.curate_cfg, self.median_ratio)
+            self.compress = Compressibility.from_config(self.curate_cfg,
+                                                        tok_info.get("median_ratio"))
         ids = special_ids(tok, self.cfg.objective)
         sep = ids[self.cfg.family.separator_token]
         dtype = token_dtype(tok.get_vocab_size())
@@ -122,17 +131,15 @@ class Driver:
         for split in ("train", "val"):
             enc = self.journal.get(f"encode.{split}")
             if not (enc and enc["done"]):
+                self.journal.restart(f"pack.{split}")  # pack follows the stream anew
                 enc = self.timed("encode", self.stages.encode, split, tok, sep, dtype,
-                                 read["documents"][split])
+                                 read["documents"][split], self.compress)
             self.encoded[split] = enc
             splits[split] = self.timed("pack", self.stages.pack, split, enc, dtype, ids,
                                        tok.get_vocab_size())
         self._explain()
         self._check_val(splits["val"], read)
         manifest = self._manifest(read, tok_info, ids, dtype, splits, time.perf_counter() - t0)
-        executor = self.stages.describe()
-        if executor is not None:
-            manifest["executor"] = executor
         write_json_atomic(self.build / "manifest.json", manifest)
         return manifest
 
@@ -145,13 +152,13 @@ class Driver:
 
     # --- read: what every executor's read stage ends with -------------------------------
 
-    def read_result(self, stats: ReadStats, blocks: list[dict], split: Split,
-                    dedup: dict | None = None) -> dict:
-        """The read stage's journal entry (and manifest part): the records of the reader
-        (its ``stats``), of ``blocks`` (clean, curation, canaries) and of ``split``;
-        ``dedup``: the manifest's ``dedup_index`` / ``dedup_against`` entries, where kept."""
-        self.blocks = [stats.record(self.cfg.max_document_chars), *blocks, split.report()]
-        self._check_read(stats, split)
+    def _read(self) -> dict:
+        """The executor's read stage, and its journal entry (and manifest part)."""
+        self.journal.restart("read")
+        out = self.read_output = self.stages.read()
+        stats, blocks, split = out.stats, out.blocks, out.split
+        records = [stats.record(self.cfg.max_document_chars), *blocks, split.report()]
+        self._check_read(stats, split, records)
         result = {
             **({"source_documents": split.source_docs} if self.cfg.mixture is not None else {}),
             "files": stats.files,
@@ -169,19 +176,19 @@ class Driver:
                 "characters": split.chars,
             },
             "skipped_examples": stats.skipped[:20],
-            "blocks": self.blocks,
+            "blocks": records,
             "split": split.how,
-            **(dedup or {}),
+            **out.dedup,
             "train_characters": split.train_chars,  # the tokenizer sample's total
         }
         self.journal.put("read", result)
         return result
 
-    def _check_read(self, stats: ReadStats, split: Split) -> None:
+    def _check_read(self, stats: ReadStats, split: Split, blocks: list[dict]) -> None:
         if split.kept == 0:
             dropped = "; ".join(
                 f"{b['block']} dropped " + ", ".join(f"{v:,} {k}" for k, v in b["dropped"].items())
-                for b in self.blocks if any(b.get("dropped", {}).values())
+                for b in blocks if any(b.get("dropped", {}).values())
             )
             raise ShoestringError(
                 f"the corpus is empty after cleaning: {counted(stats.documents, 'document')} read"
@@ -245,37 +252,16 @@ class Driver:
             return
         from shoestring.prep.curate.pipeline import format_explain
 
-        examples = dict(self.examples)
+        read = self.read_output
+        examples = dict(read.examples) if read else {}
         if self.compress is not None and self.compress.examples:
             examples[self.compress.name] = self.compress.examples
-        text = "\n".join([format_explain(examples, self.curate_cfg.explain).rstrip(),
-                          *self.explain_lines])
-        self.console.print(text, markup=False, highlight=False)
-
-    def source_split(self, split: str, enc: dict, doc_ends: np.ndarray, body: int,
-                      n: int) -> dict | None:
-        """A mixture's per-source part of a split (None without a mixture): documents,
-        tokens and the range of sequences of each source; a source without a training
-        sequence is an error (the loader could not sample it)."""
-        mix = self.cfg.mixture
-        if mix is None:
-            return None
-        ranges = source_ranges(doc_ends, enc["source_documents"], body, n)
-        out = {}
-        for name, r in zip(mix.sources, ranges):
-            lo, hi = r["sequences"]
-            out[name] = {**r, "tokens": (hi - lo) * self.cfg.seq_len}
-            if split == "train" and hi == lo:
-                raise ShoestringError(
-                    f"{counted(r['documents'], 'training document')} with "
-                    f"{counted(r['document_tokens'], 'token')} do not fill one sequence of "
-                    f"{self.cfg.seq_len}", where=f"data.mixture.sources.{name}",
-                    fix="add text to this source, or drop it from the mixture")
-        if split == "train":
-            weights = source_weights(mix, {k: v["tokens"] for k, v in out.items()})
-            for name, w in weights.items():
-                out[name]["weight"] = w
-        return out
+        lines = [format_explain(examples, self.curate_cfg.explain).rstrip()]
+        if read is not None:  # what data.max_document_chars did
+            lines.append(f"long documents (data.max_document_chars={self.cfg.max_document_chars:,}"
+                         f"): {counted(read.stats.split_documents, 'document')} cut into "
+                         f"{counted(read.stats.split_pieces, 'piece')}")
+        self.console.print("\n".join(lines), markup=False, highlight=False)
 
     def _mixture_manifest(self, splits: dict[str, dict]) -> dict:
         """The manifest's ``mixture``: the recipe, and per source its share (weight), what
@@ -333,7 +319,7 @@ class Driver:
             {"block": "compressibility", "documents_in": seen, "documents_out": kept,
              "dropped": {"ratio_too_high": seen - kept},
              "max_ratio": round(self.compress.max_ratio, 4),
-             "median_ratio": self.median_ratio}]
+             "median_ratio": tok_info.get("median_ratio")}]
         blocks = [
             *read["blocks"],
             {"block": "tokenize", "documents_in": seen, "documents_out": seen,
@@ -368,8 +354,9 @@ class Driver:
             **({"mixture": self._mixture_manifest(splits)} if cfg.mixture is not None else {}),
             "resumed": {"stages": [s for s in self.journal.resumed if not s.startswith("pack")],
                         "kept_shards": self.stages.kept_shards},
-            "stage_seconds": self.seconds,
+            "stage_seconds": {**self.seconds, **self.stages.seconds},
             "seconds": round(seconds, 3),
+            **({} if (executor := self.stages.describe()) is None else {"executor": executor}),
         }
 
 

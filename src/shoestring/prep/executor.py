@@ -52,7 +52,7 @@ class PrepPlan:
 class Executor(Protocol):
     """Runs a `PrepPlan` into its build folder and returns the manifest."""
 
-    name: str  # the --executor name; not "local": its build folders are fingerprinted apart
+    name: str  # the --executor name
 
     def check(self, cfg: DataConfig, curate: CurateConfig | None) -> None:
         """Refuse (``ShoestringError``) settings this executor cannot run, before any
@@ -64,6 +64,9 @@ class Executor(Protocol):
 
     def run(self, plan: PrepPlan, journal: Journal) -> dict:
         """Build the data dir's files in ``plan.build``; the manifest (also written there)."""
+
+    def build_fingerprint(self, data: str) -> str:
+        """The journal's fingerprint from the data's; apart if the build holds files of its own."""
 
 
 _REGISTRY: dict[str, Callable[[Any], Executor]] = {}

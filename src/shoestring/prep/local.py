@@ -21,17 +21,16 @@ import numpy as np
 
 from shoestring.config import CurateConfig, DataConfig
 from shoestring.data.mixture import SourceMatcher
-from shoestring.data.sources import Document, Read, ReadStats
+from shoestring.data.sources import Document, Read
 from shoestring.prep.canaries import Canaries
 from shoestring.prep.curate.normalize import Clean
-from shoestring.prep.driver import Driver, Split, read_spool, spool_documents
+from shoestring.prep.driver import Driver, ReadOutput, Split, read_spool, spool_documents
 from shoestring.prep.executor import WORK_DIR, Journal, PrepPlan, fault_point, no_session, register
 from shoestring.prep.packing import StreamRows, unigram_sort_order
 from shoestring.prep.stages import (NO_COUNTS, encode, pack_record, pack_shard, shard_ranges,
-                                    sorts, train_on_sample)
+                                    sorts, source_split, train_on_sample)
 from shoestring.prep.workers import WorkerPool, die_with_parent
 from shoestring.progress import progress_bar
-from shoestring.units import counted
 
 # Tokenizing is journaled (resumable) after about this many characters.
 CHECKPOINT_CHARS = 1 << 23
@@ -43,42 +42,42 @@ class LocalExecutor:
 
     name = "local"
 
-    def __init__(self, options: Any = None) -> None:
-        del options  # nothing to choose: data.workers is a setting
-
     def check(self, cfg: DataConfig, curate: CurateConfig | None) -> None:
         """Every setting runs locally."""
 
     def session(self) -> ContextManager[Any]:
         return no_session()
 
+    def build_fingerprint(self, data: str) -> str:
+        return data  # its build folder holds only the files every executor writes
+
     def run(self, plan: PrepPlan, journal: Journal) -> dict:
         with WorkerPool(plan.cfg.workers).start() as pool:
-            return Driver(plan, journal, lambda d: LocalStages(d, pool)).run()
+            return Driver(plan, journal, LocalStages(plan, journal, pool)).run()
 
 
-register("local", LocalExecutor)
+register("local", lambda options: LocalExecutor())  # no options: data.workers is a setting
 
 
 class LocalStages:
     """The `driver.Stages` of the local executor, working in the build folder's spools."""
 
-    def __init__(self, driver: Driver, pool: WorkerPool) -> None:
-        self.d, self.pool = driver, pool
-        self.specs, self.build, self.cfg = driver.specs, driver.build, driver.cfg
-        self.curate_cfg, self.console, self.journal = driver.curate_cfg, driver.console, driver.journal
+    def __init__(self, plan: PrepPlan, journal: Journal, pool: WorkerPool) -> None:
+        self.pool, self.journal, self.specs, self.build = pool, journal, plan.specs, plan.build
+        self.cfg, self.curate_cfg, self.console = plan.cfg, plan.curate, plan.console
         self.kept_shards = 0
+        self.seconds: dict[str, float] = {}
         self.blocks: list[dict] = []  # the curation blocks' records
         self._dedup: dict[str, Any] = {}  # dedup_index / dedup_against, for the manifest
+        self._examples: dict[str, dict[str, list[Any]]] = {}  # --explain's, from curation
 
     def describe(self) -> dict | None:
         return None
 
     # --- read: sources → clean → curate → split → spools --------------------------------
 
-    def read(self) -> dict:
+    def read(self) -> ReadOutput:
         cfg = self.cfg
-        self.journal.restart("read")
         matcher = SourceMatcher(cfg.mixture) if cfg.mixture is not None else None
         read = Read(self.specs, cfg, matcher.label_field if matcher else None)
         clean = Clean(cfg.min_chars, self.pool.map)
@@ -86,20 +85,16 @@ class LocalStages:
         explain = self.curate_cfg is not None and bool(self.curate_cfg.explain)
         split = Split(self.build, cfg.val_fraction, matcher, canaries.hosts if canaries else (),
                       keep_ids=explain)
-        self.blocks = []
         with progress_bar(self.console) as bar:
             task = bar.add_task("read + clean", total=None, unit="docs")
             docs = clean.process(bar.update(task, advance=1) or doc for doc in read)
             split.write(self._curate(canaries.process(docs) if canaries else docs))
-        if explain:  # printed with the examples, after the last stage (Driver._explain)
-            self.d.explain_lines.append(_long_documents_line(cfg.max_document_chars,
-                                                             read.stats))
         split.close()
         if canaries is not None:  # its record follows curation's: it counts what they left
             canaries.finish(self.build, read_spool(self.build / "spool-train.jsonl"))
             self.blocks.append(canaries.report())
-        return self.d.read_result(read.stats, [clean.report(), *self.blocks], split,
-                                  self._dedup)
+        return ReadOutput(read.stats, [clean.report(), *self.blocks], split, self._dedup,
+                          self._examples)
 
     def _curate(self, docs: Iterator[Document]) -> Iterator[Document]:
         """The curation hook: cleaned documents in, kept documents out, in order.
@@ -112,7 +107,6 @@ class LocalStages:
             yield from docs
             return
         from shoestring.prep.curate import Curator
-
         from shoestring.prep.curate.dedup_index import DIR
 
         # Cleaning and data.min_chars already ran (block clean, in the workers).
@@ -133,7 +127,7 @@ class LocalStages:
         if curator.against:
             self._dedup["dedup_against"] = curator.against_summary()
         if self.curate_cfg.explain:  # printed after the last stage (Driver._explain)
-            self.d.examples.update(curator.examples())
+            self._examples.update(curator.examples())
 
     def train_texts(self) -> Iterator[str]:
         """The training documents, in order."""
@@ -161,12 +155,12 @@ class LocalStages:
 
     # --- encode: spool → token stream ---------------------------------------------------
 
-    def encode(self, split: str, tok: Any, sep: int, dtype: np.dtype, n_docs: int) -> dict:
+    def encode(self, split: str, tok: Any, sep: int, dtype: np.dtype, n_docs: int,
+               compress: Any) -> dict:
         """`stages.encode` over the split's spool, batches tokenized in the worker pool,
         appended to ``stream-SPLIT.bin`` / ``docs-SPLIT.bin`` and journaled every
         ``CHECKPOINT_CHARS`` (a resumed split goes on from there)."""
         state = self.journal.get(f"encode.{split}") or {**NO_COUNTS, "done": False}
-        self.journal.restart(f"pack.{split}")
         stream_path = self.build / f"stream-{split}.bin"
         docs_path = self.build / f"docs-{split}.bin"
         for path, size in ((stream_path, state["tokens"] * dtype.itemsize),
@@ -195,7 +189,7 @@ class LocalStages:
 
             for tokens, ends, state, batch in encode(
                     records, self.pool.map, tokenizer, sep, dtype,
-                    {k: v for k, v in state.items() if k != "done"}, self.d.compress, bounds):
+                    {k: v for k, v in state.items() if k != "done"}, compress, bounds):
                 fs.write(tokens.tobytes())
                 fd.write(ends.astype("<u8").tobytes())
                 bar.update(task, advance=len(batch))
@@ -237,8 +231,7 @@ class LocalStages:
                     self.journal.put(f"pack.{split}", {"shards": shards})
                     fault_point(f"pack.{split}", k + 1)
         del bodies
-        return pack_record(cfg, split, enc, shards,
-                           self.d.source_split(split, enc, doc_ends, body, n))
+        return pack_record(cfg, split, enc, shards, source_split(cfg, split, enc, doc_ends, n))
 
 
 def _train_in_child(*args: Any) -> tuple[Any, dict[str, int]]:
@@ -246,12 +239,3 @@ def _train_in_child(*args: Any) -> tuple[Any, dict[str, int]]:
     the tests' kill while a tokenizer trains)."""
     fault_point("tokenizer.child", 1)
     return train_on_sample(*args)
-
-
-def _long_documents_line(max_chars: int, stats: ReadStats) -> str:
-    """What ``data.max_document_chars`` did (for ``--explain``)."""
-    return (f"long documents (data.max_document_chars={max_chars:,}): "
-            f"{counted(stats.split_documents, 'document')} cut into "
-            f"{counted(stats.split_pieces, 'piece')}")
-
-

@@ -214,8 +214,7 @@ def prep(
     out.parent.mkdir(parents=True, exist_ok=True)
     build = build_dir(out)
     fingerprint = data_fingerprint(specs, cfg, curate, files)
-    if runner.name != "local":  # its build folder holds other intermediate files
-        fingerprint = hashlib.sha256(f"{fingerprint}:{runner.name}".encode()).hexdigest()
+    fingerprint = runner.build_fingerprint(fingerprint)
     with ExitStack() as session:
         session.enter_context(runner.session())  # a cluster first: unreachable, no build
         with _freed_on_disk_error(build, out):

@@ -3,9 +3,9 @@
 An executor decides only where and when each runs — the local one in this process and its
 worker pool (``prep/local.py``), the Ray one in Ray tasks (``prep/ray/tasks.py``) — so both
 build the same bytes by construction. Tokenizer: `train_on_sample`; encode: `encode`; pack:
-`pack_shard` (its rows framed by `frame_rows`) and the split's record, `pack_record`. The
-read stage shares its blocks (``curate/``) and writer (``driver.Split``); what truly
-differs between executors is dedup's shuffle (``prep/ray/``).
+`pack_shard` (its rows framed by `frame_rows`), the split's record `pack_record` (its
+sources' parts: `source_split`). The read stage shares its blocks (``curate/``) and writer
+(``driver.Split``); what truly differs between executors is dedup's shuffle (``prep/ray/``).
 """
 
 from __future__ import annotations
@@ -19,12 +19,15 @@ from typing import Any
 import numpy as np
 
 from shoestring.config import DataConfig
+from shoestring.data.mixture import source_ranges, source_weights
 from shoestring.data.shards import shard_intact, write_shard
 from shoestring.data.sources import Document
 from shoestring.data.tokenizer import CLS, SEP
+from shoestring.errors import ShoestringError
 from shoestring.prep.packing import doc_offsets
 from shoestring.prep.tokenizer_training import tokenizer_sample, train_tokenizer
 from shoestring.prep.workers import batched, encode_texts
+from shoestring.units import counted
 
 ENCODE_BATCH = 1024
 # Encodings cost ~150 bytes per token until converted: cap a batch at ~512K characters.
@@ -160,6 +163,32 @@ def pack_record(cfg: DataConfig, split: str, enc: dict, shards: list[dict],
         "order": "sort" if sorts(cfg, split) else "none",
         "shards": shards,
     }
+
+
+def source_split(cfg: DataConfig, split: str, enc: dict, doc_ends: np.ndarray,
+                 n: int) -> dict | None:
+    """A mixture's per-source part of a split of ``n`` sequences (None without a mixture):
+    documents, tokens and the range of sequences of each source; a source without a training
+    sequence is an error (the loader could not sample it)."""
+    mix = cfg.mixture
+    if mix is None:
+        return None
+    ranges = source_ranges(doc_ends, enc["source_documents"], cfg.row_body, n)
+    out = {}
+    for name, r in zip(mix.sources, ranges):
+        lo, hi = r["sequences"]
+        out[name] = {**r, "tokens": (hi - lo) * cfg.seq_len}
+        if split == "train" and hi == lo:
+            raise ShoestringError(
+                f"{counted(r['documents'], 'training document')} with "
+                f"{counted(r['document_tokens'], 'token')} do not fill one sequence of "
+                f"{cfg.seq_len}", where=f"data.mixture.sources.{name}",
+                fix="add text to this source, or drop it from the mixture")
+    if split == "train":
+        weights = source_weights(mix, {k: v["tokens"] for k, v in out.items()})
+        for name, w in weights.items():
+            out[name]["weight"] = w
+    return out
 
 
 def sorts(cfg: DataConfig, split: str) -> bool:

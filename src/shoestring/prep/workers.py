@@ -60,7 +60,7 @@ class WorkerPool:
             saved = os.environ.get(_PARALLELISM)
             os.environ[_PARALLELISM] = "false"
             try:
-                self._pool = ctx.Pool(self.workers, initializer=_init_worker,
+                self._pool = ctx.Pool(self.workers, initializer=init_worker,
                                       initargs=(os.getpid(),))
             finally:
                 if saved is None:
@@ -101,7 +101,7 @@ class WorkerPool:
 _PARALLELISM = "TOKENIZERS_PARALLELISM"
 
 
-def _init_worker(parent: int | None = None) -> None:
+def init_worker(parent: int | None = None) -> None:
     """One thread per worker: the workers are the parallelism (no oversubscription). A
     pool's worker dies with ``parent`` (prep); a Ray task's process (no ``parent``) is Ray's
     to manage."""

@@ -34,6 +34,7 @@ refuses it by name (exit 2), as it refuses settings it does not implement.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import time
@@ -50,7 +51,7 @@ from shoestring.errors import ShoestringError
 from shoestring.fsutil import write_bytes_atomic
 from shoestring.prep.curate.blocks import Block, BlockStats
 from shoestring.prep.curate.normalize import Clean
-from shoestring.prep.driver import MIN_VAL_DOCUMENTS, Driver, Split
+from shoestring.prep.driver import MIN_VAL_DOCUMENTS, Driver, ReadOutput, Split
 from shoestring.prep.executor import WORK_DIR, Journal, PrepPlan, fault_point
 from shoestring.prep.ray import tasks
 from shoestring.prep.ray.session import WHERE, ray_session
@@ -137,12 +138,15 @@ class RayExecutor:
     def session(self) -> ray_session:
         return ray_session(self.options.address)
 
+    def build_fingerprint(self, data: str) -> str:
+        """Apart from the data's: the build folder holds Ray's own parts (``work/``)."""
+        return hashlib.sha256(f"{data}:{self.name}".encode()).hexdigest()
+
     def run(self, plan: PrepPlan, journal: Journal) -> dict:
         """Run prep on Ray (connecting to ``options.address`` or starting a local instance)."""
         ray_plan = self.plan or plan_ray(plan.cfg, plan.curate)
         with ray_session(self.options.address):
-            return Driver(plan, journal,
-                          lambda d: RayStages(d, ray_plan, self.options)).run()
+            return Driver(plan, journal, RayStages(plan, journal, ray_plan, self.options)).run()
 
 
 def _user_error(exc: BaseException) -> ShoestringError | None:
@@ -154,17 +158,18 @@ def _user_error(exc: BaseException) -> ShoestringError | None:
 class RayStages:
     """The `driver.Stages` on Ray: read/curate, tokenizer training, encode and pack."""
 
-    def __init__(self, driver: Driver, plan: RayPlan, options: RayOptions) -> None:
+    def __init__(self, prep: PrepPlan, journal: Journal, plan: RayPlan, opts: RayOptions) -> None:
         import ray
 
-        self.d, self.plan, self.opts = driver, plan, options
-        self.files, self.build, self.cfg = driver.files, driver.build, driver.cfg
-        self.curate_cfg, self.console, self.journal = driver.curate_cfg, driver.console, driver.journal
+        self.plan, self.opts, self.journal = plan, opts, journal
+        self.files, self.build, self.cfg = prep.files, prep.build, prep.cfg
+        self.curate_cfg, self.console = prep.curate, prep.console
         self.kept_shards = 0
+        self.seconds: dict[str, float] = {}  # each Ray Data map's, by its label
         self.work = self.build / WORK_DIR
         # Plain Ray tasks (shuffles, tokenizer training): a dead worker or an I/O error.
         self.retry = {"max_retries": 3, "retry_exceptions": [OSError]}
-        self.partitions = options.partitions or max(2, int(ray.cluster_resources().get("CPU", 2)))
+        self.partitions = opts.partitions or max(2, int(ray.cluster_resources().get("CPU", 2)))
         self.state: dict[str, Any] = self.journal.get("ray") or {}
 
     # --- plumbing -----------------------------------------------------------------------
@@ -193,7 +198,7 @@ class RayStages:
                 out.append(json.loads(row["summary"]))
                 tasks.raise_user_error(out[-1])
                 bar.update(task, advance=1)
-        self.d.seconds[label] = round(time.perf_counter() - t, 3)
+        self.seconds[label] = round(time.perf_counter() - t, 3)
         return out
 
     def _core(self, refs: list[Any]) -> list[Any]:
@@ -230,10 +235,9 @@ class RayStages:
 
     # --- read + curate ------------------------------------------------------------------
 
-    def read(self) -> dict:
+    def read(self) -> ReadOutput:
         import ray
 
-        self.journal.restart("read")
         self.work.mkdir(exist_ok=True)
         stages_ = list(self.plan.stages)
         first = stages_.pop(0)[1] if stages_ and stages_[0][0] == "map" else []
@@ -308,7 +312,7 @@ class RayStages:
                 "reports": tasks.merge_reports([b.report() for b in blocks],
                                                 [s["reports"] for s in done])}
 
-    def _finish_read(self, read: dict, final: dict, reports: list[dict]) -> dict:
+    def _finish_read(self, read: dict, final: dict, reports: list[dict]) -> ReadOutput:
         stats = ReadStats(files=read["files"], documents=read["read"], skipped=read["skipped"])
         stats.add(read.get("counts", {}))
         split = Split(self.build, self.cfg.val_fraction)
@@ -318,7 +322,7 @@ class RayStages:
             split.kept, split.chars, split.train_chars = (final[k] for k in
                                                           ("rows", "chars", "train_chars"))
             split.n = {"train": final["rows"] - final["val"], "val": final["val"]}
-        return self.d.read_result(stats, reports, split)
+        return ReadOutput(stats, reports, split)
 
     def _split_by_position(self, parts: list[dict], split: Split) -> None:
         """Too few validation documents: the local rule (the end of the text), on the driver;
@@ -371,12 +375,12 @@ class RayStages:
         self.journal.put("ray", self.state)
         return tok, sample
 
-    def encode(self, split: str, tok: Any, sep: int, dtype: np.dtype, n_docs: int) -> dict:
-        self.journal.restart(f"pack.{split}")
+    def encode(self, split: str, tok: Any, sep: int, dtype: np.dtype, n_docs: int,
+               compress: Any) -> dict:
         items = [{"name": n, "split": split} for n in self._kept_names()]
         done = self._map(f"tokenize {split}", items, tasks.encode_part, work=str(self.work),
                          tokenizer=str(self.build / "tokenizer.json"), sep_id=sep,
-                         dtype=dtype.str, curate=self.curate_cfg, median=self.d.median_ratio)
+                         dtype=dtype.str, compress=compress)
         done.sort(key=lambda s: s["name"])
         offsets = np.cumsum([0] + [s["tokens"] for s in done]).tolist()
         parts = [{"name": s["name"], "tokens": s["tokens"], "offset": offset}

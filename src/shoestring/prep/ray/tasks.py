@@ -28,14 +28,14 @@ from typing import Any
 
 import numpy as np
 
-from shoestring.config import CurateConfig, DataConfig
+from shoestring.config import DataConfig
 from shoestring.data.shards import shard_intact
 from shoestring.data.sources import Document, Read
 from shoestring.errors import ShoestringError
 from shoestring.fsutil import write_bytes_atomic, write_text_atomic
 from shoestring.prep.curate.blocks import Block, BlockStats
 from shoestring.prep.stages import NO_COUNTS, encode, pack_shard
-from shoestring.prep.workers import WorkerPool, _init_worker
+from shoestring.prep.workers import WorkerPool, init_worker
 
 PIECE_BITS = 8
 DOC_BITS = 33
@@ -201,7 +201,7 @@ def read_source(item: dict, *, cfg: DataConfig, blocks: Any, work: str, part_doc
     if (found := _done(sidecar)) is not None:
         return {"summary": json.dumps(found)}
     maybe_fail(fault, "read")
-    _init_worker()
+    init_worker()
     mine = [fresh(b) for b in resolve(blocks)]
     read = Read([source], cfg)
     parts: list[dict] = []
@@ -401,11 +401,10 @@ def train_texts(paths: list[Path]) -> Iterator[str]:
 
 @user_errors
 def encode_part(item: dict, *, work: str, tokenizer: str, sep_id: int, dtype: str,
-                curate: CurateConfig | None, median: float | None = None,
-                fault: str | None = None) -> dict:
-    """`stages.encode` over one part's documents of one split, inline; write
-    ``encode-SPLIT/NAME.bin`` (tokens, each document followed by ``sep_id``) and ``.ends``
-    (document ends)."""
+                compress: Any = None, fault: str | None = None) -> dict:
+    """`stages.encode` over one part's documents of one split, inline, filtered by the
+    driver's ``compress`` (a copy per task); write ``encode-SPLIT/NAME.bin`` (tokens, each
+    document followed by ``sep_id``) and ``.ends`` (document ends)."""
     root = Path(work)
     name, split = item["name"], item["split"]
     out = root / f"encode-{split}"
@@ -413,12 +412,7 @@ def encode_part(item: dict, *, work: str, tokenizer: str, sep_id: int, dtype: st
     if (found := _done(sidecar)) is not None:
         return {"summary": json.dumps(found)}
     maybe_fail(fault, "encode")
-    _init_worker()
-    compress = None
-    if curate is not None:
-        from shoestring.prep.curate.compress import Compressibility
-
-        compress = Compressibility.from_config(curate, median)
+    init_worker()
     part = read_part(root / "kept" / f"{name}.parquet", ["text", "val"])
     want = split == "val"
     records = ((t, None) for t, v in zip(part["text"], part["val"].tolist()) if v == want)
