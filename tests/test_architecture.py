@@ -163,3 +163,40 @@ def test_the_checker_sees_function_level_imports_and_cycles() -> None:
     modules = {"shoestring.p.a": {"shoestring.q.a"}, "shoestring.q.b": {"shoestring.p.b"}}
     assert cycles(unit_graph(modules)) == {frozenset("pq")}  # no module circle, a package one
     assert not cycles(modules)
+
+
+# What cli.py may import (issue 63): the standard library and typer (click under it); from
+# shoestring, floor 0, `config` (where option text becomes objects, once) and `flags` (the
+# options' declarations), and the command bodies it dispatches to: a module named `cli_*` in
+# the package its command belongs to, or a top-level stage module whose function is the
+# whole command.
+CLI_THIRD_PARTY = {"typer", "click"}
+CLI_BORDER = {"shoestring.config", "shoestring.flags"}
+CLI_STAGES = {"shoestring.cram", "shoestring.report"}
+
+
+def test_the_cli_imports_only_dispatch_targets() -> None:
+    import sys
+
+    floor = floors()
+    ours = import_graph()["shoestring.cli"]
+    wrong = sorted(m for m in ours if floor[_unit(m)] != 0 and m not in CLI_BORDER | CLI_STAGES
+                   and not m.rpartition(".")[2].startswith("cli_"))
+    assert not wrong, f"cli.py imports more than the border and its command bodies: {wrong}"
+    tree = ast.parse((SRC / "cli.py").read_text(encoding="utf-8"))
+    tops = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
+            for a in n.names}
+    tops |= {n.module.split(".")[0] for n in ast.walk(tree)
+             if isinstance(n, ast.ImportFrom) and n.module and not n.level}
+    other = tops - set(sys.stdlib_module_names) - CLI_THIRD_PARTY - {"shoestring", "__future__"}
+    assert not other, f"cli.py imports libraries the command bodies should: {sorted(other)}"
+
+
+def test_the_cli_is_thin() -> None:
+    """cli.py stays at most 400 lines, and no function in it (a command from its ``def`` to its
+    last line, the options in its signature included) runs over 40."""
+    text = (SRC / "cli.py").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 400, f"cli.py is {len(text.splitlines())} lines (400 at most)"
+    long = {n.name: n.end_lineno - n.lineno + 1 for n in ast.walk(ast.parse(text))
+            if isinstance(n, ast.FunctionDef) and n.end_lineno - n.lineno + 1 > 40}
+    assert not long, f"functions of cli.py over 40 lines: {long}"

@@ -98,14 +98,14 @@ def test_tables_in_a_log_are_not_cut_at_80_columns() -> None:
 
 def test_eval_says_when_the_model_is_worse_than_the_unigram_baseline(
         capsys: pytest.CaptureFixture) -> None:
-    from shoestring import cli
+    from shoestring.cli_eval import print_mlm
 
     result = {"mlm_loss": 7.2, "perplexity": 1339.4, "mask_rate": 0.25, "unigram_loss": 6.9,
               "accuracy": 0.05, "masked_tokens": 1000, "sequences": 10}
-    cli._print_eval(result, Path("runs/x"))
+    print_mlm(result, Path("runs/x"))
     worse = capsys.readouterr().out
     assert "0.300 worse" in worse and "train longer" in worse
-    cli._print_eval({**result, "mlm_loss": 4.0}, Path("runs/x"))
+    print_mlm({**result, "mlm_loss": 4.0}, Path("runs/x"))
     assert "2.900 better" in capsys.readouterr().out
 
 

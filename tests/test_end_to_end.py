@@ -174,14 +174,14 @@ def test_cram_curates_like_prep_and_a_changed_curation_rebuilds(tmp_path: Path) 
 
 
 def test_cli_budget_replaces_steps_from_a_config_file(tmp_path: Path) -> None:
-    from shoestring.cli import _budget_overrides
+    from shoestring.cli import _length
     from shoestring.config import load_config
 
     f = tmp_path / "c.yaml"
     f.write_text("train:\n  steps: 2\n  budget: null\n")
-    assert load_config(f, _budget_overrides("10m", None)).train.steps is None
-    assert load_config(f, _budget_overrides("10m", None)).train.budget.text == "10m"
-    assert load_config(f, _budget_overrides(None, 7)).train.steps == 7
+    assert load_config(f, flags=_length("10m", None)).train.steps is None
+    assert load_config(f, flags=_length("10m", None)).train.budget.text == "10m"
+    assert load_config(f, flags=_length(None, 7)).train.steps == 7
 
 
 def test_existing_run_dir_is_not_clobbered(pydocs_dir: Path, tmp_path: Path) -> None:

@@ -11,24 +11,33 @@ run met its prediction, and ``plan`` (its sweeps) reads ``eval``'s held-out loss
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 
+from shoestring.consoles import err, out
 from shoestring.errors import ShoestringError
+from shoestring.plan.prediction import check_run, describe
 from shoestring.rundir import RunDir
 
 
 def run_eval(run: Path, *, data: Path | None, sets: list[str] | None, glue: str | None,
              tasks: str | None, task: list[str] | None, protocol: str, seeds: str, control: str,
              output: Path | None, max_train: int | None, precision: str, text: Path | None,
-             choices: Path | None, samples: int, prompt: list[str] | None, out: Console,
-             err: Console, print_mlm: Callable[[dict, Path], None], privacy: Any = None,
+             choices: Path | None, samples: int, prompt: list[str] | None,
+             dp_epsilon: float | None = None, dp_delta: float | None = None,
              resume: bool = False, temperature: float = 0.0, top_k: int | None = None) -> None:
     """`shoestring eval`'s options → the evaluation they ask for (module docstring), printed."""
+    privacy = None
+    if dp_epsilon is not None or dp_delta is not None or any(
+            s.startswith("eval.dp_") for s in sets or []):
+        from shoestring.privacy.dp_sgd import PrivateTraining
+
+        privacy = PrivateTraining.from_options(None, sets, dp_epsilon, dp_delta)
+        if privacy is None:
+            raise ShoestringError("--dp-delta without --dp-epsilon", where="--dp-delta",
+                                  fix="add --dp-epsilon (e.g. 8)")
     if precision not in ("auto", "bf16", "fp32"):
         raise ShoestringError(f"unknown precision {precision!r}", where="--precision",
                               fix="choose auto, bf16 or fp32")
@@ -57,7 +66,7 @@ def run_eval(run: Path, *, data: Path | None, sets: list[str] | None, glue: str 
                                       protocol=protocol, seeds=seed_count, control=control,
                                       out=output, max_train=max_train, precision=precision,
                                       console=err, privacy=privacy, resume=resume)
-        print_downstream(results, out, output or RunDir(run).downstream_dir)
+        print_downstream(results, output or RunDir(run).downstream_dir)
         return
     family = RunDir(run).family()  # None: load_final reports a missing or damaged run
     if decoder_flags or (family is not None and family.causal):
@@ -66,7 +75,7 @@ def run_eval(run: Path, *, data: Path | None, sets: list[str] | None, glue: str 
         result = evaluate_decoder(run, text=text, choices=choices, samples=samples, prompts=prompt,
                                   temperature=temperature, top_k=top_k, precision=precision,
                                   out=output, console=err)
-        print_decoder(result, out)
+        print_decoder(result)
         return
     from shoestring.eval.mlm import evaluate_run
 
@@ -87,7 +96,7 @@ def parse_seeds(text: str) -> int | None:
     return n
 
 
-def print_downstream(results: dict[str, Any], out: Console, folder: Path) -> None:
+def print_downstream(results: dict[str, Any], folder: Path) -> None:
     from shoestring.eval.report import fmt_difference
 
     t = Table(title=f"fine-tuned {results['run']} ({results['protocol']['name']} protocol)")
@@ -126,7 +135,7 @@ def print_downstream(results: dict[str, Any], out: Console, folder: Path) -> Non
               f"classifiers in {folder}/classifiers/ (wall {results['wall_seconds']:.0f}s)")
 
 
-def print_decoder(result: dict[str, Any], out: Console) -> None:
+def print_decoder(result: dict[str, Any]) -> None:
     t = Table(title=f"evaluated {result['run']} (decoder)", show_header=False)
     p = result["perplexity"]
     line = f"{p['loss']:.3f} nats/token, perplexity {p['perplexity']:.1f} ({p['tokens']:,} tokens)"
@@ -141,9 +150,23 @@ def print_decoder(result: dict[str, Any], out: Console) -> None:
         t.add_row("samples decoded", result["samples_decoding"])
     for s in result.get("samples", []):
         t.add_row(f"sample: {s['prompt']!r}", s["continuation"].replace("\n", " ⏎ "))
-    from shoestring.plan.prediction import check_run, describe
-
     if (checked := check_run(result["run"], result)) is not None:
         t.add_row("plan's prediction", describe(checked))
     out.print(t)
     out.print(f"written: {result['written']}")
+
+
+def print_mlm(result: dict[str, Any], run: Path) -> None:
+    t = Table(title=f"evaluated {run}", show_header=False)
+    t.add_row("validation MLM loss", f"{result['mlm_loss']:.3f} (perplexity {result['perplexity']:.1f}, "
+              f"{result['mask_rate']:.0%} masked)")
+    gap = result["mlm_loss"] - result["unigram_loss"]
+    t.add_row("unigram baseline", f"{result['unigram_loss']:.3f} (guessing every masked token "
+              "by its frequency)" + (f": the model is {gap:.3f} worse — it has not yet learned "
+                                     "more than token frequencies; train longer" if gap > 0
+                                     else f": the model is {-gap:.3f} better"))
+    t.add_row("masked-token accuracy", f"{result['accuracy']:.1%}")
+    t.add_row("scored", f"{result['masked_tokens']:,} masked tokens in {result['sequences']:,} sequences")
+    if (checked := check_run(run, result)) is not None:
+        t.add_row("plan's prediction", describe(checked))
+    out.print(t)

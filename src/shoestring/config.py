@@ -20,6 +20,7 @@ from pydantic import (
     Field,
     PlainSerializer,
     PlainValidator,
+    PrivateAttr,
     ValidationError,
     ValidationInfo,
     WithJsonSchema,
@@ -632,6 +633,13 @@ class Config(_Section):
     train: TrainConfig = Field(default_factory=TrainConfig)
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    _given: dict[str, str] = PrivateAttr(default_factory=dict)  # key → "file", option, "--set"
+
+    def given(self, section: str, *, file: bool = True) -> set[str]:
+        """The keys of ``section`` the user set (the YAML file unless ``file`` is False, an
+        option, ``--set``), not a plan's nor the defaults: what `load_config` was told."""
+        return {k.split(".", 1)[1] for k, by in self._given.items()
+                if k.startswith(f"{section}.") and (file or by != "file")}
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
@@ -745,6 +753,7 @@ def load_config(
     """Defaults ← plan (``shoestring plan`` output) ← YAML file ← command-line options
     (``flags``: option name → ``(dotted key, value)``) ← ``--set`` overrides, validated."""
     tree: dict[str, Any] = {}
+    given: dict[str, str] = {}
     source = "config"
     if plan is not None:  # a plan's model/train/data sections; its `plan:` metadata is dropped
         for section, values in read_plan_sections(plan).items():
@@ -763,16 +772,20 @@ def load_config(
                     f"section '{section}' must be a mapping of keys to values", where=source
                 )
             tree.setdefault(section, {}).update(values)
+            given.update({f"{section}.{key}": "file" for key in values})
     named = {}
     for option, (key, value) in (flags or {}).items():
         _set_dotted(tree, key, value, option)
-        named[key] = option
+        named[key] = given[key] = option
     for item in overrides or []:
         key, value = parse_override(item)
         _set_dotted(tree, key, value, "--set")
+        given[key] = "--set"
         named.pop(key, None)  # --set wins, and is what a problem is then reported as
         source = "--set" if path is None else f"{path} + --set"
     try:
-        return Config.model_validate(tree)
+        cfg = Config.model_validate(tree)
     except ValidationError as e:
         raise _format_validation_error(e, source, named) from None
+    cfg._given = given
+    return cfg

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from shoestring.config import Config
+from shoestring.consoles import err, out
 from shoestring.data.datadir import DataDir
 from shoestring.prep.prep import data_fingerprint, prep
 from shoestring.device import load_cost
@@ -260,3 +261,18 @@ def cram(sources: list[str], output: str | Path, cfg: Config, console: Console |
                                          console=console)
     return CramResult(manifest, summary, evaluation, data_dir, run_dir, downstream, tree,
                       time.perf_counter() - start if tree is not None else None)
+
+
+def run(sources: list[str] | None, output: Path, cfg: Config, *, eval_task: str | None,
+        auto: bool, calibrate_share: float, sets: list[str] | None, jobs: int) -> None:
+    """`shoestring cram`: ``--auto`` as a `CalibrationSpec` checked before anything runs, then
+    `cram` on ``sources`` (the built-in corpus by default), its table printed."""
+    spec = None
+    if auto:
+        from shoestring.plan.calibrate import CalibrationSpec
+
+        spec = CalibrationSpec(share=calibrate_share, overrides=tuple(sets or []), jobs=jobs)
+        spec.check()
+    result = cram(sources or ["builtin:pydocs"], output, cfg, console=err, eval_task=eval_task,
+                  auto=spec)
+    out.print(result.table())

@@ -105,9 +105,9 @@ class DataDir:
             return np.log(counts / counts.sum())
 
 
-def check_data_settings(cfg: Any, data_dir: str | Path) -> None:
-    """Refuse ``data.*`` settings (those set explicitly in ``cfg``, a `Config`) that disagree
-    with what the data dir was prepared with: training reads the data as it is, so such a
+def check_data_settings(cfg: Any, data_dir: str | Path, keys: set[str]) -> None:
+    """Refuse the ``data.*`` settings ``keys`` (those the user set in ``cfg``, a `Config`) that
+    disagree with what the data dir was prepared with: training reads the data as it is, so such a
     setting would be silently ignored (and wrongly recorded in the run's config.yaml)."""
     from pydantic import ValidationError
 
@@ -121,7 +121,7 @@ def check_data_settings(cfg: Any, data_dir: str | Path) -> None:
         pass
     recorded = {**recorded, "seq_len": data.seq_len, "objective": data.objective}
     given = cfg.data.model_dump(mode="json")
-    for key in sorted(cfg.data.model_fields_set - {"workers"}):
+    for key in sorted(keys - {"workers"}):
         if key in recorded and given[key] != recorded[key]:
             raise ShoestringError(
                 f"data.{key}={given[key]!r} disagrees with the data dir, prepared with "
