@@ -33,7 +33,6 @@ from shoestring.data.shards import token_dtype
 from shoestring.data.sources import Document, ReadStats
 from shoestring.data.tokenizer import (
     KINDS,
-    default_kind,
     load_for_objective,
     load_tokenizer,
     special_ids,
@@ -115,7 +114,7 @@ class Driver:
 
             self.median_ratio = tok_info.get("median_ratio")
             self.compress = Compressibility.from_config(self.curate_cfg, self.median_ratio)
-        ids = special_ids(tok, self.cfg.objective)
+        ids = special_ids(tok, self.cfg.family)
         sep = ids[self.cfg.family.separator_token]
         dtype = token_dtype(tok.get_vocab_size())
         splits: dict[str, dict] = {}
@@ -204,10 +203,10 @@ class Driver:
         self.journal.restart("tokenizer")
         path = tokenizer_path(cfg)
         if path is not None:
-            tok = load_for_objective(path, cfg.objective)
+            tok = load_for_objective(path, cfg.family)
             source = str(Path(path).resolve())
         else:
-            kind = default_kind(cfg.objective) if cfg.tokenizer == "auto" else cfg.tokenizer
+            kind = cfg.family.tokenizer_kind if cfg.tokenizer == "auto" else cfg.tokenizer
             n_train = self.journal.get("read")["documents"]["train"]
             docs = counted(n_train, "document")
             with self.console.status(f"training the {kind} tokenizer on {docs}"):
