@@ -42,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, default=ROOT / "runs" / "bench" / "calibration_noise")
     args = ap.parse_args(argv)
     from shoestring.plan import fit as F
+    from shoestring import families
     from shoestring.plan.sweep import parse_floats, read_points, train_points
 
     spec = json.loads((args.calibration / "sweep.json").read_text(encoding="utf-8"))
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
             "flops_per_token", "batch_size", "lr", "seq_len", "steps", "tokens", "flops")
     retrain = [{**{k: p[k] for k in keep}, "id": f"{p['id']}-seed{seed}", "seed": seed,
                 "overrides": [f"train.seed={seed}"]} for seed in seeds for p in points]
-    train_points(args.work, retrain, spec["data_dir"], spec["objective"],
+    train_points(args.work, retrain, spec["data_dir"], families.get(spec["objective"]),
                  overrides=spec.get("overrides", []), eval_sequences=args.eval_sequences,
                  jobs=args.jobs)
     done = {p["id"]: p for p in read_points(args.work)}

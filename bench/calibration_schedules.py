@@ -40,6 +40,7 @@ def _one(args: tuple[str, dict[str, int], int, int, float, str, str, int]) -> di
     import torch
     from rich.console import Console
 
+    from shoestring import families
     from shoestring.config import load_config
     from shoestring.data.datadir import DataDir
     from shoestring.eval.held_out import held_out_loss
@@ -56,7 +57,7 @@ def _one(args: tuple[str, dict[str, int], int, int, float, str, str, int]) -> di
     run = Path(work) / schedule.replace(" ", "_")
     quiet = Console(stderr=True, quiet=True)
     summary = train(load_config(None, sets), data, run, overwrite=True, console=quiet)
-    loss = held_out_loss("mlm", run, eval_rows, DataDir(data).seq_len, quiet)
+    loss = held_out_loss(families.MLM, run, eval_rows, DataDir(data).seq_len, quiet)
     warm = round(float(parts[1]) * steps) if len(parts) == 3 else None
     return {"schedule": schedule, "warmup_steps": warm, "held_out_loss": loss,
             "final_train_loss": summary.get("final_train_loss"),

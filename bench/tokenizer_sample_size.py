@@ -45,6 +45,7 @@ def texts(shards: Path, held: bool):
 
 
 def one(shards: Path, mib: int, total: int, vocab: int) -> dict:
+    from shoestring.families import MLM
     from shoestring.prep.tokenizer_training import tokenizer_sample, train_tokenizer
 
     cap = mib << 20
@@ -57,7 +58,7 @@ def one(shards: Path, mib: int, total: int, vocab: int) -> dict:
             yield t
 
     t0 = time.perf_counter()
-    tok = train_tokenizer(sample, "wordpiece", "mlm", vocab, True)
+    tok = train_tokenizer(sample, "wordpiece", MLM, vocab, True)
     train_s = time.perf_counter() - t0
     tokens = chars = unk = 0
     unk_id = tok.token_to_id("[UNK]")

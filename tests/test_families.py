@@ -103,7 +103,7 @@ def test_every_floor_registers_every_family() -> None:
     hf_families = {f.base for f in families.all_families()}
     assert set(EXPORTERS) == set(IMPORTERS) == set(HELD_OUT) == hf_families
     with pytest.raises(ShoestringError, match="contrastive run has none"):
-        held_out_loss("contrastive", Path("."), 1, 8)
+        held_out_loss(families.CONTRASTIVE, Path("."), 1, 8)
 
 
 def test_family_specs_are_constants_that_import_nothing_above_errors() -> None:

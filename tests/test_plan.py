@@ -12,6 +12,7 @@ import yaml
 
 from shoestring.config import Config, ModelConfig
 from shoestring.errors import ShoestringError
+from shoestring.families import CLM, MLM
 from shoestring.plan import fit as F
 from shoestring.datasheets import HARDWARE, lookup
 from shoestring.plan.hardware import get_hardware
@@ -196,12 +197,12 @@ def test_shapes_counts_are_the_real_models() -> None:
 
     from shoestring.model import build_model
 
-    for objective in ("mlm", "clm"):
-        cfg = make_config(objective, 192, 3)
+    for family in (MLM, CLM):
+        cfg = make_config(family, 192, 3)
         model = build_model(cfg, 1000)
         assert count_params(cfg, 1000) == (model.num_params(), model.num_params(non_embedding=True))
         assert cfg.hidden_size % 64 == 0 and cfg.hidden_size % cfg.num_heads == 0
-    shapes = candidates("clm", 32768, 2048, max_params=2e10)
+    shapes = candidates(CLM, 32768, 2048, max_params=2e10)
     for s in shapes:
         if s.model.hidden_size >= 1024:
             assert s.model.num_heads % 8 == 0, s.label  # tensor parallel 2/4/8 divides heads
@@ -312,7 +313,7 @@ def test_measured_mfu_is_a_fraction() -> None:
     mfu = measure_mfu(ModelConfig(hidden_size=64, num_layers=2, num_heads=1,
                                   intermediate_size=192), 2000, 64, 8, hw, seconds=0.3)
     assert 0.0 < mfu < 1.5  # a loaded machine can beat its own noisy peak measurement a bit
-    assert flops_per_token(make_config("mlm", 64, 2), 2000, 64) > 0
+    assert flops_per_token(make_config(MLM, 64, 2), 2000, 64) > 0
 
 
 def test_processes_on_one_cpu_share_its_measured_peak() -> None:

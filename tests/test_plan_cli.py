@@ -11,6 +11,7 @@ import yaml
 from conftest import fails_cleanly as _fails
 from conftest import run_cli
 from shoestring.errors import ShoestringError
+from shoestring.families import MLM
 
 
 def test_plan_cli_writes_yaml(tmp_path: Path) -> None:
@@ -95,7 +96,7 @@ def test_sweep_trains_to_budget_and_resumes(tmp_path: Path, pydocs_dir: Path) ->
 
     base = next(p for p in points if p["is_pick"])
     again = {**base, "id": base["id"] + "-seed7", "overrides": ["train.seed=7"]}
-    train_points(tmp_path / "again", [again], str(pydocs_dir), "mlm", eval_sequences=8,
+    train_points(tmp_path / "again", [again], str(pydocs_dir), MLM, eval_sequences=8,
                  console=quiet, overrides=kw["overrides"])
     (redone,) = read_points(tmp_path / "again")
     resolved = yaml.safe_load((Path(redone["run"]) / "config.yaml").read_text())
@@ -219,7 +220,7 @@ def test_branched_sweep_points_are_wsd_runs_of_their_length(tmp_path: Path,
         assert branch["tokens"] == summary["tokens"] == p["tokens"]
         assert branch["final_train_loss"] == pytest.approx(summary["final_train_loss"],
                                                            rel=1e-4)
-        straight = held_out_loss("mlm", run, 8, p["seq_len"], quiet)
+        straight = held_out_loss(MLM, run, 8, p["seq_len"], quiet)
         assert p["val_loss"] == pytest.approx(straight, rel=1e-4)
     assert {p["id"] for p in read_points(tmp_path / "sweep")} == {p["id"] for p in points}
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from shoestring.families import MLM
 from shoestring.plan import fit as F
 from shoestring.plan import prediction as P
 from shoestring.plan.laws import Law
@@ -122,7 +123,7 @@ def test_the_wiki_points_plan_a_size_that_grows_with_compute() -> None:
     data = WIKI["data"]
     picks = []
     for budget in (8.93e12, 5e13, 3.06e14):
-        sizing = size_for_flops(budget, "mlm", law, data, floor=False, frontier=front)
+        sizing = size_for_flops(budget, MLM, law, data, floor=False, frontier=front)
         rule = sizing.size_rule
         assert rule is not None and rule["approach"] == 2
         assert rule["extrapolation_decades"] == pytest.approx(math.log10(budget / 8.93e12))
@@ -142,8 +143,8 @@ def test_the_data_constrained_rule_still_moves_the_size_down() -> None:
     fresh = {"seq_len": 128, "vocab_size": 8192, "train_tokens": 10**12,
              "train_sequences": 10**9}
     small = {**fresh, "train_tokens": 200_000, "train_sequences": 1_500}
-    big = size_for_flops(3e14, "mlm", boot.fit.law, fresh, floor=False, frontier=boot.frontier)
-    rep = size_for_flops(3e14, "mlm", boot.fit.law, small, floor=False, frontier=boot.frontier)
+    big = size_for_flops(3e14, MLM, boot.fit.law, fresh, floor=False, frontier=boot.frontier)
+    rep = size_for_flops(3e14, MLM, boot.fit.law, small, floor=False, frontier=boot.frontier)
     assert big.size_rule["repetition_shift"] == 1
     assert rep.size_rule["repetition_shift"] < 1
     assert rep.pick.params_non_embedding < big.pick.params_non_embedding
@@ -231,12 +232,12 @@ def test_the_frontier_sizes_only_shapes_of_the_widths_it_swept(tmp_path) -> None
     bare = dataclasses.replace(front, widths=None)
     moved = 0
     for budget in (1e14, 3.06e14, 3e15):
-        sizing = size_for_flops(budget, "mlm", boot.fit.law, WIKI["data"], floor=False,
+        sizing = size_for_flops(budget, MLM, boot.fit.law, WIKI["data"], floor=False,
                                 frontier=front)
         assert all(front.fits_width(s.model.hidden_size, s.model.num_layers)
                    for s in sizing.shapes)
         assert sizing.size_rule["widths"] == [32.0, 64.0]
-        free = size_for_flops(budget, "mlm", boot.fit.law, WIKI["data"], floor=False,
+        free = size_for_flops(budget, MLM, boot.fit.law, WIKI["data"], floor=False,
                               frontier=bare)
         assert len(free.shapes) > len(sizing.shapes) and free.size_rule["widths"] is None
         m = free.pick.model

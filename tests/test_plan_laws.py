@@ -12,6 +12,7 @@ import pytest
 from shoestring.config import DataConfig, TrainConfig
 from shoestring.data.repetition import R_STAR_N, effective_params, effective_tokens
 from shoestring.errors import ShoestringError
+from shoestring.families import MLM
 from shoestring.plan import hyper
 from shoestring.plan.laws import CHINCHILLA_2022, EPOCH_2024, load_law
 from shoestring.plan.planner import PlanRequest, make_plan, size_for_flops
@@ -101,12 +102,12 @@ def test_a_budget_beyond_the_corpus_plans_a_smaller_model_and_more_epochs() -> N
     """5M unique tokens and 1e16 FLOPs: fresh data would buy a larger model on ~50 epochs'
     worth of tokens; the data-constrained law picks fewer parameters and more epochs."""
     law, c = EPOCH_2024, 1e16
-    fresh = size_for_flops(c, "mlm", law, {**_data(5e6), "train_tokens": 0})
-    limited = size_for_flops(c, "mlm", law, _data(5e6))
+    fresh = size_for_flops(c, MLM, law, {**_data(5e6), "train_tokens": 0})
+    limited = size_for_flops(c, MLM, law, _data(5e6))
     assert limited.pick.params < fresh.pick.params
     assert limited.tokens / 5e6 > fresh.tokens / 5e6 > 1
     # a corpus larger than the budget's tokens changes nothing
-    plenty = size_for_flops(c, "mlm", law, _data(1e12))
+    plenty = size_for_flops(c, MLM, law, _data(1e12))
     assert plenty.pick == fresh.pick and plenty.loss == fresh.loss
 
 
@@ -117,7 +118,7 @@ def test_the_plan_states_epochs_and_what_repetition_costs(pydocs_dir: Path) -> N
 
     info = _data_info(str(pydocs_dir))
     unique = info["train_tokens"]
-    unlimited = size_for_flops(1e15, "mlm", EPOCH_2024, {**info, "train_tokens": 0})
+    unlimited = size_for_flops(1e15, MLM, EPOCH_2024, {**info, "train_tokens": 0})
     big = make_plan(PlanRequest(hardware="t4", budget="1e15flops", data=str(pydocs_dir)))
     assert big["plan"]["model"]["params"] < unlimited.pick.params
     d = big["plan"]["data"]

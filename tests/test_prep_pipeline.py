@@ -19,6 +19,7 @@ from shoestring.prep.prep import is_validation, prep, unigram_sort_order
 from shoestring.data.shards import read_index
 from shoestring.data.tokenizer import EOT, SEP
 from shoestring.prep.tokenizer_training import train_tokenizer
+from shoestring.families import CLM
 from shoestring.errors import ShoestringError
 
 N_DOCS = 160
@@ -40,7 +41,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def bpe_path(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tokenizer given to prep as a file, so runs compare byte for byte."""
     texts = [json.loads(line)["text"] for line in corpus.read_text(encoding="utf-8").splitlines()]
-    tok = train_tokenizer(texts, "bpe", "clm", vocab_size=700, lowercase=False)
+    tok = train_tokenizer(texts, "bpe", CLM, vocab_size=700, lowercase=False)
     path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
     tok.save(str(path))
     return path
@@ -451,8 +452,8 @@ def test_tokenizer_trains_on_a_capped_uniform_sample(corpus: Path, tmp_path: Pat
     positions = [texts.index(t) for t in drawn]
     assert min(positions) < len(texts) // 3 and max(positions) > 2 * len(texts) // 3
     vocab = json.loads((tmp_path / "a" / "tokenizer.json").read_text())["model"]["vocab"]
-    on_sample = train_tokenizer(drawn, "bpe", "clm", vocab_size=700, lowercase=False)
-    on_all = train_tokenizer(texts, "bpe", "clm", vocab_size=700, lowercase=False)
+    on_sample = train_tokenizer(drawn, "bpe", CLM, vocab_size=700, lowercase=False)
+    on_all = train_tokenizer(texts, "bpe", CLM, vocab_size=700, lowercase=False)
     assert vocab == on_sample.get_vocab() != on_all.get_vocab()
     assert manifests[1]["tokenizer"]["sample"] == sample
     assert manifests[1]["tokenizer"]["sha256"] == manifests[0]["tokenizer"]["sha256"]

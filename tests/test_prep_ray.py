@@ -81,10 +81,11 @@ def planted(tmp_path_factory: pytest.TempPathFactory) -> dict:
         files.append(str(path))
     evals = root / "eval.jsonl"
     evals.write_text(json.dumps({"sentence": eval_text}) + "\n", encoding="utf-8")
+    from shoestring.families import MLM
     from shoestring.prep.tokenizer_training import train_tokenizer
 
     tok = root / "tokenizer.json"
-    train_tokenizer(iter(docs), "wordpiece", "mlm", 700, True).save(str(tok))
+    train_tokenizer(iter(docs), "wordpiece", MLM, 700, True).save(str(tok))
     return {"files": files, "eval": str(evals), "root": root, "cfg": CFG.model_copy(
         update={"tokenizer": str(tok)})}
 

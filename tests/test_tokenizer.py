@@ -69,6 +69,7 @@ def test_ids_are_in_canonical_order(texts: list[str]) -> None:
 # --- kinds, objectives, loading ----------------------------------------------------------
 
 from shoestring.data.tokenizer import CLM_SPECIAL_TOKENS, EOT, load_for_objective, tokenizer_kind
+from shoestring.families import CLM, MLM, FamilySpec
 
 from shoestring.prep.tokenizer_training import train_tokenizer
 
@@ -79,12 +80,12 @@ def short_texts(texts: list[str]) -> list[str]:
 
 
 @pytest.mark.parametrize("kind", ["wordpiece", "bpe", "unigram"])
-@pytest.mark.parametrize("objective", ["mlm", "clm"])
-def test_every_kind_gets_the_objective_layout(short_texts: list[str], kind: str, objective: str) -> None:
-    tok = train_tokenizer(short_texts, kind, objective, vocab_size=600, lowercase=False)
+@pytest.mark.parametrize("family", [MLM, CLM], ids=["mlm", "clm"])
+def test_every_kind_gets_the_objective_layout(short_texts: list[str], kind: str, family: FamilySpec) -> None:
+    tok = train_tokenizer(short_texts, kind, family, vocab_size=600, lowercase=False)
     assert tokenizer_kind(tok) == kind
-    ids = special_ids(tok, objective)
-    if objective == "mlm":
+    ids = special_ids(tok, family)
+    if family is MLM:
         assert ids == {t: i for i, t in enumerate(SPECIAL_TOKENS)}
         assert tok.encode("Return it.").tokens[0] == "[CLS]"
     else:
@@ -99,7 +100,7 @@ def test_every_kind_gets_the_objective_layout(short_texts: list[str], kind: str,
 
 
 def test_byte_level_bpe_has_no_unknowns(short_texts: list[str]) -> None:
-    tok = train_tokenizer(short_texts, "bpe", "clm", vocab_size=600, lowercase=False)
+    tok = train_tokenizer(short_texts, "bpe", CLM, vocab_size=600, lowercase=False)
     text = "naïve 日本語 🙂 \x7f"
     enc = tok.encode(text)
     assert tok.decode(enc.ids) == text
@@ -108,12 +109,12 @@ def test_byte_level_bpe_has_no_unknowns(short_texts: list[str]) -> None:
 
 def test_bpe_vocab_too_small_for_bytes(short_texts: list[str]) -> None:
     with pytest.raises(ShoestringError, match="256"):
-        train_tokenizer(short_texts, "bpe", "clm", vocab_size=200, lowercase=False)
+        train_tokenizer(short_texts, "bpe", CLM, vocab_size=200, lowercase=False)
 
 
 def test_bpe_training_is_reproducible(short_texts: list[str]) -> None:
-    a = train_tokenizer(short_texts, "bpe", "clm", vocab_size=600, lowercase=False)
-    b = train_tokenizer(short_texts, "bpe", "clm", vocab_size=600, lowercase=False)
+    a = train_tokenizer(short_texts, "bpe", CLM, vocab_size=600, lowercase=False)
+    b = train_tokenizer(short_texts, "bpe", CLM, vocab_size=600, lowercase=False)
     assert a.to_str() == b.to_str()
 
 
@@ -131,17 +132,17 @@ def test_loading_a_foreign_tokenizer_lays_specials_out(short_texts: list[str], t
     path = tmp_path / "foreign.json"
     foreign.save(str(path))
 
-    tok = load_for_objective(path, "clm")
-    assert special_ids(tok, "clm") == {EOT: 0, "<|pad|>": 1}
+    tok = load_for_objective(path, CLM)
+    assert special_ids(tok, CLM) == {EOT: 0, "<|pad|>": 1}
     sample = short_texts[5][:400]
     assert tok.encode(sample).tokens == foreign.encode(sample).tokens  # same segmentation
     assert tok.decode(tok.encode(sample).ids) == sample
-    mlm = load_for_objective(path, "mlm")
+    mlm = load_for_objective(path, MLM)
     assert special_ids(mlm) == {t: i for i, t in enumerate(SPECIAL_TOKENS)}
     assert mlm.encode("hi").tokens[0] == "[CLS]"
 
 
 def test_loading_an_already_laid_out_tokenizer_keeps_it(short_texts: list[str], tmp_path: Path) -> None:
-    tok = train_tokenizer(short_texts, "wordpiece", "mlm", vocab_size=600, lowercase=True)
+    tok = train_tokenizer(short_texts, "wordpiece", MLM, vocab_size=600, lowercase=True)
     tok.save(str(tmp_path / "t.json"))
-    assert load_for_objective(tmp_path / "t.json", "mlm").get_vocab() == tok.get_vocab()
+    assert load_for_objective(tmp_path / "t.json", MLM).get_vocab() == tok.get_vocab()

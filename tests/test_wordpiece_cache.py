@@ -12,6 +12,7 @@ from tokenizers import AddedToken, Tokenizer
 from shoestring.inference import wordpiece_cache
 from shoestring.data.builtin import iter_pydocs
 from shoestring.inference.wordpiece_cache import WordPieceCache, encoder_for, library_encoder
+from shoestring.families import CLM
 from shoestring.prep.tokenizer_training import train_tokenizer, train_wordpiece
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "corpora" / "mixed-en.jsonl"
@@ -90,7 +91,7 @@ def test_an_added_normalized_token_sends_its_texts_to_the_library(tok: Tokenizer
 
 def test_other_layouts_keep_the_library(docs: list[str]) -> None:
     short = [d[:2000] for d in docs[:100]]
-    assert WordPieceCache.for_tokenizer(train_tokenizer(short, "bpe", "clm", 600, False)) is None
+    assert WordPieceCache.for_tokenizer(train_tokenizer(short, "bpe", CLM, 600, False)) is None
     wp = train_wordpiece(short, vocab_size=800)
     truncating = Tokenizer.from_str(wp.to_str())
     truncating.enable_truncation(16)
@@ -138,6 +139,6 @@ def test_encoder_for_takes_the_cache_only_where_it_applies(tok: Tokenizer,
     texts = sentences(docs)[:100] + ["naïve façade"]
     assert encoder_for(tok).__self__.__class__ is WordPieceCache  # type: ignore[attr-defined]
     assert encoder_for(tok)(texts) == library(tok, texts)
-    bpe = train_tokenizer([d[:2000] for d in docs[:100]], "bpe", "clm", 600, False)
+    bpe = train_tokenizer([d[:2000] for d in docs[:100]], "bpe", CLM, 600, False)
     assert not hasattr(encoder_for(bpe), "__self__")  # the library's call
     assert encoder_for(bpe)(texts) == library(bpe, texts)

@@ -22,8 +22,8 @@ from typing import Any
 
 from tokenizers import Tokenizer, processors
 
-from shoestring import families
 from shoestring.errors import ShoestringError
+from shoestring.families import MLM, FamilySpec
 from shoestring.families.spec import (  # noqa: F401  (the token names, re-exported here)
     CLM_PAD,
     CLM_UNK,
@@ -44,18 +44,8 @@ SPECIAL_TOKENS, CLM_SPECIAL_TOKENS = list(_MLM), list(_CLM)  # id order of each 
 KINDS = ("wordpiece", "bpe", "unigram")
 
 
-def default_kind(objective: str) -> str:
-    """WordPiece for encoders (as BERT), byte-level BPE for decoders (as GPT-2)."""
-    return families.get(objective).tokenizer_kind
-
-
-def special_tokens(objective: str, kind: str) -> list[str]:
-    """The special tokens, in id order, of a tokenizer of ``kind`` for ``objective``."""
-    return families.get(objective).special_tokens(kind)
-
-
-def load_for_objective(path: str | Path, objective: str) -> Tokenizer:
-    """Load an existing ``tokenizer.json`` and give it the special-token layout of ``objective``.
+def load_for_objective(path: str | Path, family: FamilySpec) -> Tokenizer:
+    """Load an existing ``tokenizer.json`` and give it the special-token layout of ``family``.
 
     Missing special tokens are added; tokens are renumbered (specials first, then the rest in
     their original id order) only when the layout differs. A model trained on it learns its
@@ -68,19 +58,19 @@ def load_for_objective(path: str | Path, objective: str) -> Tokenizer:
             f"unsupported tokenizer model {kind!r}", where=str(path),
             fix="use a WordPiece, BPE or Unigram tokenizer.json, or let prep train one",
         )
-    specials = special_tokens(objective, kind)
+    specials = family.special_tokens(kind)
     if _ids_of(tok, specials) == list(range(len(specials))):
-        return finish(tok, objective, kind, order=None)
-    return finish(tok, objective, kind, order="keep")
+        return finish(tok, family, kind, order=None)
+    return finish(tok, family, kind, order="keep")
 
 
-def finish(tok: Tokenizer, objective: str, kind: str, order: str | None) -> Tokenizer:
+def finish(tok: Tokenizer, family: FamilySpec, kind: str, order: str | None) -> Tokenizer:
     """Lay the specials out first (``order``: canonical, keep, or None = leave ids) and set the
-    post-processor of the objective."""
-    specials = special_tokens(objective, kind)
+    post-processor of the family."""
+    specials = family.special_tokens(kind)
     if order is not None:
         tok = _relayout(tok, specials, order)
-    if families.get(objective).row_frame:
+    if family.row_frame:
         cls_id, sep_id = tok.token_to_id(CLS), tok.token_to_id(SEP)
         tok.post_processor = processors.TemplateProcessing(
             single=f"{CLS} $A {SEP}",
@@ -89,7 +79,7 @@ def finish(tok: Tokenizer, objective: str, kind: str, order: str | None) -> Toke
         )
     elif isinstance(tok.post_processor, processors.TemplateProcessing):
         tok.post_processor = None  # its ids may be stale; CLM adds no specials per sequence
-    special_ids(tok, objective)
+    special_ids(tok, family)
     return tok
 
 
@@ -157,9 +147,9 @@ def tokenizer_kind(tok: Tokenizer) -> str:
     return json.loads(tok.to_str())["model"]["type"].lower()
 
 
-def special_ids(tok: Tokenizer, objective: str = "mlm") -> dict[str, int]:
-    """Special token → id, checked to be the fixed layout of ``objective``."""
-    names = special_tokens(objective, tokenizer_kind(tok))
+def special_ids(tok: Tokenizer, family: FamilySpec = MLM) -> dict[str, int]:
+    """Special token → id, checked to be the fixed layout of ``family``."""
+    names = family.special_tokens(tokenizer_kind(tok))
     ids = {name: tok.token_to_id(name) for name in names}
     if list(ids.values()) != list(range(len(names))):
         raise ShoestringError(

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from shoestring import families
 from shoestring.errors import ShoestringError
+from shoestring.families import FamilySpec
 from shoestring.units import with_article
 
 
@@ -36,11 +36,10 @@ HELD_OUT: dict[str, Callable[[Path, int, int, Console | None], float]] = {
     "mlm": _mlm, "clm": _clm}
 
 
-def held_out_loss(objective: str, run_dir: Path, max_sequences: int, seq_len: int,
+def held_out_loss(family: FamilySpec, run_dir: Path, max_sequences: int, seq_len: int,
                   console: Console | None = None) -> float:
     """The family's held-out loss on a finished run (at most ``max_sequences`` validation
     rows of ``seq_len``); a family with no pretraining loss (contrastive) says so."""
-    family = families.get(objective)
     if family.name not in HELD_OUT:
         raise ShoestringError("planner sweeps compare pretraining losses; "
                               f"{with_article(family.name)} "

@@ -1,4 +1,4 @@
-"""The model-family registry: ``families.get(cfg.model.objective)`` is the spec of a family.
+"""The model-family registry: ``families.get(name)`` turns a family's name into its spec.
 
 Each family (masked LM, causal LM, contrastive retriever) is one module of constants here;
 registering it is one line below. Specs are data (``families/spec.py``); what a family *does*

@@ -35,6 +35,7 @@ from typing import Any
 
 from rich.console import Console
 
+from shoestring import families
 from shoestring.fsutil import write_json_atomic
 from shoestring.plan.sweep import cost
 
@@ -125,7 +126,8 @@ def _probe(point: dict[str, Any], steps: int, data: dict[str, Any], runs: Path,
                  flops=tokens * point["flops_per_token"])
     began = time.perf_counter()
     _train_point(probe, str(config) if config else None, overrides, data["dir"],
-                 data["objective"], str(runs), eval_sequences, None, console=Console(quiet=True))
+                 families.get(data["objective"]), str(runs), eval_sequences, None,
+                 console=Console(quiet=True))
     return time.perf_counter() - began, probe["flops"]
 
 

@@ -199,7 +199,7 @@ class Sizing:
 
 def size_for_flops(
     total_flops: float,
-    objective: str,
+    family: families.FamilySpec,
     law: Law,
     data: dict[str, Any] | None = None,
     devices: int = 1,
@@ -212,9 +212,9 @@ def size_for_flops(
     ``floor=False`` (calibration sweeps) sizes budgets below the smallest model's floor too;
     ``frontier``: the size from your IsoFLOP minima (approach 2, see `_choose`)."""
     n_opt, d_opt = law.optimal(total_flops)
-    seq_len = data["seq_len"] if data else families.get(objective).default_seq_len(n_opt)
+    seq_len = data["seq_len"] if data else family.default_seq_len(n_opt)
     vocab = data["vocab_size"] if data else (DataConfig().vocab_size if n_opt < 1e8 else 32768)
-    shapes = candidates(objective, vocab, seq_len, mask_rate, max_params=max(64 * n_opt, 2e6))
+    shapes = candidates(family, vocab, seq_len, mask_rate, max_params=max(64 * n_opt, 2e6))
     smallest = shapes[0]
     min_tokens = smallest.params_non_embedding  # one token per parameter
     if floor and total_flops < min_tokens * smallest.flops_per_token:
@@ -243,14 +243,14 @@ def size_for_flops(
                   hyper.batch_sequences, steps, hyper.lr, hyper, rule)
 
 
-def flops_buying(kind: str, amount: float, objective: str, law: Law,
+def flops_buying(kind: str, amount: float, family: families.FamilySpec, law: Law,
                  data: dict[str, Any] | None, devices: int, mask_rate: float) -> float:
     """The smallest FLOP budget whose plan trains at least ``amount`` tokens or steps
     (``kind``), so that `plan` reads token and step budgets as `train` does: bisection on
     log C over `size_for_flops` (tokens and steps grow with C)."""
     def reached(flops: float) -> bool:
         try:
-            core = size_for_flops(flops, objective, law, data, devices, mask_rate)
+            core = size_for_flops(flops, family, law, data, devices, mask_rate)
         except ShoestringError:  # below the smallest model: buys nothing
             return False
         return (core.tokens if kind == "tokens" else core.steps) >= amount
@@ -299,9 +299,9 @@ class _Fit:
 
 
 def _fit_budget(req: PlanRequest, hw: Hardware, peak: float, seconds: float | None,
-                flops: float | None, objective: str, law: Law, data: dict[str, Any] | None,
-                devices_per_node: int, mask_rate: float, console: Console | None,
-                frontier: Frontier | None = None) -> _Fit:
+                flops: float | None, family: families.FamilySpec, law: Law,
+                data: dict[str, Any] | None, devices_per_node: int, mask_rate: float,
+                console: Console | None, frontier: Frontier | None = None) -> _Fit:
     """Size the model for the budget and lay it out; with --measure, re-size at the measured
     MFU until it settles (a wall-clock budget buys FLOPs in proportion to the MFU)."""
     mfu = req.mfu if req.mfu is not None else ASSUMED_MFU
@@ -309,7 +309,7 @@ def _fit_budget(req: PlanRequest, hw: Hardware, peak: float, seconds: float | No
     timed: tuple[str, int] | None = None  # the model and micro-batch last measured
     for attempt in range(3 if req.measure else 1):
         total_flops = flops if flops is not None else peak * req.devices * seconds * mfu
-        core = size_for_flops(total_flops, objective, law, data, req.devices, mask_rate,
+        core = size_for_flops(total_flops, family, law, data, req.devices, mask_rate,
                               flops_per_second=peak * req.devices * mfu, frontier=frontier)
         pick = core.pick
         layout = layout_for(pick.model, core.vocab, core.seq_len, core.batch, req.devices,
@@ -458,7 +458,7 @@ def make_plan(req: PlanRequest, console: Console | None = None,
     boot = fitted if fitted is not None else prediction.bootstrap_from(law, req.law)
     data = _data_info(req.data) if req.data else None
     objective = req.objective or (data["objective"] if data else "mlm")
-    families.get(objective, where="--objective")  # an unknown one names the known families
+    family = families.get(objective, where="--objective")  # unknown: names the known ones
     if data and req.objective and req.objective != data["objective"]:
         raise ShoestringError(
             f"--objective {req.objective} but the data dir was prepared for {data['objective']}",
@@ -468,10 +468,10 @@ def make_plan(req: PlanRequest, console: Console | None = None,
     mask_rate = TrainConfig().mask_rate
     seconds = spec.amount if spec.kind == "seconds" else None
     flops = (spec.amount if spec.kind == "flops" else None if spec.kind == "seconds" else
-             flops_buying(spec.kind, spec.amount, objective, law, data, req.devices, mask_rate))
+             flops_buying(spec.kind, spec.amount, family, law, data, req.devices, mask_rate))
     share = _cpu_share(devices_per_node) if hw.measured and "cpu" in hw.description else 1.0
     peak *= share  # the ranks of one CPU machine split its cores
-    fit = _fit_budget(req, hw, peak, seconds, flops, objective, law, data, devices_per_node,
+    fit = _fit_budget(req, hw, peak, seconds, flops, family, law, data, devices_per_node,
                       mask_rate, console, boot.frontier if boot is not None else None)
     core, layout, total_flops, mfu = fit.core, fit.layout, fit.total_flops, fit.mfu
     pick, tokens, seq_len, batch = core.pick, core.tokens, core.seq_len, core.batch

@@ -40,14 +40,14 @@ class Shape:
         return f"{m.num_layers}×{m.hidden_size}"
 
 
-def _preset_proportions(objective: str) -> tuple[float, float]:
-    """(hidden per layer, ffn/hidden) from the presets of this objective; a family without
+def _preset_proportions(family: families.FamilySpec) -> tuple[float, float]:
+    """(hidden per layer, ffn/hidden) from the presets of this family; a family without
     presets has the proportions its spec states."""
     from shoestring.model.presets import presets
 
-    rows = [c for c in presets().values() if c.objective == objective]
+    rows = [c for c in presets().values() if c.objective == family.name]
     if not rows:
-        return families.get(objective).shape
+        return family.shape
     per_layer = statistics.median(c.hidden_size / c.num_layers for c in rows)
     ffn = statistics.median(c.intermediate_size / c.hidden_size for c in rows)
     return float(per_layer), float(ffn)
@@ -60,13 +60,13 @@ def hidden_sizes(max_hidden: int = 16384) -> list[int]:
 
 
 def make_config(
-    objective: str, hidden: int, layers: int, ffn_ratio: float | None = None
+    family: families.FamilySpec, hidden: int, layers: int, ffn_ratio: float | None = None
 ) -> ModelConfig:
-    """A model config of this shape with the objective's recipe (heads of 64)."""
+    """A model config of this shape with the family's recipe (heads of 64)."""
     if ffn_ratio is None:
-        ffn_ratio = _preset_proportions(objective)[1]
+        ffn_ratio = _preset_proportions(family)[1]
     inter = max(64, int(round(ffn_ratio * hidden / 64.0)) * 64)
-    return ModelConfig(objective=objective, hidden_size=hidden, num_layers=layers,
+    return ModelConfig(objective=family.name, hidden_size=hidden, num_layers=layers,
                        num_heads=max(1, hidden // HEAD_DIM), intermediate_size=inter)
 
 
@@ -114,14 +114,14 @@ def shape_of(model: ModelConfig, vocab_size: int, seq_len: int,
 
 
 def candidates(
-    objective: str,
+    family: families.FamilySpec,
     vocab_size: int,
     seq_len: int,
     mask_rate: float = families.DEFAULT_MASK_RATE,
     max_params: float = 2e12,
 ) -> list[Shape]:
     """Every shape in the family up to ``max_params`` non-embedding parameters, smallest first."""
-    per_layer, ffn = _preset_proportions(objective)
+    per_layer, ffn = _preset_proportions(family)
     seen: set[tuple[int, int]] = set()
     out: list[Shape] = []
     for hidden in hidden_sizes():
@@ -134,7 +134,7 @@ def candidates(
             # quick analytic size check before building anything (12·H² per layer is close)
             if 12 * hidden * hidden * layers > 3 * max_params:
                 continue
-            shape = shape_of(make_config(objective, hidden, layers, ffn), vocab_size, seq_len,
+            shape = shape_of(make_config(family, hidden, layers, ffn), vocab_size, seq_len,
                              mask_rate)
             if shape.params_non_embedding <= max_params:
                 out.append(shape)

@@ -40,6 +40,7 @@ from typing import Any
 
 from rich.console import Console
 
+from shoestring import families
 from shoestring.errors import ShoestringError
 from shoestring.fsutil import write_json_atomic
 from shoestring.plan.laws import load_law
@@ -147,13 +148,13 @@ def plan_points(
     from shoestring.plan.prediction import bootstrap_from
 
     data = _data_info(str(data_dir))
+    family = families.get(data["objective"])  # the data dir's manifest names it
     the_law = load_law(law)
     boot = bootstrap_from(the_law, law)  # a calibration's law sizes by its IsoFLOP frontier
     frontier = boot.frontier if boot is not None else None
     points = []
     for c in budgets:
-        sizing = size_for_flops(c, data["objective"], the_law, data, floor=floor,
-                                frontier=frontier)
+        sizing = size_for_flops(c, family, the_law, data, floor=floor, frontier=frontier)
         for f, shape in _level_shapes(c, sizing, factors, min_sizes, min_steps):
             steps = _steps(c, shape, sizing)
             tokens = steps * sizing.batch * sizing.seq_len
@@ -276,7 +277,7 @@ def run_sweep(
     spec["factors"] = sorted(set(old.get("factors", [])) | set(factors))
     write_json_atomic(sweep_dir / "sweep.json", spec)
 
-    train_points(sweep_dir, todo, data["dir"], data["objective"], config=config,
+    train_points(sweep_dir, todo, data["dir"], families.get(data["objective"]), config=config,
                  overrides=overrides, eval_sequences=eval_sequences, jobs=jobs,
                  console=console, price=price)
     return read_points(sweep_dir)
@@ -286,7 +287,7 @@ def train_points(
     sweep_dir: str | Path,
     points: list[dict[str, Any]],
     data_dir: str,
-    objective: str,
+    family: families.FamilySpec,
     config: str | Path | None = None,
     overrides: list[str] | None = None,
     eval_sequences: int = 4096,
@@ -319,7 +320,7 @@ def train_points(
     chains: dict[str, list[tuple[dict[str, Any], tuple]]] = {}
     for point in pending:  # a trunk's branches in order, one after another
         job = (point, str(config) if config else None,
-               [*(overrides or []), *point.get("overrides", [])], data_dir, objective,
+               [*(overrides or []), *point.get("overrides", [])], data_dir, family,
                str(sweep_dir / "runs"), eval_sequences, threads)
         chains.setdefault(point.get("trunk") or point["id"], []).append((point, job))
     if jobs <= 1 or len(pending) <= 1:
@@ -464,7 +465,7 @@ def _announce(i: int, n: int, point: dict[str, Any]) -> str:
 
 
 def _train_point(point: dict[str, Any], config: str | None, overrides: list[str],
-                 data_dir: str, objective: str, runs: str, eval_sequences: int,
+                 data_dir: str, family: families.FamilySpec, runs: str, eval_sequences: int,
                  threads: int | None, console: Console | None = None) -> dict[str, Any]:
     """Train one point to its step count (a branch: its trunk's stretch, then its cool-down)
     and score it, in ``runs/<id>``; in a worker process when jobs > 1 (then quiet, with
@@ -488,7 +489,7 @@ def _train_point(point: dict[str, Any], config: str | None, overrides: list[str]
         summary = _train(config, [*sets, f"train.steps={point['steps']}", *overrides],
                          data_dir, run_dir, console)
     seconds = time.perf_counter() - start
-    loss = held_out_loss(objective, run_dir, eval_sequences, point["seq_len"], console)
+    loss = held_out_loss(family, run_dir, eval_sequences, point["seq_len"], console)
     return {"val_loss": loss, "final_train_loss": summary.get("final_train_loss"),
             "train_seconds": summary.get("train_seconds") if "branch_step" not in point
             else round(seconds, 3), "mfu": summary.get("mfu"),

@@ -34,7 +34,6 @@ from shoestring.data.shards import token_dtype
 from shoestring.data.sources import Document, ReadStats
 from shoestring.data.tokenizer import (
     KINDS,
-    default_kind,
     load_for_objective,
     load_tokenizer,
     special_ids,
@@ -122,9 +121,15 @@ class Driver:
         if self.curate_cfg is not None:  # the threshold may depend on the corpus
             from shoestring.prep.curate.compress import Compressibility
 
+<<<<<<< HEAD
             self.compress = Compressibility.from_config(self.curate_cfg,
                                                         tok_info.get("median_ratio"))
         ids = special_ids(tok, self.cfg.objective)
+=======
+            self.median_ratio = tok_info.get("median_ratio")
+            self.compress = Compressibility.from_config(self.curate_cfg, self.median_ratio)
+        ids = special_ids(tok, self.cfg.family)
+>>>>>>> i63-family
         sep = ids[self.cfg.family.separator_token]
         dtype = token_dtype(tok.get_vocab_size())
         splits: dict[str, dict] = {}
@@ -211,10 +216,10 @@ class Driver:
         self.journal.restart("tokenizer")
         path = tokenizer_path(cfg)
         if path is not None:
-            tok = load_for_objective(path, cfg.objective)
+            tok = load_for_objective(path, cfg.family)
             source = str(Path(path).resolve())
         else:
-            kind = default_kind(cfg.objective) if cfg.tokenizer == "auto" else cfg.tokenizer
+            kind = cfg.family.tokenizer_kind if cfg.tokenizer == "auto" else cfg.tokenizer
             n_train = self.journal.get("read")["documents"]["train"]
             docs = counted(n_train, "document")
             with self.console.status(f"training the {kind} tokenizer on {docs}"):

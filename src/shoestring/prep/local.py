@@ -150,7 +150,7 @@ class LocalStages:
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
                                  initializer=die_with_parent, initargs=(os.getpid(),)) as child:
             return child.submit(_train_in_child, partial(read_spool, spool), cap, total, kind,
-                                cfg.objective, cfg.vocab_size, cfg.lowercase_resolved,
+                                cfg.family, cfg.vocab_size, cfg.lowercase_resolved,
                                 n_train if total <= cap else None).result()
 
     # --- encode: spool → token stream ---------------------------------------------------

@@ -51,7 +51,7 @@ from shoestring.prep.executor import JOURNAL, WORK_DIR, Executor, Journal, PrepP
 from shoestring.data.mixture import SourceMatcher, mixture_inputs
 from shoestring.prep.packing import unigram_sort_order
 from shoestring.data.sources import resolve_sources
-from shoestring.data.tokenizer import KINDS, default_kind
+from shoestring.data.tokenizer import KINDS
 from shoestring.errors import ShoestringError
 from shoestring.fsutil import check_output_dir, json_object_or_none, output_error
 from shoestring.fsutil import recover_interrupted_swap, swap_in_dir
@@ -144,7 +144,7 @@ def _check_settings(cfg: DataConfig, curate: CurateConfig | None) -> None:
             where="data.tokenizer",
             fix=f"use auto, {', '.join(KINDS)}, or the path of a tokenizer.json",
         )
-    kind = default_kind(cfg.objective) if cfg.tokenizer == "auto" else cfg.tokenizer
+    kind = cfg.family.tokenizer_kind if cfg.tokenizer == "auto" else cfg.tokenizer
     if kind == "bpe" and cfg.vocab_size < 256 + 8:
         raise ShoestringError(
             f"byte-level BPE needs data.vocab_size above 256 (the bytes), got {cfg.vocab_size}",

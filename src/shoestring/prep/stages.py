@@ -24,6 +24,7 @@ from shoestring.data.shards import shard_intact, write_shard
 from shoestring.data.sources import Document
 from shoestring.data.tokenizer import CLS, SEP
 from shoestring.errors import ShoestringError
+from shoestring.families import FamilySpec
 from shoestring.prep.packing import doc_offsets
 from shoestring.prep.tokenizer_training import tokenizer_sample, train_tokenizer
 from shoestring.prep.workers import batched, encode_texts
@@ -38,7 +39,7 @@ Map = Callable[..., Iterator[Any]]  # (fn, items, *args) -> fn(item, *args) each
 
 
 def train_on_sample(texts: Callable[[], Iterable[str]], max_chars: int, total_chars: int,
-                    kind: str, objective: str, vocab_size: int, lowercase: bool,
+                    kind: str, family: FamilySpec, vocab_size: int, lowercase: bool,
                     length: int | None = None) -> tuple[Any, dict[str, int]]:
     """The ``kind`` tokenizer trained on the training documents ``texts()`` or their sample
     (`tokenizer_sample`), and the manifest's record of the sample."""
@@ -51,7 +52,7 @@ def train_on_sample(texts: Callable[[], Iterable[str]], max_chars: int, total_ch
             seen["characters"] += len(text)
             yield text
 
-    tok = train_tokenizer(sample, kind, objective, vocab_size, lowercase, length=length)
+    tok = train_tokenizer(sample, kind, family, vocab_size, lowercase, length=length)
     return tok, {**seen, "max_characters": max_chars, "of_characters": total_chars}
 
 

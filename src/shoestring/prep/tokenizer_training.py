@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterable, Iterator
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from shoestring import families
-from shoestring.data.tokenizer import KINDS, finish, special_tokens
+from shoestring.data.tokenizer import KINDS, finish
 from shoestring.errors import ShoestringError
+from shoestring.families import MLM, FamilySpec
 
 _BYTE_ALPHABET = 256
 
@@ -43,12 +43,12 @@ def tokenizer_sample(texts: Iterable[str], max_chars: int, total_chars: int) -> 
 def train_tokenizer(
     texts: Texts,
     kind: str,
-    objective: str,
+    family: FamilySpec,
     vocab_size: int,
     lowercase: bool,
     length: int | None = None,
 ) -> Tokenizer:
-    """Train a ``kind`` tokenizer on ``texts`` with the special tokens of ``objective``.
+    """Train a ``kind`` tokenizer on ``texts`` with the special tokens of ``family``.
 
     ``texts``: a collection, or a function that returns a fresh iterator over them —
     WordPiece reads them twice (see `_pinned_continuations`); a one-shot iterator is kept
@@ -57,8 +57,8 @@ def train_tokenizer(
     if kind not in KINDS:
         raise ShoestringError(f"unknown tokenizer kind {kind!r}", where="data.tokenizer",
                               fix=f"use one of: auto, {', '.join(KINDS)}, or a tokenizer.json path")
-    specials = special_tokens(objective, kind)
-    unk = families.get(objective).unk_token
+    specials = family.special_tokens(kind)
+    unk = family.unk_token
     if kind == "bpe" and vocab_size < _BYTE_ALPHABET + len(specials) + 1:
         raise ShoestringError(
             f"byte-level BPE needs a vocabulary above {_BYTE_ALPHABET + len(specials)} "
@@ -77,7 +77,7 @@ def train_tokenizer(
             "the tokenizer learned no vocabulary: the training text is empty",
             fix="give prep a corpus with some text in it",
         )
-    return finish(tok, objective, kind, order="canonical")
+    return finish(tok, family, kind, order="canonical")
 
 
 def _rereadable(texts: Texts) -> Callable[[], Iterable[str]]:
@@ -177,7 +177,7 @@ def train_wordpiece(
     texts: Texts, vocab_size: int, lowercase: bool = True, length: int | None = None
 ) -> Tokenizer:
     """Train a BERT-style WordPiece tokenizer on ``texts`` (the MLM layout)."""
-    return train_tokenizer(texts, "wordpiece", "mlm", vocab_size, lowercase, length)
+    return train_tokenizer(texts, "wordpiece", MLM, vocab_size, lowercase, length)
 
 
 def _nonempty(texts: Iterable[str]) -> Iterator[str]:

@@ -369,7 +369,7 @@ class RayStages:
         train = ray.remote(train_on_sample).options(num_cpus=1, **self.retry)
         tok, sample = self._core(train.remote(
             partial(tasks.train_texts, paths), self.cfg.tokenizer_sample_chars,
-            self.state["final"]["train_chars"], kind, self.cfg.objective, self.cfg.vocab_size,
+            self.state["final"]["train_chars"], kind, self.cfg.family, self.cfg.vocab_size,
             self.cfg.lowercase_resolved))
         self.state["tokenizer_sample"] = sample
         self.journal.put("ray", self.state)
