@@ -121,15 +121,9 @@ class Driver:
         if self.curate_cfg is not None:  # the threshold may depend on the corpus
             from shoestring.prep.curate.compress import Compressibility
 
-<<<<<<< HEAD
             self.compress = Compressibility.from_config(self.curate_cfg,
                                                         tok_info.get("median_ratio"))
-        ids = special_ids(tok, self.cfg.objective)
-=======
-            self.median_ratio = tok_info.get("median_ratio")
-            self.compress = Compressibility.from_config(self.curate_cfg, self.median_ratio)
         ids = special_ids(tok, self.cfg.family)
->>>>>>> i63-family
         sep = ids[self.cfg.family.separator_token]
         dtype = token_dtype(tok.get_vocab_size())
         splits: dict[str, dict] = {}
