@@ -6,20 +6,17 @@ from __future__ import annotations
 import os
 import platform
 import sys
-from typing import TYPE_CHECKING
 
 import torch
 
 from shoestring import __version__
 from shoestring.device import peak_note
 from shoestring.model.flops import mfu
+from shoestring.train.run import Run
 from shoestring.train.state import TrainState
 
-if TYPE_CHECKING:
-    from shoestring.train.loop import _Run
 
-
-def run_summary(r: _Run, s: TrainState, train_seconds: float, save_seconds: float,
+def run_summary(r: Run, s: TrainState, train_seconds: float, save_seconds: float,
              val_loss: float | None) -> dict:
     """summary.json: what was trained, how fast, and how well (docs/training.md)."""
     dev, parallel = r.dev, r.parallel

@@ -1,11 +1,12 @@
 """The trainer's own step, timed in this process: what `plan` measures a shape's speed with
-(`plan/measure.py`), so a plan's seconds are `train`'s seconds — the same `_build` (device,
+(`plan/measure.py`), so a plan's seconds are `train`'s seconds — the same `build_step` (device,
 precision, layout, optimizers, attention kernel, compile choice) and the same `train_step`."""
 
 from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -13,10 +14,9 @@ import torch
 from shoestring.config import Config
 from shoestring.dist.layout import layout_from_config
 from shoestring.dist.parallelism import Parallelism
-from shoestring.train.loop import _build, _Run, train_step
+from shoestring.train.run import Step, build_step, train_step
 from shoestring.train.schedule import lr_factor
 from shoestring.train.state import TrainState
-from shoestring.train.window import Window
 
 
 @dataclass(frozen=True)
@@ -36,46 +36,40 @@ class StepTiming:
 def time_steps(cfg: Config, vocab: int, seq_len: int, *, seconds: float = 3.0,
                warmup: int = 2, min_steps: int = 3,
                special_ids: dict[str, int] | None = None) -> StepTiming:
-    """Time `train_step` — the step `train` runs, built by the same `_build` (device and
+    """Time `train_step` — the step `train` runs, built by the same `build_step` (device and
     precision choice, model, layout, optimizers, attention kernel, compile choice, loss
     scaler) — for ``cfg`` in this process, on random token ids held in memory (a step's speed
     does not depend on which ids; the loader's wait, which `train` reports as ``data_wait``,
     is left out). The batch is ``cfg.train.batch_size`` with its micro-batches; warm-up steps
     (and a compilation, if ``cfg.train.compile`` asks for one) are not timed. Nothing is
     written and the caller's RNG streams are untouched."""
-    tc = cfg.train
     layout = layout_from_config(cfg.parallel, 1)
     parallel = Parallelism.start(cfg, layout, vocab)
     try:
         with torch.random.fork_rng(devices=[]):
-            b = _build(cfg, vocab, seq_len, special_ids or {}, parallel, None, None)
-            gen = torch.Generator().manual_seed(tc.seed)
-            rows = [torch.randint(8, vocab, (parallel.dp * b.micro, seq_len), generator=gen)
-                    for _ in range(2)]
-            r = _Run(**vars(b), cfg=cfg, data=None, run=None, parallel=parallel, gen=gen,
-                     loader=itertools.cycle(rows), val_batch=None, interval=None, metrics=None,
-                     window=Window(b.flops_per_token, sum(b.peaks), None), last_ckpt=None,
-                     resumed=False)
-            return _time(r, tc.batch_size, tc.lr * lr_factor(tc, 0.0), seconds, warmup,
-                         min_steps)
+            step = build_step(cfg, vocab, seq_len, special_ids or {}, parallel)
+            rows = itertools.cycle([torch.randint(8, vocab, (step.quantum, seq_len),
+                                                  generator=step.gen) for _ in range(2)])
+            return _time(step, rows, seconds, warmup, min_steps)
     finally:
         parallel.close()
 
 
-def _time(r: _Run, bsz: int, lr: float, seconds: float, warmup: int,
+def _time(r: Step, rows: Iterator[torch.Tensor], seconds: float, warmup: int,
           min_steps: int) -> StepTiming:
     """Run ``warmup`` untimed steps, then steps until ``min_steps`` and ``seconds`` are both
-    reached; the device is synchronized before the clock starts and before it stops."""
-    s = TrainState()
-    parallel = r.parallel
-    parallel.train_mode(True)
+    reached, at the whole batch and the schedule's first learning rate; the device is
+    synchronized before the clock starts and before it stops."""
+    tc, s = r.cfg.train, TrainState()
+    bsz, lr = tc.batch_size, tc.lr * lr_factor(tc, 0.0)
+    r.parallel.train_mode(True)
     sync = torch.cuda.synchronize if r.dev.device.type == "cuda" else (lambda: None)
     for _ in range(warmup):
-        train_step(r, s, bsz, lr)
+        train_step(r, rows, s, bsz, lr)
     sync()
     start, steps, tokens = time.perf_counter(), 0, s.tokens
     while steps < min_steps or time.perf_counter() - start < seconds:
-        train_step(r, s, bsz, lr)
+        train_step(r, rows, s, bsz, lr)
         steps += 1
     sync()
     elapsed = time.perf_counter() - start
