@@ -200,3 +200,17 @@ def test_the_cli_is_thin() -> None:
     long = {n.name: n.end_lineno - n.lineno + 1 for n in ast.walk(ast.parse(text))
             if isinstance(n, ast.FunctionDef) and n.end_lineno - n.lineno + 1 > 40}
     assert not long, f"functions of cli.py over 40 lines: {long}"
+
+
+def test_no_module_imports_a_private_name_of_another() -> None:
+    """A name with a leading underscore is its module's own: whatever another module needs is
+    public (issue 63: the timing probe imported the loop's ``_build`` and ``_Run``). Imports
+    under TYPE_CHECKING count too: a type is a dependency all the same."""
+    found = []
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith(
+                    "shoestring")):
+                found += [f"{path.relative_to(SRC)}:{node.lineno} {a.name}" for a in node.names
+                          if a.name.startswith("_") and not a.name.startswith("__")]
+    assert not found, "private names imported from another module:\n  " + "\n  ".join(found)

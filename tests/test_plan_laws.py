@@ -114,9 +114,9 @@ def test_a_budget_beyond_the_corpus_plans_a_smaller_model_and_more_epochs() -> N
 def test_the_plan_states_epochs_and_what_repetition_costs(pydocs_dir: Path) -> None:
     """A real (small) corpus and a budget far beyond it: a smaller model than on unlimited
     data of the same kind, more than four epochs, and the cost stated with its source."""
-    from shoestring.plan.planner import _data_info
+    from shoestring.plan.planner import data_info
 
-    info = _data_info(str(pydocs_dir))
+    info = data_info(str(pydocs_dir))
     unique = info["train_tokens"]
     unlimited = size_for_flops(1e15, MLM, EPOCH_2024, {**info, "train_tokens": 0})
     big = make_plan(PlanRequest(hardware="t4", budget="1e15flops", data=str(pydocs_dir)))

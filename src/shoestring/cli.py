@@ -129,7 +129,7 @@ def train(data: f.PreparedData, output: f.TrainOutput, budget: f.Budget = None,
           ac: f.TrainAc = None, pp_schedule: f.TrainPpSchedule = None,
           microbatches: f.TrainMicrobatches = None) -> None:
     """Pretrain an encoder (masked LM) or decoder (causal LM) on a data dir within a budget."""
-    from shoestring.plan import cli_train
+    from shoestring import cli_train
 
     length = _length(budget, steps)
     extra = [f"train.init_from={init_from}"] if init_from is not None else []

@@ -40,7 +40,7 @@ from shoestring.plan import prediction
 from shoestring.plan.calibration_wall import WallPrice, measure_wall
 from shoestring.plan.fit import BootstrapFit, bootstrap_fit, point_width
 from shoestring.plan.laws import law_to_yaml
-from shoestring.plan.planner import PlanRequest, _data_info, make_plan
+from shoestring.plan.planner import PlanRequest, data_info, make_plan
 from shoestring.plan.sweep import COOLDOWN, cost, plan_points, read_points, run_sweep
 from shoestring.units import BudgetSpec, with_article
 
@@ -83,7 +83,7 @@ class CalibrationSpec:
 
     def key(self, data_dir: str) -> str:
         """The calibration dir's name: data fingerprint + every setting that changes a point."""
-        data = _data_info(data_dir)
+        data = data_info(data_dir)
         manifest = DataDir(data_dir).manifest
         fingerprint = manifest.get("fingerprint") or json.dumps(
             [manifest.get("tokenizer"), manifest.get("splits")], sort_keys=True)

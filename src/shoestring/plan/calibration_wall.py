@@ -12,7 +12,7 @@ So a wall-clock budget prices its calibration in seconds measured here first:
   between them (MFU grows smoothly with the width);
 - the fixed price of a point: a real point of the smallest and of the largest shape
   (``min_steps`` steps each) trained and scored as the sweep trains and scores
-  (`sweep._train_point`), less their few training FLOPs at the measured rate — what starting
+  (`sweep.train_point`), less their few training FLOPs at the measured rate — what starting
   a run, its validations, checkpoints and scoring cost, which grows with the shape's
   forward FLOPs, so it is interpolated linearly in FLOPs per token between the two.
 
@@ -92,7 +92,7 @@ accumulated step's does, and a large batch would spend seconds a step on a CPU."
 
 
 def _sets(point: dict[str, Any], overrides: list[str]) -> list[str]:
-    """The `--set`s that time ``point``'s shape: `sweep._train_point`'s, at one micro-batch
+    """The `--set`s that time ``point``'s shape: `sweep.train_point`'s, at one micro-batch
     of at most `RATE_ROWS` rows per step."""
     rows = min(point["batch_size"], RATE_ROWS)
     return ([f"model.{k}={v}" for k, v in point["model"].items()]
@@ -117,7 +117,7 @@ def _probe(point: dict[str, Any], steps: int, data: dict[str, Any], runs: Path,
            ) -> tuple[float, float]:
     """One real point of ``point``'s shape and ``steps`` steps, trained and scored as the
     sweep does: (its wall clock, its training FLOPs)."""
-    from shoestring.plan.sweep import _train_point
+    from shoestring.plan.sweep import train_point
 
     tokens = steps * point["batch_size"] * point["seq_len"]
     probe = {k: v for k, v in point.items()
@@ -125,7 +125,7 @@ def _probe(point: dict[str, Any], steps: int, data: dict[str, Any], runs: Path,
     probe.update(id=f"wall-probe-{point['shape']}", steps=steps, tokens=tokens,
                  flops=tokens * point["flops_per_token"])
     began = time.perf_counter()
-    _train_point(probe, str(config) if config else None, overrides, data["dir"],
+    train_point(probe, str(config) if config else None, overrides, data["dir"],
                  families.get(data["objective"]), str(runs), eval_sequences, None,
                  console=Console(quiet=True))
     return time.perf_counter() - began, probe["flops"]
@@ -138,7 +138,7 @@ def measure_wall(data_dir: str, candidates: list[dict[str, Any]], cal_dir: Path,
     shapes of ``candidates`` (every point the sweep may train), or read from the last
     measurement beside ``cal_dir`` for the same data and settings when it spans their
     largest shape."""
-    from shoestring.plan.planner import _data_info
+    from shoestring.plan.planner import data_info
 
     path = cal_dir.parent / f"{cal_dir.name}.wall.json"
     widest = max(p["flops_per_token"] for p in candidates)
@@ -151,7 +151,7 @@ def measure_wall(data_dir: str, candidates: list[dict[str, Any]], cal_dir: Path,
     except (OSError, ValueError, KeyError, TypeError, IndexError):
         pass  # none yet, or unreadable: measured again
     start = time.perf_counter()
-    data = _data_info(data_dir)
+    data = data_info(data_dir)
     by_shape = {p["shape"]: p for p in sorted(candidates, key=lambda p: p["batch_size"])}
     shapes = sorted(by_shape.values(), key=lambda p: p["flops_per_token"])
     anchors = [shapes[i] for i in sorted({0, len(shapes) // 2, len(shapes) - 1})]

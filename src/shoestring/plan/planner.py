@@ -158,7 +158,7 @@ def size_note(rule: dict[str, Any], pick: str) -> list[str]:
     return notes
 
 
-def _data_info(path: str) -> dict[str, Any]:
+def data_info(path: str) -> dict[str, Any]:
     from shoestring.data.datadir import DataDir
     from shoestring.data.mixture import manifest_sources
 
@@ -456,7 +456,7 @@ def make_plan(req: PlanRequest, console: Console | None = None,
     peak, dtype = hw.peak("auto" if req.precision == "auto" else req.precision)
     law = fitted.fit.law if fitted is not None else load_law(req.law)
     boot = fitted if fitted is not None else prediction.bootstrap_from(law, req.law)
-    data = _data_info(req.data) if req.data else None
+    data = data_info(req.data) if req.data else None
     objective = req.objective or (data["objective"] if data else "mlm")
     family = families.get(objective, where="--objective")  # unknown: names the known ones
     if data and req.objective and req.objective != data["objective"]:

@@ -44,7 +44,7 @@ from shoestring import families
 from shoestring.errors import ShoestringError
 from shoestring.fsutil import write_json_atomic
 from shoestring.plan.laws import load_law
-from shoestring.plan.planner import _data_info, size_for_flops
+from shoestring.plan.planner import data_info, size_for_flops
 from shoestring.plan.shapes import Shape
 
 DEFAULT_FACTORS = (0.25, 0.5, 1.0, 2.0, 4.0)
@@ -147,7 +147,7 @@ def plan_points(
     are cool-down branches of one constant-LR trunk (`branch`)."""
     from shoestring.plan.prediction import bootstrap_from
 
-    data = _data_info(str(data_dir))
+    data = data_info(str(data_dir))
     family = families.get(data["objective"])  # the data dir's manifest names it
     the_law = load_law(law)
     boot = bootstrap_from(the_law, law)  # a calibration's law sizes by its IsoFLOP frontier
@@ -263,7 +263,7 @@ def run_sweep(
     this machine's seconds per point (`calibration_wall`), for the estimate up front."""
     console = console or Console(stderr=True)
     sweep_dir = Path(sweep_dir)
-    data = _data_info(str(data_dir))
+    data = data_info(str(data_dir))
     spec = {"format": FORMAT, "data_dir": data["dir"], "objective": data["objective"],
             "law": law, "overrides": list(overrides or []),
             "config": str(Path(config).resolve()) if config else None,
@@ -327,7 +327,7 @@ def train_points(
         for chain in chains.values():
             for point, job in chain:
                 console.print(_announce(next(counted), len(points), point))
-                _finish(sweep_dir, point, _train_point(*job, console=console), console)
+                _finish(sweep_dir, point, train_point(*job, console=console), console)
                 eta.finished(point)
         return
     import multiprocessing
@@ -341,7 +341,7 @@ def train_points(
     with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, max_tasks_per_child=1) as pool:
         def submit(chain: list) -> Any:
             point, job = chain.pop(0)
-            return pool.submit(_train_point, *job), (point, chain)
+            return pool.submit(train_point, *job), (point, chain)
 
         futures = dict(submit(chain) for chain in chains.values())
         remaining = set(futures)
@@ -464,7 +464,7 @@ def _announce(i: int, n: int, point: dict[str, Any]) -> str:
             f"= {point['tokens']:,} tokens, {point['flops']:.3g} FLOPs")
 
 
-def _train_point(point: dict[str, Any], config: str | None, overrides: list[str],
+def train_point(point: dict[str, Any], config: str | None, overrides: list[str],
                  data_dir: str, family: families.FamilySpec, runs: str, eval_sequences: int,
                  threads: int | None, console: Console | None = None) -> dict[str, Any]:
     """Train one point to its step count (a branch: its trunk's stretch, then its cool-down)

@@ -1,7 +1,8 @@
 """The body of `shoestring train`: the trainer run as its plan and this device say, and its
-table. It lives in ``plan/`` because, around `train.loop.train`, it asks the planner: whether
-the plan was made for other hardware, what size a GPU run with no size given trains
-(`device_size`), and what the plan predicted (`prediction`, recorded in summary.json)."""
+table. It sits on the command line's floor, like `cli_eval`, because around `train.loop.train`
+it asks the planner (a floor above the trainer): whether the plan was made for other hardware,
+what size a GPU run with no size given trains (`device_size`), and what the plan predicted
+(`prediction`, recorded in summary.json)."""
 
 from __future__ import annotations
 
