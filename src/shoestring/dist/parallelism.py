@@ -372,7 +372,8 @@ class Parallelism:
             params = [p for part in self.parts for p in part.parameters()]
             return float(torch.nn.utils.clip_grad_norm_(
                 params, max_norm if max_norm > 0 else float("inf")))
-        return clip_grad_norm_(self, max_norm)
+        pp = self.meshes.pp.get_group() if self.meshes.pp is not None else None
+        return clip_grad_norm_(self.parts, self.tied_copies, pp, max_norm)
 
     def step(self, lr: float, scaler: torch.amp.GradScaler | None = None) -> None:
         for opt in self.optimizers:

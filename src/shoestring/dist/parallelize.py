@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -39,9 +39,6 @@ from shoestring.families import FamilySpec
 from shoestring.dist.layout import Layout
 from shoestring.dist.mesh import Meshes
 from shoestring.errors import ShoestringError
-
-if TYPE_CHECKING:
-    from shoestring.dist.parallelism import Parallelism
 
 _WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "module.", "_orig_mod.",
                      "_fsdp_wrapped_module.")
@@ -335,19 +332,21 @@ def _norm_sq(grads: list[Tensor]) -> Tensor:
     return total
 
 
-def clip_grad_norm_(pm: Parallelism, max_norm: float) -> float:
-    """Clip by the norm over *all* parameters of the model, across TP/FSDP shards (DTensor
-    norms) and pipeline stages (a sum over the pp group), counting the tied copy once."""
+def clip_grad_norm_(parts: list[nn.Module], tied_copies: list[nn.Parameter],
+                    pp_group: Any, max_norm: float) -> float:
+    """Clip by the norm over *all* parameters of ``parts``, across TP/FSDP shards (DTensor
+    norms) and pipeline stages (a sum over ``pp_group``, None without pipelining), counting the
+    tied copy once."""
     import torch.distributed as dist
 
-    copies = {id(p) for p in pm.tied_copies}
-    params = [p for part in pm.parts for p in part.parameters() if p.grad is not None]
+    copies = {id(p) for p in tied_copies}
+    params = [p for part in parts for p in part.parameters() if p.grad is not None]
     counted = [p.grad for p in params if id(p) not in copies]
     sq = _norm_sq(counted)
-    if pm.meshes.pp is not None:
+    if pp_group is not None:
         dev = params[0].grad.device if params else torch.device("cpu")
         sq = sq.to(dev)
-        dist.all_reduce(sq, group=pm.meshes.pp.get_group())
+        dist.all_reduce(sq, group=pp_group)
         sq = sq.cpu()
     norm = float(sq.sqrt())
     if max_norm > 0 and params:
