@@ -33,7 +33,7 @@ from peers import peer_versions
 from shoestring.config import ModelConfig
 from shoestring.data.tokenizer import SPECIAL_TOKENS
 from shoestring.prep.tokenizer_training import train_wordpiece
-from shoestring.eval.classifier import SequenceClassifier
+from shoestring.classifier import SequenceClassifier
 from shoestring.eval.finetune import collate, encode_examples, length_bucketed_batches
 from shoestring.eval.glue import load_glue_task
 from shoestring.model.encoder import MaskedLM

@@ -27,7 +27,7 @@ from rich.console import Console
 from common import ROOT, SHARED, Bench, load_average, parser
 from shoestring.data.tokenizer import load_tokenizer
 from shoestring.eval.downstream import _load_tasks
-from shoestring.eval.finetune import PROTOCOLS, run_task
+from shoestring.eval.finetune import PROTOCOLS, Pretrained, TaskSettings, run_task
 from shoestring.eval.glue import parse_task_list
 from shoestring.eval.report import glue_averages, score_columns
 from shoestring.fsutil import write_json_atomic
@@ -85,8 +85,8 @@ def main() -> None:
         tasks = {}
         for d in data:
             console.print(f"[bold]{name}[/]: {d.spec.name}, {len(d.train):,} train examples")
-            tasks[d.spec.name] = run_task(base, meta, tokenizer, tok_path, d, proto, seeds,
-                                          out_dir=None, console=console)
+            tasks[d.spec.name] = run_task(Pretrained(base, meta, tokenizer, tok_path), d,
+                                          TaskSettings(proto, seeds), console=console)
         columns = score_columns(tasks)
         results["models"][name] = {
             "params": sum(p.numel() for p in base.parameters()),

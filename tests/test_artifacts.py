@@ -26,7 +26,7 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                  ("export", str(run), "-o", str(hf))):
         r = run_cli(*args)
         assert r.returncode == 0, r.stderr
-    from shoestring.eval.classifier import SequenceClassifier, save_classifier
+    from shoestring.classifier import SequenceClassifier, save_classifier
     from shoestring.model_repository import ModelRepository
     from shoestring.rundir import RunDir
 

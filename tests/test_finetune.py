@@ -16,14 +16,15 @@ from shoestring.config import ModelConfig
 from shoestring.data.tokenizer import special_ids
 from shoestring.prep.tokenizer_training import train_wordpiece
 from shoestring.errors import ShoestringError
-from shoestring.eval.classifier import (
+from shoestring.classifier import (
     SequenceClassifier,
     encode_texts,
     load_classifier,
     predict,
     save_classifier,
 )
-from shoestring.eval.finetune import Protocol, collate, length_bucketed_batches, run_task
+from shoestring.eval.finetune import Pretrained, Protocol, TaskSettings, collate, run_task
+from shoestring.eval.finetune import length_bucketed_batches
 from shoestring.eval.tasks import Example, TaskData, TaskSpec
 from shoestring.model.encoder import MaskedLM
 
@@ -104,8 +105,8 @@ def test_finetune_learns_a_synthetic_task_well_above_chance(tiny, tmp_path: Path
     data = TaskData(TaskSpec("syn", "classification", False, ["0", "1"], ["accuracy", "f1"]),
                     synthetic(400, 0), {"dev": synthetic(200, 1)}, "synthetic")
     before = base.state_dict()["tok_embeddings.weight"].clone()
-    res = run_task(base, meta, tok, tok_path, data, Protocol(lr=1e-3, epochs=3), [0, 1],
-                   out_dir=tmp_path / "clf", precision="bf16")
+    res = run_task(Pretrained(*tiny), data, TaskSettings(
+        Protocol(lr=1e-3, epochs=3), [0, 1], out_dir=tmp_path / "clf", precision="bf16"))
     dev = res["summary"]["dev"]
     assert dev["accuracy"]["median"] > 0.9, res["summary"]
     assert dev["score"]["median"] == pytest.approx(np.mean(
@@ -124,8 +125,6 @@ def test_finetune_learns_a_synthetic_task_well_above_chance(tiny, tmp_path: Path
 
 
 def test_pair_regression_learns(tiny) -> None:
-    base, meta, tok, tok_path = tiny
-
     def scored(n: int, seed: int) -> list[Example]:  # score = 2 × positive sentences (0, 2, 4)
         a, b = synthetic(n, seed), synthetic(n, seed + 100)
         return [Example(x.a, y.a, 2.0 * (int(x.label) + int(y.label)), x.where) for x, y in zip(a, b)]
@@ -133,17 +132,17 @@ def test_pair_regression_learns(tiny) -> None:
     train, dev = scored(400, 2), scored(150, 3)
     data = TaskData(TaskSpec("sim", "regression", True, None, ["pearson", "spearman"]), train,
                     {"dev": dev}, "synthetic")
-    res = run_task(base, meta, tok, tok_path, data, Protocol(lr=1e-3, epochs=4), [0], precision="fp32")
+    res = run_task(Pretrained(*tiny), data,
+                   TaskSettings(Protocol(lr=1e-3, epochs=4), [0], precision="fp32"))
     assert res["summary"]["dev"]["pearson"]["median"] > 0.5, res["summary"]
 
 
 def test_sweep_picks_the_best_grid_point(tiny) -> None:
-    base, meta, tok, tok_path = tiny
     data = TaskData(TaskSpec("syn", "classification", False, ["0", "1"], ["accuracy"]),
                     synthetic(400, 4), {"dev": synthetic(100, 5)}, "synthetic")
     grid = [{"lr": 1e-7, "batch_size": 16}, {"lr": 1e-3, "batch_size": 16}]
-    res = run_task(base, meta, tok, tok_path, data, Protocol(name="sweep", epochs=3), [0],
-                   grid=grid, precision="fp32")
+    res = run_task(Pretrained(*tiny), data, TaskSettings(Protocol(name="sweep", epochs=3), [0],
+                                                         grid=grid, precision="fp32"))
     assert [g["lr"] for g in res["sweep"]] == [1e-7, 1e-3]
     assert res["protocol"]["lr"] == 1e-3
     assert res["sweep"][1]["median_dev_score"] >= res["sweep"][0]["median_dev_score"]

@@ -16,8 +16,8 @@ from conftest import run_cli, tiny_config
 from test_finetune import synthetic, tiny  # noqa: F401  (the module fixture)
 
 from shoestring.errors import ShoestringError
-from shoestring.eval.classifier import SequenceClassifier
-from shoestring.eval.finetune import Protocol, run_task
+from shoestring.classifier import SequenceClassifier
+from shoestring.eval.finetune import Pretrained, Protocol, TaskSettings, run_task
 from shoestring.privacy.dp_sgd import PrivateTraining
 from shoestring.eval.tasks import TaskData, TaskSpec
 
@@ -34,8 +34,8 @@ def test_private_fine_tuning_spends_what_the_accountant_says(tiny) -> None:  # n
     proto = Protocol(lr=1e-3, epochs=1, batch_size=16)
     dp = PrivateTraining(epsilon=8.0, delta=1e-3, max_grad_norm=1.0)
     before = {k: v.clone() for k, v in base.state_dict().items()}
-    res = run_task(base, meta, tok, tok_path, _task(160), proto, [0], precision="fp32",
-                   privacy=dp)
+    res = run_task(Pretrained(*tiny), _task(160), TaskSettings(proto, [0], precision="fp32",
+                                                               privacy=dp))
     rec = res["seeds"][0]["privacy"]
     steps = math.ceil(160 / 16)
     assert rec["planned_steps"] == steps == rec["steps_accounted"] == res["seeds"][0]["steps"]

@@ -310,7 +310,7 @@ def test_serves_the_hugging_face_export_identically(
 
 def test_classify_with_a_classifier_folder(run_dir: Path, tmp_path: Path) -> None:
     from shoestring.data.tokenizer import load_tokenizer
-    from shoestring.eval.classifier import (
+    from shoestring.classifier import (
         SequenceClassifier,
         load_classifier,
         predict,

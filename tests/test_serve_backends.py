@@ -83,7 +83,7 @@ def test_batched_answers_equal_single_ones_on_onnx(engines: dict, backend: str) 
 
 
 def test_classifier_backends_agree_with_torch(run_dir: Path, tmp_path: Path) -> None:
-    from shoestring.eval.classifier import SequenceClassifier, save_classifier
+    from shoestring.classifier import SequenceClassifier, save_classifier
     from shoestring.rundir import RunDir
 
     torch.manual_seed(0)

@@ -35,7 +35,7 @@ MAX_LENGTH = 64
 
 def _classifier(run_dir: Path, out: Path, labels: list[str] | None, problem: str,
                 pair: bool) -> Path:
-    from shoestring.eval.classifier import SequenceClassifier, save_classifier
+    from shoestring.classifier import SequenceClassifier, save_classifier
     from shoestring.rundir import RunDir
 
     torch.manual_seed(len(out.name))

@@ -5,7 +5,7 @@ Every command that takes a path (eval, export, serve, the model repository, ``--
 asks ``identify`` instead of probing files itself, so a folder is recognised the same way
 everywhere and a wrong kind of folder gets the same clear error: what the folder *is*, and
 what the command wanted. Loading the model behind an artifact belongs to the floor that knows
-how (``export.hub.open_model``, ``eval.classifier.load_classifier``).
+how (``export.hub.open_model``, ``classifier.load_classifier``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from shoestring.errors import ShoestringError
 from shoestring.fsutil import json_object_or_none
 from shoestring.rundir import RunDir
 
-__all__ = ["Artifact", "Kind", "identify"]
+__all__ = ["SERVABLE", "Artifact", "Kind", "identify"]
 
 
 class Kind(str, Enum):
@@ -42,6 +42,8 @@ DESCRIBE = {
     Kind.HF_DECODER: "a transformers decoder folder (shoestring serves decoders only from its "
                      "own runs and exports)",
 }
+# The folders a model can be served (and embedded) from: `inference.engine.load_engine`'s.
+SERVABLE = (Kind.RUN, Kind.EXPORT, Kind.CLASSIFIER, Kind.HF_ENCODER)
 # The weights a transformers folder may hold (save_pretrained's names, sharded or not).
 HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
               "pytorch_model.bin.index.json")

@@ -18,8 +18,8 @@ from rich.table import Table
 
 from shoestring.config import Config
 from shoestring.consoles import err, out
-from shoestring.data.datadir import DataDir
-from shoestring.prep.prep import data_fingerprint, prep
+from shoestring.data.datadir import DataDir, data_fingerprint
+from shoestring.prep.prep import prep
 from shoestring.device import load_cost
 from shoestring.errors import ShoestringError
 from shoestring.eval.mlm import evaluate_run

@@ -1,7 +1,10 @@
-"""The data dir that `prep` writes and `train`/`eval` read (see docs/artifacts.md)."""
+"""The data dir that `prep` writes and `train`/`eval` read (see docs/artifacts.md), and its
+fingerprint (`data_fingerprint`: what it was built from), which prep, `cram` and the
+retrieval index compare."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -9,10 +12,12 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
+from shoestring.config import CurateConfig, DataConfig
 from shoestring.data.shards import PackedSplit
-from shoestring.data.tokenizer import load_tokenizer
+from shoestring.data.sources import resolve_sources
+from shoestring.data.tokenizer import KINDS, load_tokenizer
 from shoestring.errors import ShoestringError
-from shoestring.fsutil import file_sha256
+from shoestring.fsutil import file_sha256, json_object_or_none
 
 FORMAT = "shoestring-data/1"
 
@@ -111,8 +116,6 @@ def check_data_settings(cfg: Any, data_dir: str | Path, keys: set[str]) -> None:
     setting would be silently ignored (and wrongly recorded in the run's config.yaml)."""
     from pydantic import ValidationError
 
-    from shoestring.config import DataConfig
-
     data = DataDir(data_dir)
     recorded = data.manifest.get("config") or {}
     try:  # normalized (older names of values), when the manifest's settings still validate
@@ -129,3 +132,40 @@ def check_data_settings(cfg: Any, data_dir: str | Path, keys: set[str]) -> None:
                 where=str(data.path),
                 fix=f"drop data.{key} from --set/--config, or re-run shoestring prep with it",
             )
+
+
+def _fingerprint(specs: list[str], files: list[str], cfg: DataConfig) -> str:
+    """What the output depends on: specs, files (size, mtime), settings (not ``workers``)."""
+    h = hashlib.sha256()
+    settings = cfg.model_dump(mode="json", exclude={"workers"})
+    h.update(json.dumps({"specs": specs, "cfg": settings}, sort_keys=True).encode())
+    paths = list(files)
+    if cfg.tokenizer not in ("auto", *KINDS):  # a tokenizer file, not a kind to train
+        paths.append(cfg.tokenizer)
+    for f in paths:
+        p = Path(f)
+        if p.is_file():
+            st = p.stat()
+            h.update(f"{p.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode())
+        else:
+            h.update(f.encode())
+    return h.hexdigest()
+
+
+def data_fingerprint(specs: list[str], cfg: DataConfig, curate: CurateConfig | None = None,
+                     files: list[str] | None = None) -> str:
+    """What a data dir was built from (sources, data settings, curation); `cram` reuses a
+    data dir whose fingerprint matches, and an interrupted prep resumes only on a match."""
+    fingerprint = _fingerprint(specs, resolve_sources(specs) if files is None else files, cfg)
+    if curate is not None:  # curation changes the output (and so do the dedup-against dirs)
+        settings = json.dumps(curate.model_dump(mode="json", exclude={"explain"}), sort_keys=True)
+        if curate.dedup_against:
+            settings += json.dumps(_manifest_fingerprints(curate.dedup_against))
+        fingerprint = hashlib.sha256(f"{fingerprint}:{settings}".encode()).hexdigest()
+    return fingerprint
+
+
+def _manifest_fingerprints(dirs: list[str]) -> list[str | None]:
+    """The fingerprints of data dirs (None where there is no readable manifest)."""
+    return [(json_object_or_none(Path(d) / "manifest.json") or {}).get("fingerprint")
+            for d in dirs]

@@ -1,10 +1,11 @@
 """Did pretraining pay? The from-scratch control and the statistics that compare with it.
 
 The control is the same architecture fine-tuned from random initialization with the same
-protocol, the same seeds and the same code (``run_task(..., from_scratch=True)``). Seed ``s``
-of both arms sees the same batches in the same order and starts its classifier head from the
-same draw, so the two arms are *paired* by seed: the comparison is over per-seed differences,
-which cancels the part of the seed-to-seed spread both arms share.
+protocol, the same seeds and the same code (``run_task`` with
+``TaskSettings(from_scratch=True)``). Seed ``s`` of both arms sees the same batches in the
+same order and starts its classifier head from the same draw, so the two arms are *paired* by
+seed: the comparison is over per-seed differences, which cancels the part of the
+seed-to-seed spread both arms share.
 
 A difference is reported with a 95% confidence interval from Student's t over the paired
 differences; it is "within noise" when that interval contains zero. With one seed there is no

@@ -30,7 +30,7 @@ from rich.console import Console
 
 from shoestring.device import DeviceInfo, select_device
 from shoestring.errors import ShoestringError
-from shoestring.eval.classifier import collate
+from shoestring.classifier import collate
 from shoestring.model.losses import causal_lm_loss
 from shoestring.progress import progress_bar
 from shoestring.rundir import RunDir

@@ -21,11 +21,14 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+import torch
 from rich.console import Console
 
+from shoestring.data.tokenizer import load_tokenizer
 from shoestring.errors import ShoestringError
 from shoestring.eval.control import compare_arms, seeds_for
-from shoestring.eval.finetune import PROTOCOLS, SWEEP_GRID, run_task
+from shoestring.eval.finetune import PROTOCOLS, SWEEP_GRID, Pretrained, Protocol, TaskSettings
+from shoestring.eval.finetune import run_task
 from shoestring.privacy.dp_sgd import PrivateTraining
 from shoestring.eval.glue import GLUE_TASKS, load_glue_task, parse_task_list
 from shoestring.eval.report import (
@@ -38,11 +41,14 @@ from shoestring.eval.report import (
 from shoestring.eval.tasks import CustomTask, TaskData, load_custom_task
 from shoestring.fsutil import (
     check_output_dir,
+    file_sha256,
     json_object_or_none,
     write_bytes_atomic,
     write_json_atomic,
     write_text_atomic,
 )
+from shoestring.model.encoder import MaskedLM
+from shoestring.rundir import RunDir
 
 FORMAT = "shoestring-downstream/2"  # 2: per-task seeds, the scratch control, comparisons
 CONTROLS = ("scratch", "none")
@@ -101,14 +107,6 @@ def _load_tasks(
     return loaded
 
 
-def _prepare_out(out: Path) -> None:
-    check_output_dir(out, "evaluation folder", owned=(out / MARKER).is_file(), overwrite=True)
-    if out.is_dir() and (out / MARKER).is_file():
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / MARKER).write_text("shoestring downstream evaluation\n", encoding="utf-8")
-
-
 # what a finished task's numbers depend on besides its own data; all must match to reuse it
 RESUME_KEYS = ("format", "base", "protocol", "sweep_grid", "seeds", "control", "max_train",
                "privacy")
@@ -165,11 +163,6 @@ def evaluate_downstream(
     difference; "none" skips it. ``privacy``: fine-tune with DP-SGD (privacy/dp_sgd.py);
     settings it cannot honour for a task are refused before anything is written. ``resume``:
     keep the tasks an interrupted evaluation in ``out`` finished (``finished_tasks``)."""
-    from shoestring.data.tokenizer import load_tokenizer
-    from shoestring.fsutil import file_sha256
-    from shoestring.model.encoder import MaskedLM
-    from shoestring.rundir import RunDir
-
     console = console or Console(stderr=True)
     if protocol not in PROTOCOLS:
         raise ShoestringError(f"unknown protocol {protocol!r}", where="--protocol",
@@ -182,30 +175,60 @@ def evaluate_downstream(
     if isinstance(tasks, str):
         tasks = parse_task_list(tasks)
     run = RunDir(run_dir)
-    run_dir = run.path
-    base, meta = run.load_final()
-    if not isinstance(base, MaskedLM):
-        raise ShoestringError(
-            f"fine-tuning on tasks needs an encoder (masked LM); this run is "
-            f"{meta.get('architecture')!r}",
-            where=str(run_dir),
-            fix="for decoder runs use --text (perplexity), --choices (multiple choice), --samples",
-        )
+    base, meta = _load_encoder(run)
     data = _load_tasks(glue, tasks, custom or [], max_train)
     proto = replace(PROTOCOLS[protocol], **(overrides or {}))
     if privacy is not None:
         privacy.check_protocol(protocol, [(d.spec.name, len(d.train)) for d in data],
                                proto.batch_size, proto.epochs)
     out = Path(out) if out is not None else run.downstream_dir
-    tok_path = run.tokenizer_path
-    tokenizer = load_tokenizer(tok_path)
-    results: dict[str, Any] = {
+    pretrained = Pretrained(base, meta, load_tokenizer(run.tokenizer_path), run.tokenizer_path)
+    results = _header(run, pretrained, proto, protocol, seeds, control, max_train, privacy)
+    kept = _prepare_out(out, results, data, resume, console)
+    t0 = time.perf_counter()
+    for d in data:
+        if d.spec.name in kept:
+            results["tasks"][d.spec.name] = kept[d.spec.name]
+            continue
+        first_split = next(iter(d.evals.values()))
+        how = TaskSettings(proto, list(range(seeds if seeds is not None
+                                             else seeds_for(len(first_split)))),
+                           out_dir=out / "classifiers", precision=precision,
+                           grid=SWEEP_GRID if protocol == "sweep" else None, privacy=privacy)
+        res = _fine_tune_task(pretrained, d, how, control, console)
+        results["tasks"][d.spec.name] = res
+        results["machine"].update(device=res["device"], dtype=res["dtype"],
+                                  threads=torch.get_num_threads())
+        _write(out, results, t0, final=False)
+    _write(out, results, t0, final=True)
+    return results
+
+
+def _load_encoder(run: RunDir) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """The run's trained model, refused unless it is an encoder (masked LM)."""
+    base, meta = run.load_final()
+    if not isinstance(base, MaskedLM):
+        raise ShoestringError(
+            f"fine-tuning on tasks needs an encoder (masked LM); this run is "
+            f"{meta.get('architecture')!r}",
+            where=str(run.path),
+            fix="for decoder runs use --text (perplexity), --choices (multiple choice), --samples",
+        )
+    return base, meta
+
+
+def _header(run: RunDir, base: Pretrained, proto: Protocol, protocol: str, seeds: int | None,
+            control: str, max_train: int | None, privacy: PrivateTraining | None
+            ) -> dict[str, Any]:
+    """results.json before any task: what every task's numbers depend on (``RESUME_KEYS``)."""
+    meta = base.meta
+    return {
         "format": FORMAT,
-        "run": str(run_dir),
-        "run_name": run_dir.resolve().name,
+        "run": str(run.path),
+        "run_name": run.path.resolve().name,
         "base": {"architecture": meta.get("architecture"), "model": meta.get("model"),
                  "vocab_size": meta.get("vocab_size"),
-                 "params": sum(p.numel() for p in base.parameters()),
+                 "params": sum(p.numel() for p in base.model.parameters()),
                  "weights_sha256": file_sha256(run.final_dir / "model.safetensors")},
         "protocol": asdict(proto),
         "sweep_grid": SWEEP_GRID if protocol == "sweep" else None,
@@ -221,6 +244,11 @@ def evaluate_downstream(
         "machine": {"load_average_start": _loadavg()},
         "wall_seconds": 0.0,
     }
+
+
+def _prepare_out(out: Path, results: dict[str, Any], data: list[TaskData], resume: bool,
+                 console: Console) -> dict[str, Any]:
+    """Make ``out`` ready; returns the finished tasks it keeps (``resume``), else none."""
     kept = finished_tasks(out, results, data) if resume else {}
     if kept:
         console.print(f"resuming {out}: keeping {', '.join(kept)} (finished, same settings)")
@@ -228,43 +256,30 @@ def evaluate_downstream(
         for old in (out / "classifiers").iterdir():
             if old.name not in kept:  # refitted below, or no longer asked for
                 shutil.rmtree(old)
-    else:
-        _prepare_out(out)
-    t0 = time.perf_counter()
-    for d in data:
-        if d.spec.name in kept:
-            results["tasks"][d.spec.name] = kept[d.spec.name]
-            continue
-        console.print(f"[bold]{d.spec.name}[/]: {len(d.train):,} train, "
-                      + ", ".join(f"{len(v):,} {k}" for k, v in d.evals.items())
-                      + (f" (skipped malformed rows: {d.skipped})" if d.skipped else ""))
-        first_split = next(iter(d.evals.values()))
-        seed_list = list(range(seeds if seeds is not None else seeds_for(len(first_split))))
-        grid = SWEEP_GRID if protocol == "sweep" else None
-        res = run_task(base, meta, tokenizer, tok_path, d, proto, seed_list,
-                       out_dir=out / "classifiers", precision=precision, grid=grid,
-                       console=console, privacy=privacy)
-        if control == "scratch":
-            ctrl = run_task(base, meta, tokenizer, tok_path, d, proto, seed_list, out_dir=None,
-                            precision=precision, grid=grid, console=console, from_scratch=True,
-                            privacy=privacy)
-            res["control"] = {k: ctrl[k] for k in
-                              ("init", "seeds", "summary", "protocol", "sweep", "wall_seconds")
-                              if k in ctrl}
-            res["comparison"] = {split: compare_arms(res["seeds"], ctrl["seeds"], split)
-                                 for split in d.evals}
-        results["tasks"][d.spec.name] = res
-        results["machine"].update(device=res["device"], dtype=res["dtype"],
-                                  threads=_threads())
-        _write(out, results, t0, final=False)
-    _write(out, results, t0, final=True)
-    return results
+        return kept
+    check_output_dir(out, "evaluation folder", owned=(out / MARKER).is_file(), overwrite=True)
+    if out.is_dir() and (out / MARKER).is_file():
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MARKER).write_text("shoestring downstream evaluation\n", encoding="utf-8")
+    return kept
 
 
-def _threads() -> int:
-    import torch
-
-    return torch.get_num_threads()
+def _fine_tune_task(base: Pretrained, d: TaskData, how: TaskSettings, control: str,
+                    console: Console) -> dict[str, Any]:
+    """One task's result: fine-tuned from ``base``, and from scratch for the control arm."""
+    console.print(f"[bold]{d.spec.name}[/]: {len(d.train):,} train, "
+                  + ", ".join(f"{len(v):,} {k}" for k, v in d.evals.items())
+                  + (f" (skipped malformed rows: {d.skipped})" if d.skipped else ""))
+    res = run_task(base, d, how, console=console)
+    if control == "scratch":
+        ctrl = run_task(base, d, replace(how, out_dir=None, from_scratch=True), console=console)
+        res["control"] = {k: ctrl[k] for k in
+                          ("init", "seeds", "summary", "protocol", "sweep", "wall_seconds")
+                          if k in ctrl}
+        res["comparison"] = {split: compare_arms(res["seeds"], ctrl["seeds"], split)
+                             for split in d.evals}
+    return res
 
 
 def _write(out: Path, results: dict[str, Any], t0: float, final: bool) -> None:

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from rich.console import Console
 
 from shoestring.errors import ShoestringError
-from shoestring.eval.classifier import SequenceClassifier, collate, save_classifier
+from shoestring.classifier import SequenceClassifier, collate, save_classifier, token_ids
 from shoestring.eval.metrics import compute_metrics, main_score
 from shoestring.privacy.dp_sgd import PrivateTraining
 from shoestring.eval.tasks import Example, TaskData
@@ -42,7 +42,9 @@ from shoestring.device import DeviceInfo, select_device
 __all__ = [
     "PROTOCOLS",
     "SWEEP_GRID",
+    "Pretrained",
     "Protocol",
+    "TaskSettings",
     "encode_examples",
     "evaluate_classifier",
     "finetune",
@@ -85,15 +87,8 @@ SWEEP_GRID: list[dict[str, Any]] = [
 
 def encode_examples(tokenizer: Any, examples: list[Example], max_length: int) -> list[np.ndarray]:
     """Token ids of each example ([CLS] a [SEP] (b [SEP])), truncated longest-first."""
-    tokenizer.enable_truncation(max_length, strategy="longest_first")
-    tokenizer.no_padding()
-    if not examples:
-        return []
-    if examples[0].b is None:
-        encs = tokenizer.encode_batch([e.a for e in examples])
-    else:
-        encs = tokenizer.encode_batch([(e.a, e.b or "") for e in examples])
-    return [np.asarray(e.ids, dtype=np.int64) for e in encs]
+    pairs = None if not examples or examples[0].b is None else [e.b or "" for e in examples]
+    return token_ids(tokenizer, [e.a for e in examples], pairs, max_length)
 
 
 def length_bucketed_batches(
@@ -271,122 +266,168 @@ def _summary(values: list[float]) -> dict[str, float]:
     }
 
 
-def run_task(
-    base_model: torch.nn.Module,
-    base_meta: dict[str, Any],
-    tokenizer: Any,
-    tokenizer_path: str | Path,
-    data: TaskData,
-    protocol: Protocol,
-    seeds: list[int],
-    out_dir: str | Path | None = None,
-    precision: str = "auto",
-    grid: list[dict[str, Any]] | None = None,
-    console: Console | None = None,
-    notes: dict[str, Any] | None = None,
-    from_scratch: bool = False,
-    privacy: PrivateTraining | None = None,
-) -> dict[str, Any]:
-    """Fine-tune ``base_model`` on ``data`` once per seed (per grid point for a sweep), score
-    every evaluation split, save the median seed's classifier in ``out_dir``; returns the
-    task's result record (per-seed scores, median/spread per split and metric, timings).
+@dataclass(frozen=True)
+class Pretrained:
+    """The encoder a task is fine-tuned from: its model and run meta (never modified: each
+    seed starts from a copy), its tokenizer, and the tokenizer's file (saved with a
+    classifier)."""
 
-    ``from_scratch`` is the control arm (eval/control.py): everything identical except that
-    the encoder's weights are drawn afresh (``initial_encoder``)."""
+    model: torch.nn.Module
+    meta: dict[str, Any]
+    tokenizer: Any
+    tokenizer_path: str | Path
+
+
+@dataclass(frozen=True)
+class TaskSettings:
+    """How `run_task` fine-tunes one task: the protocol, once per seed (and per ``grid`` point
+    for a sweep); where the median seed's classifier goes (None: not saved); ``notes`` added
+    to the result; ``from_scratch`` for the control arm (eval/control.py: everything identical
+    except that the encoder's weights are drawn afresh, ``initial_encoder``); ``privacy`` to
+    fine-tune with DP-SGD."""
+
+    protocol: Protocol
+    seeds: list[int]
+    out_dir: str | Path | None = None
+    precision: str = "auto"
+    grid: list[dict[str, Any]] | None = None
+    notes: dict[str, Any] | None = None
+    from_scratch: bool = False
+    privacy: PrivateTraining | None = None
+
+
+Encoded = tuple[list[np.ndarray], list]  # a split's token ids and label ids
+
+
+@dataclass(frozen=True)
+class _Job:
+    """One task ready to fine-tune: what every seed and setting shares."""
+
+    base: Pretrained
+    data: TaskData
+    how: TaskSettings
+    device: DeviceInfo
+    train: Encoded
+    evals: dict[str, Encoded]
+
+    @property
+    def first_split(self) -> str:
+        return next(iter(self.data.evals))
+
+
+def run_task(base: Pretrained, data: TaskData, how: TaskSettings,
+             console: Console | None = None) -> dict[str, Any]:
+    """Fine-tune ``base.model`` on ``data`` once per seed (per grid point for a sweep), score
+    every evaluation split, save the median seed's classifier in ``how.out_dir``; returns the
+    task's result record (per-seed scores, median/spread per split and metric, timings)."""
     console = console or Console(stderr=True)
-    device = select_device(precision, measure_peak=False)
-    pad_id = int(base_meta.get("special_ids", {}).get("[PAD]", 0))
+    device = select_device(how.precision, measure_peak=False)
     t_start = time.perf_counter()
-    train_seqs = encode_examples(tokenizer, data.train, protocol.max_length)
-    train_labels = data.label_ids(data.train)
-    eval_seqs = {s: encode_examples(tokenizer, ex, protocol.max_length) for s, ex in data.evals.items()}
-    eval_labels = {s: data.label_ids(ex) for s, ex in data.evals.items()}
-    first_split = next(iter(data.evals))
-    settings = [protocol] if not grid else [replace(protocol, **g) for g in grid]
 
+    def encoded(examples: list[Example]) -> Encoded:
+        return (encode_examples(base.tokenizer, examples, how.protocol.max_length),
+                data.label_ids(examples))
+
+    job = _Job(base, data, how, device, encoded(data.train),
+               {s: encoded(ex) for s, ex in data.evals.items()})
+    settings = [how.protocol] if not how.grid else [replace(how.protocol, **g) for g in how.grid]
     candidates: list[tuple[float, Protocol]] = []
-    best: tuple[float, Protocol, list[dict[str, Any]], list[dict[str, torch.Tensor]]] | None = None
+    best: tuple[float, Protocol, list[dict[str, Any]], tuple[dict, ...]] | None = None
     with progress_bar(console) as bar:
         for setting in settings:
-            per_seed, states = [], []
-            for seed in seeds:
-                model = SequenceClassifier(
-                    initial_encoder(base_model, seed, from_scratch), data.spec.num_labels,
-                    setting.pooling, setting.dropout,
-                )
-                label = f"{data.spec.name}{' (scratch)' if from_scratch else ''} seed {seed}"
-                if grid:
-                    label += f" lr {setting.lr:g} bs {setting.batch_size}"
-                steps = math.ceil(len(train_seqs) / setting.batch_size) * setting.epochs
-                task_id = bar.add_task(label, total=math.ceil(steps), unit="steps")
-
-                def on_step(step: int, total: int, loss: float, _tid=task_id, _label=label) -> None:
-                    bar.update(_tid, completed=step, total=total,
-                               description=f"{_label} loss {loss:.3f}")
-                    # A bar does not redraw in a log file: leave a line every 10% there.
-                    if not console.is_terminal and step % max(1, total // 10) == 0:
-                        console.log(f"{_label}: step {step:,}/{total:,}, loss {loss:.3f}")
-
-                stats = finetune(model, train_seqs, train_labels, data.spec.problem, setting,
-                                 seed, device, pad_id, on_step, privacy)
-                t_eval = time.perf_counter()
-                splits = {s: evaluate_classifier(model, eval_seqs[s], eval_labels[s], data, device,
-                                                 pad_id, setting.eval_batch_size)
-                          for s in data.evals}
-                stats["eval_seconds"] = time.perf_counter() - t_eval
-                bar.update(task_id, description=f"{label} {first_split} "
-                           f"{100 * splits[first_split]['score']:.1f}")
-                per_seed.append({"seed": seed, "splits": splits, **stats})
-                states.append({k: v.detach().cpu().clone() for k, v in model.state_dict().items()})
-                del model
-            median_dev = float(np.median([r["splits"][first_split]["score"] for r in per_seed]))
+            per_seed, states = zip(*[_fit_seed(job, setting, seed, bar, console)
+                                     for seed in how.seeds])
+            median_dev = float(np.median([r["splits"][job.first_split]["score"]
+                                          for r in per_seed]))
             candidates.append((median_dev, setting))
             # Keep weights only for the best setting so far (a sweep would otherwise hold
             # grid × seeds copies of the model).
             if best is None or median_dev > best[0]:
-                best = (median_dev, setting, per_seed, states)
-
+                best = (median_dev, setting, list(per_seed), states)
     assert best is not None
     _, setting, per_seed, states = best
-    summary = {
-        split: {name: _summary([r["splits"][split][name] for r in per_seed])
-                for name in [*data.spec.metrics, "score"]}
-        for split in data.evals
-    }
     # The saved classifier is the seed whose first-split score is the (lower) median.
-    ranked = sorted(range(len(per_seed)), key=lambda i: per_seed[i]["splits"][first_split]["score"])
+    ranked = sorted(range(len(per_seed)),
+                    key=lambda i: per_seed[i]["splits"][job.first_split]["score"])
     median_i = ranked[(len(ranked) - 1) // 2]
-    result: dict[str, Any] = {
-        "task": data.spec.name,
-        "problem": data.spec.problem,
-        "pair": data.spec.pair,
-        "labels": data.spec.labels,
-        "metrics": data.spec.metrics,
-        **data.facts(),
-        "protocol": asdict(setting),
-        "seeds": per_seed,
-        "summary": summary,
-        "median_seed": per_seed[median_i]["seed"],
-        "init": "scratch" if from_scratch else "pretrained",
-        "device": device.name,
-        "dtype": str(device.dtype).removeprefix("torch."),
-        "wall_seconds": time.perf_counter() - t_start,
-        **(notes or {}),
-    }
-    if grid:
+    result = _result(job, setting, per_seed, median_i, t_start)
+    if how.grid:
         result["sweep"] = [{"lr": c.lr, "batch_size": c.batch_size, "median_dev_score": m}
                            for m, c in candidates]
-    if out_dir is not None:
-        model = SequenceClassifier(copy.deepcopy(base_model), data.spec.num_labels,
-                                   setting.pooling, setting.dropout)
-        model.load_state_dict(states[median_i])
-        path = Path(out_dir) / data.spec.name
-        save_classifier(
-            path, model.eval(), base_meta, tokenizer_path,
-            labels=data.spec.labels, problem=data.spec.problem, max_length=setting.max_length,
-            pair=data.spec.pair, task=data.spec.name,
-            extra={"seed": per_seed[median_i]["seed"], "protocol": asdict(setting),
-                   "dev": per_seed[median_i]["splits"]},
-        )
-        result["classifier"] = str(path)
+    if how.out_dir is not None:
+        result["classifier"] = str(_save_median(job, setting, per_seed[median_i],
+                                                states[median_i]))
     return result
+
+
+def _fit_seed(job: _Job, setting: Protocol, seed: int, bar: Any, console: Console
+              ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """Fine-tune and score one seed under one setting, on its own progress bar; its record
+    and its weights (on CPU)."""
+    data, how = job.data, job.how
+    pad_id = int(job.base.meta.get("special_ids", {}).get("[PAD]", 0))
+    model = SequenceClassifier(initial_encoder(job.base.model, seed, how.from_scratch),
+                               data.spec.num_labels, setting.pooling, setting.dropout)
+    label = f"{data.spec.name}{' (scratch)' if how.from_scratch else ''} seed {seed}"
+    if how.grid:
+        label += f" lr {setting.lr:g} bs {setting.batch_size}"
+    steps = math.ceil(len(job.train[0]) / setting.batch_size) * setting.epochs
+    task_id = bar.add_task(label, total=math.ceil(steps), unit="steps")
+
+    def on_step(step: int, total: int, loss: float) -> None:
+        bar.update(task_id, completed=step, total=total, description=f"{label} loss {loss:.3f}")
+        # A bar does not redraw in a log file: leave a line every 10% there.
+        if not console.is_terminal and step % max(1, total // 10) == 0:
+            console.log(f"{label}: step {step:,}/{total:,}, loss {loss:.3f}")
+
+    stats = finetune(model, *job.train, data.spec.problem, setting, seed, job.device, pad_id,
+                     on_step, how.privacy)
+    t_eval = time.perf_counter()
+    splits = {s: evaluate_classifier(model, *job.evals[s], data, job.device, pad_id,
+                                     setting.eval_batch_size) for s in data.evals}
+    stats["eval_seconds"] = time.perf_counter() - t_eval
+    bar.update(task_id, description=f"{label} {job.first_split} "
+               f"{100 * splits[job.first_split]['score']:.1f}")
+    state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    return {"seed": seed, "splits": splits, **stats}, state
+
+
+def _result(job: _Job, setting: Protocol, per_seed: list[dict[str, Any]], median_i: int,
+            t_start: float) -> dict[str, Any]:
+    """The task's result record: the chosen setting's seeds and their median/spread."""
+    spec = job.data.spec
+    return {
+        "task": spec.name,
+        "problem": spec.problem,
+        "pair": spec.pair,
+        "labels": spec.labels,
+        "metrics": spec.metrics,
+        **job.data.facts(),
+        "protocol": asdict(setting),
+        "seeds": per_seed,
+        "summary": {split: {name: _summary([r["splits"][split][name] for r in per_seed])
+                            for name in [*spec.metrics, "score"]} for split in job.data.evals},
+        "median_seed": per_seed[median_i]["seed"],
+        "init": "scratch" if job.how.from_scratch else "pretrained",
+        "device": job.device.name,
+        "dtype": str(job.device.dtype).removeprefix("torch."),
+        "wall_seconds": time.perf_counter() - t_start,
+        **(job.how.notes or {}),
+    }
+
+
+def _save_median(job: _Job, setting: Protocol, record: dict[str, Any],
+                 state: dict[str, torch.Tensor]) -> Path:
+    """Save the median seed's classifier (``record``, ``state``) in ``how.out_dir``."""
+    spec, out_dir = job.data.spec, job.how.out_dir
+    assert out_dir is not None
+    model = SequenceClassifier(copy.deepcopy(job.base.model), spec.num_labels, setting.pooling,
+                               setting.dropout)
+    model.load_state_dict(state)
+    path = Path(out_dir) / spec.name
+    save_classifier(path, model.eval(), job.base.meta, job.base.tokenizer_path,
+                    labels=spec.labels, problem=spec.problem, max_length=setting.max_length,
+                    pair=spec.pair, task=spec.name,
+                    extra={"seed": record["seed"], "protocol": asdict(setting),
+                           "dev": record["splits"]})
+    return path

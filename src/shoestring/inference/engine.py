@@ -36,7 +36,15 @@ import torch
 from torch import nn
 
 from shoestring import families
+from shoestring.artifacts import SERVABLE, Kind, identify
+from shoestring.classifier import load_classifier
+from shoestring.data.tokenizer import load_tokenizer
+from shoestring.device import select_device
 from shoestring.errors import ShoestringError
+from shoestring.export.hub import open_model
+from shoestring.fsutil import json_object_or_none
+from shoestring.inference.backends import BackendChoice, check_backend, choose
+from shoestring.inference.hf_folder import open_hf_folder
 from shoestring.inference.wordpiece_cache import encoder_for
 from shoestring.inference.stages import Laps, StageTimes
 from shoestring.inference.tokens import TextDelta, TokenSink
@@ -100,8 +108,6 @@ class Engine(abc.ABC):
 
     def __init__(self, model: nn.Module, tokenizer: Any, meta: dict, source: Path, *,
                  max_length: int | None, truncate: bool, precision: str = "fp32") -> None:
-        from shoestring.device import select_device
-
         info = select_device(precision, measure_peak=False)
         self.device, self.dtype = info.device, info.dtype
         self._autocast = info.autocast
@@ -124,8 +130,6 @@ class Engine(abc.ABC):
         self.call_overhead_tokens: float | None = None
         # The one forward call per batch and the runtime doing it (`inference.backends`):
         # PyTorch until `load_engine` chooses another.
-        from shoestring.inference.backends import BackendChoice
-
         self.backend = BackendChoice()
         self._forward: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor] | None = (
             self.torch_forward())
@@ -442,7 +446,7 @@ class EncoderEngine(Engine):
 
 
 class ClassifierEngine(Engine):
-    """A fine-tuned classifier or regressor folder (shoestring.eval.classifier)."""
+    """A fine-tuned classifier or regressor folder (shoestring.classifier)."""
 
     kind = "classifier"
     tasks = frozenset({"classify"})
@@ -606,8 +610,6 @@ class DecoderEngine(Engine):
 
 
 def _tokenizer(path: Path) -> Any:
-    from shoestring.data.tokenizer import load_tokenizer
-
     tok = load_tokenizer(path)
     tok.no_truncation()
     tok.no_padding()
@@ -625,25 +627,17 @@ def load_engine(path: str | Path, *, max_length: int | None = None, truncate: bo
     itself), an export (`shoestring export`: ModernBERT or Llama), a classifier folder, or a
     transformers encoder folder (`hf_folder`); its forward pass on ``backend``
     (`inference.backends`: torch, onnx, onnx-int8, or auto, which measures them here)."""
-    from shoestring.artifacts import Kind, identify
-    from shoestring.inference.backends import check_backend, choose
-
     check_backend(backend)
     kw = {"max_length": max_length, "truncate": truncate, "precision": precision}
-    artifact = identify(path, want=(Kind.RUN, Kind.EXPORT, Kind.CLASSIFIER, Kind.HF_ENCODER),
-                        command="shoestring serve", trained=True)
+    artifact = identify(path, want=SERVABLE, command="shoestring serve", trained=True)
     engine: Engine
     if artifact.kind is Kind.HF_ENCODER:
         engine = _transformers_engine(artifact.path, kw)
     elif artifact.kind is Kind.CLASSIFIER:
-        from shoestring.eval.classifier import load_classifier
-
         model, meta = load_classifier(artifact.path)
         engine = ClassifierEngine(model, _tokenizer(artifact.tokenizer_path), meta,
                                   artifact.path, **kw)
     else:
-        from shoestring.export.hub import open_model
-
         try:
             model, meta, _ = open_model(artifact.path)
         except ShoestringError:
@@ -664,8 +658,6 @@ def load_engine(path: str | Path, *, max_length: int | None = None, truncate: bo
 
 def _transformers_engine(path: Path, kw: dict[str, Any]) -> Engine:
     """The engine of a transformers encoder folder (`hf_folder`)."""
-    from shoestring.inference.hf_folder import open_hf_folder
-
     model, tok, meta, kind = open_hf_folder(path)
     engine = ClassifierEngine if kind == "classifier" else EncoderEngine
     return engine(model, tok, meta, path, **kw)
@@ -673,8 +665,6 @@ def _transformers_engine(path: Path, kw: dict[str, Any]) -> Engine:
 
 def _foreign_encoder(path: Path) -> bool:
     """An encoder export folder not written by `shoestring export` (no marker)."""
-    from shoestring.fsutil import json_object_or_none
-
     if (path / ".shoestring-export").is_file():
         return False
     model_type = (json_object_or_none(path / "config.json") or {}).get("model_type")

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import shutil
 from collections.abc import Iterator
@@ -48,52 +47,16 @@ from shoestring.artifacts import Kind, identify
 from shoestring.config import CurateConfig, DataConfig
 from shoestring.prep.driver import is_validation, tokenizer_path
 from shoestring.prep.executor import JOURNAL, WORK_DIR, Executor, Journal, PrepPlan, get_executor
+from shoestring.data.datadir import data_fingerprint
 from shoestring.data.mixture import SourceMatcher, mixture_inputs
 from shoestring.prep.packing import unigram_sort_order
 from shoestring.data.sources import resolve_sources
 from shoestring.data.tokenizer import KINDS
 from shoestring.errors import ShoestringError
-from shoestring.fsutil import check_output_dir, json_object_or_none, output_error
+from shoestring.fsutil import check_output_dir, output_error
 from shoestring.fsutil import recover_interrupted_swap, swap_in_dir
 
-__all__ = ["data_fingerprint", "is_validation", "prep", "unigram_sort_order"]
-
-
-def _fingerprint(specs: list[str], files: list[str], cfg: DataConfig) -> str:
-    """What the output depends on: specs, files (size, mtime), settings (not ``workers``)."""
-    h = hashlib.sha256()
-    settings = cfg.model_dump(mode="json", exclude={"workers"})
-    h.update(json.dumps({"specs": specs, "cfg": settings}, sort_keys=True).encode())
-    paths = list(files)
-    if tokenizer_path(cfg) is not None:
-        paths.append(cfg.tokenizer)
-    for f in paths:
-        p = Path(f)
-        if p.is_file():
-            st = p.stat()
-            h.update(f"{p.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode())
-        else:
-            h.update(f.encode())
-    return h.hexdigest()
-
-
-def data_fingerprint(specs: list[str], cfg: DataConfig, curate: CurateConfig | None = None,
-                     files: list[str] | None = None) -> str:
-    """What a data dir was built from (sources, data settings, curation); `cram` reuses a
-    data dir whose fingerprint matches, and an interrupted prep resumes only on a match."""
-    fingerprint = _fingerprint(specs, resolve_sources(specs) if files is None else files, cfg)
-    if curate is not None:  # curation changes the output (and so do the dedup-against dirs)
-        settings = json.dumps(curate.model_dump(mode="json", exclude={"explain"}), sort_keys=True)
-        if curate.dedup_against:
-            settings += json.dumps(_manifest_fingerprints(curate.dedup_against))
-        fingerprint = hashlib.sha256(f"{fingerprint}:{settings}".encode()).hexdigest()
-    return fingerprint
-
-
-def _manifest_fingerprints(dirs: list[str]) -> list[str | None]:
-    """The fingerprints of data dirs (None where there is no readable manifest)."""
-    return [(json_object_or_none(Path(d) / "manifest.json") or {}).get("fingerprint")
-            for d in dirs]
+__all__ = ["is_validation", "prep", "unigram_sort_order"]
 
 
 def build_dir(out: Path) -> Path:

@@ -22,21 +22,19 @@ EMBED_BATCH = 32
 EMBED_MAX_TOKENS = 512  # longer passages are cut (a 100-word passage is ~150 tokens)
 
 
-def weights_file(path: Path) -> Path:
-    """The weights of an encoder given as a run dir or an export folder."""
-    for f in (path / "final" / "model.safetensors", path / "model.safetensors"):
-        if f.is_file():
-            return f
-    raise ShoestringError("no model weights here (no final/model.safetensors or model.safetensors)",
-                          where=str(path), fix="give a trained encoder: a run dir (shoestring "
-                          "train -o) or an export folder (shoestring export -o)")
-
-
 def encoder_hash(path: Path) -> str:
-    """sha256 of the encoder's weights: what the index manifest records and checks."""
+    """sha256 of the encoder's weights (the model folder `artifacts.identify` finds: a run
+    dir's ``final/``, an export, ...): what the index manifest records and checks."""
+    from shoestring.artifacts import SERVABLE, identify
     from shoestring.fsutil import file_sha256
 
-    return file_sha256(weights_file(path))
+    weights = identify(path, want=SERVABLE, command="--encoder",
+                       trained=True).model_dir / "model.safetensors"
+    if not weights.is_file():
+        raise ShoestringError("no model weights here (no model.safetensors)", where=str(path),
+                              fix="give a trained encoder: a run dir (shoestring train -o) or "
+                              "an export folder (shoestring export -o)")
+    return file_sha256(weights)
 
 
 class Embedder:

@@ -70,7 +70,7 @@ class Sources:
     def fingerprint(self) -> str:
         """prep's fingerprint of the same sources read the same way (paths, sizes, mtimes)."""
         from shoestring.config import DataConfig
-        from shoestring.prep.prep import data_fingerprint
+        from shoestring.data.datadir import data_fingerprint
 
         return data_fingerprint(self.specs, DataConfig(text_field=self.text_field,
                                                        split_on=self.split_on))

@@ -41,7 +41,7 @@ Problem = Literal["classification", "regression"]
 Pooling = Literal["cls", "mean"]
 
 __all__ = ["ARCHITECTURE", "SequenceClassifier", "collate", "encode_texts", "load_classifier",
-           "predict", "save_classifier"]
+           "predict", "save_classifier", "token_ids"]
 
 
 class ClassifierHead(nn.Module):
@@ -175,6 +175,13 @@ def encode_texts(
 ) -> tuple[Tensor, Tensor]:
     """Tokenize (pairs of) texts with the run's `tokenizers.Tokenizer` → (ids, key_mask),
     padded to the longest row, each truncated to ``max_length`` (longest-first for pairs)."""
+    seqs = token_ids(tokenizer, texts, pairs, max_length)
+    return collate(seqs, np.arange(len(seqs)), pad_id)
+
+
+def token_ids(tokenizer: Any, texts: list[str], pairs: list[str] | None,
+              max_length: int) -> list[np.ndarray]:
+    """Each text's (or pair's: [CLS] a [SEP] b [SEP]) token ids, truncated longest-first."""
     tokenizer.enable_truncation(max_length, strategy="longest_first")
     tokenizer.no_padding()
     if pairs is None:
@@ -183,7 +190,7 @@ def encode_texts(
         if len(pairs) != len(texts):
             raise ValueError("texts and pairs must have the same length")
         encs = tokenizer.encode_batch(list(zip(texts, pairs)))
-    return collate([np.asarray(e.ids, dtype=np.int64) for e in encs], np.arange(len(encs)), pad_id)
+    return [np.asarray(e.ids, dtype=np.int64) for e in encs]
 
 
 def collate(seqs: list[np.ndarray], idx: np.ndarray, pad_id: int) -> tuple[Tensor, Tensor]:
