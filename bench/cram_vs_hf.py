@@ -72,7 +72,7 @@ from shoestring.data.loader import BatchLoader
 from shoestring.data.masking import fixed_masks, num_masked
 from shoestring.data.tokenizer import MASK, NUM_SPECIAL
 from shoestring.device import DeviceInfo, precision_name, select_device
-from shoestring.eval.mlm import evaluate_run
+from shoestring.eval.mlm_loss import evaluate_run
 from shoestring.families import MLM
 from shoestring.fsutil import write_json_atomic
 from shoestring.model import build_model

@@ -29,7 +29,7 @@ from shoestring.data.tokenizer import load_tokenizer
 from shoestring.eval.downstream import _load_tasks
 from shoestring.eval.finetune import PROTOCOLS, Pretrained, TaskSettings, run_task
 from shoestring.eval.glue import parse_task_list
-from shoestring.eval.report import glue_averages, score_columns
+from shoestring.eval.downstream_report import glue_averages, score_columns
 from shoestring.fsutil import write_json_atomic
 from shoestring.rundir import RunDir
 

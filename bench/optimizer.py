@@ -32,7 +32,7 @@ from torch import nn
 
 from common import ROOT, Bench, add_repeats, load_average, parser
 from shoestring.config import TrainConfig, load_config
-from shoestring.eval.mlm import evaluate_run
+from shoestring.eval.mlm_loss import evaluate_run
 from shoestring.fsutil import write_json_atomic
 from shoestring.train import loop
 from shoestring.train.optim import build_optimizer, param_groups

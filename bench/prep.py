@@ -166,7 +166,7 @@ def stage_speeds(corpus: Path, tmp: Path, local: dict, mb: float, n_docs: int, n
 
     from shoestring.config import CurateConfig
     from shoestring.prep.curate import Curator
-    from shoestring.prep.ray import tasks
+    from shoestring.prep.ray import remote
     from shoestring.prep.stages import train_on_sample
     from shoestring.prep.ray.shuffle import bucket_firsts, concat_columns
 
@@ -184,37 +184,37 @@ def stage_speeds(corpus: Path, tmp: Path, local: dict, mb: float, n_docs: int, n
         return result
 
     read = json.loads(timed("read + clean + Gopher filters", n_docs, "documents in", lambda: (
-        tasks.read_source({"index": 0, "source": str(corpus)}, cfg=cfg, blocks=filters,
+        remote.read_source({"index": 0, "source": str(corpus)}, cfg=cfg, blocks=filters,
                            work=str(work), part_docs=1024, part_chars=64 << 20)))["summary"])
     names = [p["name"] for p in read["parts"]]
     kept = sum(p["rows"] for p in read["parts"])
     paths = [str(work / "parts0" / f"{n}.parquet") for n in names]
     none = np.zeros(0, np.int64)
     exact = timed("exact dedup: text keys (map)", kept, "documents", lambda: [
-        tasks.exact_rows((p, none, str(work), None)) for p in paths])
+        remote.exact_rows((p, none, str(work), None)) for p in paths])
     timed("exact dedup: buckets (reduce)", kept, "documents",
           lambda: bucket_firsts(concat_columns(exact)))
     h = fuzzy.hasher
     bands = timed("fuzzy dedup: MinHash + band keys (map)", kept, "documents", lambda: [
-        tasks.band_rows((p, none, str(work), None, (h.num_perm, h.ngram, 1, h.bands)))
+        remote.band_rows((p, none, str(work), None, (h.num_perm, h.ngram, 1, h.bands)))
         for p in paths])
     rows = concat_columns(bands)
     timed("fuzzy dedup: band buckets (reduce)", kept, "documents",
           lambda: bucket_firsts(rows))
     timed("split (final map)", kept, "documents", lambda: [
-        tasks.apply_part({"name": n}, blocks=[], dropped=none, work=str(work), src="parts0",
+        remote.apply_part({"name": n}, blocks=[], dropped=none, work=str(work), src="parts0",
                           dst="kept", val_fraction=0.05) for n in names])
     kept_paths = [str(work / "kept" / f"{n}.parquet") for n in names]
     train_chars = int(sum(len(t) for p in kept_paths for t, v in zip(
-        *tasks.read_part(Path(p), ["text", "val"]).values()) if not v))
+        *remote.read_part(Path(p), ["text", "val"]).values()) if not v))
     t = time.perf_counter()
-    train_on_sample(partial(tasks.train_texts, [Path(p) for p in kept_paths]), 1 << 30,
+    train_on_sample(partial(remote.train_texts, [Path(p) for p in kept_paths]), 1 << 30,
                     train_chars, "wordpiece", "mlm", 8192, True)
     train_s = time.perf_counter() - t
     tok = str(tmp / "local" / "tokenizer.json")
     sep = local["tokenizer"]["special_ids"]["[SEP]"]
     encoded = timed("tokenize (WordPiece)", kept, "documents", lambda: [
-        json.loads(tasks.encode_part({"name": n, "split": "train"}, work=str(work),
+        json.loads(remote.encode_part({"name": n, "split": "train"}, work=str(work),
                                      tokenizer=tok, sep_id=sep, dtype="<u2",
                                      curate=None)["summary"]) for n in names])
     parts, offset = [], 0
@@ -222,7 +222,7 @@ def stage_speeds(corpus: Path, tmp: Path, local: dict, mb: float, n_docs: int, n
         parts.append({"name": e["name"], "tokens": e["tokens"], "offset": offset})
         offset += e["tokens"]
     n_seq = offset // 126
-    timed("pack (shards + sha256)", n_seq, "sequences", lambda: tasks.pack_part(
+    timed("pack (shards + sha256)", n_seq, "sequences", lambda: remote.pack_part(
         {"index": 0, "lo": 0, "hi": n_seq}, work=str(work), build=str(tmp / "packed"),
         parts=parts, split="train", cfg=cfg, ids=local["tokenizer"]["special_ids"],
         dtype="<u2"))

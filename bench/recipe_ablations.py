@@ -136,7 +136,7 @@ def arm_config(arm: str, work: Path, budget: str, threads: int):  # noqa: ANN201
 def run_pretrain(arm: str, work: Path, budget: str, threads: int) -> None:
     """Pretrain one arm (resumed from its newest checkpoint, or reused when finished), then
     score it on the common evaluation set."""
-    from shoestring.eval.mlm import evaluate_run
+    from shoestring.eval.mlm_loss import evaluate_run
 
     run = work / arm
     pretrain(arm_config(arm, work, budget, threads), work / f"data-{ARMS[arm][2]}", run)

@@ -16,7 +16,7 @@ alike. The new server is
 also measured with clients asking for base64 embeddings, with clients sending token ids
 (``input_ids``, tokenized in this process) and with OpenAI's ``/v1/embeddings`` (issue 59:
 the same texts, float answers), and its ``/metrics`` stage counters give the CPU
-per stage (`shoestring.inference.stages`); "other" is the rest of its CPU (the HTTP protocol, the
+per stage (`shoestring.inference.laps`); "other" is the rest of its CPU (the HTTP protocol, the
 request layers, hand-offs between threads).
 
 ``--client httpx`` drives the servers with a real client instead of the raw saturating one
@@ -47,7 +47,7 @@ from common import ROOT, Bench, format_load, load_average, parser
 from serve_load import (Server, closed_loop, encode_post, httpx_closed_loop, make_texts,
                         scrape_metrics)
 
-from shoestring.inference.stages import STAGES  # noqa: E402
+from shoestring.inference.laps import STAGES  # noqa: E402
 
 CPU_STAGES = tuple(s for s in STAGES if s != "queue")  # queue: waiting
 

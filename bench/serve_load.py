@@ -289,7 +289,7 @@ async def load(url: str, requests_: list[bytes], concurrency: int, count: int) -
 
 
 def scrape_metrics(url: str, task: str = "embed") -> dict:
-    """Totals from a server's /metrics for ``task``: per stage (`shoestring.inference.stages`)
+    """Totals from a server's /metrics for ``task``: per stage (`shoestring.inference.laps`)
     CPU seconds, wall seconds and count, and model calls and inputs (zeros if absent: a
     server without stage metrics, or with another task)."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -316,7 +316,7 @@ def scrape_metrics(url: str, task: str = "embed") -> dict:
 def stage_summary(before: dict, after: dict, requests: int) -> dict:
     """Per stage between two `scrape_metrics`: CPU ms per request and wall ms per input, in
     a request's order."""
-    from shoestring.inference.stages import STAGES
+    from shoestring.inference.laps import STAGES
 
     out = {}
     for stage, n in sorted(after["stage_n"].items(),

@@ -47,7 +47,7 @@ from shoestring.prep.prep import prep
 from shoestring.errors import ShoestringError
 from shoestring.eval.control import compare_arms
 from shoestring.eval.downstream import evaluate_downstream
-from shoestring.eval.report import fmt_difference, sweep_choice
+from shoestring.eval.downstream_report import fmt_difference, sweep_choice
 from shoestring.fsutil import write_json_atomic
 
 console = Console(stderr=True)

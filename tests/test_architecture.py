@@ -222,3 +222,15 @@ def test_no_module_imports_a_private_name_of_another() -> None:
                 found += [f"{path.relative_to(SRC)}:{node.lineno} {a.name}" for a in node.names
                           if a.name.startswith("_") and not a.name.startswith("__")]
     assert not found, "private names imported from another module:\n  " + "\n  ".join(found)
+
+
+def test_each_module_name_says_one_thing() -> None:
+    """No two modules share a file name (issue 63: ``stages.py`` was prep's stages and the
+    engine's timing laps, ``metrics.py`` three different things): a name in a traceback, an
+    import or a doc points at one place. Packages' ``__init__`` and ``__main__`` aside."""
+    by_name: dict[str, list[str]] = defaultdict(list)
+    for path in SRC.rglob("*.py"):
+        if path.name not in ("__init__.py", "__main__.py"):
+            by_name[path.name].append(str(path.relative_to(SRC)))
+    twice = {name: paths for name, paths in by_name.items() if len(paths) > 1}
+    assert not twice, f"module names used twice: {twice}"

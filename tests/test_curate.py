@@ -13,7 +13,7 @@ from shoestring.prep.curate import Curator, Drop
 from shoestring.prep.curate.compress import Compressibility
 from shoestring.prep.curate.gopher import GopherQuality, GopherRepetition
 from shoestring.prep.curate.normalize import Clean, Length
-from shoestring.prep.ray.tasks import merge_reports
+from shoestring.prep.ray.remote import merge_reports
 from shoestring.prep.prep import prep
 from shoestring.data.sources import Document
 from shoestring.errors import ShoestringError

@@ -355,7 +355,7 @@ def test_ray_map_and_reduce_tasks_drop_what_fuzzy_dedup_drops(tmp_path) -> None:
     ``band_rows`` (signatures written per part), the shuffle's split, ``bucket_firsts``
     verifying with `PartSignatures` — the same drops and clusters as `FuzzyDedup`."""
     from shoestring.prep.ray.shuffle import bucket_firsts, concat_columns, split_columns
-    from shoestring.prep.ray.tasks import PartSignatures, band_rows, make_rid, write_part
+    from shoestring.prep.ray.remote import PartSignatures, band_rows, make_rid, write_part
 
     docs, planted = docs_with_planted_duplicates()
     rng = np.random.default_rng(8)

@@ -11,7 +11,7 @@ import yaml
 from conftest import SMALL_DATA, run_cli, tiny_config, write_jsonl_corpus
 from shoestring.prep.prep import prep
 from shoestring.errors import ShoestringError
-from shoestring.eval.mlm import evaluate_run
+from shoestring.eval.mlm_loss import evaluate_run
 from shoestring.train.loop import train
 from shoestring.device import _measure
 from shoestring.rundir import RunDir

@@ -14,7 +14,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from shoestring.config import ModelConfig
 from shoestring.errors import ShoestringError
-from shoestring.eval.decoder import (
+from shoestring.eval.causal_lm import (
     encode_pair,
     greedy_samples,
     multiple_choice,

@@ -14,7 +14,7 @@ from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 from shoestring.errors import ShoestringError
 from shoestring.eval.glue import GLUE_TASKS, load_glue_task, parse_task_list
 from shoestring.eval.metrics import compute_metrics, main_score
-from shoestring.eval.report import (
+from shoestring.eval.downstream_report import (
     GLUE9,
     glue_averages,
     render_chart,

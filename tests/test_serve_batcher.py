@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from shoestring.serve.batcher import Job, MicroBatcher, QueueFull, choose_batch, plan_groups
-from shoestring.serve.metrics import ServeMetrics
+from shoestring.serve.prometheus import ServeMetrics
 
 
 def sample(metrics: ServeMetrics, name: str, **labels: str) -> float:

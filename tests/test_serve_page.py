@@ -94,7 +94,7 @@ def test_the_page_never_inserts_markup_built_from_data() -> None:
 
 
 def _serve(pydocs_dir: Path, tmp_path: Path, **settings: object):
-    from shoestring.eval.mlm import evaluate_run
+    from shoestring.eval.mlm_loss import evaluate_run
     from shoestring.train.loop import train
 
     run = tmp_path / "run"

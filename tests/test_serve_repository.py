@@ -36,7 +36,7 @@ def runs(pydocs_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Pa
     a, b = base / "a", base / "b"
     train(tiny_config(steps=8), pydocs_dir, a)
     train(tiny_config(steps=3, seed=1), pydocs_dir, b)
-    from shoestring.eval.mlm import evaluate_run
+    from shoestring.eval.mlm_loss import evaluate_run
 
     evaluate_run(a, None)  # writes a/eval.json, whose numbers a pushed version carries
     return a, b
@@ -489,7 +489,7 @@ def test_decoder_eval_metrics_are_stored_with_the_version(
 ) -> None:
     from test_serve import save_tiny_decoder
 
-    from shoestring.eval.decoder import evaluate_decoder
+    from shoestring.eval.causal_lm import evaluate_decoder
 
     a, _ = runs
     clm = save_tiny_decoder(a, tmp_path / "clm")

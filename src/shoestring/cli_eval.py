@@ -1,8 +1,8 @@
 """The body of `shoestring eval`: pick the evaluation the flags ask for and print its table.
 
 - ``--glue`` / ``--tasks`` / ``--task``: fine-tune on tasks (eval/downstream.py);
-- a decoder run, or ``--text`` / ``--choices`` / ``--prompt``: decoder evals (eval/decoder.py);
-- otherwise: the held-out masked-LM loss (eval/mlm.py), as before.
+- a decoder run, or ``--text`` / ``--choices`` / ``--prompt``: decoder evals (eval/causal_lm.py);
+- otherwise: the held-out masked-LM loss (eval/mlm_loss.py), as before.
 
 It sits on the command line's floor, not in ``eval/``, because it also asks ``plan`` whether the
 run met its prediction, and ``plan`` (its sweeps) reads ``eval``'s held-out loss: inside
@@ -70,14 +70,14 @@ def run_eval(run: Path, *, data: Path | None, sets: list[str] | None, glue: str 
         return
     family = RunDir(run).family()  # None: load_final reports a missing or damaged run
     if decoder_flags or (family is not None and family.causal):
-        from shoestring.eval.decoder import evaluate_decoder
+        from shoestring.eval.causal_lm import evaluate_decoder
 
         result = evaluate_decoder(run, text=text, choices=choices, samples=samples, prompts=prompt,
                                   temperature=temperature, top_k=top_k, precision=precision,
                                   out=output, console=err)
         print_decoder(result)
         return
-    from shoestring.eval.mlm import evaluate_run
+    from shoestring.eval.mlm_loss import evaluate_run
 
     print_mlm(evaluate_run(run, data, overrides=sets, console=err), run)
 
@@ -97,7 +97,7 @@ def parse_seeds(text: str) -> int | None:
 
 
 def print_downstream(results: dict[str, Any], folder: Path) -> None:
-    from shoestring.eval.report import fmt_difference
+    from shoestring.eval.downstream_report import fmt_difference
 
     t = Table(title=f"fine-tuned {results['run']} ({results['protocol']['name']} protocol)")
     controlled = any("scratch" in c for c in results["columns"])

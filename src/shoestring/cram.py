@@ -22,7 +22,7 @@ from shoestring.data.datadir import DataDir, data_fingerprint
 from shoestring.prep.prep import prep
 from shoestring.device import load_cost
 from shoestring.errors import ShoestringError
-from shoestring.eval.mlm import evaluate_run
+from shoestring.eval.mlm_loss import evaluate_run
 from shoestring.train.loop import train
 
 
@@ -74,7 +74,7 @@ CRAM_TASK_MAX_TRAIN = 2000
 
 def downstream_line(results: dict[str, Any]) -> tuple[str, str]:
     """One table row: the task's pretrained score beside its scratch control."""
-    from shoestring.eval.report import fmt_difference
+    from shoestring.eval.downstream_report import fmt_difference
 
     c = results["columns"][0]
     cut = f", first {results['max_train']:,} train examples" if results.get("max_train") else ""

@@ -31,7 +31,7 @@ from shoestring.eval.finetune import PROTOCOLS, SWEEP_GRID, Pretrained, Protocol
 from shoestring.eval.finetune import run_task
 from shoestring.privacy.dp_sgd import PrivateTraining
 from shoestring.eval.glue import GLUE_TASKS, load_glue_task, parse_task_list
-from shoestring.eval.report import (
+from shoestring.eval.downstream_report import (
     REFERENCES,
     glue_averages,
     render_chart,

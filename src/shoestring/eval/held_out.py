@@ -17,7 +17,7 @@ from shoestring.units import with_article
 
 
 def _mlm(run_dir: Path, max_sequences: int, seq_len: int, console: Console | None) -> float:
-    from shoestring.eval.mlm import evaluate_run
+    from shoestring.eval.mlm_loss import evaluate_run
 
     result = evaluate_run(run_dir, overrides=[f"eval.max_sequences={max_sequences}"],
                           console=console)
@@ -25,7 +25,7 @@ def _mlm(run_dir: Path, max_sequences: int, seq_len: int, console: Console | Non
 
 
 def _clm(run_dir: Path, max_sequences: int, seq_len: int, console: Console | None) -> float:
-    from shoestring.eval.decoder import evaluate_decoder
+    from shoestring.eval.causal_lm import evaluate_decoder
 
     result = evaluate_decoder(run_dir, samples=0, max_tokens=max_sequences * seq_len,
                               console=console)

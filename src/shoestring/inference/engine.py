@@ -46,7 +46,7 @@ from shoestring.fsutil import json_object_or_none
 from shoestring.inference.backends import BackendChoice, check_backend, choose
 from shoestring.inference.hf_folder import open_hf_folder
 from shoestring.inference.wordpiece_cache import encoder_for
-from shoestring.inference.stages import Laps, StageTimes
+from shoestring.inference.laps import Laps, StageTimes
 from shoestring.inference.tokens import TextDelta, TokenSink
 
 Loc = tuple[str | int, ...]

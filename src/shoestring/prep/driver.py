@@ -8,7 +8,7 @@ reader ``sources.Read`` → the blocks clean, canaries and curation → `Split`,
 handed back as a `ReadOutput`), and ``stages.py``'s tokenizer training, encode and pack,
 where and when it chooses; built from the plan and journal, they never call the driver — and runs
 ``Driver(plan, journal, stages).run()``: ``prep/local.py`` in this process and its workers,
-``prep/ray/executor.py`` as Ray tasks.
+``prep/ray/runner.py`` as Ray tasks.
 """
 
 from __future__ import annotations
@@ -249,7 +249,7 @@ class Driver:
         the last progress bar, not between the bars of the stages."""
         if self.curate_cfg is None or not self.curate_cfg.explain:
             return
-        from shoestring.prep.curate.pipeline import format_explain
+        from shoestring.prep.curate.curator import format_explain
 
         read = self.read_output
         examples = dict(read.examples) if read else {}

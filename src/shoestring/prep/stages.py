@@ -1,7 +1,7 @@
 """The work of prep's stages after the read, written once: every executor calls these.
 
 An executor decides only where and when each runs — the local one in this process and its
-worker pool (``prep/local.py``), the Ray one in Ray tasks (``prep/ray/tasks.py``) — so both
+worker pool (``prep/local.py``), the Ray one in Ray tasks (``prep/ray/remote.py``) — so both
 build the same bytes by construction. Tokenizer: `train_on_sample`; encode: `encode`; pack:
 `pack_shard` (its rows framed by `frame_rows`), the split's record `pack_record` (its
 sources' parts: `source_split`). The read stage shares its blocks (``curate/``) and writer

@@ -50,7 +50,7 @@ def ask(run: Path, question: str, *, index_dir: Path, k: int, mode: str, encoder
         max_new_tokens: int, temperature: float, top_k: int | None, seed: int) -> None:
     """Print the decoder's answer to ``question``, then (on stderr) the decoding and the
     passages its context held."""
-    from shoestring.eval.decoder import describe_decoding
+    from shoestring.eval.causal_lm import describe_decoding
     from shoestring.inference.engine import load_engine
     from shoestring.retrieval.ask import ask as answer
     from shoestring.retrieval.ask import check_decoder

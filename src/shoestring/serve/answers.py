@@ -31,7 +31,7 @@ from starlette.exceptions import HTTPException
 from shoestring.serve.batcher import BatcherClosed, QueueFull
 from shoestring.serve.encoding import dumps
 from shoestring.inference.engine import InputError
-from shoestring.serve.metrics import ServeMetrics
+from shoestring.serve.prometheus import ServeMetrics
 from shoestring.serve.routing import ModelUnavailable
 from shoestring.serve.security import ASGIApp, Message, Receive, Refused, Scope, Send
 

@@ -56,7 +56,7 @@ from shoestring.serve.encoding import FastJSON
 from shoestring.inference.engine import Engine, InputError
 from shoestring.serve.fastpath import FastRoutes, Route
 from shoestring.serve.handlers import Api
-from shoestring.serve.metrics import CONTENT_TYPE, ServeMetrics
+from shoestring.serve.prometheus import CONTENT_TYPE, ServeMetrics
 from shoestring.serve.retrieval_routes import attach_retrieval
 from shoestring.serve.page import PAGE
 from shoestring.serve.routing import ModelRouter, ModelUnavailable
@@ -67,7 +67,7 @@ from shoestring.serve.schemas import RerankRequest, RerankResponse
 from shoestring.serve.security import Admission, ApiKey, ASGIApp, BodyLimit, Receive
 from shoestring.serve.security import Refused, RequestGate, Scope, Send
 from shoestring.serve.settings import ServeSettings
-from shoestring.inference.stages import START
+from shoestring.inference.laps import START
 
 ENDPOINTS = {"/v1/fill-mask": "fill-mask", "/v1/embed": "embed", "/v1/classify": "classify",
              "/v1/generate": "generate", "/v1/embeddings": "embed", "/v1/rerank": "rerank"}

@@ -43,8 +43,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from shoestring.inference.stages import StageTimes
-from shoestring.serve.metrics import ServeMetrics
+from shoestring.inference.laps import StageTimes
+from shoestring.serve.prometheus import ServeMetrics
 
 RunFn = Callable[[tuple, list[Any]], list[Any]]
 TokenizeFn = Callable[[list[Any]], list[list[int]]]

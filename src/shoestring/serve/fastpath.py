@@ -46,7 +46,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from shoestring.inference.stages import Laps
+from shoestring.inference.laps import Laps
 from shoestring.serve.answers import CLIENT_CLOSED, Shape, error_answer
 from shoestring.serve.connections import Connections, connection_cap
 from shoestring.serve.encoding import dumps

@@ -34,14 +34,14 @@ from shoestring.serve.answers import ClientGone, Timeout
 from shoestring.serve.batcher import Job
 from shoestring.serve.encoding import embeddings_answer, openai_embeddings_answer
 from shoestring.inference.engine import Engine, InputError, input_loc
-from shoestring.serve.metrics import ServeMetrics
+from shoestring.serve.prometheus import ServeMetrics
 from shoestring.serve.retrieval_routes import need
 from shoestring.serve.routing import ModelRouter, Slot, UnknownModel
 from shoestring.serve.schemas import ClassifyRequest, EmbeddingsRequest, EmbedRequest
 from shoestring.serve.schemas import FillMaskRequest, GenerateRequest, RerankRequest
 from shoestring.serve.security import MISSING_KEY, ApiKey, Receive, Refused
 from shoestring.serve.settings import ServeSettings
-from shoestring.inference.stages import Laps
+from shoestring.inference.laps import Laps
 from shoestring.serve.streaming import TokenStream, events
 
 # A request waiting longer than this for its results starts watching for its client leaving.

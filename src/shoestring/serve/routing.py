@@ -27,7 +27,7 @@ from shoestring.errors import ShoestringError
 from shoestring.model_repository import ModelRepository, ModelVersion, split_ref
 from shoestring.serve.batcher import GROUP_OVERHEAD_TOKENS, MicroBatcher
 from shoestring.inference.engine import Engine, InputError
-from shoestring.serve.metrics import ServeMetrics
+from shoestring.serve.prometheus import ServeMetrics
 from shoestring.serve.settings import ServeSettings
 
 Loader = Callable[[Path], Engine]

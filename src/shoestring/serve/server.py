@@ -31,7 +31,7 @@ from shoestring.serve.app import create_app
 from shoestring.serve.fastpath import protocol_class
 from shoestring.inference.engine import Engine, load_engine
 from shoestring.serve import replicas
-from shoestring.serve.metrics import ServeMetrics
+from shoestring.serve.prometheus import ServeMetrics
 from shoestring.serve.routing import ModelRouter, served_from_arg
 from shoestring.serve.settings import ServeSettings
 

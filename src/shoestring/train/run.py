@@ -31,7 +31,7 @@ from shoestring.rundir import RunDir
 from shoestring.train import compile_costs, speed as speed_choices
 from shoestring.train.budget import Budget
 from shoestring.train.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from shoestring.train.metrics import MetricsLog
+from shoestring.train.metrics_log import MetricsLog
 from shoestring.train.objectives import Objective, objective_for
 from shoestring.train.optim import build_optimizers
 from shoestring.train.schedule import batch_at, lr_factor

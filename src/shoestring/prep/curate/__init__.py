@@ -7,7 +7,7 @@ used and tested on its own.
 from __future__ import annotations
 
 from shoestring.prep.curate.blocks import Block, BlockStats, Drop, Example
-from shoestring.prep.curate.pipeline import Curator
+from shoestring.prep.curate.curator import Curator
 
 __all__ = [
     "Block",

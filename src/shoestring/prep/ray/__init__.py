@@ -1,4 +1,4 @@
-"""`shoestring prep --executor ray`: the prep pipeline on a Ray cluster (see executor.py).
+"""`shoestring prep --executor ray`: the prep pipeline on a Ray cluster (see runner.py).
 
 Importing this package does not import Ray; running it needs ``pip install 'shoestring[ray]'``.
 """
@@ -13,7 +13,7 @@ __all__ = ["RayExecutor", "RayOptions", "plan_ray"]
 
 
 def _ray_executor(options: Any) -> Any:
-    from shoestring.prep.ray.executor import RayExecutor
+    from shoestring.prep.ray.runner import RayExecutor
 
     return RayExecutor(options)
 
@@ -23,7 +23,7 @@ register("ray", _ray_executor)  # prep --executor ray (prep itself names no exec
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        from shoestring.prep.ray import executor
+        from shoestring.prep.ray import runner
 
-        return getattr(executor, name)
+        return getattr(runner, name)
     raise AttributeError(name)

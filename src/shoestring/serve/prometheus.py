@@ -17,7 +17,7 @@ from collections.abc import Callable
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from shoestring.inference.stages import StageTimes
+from shoestring.inference.laps import StageTimes
 
 # No ``*_created`` series: they double the output and nothing here reads them.
 prometheus_client.disable_created_metrics()

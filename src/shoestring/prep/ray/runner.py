@@ -53,7 +53,7 @@ from shoestring.prep.curate.blocks import Block, BlockStats
 from shoestring.prep.curate.normalize import Clean
 from shoestring.prep.driver import MIN_VAL_DOCUMENTS, Driver, ReadOutput, Split
 from shoestring.prep.executor import WORK_DIR, Journal, PrepPlan, fault_point
-from shoestring.prep.ray import tasks
+from shoestring.prep.ray import remote
 from shoestring.prep.ray.session import WHERE, ray_session
 from shoestring.prep.ray.shuffle import bucket_firsts, cluster_sizes, shuffle
 from shoestring.prep.stages import NO_COUNTS, pack_record, shard_ranges, sorts, train_on_sample
@@ -69,7 +69,7 @@ class RayOptions:
     part_docs: int = 8192  # documents per part: the unit of every per-part task
     part_chars: int = 64 << 20  # ... or characters, whichever comes first
     partitions: int | None = None  # shuffle partitions; default: the cluster's CPUs
-    fault: str | None = field(default=None, repr=False)  # tests: see tasks.maybe_fail
+    fault: str | None = field(default=None, repr=False)  # tests: see remote.maybe_fail
 
 
 @dataclass
@@ -196,7 +196,7 @@ class RayStages:
             task = bar.add_task(label, total=len(items), unit="tasks")
             for row in ds.iter_rows():
                 out.append(json.loads(row["summary"]))
-                tasks.raise_user_error(out[-1])
+                remote.raise_user_error(out[-1])
                 bar.update(task, advance=1)
         self.seconds[label] = round(time.perf_counter() - t, 3)
         return out
@@ -244,12 +244,12 @@ class RayStages:
         last = stages_.pop()[1] if stages_ and stages_[-1][0] == "map" else []
         work = str(self.work)
         if "read" not in self.state:
-            if len(self.files) > tasks.MAX_SOURCES:
+            if len(self.files) > remote.MAX_SOURCES:
                 raise ShoestringError(f"{len(self.files):,} sources: the ray executor numbers "
-                                      f"at most {tasks.MAX_SOURCES:,}", where=WHERE,
+                                      f"at most {remote.MAX_SOURCES:,}", where=WHERE,
                                       fix="concatenate small files into bigger ones")
             items = [{"index": i, "source": s} for i, s in enumerate(self.files)]
-            done = self._map("read + clean + filters", items, tasks.read_source, cfg=self.cfg,
+            done = self._map("read + clean + filters", items, remote.read_source, cfg=self.cfg,
                              blocks=ray.put(first), work=work, part_docs=self.opts.part_docs,
                              part_chars=self.opts.part_chars)
             done.sort(key=lambda s: s["index"])
@@ -260,7 +260,7 @@ class RayStages:
                 "skipped": [x for s in done for x in s["skipped"]],
                 "counts": {k: sum(s["counts"][k] for s in done) for k in done[0]["counts"]}
                 if done else {},
-                "reports": tasks.merge_reports([b.report() for b in first],
+                "reports": remote.merge_reports([b.report() for b in first],
                                                 [s["reports"] for s in done]),
             })
         read = self.state["read"]
@@ -303,13 +303,13 @@ class RayStages:
         import ray
 
         items = [{"name": p["name"]} for p in parts]
-        done = self._map(label, items, tasks.apply_part, blocks=ray.put(blocks),
+        done = self._map(label, items, remote.apply_part, blocks=ray.put(blocks),
                          dropped=dropped_ref, work=str(self.work), src=src, dst=dst,
                          val_fraction=val_fraction)
         return {"rows": sum(s["rows"] for s in done), "val": sum(s["val"] for s in done),
                 "chars": sum(s["chars"] for s in done),
                 "train_chars": sum(s["chars"] - s["val_chars"] for s in done),
-                "reports": tasks.merge_reports([b.report() for b in blocks],
+                "reports": remote.merge_reports([b.report() for b in blocks],
                                                 [s["reports"] for s in done])}
 
     def _finish_read(self, read: dict, final: dict, reports: list[dict]) -> ReadOutput:
@@ -330,13 +330,13 @@ class RayStages:
         names = [p["name"] for p in parts]
         final = self.state["final"]
         if "split" in final:  # done before an interruption: the one part holds the flags
-            val = tasks.read_part(self.work / "kept" / f"{names[0]}.parquet", ["val"])["val"]
+            val = remote.read_part(self.work / "kept" / f"{names[0]}.parquet", ["val"])["val"]
             split.n = {"train": len(val) - int(val.sum()), "val": int(val.sum())}
             split.kept, split.chars, split.how = final["rows"], final["chars"], final["split"]
             split.train_chars = final["train_chars"]
             return
         split.write(Document(text, "", "") for name in names
-                    for text in tasks.read_part(self.work / "kept" / f"{name}.parquet")["text"])
+                    for text in remote.read_part(self.work / "kept" / f"{name}.parquet")["text"])
         split.close()  # writes spool-train / spool-val, removes the spool of all
         texts, val = [], []
         for name, flag in (("train", False), ("val", True)):
@@ -347,7 +347,7 @@ class RayStages:
                     val.append(flag)
             path.unlink()
         shutil.rmtree(self.work / "kept")
-        tasks.write_part(self.work / "kept" / f"{names[0]}.parquet", np.arange(len(texts)),
+        remote.write_part(self.work / "kept" / f"{names[0]}.parquet", np.arange(len(texts)),
                           texts, np.array(val, dtype=bool))
         final.update(names=[names[0]], split=split.how, train_chars=split.train_chars)
         self.journal.put("ray", self.state)
@@ -360,7 +360,7 @@ class RayStages:
 
     def train_texts(self) -> Iterator[str]:
         """The training documents, part by part (read on the driver)."""
-        return tasks.train_texts([self.work / "kept" / f"{n}.parquet" for n in self._kept_names()])
+        return remote.train_texts([self.work / "kept" / f"{n}.parquet" for n in self._kept_names()])
 
     def train_tokenizer(self, kind: str, n_train: int) -> tuple[Any, dict[str, int]]:
         import ray
@@ -368,7 +368,7 @@ class RayStages:
         paths = [self.work / "kept" / f"{n}.parquet" for n in self._kept_names()]
         train = ray.remote(train_on_sample).options(num_cpus=1, **self.retry)
         tok, sample = self._core(train.remote(
-            partial(tasks.train_texts, paths), self.cfg.tokenizer_sample_chars,
+            partial(remote.train_texts, paths), self.cfg.tokenizer_sample_chars,
             self.state["final"]["train_chars"], kind, self.cfg.family, self.cfg.vocab_size,
             self.cfg.lowercase_resolved))
         self.state["tokenizer_sample"] = sample
@@ -378,7 +378,7 @@ class RayStages:
     def encode(self, split: str, tok: Any, sep: int, dtype: np.dtype, n_docs: int,
                compress: Any) -> dict:
         items = [{"name": n, "split": split} for n in self._kept_names()]
-        done = self._map(f"tokenize {split}", items, tasks.encode_part, work=str(self.work),
+        done = self._map(f"tokenize {split}", items, remote.encode_part, work=str(self.work),
                          tokenizer=str(self.build / "tokenizer.json"), sep_id=sep,
                          dtype=dtype.str, compress=compress)
         done.sort(key=lambda s: s["name"])
@@ -400,7 +400,7 @@ class RayStages:
                  for k, (lo, hi) in enumerate(shard_ranges(n, cfg))]
         order = self._sort_order(items, enc["parts"], split, dtype, body, vocab) \
             if sorts(cfg, split) and n else None
-        done = self._map(f"pack {split}", items, tasks.pack_part, work=str(self.work),
+        done = self._map(f"pack {split}", items, remote.pack_part, work=str(self.work),
                          build=str(self.build), parts=enc["parts"], split=split, cfg=cfg,
                          ids=ids, dtype=dtype.str, order=order)
         done.sort(key=lambda s: s["bin"])
@@ -425,9 +425,9 @@ class RayStages:
             return str(path)
         common = {"work": str(self.work), "parts": parts, "split": split, "dtype": dtype.str,
                   "body": body, "vocab": vocab}
-        done = self._map("unigram counts", ranges, tasks.unigram_part, **common)
+        done = self._map("unigram counts", ranges, remote.unigram_part, **common)
         counts = sum(np.load(s["path"]) for s in done)
-        done = self._map("unigram scores", ranges, tasks.unigram_part, **common,
+        done = self._map("unigram scores", ranges, remote.unigram_part, **common,
                          logp=ray.put(unigram_logp(counts)))
         done.sort(key=lambda s: s["index"])
         scores = np.concatenate([np.load(s["path"]) for s in done])
@@ -457,7 +457,7 @@ class RayStages:
     def exact_dedup(self, block: Block, src: str, parts: list[dict], dropped_ref: Any,
                     rows: int) -> tuple[dict, np.ndarray, dict]:
         """Exact dedup: buckets of the 128-bit text key; the first row of each is kept."""
-        out = shuffle(tasks.exact_rows, self._inputs(src, parts, dropped_ref), "k1",
+        out = shuffle(remote.exact_rows, self._inputs(src, parts, dropped_ref), "k1",
                       self.partitions, bucket_firsts, reduce_returns=2, **self.retry)
         summaries = self._core([o[0] for o in out])
         dropped = np.unique(np.concatenate([s["dropped"] for s in summaries]))
@@ -472,9 +472,9 @@ class RayStages:
         seed = self.curate_cfg.minhash_seed if self.curate_cfg else 1
         args = (hasher.num_perm, hasher.ngram, seed, hasher.bands)
         verify = partial(bucket_firsts, threshold=block.threshold,  # type: ignore[attr-defined]
-                         signatures=tasks.PartSignatures(str(self.work),
+                         signatures=remote.PartSignatures(str(self.work),
                                                           [p["name"] for p in parts]))
-        out = shuffle(tasks.band_rows, self._inputs(src, parts, dropped_ref, args),
+        out = shuffle(remote.band_rows, self._inputs(src, parts, dropped_ref, args),
                       "k1", self.partitions, verify, reduce_returns=2, **self.retry)
         summaries = self._core([o[0] for o in out])
         dropped = np.unique(np.concatenate([s["dropped"] for s in summaries]))
