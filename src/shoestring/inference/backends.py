@@ -31,17 +31,35 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 
 from shoestring.errors import ShoestringError
 
-if TYPE_CHECKING:
-    from shoestring.inference.engine import Engine
-
 Forward = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
+
+
+class Engine(Protocol):
+    """What choosing a backend reads and sets on an engine (`inference.engine.Engine` is
+    one); named here so that this module needs nothing of the engine's."""
+
+    kind: str
+    model: torch.nn.Module
+    device: torch.device
+    dtype: torch.dtype
+    source: Path
+    max_length: int
+    pad_id: int
+    probe_id: int
+    vocab_size: int
+
+    def torch_forward(self) -> Forward | None: ...
+    def set_forward(self, forward: Forward) -> None: ...
+    def tokenize(self, texts: list[Any]) -> list[list[int]]: ...
+    def pad(self, seqs: list[list[int]], pad_id: int,
+            left: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]: ...
 
 BACKENDS = ("auto", "torch", "onnx", "onnx-int8")
 ONNX_BACKENDS = ("onnx", "onnx-int8")
@@ -275,7 +293,7 @@ def run_sample(engine: Engine, forwards: dict[str, Forward], sample: list[list[i
         for fwd in forwards.values():
             fwd(warm, None)
         for k, i in enumerate(range(0, len(sample), GATE_BATCH)):
-            ids, mask = engine._pad(sample[i : i + GATE_BATCH], engine.pad_id)
+            ids, mask = engine.pad(sample[i : i + GATE_BATCH], engine.pad_id)
             real = torch.ones(ids.shape, dtype=torch.bool) if mask is None else mask
             for n in names[k % len(names):] + names[: k % len(names)]:
                 t = time.perf_counter()

@@ -188,7 +188,7 @@ class Engine(abc.ABC):
                              "--truncate)", loc)
         return ids[: self.max_length - 1] + ids[-1:] if keep_last else ids[-self.max_length :]
 
-    def _pad(self, seqs: list[list[int]], pad_id: int,
+    def pad(self, seqs: list[list[int]], pad_id: int,
              left: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(B, T) ids and a (B, T) bool mask of real tokens (None when nothing is padded).
 
@@ -361,7 +361,7 @@ class EncoderEngine(Engine):
         return self.model.encode
 
     def _hidden(self, seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        ids, mask = self._pad(seqs, self.pad_id)
+        ids, mask = self.pad(seqs, self.pad_id)
         assert self._forward is not None
         return self._forward(ids, mask), mask
 
@@ -497,7 +497,7 @@ class ClassifierEngine(Engine):
     def run(self, key: tuple, payloads: list[Any]) -> list[Any]:
         laps = self._laps("classify")
         with self._context():
-            ids, mask = self._pad(payloads, self.pad_id)
+            ids, mask = self.pad(payloads, self.pad_id)
             assert self._forward is not None
             logits = self._forward(ids, mask).float()
         if laps:
@@ -555,7 +555,7 @@ class DecoderEngine(Engine):
             return [self._stream(key[1:6], *payloads[0])]
         laps = self._laps("generate")
         with self._context():
-            ids, mask = self._pad(payloads, self.pad_id, left=True)
+            ids, mask = self.pad(payloads, self.pad_id, left=True)
             out = self._generate(ids, key[1:], attention_mask=mask, pad_id=self.pad_id)
         new = out[:, ids.shape[1] :].cpu().tolist()
         if laps:
