@@ -39,7 +39,8 @@ from rich.console import Console
 
 from common import SHARED, Bench, parser
 from shoestring.config import Config, DataConfig, ModelConfig, TrainConfig
-from shoestring.prep.prep import is_validation, prep
+from shoestring.prep.driver import is_validation
+from shoestring.prep.prep import prep
 from shoestring.data.sources import iter_documents
 from shoestring.retrieval.index import RetrievalIndex, build_index
 from shoestring.retrieval.passages import split_documents

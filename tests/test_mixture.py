@@ -24,7 +24,7 @@ from conftest import SHARED_DATA, data_dir_digests, fails_cleanly, run_cli
 from shoestring.data.datadir import DataDir
 from shoestring.data.loader import BatchLoader, Cursor
 from shoestring.data.mixture import epochs_at, parse_mix
-from shoestring.prep.prep import is_validation
+from shoestring.prep.driver import is_validation
 from shoestring.data.tokenizer import SEP
 from shoestring.prep.workers import clean_texts, encode_texts
 

@@ -15,7 +15,9 @@ from conftest import data_dir_digests, run_cli, write_tie_corpus
 from shoestring.config import DataConfig
 from shoestring.data.datadir import DataDir
 from shoestring.data.loader import BatchLoader
-from shoestring.prep.prep import is_validation, prep, unigram_sort_order
+from shoestring.prep.driver import is_validation
+from shoestring.prep.packing import unigram_sort_order
+from shoestring.prep.prep import prep
 from shoestring.data.shards import read_index
 from shoestring.data.tokenizer import EOT, SEP
 from shoestring.prep.tokenizer_training import train_tokenizer

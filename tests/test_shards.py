@@ -8,7 +8,7 @@ import pytest
 
 from shoestring.data.datadir import DataDir
 from shoestring.prep.packing import StreamRows
-from shoestring.prep.prep import is_validation
+from shoestring.prep.driver import is_validation
 from shoestring.prep.stages import frame_rows
 from shoestring.data.shards import PackedSplit, token_dtype
 

@@ -61,6 +61,9 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+# The tokenizers prep trains (data.tokenizer; auto picks the family's).
+TOKENIZER_KINDS = ("wordpiece", "bpe", "unigram")
+
 # The tokenizer trains on at most this much text (characters), a uniform sample of the
 # training documents beyond it: its memory and time then stop growing with the corpus.
 TOKENIZER_SAMPLE_CHARS = 1 << 28
@@ -216,6 +219,11 @@ class DataConfig(_Section):
     def family(self) -> families.FamilySpec:
         """The spec of ``objective``, the family the data is prepared for."""
         return families.get(self.objective, "data.objective")
+
+    @property
+    def tokenizer_file(self) -> str | None:
+        """``tokenizer`` when it names a tokenizer.json to use (None: a kind to train)."""
+        return None if self.tokenizer in ("auto", *TOKENIZER_KINDS) else self.tokenizer
 
     @property
     def row_body(self) -> int:
@@ -640,6 +648,10 @@ class Config(_Section):
         option, ``--set``), not a plan's nor the defaults: what `load_config` was told."""
         return {k.split(".", 1)[1] for k, by in self._given.items()
                 if k.startswith(f"{section}.") and (file or by != "file")}
+
+    def __eq__(self, other: object) -> bool:
+        """Equal settings are equal configs, whoever gave them: `given` is not compared."""
+        return type(other) is type(self) and self.__dict__ == other.__dict__
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)

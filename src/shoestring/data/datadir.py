@@ -15,7 +15,7 @@ from tokenizers import Tokenizer
 from shoestring.config import CurateConfig, DataConfig
 from shoestring.data.shards import PackedSplit
 from shoestring.data.sources import resolve_sources
-from shoestring.data.tokenizer import KINDS, load_tokenizer
+from shoestring.data.tokenizer import load_tokenizer
 from shoestring.errors import ShoestringError
 from shoestring.fsutil import file_sha256, json_object_or_none
 
@@ -140,8 +140,8 @@ def _fingerprint(specs: list[str], files: list[str], cfg: DataConfig) -> str:
     settings = cfg.model_dump(mode="json", exclude={"workers"})
     h.update(json.dumps({"specs": specs, "cfg": settings}, sort_keys=True).encode())
     paths = list(files)
-    if cfg.tokenizer not in ("auto", *KINDS):  # a tokenizer file, not a kind to train
-        paths.append(cfg.tokenizer)
+    if cfg.tokenizer_file:
+        paths.append(cfg.tokenizer_file)
     for f in paths:
         p = Path(f)
         if p.is_file():

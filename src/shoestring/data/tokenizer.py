@@ -22,6 +22,7 @@ from typing import Any
 
 from tokenizers import Tokenizer, processors
 
+from shoestring.config import TOKENIZER_KINDS
 from shoestring.errors import ShoestringError
 from shoestring.families import MLM, FamilySpec
 from shoestring.families.spec import (  # noqa: F401  (the token names, re-exported here)
@@ -41,7 +42,7 @@ from shoestring.families.spec import MLM_SPECIAL_TOKENS as _MLM
 
 SPECIAL_TOKENS, CLM_SPECIAL_TOKENS = list(_MLM), list(_CLM)  # id order of each layout
 
-KINDS = ("wordpiece", "bpe", "unigram")
+KINDS = TOKENIZER_KINDS
 
 
 def load_for_objective(path: str | Path, family: FamilySpec) -> Tokenizer:

@@ -26,14 +26,12 @@ from typing import Any, Protocol
 import numpy as np
 
 from shoestring import __version__
-from shoestring.config import DataConfig
 from shoestring.data.datadir import FORMAT
 from shoestring.prep.executor import Journal, PrepPlan
 from shoestring.data.mixture import SourceMatcher
 from shoestring.data.shards import token_dtype
 from shoestring.data.sources import Document, ReadStats
 from shoestring.data.tokenizer import (
-    KINDS,
     load_for_objective,
     load_tokenizer,
     special_ids,
@@ -51,11 +49,6 @@ def is_validation(text: str, val_fraction: float) -> bool:
     """Deterministic split by the document's content hash (duplicates share a split)."""
     h = int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little")
     return h / 2**64 < val_fraction
-
-
-def tokenizer_path(cfg: DataConfig) -> str | None:
-    """``data.tokenizer`` when it names a file (None: a kind to train)."""
-    return None if cfg.tokenizer in ("auto", *KINDS) else cfg.tokenizer
 
 
 @dataclass(frozen=True)
@@ -208,7 +201,7 @@ class Driver:
     def _tokenizer(self) -> dict:
         cfg = self.cfg
         self.journal.restart("tokenizer")
-        path = tokenizer_path(cfg)
+        path = cfg.tokenizer_file
         if path is not None:
             tok = load_for_objective(path, cfg.family)
             source = str(Path(path).resolve())

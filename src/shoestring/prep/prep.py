@@ -33,7 +33,6 @@ stage order both share (``prep/driver.py``).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import shutil
 from collections.abc import Iterator
@@ -45,18 +44,14 @@ from rich.console import Console
 
 from shoestring.artifacts import Kind, identify
 from shoestring.config import CurateConfig, DataConfig
-from shoestring.prep.driver import is_validation, tokenizer_path
 from shoestring.prep.executor import JOURNAL, WORK_DIR, Executor, Journal, PrepPlan, get_executor
 from shoestring.data.datadir import data_fingerprint
 from shoestring.data.mixture import SourceMatcher, mixture_inputs
-from shoestring.prep.packing import unigram_sort_order
 from shoestring.data.sources import resolve_sources
 from shoestring.data.tokenizer import KINDS
 from shoestring.errors import ShoestringError
 from shoestring.fsutil import check_output_dir, output_error
 from shoestring.fsutil import recover_interrupted_swap, swap_in_dir
-
-__all__ = ["is_validation", "prep", "unigram_sort_order"]
 
 
 def build_dir(out: Path) -> Path:
@@ -100,7 +95,7 @@ def _check_settings(cfg: DataConfig, curate: CurateConfig | None) -> None:
         from shoestring.prep.curate.substring import check_installed
 
         check_installed()
-    path = tokenizer_path(cfg)
+    path = cfg.tokenizer_file
     if path is not None and not Path(path).is_file():
         raise ShoestringError(
             f"data.tokenizer is neither a kind nor an existing file: {path!r}",
