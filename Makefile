@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 # torch is pinned here (not in pyproject) so that a machine with a local CPU wheel of this
 # version uses it instead of downloading the newest CUDA build; users may override:
-#   make demo TORCH_SPEC='torch>=2.7'
+#   make demo TORCH_SPEC='torch>=2.9'
 TORCH_SPEC ?= torch==2.13.0
 
 # Every install takes the versions CI tests from constraints.txt (pip's -c: a pin applies to a
@@ -86,8 +86,11 @@ $(FLOORS_VENV)/.installed: pyproject.toml .ci/floors.py
 	$(PYTHON) -m venv $(FLOORS_VENV)
 	$(FLOORS_BIN)/pip install --quiet --upgrade pip packaging "tomli; python_version < '3.11'"
 	$(FLOORS_BIN)/python .ci/floors.py > $(FLOORS_VENV)/floors.txt
-	$(FLOORS_BIN)/pip install --quiet --extra-index-url $(FLOORS_TORCH_INDEX) \
-	  -c $(FLOORS_VENV)/floors.txt torch
+	@# an unreachable extra index costs pip minutes of retries: probe it once
+	if $(FLOORS_BIN)/python -c 'import sys, urllib.request as u; u.urlopen(sys.argv[1], timeout=10)' \
+	    $(FLOORS_TORCH_INDEX)/torch/ 2>/dev/null; then idx="--extra-index-url $(FLOORS_TORCH_INDEX)"; \
+	  else echo "note: $(FLOORS_TORCH_INDEX) unreachable: torch from PyPI (with CUDA libraries)"; idx=; fi; \
+	  $(FLOORS_BIN)/pip install --quiet $$idx -c $(FLOORS_VENV)/floors.txt torch
 	$(FLOORS_BIN)/pip install --quiet -c $(FLOORS_VENV)/floors.txt -e ".[dev]"
 	touch $@
 
