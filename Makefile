@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 # torch is pinned here (not in pyproject) so that a machine with a local CPU wheel of this
 # version uses it instead of downloading the newest CUDA build; users may override:
-#   make demo TORCH_SPEC='torch>=2.6'
+#   make demo TORCH_SPEC='torch>=2.9'
 TORCH_SPEC ?= torch==2.13.0
 
 # Every install takes the versions CI tests from constraints.txt (pip's -c: a pin applies to a
@@ -15,7 +15,7 @@ TORCH_SPEC ?= torch==2.13.0
 # which TORCH_SPEC pins): run it after adding or upgrading a dependency, then run the tests.
 CONSTRAINTS := constraints.txt
 
-.PHONY: demo test test-all install dev clean browser constraints gpu-wheels gpu-data gpu-check
+.PHONY: demo test test-all test-floors install dev clean browser constraints gpu-wheels gpu-data gpu-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -62,7 +62,41 @@ test-all: $(VENV)/.installed-dev  # also the torchrun parity, compiled and bench
 	$(BIN)/python -m pytest
 
 clean:
-	rm -rf $(VENV) runs/cram
+	rm -rf $(VENV) $(FLOORS_VENV) runs/cram
+
+# ------------------------------------------------------------------------- the floors
+# constraints.txt is one tested end (the newest, what `make test` installs); this is the other:
+# .ci/floors.py turns every `>=X` of pyproject.toml (core and dev) into `==X`, a separate venv
+# installs exactly those (torch's CPU build where that index is reachable, else PyPI's), and the
+# tests that exercise each floored package run there (docs/dependencies.md: the last result).
+# A floor that does not install or fail these tests is raised in pyproject.toml, not here.
+FLOORS_VENV := .venv-floors
+FLOORS_BIN  := $(FLOORS_VENV)/bin
+FLOORS_TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+FLOORS_TESTS := tests/test_tokenizer.py tests/test_wordpiece_cache.py tests/test_config.py \
+  tests/test_sources.py tests/test_glue.py tests/test_curate_dedup.py tests/test_report.py \
+  tests/test_serve.py tests/test_serve_transport.py tests/test_serve_fastpath.py \
+  tests/test_serve_backends.py \
+  tests/test_serve_openai.py tests/test_hf_export.py tests/test_retrieval.py \
+  tests/test_privacy_dp.py tests/test_substring_dedup.py tests/test_prep_scale.py \
+  tests/test_prep_ray.py tests/test_cli_errors.py
+
+$(FLOORS_VENV)/.installed: pyproject.toml .ci/floors.py
+	rm -rf $(FLOORS_VENV)
+	$(PYTHON) -m venv $(FLOORS_VENV)
+	$(FLOORS_BIN)/pip install --quiet --upgrade pip packaging "tomli; python_version < '3.11'"
+	$(FLOORS_BIN)/python .ci/floors.py > $(FLOORS_VENV)/floors.txt
+	@# an unreachable extra index costs pip minutes of retries: probe it once
+	if $(FLOORS_BIN)/python -c 'import sys, urllib.request as u; u.urlopen(sys.argv[1], timeout=10)' \
+	    $(FLOORS_TORCH_INDEX)/torch/ 2>/dev/null; then idx="--extra-index-url $(FLOORS_TORCH_INDEX)"; \
+	  else echo "note: $(FLOORS_TORCH_INDEX) unreachable: torch from PyPI (with CUDA libraries)"; idx=; fi; \
+	  $(FLOORS_BIN)/pip install --quiet $$idx -c $(FLOORS_VENV)/floors.txt torch
+	$(FLOORS_BIN)/pip install --quiet -c $(FLOORS_VENV)/floors.txt -e ".[dev]"
+	touch $@
+
+test-floors: $(FLOORS_VENV)/.installed
+	@$(FLOORS_BIN)/pip check
+	$(FLOORS_BIN)/python -m pytest -m "not heavy" $(FLOORS_TESTS)
 
 # ---------------------------------------------------------------------------- GPU check
 # docs/gpu.md: on a machine with a package index, `make gpu-wheels` fetches the wheels of what
@@ -70,12 +104,11 @@ clean:
 # no network) lacks; there, `make gpu-check` installs them and runs the CUDA tests and the GPU
 # benchmark. The list is the pyproject dependencies (and the dev extras the CUDA tests use)
 # minus the machine's package list (/work/.library/device/KINDS.md), each with what it needs
-# that the machine lacks too, pinned at the versions the CPU suite runs with.
+# that the machine lacks too, at the versions the CPU suite runs with (constraints.txt pins them).
 GPU_WHEELS_DIR ?= .gpu-wheels
-GPU_WHEELS := pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 \
-  typing-inspection==0.4.5 typing-extensions==4.16.0 zstandard==0.25.0 rensa==0.5.0 \
-  datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 fastapi==0.165.0 starlette==1.10.0 \
-  opentelemetry-api==1.45.2 uvicorn==0.54.0 httptools==0.9.0 opacus==1.6.0 orjson==3.13.0
+GPU_WHEELS := pydantic pydantic-core annotated-types typing-inspection typing-extensions \
+  zstandard rensa datasets dill multiprocess fastapi starlette opentelemetry-api uvicorn \
+  httptools opacus orjson
 GPU_PLATFORMS := $(foreach n,manylinux_2_28 manylinux_2_27 manylinux_2_17 manylinux2014 manylinux1,--platform $(n)_x86_64)
 GPU_SITE ?= /tmp/shoestring-gpu-site
 GPU_OUT  ?= $(if $(OUT),$(OUT),runs/gpu-check)
@@ -88,7 +121,7 @@ GPU_PLANNER_BUDGET ?= 5m
 gpu-wheels:
 	mkdir -p $(GPU_WHEELS_DIR)
 	$(PYTHON) -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
-	  --implementation cp $(GPU_PLATFORMS) -d $(GPU_WHEELS_DIR) $(GPU_WHEELS)
+	  --implementation cp $(GPU_PLATFORMS) -d $(GPU_WHEELS_DIR) -c $(CONSTRAINTS) $(GPU_WHEELS)
 	@du -sh $(GPU_WHEELS_DIR)
 
 # Here, before a GPU_PART=default check: the deterministic wiki-books slice it trains on
