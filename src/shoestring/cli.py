@@ -153,13 +153,10 @@ def eval_(run: f.TrainedRun, data: f.EvalData = None, sets: f.Set = None, glue: 
           prompt: f.EvalPrompt = None, dp_epsilon: f.EvalDpEpsilon = None,
           dp_delta: f.EvalDpDelta = None, resume: f.EvalResume = False) -> None:
     """Evaluate a run: held-out MLM loss, fine-tuning on GLUE / own tasks, or decoder evals."""
+    options = dict(locals())  # every option, by its flag's name: run_eval's own names
     from shoestring.cli_eval import run_eval
 
-    run_eval(run, data=data, sets=sets, glue=glue, tasks=tasks, task=task, protocol=protocol,
-             seeds=seeds, control=control, output=output, max_train=max_train,
-             precision=precision, text=text, choices=choices, samples=samples, prompt=prompt,
-             temperature=temperature, top_k=top_k, dp_epsilon=dp_epsilon, dp_delta=dp_delta,
-             resume=resume)
+    run_eval(**options)
 
 
 @app.command()
