@@ -180,11 +180,12 @@ def test_the_checker_sees_function_level_imports_and_cycles() -> None:
 # What cli.py may import (issue 63): the standard library and typer (click under it); from
 # shoestring, floor 0, `config` (where option text becomes objects, once) and `flags` (the
 # options' declarations), and the command bodies it dispatches to: a module named `cli_*` in
-# the package its command belongs to, or a top-level stage module whose function is the
-# whole command.
+# the package its command belongs to, a top-level stage module whose function is the whole
+# command, or (a body of a few lines) one function in the module it calls, named here.
 CLI_THIRD_PARTY = {"typer", "click"}
 CLI_BORDER = {"shoestring.config", "shoestring.flags"}
 CLI_STAGES = {"shoestring.cram", "shoestring.report"}
+CLI_BODIES = {"shoestring.privacy.audit", "shoestring.serve.server", "shoestring.model.presets"}
 
 
 def test_the_cli_imports_only_dispatch_targets() -> None:
@@ -192,7 +193,8 @@ def test_the_cli_imports_only_dispatch_targets() -> None:
 
     floor = floors()
     ours = import_graph()["shoestring.cli"]
-    wrong = sorted(m for m in ours if floor[_unit(m)] != 0 and m not in CLI_BORDER | CLI_STAGES
+    allowed = CLI_BORDER | CLI_STAGES | CLI_BODIES
+    wrong = sorted(m for m in ours if floor[_unit(m)] != 0 and m not in allowed
                    and not m.rpartition(".")[2].startswith("cli_"))
     assert not wrong, f"cli.py imports more than the border and its command bodies: {wrong}"
     tree = ast.parse((SRC / "cli.py").read_text(encoding="utf-8"))

@@ -153,22 +153,20 @@ def eval_(run: f.TrainedRun, data: f.EvalData = None, sets: f.Set = None, glue: 
           prompt: f.EvalPrompt = None, dp_epsilon: f.EvalDpEpsilon = None,
           dp_delta: f.EvalDpDelta = None, resume: f.EvalResume = False) -> None:
     """Evaluate a run: held-out MLM loss, fine-tuning on GLUE / own tasks, or decoder evals."""
+    options = dict(locals())  # every option, by its flag's name: run_eval's own names
     from shoestring.cli_eval import run_eval
 
-    run_eval(run, data=data, sets=sets, glue=glue, tasks=tasks, task=task, protocol=protocol,
-             seeds=seeds, control=control, output=output, max_train=max_train,
-             precision=precision, text=text, choices=choices, samples=samples, prompt=prompt,
-             temperature=temperature, top_k=top_k, dp_epsilon=dp_epsilon, dp_delta=dp_delta,
-             resume=resume)
+    run_eval(**options)
 
 
 @app.command()
 def audit(run: f.TrainedRun, data: f.AuditData, candidates: f.AuditCandidates = 1000,
           sequences: f.AuditSequences = 256, extract: f.AuditExtract = 64) -> None:
     """Memorization audit: canary exposure, membership inference AUC, extraction (docs/privacy.md)."""
-    from shoestring.privacy import cli_audit
+    from shoestring.privacy.audit import AuditSettings, print_audit
 
-    cli_audit.run(run, data, candidates=candidates, sequences=sequences, extract=extract)
+    print_audit(run, data, AuditSettings(candidates=candidates, sequences=sequences,
+                                         extract=extract))
 
 
 @app.command()
@@ -212,9 +210,9 @@ def serve(models: f.ServeModels, host: f.ServeHost = "127.0.0.1", port: f.ServeP
           backend: f.ServeBackend = "auto") -> None:
     """Serve trained models over HTTP with token-budget batching (docs/serving.md)."""
     options = dict(locals())  # every option, by its flag's name: the settings' own names
-    from shoestring.serve import cli_serve
+    from shoestring.serve.server import serve_command
 
-    cli_serve.run(**options)
+    serve_command(**options)
 
 
 @app.command()
@@ -302,9 +300,9 @@ def models_verify(ref: f.ModelVerifyRef = None) -> None:
 @app.command()
 def presets(vocab: f.PresetsVocab = 32768, seq_len: f.PresetsSeqLen = 512) -> None:
     """List the model presets with parameter counts and training FLOPs per token."""
-    from shoestring.model import cli_presets
+    from shoestring.model.presets import print_presets
 
-    cli_presets.run(vocab, seq_len)
+    print_presets(vocab, seq_len)
 
 
 @app.command()

@@ -28,9 +28,8 @@ from typing import Any
 import yaml
 
 from shoestring.errors import ShoestringError
-from shoestring.fsutil import building_dir, check_output_dir, json_object_or_none, unique_paths
-from shoestring.fsutil import write_bytes_atomic
-from shoestring.fsutil import write_json_atomic, write_text_atomic
+from shoestring.fsutil import (building_dir, check_output_dir, json_object_or_none, unique_paths,
+                               write_bytes_atomic, write_json_atomic, write_text_atomic)
 from shoestring.rundir import RunDir, parse_metrics, read_json_object
 
 FORMAT = "shoestring-report/1"

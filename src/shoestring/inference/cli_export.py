@@ -29,10 +29,7 @@ def run(run_dir: Path, output: Path, *, overwrite: bool, fmt: str) -> None:
                               fix="use hf or onnx")
     from shoestring.export.hub import export_run
 
-    _print(export_run(run_dir, output, overwrite=overwrite))
-
-
-def _print(path: Path) -> None:
+    path = export_run(run_dir, output, overwrite=overwrite)
     cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
     t = Table(title=f"exported {path}", show_header=False)
     t.add_row("architecture", f"{cfg['architectures'][0]} (model_type {cfg['model_type']})")

@@ -226,10 +226,13 @@ def _exposures(model: torch.nn.Module, family: Any, tokenizer: Any, planted: lis
     return scored[: len(planted)], scored[len(planted):]
 
 
-def audit_table(result: dict[str, Any]):  # -> rich.table.Table
-    """The short table `shoestring audit` prints."""
+def print_audit(run_dir: Path, data_dir: Path, settings: AuditSettings) -> None:
+    """`shoestring audit`: audit ``run_dir`` (audit.json is written) and print the short table."""
     from rich.table import Table
 
+    from shoestring.consoles import err, out
+
+    result = audit(run_dir, data_dir, settings, console=err)
     t = Table(title=f"audit of {result['run']} ({result['family']})")
     t.add_column("test")
     t.add_column("training data", justify="right")
@@ -252,4 +255,5 @@ def audit_table(result: dict[str, Any]):  # -> rich.table.Table
                   f"{e['train']['verbatim_fraction']:.1%}", f"{e['held_out']['verbatim_fraction']:.1%}")
     else:
         t.add_row("extraction", e["note"], "")
-    return t
+    out.print(t)
+    out.print(f"written: {run_dir / FILE}")

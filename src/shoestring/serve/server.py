@@ -25,6 +25,7 @@ from typing import Any
 
 import uvicorn
 
+from shoestring.consoles import err
 from shoestring.errors import ShoestringError
 from shoestring.model_repository import ModelRepository
 from shoestring.serve.app import create_app
@@ -33,7 +34,7 @@ from shoestring.inference.engine import Engine, load_engine
 from shoestring.serve import replicas
 from shoestring.serve.prometheus import ServeMetrics
 from shoestring.serve.routing import ModelRouter, served_from_arg
-from shoestring.serve.settings import ServeSettings
+from shoestring.serve.settings import ServeSettings, make_settings
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -224,6 +225,23 @@ def serve(models: str | Path | list[str], settings: ServeSettings, announce: Any
         server.run(sockets=[sock])
     finally:
         sock.close()
+
+
+def serve_command(models: list[str], *, request_timeout: float, body_timeout: float,
+                  shutdown_timeout: float, idle_timeout: float, index: Path | None,
+                  **options: Any) -> None:
+    """`shoestring serve`: its options (named as its flags; the timeouts and the index dir are
+    renamed and converted to their settings here) as `ServeSettings`, a warning when the server
+    listens beyond this machine with no key, then the server until it is stopped."""
+    settings = make_settings(
+        **options, request_timeout_s=request_timeout, body_timeout_s=body_timeout,
+        shutdown_timeout_s=shutdown_timeout, idle_timeout_s=idle_timeout,
+        index=str(index) if index else None)
+    if not settings.loopback and settings.api_key is None:
+        err.print(f"[yellow]warning:[/] listening on {options['host']} without --api-key: anyone "
+                  "who can reach this machine can use the model")
+    serve(models, settings,
+          announce=lambda msg: err.print(msg, markup=False, highlight=False, soft_wrap=True))
 
 
 def _worker_main(models: list[str], settings: ServeSettings, sock: socket.socket,
