@@ -55,7 +55,7 @@ def layout_for(model_cfg: Any, vocab: int, seq_len: int, global_batch: int, devi
     """The least-communication layout for ``model_cfg`` (a ModelConfig) whose memory, by the
     one memory model, fits one device."""
     layers, heads = model_cfg.num_layers, model_cfg.num_heads
-    # a GPU's is less its CUDA context and the allocator's fragmentation
+    # usable: 80% of a CPU machine's memory; a GPU's less its CUDA context and fragmentation
     usable = (0.8 * memory_gb if is_cpu else max(0.5, 0.92 * memory_gb - 1.0)) * GB
     nodes = max(1, devices // max(1, devices_per_node))
     options: list[tuple[int, int, int, int, str]] = []  # dp, tp, pp, zero, kind
