@@ -93,17 +93,14 @@ class CalibrationSpec:
         return f"{data['objective']}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
 
 
-def levels_for(top: float, spec: CalibrationSpec) -> list[float]:
-    """The compute levels under a top level: evenly spaced in log over ``spec.decades``."""
-    step = spec.decades / (spec.levels - 1)
-    return [float(f"{top / 10 ** (step * k):.4g}") for k in reversed(range(spec.levels))]
-
-
 def _points(data_dir: str, top: float, spec: CalibrationSpec) -> list[dict[str, Any]] | None:
     """The sweep's points under ``top``, or None when a level has fewer than ``spec.sizes``
-    sizes that train ``spec.min_steps`` steps (or the law refuses the budget)."""
+    sizes that train ``spec.min_steps`` steps (or the law refuses the budget). The levels are
+    evenly spaced in log over ``spec.decades`` up to ``top``."""
+    step = spec.decades / (spec.levels - 1)
+    levels = [float(f"{top / 10 ** (step * k):.4g}") for k in reversed(range(spec.levels))]
     try:
-        points = plan_points(data_dir, levels_for(top, spec), law=spec.law,
+        points = plan_points(data_dir, levels, law=spec.law,
                              min_sizes=spec.sizes, min_steps=spec.min_steps, floor=False,
                              branched=spec.branched)
     except ShoestringError:

@@ -29,7 +29,7 @@ import shutil
 import tempfile
 import time
 from bisect import bisect_left
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -91,22 +91,18 @@ RATE_ROWS = 16
 accumulated step's does, and a large batch would spend seconds a step on a CPU."""
 
 
-def _sets(point: dict[str, Any], overrides: list[str]) -> list[str]:
-    """The `--set`s that time ``point``'s shape: `sweep.train_point`'s, at one micro-batch
-    of at most `RATE_ROWS` rows per step."""
-    rows = min(point["batch_size"], RATE_ROWS)
-    return ([f"model.{k}={v}" for k, v in point["model"].items()]
-            + ["train.budget=null", f"train.lr={point['lr']}", "train.steps=1", *overrides,
-               f"train.batch_size={rows}", f"train.micro_batch_size={rows}"])
-
-
 def _seconds_per_flop(point: dict[str, Any], vocab: int, config: str | Path | None,
                       overrides: list[str]) -> float:
-    """The trainer's step for this point's shape and batch, timed here: seconds per FLOP."""
+    """The trainer's step for this point's shape and batch, timed here: seconds per FLOP.
+    Its `--set`s are `sweep.train_point`'s, at one micro-batch of at most `RATE_ROWS` rows
+    per step."""
     from shoestring.config import load_config
     from shoestring.train.timing import time_steps
 
-    cfg = load_config(config, _sets(point, overrides))
+    rows = min(point["batch_size"], RATE_ROWS)
+    cfg = load_config(config, [f"model.{k}={v}" for k, v in point["model"].items()]
+                      + ["train.budget=null", f"train.lr={point['lr']}", "train.steps=1",
+                         *overrides, f"train.batch_size={rows}", f"train.micro_batch_size={rows}"])
     best = max(time_steps(cfg, vocab, point["seq_len"], seconds=RATE_SECONDS,
                           warmup=WARMUP_STEPS).tokens_per_s for _ in range(2))
     return 1.0 / (best * point["flops_per_token"])

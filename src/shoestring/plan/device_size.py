@@ -138,7 +138,7 @@ def _hyper_for_model(cfg: Config, req: PlanRequest, console: Console | None) -> 
     if spec.kind == "seconds":
         from shoestring.plan.measure import measure_mfu
 
-        peak, _ = hw.peak("auto" if req.precision == "auto" else req.precision)
+        peak, _ = hw.peak(req.precision)
         mfu, source = req.mfu, "given"
         if mfu is None:
             if console:

@@ -160,8 +160,10 @@ def fit_law(
                               ratio=None if ratio is None else np.full(len(inits), ratio))
     inits = starts_fit[np.argsort(_grid_scores(starts_fit, logn, logd, logl, HUBER_DELTA))[:1]]
     best = _fit_theta(logn, logd, logl, HUBER_DELTA, inits, ratio)
-    law = _law_from_theta(best[1], name=name, source=source or f"fitted on {len(n)} points",
-                          objective=objective)
+    a, b, e, alpha, beta = best[1]
+    law = Law(E=math.exp(e), A=math.exp(a), B=math.exp(b), alpha=float(alpha),
+              beta=float(beta), params="non_embedding", name=name,
+              source=source or f"fitted on {len(n)} points", objective=objective)
     pred = np.log([law.loss(ni, di) for ni, di in zip(n, d)])
     return FitResult(law, best[0], float(np.sqrt(np.mean((pred - logl) ** 2))), len(n),
                      tuple(float(x) for x in best[1]),
@@ -262,12 +264,6 @@ def _fit_theta(logn: np.ndarray, logd: np.ndarray, logl: np.ndarray, delta: floa
             best = (float(res.fun), x)
     assert best is not None
     return best
-
-
-def _law_from_theta(theta: np.ndarray, **kw: str) -> Law:
-    a, b, e, alpha, beta = theta
-    return Law(E=math.exp(e), A=math.exp(a), B=math.exp(b), alpha=float(alpha),
-               beta=float(beta), params="non_embedding", **kw)
 
 
 def _theta_losses(thetas: np.ndarray, n: float, d: float) -> np.ndarray:
@@ -585,7 +581,14 @@ def _level_minimum(c: float, x: np.ndarray, y: np.ndarray) -> IsoFlopMinimum | N
                           (float(math.exp(lo)), float(math.exp(hi))))
 
 
-def _frontier(n: np.ndarray, l: np.ndarray, budgets: list[float | None] | None,
+def _minima(n: np.ndarray, l: np.ndarray, budgets: list[float | None],
+            groups: list[np.ndarray]) -> list[IsoFlopMinimum]:
+    """Each compute level's minimum (`_level_minimum`), in the order of ``groups``."""
+    return [m for g in groups if budgets[g[0]] is not None
+            and (m := _level_minimum(float(budgets[g[0]]), np.log(n[g]), l[g])) is not None]
+
+
+def _frontier(n: np.ndarray, l: np.ndarray, budgets: list[float | None],
               groups: list[np.ndarray], prior: float | None = None
               ) -> tuple[float, float, list[IsoFlopMinimum], str] | None:
     """(k, a, minima, source) of N_opt = k·C^a; None without a usable line.
@@ -595,15 +598,7 @@ def _frontier(n: np.ndarray, l: np.ndarray, budgets: list[float | None] | None,
     flattens or steepens the slope by as much as the sizes were misplaced. So a is fitted
     through the inside minima when there are ≥ 2 (``source`` "minima"); with exactly one,
     the line is anchored there with the ``prior`` exponent (``source`` "prior"); else None."""
-    minima = []
-    for g in groups:
-        c = budgets[g[0]] if budgets is not None else None
-        if c is None:
-            continue
-        m = _level_minimum(float(c), np.log(n[g]), l[g])
-        if m is not None:
-            minima.append(m)
-    minima.sort(key=lambda m: m.flops)
+    minima = sorted(_minima(n, l, budgets, groups), key=lambda m: m.flops)
     inside = [m for m in minima if not m.edge]
     fit = power_law([m.flops for m in inside], [m.params for m in inside])
     if fit is not None:
@@ -737,11 +732,9 @@ def isoflop_minima(points: list[dict], key_n: str = "params_non_embedding") -> l
     outside the sizes swept (or a parabola opening downward) is clamped to the nearest edge
     and marked (``edge``)."""
     budgets, n, l = _sweep(points, key_n)
-    got = _frontier(n, l, budgets, _groups(budgets, len(n)), prior_exponent()[0])
-    if got is not None:
-        return got[2]
-    return [m for g in _groups(budgets, len(n))
-            if (m := _level_minimum(budgets[g[0]], np.log(n[g]), l[g])) is not None]
+    groups = _groups(budgets, len(n))
+    got = _frontier(n, l, budgets, groups, prior_exponent()[0])
+    return got[2] if got is not None else _minima(n, l, budgets, groups)
 
 
 def isoflop_frontier(points: list[dict], key_n: str = "params_non_embedding",

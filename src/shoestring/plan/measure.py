@@ -33,5 +33,5 @@ def measure_mfu(model_cfg: ModelConfig, vocab: int, seq_len: int, micro_batch: i
                  train=TrainConfig(budget=None, steps=1, batch_size=micro,
                                    micro_batch_size=micro, precision=precision, compile=False))
     timing = time_steps(cfg, vocab, seq_len, seconds=seconds)
-    peak, _ = hw.peak("auto" if precision == "auto" else precision)
+    peak, _ = hw.peak(precision)
     return mfu(timing.tokens_per_s, timing.flops_per_token, peak)

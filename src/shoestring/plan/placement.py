@@ -50,18 +50,13 @@ class PlannedLayout:
                 "ac": "full" if self.checkpointing else "none"}
 
 
-def _usable_bytes(memory_gb: float, is_cpu: bool) -> float:
-    if is_cpu:
-        return 0.8 * memory_gb * GB
-    return max(0.5, 0.92 * memory_gb - 1.0) * GB  # CUDA context, allocator fragmentation
-
-
 def layout_for(model_cfg: Any, vocab: int, seq_len: int, global_batch: int, devices: int,
                devices_per_node: int, memory_gb: float, is_cpu: bool = False) -> PlannedLayout:
     """The least-communication layout for ``model_cfg`` (a ModelConfig) whose memory, by the
     one memory model, fits one device."""
     layers, heads = model_cfg.num_layers, model_cfg.num_heads
-    usable = _usable_bytes(memory_gb, is_cpu)
+    # usable: 80% of a CPU machine's memory; a GPU's less its CUDA context and fragmentation
+    usable = (0.8 * memory_gb if is_cpu else max(0.5, 0.92 * memory_gb - 1.0)) * GB
     nodes = max(1, devices // max(1, devices_per_node))
     options: list[tuple[int, int, int, int, str]] = []  # dp, tp, pp, zero, kind
     if devices == 1:

@@ -265,28 +265,6 @@ def flops_buying(kind: str, amount: float, family: families.FamilySpec, law: Law
     return 10 ** high
 
 
-def _train_section(flops: float, batch: int, micro: int, lr: float) -> dict[str, Any]:
-    """The plan's `train:` section: a FLOP budget (so a changed batch size keeps the compute)."""
-    section: dict[str, Any] = {"budget": f"{flops:.4g}flops", "steps": None, "batch_size": batch,
-                               "lr": lr}
-    if micro < batch:
-        section["micro_batch_size"] = micro
-    return section
-
-
-def _check_request(req: PlanRequest) -> None:
-    if req.devices < 1:
-        raise ShoestringError(
-            f"--devices must be at least 1 (got {req.devices})", where="--devices",
-            fix="pass the number of accelerators (or 1 for this machine)",
-        )
-    if req.mfu is not None and not 0 < req.mfu <= 1:
-        raise ShoestringError(
-            f"--mfu must be in (0, 1] (got {req.mfu})", where="--mfu",
-            fix="a fraction of the peak, e.g. 0.4 (typical for a well-tuned GPU run)",
-        )
-
-
 @dataclass
 class _Fit:
     """The sizing for the budget, the layout that fits it, and the MFU it assumed."""
@@ -366,8 +344,14 @@ def _notes(fit: _Fit, law: Law, objective: str, hw: Hardware, data: dict[str, An
         )
     data_out = _data_section(core, law, data, notes) if data else None
     if data_out and data.get("sources"):
-        data_out["sources"], warnings = _source_epochs(core.tokens, data["sources"])
-        notes.extend(warnings)
+        # each source's epochs at the plan's tokens, and the warnings for those repeated
+        # past `REPEAT_WARN_EPOCHS`
+        from shoestring.data.mixture import budget_report, epochs_at
+
+        epochs = epochs_at(core.tokens, data["sources"])
+        data_out["sources"] = {n: {**s, "epochs": round(epochs[n], 3)}
+                               for n, s in data["sources"].items()}
+        notes.extend(budget_report(core.tokens, data["sources"])[1])
     return notes, loss, data_out
 
 
@@ -429,23 +413,21 @@ def _data_section(core: Sizing, law: Law, data: dict[str, Any], notes: list[str]
     return out
 
 
-def _source_epochs(tokens: float, sources: dict[str, dict[str, Any]]
-                   ) -> tuple[dict[str, dict[str, Any]], list[str]]:
-    """A data mixture's sources with their epochs at the plan's tokens, and the warnings
-    for those repeated past `REPEAT_WARN_EPOCHS`."""
-    from shoestring.data.mixture import budget_report, epochs_at
-
-    epochs = epochs_at(tokens, sources)
-    _, warnings = budget_report(tokens, sources)
-    return ({n: {**s, "epochs": round(epochs[n], 3)} for n, s in sources.items()}, warnings)
-
-
 def make_plan(req: PlanRequest, console: Console | None = None,
               fitted: BootstrapFit | None = None) -> dict[str, Any]:
     """The whole plan as a YAML-ready tree (model/train/data sections + plan metadata);
     ``fitted``: plan with this law fitted on your data (calibration, history) instead of
     ``req.law``, and predict with its interval."""
-    _check_request(req)
+    if req.devices < 1:
+        raise ShoestringError(
+            f"--devices must be at least 1 (got {req.devices})", where="--devices",
+            fix="pass the number of accelerators (or 1 for this machine)",
+        )
+    if req.mfu is not None and not 0 < req.mfu <= 1:
+        raise ShoestringError(
+            f"--mfu must be in (0, 1] (got {req.mfu})", where="--mfu",
+            fix="a fraction of the peak, e.g. 0.4 (typical for a well-tuned GPU run)",
+        )
     spec = req.budget
     hw = get_hardware(req.hardware, req.precision)
     if req.measure and not hw.measured:
@@ -453,7 +435,7 @@ def make_plan(req: PlanRequest, console: Console | None = None,
             "--measure times a training burst on this machine, so it needs --hardware auto",
             where="--measure", fix="drop --measure and pass --mfu, or use --hardware auto",
         )
-    peak, dtype = hw.peak("auto" if req.precision == "auto" else req.precision)
+    peak, dtype = hw.peak(req.precision)
     law = fitted.fit.law if fitted is not None else load_law(req.law)
     boot = fitted if fitted is not None else prediction.bootstrap_from(law, req.law)
     data = data_info(req.data) if req.data else None
@@ -521,13 +503,13 @@ def make_plan(req: PlanRequest, console: Console | None = None,
         "data": data_out,
         "notes": notes,
     }
-    model_section = {"objective": objective, "hidden_size": pick.model.hidden_size,
-                     "num_layers": pick.model.num_layers, "num_heads": pick.model.num_heads,
-                     "intermediate_size": pick.model.intermediate_size}
+    micro = layout.micro_batch
     tree = {
         "plan": meta,
-        "model": model_section,
-        "train": _train_section(total_flops, batch, layout.micro_batch, core.lr),
+        "model": pick.model_section(objective),
+        # a FLOP budget, so a changed batch size keeps the compute
+        "train": {"budget": f"{total_flops:.4g}flops", "steps": None, "batch_size": batch,
+                  "lr": core.lr, **({"micro_batch_size": micro} if micro < batch else {})},
         "data": {"seq_len": seq_len, "vocab_size": core.vocab},
     }
     if (section := layout.parallel_section()) is not None:

@@ -12,13 +12,14 @@ from shoestring.plan.fit import IsoFlopMinimum
 from shoestring.plan.laws import Law
 
 
-def _plt():
+def _figure(size: tuple[float, float]):  # noqa: ANN202
+    """pyplot (headless) and a new figure of ``size`` inches with its axes."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    return plt
+    return plt, *plt.subplots(figsize=size)
 
 
 def _save(plt, fig, ax, path: Path, xlabel: str, ylabel: str, title: str,  # noqa: ANN001
@@ -45,8 +46,7 @@ def _save(plt, fig, ax, path: Path, xlabel: str, ylabel: str, title: str,  # noq
 def plot_isoflops(points: list[dict[str, Any]], minima: list[IsoFlopMinimum], law: Law | None,
                   path: Path) -> Path:
     """Validation loss against N, one curve per FLOP budget, with the parabola and its minimum."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    plt, fig, ax = _figure((6.5, 4.5))
     budgets = sorted({float(p["budget_flops"]) for p in points})
     colors = plt.cm.viridis(np.linspace(0, 0.9, max(1, len(budgets))))
     by_c = {m.flops: m for m in minima}
@@ -76,8 +76,7 @@ def plot_isoflops(points: list[dict[str, Any]], minima: list[IsoFlopMinimum], la
 def plot_frontier(minima: list[IsoFlopMinimum], law: Law, reference: list[Law],
                   flops_range: tuple[float, float], path: Path) -> Path:
     """Compute-optimal N against C: the fitted law, published laws, the IsoFLOP minima."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    plt, fig, ax = _figure((6.5, 4.5))
     cs = np.geomspace(flops_range[0] / 3, flops_range[1] * 3, 60)
     ax.plot(cs, [law.optimal(c)[0] for c in cs], "-", lw=2, label=f"{law.name} (fitted)")
     for ref in reference:
@@ -93,8 +92,7 @@ def plot_frontier(minima: list[IsoFlopMinimum], law: Law, reference: list[Law],
 
 def plot_predicted(points: list[dict[str, Any]], law: Law, path: Path) -> Path:
     """Fitted-law prediction against observed validation loss, with y = x."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(4.8, 4.5))
+    plt, fig, ax = _figure((4.8, 4.5))
     obs = np.array([p["val_loss"] for p in points], dtype=float)
     pred = np.array([law.loss(p["params_non_embedding"], p["tokens"]) for p in points])
     ax.scatter(obs, pred, c=np.log10([p["budget_flops"] for p in points]), cmap="viridis")

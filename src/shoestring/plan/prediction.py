@@ -183,22 +183,16 @@ def bootstrap_from(law: Law, path: str | Path) -> BootstrapFit | None:
         fit = FitResult(law, float(b["huber"]), float(b["rmse_log_loss"]), int(b["points"]),
                         exponent=None if exponent is None else float(exponent),
                         at_bounds=tuple(str(x) for x in b.get("at_bounds") or ()))
-        front = b.get("frontier")
+        front, bt = b.get("frontier"), b.get("backtest")  # no backtest: a file from before them
         return BootstrapFit(fit, np.array(b["thetas"], dtype=np.float64),
                             np.array(b["residuals"], dtype=np.float64), span,
                             float(b["level"]), int(b["seed"]),
                             Frontier.from_dict(front) if isinstance(front, dict) else None,
-                            _backtest_from(b.get("backtest")))
+                            {k: float(v) if k != "points" else int(v) for k, v in bt.items()}
+                            if isinstance(bt, dict) else None)
     except (KeyError, TypeError, ValueError):
         raise ShoestringError("the law file's bootstrap section is damaged", where=str(path),
                               fix="calibrate again (`shoestring plan --calibrate`)") from None
-
-
-def _backtest_from(tree: Any) -> dict[str, Any] | None:
-    """A law file's backtest (None: none, or a file from before backtests)."""
-    if not isinstance(tree, dict):
-        return None
-    return {k: float(v) if k != "points" else int(v) for k, v in tree.items()}
 
 
 # ------------------------------------------------------------------------- after the run

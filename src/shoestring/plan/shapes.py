@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import statistics
 from dataclasses import dataclass
+from typing import Any
 
 from shoestring import families
 from shoestring.config import ModelConfig
@@ -38,6 +39,12 @@ class Shape:
     def label(self) -> str:
         m = self.model
         return f"{m.num_layers}×{m.hidden_size}"
+
+    def model_section(self, objective: str) -> dict[str, Any]:
+        """The config's ``model:`` keys that build this shape (a plan's, a sweep point's)."""
+        m = self.model
+        return {"objective": objective, "hidden_size": m.hidden_size, "num_layers": m.num_layers,
+                "num_heads": m.num_heads, "intermediate_size": m.intermediate_size}
 
 
 def _preset_proportions(family: families.FamilySpec) -> tuple[float, float]:
@@ -107,12 +114,6 @@ def flops_per_token(
     return float(flops.train_flops_per_token(model, vocab_size, seq_len, head_fraction))
 
 
-def shape_of(model: ModelConfig, vocab_size: int, seq_len: int,
-             mask_rate: float = families.DEFAULT_MASK_RATE) -> Shape:
-    total, non_emb = count_params(model, vocab_size)
-    return Shape(model, total, non_emb, flops_per_token(model, vocab_size, seq_len, mask_rate))
-
-
 def candidates(
     family: families.FamilySpec,
     vocab_size: int,
@@ -134,8 +135,9 @@ def candidates(
             # quick analytic size check before building anything (12·H² per layer is close)
             if 12 * hidden * hidden * layers > 3 * max_params:
                 continue
-            shape = shape_of(make_config(family, hidden, layers, ffn), vocab_size, seq_len,
-                             mask_rate)
+            model = make_config(family, hidden, layers, ffn)
+            shape = Shape(model, *count_params(model, vocab_size),
+                          flops_per_token(model, vocab_size, seq_len, mask_rate))
             if shape.params_non_embedding <= max_params:
                 out.append(shape)
     out.sort(key=lambda s: (s.params_non_embedding, s.model.hidden_size))

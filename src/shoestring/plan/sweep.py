@@ -71,15 +71,6 @@ def parse_floats(text: str, where: str) -> list[float]:
     return out
 
 
-def point_id(flops: float, shape: Shape) -> str:
-    return f"C{flops:.3g}-{shape.model.num_layers}x{shape.model.hidden_size}".replace("+", "")
-
-
-def nearest_shape(shapes: list[Shape], target: float) -> Shape:
-    """The family member whose non-embedding parameter count is nearest ``target`` in log."""
-    return min(shapes, key=lambda s: abs(math.log(s.params_non_embedding / target)))
-
-
 def read_points(sweep_dir: str | Path) -> list[dict[str, Any]]:
     """Finished points of a sweep dir (a torn last line, from a crash mid-write, is ignored)."""
     path = Path(sweep_dir) / "points.jsonl"
@@ -97,13 +88,6 @@ def read_points(sweep_dir: str | Path) -> list[dict[str, Any]]:
     return points
 
 
-def _append_point(sweep_dir: Path, point: dict[str, Any]) -> None:
-    with open(sweep_dir / "points.jsonl", "a", encoding="utf-8") as f:
-        f.write(json.dumps(point) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
 def _steps(c: float, shape: Shape, sizing: Any) -> int:
     return max(1, int(round(c / (shape.flops_per_token * sizing.batch * sizing.seq_len))))
 
@@ -117,11 +101,11 @@ def _level_shapes(c: float, sizing: Any, factors: list[float] | tuple[float, ...
     chosen: list[tuple[float, Shape]] = []
     if not shapes:
         return chosen
-    for f in sorted(factors):
-        shape = nearest_shape(shapes, f * sizing.pick.params_non_embedding)
+    pick_n = sizing.pick.params_non_embedding
+    for f in sorted(factors):  # the shape nearest f × the pick in log N
+        shape = min(shapes, key=lambda s: abs(math.log(s.params_non_embedding / (f * pick_n))))
         if all(shape is not s for _, s in chosen):
             chosen.append((f, shape))
-    pick_n = sizing.pick.params_non_embedding
     spare = sorted((s for s in shapes if all(s is not c2 for _, c2 in chosen)),
                    key=lambda s: abs(math.log(s.params_non_embedding / pick_n)))
     for shape in spare[: max(0, min_sizes - len(chosen))]:
@@ -158,19 +142,14 @@ def plan_points(
         for f, shape in _level_shapes(c, sizing, factors, min_sizes, min_steps):
             steps = _steps(c, shape, sizing)
             tokens = steps * sizing.batch * sizing.seq_len
+            m = shape.model
             points.append({
-                "id": point_id(c, shape),
+                "id": f"C{c:.3g}-{m.num_layers}x{m.hidden_size}".replace("+", ""),
                 "budget_flops": c,
                 "factor": f,
                 "is_pick": shape is sizing.pick,
                 "shape": shape.label,
-                "model": {
-                    "objective": data["objective"],
-                    "hidden_size": shape.model.hidden_size,
-                    "num_layers": shape.model.num_layers,
-                    "num_heads": shape.model.num_heads,
-                    "intermediate_size": shape.model.intermediate_size,
-                },
+                "model": shape.model_section(data["objective"]),
                 "params": shape.params,
                 "params_non_embedding": shape.params_non_embedding,
                 "flops_per_token": shape.flops_per_token,
@@ -316,7 +295,27 @@ def train_points(
             console.print(f"[{next(counted)}/{len(points)}] {point['id']}: done already, "
                           "skipped")
     eta = _Estimate(pending, finished, console, price)
-    threads = _threads_per_job(jobs) if jobs > 1 else None
+
+    def announce(point: dict[str, Any]) -> None:
+        console.print(f"[{next(counted)}/{len(points)}] {point['id']}: "
+                      f"{point['params_non_embedding']:,} non-embedding params, {point['steps']:,} "
+                      f"steps × {point['batch_size']} × {point['seq_len']} = {point['tokens']:,} "
+                      f"tokens, {point['flops']:.3g} FLOPs")
+
+    def record(point: dict[str, Any], result: dict[str, Any]) -> None:
+        with open(sweep_dir / "points.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps({**point, **result}) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        console.print(f"    {point['id']}: validation loss {result['val_loss']:.4f} "
+                      f"({result.get('train_seconds') or 0:.0f}s)")
+        eta.finished(point)
+
+    threads = None
+    if jobs > 1:
+        import torch
+
+        threads = max(1, (os.cpu_count() or torch.get_num_threads()) // jobs)
     chains: dict[str, list[tuple[dict[str, Any], tuple]]] = {}
     for point in pending:  # a trunk's branches in order, one after another
         job = (point, str(config) if config else None,
@@ -326,9 +325,8 @@ def train_points(
     if jobs <= 1 or len(pending) <= 1:
         for chain in chains.values():
             for point, job in chain:
-                console.print(_announce(next(counted), len(points), point))
-                _finish(sweep_dir, point, train_point(*job, console=console), console)
-                eta.finished(point)
+                announce(point)
+                record(point, train_point(*job, console=console))
         return
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -357,9 +355,8 @@ def train_points(
                     for other in remaining:
                         other.cancel()
                     continue
-                console.print(_announce(next(counted), len(points), point))
-                _finish(sweep_dir, point, fut.result(), console)
-                eta.finished(point)
+                announce(point)
+                record(point, fut.result())
                 if chain and error is None:
                     nxt, entry = submit(chain)
                     futures[nxt] = entry
@@ -452,18 +449,6 @@ def _fixed_and_rate(samples: list[tuple[int, float, float]]
     return (fixed, rate) if fixed >= 0 and rate > 0 else (0.0, None)
 
 
-def _threads_per_job(jobs: int) -> int:
-    import torch
-
-    return max(1, (os.cpu_count() or torch.get_num_threads()) // jobs)
-
-
-def _announce(i: int, n: int, point: dict[str, Any]) -> str:
-    return (f"[{i}/{n}] {point['id']}: {point['params_non_embedding']:,} non-embedding "
-            f"params, {point['steps']:,} steps × {point['batch_size']} × {point['seq_len']} "
-            f"= {point['tokens']:,} tokens, {point['flops']:.3g} FLOPs")
-
-
 def train_point(point: dict[str, Any], config: str | None, overrides: list[str],
                  data_dir: str, family: families.FamilySpec, runs: str, eval_sequences: int,
                  threads: int | None, console: Console | None = None) -> dict[str, Any]:
@@ -532,13 +517,6 @@ def _train_branch(point: dict[str, Any], config: str | None, sets: list[str], da
                            f"train.warmup={warm / steps!r}",
                            f"train.decay={(steps - start) / steps!r}", "train.val_every=0"],
                   data_dir, run_dir, console, resume=True)
-
-
-def _finish(sweep_dir: Path, point: dict[str, Any], result: dict[str, Any],
-            console: Console) -> None:
-    _append_point(sweep_dir, {**point, **result})
-    console.print(f"    {point['id']}: validation loss {result['val_loss']:.4f} "
-                  f"({result.get('train_seconds') or 0:.0f}s)")
 
 
 def fit_sweep(sweep_dir: str | Path, out: str | Path | None = None,
