@@ -70,7 +70,7 @@ from shoestring.config import Config, load_config
 from shoestring.data.datadir import DataDir
 from shoestring.data.loader import BatchLoader
 from shoestring.data.masking import fixed_masks, num_masked
-from shoestring.data.tokenizer import MASK, NUM_SPECIAL
+from shoestring.families.spec import MASK, NUM_SPECIAL
 from shoestring.device import DeviceInfo, precision_name, select_device
 from shoestring.eval.mlm_loss import evaluate_run
 from shoestring.families import MLM

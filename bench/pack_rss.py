@@ -51,7 +51,7 @@ def main() -> None:
     from shoestring.config import DataConfig
     from shoestring.prep.executor import PrepPlan
     from shoestring.prep.local import LocalStages
-    from shoestring.data.tokenizer import CLS, SEP
+    from shoestring.families.spec import CLS, SEP
 
     n = int(args.tokens)
     build = work / "build"

@@ -25,7 +25,7 @@ from shoestring.data.datadir import DataDir
 from shoestring.data.loader import BatchLoader, Cursor
 from shoestring.data.mixture import epochs_at, parse_mix
 from shoestring.prep.driver import is_validation
-from shoestring.data.tokenizer import SEP
+from shoestring.families.spec import SEP
 from shoestring.prep.workers import clean_texts, encode_texts
 
 CORPUS = SHARED_DATA / "corpora" / "mixed-en.jsonl"

@@ -19,7 +19,7 @@ from shoestring.prep.driver import is_validation
 from shoestring.prep.packing import unigram_sort_order
 from shoestring.prep.prep import prep
 from shoestring.data.shards import read_index
-from shoestring.data.tokenizer import EOT, SEP
+from shoestring.families.spec import EOT, SEP
 from shoestring.prep.tokenizer_training import train_tokenizer
 from shoestring.families import CLM
 from shoestring.errors import ShoestringError

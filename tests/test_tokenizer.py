@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from shoestring.data.builtin import iter_pydocs
-from shoestring.data.tokenizer import NUM_SPECIAL, SPECIAL_TOKENS, load_tokenizer, special_ids
+from shoestring.data.tokenizer import SPECIAL_TOKENS, load_tokenizer, special_ids
+from shoestring.families.spec import NUM_SPECIAL
 from shoestring.prep.tokenizer_training import train_wordpiece
 from shoestring.errors import ShoestringError
 
@@ -68,7 +69,8 @@ def test_ids_are_in_canonical_order(texts: list[str]) -> None:
 
 # --- kinds, objectives, loading ----------------------------------------------------------
 
-from shoestring.data.tokenizer import CLM_SPECIAL_TOKENS, EOT, load_for_objective, tokenizer_kind
+from shoestring.data.tokenizer import CLM_SPECIAL_TOKENS, load_for_objective, tokenizer_kind
+from shoestring.families.spec import EOT
 from shoestring.families import CLM, MLM, FamilySpec
 
 from shoestring.prep.tokenizer_training import train_tokenizer

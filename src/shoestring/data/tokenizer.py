@@ -25,24 +25,11 @@ from tokenizers import Tokenizer, processors
 from shoestring.config import TOKENIZER_KINDS
 from shoestring.errors import ShoestringError
 from shoestring.families import MLM, FamilySpec
-from shoestring.families.spec import (  # noqa: F401  (the token names, re-exported here)
-    CLM_PAD,
-    CLM_UNK,
-    CLS,
-    EOT,
-    MASK,
-    NEEDS_UNK,
-    NUM_SPECIAL,
-    PAD,
-    SEP,
-    UNK,
-)
+from shoestring.families.spec import CLS, SEP
 from shoestring.families.spec import CLM_SPECIAL_TOKENS as _CLM
 from shoestring.families.spec import MLM_SPECIAL_TOKENS as _MLM
 
 SPECIAL_TOKENS, CLM_SPECIAL_TOKENS = list(_MLM), list(_CLM)  # id order of each layout
-
-KINDS = TOKENIZER_KINDS
 
 
 def load_for_objective(path: str | Path, family: FamilySpec) -> Tokenizer:
@@ -54,7 +41,7 @@ def load_for_objective(path: str | Path, family: FamilySpec) -> Tokenizer:
     """
     tok = load_tokenizer(path)
     kind = tokenizer_kind(tok)
-    if kind not in KINDS:
+    if kind not in TOKENIZER_KINDS:
         raise ShoestringError(
             f"unsupported tokenizer model {kind!r}", where=str(path),
             fix="use a WordPiece, BPE or Unigram tokenizer.json, or let prep train one",

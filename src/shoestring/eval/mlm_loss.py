@@ -21,7 +21,7 @@ from rich.console import Console
 from shoestring.config import EvalConfig
 from shoestring.data.datadir import DataDir
 from shoestring.data.masking import fixed_masks
-from shoestring.data.tokenizer import MASK, NUM_SPECIAL
+from shoestring.families.spec import MASK, NUM_SPECIAL
 from shoestring.device import select_device
 from shoestring.errors import ShoestringError
 from shoestring.model.losses import masked_lm_loss

@@ -25,7 +25,8 @@ from safetensors import safe_open
 
 from shoestring import __version__
 from shoestring.config import ModelConfig
-from shoestring.data.tokenizer import CLS, MASK, NUM_SPECIAL, PAD, SEP, SPECIAL_TOKENS, UNK
+from shoestring.data.tokenizer import SPECIAL_TOKENS
+from shoestring.families.spec import CLS, MASK, NUM_SPECIAL, PAD, SEP, UNK
 from shoestring.data.tokenizer import load_tokenizer, special_ids
 from shoestring.errors import ShoestringError
 from shoestring.families.mlm import MLM

@@ -48,7 +48,7 @@ from shoestring.prep.executor import JOURNAL, WORK_DIR, Executor, Journal, PrepP
 from shoestring.data.datadir import data_fingerprint
 from shoestring.data.mixture import SourceMatcher, mixture_inputs
 from shoestring.data.sources import resolve_sources
-from shoestring.data.tokenizer import KINDS
+from shoestring.config import TOKENIZER_KINDS
 from shoestring.errors import ShoestringError
 from shoestring.fsutil import check_output_dir, output_error
 from shoestring.fsutil import recover_interrupted_swap, swap_in_dir
@@ -100,7 +100,7 @@ def _check_settings(cfg: DataConfig, curate: CurateConfig | None) -> None:
         raise ShoestringError(
             f"data.tokenizer is neither a kind nor an existing file: {path!r}",
             where="data.tokenizer",
-            fix=f"use auto, {', '.join(KINDS)}, or the path of a tokenizer.json",
+            fix=f"use auto, {', '.join(TOKENIZER_KINDS)}, or the path of a tokenizer.json",
         )
     kind = cfg.family.tokenizer_kind if cfg.tokenizer == "auto" else cfg.tokenizer
     if kind == "bpe" and cfg.vocab_size < 256 + 8:

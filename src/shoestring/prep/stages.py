@@ -22,7 +22,7 @@ from shoestring.config import DataConfig
 from shoestring.data.mixture import source_ranges, source_weights
 from shoestring.data.shards import shard_intact, write_shard
 from shoestring.data.sources import Document
-from shoestring.data.tokenizer import CLS, SEP
+from shoestring.families.spec import CLS, SEP
 from shoestring.errors import ShoestringError
 from shoestring.families import FamilySpec
 from shoestring.prep.packing import doc_offsets

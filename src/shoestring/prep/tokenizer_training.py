@@ -13,7 +13,8 @@ from collections.abc import Callable, Iterable, Iterator
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from shoestring.data.tokenizer import KINDS, finish
+from shoestring.config import TOKENIZER_KINDS
+from shoestring.data.tokenizer import finish
 from shoestring.errors import ShoestringError
 from shoestring.families import MLM, FamilySpec
 
@@ -54,9 +55,10 @@ def train_tokenizer(
     WordPiece reads them twice (see `_pinned_continuations`); a one-shot iterator is kept
     in memory for that.
     """
-    if kind not in KINDS:
+    if kind not in TOKENIZER_KINDS:
         raise ShoestringError(f"unknown tokenizer kind {kind!r}", where="data.tokenizer",
-                              fix=f"use one of: auto, {', '.join(KINDS)}, or a tokenizer.json path")
+                              fix=f"use one of: auto, {', '.join(TOKENIZER_KINDS)}, or a "
+                              "tokenizer.json path")
     specials = family.special_tokens(kind)
     unk = family.unk_token
     if kind == "bpe" and vocab_size < _BYTE_ALPHABET + len(specials) + 1:

@@ -104,7 +104,7 @@ def canary_exposure(model: nn.Module, family: Any, tokenizer: Any, canary: Canar
                     advance: Callable[[int], None] = lambda n: None) -> dict[str, Any]:
     """Rank and exposure of ``canary``'s secret among ``candidates`` random ones;
     ``advance(n)`` is called as each batch of n forward passes finishes (the progress bar)."""
-    from shoestring.data.tokenizer import CLS, MASK, SEP
+    from shoestring.families.spec import CLS, MASK, SEP
 
     prefix, toks = _candidates(tokenizer, canary, candidates, seed)
     scores = np.empty(len(toks))
