@@ -18,10 +18,10 @@ from shoestring.prep.tokenizer_training import train_wordpiece
 from shoestring.errors import ShoestringError
 from shoestring.classifier import (
     SequenceClassifier,
-    encode_texts,
     load_classifier,
     predict,
     save_classifier,
+    token_ids,
 )
 from shoestring.eval.finetune import Pretrained, Protocol, TaskSettings, collate, run_task
 from shoestring.eval.finetune import length_bucketed_batches
@@ -31,6 +31,12 @@ from shoestring.model.encoder import MaskedLM
 POS = ["good", "great", "fine", "superb", "lovely"]
 NEG = ["bad", "awful", "poor", "terrible", "dull"]
 FILL = ["the", "a", "film", "movie", "plot", "was", "is", "and", "very", "quite", "really", "story", "acting", "actors", "scene", "music"]
+
+
+def encode_texts(tok, texts: list[str], pairs: list[str] | None, max_length: int):
+    """(ids, key_mask) of (pairs of) texts, padded to the longest row, as `predict` builds them."""
+    seqs = token_ids(tok, texts, pairs, max_length)
+    return collate(seqs, np.arange(len(seqs)), 0)
 
 
 def synthetic(n: int, seed: int, pair: bool = False) -> list[Example]:

@@ -40,8 +40,8 @@ ARCHITECTURE = "shoestring-classifier"
 Problem = Literal["classification", "regression"]
 Pooling = Literal["cls", "mean"]
 
-__all__ = ["ARCHITECTURE", "SequenceClassifier", "collate", "encode_texts", "load_classifier",
-           "predict", "save_classifier", "token_ids"]
+__all__ = ["ARCHITECTURE", "SequenceClassifier", "collate", "load_classifier", "predict",
+           "save_classifier", "token_ids"]
 
 
 class ClassifierHead(nn.Module):
@@ -108,12 +108,11 @@ def save_classifier(
     pair: bool = False,
     task: str | None = None,
     extra: dict[str, Any] | None = None,
-    overwrite: bool = True,
 ) -> Path:
     """Write the classifier folder atomically (complete or absent)."""
     out = Path(out)
-    owned = _is_classifier_dir(out)
-    check_output_dir(out, "classifier", owned=owned, overwrite=overwrite)
+    owned = (json_object_or_none(out / "config.json") or {}).get("architecture") == ARCHITECTURE
+    check_output_dir(out, "classifier", owned=owned, overwrite=True)
     state = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in model.state_dict().items()}
     meta = {
         "architecture": ARCHITECTURE,
@@ -132,10 +131,6 @@ def save_classifier(
         write_json_atomic(tmp / "config.json", meta)
         shutil.copyfile(tokenizer_path, tmp / "tokenizer.json")
     return out
-
-
-def _is_classifier_dir(path: Path) -> bool:
-    return (json_object_or_none(path / "config.json") or {}).get("architecture") == ARCHITECTURE
 
 
 def load_classifier(path: str | Path) -> tuple[SequenceClassifier, dict[str, Any]]:
@@ -164,19 +159,6 @@ def load_classifier(path: str | Path) -> tuple[SequenceClassifier, dict[str, Any
             fix="the folder is damaged or from another version; fine-tune again",
         ) from None
     return model.eval(), meta
-
-
-def encode_texts(
-    tokenizer: Any,
-    texts: list[str],
-    pairs: list[str] | None = None,
-    max_length: int = 128,
-    pad_id: int = 0,
-) -> tuple[Tensor, Tensor]:
-    """Tokenize (pairs of) texts with the run's `tokenizers.Tokenizer` → (ids, key_mask),
-    padded to the longest row, each truncated to ``max_length`` (longest-first for pairs)."""
-    seqs = token_ids(tokenizer, texts, pairs, max_length)
-    return collate(seqs, np.arange(len(seqs)), pad_id)
 
 
 def token_ids(tokenizer: Any, texts: list[str], pairs: list[str] | None,
@@ -216,7 +198,8 @@ def predict(
     """Predictions for serving: per text ``{"label", "score", "scores"}`` for classification
     (``scores`` maps every label to its probability), ``{"value"}`` for regression."""
     pad = meta["base"].get("special_ids", {}).get("[PAD]", 0)
-    ids, mask = encode_texts(tokenizer, texts, pairs, meta["max_length"], pad)
+    seqs = token_ids(tokenizer, texts, pairs, meta["max_length"])
+    ids, mask = collate(seqs, np.arange(len(seqs)), pad)
     logits = model(ids, mask).float()
     if meta["problem"] == "regression":
         return [{"value": float(v)} for v in logits[:, 0]]

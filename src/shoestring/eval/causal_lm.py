@@ -31,6 +31,7 @@ from rich.console import Console
 from shoestring.device import DeviceInfo, select_device
 from shoestring.errors import ShoestringError
 from shoestring.classifier import collate
+from shoestring.eval.tasks import iter_json_objects, read_utf8
 from shoestring.model.losses import causal_lm_loss
 from shoestring.progress import progress_bar
 from shoestring.rundir import RunDir
@@ -44,8 +45,6 @@ __all__ = ["evaluate_decoder", "greedy_samples", "multiple_choice", "perplexity"
 
 def read_documents(path: str | Path, text_field: str = "text") -> list[str]:
     """Documents of a .txt file (the whole file is one document) or a .jsonl file."""
-    from shoestring.eval.tasks import iter_json_objects, read_utf8
-
     path = Path(path)
     text = read_utf8(path)
     if path.suffix.lower() not in (".jsonl", ".ndjson"):
@@ -132,8 +131,6 @@ def _next_token_nll(
 
 def read_choices(path: str | Path) -> list[dict[str, Any]]:
     """Multiple-choice items from JSONL: context, choices, answer (index or choice text)."""
-    from shoestring.eval.tasks import iter_json_objects, read_utf8
-
     path = Path(path)
     items = []
     for where, obj in iter_json_objects(read_utf8(path), path):
@@ -296,12 +293,11 @@ def evaluate_decoder(
     from shoestring.data.tokenizer import load_tokenizer
     from shoestring.fsutil import write_json_atomic
     run = RunDir(run_dir)
-    run_dir = run.path
     model, meta = run.load_final()
     if not hasattr(model, "generate"):
         raise ShoestringError(
             f"decoder evals need a causal LM; this run is {meta.get('architecture')!r}",
-            where=str(run_dir),
+            where=str(run.path),
             fix="for encoder runs use --glue/--task (fine-tuning) or plain eval (MLM loss)",
         )
     console = console or Console(stderr=True)
@@ -310,7 +306,7 @@ def evaluate_decoder(
     eos_id = special.get(EOS)
     seq_len = int(meta.get("seq_len", 512))
     device = select_device(precision, measure_peak=False)
-    result: dict[str, Any] = {"run": str(run_dir), "architecture": meta.get("architecture"),
+    result: dict[str, Any] = {"run": str(run.path), "architecture": meta.get("architecture"),
                               "device": device.name, "dtype": str(device.dtype).removeprefix("torch.")}
     if text is not None:
         docs = read_documents(text)
@@ -318,7 +314,7 @@ def evaluate_decoder(
             model, tokenizer, docs, seq_len, eos_id, device, max_tokens=max_tokens, console=console)}
     else:
         result["perplexity"] = {"source": "run validation split",
-                                **_val_split_perplexity(model, run_dir, device, max_tokens, console)}
+                                **_val_split_perplexity(model, run, device, max_tokens, console)}
     if choices is not None:
         items = read_choices(choices)
         result["multiple_choice"] = {"source": str(choices), **multiple_choice(
@@ -337,12 +333,12 @@ def evaluate_decoder(
 
 @torch.no_grad()
 def _val_split_perplexity(
-    model: torch.nn.Module, run_dir: Path, device: DeviceInfo, max_tokens: int | None,
+    model: torch.nn.Module, run: RunDir, device: DeviceInfo, max_tokens: int | None,
     console: Console, batch_size: int = 8,
 ) -> dict[str, Any]:
     """Next-token loss on the packed validation windows of the run's own data dir."""
     from shoestring.data.datadir import DataDir
-    data = DataDir(RunDir(run_dir).data_dir())
+    data = DataDir(run.data_dir())
     val = data.split("val", verify=True)
     n = len(val)
     if max_tokens is not None:

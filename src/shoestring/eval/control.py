@@ -66,8 +66,7 @@ def compare_arms(pretrained: list[dict[str, Any]], scratch: list[dict[str, Any]]
              for r in pretrained if r["seed"] in by_seed]
     if not pairs:
         raise ValueError("the two arms share no seed")
-    pre = np.array([p for p, _ in pairs])
-    scr = np.array([s for _, s in pairs])
+    pre, scr = np.array(pairs).T
     diff = pre - scr
     k = len(diff)
     out: dict[str, Any] = {

@@ -90,8 +90,7 @@ def _load_tasks(
     loaded = [load_glue_task(glue, n, max_train) for n in names]  # type: ignore[arg-type]
     for spec in custom:
         data = load_custom_task(spec)
-        if max_train is not None:
-            data.train = data.train[:max_train]
+        data.train = data.train[:max_train]
         loaded.append(data)
     seen: set[str] = set()
     for d in loaded:
@@ -190,11 +189,10 @@ def evaluate_downstream(
         if d.spec.name in kept:
             results["tasks"][d.spec.name] = kept[d.spec.name]
             continue
-        first_split = next(iter(d.evals.values()))
-        how = TaskSettings(proto, list(range(seeds if seeds is not None
-                                             else seeds_for(len(first_split)))),
-                           out_dir=out / "classifiers", precision=precision,
-                           grid=SWEEP_GRID if protocol == "sweep" else None, privacy=privacy)
+        n_seeds = seeds if seeds is not None else seeds_for(len(next(iter(d.evals.values()))))
+        how = TaskSettings(proto, list(range(n_seeds)), out_dir=out / "classifiers",
+                           precision=precision, grid=SWEEP_GRID if protocol == "sweep" else None,
+                           privacy=privacy)
         res = _fine_tune_task(pretrained, d, how, control, console)
         results["tasks"][d.spec.name] = res
         results["machine"].update(device=res["device"], dtype=res["dtype"],

@@ -210,29 +210,22 @@ def finetune(
 
 
 @torch.no_grad()
-def predict_encoded(
-    model: SequenceClassifier, seqs: list[np.ndarray], problem: str, device: DeviceInfo,
-    pad_id: int, batch_size: int = 128,
-) -> np.ndarray:
-    """Predicted class indices (or regression values) for pre-tokenized sequences."""
+def evaluate_classifier(
+    model: SequenceClassifier, seqs: list[np.ndarray], labels: list, data: TaskData,
+    device: DeviceInfo, pad_id: int, batch_size: int = 128,
+) -> dict[str, float]:
+    """The task's metrics on one evaluation split (pre-tokenized sequences), plus ``score``
+    (their mean)."""
+    regression = data.spec.problem == "regression"
     model.to(device.device).eval()
     order = np.argsort([len(s) for s in seqs], kind="stable")
-    out = np.zeros(len(seqs), dtype=np.float64 if problem == "regression" else np.int64)
+    preds = np.zeros(len(seqs), dtype=np.float64 if regression else np.int64)
     for start in range(0, len(order), batch_size):
         idx = order[start : start + batch_size]
         ids, mask = collate(seqs, idx, pad_id)
         with device.autocast():
             logits = model(ids.to(device.device), mask.to(device.device)).float().cpu()
-        out[idx] = logits[:, 0].numpy() if problem == "regression" else logits.argmax(-1).numpy()
-    return out
-
-
-def evaluate_classifier(
-    model: SequenceClassifier, seqs: list[np.ndarray], labels: list, data: TaskData,
-    device: DeviceInfo, pad_id: int, batch_size: int = 128,
-) -> dict[str, float]:
-    """The task's metrics on one evaluation split, plus ``score`` (their mean)."""
-    preds = predict_encoded(model, seqs, data.spec.problem, device, pad_id, batch_size)
+        preds[idx] = logits[:, 0].numpy() if regression else logits.argmax(-1).numpy()
     scores = compute_metrics(data.spec.metrics, labels, preds)
     scores["score"] = main_score(scores, data.spec.metrics)
     return scores
@@ -281,17 +274,15 @@ class Pretrained:
 @dataclass(frozen=True)
 class TaskSettings:
     """How `run_task` fine-tunes one task: the protocol, once per seed (and per ``grid`` point
-    for a sweep); where the median seed's classifier goes (None: not saved); ``notes`` added
-    to the result; ``from_scratch`` for the control arm (eval/control.py: everything identical
-    except that the encoder's weights are drawn afresh, ``initial_encoder``); ``privacy`` to
-    fine-tune with DP-SGD."""
+    for a sweep); where the median seed's classifier goes (None: not saved); ``from_scratch``
+    for the control arm (eval/control.py: everything identical except that the encoder's
+    weights are drawn afresh, ``initial_encoder``); ``privacy`` to fine-tune with DP-SGD."""
 
     protocol: Protocol
     seeds: list[int]
     out_dir: str | Path | None = None
     precision: str = "auto"
     grid: list[dict[str, Any]] | None = None
-    notes: dict[str, Any] | None = None
     from_scratch: bool = False
     privacy: PrivateTraining | None = None
 
@@ -412,7 +403,6 @@ def _result(job: _Job, setting: Protocol, per_seed: list[dict[str, Any]], median
         "device": job.device.name,
         "dtype": str(job.device.dtype).removeprefix("torch."),
         "wall_seconds": time.perf_counter() - t_start,
-        **(job.how.notes or {}),
     }
 
 

@@ -127,7 +127,7 @@ def read_utf8(path: Path) -> str:
         ) from None
 
 
-def read_table(path: str | Path, fmt: str = "auto", quoting: str = "auto") -> list[tuple[int, list[str]]]:
+def read_table(path: Path, fmt: str) -> list[tuple[int, list[str]]]:
     """Rows of a TSV/CSV file as ``(line_number, fields)``, blank lines skipped.
 
     TSV is read without quote processing (``csv.QUOTE_NONE``): GLUE's TSVs contain unpaired
@@ -135,16 +135,12 @@ def read_table(path: str | Path, fmt: str = "auto", quoting: str = "auto") -> li
     RFC 4180 quoting. Line numbers are 1-based physical lines (a quoted CSV field may span
     several; the row's first line is reported).
     """
-    path = Path(path)
-    fmt = _format_of(path, fmt)
     text = read_utf8(path)
     if fmt == "tsv":
-        quote = csv.QUOTE_NONE if quoting in ("auto", "none") else csv.QUOTE_MINIMAL
-        reader = csv.reader(text.splitlines(), delimiter="\t", quoting=quote)
+        reader = csv.reader(text.splitlines(), delimiter="\t", quoting=csv.QUOTE_NONE)
         rows = [(i + 1, r) for i, r in enumerate(reader)]
     elif fmt == "csv":
-        lines = text.splitlines(keepends=True)
-        reader = csv.reader(lines)
+        reader = csv.reader(text.splitlines(keepends=True))
         rows = []
         try:
             for r in reader:
@@ -233,11 +229,9 @@ def parse_task_arg(arg: str) -> CustomTask:
         if not isinstance(tree, dict):
             raise ShoestringError("a task spec must be a mapping of keys to values", where=arg)
         spec = _validate(tree, arg)
-        base = p.parent
-        return spec.model_copy(update={
-            "train": str(_resolve(base, spec.train)),
-            "dev": str(_resolve(base, spec.dev)),
-        })
+        # Relative paths are relative to the YAML file (an absolute one replaces the base).
+        return spec.model_copy(update={k: str(p.parent / Path(getattr(spec, k)).expanduser())
+                                       for k in ("train", "dev")})
     tree: dict[str, Any] = {}
     for part in arg.split(","):
         if "=" not in part:
@@ -257,11 +251,6 @@ def parse_task_arg(arg: str) -> CustomTask:
         else:
             tree[key] = value if value.lower() not in ("null", "none", "") else None
     return _validate(tree, "--task")
-
-
-def _resolve(base: Path, path: str) -> Path:
-    p = Path(path).expanduser()
-    return p if p.is_absolute() else base / p
 
 
 def read_columns(
@@ -348,19 +337,15 @@ def iter_json_objects(text: str, path: Path) -> Iterator[tuple[str, dict]]:
 def _read_jsonl(task: CustomTask, path: Path) -> list[Example]:
     out = []
     for where, obj in iter_json_objects(read_utf8(path), path):
-        vals = []
-        for key in (task.text, task.text_pair, task.label):
-            if key is None:
-                vals.append(None)
-                continue
-            if str(key) not in obj:
+        keys = (task.text, task.text_pair, task.label)
+        for key in keys:
+            if key is not None and str(key) not in obj:
                 raise ShoestringError(
                     f"field {str(key)!r} missing; this record has: {', '.join(map(repr, obj))}",
                     where=where,
                     fix="fix the record or the column mapping (text=, text_pair=, label=)",
                 )
-            vals.append(obj[str(key)])
-        a, b, lab = vals
+        a, b, lab = (None if key is None else obj[str(key)] for key in keys)
         if not isinstance(a, str) or (b is not None and not isinstance(b, str)):
             raise ShoestringError("text fields must be JSON strings", where=where)
         out.append(_example(task, a, b, lab, where))
