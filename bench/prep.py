@@ -109,7 +109,7 @@ def compare_executors(corpus: Path, tmp: Path, nodes: int, node_cores: int,
     import ray
 
     from shoestring.config import CurateConfig
-    from shoestring.prep.ray import RayOptions
+    from shoestring.prep.ray.runner import RayOptions
 
     texts = texts_of(corpus)
     mb = sum(len(t.encode("utf-8")) for t in texts) / 1e6

@@ -24,7 +24,7 @@ from shoestring.errors import ShoestringError
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install '.[ray]')")
 
-from shoestring.prep.ray import RayOptions  # noqa: E402
+from shoestring.prep.ray.runner import RayOptions  # noqa: E402
 from shoestring.prep.ray.shuffle import bucket_firsts, cluster_sizes  # noqa: E402
 
 CORPUS = SHARED_DATA / "corpora" / "mixed-en.jsonl"
@@ -294,7 +294,7 @@ def test_new_blocks_plan_onto_ray_or_are_refused_by_name(monkeypatch) -> None:
     from shoestring.prep.curate import Curator
     from shoestring.prep.curate.blocks import Block, Drop
     from shoestring.prep.curate.dedup import ExactDedup
-    from shoestring.prep.ray import plan_ray
+    from shoestring.prep.ray.runner import plan_ray
 
     class Shouting(Block):
         name = "shouting"

@@ -57,7 +57,7 @@ def _ray_options(executor: str, address: str | None) -> Any:
         if address is not None:
             raise ShoestringError("--ray-address needs --executor ray", where="--ray-address")
         return None
-    from shoestring.prep.ray import RayOptions
+    from shoestring.prep.ray.runner import RayOptions
 
     return RayOptions(address=address)
 

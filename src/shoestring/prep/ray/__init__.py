@@ -9,8 +9,6 @@ from typing import Any
 
 from shoestring.prep.executor import register
 
-__all__ = ["RayExecutor", "RayOptions", "plan_ray"]
-
 
 def _ray_executor(options: Any) -> Any:
     from shoestring.prep.ray.runner import RayExecutor
@@ -19,11 +17,3 @@ def _ray_executor(options: Any) -> Any:
 
 
 register("ray", _ray_executor)  # prep --executor ray (prep itself names no executor)
-
-
-def __getattr__(name: str) -> Any:
-    if name in __all__:
-        from shoestring.prep.ray import runner
-
-        return getattr(runner, name)
-    raise AttributeError(name)
