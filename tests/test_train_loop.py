@@ -91,7 +91,6 @@ def test_resume_reproduces_the_uninterrupted_losses(pydocs_dir: Path, tmp_path: 
     whole = [(r["step"], r.get("loss"), r.get("val_loss")) for r in _records(tmp_path / "whole")]
     again = [(r["step"], r.get("loss"), r.get("val_loss")) for r in _records(cut)]
     assert again == whole  # bit-for-bit, including the periodic validations
-    from shoestring.rundir import RunDir
 
     a, _ = RunDir(tmp_path / "whole").load_final()
     b, _ = RunDir(cut).load_final()
@@ -173,7 +172,6 @@ def _write_old_format_checkpoint(run: Path, step: int) -> None:
     a positional optimizer.pt and state.json (the writer was these three calls)."""
     from safetensors.torch import save_file
 
-    from shoestring.rundir import RunDir
     from shoestring.train.checkpoint import consolidate
 
     new = latest_checkpoint(run)
