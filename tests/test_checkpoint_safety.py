@@ -14,7 +14,8 @@ import torch
 from conftest import run_cli, tiny_config
 from shoestring.data.datadir import DataDir
 from shoestring.errors import ShoestringError
-from shoestring.train.checkpoint import _dcp, incomplete_checkpoints, list_checkpoints
+from shoestring.rundir import RunDir
+from shoestring.train.checkpoint import _dcp, incomplete_checkpoints
 from shoestring.train.loop import train
 
 
@@ -33,7 +34,7 @@ def test_a_crafted_metadata_file_is_refused_on_resume_and_its_payload_never_runs
     run = tmp_path / "run"
     train(tiny_config(steps=2, checkpoint_every="1steps"), pydocs_dir, run)
     marker = tmp_path / "pwned"
-    newest = list_checkpoints(run)[-1]
+    newest = RunDir(run).checkpoints()[-1]
     (newest / ".metadata").write_bytes(pickle.dumps(_Payload(marker)))
     r = run_cli("train", "-d", str(pydocs_dir), "-o", str(run), "--resume", "--steps", "3")
     assert r.returncode == 2, r.stderr[-2000:]
@@ -80,7 +81,7 @@ def test_a_truncated_shard_or_a_bad_state_is_refused_by_name(pydocs_dir: Path,
 
     run = tmp_path / "run"
     train(tiny_config(steps=2, checkpoint_every="1steps"), pydocs_dir, run)
-    newest = list_checkpoints(run)[-1]
+    newest = RunDir(run).checkpoints()[-1]
     resume = ["train", "-d", str(pydocs_dir), "-o", str(run), "--resume", "--steps", "3"]
     state = (newest / "state.json").read_text()
     (newest / "state.json").write_text(json.dumps({"step": "NaN", "cursor": -1}))
@@ -107,7 +108,7 @@ def test_a_truncated_shard_or_a_bad_state_is_refused_by_name(pydocs_dir: Path,
     assert str(newest / "state.json") in text and "cursor.offset is 1,000,000,000" in text
     assert f"holds {sequences:,} sequences" in text and str(pydocs_dir) in text
     assert "--data set to the data dir this run trained on" in text
-    assert list_checkpoints(run)[-1] == newest  # refused before any step
+    assert RunDir(run).checkpoints()[-1] == newest  # refused before any step
     (newest / "state.json").write_text(state)
     shard = next(newest.glob("*.distcp"))
     with open(shard, "r+b") as f:
@@ -135,7 +136,7 @@ def test_an_incomplete_checkpoint_is_named_skipped_and_then_pruned(pydocs_dir: P
 
     run = tmp_path / "run"
     train(tiny_config(steps=3, checkpoint_every="1steps"), pydocs_dir, run)
-    older, newest = list_checkpoints(run)
+    older, newest = RunDir(run).checkpoints()
     (newest / ".metadata").unlink()
     copied = newest.parent / "step_00000050"  # a copy cut off: no step re-saves its name
     shutil.copytree(older, copied)
@@ -150,4 +151,4 @@ def test_an_incomplete_checkpoint_is_named_skipped_and_then_pruned(pydocs_dir: P
     assert "resuming at step 2" in text and "deleted when the run saves its next" in text
     assert json.loads((run / "summary.json").read_text())["steps"] == 4
     assert incomplete_checkpoints(run) == [] and not copied.exists()
-    assert [p.name for p in list_checkpoints(run)] == ["step_00000003", "step_00000004"]
+    assert [p.name for p in RunDir(run).checkpoints()] == ["step_00000003", "step_00000004"]

@@ -169,7 +169,7 @@ def deterministic():  # noqa: ANN201
 def test_dcp_checkpoint_resumes_bit_for_bit_on_cuda(pydocs_dir: Path, tmp_path: Path,
                                                     deterministic: None) -> None:
     from shoestring.rundir import RunDir
-    from shoestring.train.checkpoint import latest_checkpoint, list_checkpoints
+    from shoestring.train.checkpoint import latest_checkpoint
     from shoestring.train.loop import train
 
     kw = dict(steps=16, log_every=1, checkpoint_every="8steps", keep_checkpoints=5,
@@ -178,7 +178,7 @@ def test_dcp_checkpoint_resumes_bit_for_bit_on_cuda(pydocs_dir: Path, tmp_path: 
     cut = tmp_path / "cut"
     train(tiny_config(**kw), pydocs_dir, cut)
     while latest_checkpoint(cut).step > 8:  # as if it had died right after step 8
-        shutil.rmtree(list_checkpoints(cut)[-1])
+        shutil.rmtree(RunDir(cut).checkpoints()[-1])
     shutil.rmtree(cut / "final")
     summary = train(tiny_config(**kw), pydocs_dir, cut, resume=True)
     assert summary["resumed"] and summary["steps"] == 16 and summary["device"] == _gpu()

@@ -16,7 +16,6 @@ from conftest import run_cli
 from shoestring.errors import ShoestringError
 from shoestring.fsutil import WRITER_LOCK
 from shoestring.rundir import RunDir
-from shoestring.train.checkpoint import list_checkpoints
 
 TINY = ["--set", "model.hidden_size=64", "--set", "model.num_layers=2", "--set",
         "model.num_heads=2", "--set", "model.intermediate_size=128", "--set", "train.batch_size=8",
@@ -39,7 +38,7 @@ def test_a_second_writer_is_refused_and_a_killed_writers_lock_is_taken_over(
          "--budget", "100000steps", "--set", "train.checkpoint_every=2steps", *TINY],
         stdout=subprocess.DEVNULL, stderr=log)
     try:
-        _wait_for(lambda: len(list_checkpoints(run)) >= 1 or first.poll() is not None)
+        _wait_for(lambda: len(RunDir(run).checkpoints()) >= 1 or first.poll() is not None)
         assert first.poll() is None, (tmp_path / "first.log").read_text()[-2000:]
         for second in (["--resume", "--budget", "100000steps"], ["--overwrite", "--steps", "1"]):
             r = run_cli("train", "-d", str(pydocs_dir), "-o", str(run), *second, *TINY)
@@ -48,13 +47,13 @@ def test_a_second_writer_is_refused_and_a_killed_writers_lock_is_taken_over(
             text = " ".join(r.stderr.split())
             assert f"another process (pid {first.pid}) is writing this run dir" in text, text
             assert first.poll() is None  # the first writer goes on, its run dir intact
-            assert RunDir(run).is_run and list_checkpoints(run)
+            assert RunDir(run).is_run and RunDir(run).checkpoints()
     finally:
         first.send_signal(signal.SIGKILL)  # a dead writer: its lock file stays behind
         first.wait(timeout=60)
         log.close()
     assert (run / WRITER_LOCK).is_file()
-    step = int(list_checkpoints(run)[-1].name.split("_")[-1])
+    step = int(RunDir(run).checkpoints()[-1].name.split("_")[-1])
     r = run_cli("train", "-d", str(pydocs_dir), "-o", str(run), "--resume",
                 "--budget", f"{step + 1}steps", *TINY)
     assert r.returncode == 0, r.stderr[-2000:]

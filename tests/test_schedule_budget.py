@@ -3,8 +3,9 @@ from __future__ import annotations
 import pytest
 
 from shoestring.errors import ShoestringError
-from shoestring.train.budget import Budget, parse_budget
+from shoestring.train.budget import Budget
 from shoestring.train.schedule import one_cycle
+from shoestring.units import parse_budget
 
 
 def test_one_cycle_shape() -> None:
@@ -109,16 +110,12 @@ def test_batch_ramp_grows_in_micro_batches_to_the_target() -> None:
     ("2e7 tokens", "tokens", 2e7), ("500steps", "steps", 500), ("1k steps", "steps", 1000),
 ])
 def test_parse_budget_kinds(text: str, kind: str, amount: float) -> None:
-    from shoestring.train.budget import parse_budget
-
     spec = parse_budget(text)
     assert (spec.kind, spec.amount) == (kind, pytest.approx(amount))
 
 
 @pytest.mark.parametrize("text", ["100", "5x", "", "-3m", "1e3 parsecs"])
 def test_parse_budget_rejects(text: str) -> None:
-    from shoestring.train.budget import parse_budget
-
     with pytest.raises(ShoestringError, match="not a duration, FLOP, token or step count"):
         parse_budget(text)
 
@@ -137,16 +134,12 @@ def test_parse_budget_rejects(text: str) -> None:
     ("9" * 400 + "s", "more than 0s and at most 366d"),  # infinite seconds
 ])
 def test_a_budget_out_of_its_range_is_refused_with_the_range(text: str, valid: str) -> None:
-    from shoestring.train.budget import parse_budget
-
     with pytest.raises(ShoestringError) as e:
         parse_budget(text)
     assert "out of range" in e.value.what and valid in e.value.what, e.value.what
 
 
 def test_whole_amounts_at_the_edges_of_their_ranges_are_budgets() -> None:
-    from shoestring.train.budget import parse_budget
-
     assert parse_budget("1steps").amount == 1 and parse_budget("1tok").amount == 1
     assert parse_budget("1.5ktok").amount == 1500 and parse_budget("1e9flops").kind == "flops"
     assert parse_budget("0.001s").amount == pytest.approx(0.001)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli, tiny_config
-from shoestring.train.checkpoint import list_checkpoints
+from shoestring.rundir import RunDir
 from shoestring.train.loop import train
 
 TINY = ["--set", "model.hidden_size=64", "--set", "model.num_layers=2", "--set",
@@ -111,7 +111,7 @@ def test_every_run_checkpoints_every_tenth_of_its_budget_by_default(pydocs_dir: 
     cfg = tiny_config(steps=20, keep_checkpoints=20)
     assert cfg.train.checkpoint_every.text == "10%"
     train(cfg, pydocs_dir, tmp_path / "run")
-    steps = [int(p.name.removeprefix("step_")) for p in list_checkpoints(tmp_path / "run")]
+    steps = [int(p.name.removeprefix("step_")) for p in RunDir(tmp_path / "run").checkpoints()]
     assert steps == list(range(2, 21, 2))
 
 
@@ -154,9 +154,9 @@ def test_sigterm_before_the_first_log_step_shows_real_figures(pydocs_dir: Path,
                                                         "COLUMNS": "200"})
         try:
             deadline = time.monotonic() + 120
-            while not list_checkpoints(run) and time.monotonic() < deadline:
+            while not RunDir(run).checkpoints() and time.monotonic() < deadline:
                 time.sleep(0.1)
-            assert list_checkpoints(run), "no step within 120 s"
+            assert RunDir(run).checkpoints(), "no step within 120 s"
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=120) == 128 + signal.SIGTERM
         finally:
@@ -255,7 +255,7 @@ def test_sigterm_to_the_group_while_the_first_step_compiles_checkpoints(
     assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
     assert "Traceback" not in err and "CppCompileError" not in err, err[-3000:]
     assert "interrupted by SIGTERM at step 0" in err and "--resume" in err, err[-3000:]
-    assert list_checkpoints(run)
+    assert RunDir(run).checkpoints()
     r = run_cli("train", "-d", str(pydocs_dir), "-o", str(run), "--resume", "--steps", "4",
                 "--set", "train.compile=false", *TINY)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -280,7 +280,7 @@ def test_ctrl_c_while_the_last_checkpoint_is_saved_stops_cleanly_and_resumes_to_
         return
     assert rc == 130, err[-3000:]
     assert "interrupted by SIGINT at step 4" in err and "--resume" in err, err[-3000:]
-    assert list_checkpoints(run) and not (run / "final").exists()
+    assert RunDir(run).checkpoints() and not (run / "final").exists()
     r = run_cli("train", "-d", str(pydocs_dir), "-o", str(run), "--resume", "--steps", "4",
                 *TINY)
     assert r.returncode == 0, r.stderr[-2000:]

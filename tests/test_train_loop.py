@@ -16,7 +16,8 @@ import torch
 
 from conftest import run_cli, sigterm_after_records, tiny_config
 from shoestring.errors import ShoestringError
-from shoestring.train.checkpoint import list_checkpoints, latest_checkpoint
+from shoestring.rundir import RunDir
+from shoestring.train.checkpoint import latest_checkpoint
 from shoestring.train.loop import train
 
 
@@ -44,7 +45,7 @@ def test_metrics_records_and_tensorboard(pydocs_dir: Path, tmp_path: Path) -> No
     assert len(val_recs) >= 2 and val_recs[-1]["step"] == 12  # periodic + the end
     assert summary["val_loss_subset"] == val_recs[-1]["val_loss"]
     assert list((tmp_path / "run" / "tb").glob("events.out.tfevents.*"))
-    assert list_checkpoints(tmp_path / "run")  # the end-of-training checkpoint
+    assert RunDir(tmp_path / "run").checkpoints()  # the end-of-training checkpoint
 
 
 def test_token_and_flop_budgets_stop_training(pydocs_dir: Path, tmp_path: Path) -> None:
@@ -79,9 +80,9 @@ def test_resume_reproduces_the_uninterrupted_losses(pydocs_dir: Path, tmp_path: 
     train(tiny_config(**kw), pydocs_dir, tmp_path / "cut")
     # roll the second run back to its step-8 checkpoint, as if it had died right after it
     cut = tmp_path / "cut"
-    for ckpt in list_checkpoints(cut):
+    for ckpt in RunDir(cut).checkpoints():
         if latest_checkpoint(cut).step > 8:
-            shutil.rmtree(list_checkpoints(cut)[-1])
+            shutil.rmtree(RunDir(cut).checkpoints()[-1])
     assert latest_checkpoint(cut).step == 8
     shutil.rmtree(cut / "final")
     summary = train(tiny_config(**kw), pydocs_dir, cut, resume=True)
@@ -90,7 +91,6 @@ def test_resume_reproduces_the_uninterrupted_losses(pydocs_dir: Path, tmp_path: 
     whole = [(r["step"], r.get("loss"), r.get("val_loss")) for r in _records(tmp_path / "whole")]
     again = [(r["step"], r.get("loss"), r.get("val_loss")) for r in _records(cut)]
     assert again == whole  # bit-for-bit, including the periodic validations
-    from shoestring.rundir import RunDir
 
     a, _ = RunDir(tmp_path / "whole").load_final()
     b, _ = RunDir(cut).load_final()
@@ -114,7 +114,7 @@ def test_a_failed_checkpoint_write_leaves_the_previous_one(pydocs_dir: Path, tmp
     after = latest_checkpoint(run)
     assert after.step == before.step == 4
     # no half-written folder is left behind, and the kept checkpoint still loads
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [p.name for p in list_checkpoints(run)]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [p.name for p in RunDir(run).checkpoints()]
     monkeypatch.undo()
     summary = train(tiny_config(steps=6, checkpoint_every="2steps"), pydocs_dir, run, resume=True)
     assert summary["steps"] == 6 and summary["resumed"]
@@ -172,7 +172,6 @@ def _write_old_format_checkpoint(run: Path, step: int) -> None:
     a positional optimizer.pt and state.json (the writer was these three calls)."""
     from safetensors.torch import save_file
 
-    from shoestring.rundir import RunDir
     from shoestring.train.checkpoint import consolidate
 
     new = latest_checkpoint(run)

@@ -7,13 +7,14 @@ machine turns out to be (Cramming's budget-aware schedules).
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from shoestring.errors import ShoestringError
-from shoestring.units import BudgetSpec, format_duration, parse_budget
+from shoestring.units import BudgetSpec, format_duration
 
-__all__ = ["Budget", "BudgetSpec", "format_duration", "parse_budget"]
 
 @dataclass
 class Budget:
@@ -51,9 +52,14 @@ class Budget:
         self._paused = 0.0
         self.elapsed_before = elapsed_before
 
-    def pause(self) -> _Pause:
+    @contextlib.contextmanager
+    def pause(self) -> Iterator[None]:
         """``with budget.pause():`` — time inside (validation, checkpoints) is not charged."""
-        return _Pause(self)
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._paused += time.perf_counter() - start
 
     @property
     def elapsed(self) -> float:
@@ -84,14 +90,3 @@ class Budget:
         if self.steps is not None:
             parts.append(f"{self.steps} steps")
         return " or ".join(parts)
-
-
-class _Pause:
-    def __init__(self, budget: Budget) -> None:
-        self.budget = budget
-
-    def __enter__(self) -> None:
-        self._t = time.perf_counter()
-
-    def __exit__(self, *exc: object) -> None:
-        self.budget._paused += time.perf_counter() - self._t

@@ -174,14 +174,12 @@ def _local_optim(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
     return getattr(opt, "optim", opt)
 
 
-def _state_dicts(parts: list[nn.Module], optims: list[torch.optim.Optimizer]
-                 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    model: dict[str, Any] = {}
-    optim: dict[str, Any] = {}
-    for part, opt in zip(parts, optims):
-        model.update(get_model_state_dict(part))
-        optim.update(get_optimizer_state_dict(part, _local_optim(opt), options=_OPTS))
-    return model, optim
+def _state_dicts(parallel: Parallelism) -> dict[str, dict[str, Any]]:
+    sd: dict[str, dict[str, Any]] = {"model": {}, "optim": {}}
+    for part, opt in zip(parallel.parts, parallel.optimizers):
+        sd["model"].update(get_model_state_dict(part))
+        sd["optim"].update(get_optimizer_state_dict(part, _local_optim(opt), options=_OPTS))
+    return sd
 
 
 def _dcp(fn, state: dict[str, Any], path: Path, no_dist: bool) -> None:  # noqa: ANN001
@@ -225,15 +223,14 @@ def save_checkpoint(run_dir: Path, parallel: Parallelism, state: dict[str, Any],
             shutil.rmtree(build)
         build.mkdir(parents=True)
     parallel.barrier()
-    model, optim = _state_dicts(parallel.parts, parallel.optimizers)
-    sd = {"model": split_fused(model, parallel.fused), "optim": split_fused(optim, parallel.fused)}
+    sd = {k: split_fused(v, parallel.fused) for k, v in _state_dicts(parallel).items()}
     try:
         _dcp(dcp.save, sd, build, no_dist=not parallel.distributed)
         parallel.barrier()
         if parallel.is_main:
             write_json_atomic(build / STATE, {"format": FORMAT, **state})
             swap_in_dir(build, path)
-            for old in list_checkpoints(run_dir)[:-keep] + incomplete_checkpoints(run_dir):
+            for old in RunDir(run_dir).checkpoints()[:-keep] + incomplete_checkpoints(run_dir):
                 shutil.rmtree(old, ignore_errors=True)
     except (OSError, RuntimeError, CheckpointException) as e:  # a full disk (torch.save's
         refused = output_error(e, where=path)  # zip writer wraps it): name the checkpoint
@@ -250,14 +247,12 @@ def save_checkpoint(run_dir: Path, parallel: Parallelism, state: dict[str, Any],
 def load_checkpoint(ckpt: Checkpoint, parallel: Parallelism) -> None:
     """Load a checkpoint of any layout into this layout's parts and optimizers (resharding
     as needed)."""
-    parts, optims, fused = parallel.parts, parallel.optimizers, parallel.fused
     try:
-        model_like, optim_like = _state_dicts(parts, optims)
-        sd = {"model": split_fused(model_like, fused), "optim": split_fused(optim_like, fused)}
+        like = _state_dicts(parallel)
+        sd = {k: split_fused(v, parallel.fused) for k, v in like.items()}
         _dcp(dcp.load, sd, ckpt.path, no_dist=not parallel.distributed)
-        model_sd = merge_fused(sd["model"], model_like, fused)
-        optim_sd = merge_fused(sd["optim"], optim_like, fused)
-        for part, opt in zip(parts, optims):
+        model_sd, optim_sd = (merge_fused(sd[k], like[k], parallel.fused) for k in like)
+        for part, opt in zip(parallel.parts, parallel.optimizers):
             set_model_state_dict(part, model_sd, options=StateDictOptions(strict=False))
             set_optimizer_state_dict(part, _local_optim(opt), optim_sd, options=_OPTS)
     except (OSError, RuntimeError, ValueError, KeyError) as e:
@@ -286,11 +281,6 @@ def consolidate(path: str | Path, model: nn.Module) -> nn.Module:
 # --------------------------------------------------------------------------- listing
 
 
-def list_checkpoints(run_dir: Path) -> list[Path]:
-    """Complete checkpoints, oldest first (temporary build folders are hidden and skipped)."""
-    return RunDir(run_dir).checkpoints()
-
-
 def incomplete_checkpoints(run_dir: Path) -> list[Path]:
     """``step_N`` folders without DCP's ``.metadata`` or ``state.json`` (cut off while they
     were saved or copied: this module's own saves appear complete or not at all), oldest
@@ -298,7 +288,7 @@ def incomplete_checkpoints(run_dir: Path) -> list[Path]:
     root = RunDir(run_dir).checkpoints_dir
     if not root.is_dir():
         return []
-    skip = set(list_checkpoints(run_dir)) | set(legacy_checkpoints(Path(run_dir)))
+    skip = set(RunDir(run_dir).checkpoints()) | set(legacy_checkpoints(Path(run_dir)))
     return sorted(p for p in root.iterdir() if p.is_dir()
                   and p.name.startswith(CHECKPOINT_PREFIX) and p not in skip)
 
@@ -311,19 +301,10 @@ def incomplete_note(path: Path) -> str:
             "one, and this folder is deleted when the run saves its next checkpoint")
 
 
-def read_state(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads((path / STATE).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise ShoestringError(f"checkpoint state is unreadable ({e})", where=str(path),
-                              fix="delete this checkpoint folder to resume from the one before"
-                              ) from None
-
-
 def latest_checkpoint(run_dir: Path) -> Checkpoint | None:
     """The newest complete checkpoint; a run dir holding only checkpoints of the format
     before this one is refused with the command that converts it."""
-    ckpts = list_checkpoints(run_dir)
+    ckpts = RunDir(run_dir).checkpoints()
     if not ckpts:
         if legacy_checkpoints(Path(run_dir)):
             raise ShoestringError(
@@ -333,7 +314,12 @@ def latest_checkpoint(run_dir: Path) -> Checkpoint | None:
                 fix=f"convert them once with: python -m shoestring.train.checkpoint "
                 f"upgrade {run_dir}  (then --resume works on any layout)")
         return None
-    return Checkpoint(ckpts[-1], read_state(ckpts[-1]))
+    try:
+        return Checkpoint(ckpts[-1], json.loads((ckpts[-1] / STATE).read_text(encoding="utf-8")))
+    except (OSError, ValueError) as e:
+        raise ShoestringError(f"checkpoint state is unreadable ({e})", where=str(ckpts[-1]),
+                              fix="delete this checkpoint folder to resume from the one before"
+                              ) from None
 
 
 # --------------------------------------------------------------------------- older formats
@@ -364,6 +350,7 @@ def upgrade_run(run_dir: str | Path) -> list[Path]:
 
     from shoestring.dist.layout import Layout
     from shoestring.dist.parallelism import Parallelism
+    from shoestring.dist.parallelize import fused_params
     from shoestring.model import build_model
     from shoestring.train.optim import build_optimizer
 
@@ -384,9 +371,8 @@ def upgrade_run(run_dir: str | Path) -> list[Path]:
                      "metrics_lines": len(RunDir(run_dir).read_metrics()),
                      "layout": t.get("layout"), "world_size": t.get("world_size")}
             dst = RunDir(run_dir).checkpoints_dir / f"{CHECKPOINT_PREFIX}{t['step']:08d}"
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copytree(src, dst.parent / f".{dst.name}.partial")
             build = dst.parent / f".{dst.name}.partial"
+            shutil.copytree(src, build)  # and the checkpoints folder, if it is not there
             (build / "trainer.json").unlink()
             write_json_atomic(build / STATE, state)
             swap_in_dir(build, dst)
@@ -399,8 +385,6 @@ def upgrade_run(run_dir: str | Path) -> list[Path]:
             opt.load_state_dict(torch.load(src / "optimizer.pt", weights_only=True))
             state = json.loads((src / STATE).read_text(encoding="utf-8"))
             parallel = Parallelism(layout=Layout(), device=torch.device("cpu"))
-            from shoestring.dist.parallelize import fused_params
-
             parallel.parts, parallel.optimizers = [model], [opt]
             parallel.fused = fused_params(model)
             tmp = run_dir / ".upgrade"

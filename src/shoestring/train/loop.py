@@ -27,7 +27,6 @@ from shoestring import families
 from shoestring.config import Config
 from shoestring.data.datadir import DataDir
 from shoestring.data.shards import PackedSplit
-from shoestring.data.loader import Cursor
 from shoestring.data.mixture import budget_report, manifest_sources
 from shoestring.dist.layout import Layout, config_of, layout_from_config
 from shoestring.dist.memory import check_fits
@@ -78,9 +77,8 @@ class _Bar:
 
     def update(self, fields: dict) -> None:
         self.progress.update(self.task, **fields)
-        now = time.monotonic()
-        if self.plain and (now - self.last >= PLAIN_LINE_SECONDS or fields["completed"] >= 1):
-            self.last = now
+        if self.due() or (self.plain and fields["completed"] >= 1):
+            self.last = time.monotonic()
             self.console.print(
                 f"training {fields['completed']:.1%} of {self.budget} · loss {fields['loss']} · "
                 f"{fields['tps']:,.0f} tok/s · MFU {fields['mfu']:.1%} · left {fields['left']}",
@@ -127,16 +125,15 @@ def _check_data(cfg: Config, data: DataDir) -> None:
 FRACTION_CAP_SECONDS = 1800.0  # a fractional checkpoint interval is at most 30 minutes
 
 
-def _checkpoint_due(interval: BudgetSpec, step: int, progress: float, elapsed: float,
-                    last_progress: float, last_elapsed: float) -> bool:
+def _checkpoint_due(interval: BudgetSpec, s: TrainState, progress: float) -> bool:
     """``interval``: ``train.checkpoint_every``, parsed (units.parse_interval)."""
     kind, every = interval.kind, interval.amount
     if kind == "steps":
-        return step % int(every) == 0
+        return s.step % int(every) == 0
     if kind == "seconds":
-        return elapsed - last_elapsed >= every
-    return (progress - last_progress >= every - 1e-9
-            or elapsed - last_elapsed >= FRACTION_CAP_SECONDS)
+        return s.elapsed - s.last_ckpt_time >= every
+    return (progress - s.last_ckpt_progress >= every - 1e-9
+            or s.elapsed - s.last_ckpt_time >= FRACTION_CAP_SECONDS)
 
 
 def train(
@@ -240,8 +237,7 @@ def _mixture_report(r: Run, cfg: Config, data: DataDir, console: Console) -> lis
 
 def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
            parallel: Parallelism, console: Console, ckpt: Checkpoint | None,
-           spare_bytes: int | None, deadline: float | None = None,
-           started: float | None = None) -> dict:
+           spare_bytes: int | None, deadline: float | None, started: float) -> dict:
     """The loop (see `train`); ``parallel`` holds everything that depends on the layout;
     ``started``: when `train` was called (the setup until the clock starts is timed)."""
     tc = cfg.train
@@ -257,14 +253,13 @@ def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
             if note:
                 console.print(f"[yellow]warning:[/] {note}", highlight=False)
         console.print(_off_the_clock(r, s), highlight=False)
-    few_said = r.budget.seconds is not None  # a wall-clock budget's steps: once measured
-    if not few_said:
-        few_said = _say_few_steps(r, s, console)
+    # a wall-clock budget's steps: once measured
+    few_said = r.budget.seconds is not None or _say_few_steps(r, s, console)
     parallel.train_mode(True)
     if deadline is not None and r.budget.seconds is not None:
         r.budget.seconds = min(r.budget.seconds, max(deadline - time.perf_counter(), 1e-3))
     r.budget.restart(elapsed_before=s.elapsed)
-    r.setup_seconds = time.perf_counter() - started if started is not None else 0.0
+    r.setup_seconds = time.perf_counter() - started
     # A run stopped while finishing (`_finish`) resumes to its finish, not one step past it.
     spent = ckpt is not None and r.budget.progress(s.step, s.tokens, elapsed=s.elapsed) >= 1.0
     step_time, ran = 0.0, 0
@@ -279,7 +274,16 @@ def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
                 except Exception:
                     if not caught or parallel.world > 1:
                         raise
-                    _lost_step(r, s, caught[0], *before)
+                    # A signal to the process group can kill a child the step needs (the
+                    # first compiled step's `g++`, which inductor then reports as a compile
+                    # error): the signal, not the step, is what the user did. The step did not
+                    # happen — its batches and masks go back — and the run stops as at any
+                    # other signal, with a checkpoint of the last finished step.
+                    parallel.zero_grad()
+                    r.gen.set_state(before[1])
+                    r.checkpoint(s, cursor=before[0])
+                    r.close_metrics()
+                    raise TrainingInterrupted(int(caught[0]), r.last_ckpt, s.step)
                 now, signum = parallel.agree([r.budget.elapsed,
                                               float(caught[0] if caught else 0)])
                 step_time, s.elapsed = now - s.elapsed, now
@@ -292,18 +296,16 @@ def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
                 ran += 1
                 if not few_said and (ran >= 2 or done):  # the first step warms up
                     few_said = _say_few_steps(r, s, console, step_time)
-                if (s.step % tc.log_every == 0 or done) and r.window.steps:
+                if logged := (s.step % tc.log_every == 0 or done) and r.window.steps > 0:
                     r.log(r.window.record(s, p, lr, bsz))
-                    bar.update(r.window.bar(s, p))
-                elif bar.due():
+                if logged or bar.due():
                     bar.update(r.window.bar(s, p))
                 if r.val_batch is not None and p >= s.next_val and not done:
                     r.validate(s, p)
                     while s.next_val <= p:
                         s.next_val += tc.val_every
-                if tc.checkpoint_every is not None and not done and _checkpoint_due(
-                        tc.checkpoint_every, s.step, p, s.elapsed, s.last_ckpt_progress,
-                        s.last_ckpt_time):
+                if (tc.checkpoint_every is not None and not done
+                        and _checkpoint_due(tc.checkpoint_every, s, p)):
                     r.checkpoint(s)
                 if signum:  # the bar shows where it stopped, before the first log step too
                     bar.update(r.window.bar(s, p))
@@ -315,16 +317,6 @@ def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
     finally:
         r.loader.close()
     return _finish(r, s, console)
-
-
-def _write_final(r: Run, final_ckpt: Path) -> None:
-    """``final/`` from the last checkpoint (rank 0)."""
-    cfg, data = r.cfg, r.data
-    if r.parallel.is_main:
-        final = consolidate(final_ckpt, build_model(cfg.model, data.vocab_size))
-        r.run.save_final(final, model_meta(cfg, data.vocab_size, data.seq_len,
-                                           data.special_ids), data.tokenizer_path)
-        r.run.clear_evaluations()  # they scored the final/ this one replaces
 
 
 def _off_the_clock(r: Run, s: TrainState) -> str:
@@ -374,19 +366,6 @@ def _say_few_steps(r: Run, s: TrainState, console: Console,
     return True
 
 
-def _lost_step(r: Run, s: TrainState, signum: int, cursor: Cursor,
-               rng: torch.Tensor) -> None:
-    """A signal to the process group can kill a child the step needs (the first compiled
-    step's `g++`, which inductor then reports as a compile error): the signal, not the step,
-    is what the user did. The step did not happen — its batches and masks go back — and the
-    run stops as at any other signal, with a checkpoint of the last finished step."""
-    r.parallel.zero_grad()
-    r.gen.set_state(rng)
-    r.checkpoint(s, cursor=cursor)
-    r.close_metrics()
-    raise TrainingInterrupted(int(signum), r.last_ckpt, s.step)
-
-
 def _finish(r: Run, s: TrainState, console: Console) -> dict:
     """After the clock stops: the final checkpoint and validation, ``final/`` (rank 0) and
     the summary (also summary.json)."""
@@ -408,7 +387,11 @@ def _finish(r: Run, s: TrainState, console: Console) -> dict:
         if signum:
             r.close_metrics()
             raise TrainingInterrupted(int(signum), r.last_ckpt, s.step)
-        _write_final(r, final_ckpt)
+        if parallel.is_main:  # final/ from the last checkpoint
+            final = consolidate(final_ckpt, build_model(cfg.model, data.vocab_size))
+            r.run.save_final(final, model_meta(cfg, data.vocab_size, data.seq_len,
+                                               data.special_ids), data.tokenizer_path)
+            r.run.clear_evaluations()  # they scored the final/ this one replaces
         save_seconds = time.perf_counter() - save_start
         r.close_metrics()
         summary = run_summary(r, s, train_seconds, save_seconds, val_loss)

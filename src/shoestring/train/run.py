@@ -178,7 +178,12 @@ def build_step(cfg: Config, vocab: int, seq_len: int, special_ids: dict[str, int
     objective, the budget and the speed choices: `build_run` and `timing.time_steps` share
     it, so the timing probe runs the very step `train` runs."""
     tc = cfg.train
-    dev = _select_device(tc, parallel)
+    # this rank's device at the precision every rank agrees on (rank 0's choice under
+    # ``auto``), with its own measured peak
+    dev = select_device(tc.precision)
+    (wanted,) = parallel.broadcast([float(dev.dtype == torch.bfloat16)])
+    if tc.precision == "auto" and (wanted == 1.0) != (dev.dtype == torch.bfloat16):
+        dev = select_device("bf16" if wanted == 1.0 else "fp32")
     peaks = parallel.gather(dev.peak_flops)
     torch.manual_seed(tc.seed)
     model = build_model(cfg.model, vocab)
@@ -225,12 +230,12 @@ def build_run(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Pat
     s, cursor = TrainState(next_val=tc.val_every), Cursor()
     if ckpt is not None:
         load_checkpoint(ckpt, parallel)
-        elapsed = ckpt.state["elapsed"]
-        s, cursor = resume_state(ckpt.state, b.budget.progress(
-            ckpt.state["step"], ckpt.state["tokens"], elapsed=elapsed), b.gen, b.scaler,
-            str(ckpt.path / "state.json"))
+        progress = b.budget.progress(ckpt.state["step"], ckpt.state["tokens"],
+                                     elapsed=ckpt.state["elapsed"])
+        s, cursor = resume_state(ckpt.state, progress, b.gen, b.scaler,
+                                 str(ckpt.path / "state.json"))
         finished = (json_object_or_none(run.summary_path) or {}).get("steps") == s.step
-        if b.budget.progress(s.step, s.tokens, elapsed=elapsed) >= 1.0 and finished:
+        if progress >= 1.0 and finished:
             raise ShoestringError(
                 f"nothing to resume: the checkpoint at step {s.step} has used the whole "
                 f"budget ({b.budget.describe()})", where=str(ckpt.path),
@@ -323,16 +328,6 @@ def _val_batch(data: DataDir, cfg: Config, objective: Objective) -> tuple[torch.
     n = min(len(val), cfg.train.val_sequences)
     ids = torch.from_numpy(val.take(np.linspace(0, len(val) - 1, n).round().astype(np.int64)))
     return objective.validation_batch(ids, 0, cfg.eval)
-
-
-def _select_device(tc, parallel: Parallelism) -> DeviceInfo:  # noqa: ANN001
-    """This rank's device at the precision every rank agrees on (rank 0's choice under
-    ``auto``), with its own measured peak."""
-    dev = select_device(tc.precision)
-    (wanted,) = parallel.broadcast([float(dev.dtype == torch.bfloat16)])
-    if tc.precision == "auto" and (wanted == 1.0) != (dev.dtype == torch.bfloat16):
-        dev = select_device("bf16" if wanted == 1.0 else "fp32")
-    return dev
 
 
 def _speed_choices(cfg: Config, parallel: Parallelism, dev: DeviceInfo, micro: int,

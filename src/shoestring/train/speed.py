@@ -27,8 +27,9 @@ import torch.nn.functional as F
 
 from shoestring.device import ASSUMED_MFU
 from shoestring.model.layers import eager_attention
-from shoestring.train.budget import Budget, format_duration
+from shoestring.train.budget import Budget
 from shoestring.train.compile_costs import ASSUMED, CompileCost
+from shoestring.units import format_duration
 
 MIN_GAIN = 0.10
 """``auto`` compiles when the whole run is expected to end this much sooner (10%): the compile

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -14,7 +13,7 @@ import torch
 from shoestring.config import Config
 from shoestring.dist.layout import layout_from_config
 from shoestring.dist.parallelism import Parallelism
-from shoestring.train.run import Step, build_step, train_step
+from shoestring.train.run import build_step, train_step
 from shoestring.train.schedule import lr_factor
 from shoestring.train.state import TrainState
 
@@ -34,8 +33,7 @@ class StepTiming:
 
 
 def time_steps(cfg: Config, vocab: int, seq_len: int, *, seconds: float = 3.0,
-               warmup: int = 2, min_steps: int = 3,
-               special_ids: dict[str, int] | None = None) -> StepTiming:
+               warmup: int = 2, min_steps: int = 3) -> StepTiming:
     """Time `train_step` — the step `train` runs, built by the same `build_step` (device and
     precision choice, model, layout, optimizers, attention kernel, compile choice, loss
     scaler) — for ``cfg`` in this process, on random token ids held in memory (a step's speed
@@ -47,32 +45,27 @@ def time_steps(cfg: Config, vocab: int, seq_len: int, *, seconds: float = 3.0,
     parallel = Parallelism.start(cfg, layout, vocab)
     try:
         with torch.random.fork_rng(devices=[]):
-            step = build_step(cfg, vocab, seq_len, special_ids or {}, parallel)
-            rows = itertools.cycle([torch.randint(8, vocab, (step.quantum, seq_len),
-                                                  generator=step.gen) for _ in range(2)])
-            return _time(step, rows, seconds, warmup, min_steps)
+            r = build_step(cfg, vocab, seq_len, {}, parallel)
+            rows = itertools.cycle([torch.randint(8, vocab, (r.quantum, seq_len),
+                                                  generator=r.gen) for _ in range(2)])
+            # ``warmup`` untimed steps, then steps until ``min_steps`` and ``seconds`` are both
+            # reached, at the whole batch and the schedule's first learning rate; the device
+            # is synchronized before the clock starts and before it stops
+            tc, s = r.cfg.train, TrainState()
+            bsz, lr = tc.batch_size, tc.lr * lr_factor(tc, 0.0)
+            r.parallel.train_mode(True)
+            sync = torch.cuda.synchronize if r.dev.device.type == "cuda" else (lambda: None)
+            for _ in range(warmup):
+                train_step(r, rows, s, bsz, lr)
+            sync()
+            start, steps, tokens = time.perf_counter(), 0, s.tokens
+            while steps < min_steps or time.perf_counter() - start < seconds:
+                train_step(r, rows, s, bsz, lr)
+                steps += 1
+            sync()
+            elapsed = time.perf_counter() - start
+            tps = (s.tokens - tokens) / elapsed  # a skipped (non-finite) step trains no tokens
+            return StepTiming(steps, elapsed, tps, r.flops_per_token, r.dev.peak_flops,
+                              r.window.mfu(tps), r.micro, r.speed.describe())
     finally:
         parallel.close()
-
-
-def _time(r: Step, rows: Iterator[torch.Tensor], seconds: float, warmup: int,
-          min_steps: int) -> StepTiming:
-    """Run ``warmup`` untimed steps, then steps until ``min_steps`` and ``seconds`` are both
-    reached, at the whole batch and the schedule's first learning rate; the device is
-    synchronized before the clock starts and before it stops."""
-    tc, s = r.cfg.train, TrainState()
-    bsz, lr = tc.batch_size, tc.lr * lr_factor(tc, 0.0)
-    r.parallel.train_mode(True)
-    sync = torch.cuda.synchronize if r.dev.device.type == "cuda" else (lambda: None)
-    for _ in range(warmup):
-        train_step(r, rows, s, bsz, lr)
-    sync()
-    start, steps, tokens = time.perf_counter(), 0, s.tokens
-    while steps < min_steps or time.perf_counter() - start < seconds:
-        train_step(r, rows, s, bsz, lr)
-        steps += 1
-    sync()
-    elapsed = time.perf_counter() - start
-    tps = (s.tokens - tokens) / elapsed  # a skipped (non-finite) step trains no tokens
-    return StepTiming(steps, elapsed, tps, r.flops_per_token, r.dev.peak_flops,
-                      r.window.mfu(tps), r.micro, r.speed.describe())

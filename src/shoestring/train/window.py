@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shoestring.model.flops import mfu
-from shoestring.train.budget import format_duration
 from shoestring.train.state import TrainState
+from shoestring.units import format_duration
+
+_ZERO_SUMS = {"tokens": 0, "loss": 0.0, "steps": 0, "wait": 0.0, "gnorm": 0.0}
 
 
 @dataclass
@@ -24,14 +26,10 @@ class Window:
     datasheet_peak: float | None  # FLOP/s of the job by the datasheet, when the card is known
     world_size: int | None = None  # recorded in each line of a distributed run
     start: float = 0.0  # budget clock at the window's start
-    sums: dict[str, float] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.reset(self.start)
+    sums: dict[str, float] = field(default_factory=_ZERO_SUMS.copy)
 
     def reset(self, start: float) -> None:
-        self.start = start
-        self.sums = {"tokens": 0, "loss": 0.0, "steps": 0, "wait": 0.0, "gnorm": 0.0}
+        self.start, self.sums = start, _ZERO_SUMS.copy()
 
     @property
     def steps(self) -> int:
