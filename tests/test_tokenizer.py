@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from shoestring.data.builtin import iter_pydocs
-from shoestring.data.tokenizer import SPECIAL_TOKENS, load_tokenizer, special_ids
-from shoestring.families.spec import NUM_SPECIAL
+from shoestring.data.tokenizer import load_tokenizer, special_ids
+from shoestring.families.spec import MLM_SPECIAL_TOKENS, NUM_SPECIAL
 from shoestring.prep.tokenizer_training import train_wordpiece
 from shoestring.errors import ShoestringError
 
@@ -19,7 +19,7 @@ def texts() -> list[str]:
 def test_wordpiece_learns_vocab_with_specials_first(texts: list[str]) -> None:
     tok = train_wordpiece(texts, vocab_size=1000)
     assert 500 < tok.get_vocab_size() <= 1000
-    assert special_ids(tok) == {t: i for i, t in enumerate(SPECIAL_TOKENS)}
+    assert special_ids(tok) == {t: i for i, t in enumerate(MLM_SPECIAL_TOKENS)}
     enc = tok.encode("Return the number of items in a container.")
     assert enc.tokens[0] == "[CLS]" and enc.tokens[-1] == "[SEP]"
     assert "[UNK]" not in enc.tokens
@@ -63,13 +63,14 @@ def test_ids_are_in_canonical_order(texts: list[str]) -> None:
     """The trainer numbers tokens in hash-map order; we renumber: specials, then sorted."""
     vocab = train_wordpiece(texts, vocab_size=800).get_vocab()
     by_id = sorted(vocab, key=vocab.get)
-    assert by_id[:NUM_SPECIAL] == SPECIAL_TOKENS
+    assert by_id[:NUM_SPECIAL] == list(MLM_SPECIAL_TOKENS)
     assert by_id[NUM_SPECIAL:] == sorted(by_id[NUM_SPECIAL:])
 
 
 # --- kinds, objectives, loading ----------------------------------------------------------
 
-from shoestring.data.tokenizer import CLM_SPECIAL_TOKENS, load_for_objective, tokenizer_kind
+from shoestring.data.tokenizer import load_for_objective, tokenizer_kind
+from shoestring.families.spec import CLM_SPECIAL_TOKENS
 from shoestring.families.spec import EOT
 from shoestring.families import CLM, MLM, FamilySpec
 
@@ -88,11 +89,11 @@ def test_every_kind_gets_the_objective_layout(short_texts: list[str], kind: str,
     assert tokenizer_kind(tok) == kind
     ids = special_ids(tok, family)
     if family is MLM:
-        assert ids == {t: i for i, t in enumerate(SPECIAL_TOKENS)}
+        assert ids == {t: i for i, t in enumerate(MLM_SPECIAL_TOKENS)}
         assert tok.encode("Return it.").tokens[0] == "[CLS]"
     else:
         assert ids[EOT] == 0 and ids["<|pad|>"] == 1
-        assert list(ids)[:2] == CLM_SPECIAL_TOKENS
+        assert list(ids)[:2] == list(CLM_SPECIAL_TOKENS)
         assert tok.encode("Return it.").ids == tok.encode("Return it.", add_special_tokens=False).ids
     sample = "Return the number of items in a container."
     enc = tok.encode(sample, add_special_tokens=False)
@@ -140,7 +141,7 @@ def test_loading_a_foreign_tokenizer_lays_specials_out(short_texts: list[str], t
     assert tok.encode(sample).tokens == foreign.encode(sample).tokens  # same segmentation
     assert tok.decode(tok.encode(sample).ids) == sample
     mlm = load_for_objective(path, MLM)
-    assert special_ids(mlm) == {t: i for i, t in enumerate(SPECIAL_TOKENS)}
+    assert special_ids(mlm) == {t: i for i, t in enumerate(MLM_SPECIAL_TOKENS)}
     assert mlm.encode("hi").tokens[0] == "[CLS]"
 
 

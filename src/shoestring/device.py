@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 import torch
 
 from shoestring.datasheets import from_device_name
+from shoestring.fsutil import shoestring_home
 
 ASSUMED_MFU = 0.3
 """The fraction of the measured peak a run is assumed to reach before it is measured: what
@@ -64,7 +64,7 @@ def measure_matmul_flops(device_type: str, dtype: torch.dtype, seconds: float = 
 
 def peaks_path() -> Path:
     """Where the best measured CPU peaks are kept."""
-    return Path(os.environ.get("SHOESTRING_HOME") or "~/.shoestring").expanduser() / "peaks.json"
+    return shoestring_home() / "peaks.json"
 
 
 def _best_recorded(key: str, probe: float) -> float:

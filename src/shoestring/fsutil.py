@@ -37,6 +37,12 @@ _FS_REFUSALS = {
 }
 
 
+def shoestring_home() -> Path:
+    """``$SHOESTRING_HOME`` (``~/.shoestring`` when unset): the measured peaks, compile costs,
+    model repository and ONNX caches of this machine, kept across runs."""
+    return Path(os.environ.get("SHOESTRING_HOME") or "~/.shoestring").expanduser()
+
+
 def output_error(exc: BaseException, where: str | Path | None = None) -> ShoestringError | None:
     """The ShoestringError for a filesystem that refused a write (full, read-only, not
     permitted), when ``exc`` is one or wraps one (its cause or context, or a failure of

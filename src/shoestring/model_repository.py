@@ -42,7 +42,7 @@ from typing import Any
 
 from shoestring.artifacts import Kind, identify
 from shoestring.errors import ShoestringError
-from shoestring.fsutil import json_object_or_none, write_json_atomic
+from shoestring.fsutil import json_object_or_none, shoestring_home, write_json_atomic
 from shoestring.rundir import RunDir
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
@@ -52,8 +52,7 @@ LATEST = "latest"  # an implicit tag: the highest version
 
 def default_root() -> Path:
     """``$SHOESTRING_HOME/models`` (``~/.shoestring/models`` when the variable is unset)."""
-    home = os.environ.get("SHOESTRING_HOME") or "~/.shoestring"
-    return Path(home).expanduser() / "models"
+    return shoestring_home() / "models"
 
 
 @dataclass(frozen=True)

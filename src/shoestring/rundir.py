@@ -205,13 +205,9 @@ class RunDir:
             shutil.copyfile(tokenizer_path, tmp / "tokenizer.json")
         return self.final_dir
 
-    def read_final_meta(self) -> dict[str, Any] | None:
-        """``final/config.json`` (None when absent or damaged: ``load_final`` reports why)."""
-        return json_object_or_none(self.final_dir / "config.json")
-
     def family(self) -> families.FamilySpec | None:
         """The model family of the final model (None when there is none to read)."""
-        meta = self.read_final_meta() or {}
+        meta = json_object_or_none(self.final_dir / "config.json") or {}  # damaged: none
         try:
             return families.by_architecture(meta.get("architecture"))
         except ShoestringError:

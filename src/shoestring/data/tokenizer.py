@@ -26,10 +26,6 @@ from shoestring.config import TOKENIZER_KINDS
 from shoestring.errors import ShoestringError
 from shoestring.families import MLM, FamilySpec
 from shoestring.families.spec import CLS, SEP
-from shoestring.families.spec import CLM_SPECIAL_TOKENS as _CLM
-from shoestring.families.spec import MLM_SPECIAL_TOKENS as _MLM
-
-SPECIAL_TOKENS, CLM_SPECIAL_TOKENS = list(_MLM), list(_CLM)  # id order of each layout
 
 
 def load_for_objective(path: str | Path, family: FamilySpec) -> Tokenizer:

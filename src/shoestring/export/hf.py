@@ -25,8 +25,7 @@ from safetensors import safe_open
 
 from shoestring import __version__
 from shoestring.config import ModelConfig
-from shoestring.data.tokenizer import SPECIAL_TOKENS
-from shoestring.families.spec import CLS, MASK, NUM_SPECIAL, PAD, SEP, UNK
+from shoestring.families.spec import CLS, MASK, MLM_SPECIAL_TOKENS, NUM_SPECIAL, PAD, SEP, UNK
 from shoestring.data.tokenizer import load_tokenizer, special_ids
 from shoestring.errors import ShoestringError
 from shoestring.families.mlm import MLM
@@ -298,7 +297,7 @@ _REQUIRED: list[tuple[str, Any, Any, str]] = [
     ("rope_scaling", None, None, "shoestring uses plain RoPE"),
 ]
 _DEFAULT_GLOBAL_THETA = 160_000.0  # ModernBertConfig's default for full-attention layers
-_OUR_SPECIAL_IDS = dict(zip(SPECIAL_TOKENS, range(NUM_SPECIAL)))
+_OUR_SPECIAL_IDS = dict(zip(MLM_SPECIAL_TOKENS, range(NUM_SPECIAL)))
 _SPECIAL_FIELDS = {"pad_token_id": "[PAD]", "cls_token_id": "[CLS]", "sep_token_id": "[SEP]",
                    "mask_token_id": "[MASK]"}
 

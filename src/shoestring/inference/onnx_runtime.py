@@ -50,7 +50,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from shoestring.fsutil import write_bytes_atomic, write_json_atomic
+from shoestring.fsutil import shoestring_home, write_bytes_atomic, write_json_atomic
 
 OPSET = 17
 EXPORT_VERSION = 2  # bump when what is exported changes: it is part of the cache key
@@ -116,10 +116,6 @@ def cache_key(model_dir: Path, kind: str, max_length: int) -> str:
     return h.hexdigest()[:16]
 
 
-def _home() -> Path:
-    return Path(os.environ.get("SHOESTRING_HOME") or "~/.shoestring").expanduser()
-
-
 def cache_folder(folder: Path, key: str) -> tuple[Path, str | None]:
     """``<folder>/onnx/<key>`` (``folder``: a run dir, beside its final/, or the model's
     folder), or under ``$SHOESTRING_HOME/onnx/`` when it cannot be written (a read-only mount)
@@ -127,7 +123,7 @@ def cache_folder(folder: Path, key: str) -> tuple[Path, str | None]:
     value says why it moved (None: beside)."""
     beside = folder / "onnx"
     where = hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:12]
-    home = _home() / "onnx" / f"{folder.name}-{where}" / key
+    home = shoestring_home() / "onnx" / f"{folder.name}-{where}" / key
     if folder.name == "model" and (folder.parent / "manifest.json").is_file():
         return home, f"{folder} is a model repository version (immutable): the ONNX cache is at {home}"
     try:

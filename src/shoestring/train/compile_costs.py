@@ -16,13 +16,12 @@ damaged or hand-edited file costs a run its records, never the run.
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from shoestring.fsutil import json_cache, json_object_or_none
+from shoestring.fsutil import json_cache, json_object_or_none, shoestring_home
 
 
 @dataclass(frozen=True)
@@ -51,7 +50,7 @@ MIN_STEADY_SECONDS = 1.0
 
 
 def records_path() -> Path:
-    return Path(os.environ.get("SHOESTRING_HOME") or "~/.shoestring").expanduser() / "compile.json"
+    return shoestring_home() / "compile.json"
 
 
 def shape_key(device: str, dtype: str, shape: str) -> str:
