@@ -228,10 +228,6 @@ def eval_loss(run: RunData) -> float | None:
     return float(ppl["loss"]) if isinstance(ppl, dict) and _number(ppl.get("loss")) else None
 
 
-def _config_batch(run: RunData) -> Any:
-    return ((run.config or {}).get("train") or {}).get("batch_size")
-
-
 def make_plots(runs: list[RunData]) -> dict[str, tuple[str, bytes]]:
     """File name → (caption, PNG bytes); plots with nothing to draw are left out."""
     plots = {
@@ -246,7 +242,8 @@ def make_plots(runs: list[RunData]) -> dict[str, tuple[str, bytes]]:
                    _schedule_plot(runs, "lr", "learning rate", "learning rate")),
         "batch_size.png": ("Batch-size schedule (sequences per optimizer step)",
                            _schedule_plot(runs, "batch_size", "sequences / step", "batch size",
-                                          default=_config_batch)),
+                                          default=lambda run: ((run.config or {}).get("train")
+                                                               or {}).get("batch_size"))),
         "throughput.png": ("Throughput (tokens/s) over the run",
                            _schedule_plot(runs, "tokens_per_s", "tokens / s", "throughput")),
         "grad_norm.png": ("Gradient norm (before clipping)",
