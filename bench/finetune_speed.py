@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from common import SHARED, Bench, add_repeats, parser
 from peers import peer_versions
 from shoestring.config import ModelConfig
-from shoestring.data.tokenizer import SPECIAL_TOKENS
+from shoestring.families.spec import MLM_SPECIAL_TOKENS
 from shoestring.prep.tokenizer_training import train_wordpiece
 from shoestring.classifier import SequenceClassifier
 from shoestring.eval.finetune import collate, encode_examples, length_bucketed_batches
@@ -139,7 +139,7 @@ def hf_classifier(cfg: ModelConfig, vocab: int):
 
     from shoestring.export.hf import hf_config
 
-    ids = {t: i for i, t in enumerate(SPECIAL_TOKENS)}
+    ids = {t: i for i, t in enumerate(MLM_SPECIAL_TOKENS)}
     conf = ModernBertConfig.from_dict({**hf_config(cfg, vocab, 128, ids), "num_labels": 2})
     return ModernBertForSequenceClassification(conf)
 

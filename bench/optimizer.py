@@ -34,7 +34,7 @@ from common import ROOT, Bench, add_repeats, load_average, parser
 from shoestring.config import TrainConfig, load_config
 from shoestring.eval.mlm_loss import evaluate_run
 from shoestring.fsutil import write_json_atomic
-from shoestring.train import loop
+from shoestring.train import loop, optim
 from shoestring.train.optim import build_optimizer, param_groups
 
 console = Console(stderr=True)
@@ -125,11 +125,11 @@ def main() -> None:
                                      f"train.seed={seed}", *args.sets])
             run_dir = args.work / f"{name}-seed{seed}"
             load = (load_average() or [None])[0]
-            loop.build_optimizer = builder
+            optim.build_optimizer = builder  # build_optimizers looks it up per call
             try:
                 summary = loop.train(cfg, args.data, run_dir, overwrite=True, console=console)
             finally:
-                loop.build_optimizer = build_optimizer
+                optim.build_optimizer = build_optimizer
             ev = evaluate_run(run_dir, args.data, console=console,
                               overrides=[f"eval.max_sequences={args.eval_sequences}"])
             runs.append({"optimizer": name, "seed": seed, "load_before": load,

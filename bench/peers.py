@@ -27,9 +27,9 @@ def peer_versions() -> dict[str, str]:
 
 def special_ids() -> dict[str, int]:
     """Our WordPiece special tokens' ids (the packed data's order)."""
-    from shoestring.data.tokenizer import SPECIAL_TOKENS
+    from shoestring.families.spec import MLM_SPECIAL_TOKENS
 
-    return {t: i for i, t in enumerate(SPECIAL_TOKENS)}
+    return {t: i for i, t in enumerate(MLM_SPECIAL_TOKENS)}
 
 
 def hf_modernbert(cfg: ModelConfig, vocab: int, seq_len: int, sparse: bool = True,
