@@ -15,8 +15,9 @@ from shoestring.config import Config
 from shoestring.consoles import err, out
 from shoestring.device import load_cost
 from shoestring.errors import ShoestringError
-from shoestring.plan.prediction import line, record
+from shoestring.plan.prediction import from_plan, line, record
 from shoestring.rundir import RunDir, read_json_object
+from shoestring.train.forecast import POINTS, outcome_line
 
 
 def resumed_config(output: Path, config: Path | None, plan: Path | None) -> Path:
@@ -61,6 +62,9 @@ def run(cfg: Config, data: Path, output: Path, *, plan: Path | None, resume: boo
     if resume:
         kept = (read_json_object(RunDir(output).summary_path) or {}).get("prediction")
     cfg, sizing = for_this_device(cfg, data, console=err)  # a GPU, no size given: its own
+    if rank0 and (pred := from_plan(plan) if plan is not None else kept):
+        err.print(f"the plan's prediction: {line(pred)}; the run's own forecast follows at "
+                  + ", ".join(f"{p:.0%}" for p in POINTS) + " of the budget", highlight=False)
     summary = train(cfg, data, output, overwrite=overwrite, console=err, resume=resume)
     if rank0:
         summary["sized_for_device"] = note_in_summary(output, sizing)
@@ -88,6 +92,8 @@ def _print(summary: dict, output: Path) -> None:
     t.add_row("compile", f"{'on' if summary['compiled'] else 'off'}: {summary['speed_choices']}")
     if busy := load_cost(summary.get("cpu_load")):
         t.add_row("machine load", busy)
+    if found := outcome_line(summary.get("forecast")):
+        t.add_row("forecast (final loss)", found)
     if summary.get("prediction"):
         t.add_row("plan's prediction", line(summary["prediction"])
                   + f"; check it: shoestring eval {output}")

@@ -23,6 +23,7 @@ from shoestring.prep.prep import prep
 from shoestring.device import load_cost
 from shoestring.errors import ShoestringError
 from shoestring.eval.mlm_loss import evaluate_run
+from shoestring.train.forecast import outcome_line
 from shoestring.train.loop import train
 
 
@@ -58,6 +59,8 @@ class CramResult:
                   f"accuracy {e['accuracy']:.1%})")
         t.add_row("unigram baseline", f"{e['unigram_loss']:.3f} "
                   f"(the model is {e['unigram_loss'] - e['mlm_loss']:.2f} nats/token better)")
+        if found := outcome_line(s.get("forecast")):
+            t.add_row("the run's forecast", f"{found} (the validation subset's loss)")
         if self.plan is not None:
             _auto_rows(t, self)
         if self.downstream is not None:

@@ -27,6 +27,7 @@ from typing import Any
 
 import yaml
 
+from shoestring.train.forecast import outcome_line
 from shoestring.errors import ShoestringError
 from shoestring.fsutil import (building_dir, check_output_dir, json_object_or_none, unique_paths,
                                write_bytes_atomic, write_json_atomic, write_text_atomic)
@@ -313,6 +314,7 @@ def summary_rows(run: RunData) -> dict[str, str]:
         "last validation loss": _fmt(val, "loss"),
         "held-out eval loss": eval_text,
         "plan's prediction": _prediction_text(s.get("prediction"), run.eval),
+        "run's forecast": outcome_line(s.get("forecast")) or "—",
     }
 
 

@@ -58,13 +58,15 @@ class _Bar:
             TextColumn("{task.percentage:>5.1f}% of {task.fields[budget]}"),
             TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]:,.0f} tok/s"),
             TextColumn("MFU {task.fields[mfu]:.1%}"), TextColumn("left {task.fields[left]}"),
+            TextColumn("{task.fields[forecast]}"),
             console=console, disable=not show or self.plain)
         self.last = -math.inf
+        self.forecast = ""  # the latest forecast, short, once there is one
 
     def __enter__(self) -> _Bar:
         self.progress.__enter__()
         self.task = self.progress.add_task("train", total=1.0, budget=self.budget, loss="–",
-                                           tps=0.0, mfu=0.0, left="?")
+                                           tps=0.0, mfu=0.0, left="?", forecast="")
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -76,13 +78,13 @@ class _Bar:
         return self.plain and time.monotonic() - self.last >= PLAIN_LINE_SECONDS
 
     def update(self, fields: dict) -> None:
-        self.progress.update(self.task, **fields)
+        self.progress.update(self.task, forecast=self.forecast, **fields)
         if self.due() or (self.plain and fields["completed"] >= 1):
             self.last = time.monotonic()
             self.console.print(
                 f"training {fields['completed']:.1%} of {self.budget} · loss {fields['loss']} · "
-                f"{fields['tps']:,.0f} tok/s · MFU {fields['mfu']:.1%} · left {fields['left']}",
-                highlight=False)
+                f"{fields['tps']:,.0f} tok/s · MFU {fields['mfu']:.1%} · left {fields['left']}"
+                + (f" · {self.forecast}" if self.forecast else ""), highlight=False)
 
 
 @contextlib.contextmanager
@@ -304,6 +306,8 @@ def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
                     r.validate(s, p)
                     while s.next_val <= p:
                         s.next_val += tc.val_every
+                while (at := s.curve.next_point()) is not None and p >= at and not done:
+                    bar.forecast = r.forecast(s, at, p, console)
                 if (tc.checkpoint_every is not None and not done
                         and _checkpoint_due(tc.checkpoint_every, s, p)):
                     r.checkpoint(s)

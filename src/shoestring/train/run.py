@@ -14,6 +14,7 @@ from typing import NoReturn
 
 import numpy as np
 import torch
+from rich.console import Console
 
 from shoestring import families
 from shoestring.config import Config
@@ -28,7 +29,7 @@ from shoestring.model import build_model
 from shoestring.model.flops import train_flops_per_token
 from shoestring.model.layers import set_attention_kernel
 from shoestring.rundir import RunDir
-from shoestring.train import compile_costs, speed as speed_choices
+from shoestring.train import compile_costs, forecast, speed as speed_choices
 from shoestring.train.budget import Budget
 from shoestring.train.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from shoestring.train.metrics_log import MetricsLog
@@ -134,7 +135,25 @@ class Run(Step):
             self.log({"step": s.step, "progress": round(progress, 5), "tokens": s.tokens,
                       "flops": s.tokens * self.flops_per_token, "elapsed_s": s.elapsed,
                       "val_loss": loss})
+        s.curve.validated(s.step, loss)
         return loss
+
+    def forecast(self, s: TrainState, at: float, progress: float, console: Console) -> str:
+        """The forecast of the final held-out loss at ``at`` of the budget (outside the
+        budget clock, like a validation), kept in the state and printed by rank 0; returns
+        its short form for the progress bar ("" when none could be made)."""
+        with self.budget.pause():
+            start = time.perf_counter()
+            made = forecast.forecast(s.curve, forecast.future_factors(
+                self.cfg.train, s.step, progress), at)
+            seconds = time.perf_counter() - start
+        record = made.to_dict() if isinstance(made, forecast.Forecast) else {
+            "at": at, "step": s.step, "note": made}
+        s.curve.forecasts.append(record | {"seconds": round(seconds, 3)})
+        if self.parallel.is_main:
+            text = made.describe() if isinstance(made, forecast.Forecast) else made
+            console.print(f"at {at:.0%} of the budget (step {s.step}): {text}", highlight=False)
+        return made.short() if isinstance(made, forecast.Forecast) else ""
 
     def record_compile_cost(self, tokens: int, train_seconds: float) -> None:
         """What compiling cost and bought in this run, for the next ``compile=auto``."""
@@ -273,7 +292,7 @@ def train_step(r: Step, loader: Iterator[torch.Tensor], s: TrainState, bsz: int,
         parallel.step(lr, r.scaler)
         if r.memory is None:
             r.memory = parallel.measured_memory(grad_bytes)
-        s.good_step(tokens, loss)
+        s.good_step(tokens, loss, lr / tc.lr)
         r.window.add(tokens, loss, gnorm)
         return
     parallel.zero_grad()  # every rank sees the same reduced loss and global norm: all skip

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from shoestring.data.loader import Cursor
 from shoestring.errors import ShoestringError
 from shoestring.train.checkpoint import capture_rng, restore_rng
+from shoestring.train.forecast import Curve
 
 RECENT_LOSSES = 200  # losses a checkpoint keeps, for the resumed run's tail mean
 
@@ -39,13 +40,15 @@ class TrainState:
     last_ckpt_progress: float = 0.0  # budget progress at the last checkpoint
     first_loss: float | None = None
     losses: list[float] = field(default_factory=list)
+    curve: Curve = field(default_factory=Curve)  # what the forecast is fitted on
 
-    def good_step(self, tokens: int, loss: float) -> None:
-        """Count an optimizer step that was taken."""
+    def good_step(self, tokens: int, loss: float, lr_factor: float) -> None:
+        """Count an optimizer step that was taken at ``lr_factor`` of the peak LR."""
         self.bad_in_a_row = 0
         self.step += 1
         self.tokens += tokens
         self.losses.append(loss)
+        self.curve.add(lr_factor, loss)
         self.first_loss = loss if self.first_loss is None else self.first_loss
 
     def bad_step(self) -> None:
@@ -68,7 +71,7 @@ def checkpoint_state(s: TrainState, *, cursor: Cursor, gen: torch.Generator,
         "elapsed": s.elapsed, "cursor": cursor.to_dict(), "rng": capture_rng(gen),
         "metrics_lines": metrics_lines, "first_loss": s.first_loss,
         "recent_losses": s.losses[-RECENT_LOSSES:], "layout": layout, "world_size": world_size,
-        "attention": attention,
+        "attention": attention, "forecast_curve": s.curve.to_dict(),
     }
     if scaler is not None:
         state["scaler"] = scaler.state_dict()
@@ -131,5 +134,6 @@ def resume_state(state: dict[str, Any], progress_at_save: float, gen: torch.Gene
                    next_val=state["next_val"], elapsed=state["elapsed"],
                    last_ckpt_time=state["elapsed"], last_ckpt_progress=progress_at_save,
                    first_loss=state.get("first_loss"),
-                   losses=list(state.get("recent_losses", [])))
+                   losses=list(state.get("recent_losses", [])),
+                   curve=Curve.from_dict(state.get("forecast_curve"), state["step"]))
     return s, Cursor(**state["cursor"])

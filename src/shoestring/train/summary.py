@@ -12,6 +12,7 @@ import torch
 from shoestring import __version__
 from shoestring.device import peak_note
 from shoestring.model.flops import mfu
+from shoestring.train import forecast
 from shoestring.train.run import Run
 from shoestring.train.state import TrainState
 
@@ -60,6 +61,8 @@ def run_summary(r: Run, s: TrainState, train_seconds: float, save_seconds: float
         "first_loss": s.first_loss,
         "final_train_loss": s.tail_loss(),
         "val_loss_subset": val_loss,
+        "forecast": forecast.outcome(s.curve, val_loss if val_loss is not None
+                                     else s.tail_loss()),
         "budget": r.budget.describe(),
         "resumed": r.resumed,
         "versions": {

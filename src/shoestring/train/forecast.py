@@ -1,0 +1,324 @@
+"""What this run will reach: its final held-out loss, forecast from its own loss curve.
+
+The law is Tissue et al. 2024 ("Scaling Law with Learning Rate Annealing"):
+
+    L(s) = L0 + A · S1(s)^-α − C · S2(s)
+
+where S1 is the area under the learning-rate schedule after ``s`` steps (the sum of the LR's
+fraction of its peak, step by step) and S2 the annealing area: each step's drop in LR,
+carried forward with momentum λ (`MOMENTUM`) and summed. Rises in LR count negatively, so a
+warmup's rising LR costs loss as a cool-down's falling one gains it: with the loss observed
+while the LR moves, C is measured on the run itself, whatever the schedule (one-cycle, WSD,
+cosine, linear, constant). The schedule's future is known (it is keyed to budget progress),
+so S1 and S2 at the last step are too; the forecast is the law there.
+
+The law is fitted on the train loss. The held-out loss is the law plus the mean gap between
+the run's last three periodic validations and the law at their steps (the gap of now: it
+grows as a small corpus repeats); before the first validation the
+forecast is of the train loss, and says so. The interval (90%) is residual-based: the fit is
+repeated on moving-block bootstrap resamples of its residuals (blocks, because a loss curve's
+noise is correlated from step to step), and the spread of the refitted forecasts is widened
+by the backtest error: the law fitted on the first half of what has been seen, asked for the
+present, missed by some fraction of the distance; the forecast's extrapolation is that many
+times longer. Both parts are printed (`Forecast.describe`).
+
+Everything the fit needs is in `Curve`: running areas and the loss curve in at most
+`MAX_BINS` bins of equal steps (merged pairwise as the run grows), small enough for every
+checkpoint's state.json, so a resumed run forecasts from its whole history.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from shoestring.config import TrainConfig
+from shoestring.train.schedule import lr_factor
+
+METHOD = ("Tissue et al. 2024 law L0 + A·S1^-α − C·S2 fitted on the train loss past its first "
+          "quarter, plus the last three validations' mean gap; 90% interval: moving-block residual bootstrap "
+          "combined with the first-half backtest's miss scaled to the extrapolation")
+MOMENTUM = 0.999  # λ of the annealing area, per step (Tissue et al.'s default)
+POINTS = (0.10, 0.25, 0.50)  # budget progress at which the forecast is printed
+MAX_BINS = 256
+MIN_STEPS = 20  # fewer steps seen than this: too short to forecast
+Z90 = 1.645
+_ALPHAS = np.geomspace(0.02, 3.0, 48)
+
+
+@dataclass
+class Areas:
+    """The schedule's running areas after some steps (S1, the annealing momentum, S2)."""
+
+    s1: float = 0.0
+    momentum: float = 0.0
+    s2: float = 0.0
+    last: float = 0.0  # the LR fraction of the last step
+
+    def step(self, factor: float) -> None:
+        self.momentum = MOMENTUM * self.momentum + (self.last - factor)
+        self.s1 += factor
+        self.s2 += self.momentum
+        self.last = factor
+
+    def after(self, factors: np.ndarray) -> Areas:
+        """The areas once ``factors`` (the LR fractions of the steps to come) have run."""
+        end = Areas(**asdict(self))
+        for f in factors:
+            end.step(float(f))
+        return end
+
+
+@dataclass
+class Curve:
+    """The run's loss curve as the forecast needs it: the areas so far, the train loss in bins
+    of ``width`` steps (each ``[steps, Σloss, ΣS1, ΣS2]``), the validations (step, loss) and
+    the forecasts made. Lives in the train state; a checkpoint stores it (`to_dict`)."""
+
+    areas: Areas = field(default_factory=Areas)
+    steps: int = 0
+    width: int = 1
+    bins: list[list[float]] = field(default_factory=list)
+    validations: list[list[float]] = field(default_factory=list)
+    forecasts: list[dict[str, Any]] = field(default_factory=list)
+    lost: bool = False  # resumed from a checkpoint without a (readable) curve
+
+    def add(self, factor: float, loss: float) -> None:
+        """One optimizer step taken at ``factor`` of the peak LR, with train loss ``loss``."""
+        self.steps += 1
+        if self.lost:
+            return
+        self.areas.step(factor)
+        if not self.bins or self.bins[-1][0] >= self.width:
+            self.bins.append([0.0, 0.0, 0.0, 0.0])
+        b = self.bins[-1]
+        b[0] += 1
+        b[1] += loss
+        b[2] += self.areas.s1
+        b[3] += self.areas.s2
+        if len(self.bins) > MAX_BINS and self.bins[-1][0] >= self.width:
+            self.bins = [[a + b for a, b in zip(self.bins[i], self.bins[i + 1])]
+                         if i + 1 < len(self.bins) else self.bins[i]
+                         for i in range(0, len(self.bins), 2)]
+            self.width *= 2
+
+    def validated(self, step: int, loss: float) -> None:
+        self.validations.append([step, loss])
+
+    def next_point(self) -> float | None:
+        """The next progress at which to forecast (`POINTS`), None after the last."""
+        done = {f["at"] for f in self.forecasts}
+        return next((p for p in POINTS if p not in done), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Any, step: int = 0) -> Curve:
+        """The curve a checkpoint saved after ``step`` steps; one marked ``lost`` when it has
+        none that reads back (an older version's checkpoint, a damaged state.json): the
+        forecast then says so instead of fitting a curve that starts mid-run."""
+        try:
+            curve = cls(areas=Areas(**d["areas"]), steps=int(d["steps"]), width=int(d["width"]),
+                        bins=[[float(x) for x in b] for b in d["bins"]],
+                        validations=[[float(x) for x in v] for v in d["validations"]],
+                        forecasts=[dict(f) for f in d["forecasts"]])
+        except (KeyError, TypeError, ValueError):
+            return cls(steps=step, lost=step > 0)
+        if curve.steps != step or sum(b[0] for b in curve.bins) != step:
+            return cls(steps=step, lost=True)
+        return curve
+
+
+@dataclass(frozen=True)
+class Law:
+    l0: float
+    a: float
+    alpha: float
+    c: float
+
+    def __call__(self, s1: np.ndarray | float, s2: np.ndarray | float) -> np.ndarray:
+        return self.l0 + self.a * np.power(s1, -self.alpha) - self.c * np.asarray(s2)
+
+
+def _profile(alpha: float, s1: np.ndarray, s2: np.ndarray, y: np.ndarray, sw: np.ndarray,
+             anneals: bool) -> tuple[float, Law] | None:
+    """The best (L0, A, C) at this α, linear least squares, and its weighted SSE; None when
+    no fit has A > 0 and C ≥ 0 (C < 0 would mean annealing costs loss)."""
+    x1 = np.power(s1, -alpha)
+    for use_c in ((True, False) if anneals else (False,)):
+        X = np.stack([np.ones_like(s1), x1] + ([-s2] if use_c else []), 1) * sw[:, None]
+        coef, *_ = np.linalg.lstsq(X, y * sw, rcond=None)
+        if coef[1] > 0 and (not use_c or coef[2] >= 0):
+            return (float(((X @ coef - y * sw) ** 2).sum()),
+                    Law(float(coef[0]), float(coef[1]), float(alpha),
+                        float(coef[2]) if use_c else 0.0))
+    return None
+
+
+def fit_law(s1: np.ndarray, s2: np.ndarray, y: np.ndarray, w: np.ndarray) -> Law | None:
+    """Weighted least squares (``w``: steps per bin): a grid over α, then the best α refined
+    between its neighbours (the rest is linear). None when the loss does not fall with S1."""
+    sw = np.sqrt(w)
+    anneals = float(np.ptp(s2)) > 1e-9
+    found = [(k, f) for k, a in enumerate(_ALPHAS)
+             if (f := _profile(float(a), s1, s2, y, sw, anneals)) is not None]
+    if not found:
+        return None
+    k, best = min(found, key=lambda kf: kf[1][0])
+    lo, hi = float(_ALPHAS[max(k - 1, 0)]), float(_ALPHAS[min(k + 1, len(_ALPHAS) - 1)])
+    for _ in range(20):  # golden section on the profile SSE
+        a, b = hi - 0.618 * (hi - lo), lo + 0.618 * (hi - lo)
+        fa, fb = (_profile(x, s1, s2, y, sw, anneals) for x in (a, b))
+        for f in (fa, fb):
+            if f is not None and f[0] < best[0]:
+                best = f
+        if fa is None or (fb is not None and fb[0] < fa[0]):
+            lo = a
+        else:
+            hi = b
+    return best[1]
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """The forecast final loss at some progress, with its 90% interval and what it rests on."""
+
+    at: float  # the budget progress it was made at (a `POINTS` entry, or 1.0)
+    step: int
+    loss: float
+    low: float
+    high: float
+    held_out: bool  # False: no validation yet, so it is the train loss's
+    noise: float  # the bootstrap's 90% half-width
+    backtest: float  # the half-width from the backtest's miss, scaled to the extrapolation
+
+    def describe(self) -> str:
+        what = "held-out" if self.held_out else "train (no validation yet)"
+        return (f"forecast final {what} loss {self.loss:.3f} "
+                f"(90%: {self.low:.3f}–{self.high:.3f})")
+
+    def short(self) -> str:
+        """The progress bar's form: "→ 4.62 ±0.08"."""
+        return f"→ {self.loss:.2f} ±{(self.high - self.low) / 2:.2f}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: (round(v, 5) if isinstance(v, float) else v) for k, v in asdict(self).items()}
+
+
+def future_factors(cfg: TrainConfig, step: int, progress: float) -> np.ndarray:
+    """The LR fractions of the steps still to come, after ``step`` steps have used
+    ``progress`` of the budget: as many steps again as this pace buys (exact for a step
+    budget), each at the schedule's value at its middle."""
+    if progress <= 0 or progress >= 1:
+        return np.zeros(0)
+    left = max(0, round(step / progress) - step)
+    mids = progress + (np.arange(left) + 0.5) * (1 - progress) / max(left, 1)
+    return np.array([lr_factor(cfg, float(q)) for q in mids])
+
+
+def _points(curve: Curve, start: int) -> tuple[np.ndarray, ...]:
+    b = np.array(curve.bins, dtype=float)
+    ends = np.cumsum(b[:, 0])
+    keep = ends > start
+    n = b[keep, 0]
+    return b[keep, 2] / n, b[keep, 3] / n, b[keep, 1] / n, n, ends[keep]
+
+
+def forecast(curve: Curve, future: np.ndarray, at: float, resamples: int = 64,
+             seed: int = 0) -> Forecast | str:
+    """The forecast from ``curve`` when the steps still to come run at LR fractions
+    ``future``; a sentence saying why not when it cannot be made."""
+    if curve.lost:
+        return ("no forecast: the checkpoint this run resumed from kept no loss curve (an "
+                "older version wrote it, or its state.json was edited)")
+    if curve.steps < MIN_STEPS:
+        return f"too short to forecast: {curve.steps} steps seen (the fit needs {MIN_STEPS})"
+    start = curve.steps // 4  # the first quarter seen is the initial transient: not the law
+    s1, s2, y, w, ends = _points(curve, start)
+    if len(y) < 6:
+        return f"too short to forecast: {len(y)} points of the loss curve past its first quarter"
+    law = fit_law(s1, s2, y, w)
+    if law is None:
+        return "the loss is not falling: no law to extrapolate"
+    end = curve.areas.after(future)
+    final = float(law(end.s1, end.s2))
+    # the held-out gap now: the last three validations past the transient (or the last one)
+    late = [v for v in curve.validations if v[0] > start] or curve.validations[-1:]
+    gap = [v - float(law(*_areas_at(curve, int(st)))) for st, v in late[-3:]]
+    held = bool(gap)
+    offset = float(np.mean(gap)) if gap else 0.0
+    # noise: refits on moving-block resamples of the residuals
+    rng = np.random.default_rng(seed)
+    resid = y - law(s1, s2)
+    block = max(2, len(y) // 8)
+    finals = []
+    for _ in range(resamples):
+        starts = rng.integers(0, len(y) - block + 1, size=math.ceil(len(y) / block))
+        r = np.concatenate([resid[k:k + block] for k in starts])[:len(y)]
+        refit = fit_law(s1, s2, law(s1, s2) + r, w)
+        if refit is not None:
+            finals.append(float(refit(end.s1, end.s2)))
+    noise = Z90 * float(np.std(finals)) if len(finals) > 2 else abs(final) * 0.05
+    backtest = _backtest(curve, start, s1, s2, y, w, ends, end, final)
+    half = math.hypot(noise, backtest)
+    mid = final + offset
+    return Forecast(at=at, step=curve.steps, loss=mid, low=mid - half, high=mid + half,
+                    held_out=held, noise=noise, backtest=backtest)
+
+
+def _areas_at(curve: Curve, step: int) -> tuple[float, float]:
+    """S1 and S2 at ``step`` (the mean of its bin: bins hold sums, not every step)."""
+    b = np.array(curve.bins, dtype=float)
+    i = min(int(np.searchsorted(np.cumsum(b[:, 0]), step)), len(b) - 1)
+    return b[i, 2] / b[i, 0], b[i, 3] / b[i, 0]
+
+
+def _backtest(curve: Curve, start: int, s1: np.ndarray, s2: np.ndarray, y: np.ndarray,
+              w: np.ndarray, ends: np.ndarray, end: Areas, final: float) -> float:
+    """The law fitted on the first half of the points, asked for the mean of the last
+    eighth: its miss, as a fraction of the S1 distance it extrapolated (in log S1), times
+    the forecast's own distance. 90% by `Z90` over the one miss's scale."""
+    half = len(y) // 2
+    tail = max(1, len(y) // 8)
+    early = fit_law(s1[:half], s2[:half], y[:half], w[:half])
+    if early is None or half < 3:
+        return abs(final) * 0.05
+    seen = float(np.average(y[-tail:], weights=w[-tail:]))
+    guess = float(np.average(early(s1[-tail:], s2[-tail:]), weights=w[-tail:]))
+    reach = math.log(float(np.average(s1[-tail:], weights=w[-tail:])) / s1[half - 1])
+    ahead = math.log(end.s1 / s1[-1]) if end.s1 > s1[-1] else 0.0
+    return Z90 * abs(seen - guess) * max(ahead / max(reach, 1e-9), 0.0) + 1e-4
+
+
+def outcome(curve: Curve, achieved: float | None) -> dict[str, Any] | None:
+    """summary.json's ``forecast``: every forecast made, each against the loss achieved
+    (its error as a fraction, and whether the interval covered it); None if none was made."""
+    if not curve.forecasts:
+        return None
+    points = []
+    for f in curve.forecasts:
+        row = dict(f)
+        if "loss" in f and achieved is not None:
+            row["error"] = round(f["loss"] / achieved - 1, 5)
+            row["covered"] = f["low"] <= achieved <= f["high"]
+        points.append(row)
+    return {"method": METHOD, "achieved": achieved, "points": points}
+
+
+def outcome_line(found: dict[str, Any] | None) -> str | None:
+    """The results table's row: each forecast, and how it compares with the achieved loss."""
+    if not found:
+        return None
+    parts = [f"at {f['at']:.0%} {f['loss']:.3f} ({f['low']:.3f}–{f['high']:.3f})"
+             if "loss" in f else f"at {f['at']:.0%}: none ({f['note']})"
+             for f in found["points"]]
+    made = [f for f in found["points"] if "covered" in f]
+    if made:
+        parts.append(f"achieved {found['achieved']:.3f}: within "
+                     f"{max(abs(f['error']) for f in made):.1%}, covered "
+                     f"{sum(f['covered'] for f in made)} of {len(made)}")
+    return "; ".join(parts)

@@ -1,0 +1,145 @@
+"""The run's own forecast: the law recovered from curves it generated, under every schedule;
+the held-out gap; runs too short to forecast; the binned history; resume; summary.json."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import tiny_config
+from shoestring.config import TrainConfig
+from shoestring.rundir import RunDir
+from shoestring.train import forecast as F
+from shoestring.train.checkpoint import latest_checkpoint
+from shoestring.train.loop import train
+from shoestring.train.schedule import lr_factor
+
+SCHEDULES = [dict(schedule="one-cycle", lr_peak_at=0.3), dict(schedule="wsd", decay=0.2),
+             dict(schedule="cosine", warmup=0.05), dict(schedule="linear", warmup=0.05),
+             dict(schedule="constant", warmup=0.05)]
+LAW = F.Law(l0=3.0, a=4.0, alpha=0.45, c=0.004)
+
+
+def _factors(cfg: TrainConfig, steps: int) -> np.ndarray:
+    return np.array([lr_factor(cfg, (i + 0.5) / steps) for i in range(steps)])
+
+
+def _generated(factors: np.ndarray, law: F.Law, noise: float, seed: int = 0) -> np.ndarray:
+    """The loss of each step under ``law``, plus Gaussian noise: what a run would log."""
+    areas, out = F.Areas(), []
+    for f in factors:
+        areas.step(float(f))
+        out.append(float(law(areas.s1, areas.s2)))
+    return np.array(out) + np.random.default_rng(seed).normal(0, noise, len(out))
+
+
+@pytest.mark.parametrize("shape", SCHEDULES, ids=lambda s: s["schedule"])
+def test_the_law_is_recovered_from_a_curve_it_generated(shape: dict) -> None:
+    cfg = TrainConfig(budget=None, steps=2000, **shape)
+    factors = _factors(cfg, 2000)
+    losses = _generated(factors, LAW, noise=0.005)
+    truth = float(_generated(factors, LAW, noise=0.0)[-1])
+    curve = F.Curve()
+    for i, (f, y) in enumerate(zip(factors, losses)):
+        curve.add(float(f), float(y))
+        if (i + 1) in (500, 1000):  # the issue's targets: 2% at 25% of the run, 1% at 50%
+            made = F.forecast(curve, factors[i + 1:], (i + 1) / 2000)
+            assert isinstance(made, F.Forecast), made
+            assert made.loss == pytest.approx(truth, rel=0.02 if i < 999 else 0.01), made
+            assert made.low < made.loss < made.high
+            assert not made.held_out  # no validation given: the train loss's forecast
+    assert len(curve.bins) <= F.MAX_BINS
+
+
+def test_the_held_out_forecast_adds_the_validations_gap() -> None:
+    cfg = TrainConfig(budget=None, steps=400, schedule="wsd")
+    factors = _factors(cfg, 400)
+    losses = _generated(factors, LAW, noise=0.01)
+    plain, gapped = F.Curve(), F.Curve()
+    for i, (f, y) in enumerate(zip(factors, losses)):
+        for c in (plain, gapped):
+            c.add(float(f), float(y))
+        if (i + 1) % 40 == 0:  # the validation split sits 0.3 above the train loss
+            gapped.validated(i + 1, float(_generated(factors[:i + 1], LAW, 0.0)[-1]) + 0.3)
+    a = F.forecast(plain, factors[200:], 0.5)
+    b = F.forecast(gapped, factors[200:], 0.5)
+    assert isinstance(a, F.Forecast) and isinstance(b, F.Forecast)
+    assert b.held_out and b.loss - a.loss == pytest.approx(0.3, abs=0.02)
+    assert "held-out" in b.describe() and "no validation yet" in a.describe()
+
+
+def test_a_curve_too_short_or_not_falling_gets_a_sentence_not_a_number() -> None:
+    curve = F.Curve()
+    for _ in range(F.MIN_STEPS - 1):
+        curve.add(1.0, 5.0)
+    assert "too short to forecast" in F.forecast(curve, np.ones(100), 0.1)
+    for _ in range(200):  # a flat curve: nothing falls, so there is no law
+        curve.add(1.0, 5.0)
+    made = F.forecast(curve, np.ones(100), 0.5)
+    assert isinstance(made, str) and "not falling" in made
+
+
+def test_bins_merge_but_keep_every_step_and_the_mean_loss() -> None:
+    curve = F.Curve()
+    rng = np.random.default_rng(1)
+    ys = rng.normal(4.0, 0.5, 5000)
+    for y in ys:
+        curve.add(0.5, float(y))
+    b = np.array(curve.bins)
+    assert len(b) <= F.MAX_BINS and curve.width > 1
+    assert b[:, 0].sum() == 5000 == curve.steps
+    assert b[:, 1].sum() == pytest.approx(ys.sum())
+    back = F.Curve.from_dict(json.loads(json.dumps(curve.to_dict())), step=5000)
+    assert back == curve
+
+
+def test_future_factors_are_the_schedules_steps_to_come() -> None:
+    cfg = TrainConfig(budget=None, steps=100, schedule="cosine", warmup=0.1)
+    got = F.future_factors(cfg, 25, 0.25)
+    assert len(got) == 75
+    assert got == pytest.approx(_factors(cfg, 100)[25:])
+    assert len(F.future_factors(cfg, 100, 1.0)) == 0
+
+
+def test_a_run_records_its_forecasts_and_a_resume_continues_them(pydocs_dir: Path,
+                                                                 tmp_path: Path) -> None:
+    kw = dict(steps=40, log_every=5, checkpoint_every="16steps", keep_checkpoints=5,
+              val_every=0.1, val_sequences=8)
+    whole = train(tiny_config(**kw), pydocs_dir, tmp_path / "whole")
+    found = whole["forecast"]
+    assert [p["at"] for p in found["points"]] == list(F.POINTS)
+    assert "too short" in found["points"][0]["note"]  # 4 steps seen at 10%
+    made = [p for p in found["points"] if "loss" in p]
+    assert made, found  # 20 steps at 50%: a forecast
+    assert found["achieved"] == whole["val_loss_subset"]
+    for p in made:
+        assert p["low"] <= p["loss"] <= p["high"]
+        assert p["error"] == pytest.approx(p["loss"] / found["achieved"] - 1, abs=1e-4)
+        assert p["covered"] == (p["low"] <= found["achieved"] <= p["high"])
+    # cut back to step 16 (before the 50% point): the resumed run must forecast the same
+    train(tiny_config(**kw), pydocs_dir, tmp_path / "cut")
+    cut = tmp_path / "cut"
+    while latest_checkpoint(cut).step > 16:
+        shutil.rmtree(RunDir(cut).checkpoints()[-1])
+    shutil.rmtree(cut / "final")
+    again = train(tiny_config(**kw), pydocs_dir, cut, resume=True)
+
+    def strip(points: list[dict]) -> list[dict]:
+        return [{k: v for k, v in p.items() if k != "seconds"} for p in points]
+
+    assert strip(again["forecast"]["points"]) == strip(found["points"])
+
+
+def test_a_checkpoint_without_a_curve_resumes_and_says_why_there_is_no_forecast() -> None:
+    for saved in (None, {"areas": "damaged"}, {**F.Curve().to_dict(), "steps": 3}):
+        curve = F.Curve.from_dict(saved, step=40)
+        assert curve.lost and curve.steps == 40
+        for _ in range(100):
+            curve.add(1.0, 4.0)
+        assert curve.steps == 140
+        assert "kept no loss curve" in F.forecast(curve, np.ones(10), 0.5)
+    assert not F.Curve.from_dict(None, step=0).lost  # a run's start: nothing to lose
