@@ -191,7 +191,7 @@ def build_step(cfg: Config, vocab: int, seq_len: int, special_ids: dict[str, int
     if init is not None:
         init(model)
     objective = objective_for(cfg.model.family, seq_len, vocab, special_ids,
-                              tc.mask_rate, cfg.model.sparse_prediction)
+                              tc.mask_rate, cfg.model.sparse_prediction, model=cfg.model)
     flops_per_token = train_flops_per_token(cfg.model, vocab, seq_len, objective.head_fraction)
     budget = Budget.from_spec(tc.budget, tc.steps, flops_per_token)
     micro = cfg.train.micro_batch(parallel.layout.dp)
