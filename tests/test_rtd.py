@@ -204,3 +204,32 @@ def test_rtd_run_resumes_to_the_uninterrupted_losses_and_evaluates(pydocs_dir: P
     ids = torch.randint(5, 500, (1, 20))
     with torch.no_grad():
         torch.testing.assert_close(engine.model.encode(ids), encoder.encode(ids))
+
+
+@pytest.mark.parametrize("sharing", ["gdes", "plain"])
+def test_init_from_an_encoder_starts_the_discriminator(sharing: str, pydocs_dir: Path,
+                                                      tmp_path: Path) -> None:
+    """`--init-from` an mlm run: the discriminator computes what that encoder computes (gdes:
+    through the generator's table, delta zero); the generator's own settings are no mismatch."""
+    from shoestring.data.datadir import DataDir
+    from shoestring.rundir import model_meta
+    from shoestring.train.run import _init_from
+
+    data = DataDir(pydocs_dir)
+    torch.manual_seed(5)
+    encoder = MaskedLM(TINY_MODEL, data.vocab_size)
+    run = tmp_path / "mlm"
+    RunDir.create(run, overwrite=True)
+    RunDir(run).save_final(encoder, model_meta(Config(model=TINY_MODEL), data.vocab_size,
+                                               data.seq_len, data.special_ids),
+                           data.tokenizer_path)
+    cfg = _rtd().model_copy(update={"model": ModelConfig.model_validate(
+        {**TINY_MODEL.model_dump(), "objective": "rtd", "rtd_sharing": sharing,
+         "generator_width": 1.0})})
+    model = build_model(cfg.model, data.vocab_size)
+    _init_from(model, str(run), cfg, data)
+    ids = torch.randint(5, data.vocab_size, (2, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(as_encoder(model, {})[0].encode(ids), encoder.encode(ids))
+    if sharing == "gdes":
+        assert torch.count_nonzero(model.discriminator.tok_embeddings.weight) == 0

@@ -119,6 +119,17 @@ class ReplacedTokenDetector(nn.Module):
         disc_logits = self.rtd_out(d.head_norm(F.gelu(d.head_dense(hidden)))).squeeze(-1)
         return gen_logits, disc_logits, replaced
 
+    def load_encoder(self, state: dict[str, Tensor]) -> None:
+        """Start the discriminator from a masked-LM encoder's weights (``--init-from``); under
+        gdes its token table becomes the shared one, E_delta zero. The generator and the
+        replaced-token output stay as initialised."""
+        d = self.discriminator
+        d.load_state_dict(state)
+        if self.generator_embeddings is not None:
+            with torch.no_grad():
+                self.generator_embeddings.copy_(d.tok_embeddings.weight)
+                d.tok_embeddings.weight.zero_()
+
     def num_params(self, non_embedding: bool = False) -> int:
         """Parameters of both parts; ``non_embedding`` leaves out the token tables."""
         n = sum(p.numel() for p in self.parameters())
