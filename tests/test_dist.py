@@ -169,6 +169,8 @@ def test_dry_run_cli_prints_the_layout() -> None:
     {},
     {"objective": "clm", "num_kv_heads": 2, "bias": True, "tie_embeddings": False},
     {"norm_position": "post", "ffn": "gelu", "norm": "rmsnorm"},
+    {"objective": "rtd"},
+    {"objective": "rtd", "rtd_sharing": "plain", "bias": True, "generator_width": 0.5},
 ])
 def test_param_count_matches_the_real_model(over: dict) -> None:
     from shoestring.model import build_model

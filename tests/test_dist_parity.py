@@ -376,6 +376,21 @@ def test_decoder_tp_pp_zero3_match_one_process(clm_dir: Path, tmp_path: Path) ->
         assert_same_run(tmp_path / name, ref, f"decoder {name}")
 
 
+def test_replaced_token_detection_under_ddp_and_zero3_matches_one_process(
+        pydocs_dir: Path, tmp_path: Path) -> None:
+    """model.objective=rtd (generator + discriminator in one module, model/detector.py) under
+    DDP and FSDP2 (ZeRO-3, one unit per block of either part), with accumulation and ramp:
+    the replacements are drawn with the masks, so every layout samples the same tokens."""
+    sets = [*SETS, "model.objective=rtd"]
+    ref = one_process(pydocs_dir, tmp_path / "one", [*sets, *micro(1)])
+    cases = [("ddp", {"parallel": "dp=2"}), ("zero3", {"parallel": "dp=2", "zero": 3})]
+    proc = launch(2, [{"output": str(tmp_path / n), **kw, "sets": [*sets, *micro(2)]}
+                      for n, kw in cases], {"data": str(pydocs_dir)}, timeout=400)
+    assert proc.returncode == 0, failure(proc)
+    for name, _ in cases:
+        assert_same_run(tmp_path / name, ref, f"rtd {name}")
+
+
 def _cli_sets(sets: list[str]) -> list[str]:
     return [x for s in sets if not s.startswith("train.steps") for x in ("--set", s)]
 

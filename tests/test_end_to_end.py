@@ -278,3 +278,28 @@ def test_cli_prep_train_eval(tmp_path: Path) -> None:
     assert e.returncode == 0, e.stderr
     assert "unigram baseline" in e.stdout
     assert json.loads((tmp_path / "r" / "eval.json").read_text())["sequences"] > 0
+
+
+def test_cli_cram_and_train_with_replaced_token_detection(tmp_path: Path) -> None:
+    """`cram --objective rtd` and `train --set model.objective=rtd` run to an evaluated,
+    exported encoder (model/detector.py); cram refuses an objective that is no encoder's."""
+    small = ["--set", "data.vocab_size=1000", "--set", "data.seq_len=64", "--set", "model.hidden_size=64",
+             "--set", "model.num_layers=1", "--set", "model.num_heads=2", "--set", "model.intermediate_size=64",
+             "--set", "train.batch_size=8"]
+    corpus = write_jsonl_corpus(tmp_path / "c.jsonl", 120)
+    c = run_cli("cram", str(corpus), "-o", str(tmp_path / "out"), "--steps", "2", "--objective", "rtd",
+                *small)
+    assert c.returncode == 0, c.stderr
+    assert "discriminator (RTD)" in c.stdout and "validation MLM loss" in c.stdout
+    t = run_cli("train", "--data", str(tmp_path / "out" / "data"), "-o", str(tmp_path / "r"),
+                "--steps", "2", "--set", "model.objective=rtd", "--set", "model.rtd_sharing=plain",
+                *small[4:])
+    assert t.returncode == 0, t.stderr
+    e = run_cli("eval", str(tmp_path / "r"))
+    assert e.returncode == 0 and "discriminator (RTD)" in e.stdout, e.stderr
+    assert 0 < json.loads((tmp_path / "r" / "eval.json").read_text())["rtd_disc_accuracy"] <= 1
+    x = run_cli("export", str(tmp_path / "r"), "-o", str(tmp_path / "hf"))
+    assert x.returncode == 0, x.stderr
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["model_type"] == "modernbert"
+    bad = run_cli("cram", str(corpus), "-o", str(tmp_path / "out"), "--steps", "1", "--objective", "clm")
+    assert bad.returncode == 2 and "model.objective" in bad.stderr

@@ -34,7 +34,7 @@ def _cfg(name: str) -> ModelConfig:
 
 
 def test_registry_has_the_families_and_config_accepts_exactly_them() -> None:
-    assert families.names() == ["mlm", "clm", "contrastive"]
+    assert families.names() == ["mlm", "clm", "contrastive", "rtd"]
     literal = typing.get_args(ModelConfig.model_fields["objective"].annotation)
     assert set(literal) == set(families.names())
     for family in families.all_families():

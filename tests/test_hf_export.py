@@ -20,6 +20,8 @@ from shoestring.data.tokenizer import load_tokenizer, special_ids
 from shoestring.prep.tokenizer_training import train_wordpiece
 from shoestring.errors import ShoestringError
 from shoestring.export import hf
+from shoestring.model import build_model
+from shoestring.model.detector import ReplacedTokenDetector, as_encoder
 from shoestring.model.encoder import MaskedLM
 from shoestring.export.hf import EXPORT_MARKER, export_encoder
 from shoestring.export.hub import import_hf
@@ -50,8 +52,11 @@ def _run_dir(root: Path, tokenizer: Path, cfg: ModelConfig = CFG, seed: int = 0)
     """A run dir with a randomly initialised model: what `train` leaves, without training."""
     tok = load_tokenizer(tokenizer)
     torch.manual_seed(seed)
-    model = MaskedLM(cfg, tok.get_vocab_size())
-    run = root / f"run-{cfg.init_std}-{seed}"
+    model = build_model(cfg, tok.get_vocab_size())
+    if isinstance(model, ReplacedTokenDetector):  # a trained-looking delta (gdes adds it)
+        with torch.no_grad():
+            model.discriminator.tok_embeddings.weight.normal_(0, cfg.init_std)
+    run = root / f"run-{cfg.objective}-{cfg.rtd_sharing}-{cfg.init_std}-{seed}"
     RunDir.create(run, overwrite=True)
     meta = model_meta(Config(model=cfg), tok.get_vocab_size(), SEQ_LEN, special_ids(tok))
     RunDir(run).save_final(model, meta, tokenizer)
@@ -119,6 +124,20 @@ def test_padding_mask_matches_ours(exported: tuple[Path, Path]) -> None:
     assert (a[mask] - b[mask]).abs().max().item() <= TOL
 
 
+def _padded(vocab: int, seed: int, real: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two rows of 30 random ids, the second padded after ``real`` tokens, and their mask."""
+    ids = torch.randint(5, vocab, (2, 30), generator=torch.Generator().manual_seed(seed))
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    mask[1, real:] = False
+    ids[1, real:] = 0
+    return ids, mask
+
+
+def _mean(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    m = mask.unsqueeze(-1).float()
+    return (hidden * m).sum(1) / m.sum(1)
+
+
 def test_sequence_classifier_pools_the_mean_of_real_tokens(plain: tuple[Path, Path]) -> None:
     """AutoModelForSequenceClassification on the export pools the mean of our encoder's
     hidden states over the unpadded tokens (the export's ``classifier_pooling``), not [CLS]."""
@@ -126,19 +145,44 @@ def test_sequence_classifier_pools_the_mean_of_real_tokens(plain: tuple[Path, Pa
     ours, meta = RunDir(run).load_final()
     torch.manual_seed(0)
     clf = transformers.AutoModelForSequenceClassification.from_pretrained(out, num_labels=3).eval()
-    ids = torch.randint(5, meta["vocab_size"], (2, 30), generator=torch.Generator().manual_seed(2))
-    mask = torch.ones_like(ids, dtype=torch.bool)
-    mask[1, 18:] = False
-    ids[1, 18:] = 0
+    ids, mask = _padded(meta["vocab_size"], seed=2, real=18)
     with torch.no_grad():
         hidden = ours.encode(ids, mask)
-        m = mask.unsqueeze(-1).float()
-        mean = (hidden * m).sum(1) / m.sum(1)
-        expected = clf.classifier(clf.head(mean))
+        expected = clf.classifier(clf.head(_mean(hidden, mask)))
         cls = clf.classifier(clf.head(hidden[:, 0]))
         logits = clf(input_ids=ids, attention_mask=mask.long()).logits
     assert (logits - expected).abs().max().item() <= TOL
     assert (logits - cls).abs().max().item() > 100 * TOL  # [CLS] pooling would differ
+
+
+@pytest.mark.parametrize("sharing", ["gdes", "plain"])
+def test_an_rtd_run_exports_its_discriminator_as_a_plain_encoder(
+        sharing: str, tokenizer_file: Path, tmp_path: Path) -> None:
+    """model.objective=rtd: the export is the discriminator (its token table materialised
+    under gdes), which AutoModel and AutoModelForSequenceClassification load with our hidden
+    states and our mean-pooled classifier input, no weight missing or left over."""
+    from shoestring.export.hub import export_run
+
+    cfg = CFG.model_copy(update={"objective": "rtd", "rtd_sharing": sharing})
+    run = _run_dir(tmp_path, tokenizer_file, cfg)
+    out = export_run(run, tmp_path / "hf")
+    ours, meta = as_encoder(*RunDir(run).load_final())
+    assert json.loads((out / "config.json").read_text())["hidden_size"] == cfg.hidden_size
+    base, info = transformers.AutoModel.from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"], info
+    torch.manual_seed(0)
+    clf = transformers.AutoModelForSequenceClassification.from_pretrained(out, num_labels=2)
+    _, info = _load_hf(out)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    ids, mask = _padded(meta["vocab_size"], seed=3, real=20)
+    with torch.no_grad():
+        hidden = ours.encode(ids, mask)
+        theirs = base.eval()(input_ids=ids, attention_mask=mask.long()).last_hidden_state
+        expected = clf.eval().classifier(clf.head(_mean(hidden, mask)))
+        logits = clf(input_ids=ids, attention_mask=mask.long()).logits
+    assert hidden.abs().max() > 0.5
+    assert (hidden[mask] - theirs[mask]).abs().max().item() <= TOL
+    assert (logits - expected).abs().max().item() <= TOL
 
 
 def test_loading_reports_no_missing_or_unexpected_weights(plain: tuple[Path, Path]) -> None:

@@ -183,11 +183,13 @@ def export(run: f.TrainedRun, output: f.ExportOutput, overwrite: f.ExportOverwri
 def cram(sources: f.CramSources = None, output: f.CramOutput = Path("runs/cram"),
          budget: f.Budget = None, steps: f.Steps = None, config: f.ConfigFile = None,
          sets: f.Set = None, eval_task: f.CramEvalTask = None, auto: f.CramAuto = False,
-         calibrate_share: f.CramCalibrateShare = 0.15, jobs: f.CramJobs = 1) -> None:
+         calibrate_share: f.CramCalibrateShare = 0.15, jobs: f.CramJobs = 1,
+         objective: f.CramObjective = None) -> None:
     """Everything on the built-in corpus: prep → train (3 minutes) → eval → results table."""
     from shoestring import cram as cram_
 
-    cfg = _config(config, sets, length=_length(budget, steps))
+    cfg = _config(config, sets, length=_length(budget, steps),
+                  flags={"--objective": ("model.objective", objective)})
     cram_.run(sources, output, cfg, eval_task=eval_task, auto=auto,
               calibrate_share=calibrate_share, sets=sets, jobs=jobs)
 

@@ -157,6 +157,8 @@ def print_decoder(result: dict[str, Any]) -> None:
 
 
 def print_mlm(result: dict[str, Any], run: Path) -> None:
+    from shoestring.eval.mlm_loss import detection_rows
+
     t = Table(title=f"evaluated {run}", show_header=False)
     t.add_row("validation MLM loss", f"{result['mlm_loss']:.3f} (perplexity {result['perplexity']:.1f}, "
               f"{result['mask_rate']:.0%} masked)")
@@ -166,6 +168,8 @@ def print_mlm(result: dict[str, Any], run: Path) -> None:
                                      "more than token frequencies; train longer" if gap > 0
                                      else f": the model is {-gap:.3f} better"))
     t.add_row("masked-token accuracy", f"{result['accuracy']:.1%}")
+    for row in detection_rows(result):
+        t.add_row(*row)
     t.add_row("scored", f"{result['masked_tokens']:,} masked tokens in {result['sequences']:,} sequences")
     if (checked := check_run(run, result)) is not None:
         t.add_row("plan's prediction", describe(checked))

@@ -30,6 +30,7 @@ from pydantic import (
 
 from shoestring import families
 from shoestring.errors import ShoestringError
+from shoestring.families.rtd import DISC_WEIGHT
 from shoestring.fsutil import read_yaml, unique_paths
 from shoestring.units import BudgetSpec, parse_budget, parse_interval
 
@@ -245,9 +246,10 @@ class ModelConfig(_Section):
     """
 
     preset: str | None = Field(None, description="named size (tiny, mini, small, base, ...)")
-    objective: Literal["mlm", "clm", "contrastive"] = Field(
+    objective: Literal["mlm", "clm", "contrastive", "rtd"] = Field(
         "mlm", description="mlm = BERT-style encoder, clm = GPT/Llama-style decoder, "
-        "contrastive = encoder tuned for retrieval (docs/retrieval.md)"
+        "contrastive = encoder tuned for retrieval (docs/retrieval.md), rtd = encoder trained "
+        "by replaced-token detection (ELECTRA; docs/training.md)"
     )
     hidden_size: int = Field(256, ge=16, description="model width")
     num_layers: int = Field(4, ge=1, description="transformer blocks")
@@ -280,6 +282,20 @@ class ModelConfig(_Section):
     norm_eps: float = Field(1e-5, gt=0.0)
     rope_theta: float = Field(10000.0, gt=0.0, description="rotary position base")
     init_std: float = Field(0.02, gt=0.0, description="std of the normal weight init")
+    # replaced-token detection (objective rtd): the generator and the loss
+    generator_width: float = Field(
+        1 / 3, gt=0.0, le=1.0, description="rtd: the generator's width as a fraction of the "
+        "encoder's (its heads, rounded, at the same head size; ELECTRA: 1/4-1/3)")
+    generator_depth: float = Field(
+        1.0, gt=0.0, le=1.0, description="rtd: the generator's layers as a fraction of the "
+        "encoder's (rounded, at least one)")
+    rtd_weight: float = Field(
+        DISC_WEIGHT, gt=0.0, description="rtd: weight of the discriminator's loss beside the "
+        "generator's MLM loss (ELECTRA: 50)")
+    rtd_sharing: Literal["gdes", "plain"] = Field(
+        "gdes", description="rtd: how generator and discriminator share the token embeddings: "
+        "gdes = the discriminator adds a zero-initialised delta to the generator's table, "
+        "which its gradient does not reach (DeBERTaV3); plain = one table (ELECTRA)")
 
     @model_validator(mode="before")
     @classmethod
@@ -319,6 +335,17 @@ class ModelConfig(_Section):
         """The spec of ``objective``: what every floor above asks instead of the name (the
         name, validated above, is what a config file records)."""
         return families.get(self.objective)
+
+    def generator_config(self) -> ModelConfig:
+        """The RTD generator's shape (``generator_width``/``_depth`` of this one, the same
+        head size and recipe): a masked-LM encoder config that ``model/detector.py`` builds and
+        ``model/flops.py`` counts."""
+        heads = max(1, round(self.num_heads * self.generator_width))
+        hidden = heads * self.head_dim
+        return self.model_copy(update={
+            "objective": "mlm", "preset": None, "hidden_size": hidden, "num_heads": heads,
+            "num_kv_heads": None, "num_layers": max(1, round(self.num_layers * self.generator_depth)),
+            "intermediate_size": max(1, round(self.intermediate_size * hidden / self.hidden_size))})
 
     @property
     def kv_heads(self) -> int:

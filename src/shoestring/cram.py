@@ -22,7 +22,7 @@ from shoestring.data.datadir import DataDir, data_fingerprint
 from shoestring.prep.prep import prep
 from shoestring.device import load_cost
 from shoestring.errors import ShoestringError
-from shoestring.eval.mlm_loss import evaluate_run
+from shoestring.eval.mlm_loss import detection_rows, evaluate_run
 from shoestring.train.forecast import outcome_line
 from shoestring.train.loop import train
 
@@ -59,6 +59,8 @@ class CramResult:
                   f"accuracy {e['accuracy']:.1%})")
         t.add_row("unigram baseline", f"{e['unigram_loss']:.3f} "
                   f"(the model is {e['unigram_loss'] - e['mlm_loss']:.2f} nats/token better)")
+        for row in detection_rows(e):
+            t.add_row(*row)
         if found := outcome_line(s.get("forecast")):
             t.add_row("the run's forecast", f"{found} (the validation subset's loss)")
         if self.plan is not None:
@@ -270,6 +272,12 @@ def run(sources: list[str] | None, output: Path, cfg: Config, *, eval_task: str 
         auto: bool, calibrate_share: float, sets: list[str] | None, jobs: int) -> None:
     """`shoestring cram`: ``--auto`` as a `CalibrationSpec` checked before anything runs, then
     `cram` on ``sources`` (the built-in corpus by default), its table printed."""
+    family = cfg.model.family
+    if family.causal or not family.vocab_head:
+        raise ShoestringError(
+            f"cram pretrains an encoder and scores its masked-token predictions; "
+            f"model.objective={cfg.model.objective} is {family.description}",
+            where="model.objective", fix="--objective mlm (the default) or --objective rtd")
     spec = None
     if auto:
         from shoestring.plan.calibrate import CalibrationSpec

@@ -92,6 +92,7 @@ CramOutput = Annotated[Path, typer.Option("--output", "-o", help="Folder for dat
 CramEvalTask = Annotated[Optional[str], typer.Option("--eval-task", help="Also fine-tune on one task (a GLUE task folder, or a spec as for eval --task) from the run and from scratch.", metavar="TASK")]
 CramAuto = Annotated[bool, typer.Option("--auto", help="Calibrate the scaling law on this data and machine with a share of the budget, then train the plan it gives for the rest (plan --calibrate).")]
 CramCalibrateShare = Annotated[float, typer.Option("--calibrate-share", help="With --auto: most of the budget's FLOPs calibration may spend.")]
+CramObjective = Annotated[Optional[str], typer.Option("--objective", help="The encoder's pretraining objective: mlm (masked LM, the default) or rtd (replaced-token detection, ELECTRA; docs/training.md).")]
 CramJobs = Annotated[int, typer.Option("--jobs", "-j", min=1, help="With --auto: calibration points trained at once, the CPU cores split between them.")]
 ServeModels = Annotated[list[str], typer.Argument(help="Run dir, `shoestring export` folder, classifier folder, transformers encoder folder (BERT, sentence-transformers, ...; shoestring[hf]), or a repository model NAME[:VERSION|:TAG] (several: requests pick one with \"model\").", show_default=False, metavar="MODEL...")]
 ServeHost = Annotated[str, typer.Option(help="Address to listen on (loopback: this machine only).")]

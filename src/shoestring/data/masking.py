@@ -91,6 +91,16 @@ def fixed_masks(ids: Tensor, first_index: int, rate: float, seed: int, num_speci
     )
 
 
+def fixed_uniforms(positions: Tensor, first_index: int, seed: int) -> Tensor:
+    """One uniform per masked position (B, M) for rows ``first_index …``, each row's from its
+    own (``seed``, row index) generator, apart from its masks' stream: the RTD generator's
+    replacements in validation and `eval` do not depend on the batch size (model/detector.py)."""
+    return torch.stack([
+        torch.rand(positions.shape[1],
+                   generator=torch.Generator().manual_seed((seed + 1) * 2_000_003 + first_index + i))
+        for i in range(len(positions))])
+
+
 # Inverse-cloze pairs for the contrastive family (families/contrastive.py): the query is a
 # span of QUERY_FRACTION of a row's tokens (a sentence or two at 128); spans are token spans,
 # since packed rows keep no sentence boundaries.

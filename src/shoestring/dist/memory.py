@@ -75,6 +75,22 @@ def param_counts(cfg: ModelConfig, vocab_size: int) -> dict[str, int]:
     }
 
 
+def generator_params(cfg: ModelConfig, vocab_size: int) -> int:
+    """What an RTD model's generator adds to its encoder's parameters (model/detector.py):
+    its blocks and norms, the projections from and back to the shared table's width, its head
+    norm and bias, the replaced-token output, and under gdes the generator's own table."""
+    if not cfg.family.generator:
+        return 0
+    gen = cfg.generator_config()
+    g, c = param_counts(gen, vocab_size), param_counts(cfg, vocab_size)
+    H, G, bias = cfg.hidden_size, gen.hidden_size, int(cfg.bias)
+    projections = 2 * H * G + bias * (G + H)
+    head = c["final_norm"] or c["emb_norm"] or H  # a norm at the table's width
+    table = vocab_size * H if cfg.rtd_sharing == "gdes" else 0
+    return (g["emb_norm"] + g["blocks"] + g["final_norm"] + projections + head
+            + bias * vocab_size + (H + 1) + table)
+
+
 def memory_per_rank(model_cfg: ModelConfig, vocab_size: int, seq_len: int, micro_batch: int,
                     layout: Layout | None = None, param_dtype: str = "bf16") -> dict[str, int]:
     """Bytes on the busiest rank (see module docstring). ``layout``: None for one device;
@@ -91,12 +107,13 @@ def memory_per_rank(model_cfg: ModelConfig, vocab_size: int, seq_len: int, micro
     block_norm = c["block"] - c["block_matmul"]
     block_local = c["block_matmul"] // tp + block_norm
     pre = model_cfg.norm_position == "pre"
-    skipped = block_norm // 2 if pre and c["emb_norm"] else 0  # block 0 has no attention norm
+    skipped = c["emb_norm"] if pre else 0  # block 0 has no attention norm (a norm's size)
     emb_local = c["embedding"] // tp + c["positions"] + c["emb_norm"] - skipped
     head_local = (c["final_norm"] + c["head"] + c["untied_output"] // tp
                   + (c["embedding"] // tp if c["tied"] and pp > 1 else 0))
-    if pp == 1:
-        params = emb_local + blocks_per_rank * block_local + head_local
+    if pp == 1:  # (an RTD generator refuses tp and pp: all of it on every rank)
+        params = (emb_local + blocks_per_rank * block_local + head_local
+                  + generator_params(model_cfg, vocab_size))
     else:
         first = emb_local + blocks_per_rank * block_local
         last = blocks_per_rank * block_local + head_local
@@ -143,8 +160,11 @@ def memory_per_rank(model_cfg: ModelConfig, vocab_size: int, seq_len: int, micro
         activations += (attn_elems + mlp_elems) * act_bytes // tp * micro_batch
     sparse = model_cfg.sparse_prediction
     scored = round(model_cfg.family.head_fraction(sparse, T, families.DEFAULT_MASK_RATE) * T)
-    logits = micro_batch * scored * vocab_size * (act_bytes + 4) // tp
-    activations += logits
+    if model_cfg.family.generator:  # the vocabulary logits are the generator's
+        activations += memory_per_rank(model_cfg.generator_config(), vocab_size, seq_len,
+                                       micro_batch, layout, param_dtype)["activations"]
+    else:
+        activations += micro_batch * scored * vocab_size * (act_bytes + 4) // tp
     return {"params": weights, "params_transient": transient, "grads": grads, "optimizer": optim,
             "activations": activations, "host": host, "params_per_rank": params,
             "total": weights + transient + grads + optim + activations}

@@ -68,6 +68,11 @@ def check_layout(cfg: Config, layout: Layout, vocab_size: int, world_size: int,
             f"model.positions={m.positions} with tp > 1 is not supported (sequence "
             "parallelism shards the residual stream before absolute positions are added)",
             where="model.positions", fix="use rotary positions (the default) with tp > 1")
+    if layout.tp > 1 and m.family.generator:
+        raise ShoestringError(
+            f"tensor parallelism (tp > 1) is not supported for model.objective={m.objective}: "
+            "the generator's width is not split", where="--parallel",
+            fix="use dp (and ZeRO) for this objective")
     if layout.pp > 1 and m.family.sparse_head and not m.sparse_prediction:
         raise ShoestringError("pipeline parallelism runs the sparse MLM head only",
                               where="model.sparse_prediction", fix="set it to true (default)")

@@ -78,12 +78,18 @@ def fused_params(model: nn.Module) -> dict[str, list[int]]:
 
 
 def block_names(model: nn.Module) -> list[str]:
-    """Names of the transformer blocks (``layers.<i>``) of a model or a pipeline stage."""
+    """Names of the transformer blocks (``layers.<i>``) of a model or a pipeline stage, or of
+    each of its parts' (``generator.layers.<i>``, ``discriminator.layers.<i>``: model/detector.py)."""
     layers = getattr(model, "layers", None)
     if layers is None:
-        raise ShoestringError(
-            f"{type(model).__name__} has no .layers; shoestring.dist does not know how to "
-            "parallelize it", where="parallelize")
+        names = [f"{name}.{block}" for name, child in model.named_children()
+                 if isinstance(getattr(child, "layers", None), (nn.ModuleList, nn.ModuleDict))
+                 for block in block_names(child)]
+        if not names:
+            raise ShoestringError(
+                f"{type(model).__name__} has no .layers; shoestring.dist does not know how to "
+                "parallelize it", where="parallelize")
+        return names
     keys = layers.keys() if isinstance(layers, nn.ModuleDict) else range(len(layers))
     return [f"layers.{k}" for k in keys]
 
@@ -248,9 +254,11 @@ def apply_ac(model: nn.Module, mode: str) -> None:
         kwargs["context_fn"] = functools.partial(
             create_selective_checkpoint_contexts, _selective_policy()
         )
-    layers = model.layers
-    for key in list(layers.keys() if isinstance(layers, nn.ModuleDict) else range(len(layers))):
-        layers[key] = checkpoint_wrapper(layers[key], **kwargs)
+    for name in block_names(model):
+        parent, _, key = name.rpartition(".")
+        layers = model.get_submodule(parent)
+        index = key if isinstance(layers, nn.ModuleDict) else int(key)
+        layers[index] = checkpoint_wrapper(layers[index], **kwargs)
 
 
 # --------------------------------------------------------------------------- compile

@@ -48,6 +48,7 @@ from shoestring.fsutil import (
     write_text_atomic,
 )
 from shoestring.model.encoder import MaskedLM
+from shoestring.model.detector import as_encoder
 from shoestring.rundir import RunDir
 
 FORMAT = "shoestring-downstream/2"  # 2: per-task seeds, the scratch control, comparisons
@@ -203,8 +204,9 @@ def evaluate_downstream(
 
 
 def _load_encoder(run: RunDir) -> tuple[torch.nn.Module, dict[str, Any]]:
-    """The run's trained model, refused unless it is an encoder (masked LM)."""
-    base, meta = run.load_final()
+    """The run's trained model, refused unless it is an encoder (masked LM; an RTD run's
+    discriminator)."""
+    base, meta = as_encoder(*run.load_final())
     if not isinstance(base, MaskedLM):
         raise ShoestringError(
             f"fine-tuning on tasks needs an encoder (masked LM); this run is "

@@ -13,33 +13,38 @@ batch size or device.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from rich.console import Console
 
 from shoestring.config import EvalConfig
 from shoestring.data.datadir import DataDir
-from shoestring.data.masking import fixed_masks
+from shoestring.data.masking import fixed_masks, fixed_uniforms
 from shoestring.families.spec import MASK, NUM_SPECIAL
 from shoestring.device import select_device
 from shoestring.errors import ShoestringError
 from shoestring.model.losses import masked_lm_loss
 from shoestring.fsutil import file_sha256, write_json_atomic
 from shoestring.model.encoder import MaskedLM
+from shoestring.model.detector import ReplacedTokenDetector
 from shoestring.progress import progress_bar
 from shoestring.rundir import RunDir
 
 
 @torch.no_grad()
 def evaluate_mlm(
-    model: MaskedLM,
+    model: MaskedLM | ReplacedTokenDetector,
     data: DataDir,
     cfg: EvalConfig,
     precision: str = "auto",
     console: Console | None = None,
 ) -> dict:
-    """Masked-token cross-entropy, accuracy and the unigram baseline on the val split."""
+    """Masked-token cross-entropy, accuracy and the unigram baseline on the val split; for
+    an RTD model the generator's, and the discriminator's scores on the generator's
+    replacements (``DetectionScore``)."""
     console = console or Console(stderr=True)
     dev = select_device(precision, measure_peak=False)
     model = model.to(dev.device).eval()
@@ -49,13 +54,22 @@ def evaluate_mlm(
     mask_id, vocab = data.special_ids[MASK], data.vocab_size
     total_nll = total_uni = 0.0
     correct = count = 0
+    detector = DetectionScore() if isinstance(model, ReplacedTokenDetector) else None
     with progress_bar(console) as bar:
         task = bar.add_task("evaluating", total=n, unit="seqs")
         for start in range(0, n, cfg.batch_size):
             ids = torch.from_numpy(val.take(np.arange(start, min(start + cfg.batch_size, n))))
             batch = fixed_masks(ids, start, cfg.mask_rate, cfg.seed, NUM_SPECIAL, mask_id, vocab)
+            inputs, positions = batch.inputs.to(dev.device), batch.positions.to(dev.device)
             with dev.autocast():
-                logits = model(batch.inputs.to(dev.device), batch.positions.to(dev.device))
+                if detector is None:
+                    logits = model(inputs, positions)
+                else:  # the generator's MLM, and the discriminator on its replacements
+                    uniforms = fixed_uniforms(batch.positions, start, cfg.seed)
+                    logits, disc, replaced = model(inputs, positions,
+                                                   batch.targets.to(dev.device),
+                                                   uniforms.to(dev.device))
+                    detector.add(disc.float().cpu(), replaced.cpu())
             logits = logits.float().cpu()
             targets = batch.targets
             total_nll += masked_lm_loss(logits, targets, reduction="sum").item()
@@ -65,6 +79,7 @@ def evaluate_mlm(
             bar.update(task, advance=len(ids))
     loss = total_nll / count
     return {
+        **({} if detector is None else detector.result()),
         "mlm_loss": loss,
         "perplexity": float(np.exp(loss)),
         "accuracy": correct / count,
@@ -73,6 +88,44 @@ def evaluate_mlm(
         "masked_tokens": int(count),
         "mask_rate": cfg.mask_rate,
     }
+
+
+class DetectionScore:
+    """The RTD discriminator's held-out scores, summed over batches: its binary loss, its
+    accuracy over every token, and its recall and precision on the replaced ones."""
+
+    def __init__(self) -> None:
+        self.loss = 0.0
+        self.tokens = self.correct = self.replaced = self.flagged = self.caught = 0
+
+    def add(self, logits: torch.Tensor, replaced: torch.Tensor) -> None:
+        flagged = logits > 0
+        self.loss += F.binary_cross_entropy_with_logits(
+            logits, replaced.float(), reduction="sum").item()
+        self.tokens += replaced.numel()
+        self.correct += int((flagged == replaced).sum())
+        self.replaced += int(replaced.sum())
+        self.flagged += int(flagged.sum())
+        self.caught += int((flagged & replaced).sum())
+
+    def result(self) -> dict[str, float]:
+        """``rtd_*`` fields of eval.json (``mlm_loss`` and its kin are the generator's)."""
+        return {"rtd_disc_loss": self.loss / self.tokens,
+                "rtd_disc_accuracy": self.correct / self.tokens,
+                "rtd_replaced_fraction": self.replaced / self.tokens,
+                "rtd_recall": self.caught / max(self.replaced, 1),
+                "rtd_precision": self.caught / max(self.flagged, 1)}
+
+
+def detection_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """The table rows `eval` and `cram` print for an RTD run's eval.json (none otherwise)."""
+    if "rtd_disc_accuracy" not in result:
+        return []
+    return [("discriminator (RTD)",
+             f"accuracy {result['rtd_disc_accuracy']:.1%} over all tokens, loss "
+             f"{result['rtd_disc_loss']:.3f}; {result['rtd_replaced_fraction']:.1%} of tokens "
+             f"replaced, recall {result['rtd_recall']:.1%}, precision "
+             f"{result['rtd_precision']:.1%} (the MLM rows are the generator's)")]
 
 
 def evaluate_run(

@@ -34,7 +34,7 @@ from shoestring.fsutil import write_json_atomic, write_text_atomic
 from shoestring.model.encoder import MaskedLM
 from shoestring.rundir import RunDir
 
-__all__ = ["EXPORT_MARKER", "export_encoder", "hf_config", "hf_state_dict", "import_encoder",
+__all__ = ["EXPORT_MARKER", "TRAINING_ONLY", "export_encoder", "hf_config", "hf_state_dict", "import_encoder",
            "read_weights", "refuse", "write_export"]
 
 EXPORT_MARKER = ".shoestring-export"
@@ -166,7 +166,14 @@ def _ffn(value: str) -> dict[str, Any]:
     return {"hidden_activation": _ACTIVATIONS[value]}
 
 
+# Options of a model's training, not of the function it computes (the RTD generator: a run
+# exports its discriminator alone, model/detector.py): every target ignores them.
+TRAINING_ONLY: dict[str, Callable[[Any], dict[str, Any]]] = {
+    name: lambda v: {} for name in ("generator_width", "generator_depth", "rtd_weight",
+                                    "rtd_sharing")}
+
 _EXPORT_OPTIONS: dict[str, Callable[[Any], dict[str, Any]]] = {
+    **TRAINING_ONLY,
     "preset": lambda v: {},  # a name for the sizes below, which are exported themselves
     "objective": only("objective", MLM.name, "ModernBERT is an encoder"),
     "hidden_size": lambda v: {"hidden_size": v},
@@ -246,17 +253,19 @@ def _tokenizer_config(tokenizer_json: Path, seq_len: int) -> dict[str, Any]:
 
 # --- export ------------------------------------------------------------------------------
 
-def export_encoder(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = False) -> Path:
+def export_encoder(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = False,
+                   loaded: tuple[MaskedLM, dict[str, Any]] | None = None) -> Path:
     """Write a run's trained model as a Hugging Face ModernBERT folder; returns ``out_dir``.
 
     The folder holds ``config.json``, ``model.safetensors`` (fp32), ``tokenizer.json``,
     ``tokenizer_config.json``, ``special_tokens_map.json`` and a ``.shoestring-export``
     marker. It is built in a hidden sibling folder and renamed into place, so it is complete
-    or absent, and a previous export is only replaced once the new one is whole.
+    or absent, and a previous export is only replaced once the new one is whole. ``loaded``:
+    the run's encoder and meta when the caller has them (an RTD run's discriminator).
     """
     run_dir, out = Path(run_dir), Path(out_dir)
     check_output_dir(out, "export", owned=(out / EXPORT_MARKER).is_file(), overwrite=overwrite)
-    model, meta = RunDir(run_dir).load_final()
+    model, meta = loaded if loaded is not None else RunDir(run_dir).load_final()
     config = hf_config(model.cfg, meta["vocab_size"], meta["seq_len"], meta["special_ids"])
     state = hf_state_dict(model)
     tokenizer_json = RunDir(run_dir).tokenizer_path

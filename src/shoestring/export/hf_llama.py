@@ -23,7 +23,8 @@ from shoestring.errors import ShoestringError
 from shoestring.families.clm import CLM
 from shoestring.fsutil import check_output_dir
 from shoestring.model.decoder import CausalLM
-from shoestring.export.hf import map_options, only, read_weights, refuse, write_export
+from shoestring.export.hf import (TRAINING_ONLY, map_options, only, read_weights, refuse,
+                                  write_export)
 
 EXPORT_MARKER = ".shoestring-export"
 HF_ARCHITECTURE = "LlamaForCausalLM"
@@ -37,6 +38,7 @@ def _only(option: str, allowed: Any, why: str) -> Callable[[Any], dict[str, Any]
 
 _EXPORT_OPTIONS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "preset": lambda v: {},
+    **TRAINING_ONLY,
     "objective": _only("objective", CLM.name, "Llama is a decoder"),
     "hidden_size": lambda v: {"hidden_size": v},
     "num_layers": lambda v: {"num_hidden_layers": v},

@@ -20,13 +20,14 @@ from shoestring.artifacts import Artifact, Kind, identify
 from shoestring.errors import ShoestringError
 from shoestring.export.hf import export_encoder, import_encoder
 from shoestring.export.hf_llama import export_decoder, import_decoder
+from shoestring.model.detector import as_encoder
 from shoestring.rundir import RunDir
 from shoestring.units import with_article
 
 
 def _export_mlm(run_dir: Path, out: Path, model: nn.Module, meta: dict[str, Any], *,
                 overwrite: bool) -> Path:
-    return export_encoder(run_dir, out, overwrite=overwrite)  # it loads the run itself
+    return export_encoder(run_dir, out, overwrite=overwrite, loaded=(model, meta))
 
 
 # family name → writer of a run's HF folder (complete or absent); → reader of one
@@ -39,7 +40,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = Fa
     """Export a trained run to ``out_dir``; returns it (complete or absent, see fsutil)."""
     run = RunDir(identify(run_dir, want=(Kind.RUN,), command="shoestring export",
                           trained=True).path)
-    model, meta = run.load_final()
+    model, meta = as_encoder(*run.load_final())  # an RTD run exports its discriminator
     family = families.by_architecture(meta["architecture"], where=str(run.final_dir))
     if family.name not in EXPORTERS:
         raise ShoestringError(
@@ -73,10 +74,11 @@ def import_hf(hf_dir: str | Path) -> tuple[nn.Module, dict]:
 def open_model(path: str | Path, *, command: str = "this command"
                ) -> tuple[nn.Module, dict[str, Any], Artifact]:
     """The model behind a run dir (or its ``final/``) or a Hugging Face export: the one
-    loader that `serve`, ``--init-from`` and the model repository share."""
+    loader that `serve`, ``--init-from`` and the model repository share (an RTD run's is its
+    discriminator, a plain encoder)."""
     artifact = identify(path, want=(Kind.RUN, Kind.EXPORT), command=command, trained=True)
     if artifact.kind is Kind.RUN:
-        model, meta = RunDir(artifact.path).load_final()
+        model, meta = as_encoder(*RunDir(artifact.path).load_final())
     else:
         model, meta = import_hf(artifact.path)
     return model, meta, artifact

@@ -14,12 +14,13 @@ from shoestring.errors import ShoestringError
 from shoestring.families.clm import CLM
 from shoestring.families.contrastive import CONTRASTIVE
 from shoestring.families.mlm import MLM
+from shoestring.families.rtd import RTD
 from shoestring.families.spec import DEFAULT_MASK_RATE, FamilySpec
 
-__all__ = ["CLM", "CONTRASTIVE", "DEFAULT_MASK_RATE", "MLM", "FamilySpec", "all_families",
+__all__ = ["CLM", "CONTRASTIVE", "DEFAULT_MASK_RATE", "MLM", "RTD", "FamilySpec", "all_families",
            "by_architecture", "by_hf_model_type", "get", "names", "preset_fields"]
 
-_REGISTRY: dict[str, FamilySpec] = {f.name: f for f in (MLM, CLM, CONTRASTIVE)}
+_REGISTRY: dict[str, FamilySpec] = {f.name: f for f in (MLM, CLM, CONTRASTIVE, RTD)}
 
 
 def names() -> list[str]:

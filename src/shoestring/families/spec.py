@@ -73,6 +73,7 @@ class FamilySpec:
     base: str = ""  # family whose data dirs and weights this one uses ("" = itself)
     vocab_head: bool = True  # training runs the vocabulary head (FLOPs count it)
     pipeline: bool = True  # can train pipeline-parallel (pp > 1)
+    generator: bool = False  # trains a generator beside the model (RTD; FLOPs count both)
 
     def __post_init__(self) -> None:
         if not self.base:

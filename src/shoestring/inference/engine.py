@@ -618,7 +618,8 @@ def _tokenizer(path: Path) -> Any:
 
 # This floor's part of a model family: the engine that serves its model (families/spec.py).
 ENGINES: dict[str, type[Engine]] = {
-    "mlm": EncoderEngine, "clm": DecoderEngine, "contrastive": EncoderEngine}
+    "mlm": EncoderEngine, "clm": DecoderEngine, "contrastive": EncoderEngine,
+    "rtd": EncoderEngine}  # open_model gives an RTD run's discriminator, an mlm encoder
 
 
 def load_engine(path: str | Path, *, max_length: int | None = None, truncate: bool = False,

@@ -1,4 +1,5 @@
-"""Models: the masked-LM encoder and the causal-LM decoder, built from one set of layers.
+"""Models: the masked-LM encoder, the causal-LM decoder and the replaced-token detector
+(generator + encoder), built from one set of layers.
 
 ``BUILDERS`` is this floor's part of a model family: which module a family trains
 (families/spec.py holds the family's constants; docs/architecture.md).
@@ -13,6 +14,7 @@ from torch import nn
 from shoestring.config import ModelConfig
 from shoestring.model.decoder import CausalLM
 from shoestring.model.encoder import MaskedLM
+from shoestring.model.detector import ReplacedTokenDetector
 
 
 def build_retriever(cfg: ModelConfig, vocab_size: int) -> MaskedLM:
@@ -27,7 +29,8 @@ def build_retriever(cfg: ModelConfig, vocab_size: int) -> MaskedLM:
 
 
 BUILDERS: dict[str, Callable[[ModelConfig, int], nn.Module]] = {
-    "mlm": MaskedLM, "clm": CausalLM, "contrastive": build_retriever}
+    "mlm": MaskedLM, "clm": CausalLM, "contrastive": build_retriever,
+    "rtd": ReplacedTokenDetector}
 
 
 def build_model(cfg: ModelConfig, vocab_size: int) -> nn.Module:

@@ -50,8 +50,9 @@ class MaskedLM(Trunk):
     def forward(self, input_ids: Tensor, positions: Tensor | None = None) -> Tensor:
         """Logits at ``positions`` (B, k) → (B, k, V): the sparse head; all positions if None."""
         hidden = self.encode(input_ids)
-        if positions is not None:
-            hidden = torch.gather(
-                hidden, 1, positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
-            )
-        return self.head(hidden)
+        return self.head(hidden if positions is None else at_positions(hidden, positions))
+
+
+def at_positions(hidden: Tensor, positions: Tensor) -> Tensor:
+    """(B, T, H) hidden states at ``positions`` (B, k) → (B, k, H): what a sparse head scores."""
+    return torch.gather(hidden, 1, positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))

@@ -250,14 +250,17 @@ class Trunk(nn.Module):
         init_weights(self, self.cfg)
 
     def run(self, input_ids: Tensor, positions: Tensor | None = None, mask: Tensor | None = None,
-            causal: bool = False, cache: KVCache | None = None) -> Tensor:
+            causal: bool = False, cache: KVCache | None = None,
+            embedded: Tensor | None = None) -> Tensor:
         """(B, T) ids → (B, T, H) final hidden states.
 
         ``positions`` (B, T) are needed only when they are not 0..T-1 (cached decoding, left
-        padding); ``mask`` is a bool attention mask (True = may attend).
+        padding); ``mask`` is a bool attention mask (True = may attend); ``embedded`` (B, T, H)
+        replaces the token-embedding lookup where the caller's table is another module's (the
+        RTD generator and discriminator share one, model/detector.py).
         """
         T = input_ids.shape[1]
-        x = self.tok_embeddings(input_ids)
+        x = self.tok_embeddings(input_ids) if embedded is None else embedded
         if self.added_positions is not None:
             pos = positions if positions is not None else torch.arange(T, device=x.device)
             x = x + self.added_positions(pos)

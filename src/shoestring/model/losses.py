@@ -41,6 +41,19 @@ def masked_lm_loss(logits: Tensor, targets: Tensor, positions: Tensor | None = N
                            reduction=reduction)
 
 
+def replaced_token_loss(gen_logits: Tensor, targets: Tensor, disc_logits: Tensor,
+                        replaced: Tensor, disc_weight: float, reduction: str = "mean"
+                        ) -> tuple[Tensor, Tensor, Tensor]:
+    """RTD (ELECTRA): (total, generator MLM loss, discriminator loss). The generator's
+    cross-entropy at the masked positions plus ``disc_weight`` × the discriminator's binary
+    cross-entropy over every token (packed rows have no padding). ``"mean"`` averages each
+    part over its own positions; ``"sum"`` sums them (an evaluator divides by the counts)."""
+    gen = masked_lm_loss(gen_logits, targets, reduction=reduction)
+    disc = F.binary_cross_entropy_with_logits(disc_logits.float(), replaced.float(),
+                                              reduction=reduction)
+    return gen + disc_weight * disc, gen, disc
+
+
 def pooled(model: nn.Module, ids: Tensor) -> Tensor:
     """Mean-pooled, L2-normalized last hidden states (the serving engine's ``embed`` pooling
     and the dense index's, so what the contrastive family trains is what is searched)."""

@@ -17,11 +17,13 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from shoestring.data.masking import fixed_masks, inverse_cloze_pairs, mask_tokens
+from shoestring.data.masking import fixed_masks, fixed_uniforms, inverse_cloze_pairs, mask_tokens
 from shoestring.errors import ShoestringError
-from shoestring.families import CLM, CONTRASTIVE, MLM, FamilySpec
+from shoestring.families import CLM, CONTRASTIVE, MLM, RTD, FamilySpec
+from shoestring.families.rtd import DISC_WEIGHT
 from shoestring.families.spec import DEFAULT_MASK_RATE, NUM_SPECIAL
-from shoestring.model.losses import causal_lm_loss, in_batch_loss, masked_lm_loss
+from shoestring.model.losses import (causal_lm_loss, in_batch_loss, masked_lm_loss,
+                                     replaced_token_loss)
 
 Batch = tuple[torch.Tensor, ...]
 
@@ -156,13 +158,59 @@ class ContrastiveObjective(Objective):
         return in_batch_loss(model, batch, "sum"), batch[0].shape[0]
 
 
+@dataclass(frozen=True)
+class ReplacedTokenObjective(MaskedLMObjective):
+    """Replaced-token detection (model/detector.py): MLM's masks plus one uniform per masked
+    position for the generator's sampling, drawn with them; the loss is the generator's MLM
+    loss plus ``disc_weight`` × the discriminator's (model/losses.py)."""
+
+    spec = RTD
+    disc_weight: float = DISC_WEIGHT
+
+    def make_batch(self, ids: torch.Tensor, gen: torch.Generator) -> Batch:
+        inputs, positions, targets = super().make_batch(ids, gen)
+        return (inputs, positions, targets, torch.rand(positions.shape, generator=gen))
+
+    def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        return self.parts(model, batch)[0]
+
+    def parts(self, model: nn.Module, batch: Batch, reduction: str = "mean"
+              ) -> tuple[torch.Tensor, ...]:
+        """(total, generator MLM loss, discriminator loss, the model's outputs...)."""
+        _, _, targets, _ = batch
+        gen_logits, disc_logits, replaced = model(*batch)
+        return (*replaced_token_loss(gen_logits, targets, disc_logits, replaced,
+                                     self.disc_weight, reduction),
+                gen_logits, disc_logits, replaced)
+
+    def validation_batch(self, ids: torch.Tensor, first_index: int, cfg: Any) -> Batch:
+        inputs, positions, targets = super().validation_batch(ids, first_index, cfg)
+        return (inputs, positions, targets, fixed_uniforms(positions, first_index, cfg.seed))
+
+    def loss_sum(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, int]:
+        # The mean total of the rows, weighted by their number: averaging these over batches
+        # gives the training loss's quantity on held-out rows.
+        rows = batch[0].shape[0]
+        return self.parts(model, batch)[0] * rows, rows
+
+    def pipeline_io(self, batch: Batch) -> tuple[Batch, torch.Tensor]:
+        raise self._no_pipeline()
+
+    def stage_loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        raise self._no_pipeline()
+
+
 OBJECTIVES: dict[str, type[Objective]] = {
-    o.spec.name: o for o in (MaskedLMObjective, CausalLMObjective, ContrastiveObjective)}
+    o.spec.name: o for o in (MaskedLMObjective, CausalLMObjective, ContrastiveObjective,
+                             ReplacedTokenObjective)}
 
 
 def objective_for(family: FamilySpec, seq_len: int, vocab_size: int,
                   special_ids: dict[str, int], mask_rate: float = DEFAULT_MASK_RATE,
-                  sparse: bool = True) -> Objective:
-    """The training objective of ``family`` for one run's shapes and tokenizer."""
-    return OBJECTIVES[family.name](seq_len, vocab_size, mask_rate, family.mask_id(special_ids),
-                                   sparse)
+                  sparse: bool = True, model: Any = None) -> Objective:
+    """The training objective of ``family`` for one run's shapes and tokenizer; ``model``
+    (the run's ModelConfig) supplies a generator family's loss weight."""
+    args = (seq_len, vocab_size, mask_rate, family.mask_id(special_ids), sparse)
+    if family.generator:
+        return ReplacedTokenObjective(*args, model.rtd_weight if model is not None else DISC_WEIGHT)
+    return OBJECTIVES[family.name](*args)

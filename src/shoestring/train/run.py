@@ -210,7 +210,7 @@ def build_step(cfg: Config, vocab: int, seq_len: int, special_ids: dict[str, int
     if init is not None:
         init(model)
     objective = objective_for(cfg.model.family, seq_len, vocab, special_ids,
-                              tc.mask_rate, cfg.model.sparse_prediction)
+                              tc.mask_rate, cfg.model.sparse_prediction, model=cfg.model)
     flops_per_token = train_flops_per_token(cfg.model, vocab, seq_len, objective.head_fraction)
     budget = Budget.from_spec(tc.budget, tc.steps, flops_per_token)
     micro = cfg.train.micro_batch(parallel.layout.dp)
@@ -305,11 +305,14 @@ def train_step(r: Step, loader: Iterator[torch.Tensor], s: TrainState, bsz: int,
 
 def _init_from(model: torch.nn.Module, source: str, cfg: Config, data: DataDir) -> None:
     """Copy weights from a Hugging Face folder or a run dir; the architectures and the
-    tokenizers must agree (weights trained on other token ids start worse than random)."""
+    tokenizers must agree (weights trained on other token ids start worse than random). An
+    RTD run's (or HF folder's) encoder starts an RTD model's discriminator."""
+    from shoestring.export.hf import TRAINING_ONLY
     from shoestring.export.hub import open_model
 
     loaded, meta, artifact = open_model(source, command="--init-from")
-    theirs = {k: v for k, v in meta["model"].items() if k not in ("preset", "init_std")}
+    theirs = {k: v for k, v in meta["model"].items()
+              if k not in ("preset", "init_std", *TRAINING_ONLY)}
     ours = {k: v for k, v in cfg.model.model_dump(mode="json").items() if k in theirs}
     for side in (theirs, ours):  # a contrastive run starts from its base (mlm) family's weights
         side["objective"] = families.get(side.get("objective", "mlm"), where=source).base
@@ -328,7 +331,8 @@ def _init_from(model: torch.nn.Module, source: str, cfg: Config, data: DataDir) 
             fix="use the same model settings as the checkpoint (e.g. --config its config) and "
             f"data prepared with its tokenizer (prep with --set data.tokenizer={their_tok})",
         )
-    model.load_state_dict(loaded.state_dict())
+    # an RTD model starts its discriminator from the encoder (model/detector.py)
+    getattr(model, "load_encoder", model.load_state_dict)(loaded.state_dict())
 
 
 def _vocab(tokenizer_json: Path) -> dict[str, int]:
