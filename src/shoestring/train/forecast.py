@@ -56,13 +56,19 @@ class Areas:
     s1: float = 0.0
     momentum: float = 0.0
     s2: float = 0.0
-    last: float = 0.0  # the LR fraction of the last step
+    peak: float = 0.0  # the highest LR fraction so far
+    drop: float = 0.0  # how far the last step's LR was below it
 
     def step(self, factor: float) -> None:
-        self.momentum = MOMENTUM * self.momentum + (self.last - factor)
+        """One step at ``factor`` of the peak LR. Annealing is the LR's fall below the highest
+        LR so far (Tissue et al. count from the peak, η0 = ηmax): a warmup's rise is not
+        annealing, and a cool-down to zero leaves no debt to pay back."""
+        self.peak = max(self.peak, factor)
+        drop = self.peak - factor
+        self.momentum = MOMENTUM * self.momentum + (drop - self.drop)
         self.s1 += factor
         self.s2 += self.momentum
-        self.last = factor
+        self.drop = drop
 
     def after(self, factors: np.ndarray) -> Areas:
         """The areas once ``factors`` (the LR fractions of the steps to come) have run."""
@@ -195,11 +201,15 @@ class Forecast:
     held_out: bool  # False: no validation yet, so it is the train loss's
     noise: float  # the bootstrap's 90% half-width
     backtest: float  # the half-width from the backtest's miss, scaled to the extrapolation
+    cooldown_ahead: bool  # the LR has yet to fall below its peak: C is not measured
+    law: dict[str, float]  # the fitted L0, A, α, C
 
     def describe(self) -> str:
         what = "held-out" if self.held_out else "train (no validation yet)"
         return (f"forecast final {what} loss {self.loss:.3f} "
-                f"(90%: {self.low:.3f}–{self.high:.3f})")
+                f"(90%: {self.low:.3f}–{self.high:.3f})"
+                + ("; the LR's cool-down is still ahead and its gain cannot be measured before "
+                   "it starts, so this is the loss without it" if self.cooldown_ahead else ""))
 
     def short(self) -> str:
         """The progress bar's form: "→ 4.62 ±0.08"."""
@@ -267,7 +277,9 @@ def forecast(curve: Curve, future: np.ndarray, at: float, resamples: int = 64,
     half = math.hypot(noise, backtest)
     mid = final + offset
     return Forecast(at=at, step=curve.steps, loss=mid, low=mid - half, high=mid + half,
-                    held_out=held, noise=noise, backtest=backtest)
+                    held_out=held, noise=noise, backtest=backtest,
+                    cooldown_ahead=curve.areas.drop < 0.05 < end.drop,
+                    law={k: round(v, 6) for k, v in asdict(law).items()})
 
 
 def _areas_at(curve: Curve, step: int) -> tuple[float, float]:
