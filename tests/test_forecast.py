@@ -105,10 +105,29 @@ def test_bins_merge_but_keep_every_step_and_the_mean_loss() -> None:
 
 def test_future_factors_are_the_schedules_steps_to_come() -> None:
     cfg = TrainConfig(budget=None, steps=100, schedule="cosine", warmup=0.1)
-    got = F.future_factors(cfg, 25, 0.25)
+    curve = F.Curve()
+    for k in range(1, 26):
+        curve.add(1.0, 5.0)
+        curve.progressed(k / 100)
+    got = F.future_factors(cfg, curve, 0.25)
     assert len(got) == 75
     assert got == pytest.approx(_factors(cfg, 100)[25:])
-    assert len(F.future_factors(cfg, 100, 1.0)) == 0
+    assert len(F.future_factors(cfg, curve, 1.0)) == 0
+
+
+def test_the_steps_to_come_are_counted_at_the_recent_pace() -> None:
+    """A wall-clock budget whose first step compiled for 10% of it: the steps after it run
+    at 0.2% each, and the 50% still to come is 250 of them, not the 25 the average says."""
+    cfg = TrainConfig(budget="8m", schedule="cosine")
+    curve = F.Curve()
+    curve.add(0.0, 9.0)
+    curve.progressed(0.10)
+    for k in range(1, 201):
+        curve.add(1.0, 5.0)
+        curve.progressed(0.10 + 0.002 * k)
+    assert curve.progress == pytest.approx(0.5)
+    assert len(F.future_factors(cfg, curve, curve.progress)) == 250
+    assert len(curve.paces) == F.PACE_STEPS
 
 
 def test_a_run_records_its_forecasts_and_a_resume_continues_them(pydocs_dir: Path,
@@ -149,3 +168,17 @@ def test_a_checkpoint_without_a_curve_resumes_and_says_why_there_is_no_forecast(
         assert curve.steps == 140
         assert "kept no loss curve" in F.forecast(curve, np.ones(10), 0.5)
     assert not F.Curve.from_dict(None, step=0).lost  # a run's start: nothing to lose
+
+
+def test_a_law_that_extrapolates_to_nonsense_is_not_a_forecast() -> None:
+    """A curve that falls fast and then jumps about: whatever the law makes of it, a forecast
+    below zero or with an interval wider than the loss itself is not printed as one."""
+    curve = F.Curve()
+    rng = np.random.default_rng(3)
+    for k in range(60):
+        curve.add(min(1.0, (k + 1) / 60), float(9.0 - 0.08 * k + rng.normal(0, 1.5)))
+    made = F.forecast(curve, np.linspace(1.0, 0.0, 5000), 0.01)
+    if isinstance(made, F.Forecast):
+        assert made.low > 0 and made.high - made.low < 2 * made.loss
+    else:
+        assert "does not follow the law" in made or "not falling" in made

@@ -45,6 +45,7 @@ MOMENTUM = 0.999  # λ of the annealing area, per step (Tissue et al.'s default)
 POINTS = (0.10, 0.25, 0.50)  # budget progress at which the forecast is printed
 MAX_BINS = 256
 MIN_STEPS = 20  # fewer steps seen than this: too short to forecast
+PACE_STEPS = 16  # steps whose median progress counts the steps to come
 Z90 = 1.645
 _ALPHAS = np.geomspace(0.02, 3.0, 48)
 
@@ -91,6 +92,13 @@ class Curve:
     validations: list[list[float]] = field(default_factory=list)
     forecasts: list[dict[str, Any]] = field(default_factory=list)
     lost: bool = False  # resumed from a checkpoint without a (readable) curve
+    progress: float = 0.0  # budget progress after the last step
+    paces: list[float] = field(default_factory=list)  # progress of each of the last steps
+
+    def progressed(self, progress: float) -> None:
+        """Budget progress after the step just added: the pace the future is counted at."""
+        self.paces = [*self.paces[-(PACE_STEPS - 1):], progress - self.progress]
+        self.progress = progress
 
     def add(self, factor: float, loss: float) -> None:
         """One optimizer step taken at ``factor`` of the peak LR, with train loss ``loss``."""
@@ -131,7 +139,8 @@ class Curve:
             curve = cls(areas=Areas(**d["areas"]), steps=int(d["steps"]), width=int(d["width"]),
                         bins=[[float(x) for x in b] for b in d["bins"]],
                         validations=[[float(x) for x in v] for v in d["validations"]],
-                        forecasts=[dict(f) for f in d["forecasts"]])
+                        forecasts=[dict(f) for f in d["forecasts"]],
+                        progress=float(d["progress"]), paces=[float(x) for x in d["paces"]])
         except (KeyError, TypeError, ValueError):
             return cls(steps=step, lost=step > 0)
         if curve.steps != step or sum(b[0] for b in curve.bins) != step:
@@ -219,13 +228,15 @@ class Forecast:
         return {k: (round(v, 5) if isinstance(v, float) else v) for k, v in asdict(self).items()}
 
 
-def future_factors(cfg: TrainConfig, step: int, progress: float) -> np.ndarray:
-    """The LR fractions of the steps still to come, after ``step`` steps have used
-    ``progress`` of the budget: as many steps again as this pace buys (exact for a step
-    budget), each at the schedule's value at its middle."""
+def future_factors(cfg: TrainConfig, curve: Curve, progress: float) -> np.ndarray:
+    """The LR fractions of the steps still to come once ``progress`` of the budget is used:
+    as many steps as the recent pace buys (the median progress of the last `PACE_STEPS`
+    steps: exact for a step budget, and blind to a first step that compiled for a minute),
+    each at the schedule's value at its middle."""
     if progress <= 0 or progress >= 1:
         return np.zeros(0)
-    left = max(0, round(step / progress) - step)
+    pace = float(np.median(curve.paces)) if curve.paces else progress / max(curve.steps, 1)
+    left = max(0, round((1 - progress) / max(pace, 1e-12)))
     mids = progress + (np.arange(left) + 0.5) * (1 - progress) / max(left, 1)
     return np.array([lr_factor(cfg, float(q)) for q in mids])
 
@@ -276,6 +287,10 @@ def forecast(curve: Curve, future: np.ndarray, at: float, resamples: int = 64,
     backtest = _backtest(curve, start, s1, s2, y, w, ends, end, final)
     half = math.hypot(noise, backtest)
     mid = final + offset
+    now = float(np.average(y[-max(1, len(y) // 8):], weights=w[-max(1, len(w) // 8):])) + offset
+    if not 0 < mid - half or half > now:
+        return (f"the curve does not follow the law well enough yet: it would say {mid:.3g} "
+                f"± {half:.3g}, for a loss now at {now:.3f}")
     return Forecast(at=at, step=curve.steps, loss=mid, low=mid - half, high=mid + half,
                     held_out=held, noise=noise, backtest=backtest,
                     cooldown_ahead=curve.areas.drop < 0.05 < end.drop,

@@ -294,6 +294,7 @@ def _train(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Path,
                 if s.bad_in_a_row and not signum:
                     continue
                 p = r.budget.progress(s.step, s.tokens, elapsed=s.elapsed)
+                s.curve.progressed(p)
                 done = p >= 1.0
                 ran += 1
                 if not few_said and (ran >= 2 or done):  # the first step warms up

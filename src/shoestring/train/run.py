@@ -145,7 +145,7 @@ class Run(Step):
         with self.budget.pause():
             start = time.perf_counter()
             made = forecast.forecast(s.curve, forecast.future_factors(
-                self.cfg.train, s.step, progress), at)
+                self.cfg.train, s.curve, progress), at)
             seconds = time.perf_counter() - start
         record = made.to_dict() if isinstance(made, forecast.Forecast) else {
             "at": at, "step": s.step, "note": made}
