@@ -590,9 +590,9 @@ def test_the_statement_before_training_follows_from_the_sizing(pydocs_dir: Path)
     def top(budget: float) -> float:
         return max(p["budget_flops"] for p in calibration_points(str(pydocs_dir), budget, spec))
 
-    small, large = (regime_preview(str(pydocs_dir), b, spec,
-                                   sorted({p["budget_flops"] for p in calibration_points(
-                                       str(pydocs_dir), b, spec)})) for b in (1e14, 1e15))
+    small, large = (regime_preview(str(pydocs_dir), spec, sorted(
+        {p["budget_flops"] for p in calibration_points(str(pydocs_dir), b, spec)}))
+        for b in (1e14, 1e15))
     assert small is not None and large is not None
     assert small["decades_below"] == pytest.approx(math.log10(2.2e15 / top(1e14)))
     assert small["decades_below"] - large["decades_below"] == pytest.approx(1.0, abs=0.02)

@@ -301,7 +301,7 @@ def calibrate(data_dir: str | Path, budget_flops: float, spec: CalibrationSpec,
                   f"({', '.join(f'{c:.3g}' for c in levels)} FLOPs), "
                   f"{sum(map(cost, points)):.3g} FLOPs of {spec.share:.0%} × "
                   f"{budget_flops:.3g}; {len(done & {p['id'] for p in points})} reused")
-    preview = regime_preview(data_dir, budget_flops, spec, levels)
+    preview = regime_preview(data_dir, spec, levels)
     if preview is not None:
         console.print(preview["said"], highlight=False)
     if wall is not None and seconds is not None:
@@ -332,8 +332,8 @@ def calibrate(data_dir: str | Path, budget_flops: float, spec: CalibrationSpec,
         preview=preview)
 
 
-def regime_preview(data_dir: str, budget_flops: float, spec: CalibrationSpec,
-                   levels: list[float]) -> dict[str, Any] | None:
+def regime_preview(data_dir: str, spec: CalibrationSpec, levels: list[float]
+                   ) -> dict[str, Any] | None:
     """What is known before a point trains (None when the top level is in the objective's
     power-law regime, or no boundary is known for it): how many decades the top level sits
     below the regime (`prediction.LAW_REGIME_FLOPS`), the noise a calibration point was
@@ -344,7 +344,7 @@ def regime_preview(data_dir: str, budget_flops: float, spec: CalibrationSpec,
     boundary = prediction.LAW_REGIME_FLOPS.get(objective)
     if boundary is None or levels[-1] >= boundary:
         return None
-    top, low = (regime_budget(data_dir, budget_flops, spec, boundary, k) for k in (-1, 0))
+    top, low = (regime_budget(data_dir, spec, boundary, k) for k in (-1, 0))
     noise = prediction.POINT_NOISE
     below = math.log10(boundary / levels[-1])
     need = (f"a budget of {top:.2g} FLOPs or more puts the top level in the regime"
@@ -360,12 +360,13 @@ def regime_preview(data_dir: str, budget_flops: float, spec: CalibrationSpec,
             "budget_for_top_flops": top, "budget_for_all_levels_flops": low, "said": said}
 
 
-def regime_budget(data_dir: str, budget_flops: float, spec: CalibrationSpec, boundary: float,
-                  level: int = -1) -> float | None:
+def regime_budget(data_dir: str, spec: CalibrationSpec, boundary: float, level: int = -1
+                  ) -> float | None:
     """The smallest budget (two figures, rounded up) whose calibration's ``level`` (-1: the
     top, 0: the lowest) is at least ``boundary`` FLOPs, sized by `calibration_points` itself
     (the share, the span narrowed where the share cannot buy it, the steps a point needs);
-    None when none up to 1e30 FLOPs does."""
+    None when none up to 1e30 FLOPs does. The search starts at ``boundary`` (a budget buys
+    levels below itself), so every budget states the same answer."""
     def level_of(budget: float) -> float:
         try:
             points = calibration_points(data_dir, budget, spec)
@@ -373,7 +374,7 @@ def regime_budget(data_dir: str, budget_flops: float, spec: CalibrationSpec, bou
             return 0.0
         return sorted({p["budget_flops"] for p in points})[level]
 
-    low, high = budget_flops, budget_flops
+    low = high = boundary
     while (reached := level_of(high)) < boundary:
         if high > 1e30:
             return None
