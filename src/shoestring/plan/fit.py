@@ -32,6 +32,10 @@ resampled laws' losses, each multiplied by one of the full fit's log residuals (
 as well as the law's own uncertainty. Outside the fitted span of N, D and C = 6·N·D the
 prediction is flagged as an extrapolation and the interval's half-widths are multiplied by
 1 + the decades extrapolated: the bootstrap cannot see a law that bends past its data.
+
+``scaled_fit`` is the one-constant fit for points that do not pin the five: a given law
+(the published prior a calibration centred on) times a scale fitted to them, with the same
+kind of interval (`calibrate.prior_fit`, docs/planning.md).
 """
 
 from __future__ import annotations
@@ -493,7 +497,6 @@ def _envelope(budgets: list[float | None] | None, groups: list[np.ndarray], l: n
                         if budgets[g[0]] is not None))
 
 
-
 def scaled_fit(law: Law, params: np.ndarray | list[float], tokens: np.ndarray | list[float],
                losses: np.ndarray | list[float], budgets: list[float | None] | None = None,
                resamples: int = 200, seed: int = 0, level: float = 0.9,
@@ -501,9 +504,10 @@ def scaled_fit(law: Law, params: np.ndarray | list[float], tokens: np.ndarray | 
     """``law`` with one constant fitted to the points: a common scale s, L = s·law(N, D)
     (least squares in ln-loss: ln s is the mean of ln(measured / law)), with the interval
     that implies, as a ``BootstrapFit`` the planner reads like any other. N is as ``law``
-    counts it (`Law.count`); its loss is then ``objective``'s on your data. The exponents, and so the law's compute-optimal split, stay the
-    law's; the points set its level. The interval: ln s refitted on ``resamples`` resamples
-    (within each level, as `bootstrap_fit` draws them), times the points' own log residuals
+    counts it (`Law.count`); its loss is then ``objective``'s on your data. The exponents,
+    and so the law's compute-optimal split, stay the law's; the points set its level. The
+    interval: ln s refitted on ``resamples`` resamples (within each level, as
+    `bootstrap_fit` draws them), times the points' own log residuals
     around the scaled law (scaled by √(n/(n−1))) — however far the law's shape misses these
     points is that wide — and, with three or more levels, the backtest of the same fit
     without its top level (`_backtest`), which widens predictions past the points. Why a
@@ -514,7 +518,7 @@ def scaled_fit(law: Law, params: np.ndarray | list[float], tokens: np.ndarray | 
         raise ShoestringError(f"the '{law.name}' law has E = {law.E}: it cannot be scaled",
                               where="--law", fix="centre the calibration on epoch or chinchilla")
     n, d, l = (np.asarray(x, dtype=np.float64) for x in (params, tokens, losses))
-    gap = np.log(l) - np.log([law.loss(ni, di) for ni, di in zip(n, d)])
+    gap = _log_gap(law, n, d, l)
     groups = _groups(budgets, len(n))
     rng = np.random.default_rng(seed)
     weights = np.array([_resample(rng, groups, len(n), budgets is not None)
@@ -530,9 +534,9 @@ def scaled_fit(law: Law, params: np.ndarray | list[float], tokens: np.ndarray | 
     full = FitResult(scaled, float(_huber(gap - shift, HUBER_DELTA)[0].sum()),
                      float(np.sqrt(np.mean((gap - shift) ** 2))), len(n),
                      (*(float(x) for x in base + shift), law.alpha, law.beta))
-    checked = (_backtest(n, d, l, budgets, lambda kn, kd, kl, _: _scale(
-        law, float(np.mean(np.log(kl) - np.log([law.loss(a, b) for a, b in zip(kn, kd)]))))
-                         ) if budgets is not None else None)
+    checked = (_backtest(n, d, l, budgets,
+                         lambda kn, kd, kl, _: _scale(law, float(_log_gap(law, kn, kd, kl).mean())))
+               if budgets is not None else None)
     return BootstrapFit(full, thetas, resid, _span(n, d), level, seed, None, checked,
                         _envelope(budgets, groups, l))
 
@@ -541,6 +545,12 @@ def _scale(law: Law, shift: float) -> Law:
     """``law`` times e^shift (every term scaled: the same exponents and split)."""
     s = math.exp(shift)
     return replace(law, E=law.E * s, A=law.A * s, B=law.B * s)
+
+
+def _log_gap(law: Law, n: np.ndarray, d: np.ndarray, l: np.ndarray) -> np.ndarray:
+    """ln(measured / law) at each point."""
+    return np.log(l) - np.log([law.loss(ni, di) for ni, di in zip(n, d)])
+
 
 def _tied_fit(n: np.ndarray, d: np.ndarray, l: np.ndarray, budgets: list[float | None] | None,
               fit_kw: dict[str, Any]) -> tuple[tuple | None, FitResult]:
