@@ -523,3 +523,134 @@ def test_ctrl_c_in_plan_calibrate_names_the_finished_points_and_the_command(
     assert len((Path(m[3]) / "points.jsonl").read_text().splitlines()) == int(m[1])
     assert "the same command reuses them" in stderr
     assert "shoestring " + " ".join(args) in stderr and "Traceback" not in stderr
+
+
+# ------------------------------------------- a calibration that cannot pin its law (issue 61)
+
+# The law issue 61's calibration fitted on a slice of mixed-en (15 points, 7.6e10–2.4e12
+# FLOPs): A vanished, so loss does not fall with N, and β sat on its bound.
+ISSUE_61 = Law("issue-61", E=0.907, A=2.33e-85, B=10.6, alpha=0.167, beta=0.05)
+
+
+def _degenerate_points(data: Path, budget: float, spec: CalibrationSpec) -> list[dict]:
+    """The points `calibration_points` sizes for ``budget``, their losses from ISSUE_61 (no
+    N dependence) with 1% log-normal scatter."""
+    rng = np.random.default_rng(0)
+    points = calibration_points(str(data), budget, spec)
+    for p in points:
+        p["val_loss"] = ISSUE_61.loss(p["params_non_embedding"], p["tokens"]) * math.exp(
+            rng.normal(0, 0.01))
+    return points
+
+
+def test_an_unpinned_fit_is_named_and_the_prior_scaled_to_its_points_plans_instead(
+        pydocs_dir: Path) -> None:
+    """Points whose loss does not fall with N leave the real fit's α on its bound with no
+    IsoFLOP frontier (`unpinned` names it); the issue's own law has no compute-optimal size;
+    the prior scaled to the points keeps its exponents, sets its level from them, and plans
+    with a finite interval that holds the points' scatter."""
+    from shoestring.plan.calibrate import fit_points, prior_fit, unpinned
+    from shoestring.plan.laws import EPOCH_2024
+
+    spec = CalibrationSpec(resamples=50)
+    points = _degenerate_points(pydocs_dir, 1e14, spec)
+    boot = fit_points(points, "mlm", "calibrated", spec)
+    why = unpinned(boot, 8.5e13)
+    assert why is not None and "at its bound" in why and "no IsoFLOP frontier" in why
+    theta = np.log([[ISSUE_61.A, ISSUE_61.B, ISSUE_61.E, ISSUE_61.alpha, ISSUE_61.beta]])
+    issue = F.BootstrapFit(F.FitResult(ISSUE_61, 0.0, 0.01, 15), theta, np.zeros(15),
+                           boot.span, 0.9, 0)
+    assert "no compute-optimal size" in (unpinned(issue, 8.5e13) or "")
+    used = prior_fit(points, "mlm", spec)
+    law = used.fit.law
+    assert unpinned(used, 8.5e13) is None
+    assert (law.alpha, law.beta, law.params) == (EPOCH_2024.alpha, EPOCH_2024.beta, "total")
+    scale = law.E / EPOCH_2024.E
+    assert law.A / EPOCH_2024.A == pytest.approx(scale) and scale < 1  # points below epoch's
+    ratios = [p["val_loss"] / EPOCH_2024.loss(p["params"], p["tokens"]) for p in points]
+    assert math.log(scale) == pytest.approx(np.mean(np.log(ratios)))
+    # the scatter around the scaled prior is the interval's: far wider than the 1% noise
+    assert used.fit.rmse_log > 0.05 and used.backtest is not None
+    tree = make_plan(PlanRequest(hardware="t4", budget="8.5e13flops", data=str(pydocs_dir)),
+                     fitted=used)
+    pred = tree["plan"]["prediction"]
+    assert pred["comparable"] and 0 <= pred["low"] <= pred["loss"] <= pred["high"] < math.inf
+    assert pred["law"] == "epoch-scaled" and pred["extrapolated"]
+
+
+def test_the_statement_before_training_follows_from_the_sizing(pydocs_dir: Path) -> None:
+    """Before a point trains: the top level's decades below the MLM regime and the smallest
+    budget whose calibration reaches it, found by the same sizing — so a 10× budget states a
+    decade less and the same budget, which sizes a top level in the regime while 2% less
+    does not."""
+    from shoestring.plan.calibrate import regime_preview
+
+    spec = CalibrationSpec()
+
+    def top(budget: float) -> float:
+        return max(p["budget_flops"] for p in calibration_points(str(pydocs_dir), budget, spec))
+
+    small, large = (regime_preview(str(pydocs_dir), spec, sorted(
+        {p["budget_flops"] for p in calibration_points(str(pydocs_dir), b, spec)}))
+        for b in (1e14, 1e15))
+    assert small is not None and large is not None
+    assert small["decades_below"] == pytest.approx(math.log10(2.2e15 / top(1e14)))
+    assert small["decades_below"] - large["decades_below"] == pytest.approx(1.0, abs=0.02)
+    need = small["budget_for_top_flops"]
+    assert need == large["budget_for_top_flops"]
+    # the least to two figures: it and 3% more reach it (the sizing shrinks an overshooting
+    # top level in 3% steps, so the level is not monotone in the budget), 10% less does not
+    assert top(need) >= 2.2e15 and top(need * 1.03) >= 2.2e15 > top(need * 0.9)
+    assert small["budget_for_all_levels_flops"] > need * 10  # the lowest level: 1.5 decades on
+    assert f"{small['decades_below']:.2f} decades under" in small["said"]
+    assert f"a budget of {need:.2g} FLOPs" in small["said"] and "falls back" in small["said"]
+
+
+@pytest.mark.slow
+def test_a_calibration_that_cannot_pin_the_law_plans_with_the_prior_and_says_why(
+        pydocs_dir: Path, tmp_path: Path) -> None:
+    """`plan --calibrate` end to end on a calibration dir whose points (the ones the sizing
+    asks for, already finished: nothing trains) cannot pin the law: exit 0 with a plan on the
+    prior scaled to them, the line saying so, the points kept, and the plan file and the law
+    file recording which law and why; `plan --law` on that file plans the same."""
+    from shoestring.plan.calibrate import calibration_dir
+    from shoestring.plan.sweep import FORMAT
+    from shoestring.plan.planner import data_info
+
+    spec = CalibrationSpec()
+    budget = 1e14
+    cal = calibration_dir(str(pydocs_dir.resolve()), spec, tmp_path / "cal")
+    cal.mkdir(parents=True)
+    (cal / "sweep.json").write_text(json.dumps({
+        "format": FORMAT, "data_dir": data_info(str(pydocs_dir))["dir"], "objective": "mlm",
+        "law": "epoch", "overrides": [], "config": None}))
+    points = _degenerate_points(pydocs_dir.resolve(), budget, spec)
+    (cal / "points.jsonl").write_text("".join(json.dumps(p) + "\n" for p in points))
+    plan_file = tmp_path / "plan.yaml"
+    r = run_cli("plan", "--calibrate", "--hardware", "t4", "--budget", f"{budget:g}flops",
+                "--data", str(pydocs_dir), "--calibration-dir", str(tmp_path / "cal"),
+                "-o", str(plan_file))
+    assert r.returncode == 0, r.stderr
+    err = " ".join(r.stderr.split())
+    assert "below the regime: the top level" in err and "puts the top level in the regime" in err
+    assert err.index("below the regime") < err.index("points to train") \
+        if "points to train" in err else True
+    assert "15 reused" in err
+    assert "the calibration could not pin the law" in err and f"kept in {cal}" in err
+    assert "the plan below uses the prior 'epoch' law" in err
+    meta = yaml.safe_load(plan_file.read_text())["plan"]
+    assert meta["calibration"]["law_used"] == "prior"
+    assert meta["law_source"]["from"] == "prior" and "no IsoFLOP frontier" in \
+        meta["law_source"]["reason"]
+    assert meta["law"]["name"] == "epoch-scaled" and meta["prediction"]["law"] == "epoch-scaled"
+    assert meta["notes"][0].startswith("the calibration could not pin the law")
+    assert "within its 15% share" in meta["notes"][1]
+    assert meta["calibration"]["regime"]["budget_for_top_flops"] > budget
+    law_file = yaml.safe_load((cal / "law.yaml").read_text())
+    assert law_file["law"]["name"] == "epoch-scaled"
+    assert law_file["fallback"]["prior"] == "epoch" and law_file["fallback"]["reason"]
+    assert law_file["fallback"]["fitted_law"]["at_bounds"]  # the fit it replaced, kept
+    again = make_plan(PlanRequest(hardware="t4", budget=f"{meta['budget']['flops']}flops",
+                                  data=str(pydocs_dir), law=str(cal / "law.yaml")))
+    assert again["plan"]["prediction"]["loss"] == pytest.approx(meta["prediction"]["loss"])
+    assert again["plan"]["model"]["shape"] == meta["model"]["shape"]

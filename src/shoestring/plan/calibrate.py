@@ -10,7 +10,10 @@ its levels (warmup-stable-decay, `sweep.branch`), the lower levels costing only 
 cool-downs. The top level is the largest for which the whole sweep's training
 fits in the share. L(N, D) is fitted to the points with bootstrap intervals (`plan/fit.py`)
 and the rest of the budget is planned with that law; a top level below where the objective's
-loss follows a power law is said in the plan (`prediction.regime`).
+loss follows a power law is said before any point trains, with the smallest budget that
+reaches it (`regime_preview`), and in the plan (`prediction.regime`). A fit that cannot pin
+the law (`unpinned`) does not discard what was trained: the plan uses the centring law scaled
+to the points, with the interval they imply (`prior_fit`), and says so.
 
 The sweep lives in a calibration dir keyed by the data dir's fingerprint and the settings
 (objective, centring law, overrides, eval rows, minimum steps), so a second calibration on the
@@ -21,6 +24,7 @@ D and achieved held-out loss) and other sweep dirs to the fit.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -30,6 +34,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from rich.console import Console
 
 from shoestring.config import EvalConfig
@@ -38,8 +43,8 @@ from shoestring.errors import Interrupted, ShoestringError, TrainingInterrupted
 from shoestring.fsutil import write_text_atomic
 from shoestring.plan import prediction
 from shoestring.plan.calibration_wall import WallPrice, measure_wall
-from shoestring.plan.fit import BootstrapFit, bootstrap_fit, point_width
-from shoestring.plan.laws import law_to_yaml
+from shoestring.plan.fit import BootstrapFit, bootstrap_fit, point_width, scaled_fit
+from shoestring.plan.laws import law_to_yaml, load_law
 from shoestring.plan.planner import PlanRequest, data_info, make_plan
 from shoestring.plan.sweep import COOLDOWN, cost, plan_points, read_points, run_sweep
 from shoestring.units import BudgetSpec, with_article
@@ -112,7 +117,13 @@ def _points(data_dir: str, top: float, spec: CalibrationSpec) -> list[dict[str, 
 
 
 def _smallest_top(data_dir: str, spec: CalibrationSpec) -> float | None:
-    """The smallest top level whose sweep is feasible (bisection on log C)."""
+    """The smallest top level whose sweep is feasible (bisection on log C); it depends on the
+    data and the settings alone, so it is worked out once per data fingerprint (`key`)."""
+    return _smallest_top_of(data_dir, spec, spec.key(data_dir))
+
+
+@functools.lru_cache(maxsize=64)
+def _smallest_top_of(data_dir: str, spec: CalibrationSpec, key: str) -> float | None:
     low, high = 3.0, 24.0
     if _points(data_dir, 10 ** high, spec) is None:
         return None
@@ -219,6 +230,7 @@ class Calibration:
     history: list[str] = field(default_factory=list)
     estimated_wall_s: float | None = None  # at the speed measured before (wall budgets)
     cap_s: float | None = None  # the share of a wall-clock budget's seconds
+    preview: dict[str, Any] | None = None  # said before training (`regime_preview`)
 
     def to_dict(self) -> dict[str, Any]:
         levels = sorted({p["budget_flops"] for p in self.points})
@@ -289,6 +301,9 @@ def calibrate(data_dir: str | Path, budget_flops: float, spec: CalibrationSpec,
                   f"({', '.join(f'{c:.3g}' for c in levels)} FLOPs), "
                   f"{sum(map(cost, points)):.3g} FLOPs of {spec.share:.0%} × "
                   f"{budget_flops:.3g}; {len(done & {p['id'] for p in points})} reused")
+    preview = regime_preview(data_dir, spec, levels)
+    if preview is not None:
+        console.print(preview["said"], highlight=False)
     if wall is not None and seconds is not None:
         console.print(f"the {spec.share:.0%} share of the {seconds / 60:.3g} min budget is "
                       f"{spec.share * seconds / 60:.3g} min here", highlight=False)
@@ -313,7 +328,67 @@ def calibrate(data_dir: str | Path, budget_flops: float, spec: CalibrationSpec,
         sum(cost(p) for p in mine if not p["reused"]), wall,
         sum(p.get("train_seconds") or 0.0 for p in mine if not p["reused"]), spec.share,
         budget_flops, estimated_wall_s=estimate,
-        cap_s=spec.share * seconds if wall is not None and seconds is not None else None)
+        cap_s=spec.share * seconds if wall is not None and seconds is not None else None,
+        preview=preview)
+
+
+def regime_preview(data_dir: str, spec: CalibrationSpec, levels: list[float]
+                   ) -> dict[str, Any] | None:
+    """What is known before a point trains (None when the top level is in the objective's
+    power-law regime, or no boundary is known for it): how many decades the top level sits
+    below the regime (`prediction.LAW_REGIME_FLOPS`), the noise a calibration point was
+    measured to carry (`prediction.POINT_NOISE`), and the smallest budgets whose calibration
+    — sized by `calibration_points`, as this one was — puts its top level, and all its
+    levels, in the regime. ``said``: the two lines for people."""
+    objective = data_info(data_dir)["objective"]
+    boundary = prediction.LAW_REGIME_FLOPS.get(objective)
+    if boundary is None or levels[-1] >= boundary:
+        return None
+    top, low = (regime_budget(data_dir, spec, boundary, k) for k in (-1, 0))
+    noise = prediction.POINT_NOISE
+    below = math.log10(boundary / levels[-1])
+    need = (f"a budget of {top:.2g} FLOPs or more puts the top level in the regime"
+            + (f" ({low:.2g}: all {len(levels)} levels)" if low else "")
+            if top else "no budget this data allows reaches the regime")
+    said = (f"below the regime: the top level, {levels[-1]:.3g} FLOPs, is {below:.2f} decades "
+            f"under the ~{boundary:.2g} where {objective.upper()} loss follows a power law; a "
+            f"point moves {noise['seed_median']:g}–{noise['seed_max']:g} nats with the seed "
+            f"and {noise['warmup_step']:g} with a sub-step warmup change (measured at "
+            f"{noise['flops']:.2g} FLOPs), so the fit may not pin the law.\n{need}; unpinned, "
+            f"the plan falls back to the '{spec.law}' law scaled to these points")
+    return {"boundary_flops": boundary, "top_flops": levels[-1], "decades_below": below,
+            "budget_for_top_flops": top, "budget_for_all_levels_flops": low, "said": said}
+
+
+def regime_budget(data_dir: str, spec: CalibrationSpec, boundary: float, level: int = -1
+                  ) -> float | None:
+    """The smallest budget (two figures, rounded up) whose calibration's ``level`` (-1: the
+    top, 0: the lowest) is at least ``boundary`` FLOPs, sized by `calibration_points` itself
+    (the share, the span narrowed where the share cannot buy it, the steps a point needs);
+    None when none up to 1e30 FLOPs does. The search starts at ``boundary`` (a budget buys
+    levels below itself), so every budget states the same answer."""
+    def level_of(budget: float) -> float:
+        try:
+            points = calibration_points(data_dir, budget, spec)
+        except ShoestringError:
+            return 0.0
+        return sorted({p["budget_flops"] for p in points})[level]
+
+    low = high = boundary
+    while (reached := level_of(high)) < boundary:
+        if high > 1e30:
+            return None
+        low, high = high, high * max(2.0, boundary / max(reached, 1.0))
+    while high / low > 1.002:  # bisection in log
+        mid = math.sqrt(low * high)
+        low, high = (low, mid) if level_of(mid) >= boundary else (mid, high)
+    # two figures, rounded up; the sizing shrinks a top level that overshoots in 3% steps, so
+    # a budget's top level is not monotone in it: up until this one and 3% more both reach
+    step = 10 ** (math.floor(math.log10(high)) - 1)
+    need = math.ceil(high / step) * step
+    while level_of(need) < boundary or level_of(need * 1.03) < boundary:
+        need += step
+    return float(f"{need:.2g}")
 
 
 # ----------------------------------------------------------------------------- history
@@ -343,6 +418,7 @@ def history_points(paths: list[str | Path], objective: str | None) -> list[dict[
                                   where=str(path), fix="drop this run")
         model = (run.read_config_dict() or {}).get("model")
         out.append({"id": f"run:{path}", "params_non_embedding": summary["params_non_embedding"],
+                    **({"params": summary["params"]} if "params" in summary else {}),
                     "tokens": summary["tokens"], "val_loss": loss, "source": str(path),
                     "budget_flops": summary.get("total_flops"),
                     **({"model": model} if isinstance(model, dict) else {})})
@@ -364,11 +440,32 @@ def fit_points(points: list[dict[str, Any]], objective: str, name: str,
                          source=f"shoestring plan --calibrate/--history ({len(unique)} points)")
 
 
-def write_law(boot: BootstrapFit, path: str | Path) -> Path:
-    """The fitted law with its bootstrap, so `plan --law FILE` gives the same intervals."""
-    write_text_atomic(Path(path), law_to_yaml(boot.fit.law,
-                                              {"bootstrap": prediction.bootstrap_to_dict(boot)}))
+def write_law(boot: BootstrapFit, path: str | Path,
+              extra: dict[str, Any] | None = None) -> Path:
+    """The law planned with and its bootstrap, so `plan --law FILE` gives the same intervals
+    (``extra``: more sections, e.g. ``fallback``: why it is the prior law, not the fit)."""
+    write_text_atomic(Path(path), law_to_yaml(boot.fit.law, {
+        "bootstrap": prediction.bootstrap_to_dict(boot), **(extra or {})}))
     return Path(path)
+
+
+def prior_fit(points: list[dict[str, Any]], objective: str, spec: CalibrationSpec
+              ) -> BootstrapFit:
+    """The law the calibration centred its sizes on (``spec.law``), scaled to the measured
+    points (`fit.scaled_fit`: its exponents and compute-optimal split, the points' level and
+    scatter), for a calibration whose own fit cannot pin L(N, D) (`unpinned`). N is counted
+    as the prior counts it; a point without that count (a run from before summaries kept
+    it) is left out."""
+    prior = load_law(spec.law)
+    unique = [p for p in {p["id"]: p for p in points}.values()
+              if prior.params != "total" or p.get("params")]
+    return scaled_fit(prior, [prior.count(p.get("params") or 0, p["params_non_embedding"])
+                              for p in unique],
+                      [p["tokens"] for p in unique], [p["val_loss"] for p in unique],
+                      budgets=[p.get("budget_flops") for p in unique],
+                      resamples=spec.resamples, seed=spec.seed, objective=objective,
+                      source=f"the '{prior.name}' law (the calibration's centre) scaled to "
+                             f"{len(unique)} calibration points: their own fit was not pinned")
 
 
 # ------------------------------------------------------------------------------ the plan
@@ -411,13 +508,20 @@ def calibrated_plan(req: PlanRequest, spec: CalibrationSpec, calibrate_data: boo
            if calibrate_data else None)
     points = (cal.all_points if cal else []) + history_points(history or [], objective)
     boot = fit_points(points, objective, "calibrated" if cal else "history", spec)
-    if cal is not None:
+    used, fallback = boot, None
+    if cal is not None:  # what was trained is planned with, pinned or not
         cal.boot, cal.history = boot, [str(h) for h in history or []]
-        write_law(boot, cal.dir / "law.yaml")
-    _check_usable(boot, total, cal.dir if cal else None)
+        why = unpinned(boot, total)
+        if why is not None:
+            used = prior_fit(points, objective, spec)
+            fallback = fallback_record(boot, used, why, cal.dir, spec)
+            console.print(fallback["said"], highlight=False)
+        write_law(used, cal.dir / "law.yaml", {"fallback": fallback} if fallback else None)
+    else:  # --history alone spent nothing: refuse, naming what would pin it
+        _check_usable(boot, total)
     spent = round(spent_s + time.perf_counter() - started, 1)  # one figure, note and tree alike
     rest = _remaining(req, base, cal, spent)
-    tree = make_plan(rest, console, fitted=boot)
+    tree = make_plan(rest, console, fitted=used)
     meta = tree["plan"]
     meta["budget"]["input"] = str(req.budget)
     meta["budget"]["total_flops"] = total
@@ -426,13 +530,20 @@ def calibrated_plan(req: PlanRequest, spec: CalibrationSpec, calibrate_data: boo
         meta["calibration"]["law_file"] = str(cal.dir / "law.yaml")
         meta["calibration"]["spent_before_plan_s"] = spent
         meta["notes"].insert(0, calibration_note(cal, budget, spent))
+        meta["calibration"]["law_used"] = "prior" if fallback else "fitted"
+        if cal.preview is not None:
+            meta["calibration"]["regime"] = cal.preview
+    if fallback is not None:
+        _mark_fallback(meta, fallback)
     if history:
         meta["history"] = {"runs": [str(h) for h in history], "points": len(points)}
     found = meta["prediction"].get("regime")  # worked out once, by `prediction.fitted`
     below = prediction.regime_note(found) if found is not None else None
-    for warning in (biased(boot), degenerate(boot), below):  # after the calibration's cost
+    leans = degenerate(boot) if fallback is None else None  # a fallback said why already
+    after = (cal is not None) + (fallback is not None)  # after the fallback and the cost
+    for warning in (biased(used), leans, below):
         if warning is not None:
-            meta["notes"].insert(1 if cal is not None else 0, warning)
+            meta["notes"].insert(after, warning)
     return tree
 
 
@@ -460,22 +571,76 @@ def _in_seconds(e: CalibrationTooSmall, seconds: float, flops: float, spent_s: f
                                budget=f"{seconds / 60:.3g} min here (", fix=fix)
 
 
-def _check_usable(boot: BootstrapFit, flops: float, where: Path | None) -> None:
-    """Refuse a fitted law with no compute-optimal size (its closed form under- or
-    overflows): points that do not pin L(N, D) cannot plan a budget."""
-    law = boot.fit.law
-    try:
-        n_opt = law.optimal(flops)[0]
-    except (ZeroDivisionError, OverflowError, ValueError):
-        n_opt = float("nan")
-    if not (math.isfinite(n_opt) and n_opt > 0):
+def _check_usable(boot: BootstrapFit, flops: float) -> None:
+    """Refuse a law fitted on --history alone with no compute-optimal size (its closed form
+    under- or overflows): points that do not pin L(N, D) cannot plan a budget, and nothing
+    was spent on them (a calibration falls back to its prior law instead: `unpinned`)."""
+    why = unpinned(boot, flops)
+    if why is not None and "no compute-optimal size" in why:
         raise ShoestringError(
-            f"the law fitted on {boot.fit.points} points is degenerate (L = {law.E:.3g} + "
-            f"{law.A:.3g}/N^{law.alpha:.3g} + {law.B:.3g}/D^{law.beta:.3g}) and has no "
-            "compute-optimal size: the points do not pin how loss falls with N and D",
-            where=str(where) if where else "--history",
-            fix="calibrate with a larger budget (more steps per point), or add finished runs "
-            "of several sizes with --history")
+            f"{why}: the points do not pin how loss falls with N and D", where="--history",
+            fix="add finished runs of several sizes with --history, or calibrate "
+            "(`plan --calibrate`)")
+
+
+def unpinned(boot: BootstrapFit, flops: float) -> str | None:
+    """Why the fitted law cannot plan ``flops``, or None when it can: its closed form has no
+    compute-optimal size (it under- or overflows: a term's constant vanished), its interval
+    there is not finite, or an exponent sits on its bound with no IsoFLOP frontier to size
+    by instead — then the law's N:D split, which sizes the plan, is the bound's, not the
+    points'. (E on its floor is not among them: it moves the loss, not the size, and the
+    plan's notes say it.)"""
+    law = boot.fit.law
+    shown = (f"the law fitted on {boot.fit.points} points (L = {law.E:.3g} + {law.A:.3g}/"
+             f"N^{law.alpha:.3g} + {law.B:.3g}/D^{law.beta:.3g})")
+    try:
+        n_opt, d_opt = law.optimal(flops)
+        with np.errstate(all="ignore"):
+            p = boot.predict(n_opt, d_opt)
+    except (ZeroDivisionError, OverflowError, ValueError):
+        n_opt = d_opt = float("nan")
+    if not all(math.isfinite(x) and x > 0 for x in (n_opt, d_opt)):
+        return f"{shown} is degenerate and has no compute-optimal size"
+    if not (math.isfinite(p.low) and math.isfinite(p.high)):
+        return f"{shown} has no finite interval at its own compute-optimal size"
+    exponents = [b for b in boot.fit.at_bounds if b.startswith(("α", "β"))]
+    if exponents and (boot.frontier is None or not boot.frontier.usable):
+        return (f"{shown} has {' and '.join(exponents)} and no IsoFLOP frontier, so its "
+                "compute-optimal size would be the bound's, not the points'")
+    return None
+
+
+def fallback_record(fitted: BootstrapFit, used: BootstrapFit, why: str, kept: Path,
+                    spec: CalibrationSpec) -> dict[str, Any]:
+    """What the plan and the law file record when a calibration falls back (`prior_fit`):
+    which law, why, the fit it replaced, and the line said to the user (``said``)."""
+    prior = load_law(spec.law)
+    scale = used.fit.law.E / prior.E
+    said = (f"the calibration could not pin the law: {why}. Its {fitted.fit.points} points "
+            f"are kept in {kept} (a larger budget reuses them); the plan below uses the prior "
+            f"'{prior.name}' law scaled ×{scale:.3g} to them, with the interval that implies "
+            f"(their scatter around it, {used.fit.rmse_log:.3f} in ln-loss, and its backtest)")
+    return {"law": used.fit.law.name, "prior": prior.name, "reason": why, "scale": scale,
+            "rmse_log_loss": used.fit.rmse_log, "points": used.fit.points,
+            "points_kept_in": str(kept), "said": said,
+            "fitted_law": {**{k: getattr(fitted.fit.law, k) for k in ("E", "A", "B", "alpha",
+                                                                      "beta")},
+                           "at_bounds": list(fitted.fit.at_bounds)}}
+
+
+def _mark_fallback(meta: dict[str, Any], fallback: dict[str, Any]) -> None:
+    """Say in the plan tree that it was planned with the prior law, and why: the first note
+    (before the calibration's cost), ``plan.law_source``, and the prediction's and size
+    rule's basis."""
+    meta["law_source"] = {"law": fallback["law"], "from": "prior",
+                          "reason": fallback["reason"]}
+    meta["notes"].insert(0, fallback["said"])
+    pred, rule = meta["prediction"], meta["size_rule"]
+    pred["basis"] = (f"the prior '{fallback['prior']}' law scaled to the calibration's "
+                     f"{fallback['points']} points (their own fit was not pinned): "
+                     + pred["basis"])
+    rule["basis"] = (f"the shape with the lowest loss under the prior '{fallback['prior']}' "
+                     "law (its N:D split; the calibration's fit could not pin one)")
 
 
 def degenerate(boot: BootstrapFit) -> str | None:

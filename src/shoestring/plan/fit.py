@@ -32,14 +32,18 @@ resampled laws' losses, each multiplied by one of the full fit's log residuals (
 as well as the law's own uncertainty. Outside the fitted span of N, D and C = 6·N·D the
 prediction is flagged as an extrapolation and the interval's half-widths are multiplied by
 1 + the decades extrapolated: the bootstrap cannot see a law that bends past its data.
+
+``scaled_fit`` is the one-constant fit for points that do not pin the five: a given law
+(the published prior a calibration centred on) times a scale fitted to them, with the same
+kind of interval (`calibrate.prior_fit`, docs/planning.md).
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Callable
 
 import numpy as np
 
@@ -478,11 +482,74 @@ def bootstrap_fit(
     frontier = (Frontier(front[0], front[1], tuple(front[2]), draws, level, front[3],
                          width_range(widths))
                 if front is not None else None)
-    checked = _backtest(n, d, l, budgets, fit_kw) if budgets is not None else None
-    envelope = tuple(sorted((float(budgets[g[0]]), float(l[g].min())) for g in groups
-                            if budgets[g[0]] is not None)) if budgets is not None else ()
+    checked = (_backtest(n, d, l, budgets, lambda *keep: _tied_fit(*keep, fit_kw)[1].law)
+               if budgets is not None else None)
     return BootstrapFit(full, np.array(thetas), resid, span, level, seed, frontier, checked,
-                        envelope)
+                        _envelope(budgets, groups, l))
+
+
+def _envelope(budgets: list[float | None] | None, groups: list[np.ndarray], l: np.ndarray
+              ) -> tuple[tuple[float, float], ...]:
+    """(level, lowest loss measured there) per IsoFLOP level, ascending (``BootstrapFit``)."""
+    if budgets is None:
+        return ()
+    return tuple(sorted((float(budgets[g[0]]), float(l[g].min())) for g in groups
+                        if budgets[g[0]] is not None))
+
+
+def scaled_fit(law: Law, params: np.ndarray | list[float], tokens: np.ndarray | list[float],
+               losses: np.ndarray | list[float], budgets: list[float | None] | None = None,
+               resamples: int = 200, seed: int = 0, level: float = 0.9,
+               name: str = "", source: str = "", objective: str = "mlm") -> BootstrapFit:
+    """``law`` with one constant fitted to the points: a common scale s, L = s·law(N, D)
+    (least squares in ln-loss: ln s is the mean of ln(measured / law)), with the interval
+    that implies, as a ``BootstrapFit`` the planner reads like any other. N is as ``law``
+    counts it (`Law.count`); its loss is then ``objective``'s on your data. The exponents,
+    and so the law's compute-optimal split, stay the law's; the points set its level. The
+    interval: ln s refitted on ``resamples`` resamples (within each level, as
+    `bootstrap_fit` draws them), times the points' own log residuals
+    around the scaled law (scaled by √(n/(n−1))) — however far the law's shape misses these
+    points is that wide — and, with three or more levels, the backtest of the same fit
+    without its top level (`_backtest`), which widens predictions past the points. Why a
+    scale and not an added constant: the loss is per token of *your* tokenizer and
+    objective, and a change of either scales nats per token; a scale also keeps every
+    prediction positive."""
+    if law.E <= 0:  # the constants are kept as logs
+        raise ShoestringError(f"the '{law.name}' law has E = {law.E}: it cannot be scaled",
+                              where="--law", fix="centre the calibration on epoch or chinchilla")
+    n, d, l = (np.asarray(x, dtype=np.float64) for x in (params, tokens, losses))
+    gap = _log_gap(law, n, d, l)
+    groups = _groups(budgets, len(n))
+    rng = np.random.default_rng(seed)
+    weights = np.array([_resample(rng, groups, len(n), budgets is not None)
+                        for _ in range(resamples)], dtype=np.float64)
+    shift = float(gap.mean())
+    base = np.log([law.A, law.B, law.E])
+    thetas = np.array([[*(base + float(np.average(gap, weights=w))), law.alpha, law.beta]
+                       for w in weights])
+    scaled = replace(_scale(law, shift), name=name or f"{law.name}-scaled",
+                     source=source or f"the '{law.name}' law scaled to {len(n)} points",
+                     objective=objective)
+    resid = (gap - shift) * math.sqrt(len(n) / max(len(n) - 1, 1))
+    full = FitResult(scaled, float(_huber(gap - shift, HUBER_DELTA)[0].sum()),
+                     float(np.sqrt(np.mean((gap - shift) ** 2))), len(n),
+                     (*(float(x) for x in base + shift), law.alpha, law.beta))
+    checked = (_backtest(n, d, l, budgets,
+                         lambda kn, kd, kl, _: _scale(law, float(_log_gap(law, kn, kd, kl).mean())))
+               if budgets is not None else None)
+    return BootstrapFit(full, thetas, resid, _span(n, d), level, seed, None, checked,
+                        _envelope(budgets, groups, l))
+
+
+def _scale(law: Law, shift: float) -> Law:
+    """``law`` times e^shift (every term scaled: the same exponents and split)."""
+    s = math.exp(shift)
+    return replace(law, E=law.E * s, A=law.A * s, B=law.B * s)
+
+
+def _log_gap(law: Law, n: np.ndarray, d: np.ndarray, l: np.ndarray) -> np.ndarray:
+    """ln(measured / law) at each point."""
+    return np.log(l) - np.log([law.loss(ni, di) for ni, di in zip(n, d)])
 
 
 def _tied_fit(n: np.ndarray, d: np.ndarray, l: np.ndarray, budgets: list[float | None] | None,
@@ -502,8 +569,10 @@ def _span(n: np.ndarray, d: np.ndarray) -> Span:
 
 
 def _backtest(n: np.ndarray, d: np.ndarray, l: np.ndarray, budgets: list[float | None],
-              fit_kw: dict[str, Any]) -> dict[str, Any] | None:
-    """Fit without the top compute level and predict it: how wrong this fit is when it
+              refit: Callable[[np.ndarray, np.ndarray, np.ndarray, list[float | None]], Law]
+              ) -> dict[str, Any] | None:
+    """Fit without the top compute level (``refit``: the same fit on fewer points, their
+    levels) and predict it: how wrong this fit is when it
     extrapolates, on your own data (None with fewer than three levels). A plan extrapolates
     further past the top level; the bootstrap covers the scatter and the exponent, not a law
     whose form misfits the points (short runs near unigram statistics bend the curve), so the
@@ -514,12 +583,11 @@ def _backtest(n: np.ndarray, d: np.ndarray, l: np.ndarray, budgets: list[float |
     top = levels[-1]
     keep = np.array([b is not None and b < top for b in budgets])
     held = np.array([b == top for b in budgets])
-    _, sub = _tied_fit(n[keep], d[keep], l[keep], [b for b, k in zip(budgets, keep) if k],
-                       fit_kw)
+    sub = refit(n[keep], d[keep], l[keep], [b for b, k in zip(budgets, keep) if k])
     span = _span(n[keep], d[keep])
     errors, rates, spans = [], [], []
     for ni, di, li in zip(n[held], d[held], l[held]):
-        err = math.log(sub.law.loss(ni, di) / li)
+        err = math.log(sub.loss(ni, di) / li)
         dec = max((x for _, x in span.outside(ni, di)), default=0.0)
         errors.append(err)
         spans.append(dec)
