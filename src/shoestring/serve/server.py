@@ -100,8 +100,10 @@ def end_as_signalled(signum: int, restore_default: bool = False) -> None:
     SIGINT: KeyboardInterrupt, which the CLI ends with 130), as uvicorn does after a drain:
     a supervisor reads from the exit status that the stop was asked for. With
     ``restore_default`` the signal's default handler is put back first; else the handler in
-    place (the one this process had before serving) decides."""
-    if restore_default:
+    place (the one this process had before serving) decides, unless that one ignores it: a
+    process started in the background by a script inherits SIGINT ignored, and a stop it was
+    asked for must still read as one."""
+    if restore_default or signal.getsignal(signum) in (signal.SIG_IGN, None):
         signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT
                       else signal.SIG_DFL)
     signal.raise_signal(signum)
