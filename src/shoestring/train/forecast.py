@@ -5,12 +5,12 @@ The law is Tissue et al. 2024 ("Scaling Law with Learning Rate Annealing"):
     L(s) = L0 + A · S1(s)^-α − C · S2(s)
 
 where S1 is the area under the learning-rate schedule after ``s`` steps (the sum of the LR's
-fraction of its peak, step by step) and S2 the annealing area: each step's drop in LR,
-carried forward with momentum λ (`MOMENTUM`) and summed. Rises in LR count negatively, so a
-warmup's rising LR costs loss as a cool-down's falling one gains it: with the loss observed
-while the LR moves, C is measured on the run itself, whatever the schedule (one-cycle, WSD,
-cosine, linear, constant). The schedule's future is known (it is keyed to budget progress),
-so S1 and S2 at the last step are too; the forecast is the law there.
+fraction of its peak, step by step) and S2 the annealing area: each step's fall of the LR
+below the highest LR so far, carried forward with momentum λ (`MOMENTUM`) and summed. C is
+measured on the run itself once its LR has begun to fall, whatever the schedule (one-cycle,
+WSD, cosine, linear, constant); before that the forecast is the loss without the cool-down's
+gain and says so (`Forecast.cooldown_ahead`). The schedule's future is known (it is keyed to
+budget progress), so S1 and S2 at the last step are too; the forecast is the law there.
 
 The law is fitted on the train loss. The held-out loss is the law plus the mean gap between
 the run's last three periodic validations and the law at their steps (the gap of now: it
@@ -20,7 +20,7 @@ repeated on moving-block bootstrap resamples of its residuals (blocks, because a
 noise is correlated from step to step), and the spread of the refitted forecasts is widened
 by the backtest error: the law fitted on the first half of what has been seen, asked for the
 present, missed by some fraction of the distance; the forecast's extrapolation is that many
-times longer. Both parts are printed (`Forecast.describe`).
+times longer. Both parts are recorded (`Forecast.noise`, `Forecast.backtest`).
 
 Everything the fit needs is in `Curve`: running areas and the loss curve in at most
 `MAX_BINS` bins of equal steps (merged pairwise as the run grows), small enough for every
@@ -39,8 +39,9 @@ from shoestring.config import TrainConfig
 from shoestring.train.schedule import lr_factor
 
 METHOD = ("Tissue et al. 2024 law L0 + A·S1^-α − C·S2 fitted on the train loss past its first "
-          "quarter, plus the last three validations' mean gap; 90% interval: moving-block residual bootstrap "
-          "combined with the first-half backtest's miss scaled to the extrapolation")
+          "quarter, plus the last three validations' mean gap; 90% interval: moving-block "
+          "residual bootstrap combined with the first-half backtest's miss scaled to the "
+          "extrapolation")
 MOMENTUM = 0.999  # λ of the annealing area, per step (Tissue et al.'s default)
 POINTS = (0.10, 0.25, 0.50)  # budget progress at which the forecast is printed
 MAX_BINS = 256
