@@ -203,7 +203,7 @@ def fit_law(s1: np.ndarray, s2: np.ndarray, y: np.ndarray, w: np.ndarray) -> Law
 class Forecast:
     """The forecast final loss at some progress, with its 90% interval and what it rests on."""
 
-    at: float  # the budget progress it was made at (a `POINTS` entry, or 1.0)
+    at: float  # the budget progress it was made at (a `POINTS` entry)
     step: int
     loss: float
     low: float
@@ -242,12 +242,16 @@ def future_factors(cfg: TrainConfig, curve: Curve, progress: float) -> np.ndarra
     return np.array([lr_factor(cfg, float(q)) for q in mids])
 
 
-def _points(curve: Curve, start: int) -> tuple[np.ndarray, ...]:
+def _bin_means(curve: Curve) -> tuple[np.ndarray, ...]:
+    """Per bin: S1, S2 and loss means, the steps in it, and the step it ends at."""
     b = np.array(curve.bins, dtype=float)
-    ends = np.cumsum(b[:, 0])
-    keep = ends > start
-    n = b[keep, 0]
-    return b[keep, 2] / n, b[keep, 3] / n, b[keep, 1] / n, n, ends[keep]
+    return b[:, 2] / b[:, 0], b[:, 3] / b[:, 0], b[:, 1] / b[:, 0], b[:, 0], np.cumsum(b[:, 0])
+
+
+def _tail(values: np.ndarray, w: np.ndarray) -> float:
+    """The weighted mean of the last eighth of the points: where the curve is now."""
+    k = max(1, len(values) // 8)
+    return float(np.average(values[-k:], weights=w[-k:]))
 
 
 def forecast(curve: Curve, future: np.ndarray, at: float, resamples: int = 64,
@@ -260,7 +264,9 @@ def forecast(curve: Curve, future: np.ndarray, at: float, resamples: int = 64,
     if curve.steps < MIN_STEPS:
         return f"too short to forecast: {curve.steps} steps seen (the fit needs {MIN_STEPS})"
     start = curve.steps // 4  # the first quarter seen is the initial transient: not the law
-    s1, s2, y, w, ends = _points(curve, start)
+    all_s1, all_s2, all_y, all_w, ends = _bin_means(curve)
+    keep = ends > start
+    s1, s2, y, w = all_s1[keep], all_s2[keep], all_y[keep], all_w[keep]
     if len(y) < 6:
         return f"too short to forecast: {len(y)} points of the loss curve past its first quarter"
     law = fit_law(s1, s2, y, w)
@@ -268,27 +274,30 @@ def forecast(curve: Curve, future: np.ndarray, at: float, resamples: int = 64,
         return "the loss is not falling: no law to extrapolate"
     end = curve.areas.after(future)
     final = float(law(end.s1, end.s2))
-    # the held-out gap now: the last three validations past the transient (or the last one)
+    # the held-out gap now: the last three validations past the transient (or the last one);
+    # the law at a validation's step is at the mean of its bin (bins hold sums, not steps)
     late = [v for v in curve.validations if v[0] > start] or curve.validations[-1:]
-    gap = [v - float(law(*_areas_at(curve, int(st)))) for st, v in late[-3:]]
+    at_bin = [min(int(np.searchsorted(ends, st)), len(ends) - 1) for st, _ in late[-3:]]
+    gap = [v - float(law(all_s1[i], all_s2[i])) for (_, v), i in zip(late[-3:], at_bin)]
     held = bool(gap)
     offset = float(np.mean(gap)) if gap else 0.0
     # noise: refits on moving-block resamples of the residuals
     rng = np.random.default_rng(seed)
-    resid = y - law(s1, s2)
+    fitted = law(s1, s2)
+    resid = y - fitted
     block = max(2, len(y) // 8)
     finals = []
     for _ in range(resamples):
         starts = rng.integers(0, len(y) - block + 1, size=math.ceil(len(y) / block))
         r = np.concatenate([resid[k:k + block] for k in starts])[:len(y)]
-        refit = fit_law(s1, s2, law(s1, s2) + r, w)
+        refit = fit_law(s1, s2, fitted + r, w)
         if refit is not None:
             finals.append(float(refit(end.s1, end.s2)))
     noise = Z90 * float(np.std(finals)) if len(finals) > 2 else abs(final) * 0.05
-    backtest = _backtest(curve, start, s1, s2, y, w, ends, end, final)
+    backtest = _backtest(s1, s2, y, w, end, final)
     half = math.hypot(noise, backtest)
     mid = final + offset
-    now = float(np.average(y[-max(1, len(y) // 8):], weights=w[-max(1, len(w) // 8):])) + offset
+    now = _tail(y, w) + offset
     if not 0 < mid - half or half > now:
         return (f"the curve does not follow the law well enough yet: it would say {mid:.3g} "
                 f"± {half:.3g}, for a loss now at {now:.3f}")
@@ -298,28 +307,19 @@ def forecast(curve: Curve, future: np.ndarray, at: float, resamples: int = 64,
                     law={k: round(v, 6) for k, v in asdict(law).items()})
 
 
-def _areas_at(curve: Curve, step: int) -> tuple[float, float]:
-    """S1 and S2 at ``step`` (the mean of its bin: bins hold sums, not every step)."""
-    b = np.array(curve.bins, dtype=float)
-    i = min(int(np.searchsorted(np.cumsum(b[:, 0]), step)), len(b) - 1)
-    return b[i, 2] / b[i, 0], b[i, 3] / b[i, 0]
-
-
-def _backtest(curve: Curve, start: int, s1: np.ndarray, s2: np.ndarray, y: np.ndarray,
-              w: np.ndarray, ends: np.ndarray, end: Areas, final: float) -> float:
+def _backtest(s1: np.ndarray, s2: np.ndarray, y: np.ndarray, w: np.ndarray, end: Areas,
+              final: float) -> float:
     """The law fitted on the first half of the points, asked for the mean of the last
     eighth: its miss, as a fraction of the S1 distance it extrapolated (in log S1), times
     the forecast's own distance. 90% by `Z90` over the one miss's scale."""
     half = len(y) // 2
-    tail = max(1, len(y) // 8)
     early = fit_law(s1[:half], s2[:half], y[:half], w[:half])
     if early is None or half < 3:
         return abs(final) * 0.05
-    seen = float(np.average(y[-tail:], weights=w[-tail:]))
-    guess = float(np.average(early(s1[-tail:], s2[-tail:]), weights=w[-tail:]))
-    reach = math.log(float(np.average(s1[-tail:], weights=w[-tail:])) / s1[half - 1])
+    miss = _tail(y, w) - _tail(early(s1, s2), w)
+    reach = math.log(_tail(s1, w) / s1[half - 1])
     ahead = math.log(end.s1 / s1[-1]) if end.s1 > s1[-1] else 0.0
-    return Z90 * abs(seen - guess) * max(ahead / max(reach, 1e-9), 0.0) + 1e-4
+    return Z90 * abs(miss) * max(ahead / max(reach, 1e-9), 0.0) + 1e-4
 
 
 def outcome(curve: Curve, achieved: float | None) -> dict[str, Any] | None:
