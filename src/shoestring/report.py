@@ -27,11 +27,11 @@ from typing import Any
 
 import yaml
 
-from shoestring.train.forecast import outcome_line
 from shoestring.errors import ShoestringError
 from shoestring.fsutil import (building_dir, check_output_dir, json_object_or_none, unique_paths,
                                write_bytes_atomic, write_json_atomic, write_text_atomic)
 from shoestring.rundir import RunDir, parse_metrics, read_json_object
+from shoestring.train.forecast import outcome_line
 
 FORMAT = "shoestring-report/1"
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from shoestring.config import ModelConfig
+from shoestring.families import MLM
 from shoestring.model.encoder import MaskedLM, at_positions
 from shoestring.model.layers import Trunk, make_norm
 
@@ -146,8 +147,6 @@ def as_encoder(model: nn.Module, meta: dict[str, Any]) -> tuple[nn.Module, dict[
     E_gen + E_delta under gdes) with an mlm meta; any other model as it is."""
     if not isinstance(model, ReplacedTokenDetector):
         return model, meta
-    from shoestring.families import MLM
-
     d = model.discriminator
     encoder = MaskedLM(d.cfg, d.tok_embeddings.num_embeddings)
     state = d.state_dict()
