@@ -13,6 +13,7 @@ the minutes are core-minutes. A finished run (its summary.json) is reused on a r
     python bench/forecast_check.py --minutes 10,30 --objectives mlm,clm
     python bench/forecast_check.py --schedules one-cycle,wsd,cosine --minutes 3
     python bench/forecast_check.py --corpus /path/a.jsonl --corpus /path/b.txt
+    python bench/forecast_check.py --cost    # how its cost grows with a run's steps (no training)
 
 Prints the machine and load, one row per run (error of each forecast as a fraction of the
 achieved loss, `*` where the 90% interval missed), and per forecast point the median and
@@ -42,8 +43,40 @@ def _corpora(given: list[str] | None) -> list[Path]:
     return found
 
 
+def cost_table(bench: Bench) -> None:
+    """The forecast's own cost against a run's length: a synthetic curve of 1k to 100k steps
+    fed step by step (the per-step bookkeeping the loop pays) and one forecast at its half
+    (the bins are capped, so the fit's cost should not grow; the steps to come are walked)."""
+    import time
+
+    import numpy as np
+
+    from shoestring.config import TrainConfig
+    from shoestring.train import forecast as F
+    from shoestring.train.schedule import lr_factor
+
+    rows = []
+    for steps in (1_000, 10_000, 100_000):
+        cfg = TrainConfig(budget=None, steps=steps)
+        curve, rng = F.Curve(), np.random.default_rng(0)
+        factors = [lr_factor(cfg, (k + 1) / steps) for k in range(steps // 2)]
+        start = time.perf_counter()
+        for k, f in enumerate(factors):
+            curve.add(f, 3 + 4 * (k + 1) ** -0.4 + float(rng.normal(0, 0.05)))
+            curve.progressed((k + 1) / steps)
+        per_step = (time.perf_counter() - start) / len(factors)
+        start = time.perf_counter()
+        F.forecast(curve, F.future_factors(cfg, curve, 0.5), 0.5)
+        rows.append({"steps": steps, "bins": len(curve.bins),
+                     "per step (us)": per_step * 1e6,
+                     "forecast at 50% (s)": time.perf_counter() - start})
+        print(json.dumps(rows[-1]), flush=True)
+    bench.table(rows, "cost", {"per step (us)": ".1f", "forecast at 50% (s)": ".2f"})
+
+
 def main() -> int:
     ap = parser(__doc__)
+    ap.add_argument("--cost", action="store_true", help="only the cost-vs-steps table")
     ap.add_argument("--corpus", action="append", help="a text/jsonl file (repeatable); default: "
                     "the shared mixed-en.jsonl and wikitext2-valid.raw.txt")
     ap.add_argument("--minutes", default="10", help="wall-clock budgets, comma-separated")
@@ -54,6 +87,10 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path("runs/bench/forecast"))
     args = ap.parse_args()
     bench = Bench("forecast_check", args, threads=args.threads)
+    if args.cost:
+        cost_table(bench)
+        bench.end()
+        return 0
     out = args.out
     sched = Scheduler(args.parallel, args.threads)
     runs = []
