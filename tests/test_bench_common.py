@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
 
+import numpy as np
 import pytest
 import torch
 
@@ -192,3 +193,33 @@ def test_documented_commands_still_parse() -> None:
                        capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads(r.stdout.strip().splitlines()[-1]) == [], r.stderr[-3000:]
+
+
+def test_objective_comparison_is_paired_by_both_seeds_and_clustered(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench/objective_transfer.py: a difference is paired by (pretraining seed, fine-tuning
+    seed), averaged over the fine-tuning seeds of each pretraining seed, and its interval is
+    t over the pretraining seeds — not over every fine-tune, which would count one
+    pretraining run's luck several times."""
+    from scipy.stats import t
+
+    monkeypatch.syspath_prepend(str(BENCH))
+    import objective_transfer as ot
+
+    arm = {0: {0: 70.0, 1: 72.0}, 1: {0: 68.0, 1: 70.0}, 2: {0: 71.0, 1: 75.0}}
+    base = {0: {0: 69.0, 1: 69.0}, 1: {0: 69.0, 1: 69.0}, 2: {0: 69.0, 1: 69.0, 2: 90.0}}
+    c = ot.clustered(arm, base)
+    per = [np.mean([arm[p][f] - base[p][f] for f in (0, 1)]) for p in (0, 1, 2)]
+    half = t.ppf(0.975, 2) * np.std(per, ddof=1) / np.sqrt(3)
+    assert c["pretrain_seeds"] == 3 and list(c["per_seed"].values()) == pytest.approx(per)
+    assert c["ci95"] == pytest.approx([np.mean(per) - half, np.mean(per) + half])
+    assert c["verdict"].startswith("within noise")  # [+2 ± 5.0]: the seeds disagree
+    # The same gap on every pretraining seed resolves, and pairing follows the seeds: the
+    # base's seed 2 scores 69 on fine-tuning seeds 0 and 1, its unpaired seed 2 counts nowhere.
+    steady = {p: {f: v + 3.0 + 0.1 * p for f, v in base[p].items() if f < 2} for p in base}
+    assert ot.clustered(steady, base)["verdict"] == "ahead"
+    assert ot.clustered(base, steady)["verdict"] == "behind"
+    one = ot.clustered({0: arm[0]}, base)
+    assert one["ci95"] is None and one["verdict"].startswith("one pretraining seed")
+    for name in ("common", "jobs", "transfer_curve", "objective_transfer"):
+        sys.modules.pop(name, None)

@@ -1,0 +1,279 @@
+"""Which pretraining objective buys more downstream at equal compute: RTD against MLM, each
+pretrained with several seeds and each compared with its random-init twin.
+
+Issue 60's proof. Every arm is the default recipe (`shoestring train` defaults, `cram` dims)
+with one change (``ARMS``: the objective, and for RTD the generator's size or the embedding
+sharing), pretrained on the same prepared corpus with the same budget. The budget is compute
+(``--budget 5.6e14flops``, about 30 core-minutes of the default MLM here), so a loaded machine
+stretches the wall clock but not the result, and every arm spends the same FLOPs by the
+model's own exact count (RTD's includes its generator and the sampling). Each run is
+pretrained with ``--pretrain-seeds`` seeds (``train.seed``: the initialization, the data order
+and the masking), then fine-tuned on the GLUE tasks with the `sane` protocol and ``--seeds``
+fine-tuning seeds; the random twin is the same encoder shape fine-tuned from random init with
+the same fine-tuning seeds (`--control scratch`, computed once: it depends on neither the
+objective nor the pretraining).
+
+The comparisons are paired: fine-tuning seed ``f`` of every arm sees the same batches, and
+pretraining seed ``p`` of two arms the same data order. The unit that repeats is the
+pretraining run, so a difference is averaged over the fine-tuning seeds of each pretraining
+seed and its 95% interval is Student's t over the pretraining seeds (with 3 seeds, t = 4.30:
+an interval that excludes zero here is a real one). Each arm is compared with the random twin
+and every arm after the first with the first (``--arms mlm,rtd``: RTD − MLM).
+
+Each run is its own process (bench/jobs.py), ``--threads 1 --parallel 2`` two side by side on
+a 2-core machine. Finished runs and fine-tunings are reused and interrupted ones resumed, so
+a rerun with the same arguments continues, and a rerun with more seeds or arms adds them.
+
+    python bench/objective_transfer.py --budget 5.6e14flops --pretrain-seeds 3 --seeds 2 \\
+        --max-train 2000 --threads 1 --parallel 2
+    python bench/objective_transfer.py --arms rtd,rtd-plain,rtd-gen4 --budget 5.6e14flops
+        # the generator's size and the sharing, measured against each other
+
+`--collect` prints the table from what has finished without starting anything. Prints the
+machine and load, one line per pretraining run (tokens, FLOPs, tokens/s, held-out
+metrics) and one row per (task, comparison).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+
+from common import ROOT, SHARED, Bench, parser
+from jobs import Scheduler, pretrain
+from transfer_curve import downstream_dir, finetuned
+from shoestring.config import Config
+from shoestring.data.datadir import DataDir
+from shoestring.errors import ShoestringError
+from shoestring.eval.control import seeds_needed
+from shoestring.fsutil import write_json_atomic
+from shoestring.prep.prep import prep
+from shoestring.units import parse_budget
+
+console = Console(stderr=True)
+
+# Each arm: the default recipe with these model settings (docs/recipe.md, docs/training.md).
+ARMS: dict[str, dict[str, Any]] = {
+    "mlm": {"objective": "mlm"},
+    "rtd": {"objective": "rtd"},  # generator 1/3 wide, full depth, GDES sharing, weight 50
+    "rtd-plain": {"objective": "rtd", "rtd_sharing": "plain"},  # ELECTRA's plain sharing
+    "rtd-gen4": {"objective": "rtd", "generator_width": 0.25},  # ELECTRA-Small's 1/4
+    "rtd-gen2": {"objective": "rtd", "generator_width": 0.5},
+}
+
+
+def arm_config(arm: str, seed: int, budget: str, threads: int | None) -> Config:
+    """The default recipe with the arm's model settings, the pretraining seed and the budget."""
+    return Config.model_validate({"model": dict(ARMS[arm]),
+                                  "train": {"threads": threads, "seed": seed, "budget": budget}})
+
+
+def run_name(arm: str, budget: str, seed: int) -> str:
+    return f"{arm}-{budget.replace(' ', '')}-p{seed}"
+
+
+def t95(dof: int) -> float:
+    from scipy.stats import t
+
+    return float(t.ppf(0.975, dof))
+
+
+def scores(records: list[dict], split: str) -> dict[int, float]:
+    """Fine-tuning seed → dev score ×100."""
+    return {r["seed"]: 100 * r["splits"][split]["score"] for r in records}
+
+
+def clustered(arm: dict[int, dict[int, float]], base: dict[int, dict[int, float]]
+              ) -> dict[str, Any]:
+    """``arm`` − ``base``, both pretraining seed → fine-tuning seed → score. The difference is
+    paired by (pretraining seed, fine-tuning seed), averaged over the fine-tuning seeds of each
+    pretraining seed, and its interval is t over the pretraining seeds, the unit that repeats."""
+    per_seed = {}
+    for p, a in arm.items():
+        b = base.get(p)
+        common_f = sorted(set(a) & set(b or {}))
+        if common_f:
+            per_seed[p] = float(np.mean([a[f] - b[f] for f in common_f]))
+    d = np.array(list(per_seed.values()))
+    out: dict[str, Any] = {
+        "pretrain_seeds": len(d), "per_seed": per_seed,
+        "arm_mean": float(np.mean([v for s in arm.values() for v in s.values()])),
+        "base_mean": float(np.mean([v for s in base.values() for v in s.values()])),
+        "difference_mean": float(d.mean()) if len(d) else None, "ci95": None}
+    if len(d) < 2:
+        out["verdict"] = "one pretraining seed: no interval"
+        return out
+    std = float(d.std(ddof=1))
+    half = t95(len(d) - 1) * std / math.sqrt(len(d))
+    lo, hi = float(d.mean() - half), float(d.mean() + half)
+    out["ci95"] = [lo, hi]
+    if lo <= 0 <= hi:
+        need = seeds_needed(std, float(d.mean()))
+        out["verdict"] = "within noise" + (f" (~{need} pretraining seeds would resolve it)"
+                                           if need else "")
+    else:
+        out["verdict"] = "ahead" if lo > 0 else "behind"
+    return out
+
+
+def fmt(c: dict[str, Any]) -> str:
+    if c["difference_mean"] is None:
+        return "–"
+    if c["ci95"] is None:
+        return f"{c['difference_mean']:+.1f}"
+    return f"{c['difference_mean']:+.1f} [{c['ci95'][0]:+.1f}, {c['ci95'][1]:+.1f}]"
+
+
+def collect(args: argparse.Namespace, arms: list[str], seeds: list[int]
+            ) -> tuple[list[dict], list[tuple[str, dict]]]:
+    """The comparisons over the finished fine-tunings, and each finished run's summary."""
+    results: dict[str, dict[int, dict]] = {a: {} for a in arms}
+    runs = []
+    for arm in arms:
+        for p in seeds:
+            run = args.work / run_name(arm, args.budget, p)
+            done = downstream_dir(run, "sane") / "results.json"
+            if done.is_file() and json.loads(done.read_text()).get("complete"):
+                results[arm][p] = json.loads(done.read_text())
+                runs.append((run.name, json.loads((run / "summary.json").read_text())))
+    first = results[arms[0]].get(seeds[0])
+    if first is None:
+        return [], runs  # the control runs with the first arm's first seed
+    rows = []
+    for task, entry in first["tasks"].items():
+        split = next(iter(entry["summary"]))
+        scratch = scores(entry["control"]["seeds"], split)
+        by_arm = {a: {p: scores(r["tasks"][task]["seeds"], split) for p, r in res.items()}
+                  for a, res in results.items()}
+        for arm in arms:
+            if not by_arm[arm]:
+                continue
+            rows.append({"task": task, "split": split, "arm": arm, "against": "random twin",
+                         **clustered(by_arm[arm], {p: scratch for p in by_arm[arm]})})
+            if arm != arms[0] and by_arm[arms[0]]:
+                rows.append({"task": task, "split": split, "arm": arm, "against": arms[0],
+                             **clustered(by_arm[arm], by_arm[arms[0]])})
+    return rows, runs
+
+
+def pretraining_line(name: str, s: dict) -> str:
+    held = s.get("val_loss_subset")
+    return (f"  {name}: {s['objective']}, {s['params'] / 1e6:.1f}M params, {s['tokens']:,} tokens, "
+            f"{s['total_flops']:.3g} FLOPs, {s['tokens_per_s']:,.0f} tok/s, "
+            f"{s['train_seconds'] / 60:.1f} min, held-out objective "
+            f"{'–' if held is None else f'{held:.3f}'}")
+
+
+def report(args: argparse.Namespace, rows: list[dict], runs: list[tuple[str, dict]],
+           failed: list[str], bench: Bench) -> None:
+    notes = [f"pretraining: budget {args.budget} per run, {args.threads or 'all'} thread(s) "
+             f"per run, {args.parallel} at a time"]
+    notes += [pretraining_line(name, s) for name, s in runs]
+    notes.append(f"fine-tuning: sane protocol, {args.seeds} seeds per pretraining run, "
+                 f"{'first ' + str(args.max_train) + ' train rows' if args.max_train else 'full train sets'}; "
+                 "difference averaged over fine-tuning seeds, 95% t interval over pretraining seeds")
+    print("\n".join(notes))
+    print(f"{'task':6} {'arm':10} {'against':12} {'arm':>6} {'base':>6}  "
+          f"difference [95% CI]        per pretraining seed      verdict")
+    for r in rows:
+        per = " ".join(f"{v:+.1f}" for v in r["per_seed"].values())
+        print(f"{r['task']:6} {r['arm']:10} {r['against']:12} {r['arm_mean']:>6.1f} "
+              f"{r['base_mean']:>6.1f}  {fmt(r):<26} {per:<25} {r['verdict']}")
+    if failed:
+        print(f"FAILED or not started: {', '.join(failed)} (see {args.work / 'logs'})")
+    bench.table([{"task": r["task"], "arm": r["arm"], "against": r["against"],
+                  "arm score": r["arm_mean"], "base score": r["base_mean"],
+                  "difference [95% CI]": fmt(r), "pretraining seeds": r["pretrain_seeds"],
+                  "verdict": r["verdict"]} for r in rows],
+                formats={"arm score": ".1f", "base score": ".1f"}, notes=notes)
+
+
+def main() -> None:
+    ap = parser(__doc__.split("\n")[0])
+    ap.add_argument("--corpus", type=Path, default=SHARED / "corpora" / "mixed-en.jsonl")
+    ap.add_argument("--glue", type=Path, default=SHARED / "glue")
+    ap.add_argument("--tasks", default="cola,sst2,mrpc")
+    ap.add_argument("--arms", default="mlm,rtd", help=f"comma-separated, of {', '.join(ARMS)}; "
+                    "each arm after the first is also compared with the first")
+    ap.add_argument("--budget", default="5.6e14flops",
+                    help="each run's pretraining budget (the budget grammar; FLOPs keep the "
+                         "arms at equal compute whatever the load)")
+    ap.add_argument("--pretrain-seeds", type=int, default=3)
+    ap.add_argument("--seeds", type=int, default=2, help="fine-tuning seeds per pretraining run")
+    ap.add_argument("--max-train", type=int, default=None,
+                    help="first N training rows per task (a quicker, noisier comparison)")
+    ap.add_argument("--threads", type=int, default=None, help="CPU threads per job")
+    ap.add_argument("--parallel", type=int, default=1, help="jobs at a time")
+    ap.add_argument("--work", type=Path, default=ROOT / "runs" / "bench" / "objectives")
+    ap.add_argument("--out", type=Path, default=None, help="JSON of the table")
+    ap.add_argument("--collect", action="store_true",
+                    help="print the table from the finished runs only; start nothing")
+    ap.add_argument("--job", choices=["pretrain", "finetune"], help=argparse.SUPPRESS)
+    ap.add_argument("--arm", help=argparse.SUPPRESS)
+    ap.add_argument("--seed", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--control", default="none", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    arms = args.arms.split(",")
+    if unknown := [a for a in arms if a not in ARMS]:
+        ap.error(f"--arms: unknown {', '.join(unknown)}; choose from {', '.join(ARMS)}")
+    try:
+        parse_budget(args.budget)
+    except ShoestringError as e:
+        ap.error(f"--budget: {e}")
+    data = args.work / "data"
+    if args.job:
+        run = args.work / run_name(args.arm, args.budget, args.seed)
+        if args.job == "pretrain":
+            pretrain(arm_config(args.arm, args.seed, args.budget, args.threads), data, run,
+                     console=console)
+        else:
+            finetuned(run, args.glue, args.tasks, args.seeds, args.max_train, args.control,
+                      "sane")
+        return
+    if not args.corpus.is_file() or not args.glue.is_dir():
+        raise SystemExit(f"needs {args.corpus} and {args.glue} (see ../shared/data/README.md)")
+    bench = Bench("objective_transfer", args, precision="train.precision=auto (per run below)",
+                  threads=args.threads)
+    try:
+        DataDir(data)
+    except ShoestringError:
+        cfg = arm_config(arms[0], 0, args.budget, args.threads)
+        prep([str(args.corpus)], data, cfg.data, curate=cfg.curate, console=console,
+             overwrite=True)
+    started = time.time()
+    seeds = list(range(args.pretrain_seeds))
+    me = [sys.executable, __file__, "--work", str(args.work), "--glue", str(args.glue),
+          "--tasks", args.tasks, "--seeds", str(args.seeds), "--budget", args.budget]
+    me += ["--threads", str(args.threads)] if args.threads else []
+    me += ["--max-train", str(args.max_train)] if args.max_train else []
+    sched = Scheduler(args.parallel, args.threads)
+    for p in seeds:  # seed by seed, so a session that ends early leaves whole comparisons
+        for arm in arms:
+            sched.add(f"pretrain-{run_name(arm, args.budget, p)}",
+                      me + ["--job", "pretrain", "--arm", arm, "--seed", str(p)])
+        for arm in arms:
+            name = run_name(arm, args.budget, p)
+            control = "scratch" if arm == arms[0] and p == seeds[0] else "none"
+            sched.add(f"finetune-{name}",
+                      me + ["--job", "finetune", "--arm", arm, "--seed", str(p),
+                            "--control", control], after=[f"pretrain-{name}"])
+    failed = [] if args.collect else sched.run(args.work / "logs")
+    rows, runs = collect(args, arms, seeds)
+    print(f"\nwall {time.time() - started:.0f}s")
+    report(args, rows, runs, failed, bench)
+    bench.end()
+    if args.out:
+        write_json_atomic(args.out, {"rows": rows, "args": {k: str(v) for k, v in vars(args).items()},
+                                     "machine": bench.header})
+
+
+if __name__ == "__main__":
+    main()
