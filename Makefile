@@ -117,6 +117,7 @@ GPU_PART ?= all
 GPU_DATA ?= .gpu-data/wiki-books-32k
 GPU_QUALITY_SECONDS ?= 120
 GPU_PLANNER_BUDGET ?= 5m
+GPU_RTD_BUDGET ?= 120s
 
 gpu-wheels:
 	mkdir -p $(GPU_WHEELS_DIR)
@@ -124,8 +125,9 @@ gpu-wheels:
 	  --implementation cp $(GPU_PLATFORMS) -d $(GPU_WHEELS_DIR) -c $(CONSTRAINTS) $(GPU_WHEELS)
 	@du -sh $(GPU_WHEELS_DIR)
 
-# Here, before a GPU_PART=default check: the deterministic wiki-books slice it trains on
-# (every 4th document of each source, ~17.9M train tokens, ~38 MiB), prepped by bench/gpu_data.py
+# Here, before a GPU_PART=default, planner or rtd check: the deterministic wiki-books slice it
+# trains on (every 4th document of each source, ~17.9M train tokens, ~38 MiB) and SST-2's
+# first 5,000 rows beside it (rtd's task), prepped by bench/gpu_data.py
 # into the ignored folder the device command carries (docs/gpu.md). Minutes on 2 cores.
 gpu-data:
 	PYTHONPATH=$(CURDIR)/src$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON) bench/gpu_data.py --out $(GPU_DATA)
@@ -141,9 +143,10 @@ gpu-data:
 # (each fits one 10-minute device command); GPU_PART=default: issue 48's default-path and
 # quality rows with the hand-configured mlm-base row, on $(GPU_DATA) (`make gpu-data`);
 # GPU_PART=planner: issue 51's calibrated plan, trained and evaluated, at $(GPU_PLANNER_BUDGET);
-# GPU_PART=serve: issue 49's serving rows (1, 2 and 4 replicas of the mlm-cram run).
+# GPU_PART=serve: issue 49's serving rows (1, 2 and 4 replicas of the mlm-cram run);
+# GPU_PART=rtd: issue 60's RTD-vs-MLM BERT-base row, $(GPU_RTD_BUDGET) each, on $(GPU_DATA).
 gpu-check:
 	GPU_WHEELS_DIR=$(GPU_WHEELS_DIR) GPU_SITE=$(GPU_SITE) GPU_OUT=$(GPU_OUT) \
 	  GPU_SECONDS=$(GPU_SECONDS) GPU_PART=$(GPU_PART) GPU_DATA=$(GPU_DATA) \
 	  GPU_QUALITY_SECONDS=$(GPU_QUALITY_SECONDS) GPU_PLANNER_BUDGET=$(GPU_PLANNER_BUDGET) \
-	  bash bench/gpu_check.sh
+	  GPU_RTD_BUDGET=$(GPU_RTD_BUDGET) bash bench/gpu_check.sh

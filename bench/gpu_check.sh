@@ -21,6 +21,10 @@
 # GPU_PART=serve (issue 49, its own command): the mlm-cram shape, then its /v1/embed served
 # by 1, 2 and 4 replicas at 32 and 256 clients against the engine's offline ceiling, with
 # the server's stage breakdown (gpu-serve.json, .md, .jsonl, .log); needs no data.
+# GPU_PART=rtd (issue 60, its own command): replaced-token detection against MLM at BERT-base
+# size, each pretrained for the same wall clock (GPU_RTD_BUDGET, default 120s) on the slice,
+# held-out metrics each, then fine-tuned on SST-2 (the slice's glue/, `make gpu-data`) beside
+# their random twin (gpu-rtd.json, .md via the log, .jsonl, .log).
 # Exit status: non-zero when the tests or the benchmark failed (both always run); 2 when
 # something the command needs did not travel.
 set -u
@@ -35,13 +39,16 @@ DATA=${GPU_DATA:-.gpu-data/wiki-books-32k}
 QUALITY_SECONDS=${GPU_QUALITY_SECONDS:-120}
 
 PLANNER_BUDGET=${GPU_PLANNER_BUDGET:-5m}
+RTD_BUDGET=${GPU_RTD_BUDGET:-120s}
+GLUE=${GPU_GLUE:-$(dirname "$DATA")/glue}
 PLANNER_FLAGS=${GPU_PLANNER_FLAGS:-}  # e.g. --curves: calibrate on learning curves
 
-case "$PART" in all|tests|bench|default|planner|serve) ;;
-  *) echo "GPU_PART=$PART: choose tests, bench, default, planner, serve or all (docs/gpu.md)" >&2
+case "$PART" in all|tests|bench|default|planner|serve|rtd) ;;
+  *) echo "GPU_PART=$PART: choose tests, bench, default, planner, serve, rtd or all (docs/gpu.md)" >&2
      exit 2 ;;
 esac
-if { [ "$PART" = default ] || [ "$PART" = planner ]; } && [ ! -f "$DATA/manifest.json" ]; then
+if { [ "$PART" = default ] || [ "$PART" = planner ] || [ "$PART" = rtd ]; } &&
+   { [ ! -f "$DATA/manifest.json" ] || { [ "$PART" = rtd ] && [ ! -f "$GLUE/SST-2/dev.tsv" ]; }; }; then
   echo "no prepared data at $DATA/ (GPU_PART=$PART trains on the wiki-books slice): run" \
        "'make gpu-data PYTHON=.venv/bin/python' where the shared corpus is, then carry it:" \
        "run(command=\"make gpu-check GPU_PART=$PART\", carry=[\".gpu-wheels\"," \
@@ -111,6 +118,16 @@ if [ "$PART" = planner ]; then
     cp /tmp/shoestring-gpu-work/planned/eval.json /tmp/shoestring-gpu-work/planned/summary.json \
       "$OUTDIR/"
   } 2>&1 | tee "$OUTDIR/planner.log"
+  bench_rc=$?
+fi
+if [ "$PART" = rtd ]; then
+  # Issue 60: the same wall clock each, one after the other on the card; held-out metrics
+  # (eval.json), then SST-2 fine-tuned from each and from random init, paired by seed.
+  "$PY" bench/objective_transfer.py --data "$DATA" --glue "$GLUE" --preset base \
+    --budget "$RTD_BUDGET" --arms mlm,rtd --pretrain-seeds 1 --seeds 2 --tasks sst2 \
+    --max-train 2000 --parallel 1 --work /tmp/shoestring-gpu-work/rtd \
+    --out "$OUTDIR/gpu-rtd.json" --record "$OUTDIR/gpu-rtd.jsonl" 2>&1 \
+    | tee "$OUTDIR/gpu-rtd.log"
   bench_rc=$?
 fi
 echo "cuda tests exit $tests_rc, benchmark exit $bench_rc; results in $OUTDIR"

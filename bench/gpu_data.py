@@ -9,7 +9,9 @@ every Gutenberg book are represented in their corpus proportions; with the defau
 4 that is about a quarter of the corpus. ``shoestring prep`` then packs it for the
 BERT-base row: masked LM, seq 128, a 32,768-token WordPiece vocabulary. Everything that
 travels must stay under the device tool's 64 MiB (tree + wheels + data), so the script ends
-by printing the data dir's size and its token counts.
+by printing the data dir's size and its token counts. Beside the data dir it writes
+``glue/SST-2`` (the first 5,000 train rows and the dev split, ~0.4 MiB): the shared task of
+the RTD-vs-MLM row (``GPU_PART=rtd``, issue 60).
 
     python bench/gpu_data.py                      # -> .gpu-data/wiki-books-32k (make gpu-data)
     python bench/gpu_data.py --every 8 --out /tmp/half   # a smaller slice
@@ -34,6 +36,7 @@ CORPUS = SHARED / "corpora" / "wiki-books-en.jsonl.zst"
 OUT = ROOT / ".gpu-data" / "wiki-books-32k"
 WORK = ROOT / "runs" / "gpu-data"  # the slice's JSONL (ignored; not carried, removed after)
 VOCAB, SEQ_LEN = 32768, 128
+GLUE_TASK, GLUE_ROWS = "SST-2", 5000  # the RTD-vs-MLM row's shared task (GPU_PART=rtd)
 
 
 def write_slice(corpus: Path, every: int, out: Path) -> Counter:
@@ -60,6 +63,19 @@ def write_slice(corpus: Path, every: int, out: Path) -> Counter:
     return kept
 
 
+def glue_slice(glue: Path, out: Path, task: str = GLUE_TASK, rows: int = GLUE_ROWS) -> Path:
+    """``glue/<task>`` beside the data dir, its train split cut to the first ``rows`` rows and
+    its dev split whole: the shared task the RTD-vs-MLM row fine-tunes on (``--max-train``
+    reads no further), small enough to travel with the slice. Returns the GLUE folder."""
+    src, dst = glue / task, out / task
+    dst.mkdir(parents=True, exist_ok=True)
+    with open(src / "train.tsv", encoding="utf-8") as f:
+        head = [line for _, line in zip(range(rows + 1), f)]  # the header and `rows` rows
+    (dst / "train.tsv").write_text("".join(head), encoding="utf-8")
+    (dst / "dev.tsv").write_bytes((src / "dev.tsv").read_bytes())
+    return out
+
+
 def du_bytes(path: Path) -> int:
     """Bytes of every file under ``path`` (what the device tool carries)."""
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
@@ -73,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=OUT, help="data dir to write")
     ap.add_argument("--workers", type=int, default=max(1, min(8, os.cpu_count() or 1)))
     ap.add_argument("--overwrite", action="store_true", help="replace an existing data dir")
+    ap.add_argument("--glue", type=Path, default=SHARED / "glue",
+                    help=f"GLUE folder whose {GLUE_TASK} is sliced beside the data dir")
     args = ap.parse_args(argv)
     if args.every < 1:
         ap.error("--every must be at least 1")
@@ -80,6 +98,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no corpus at {args.corpus}: the shared data (../shared/data, its "
               "README.md) is needed to build the slice; pass --corpus PATH", file=sys.stderr)
         return 2
+    if (args.glue / GLUE_TASK / "train.tsv").is_file():
+        glue = glue_slice(args.glue, args.out.parent / "glue")
+        print(f"{glue / GLUE_TASK}: the first {GLUE_ROWS:,} train rows and the dev split "
+              f"({du_bytes(glue) / 2**20:.1f} MiB)")
+    else:
+        print(f"warning: no {args.glue / GLUE_TASK}: the RTD-vs-MLM row (GPU_PART=rtd) will "
+              "refuse without it", file=sys.stderr)
     if (args.out / "manifest.json").is_file() and not args.overwrite:
         print(f"{args.out} is already prepared (--overwrite builds it again)")
         report(args.out)

@@ -70,10 +70,22 @@ ARMS: dict[str, dict[str, Any]] = {
 }
 
 
-def arm_config(arm: str, seed: int, budget: str, threads: int | None) -> Config:
-    """The default recipe with the arm's model settings, the pretraining seed and the budget."""
-    return Config.model_validate({"model": dict(ARMS[arm]),
+def arm_config(arm: str, seed: int, budget: str, threads: int | None,
+               preset: str | None = None) -> Config:
+    """The default recipe (or a preset's model) with the arm's model settings, the
+    pretraining seed and the budget."""
+    model = dict(ARMS[arm], **({"preset": preset} if preset else {}))
+    return Config.model_validate({"model": model,
                                   "train": {"threads": threads, "seed": seed, "budget": budget}})
+
+
+def held_out(run: Path) -> dict:
+    """The run's eval.json (``shoestring eval``'s held-out MLM loss, for RTD the generator's,
+    and the discriminator's detection scores), computed once when missing."""
+    from shoestring.eval.mlm_loss import evaluate_run
+
+    done = run / "eval.json"
+    return json.loads(done.read_text()) if done.is_file() else evaluate_run(run, console=console)
 
 
 def run_name(arm: str, budget: str, seed: int) -> str:
@@ -143,7 +155,8 @@ def collect(args: argparse.Namespace, arms: list[str], seeds: list[int]
             done = downstream_dir(run, "sane") / "results.json"
             if done.is_file() and json.loads(done.read_text()).get("complete"):
                 results[arm][p] = json.loads(done.read_text())
-                runs.append((run.name, json.loads((run / "summary.json").read_text())))
+                runs.append((run.name, {**json.loads((run / "summary.json").read_text()),
+                                        "eval": held_out(run)}))
     first = results[arms[0]].get(seeds[0])
     if first is None:
         return [], runs  # the control runs with the first arm's first seed
@@ -165,17 +178,20 @@ def collect(args: argparse.Namespace, arms: list[str], seeds: list[int]
 
 
 def pretraining_line(name: str, s: dict) -> str:
-    held = s.get("val_loss_subset")
-    return (f"  {name}: {s['objective']}, {s['params'] / 1e6:.1f}M params, {s['tokens']:,} tokens, "
-            f"{s['total_flops']:.3g} FLOPs, {s['tokens_per_s']:,.0f} tok/s, "
-            f"{s['train_seconds'] / 60:.1f} min, held-out objective "
-            f"{'–' if held is None else f'{held:.3f}'}")
+    e = s["eval"]
+    detection = (f" (the generator's), detection accuracy {e['rtd_disc_accuracy']:.1%}, "
+                 f"recall {e['rtd_recall']:.1%}" if "rtd_disc_accuracy" in e else "")
+    return (f"  {name}: {s['objective']}, {s['params'] / 1e6:.1f}M params, {s['tokens']:,} "
+            f"tokens, {s['total_flops']:.3g} FLOPs, {s['tokens_per_s']:,.0f} tok/s, "
+            f"{s['train_seconds'] / 60:.1f} min, {s['dtype']}; held-out MLM loss "
+            f"{e['mlm_loss']:.3f}{detection}")
 
 
 def report(args: argparse.Namespace, rows: list[dict], runs: list[tuple[str, dict]],
            failed: list[str], bench: Bench) -> None:
-    notes = [f"pretraining: budget {args.budget} per run, {args.threads or 'all'} thread(s) "
-             f"per run, {args.parallel} at a time"]
+    notes = [f"pretraining: model {args.preset or 'default'}, budget {args.budget} per run, "
+             f"{args.threads or 'all'} thread(s) per run, {args.parallel} at a time; data "
+             f"{args.data or args.corpus}"]
     notes += [pretraining_line(name, s) for name, s in runs]
     notes.append(f"fine-tuning: sane protocol, {args.seeds} seeds per pretraining run, "
                  f"{'first ' + str(args.max_train) + ' train rows' if args.max_train else 'full train sets'}; "
@@ -199,6 +215,10 @@ def report(args: argparse.Namespace, rows: list[dict], runs: list[tuple[str, dic
 def main() -> None:
     ap = parser(__doc__.split("\n")[0])
     ap.add_argument("--corpus", type=Path, default=SHARED / "corpora" / "mixed-en.jsonl")
+    ap.add_argument("--data", type=Path, default=None,
+                    help="a prepared MLM data dir to pretrain on instead of preparing --corpus "
+                         "(the GPU check's carried slice)")
+    ap.add_argument("--preset", default=None, help="model preset instead of the default dims")
     ap.add_argument("--glue", type=Path, default=SHARED / "glue")
     ap.add_argument("--tasks", default="cola,sst2,mrpc")
     ap.add_argument("--arms", default="mlm,rtd", help=f"comma-separated, of {', '.join(ARMS)}; "
@@ -228,23 +248,26 @@ def main() -> None:
         parse_budget(args.budget)
     except ShoestringError as e:
         ap.error(f"--budget: {e}")
-    data = args.work / "data"
+    data = args.data or args.work / "data"
     if args.job:
         run = args.work / run_name(args.arm, args.budget, args.seed)
         if args.job == "pretrain":
-            pretrain(arm_config(args.arm, args.seed, args.budget, args.threads), data, run,
-                     console=console)
+            pretrain(arm_config(args.arm, args.seed, args.budget, args.threads, args.preset),
+                     data, run, console=console)
         else:
             finetuned(run, args.glue, args.tasks, args.seeds, args.max_train, args.control,
                       "sane")
         return
-    if not args.corpus.is_file() or not args.glue.is_dir():
-        raise SystemExit(f"needs {args.corpus} and {args.glue} (see ../shared/data/README.md)")
+    if not (args.data or args.corpus).exists() or not args.glue.is_dir():
+        raise SystemExit(f"needs {args.data or args.corpus} and {args.glue} "
+                         "(see ../shared/data/README.md)")
     bench = Bench("objective_transfer", args, precision="train.precision=auto (per run below)",
                   threads=args.threads)
     try:
         DataDir(data)
-    except ShoestringError:
+    except ShoestringError as e:
+        if args.data:
+            raise SystemExit(f"--data {args.data}: {e}") from None
         cfg = arm_config(arms[0], 0, args.budget, args.threads)
         prep([str(args.corpus)], data, cfg.data, curate=cfg.curate, console=console,
              overwrite=True)
@@ -253,6 +276,8 @@ def main() -> None:
     me = [sys.executable, __file__, "--work", str(args.work), "--glue", str(args.glue),
           "--tasks", args.tasks, "--seeds", str(args.seeds), "--budget", args.budget]
     me += ["--threads", str(args.threads)] if args.threads else []
+    me += ["--preset", args.preset] if args.preset else []
+    me += ["--data", str(args.data)] if args.data else []
     me += ["--max-train", str(args.max_train)] if args.max_train else []
     sched = Scheduler(args.parallel, args.threads)
     for p in seeds:  # seed by seed, so a session that ends early leaves whole comparisons

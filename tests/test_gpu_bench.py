@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +16,7 @@ import pytest
 import torch
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "gpu.py"
+SHARED_GLUE = BENCH.parents[2] / "shared" / "data" / "glue"
 
 
 def bench(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -93,7 +96,7 @@ def test_every_shoestring_name_the_gpu_check_imports_exists() -> None:
     root = BENCH.parents[1]
     checked = 0
     for rel in ("tests/test_cuda.py", "tests/cuda_dist_driver.py", "bench/gpu.py",
-                "bench/gpu_default.py", "bench/gpu_data.py"):
+                "bench/gpu_default.py", "bench/gpu_data.py", "bench/objective_transfer.py"):
         for node in ast.walk(ast.parse((root / rel).read_text())):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("shoestring"):
                 module = importlib.import_module(node.module)
@@ -117,7 +120,7 @@ def test_the_default_rows_refuse_without_their_data_and_say_what_to_run(tmp_path
     assert "--data" in r.stderr and "absent" in r.stderr and "make gpu-data" in r.stderr
     assert not (tmp_path / "g.json").exists()
     check = BENCH.with_name("gpu_check.sh")
-    for part in ("default", "planner"):  # issue 51's planner check trains on the slice too
+    for part in ("default", "planner", "rtd"):  # issues 51 and 60 train on the slice too
         r = subprocess.run(["bash", str(check)], capture_output=True, text=True, timeout=60,
                            env={**os.environ, "GPU_PART": part,
                                 "GPU_DATA": str(tmp_path / "absent"),
@@ -126,6 +129,13 @@ def test_the_default_rows_refuse_without_their_data_and_say_what_to_run(tmp_path
         assert "make gpu-data" in r.stderr and '".gpu-data"' in r.stderr  # what to carry
         assert f"GPU_PART={part}" in r.stderr
         assert not (tmp_path / "o").exists()  # refused before installing or writing anything
+    (tmp_path / "slice").mkdir()
+    (tmp_path / "slice" / "manifest.json").write_text("{}")
+    r = subprocess.run(["bash", str(check)], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "GPU_PART": "rtd", "GPU_DATA": str(tmp_path / "slice"),
+                            "GPU_OUT": str(tmp_path / "o")})
+    assert r.returncode == 2 and "make gpu-data" in r.stderr  # the data without its SST-2
+    assert not (tmp_path / "o").exists()
     r = subprocess.run(["bash", str(check)], capture_output=True, text=True, timeout=60,
                        env={**os.environ, "GPU_PART": "nonsense", "GPU_OUT": str(tmp_path / "o")})
     assert r.returncode == 2 and "serve" in r.stderr and "planner" in r.stderr
@@ -149,6 +159,72 @@ def test_the_slice_keeps_every_nth_document_of_each_source(tmp_path: Path) -> No
     assert kept == {"wikipedia": 3, "gutenberg": 2}
     assert write_slice(corpus, 3, tmp_path / "t.jsonl") == kept  # deterministic
     assert (tmp_path / "t.jsonl").read_text() == (tmp_path / "s.jsonl").read_text()
+
+
+def test_the_glue_slice_keeps_the_header_the_first_rows_and_the_whole_dev(tmp_path: Path) -> None:
+    sys.path.insert(0, str(BENCH.parent))
+    from gpu_data import glue_slice
+
+    src = tmp_path / "glue" / "SST-2"
+    src.mkdir(parents=True)
+    rows = [f"sentence {i}\t{i % 2}\n" for i in range(9)]
+    (src / "train.tsv").write_text("sentence\tlabel\n" + "".join(rows))
+    (src / "dev.tsv").write_text("sentence\tlabel\nx\t1\n")
+    out = glue_slice(tmp_path / "glue", tmp_path / "carried", rows=4)
+    assert (out / "SST-2" / "train.tsv").read_text() == "sentence\tlabel\n" + "".join(rows[:4])
+    assert (out / "SST-2" / "dev.tsv").read_bytes() == (src / "dev.tsv").read_bytes()
+
+
+def rtd_row_command() -> list[str]:
+    """The objective_transfer.py command GPU_PART=rtd runs, read from bench/gpu_check.sh."""
+    text = re.sub(r"\\\n\s*", " ", BENCH.with_name("gpu_check.sh").read_text())
+    line = next(x for x in text.splitlines() if "bench/objective_transfer.py" in x)
+    return shlex.split(line.split("2>&1")[0].strip())[1:]
+
+
+@pytest.mark.slow
+@pytest.mark.heavy
+def test_the_rtd_row_runs_on_cpu_as_the_device_command_runs_it(tmp_path: Path,
+                                                              pydocs_dir: Path) -> None:
+    """Issue 60's GPU row, tested up to the device: the command gpu_check.sh runs, with the
+    BERT-base preset, the 120 s budget and 2,000 rows swapped for CPU sizes, on SST-2's slice
+    as `make gpu-data` cuts it: both arms pretrain, are evaluated held-out, fine-tune beside
+    the random twin, and the JSON has every comparison."""
+    if not (SHARED_GLUE / "SST-2" / "train.tsv").is_file():
+        pytest.skip(f"no {SHARED_GLUE / 'SST-2'} (the shared GLUE data, ../shared/data)")
+    sys.path.insert(0, str(BENCH.parent))
+    from gpu_data import glue_slice
+
+    glue = glue_slice(SHARED_GLUE, tmp_path / "glue", rows=200)
+    env = {"$DATA": str(pydocs_dir), "$GLUE": str(glue), "$RTD_BUDGET": "6steps",
+           "$OUTDIR": str(tmp_path / "out")}
+    argv = rtd_row_command()
+    assert argv[0] == "bench/objective_transfer.py" and "--preset" in argv
+    for var, value in env.items():
+        argv = [a.replace(var, value) for a in argv]
+    sizes = {"--preset": None, "--max-train": "32", "--work": str(tmp_path / "work")}
+    cmd, i = [], 0
+    while i < len(argv):
+        if argv[i] in sizes:
+            cmd += [] if sizes[argv[i]] is None else [argv[i], sizes[argv[i]]]
+            i += 2
+        else:
+            cmd.append(argv[i])
+            i += 1
+    (tmp_path / "out").mkdir()
+    r = subprocess.run([sys.executable, str(BENCH.with_name("objective_transfer.py")), *cmd[1:]],
+                       capture_output=True, text=True, timeout=900,
+                       env={**os.environ, "COLUMNS": "200"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = json.loads((tmp_path / "out" / "gpu-rtd.json").read_text())["rows"]
+    assert {(x["arm"], x["against"]) for x in rows} == {
+        ("mlm", "random twin"), ("rtd", "random twin"), ("rtd", "mlm")}
+    assert all(x["task"] == "sst2" and x["pretrain_seeds"] == 1 for x in rows)
+    assert "detection accuracy" in r.stdout and "held-out MLM loss" in r.stdout
+    for arm in ("mlm", "rtd"):
+        summary = json.loads((tmp_path / "work" / f"{arm}-6steps-p0" / "summary.json").read_text())
+        assert summary["objective"] == arm and summary["steps"] == 6
+    assert (tmp_path / "out" / "gpu-rtd.jsonl").is_file()
 
 
 @pytest.mark.slow
