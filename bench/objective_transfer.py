@@ -2,9 +2,10 @@
 pretrained with several seeds and each compared with its random-init twin.
 
 Issue 60's proof. Every arm is the default recipe (`shoestring train` defaults, `cram` dims)
-with one change (``ARMS``: the objective, and for RTD the generator's size or the embedding
-sharing), pretrained on the same prepared corpus with the same budget. The budget is compute
-(``--budget 5.6e14flops``, about 30 core-minutes of the default MLM here), so a loaded machine
+with one change (``ARMS``: the objective, and for RTD the generator's size, the embedding
+sharing, ELECTRA's 15% masking or a lower LR), pretrained on the same prepared corpus with the
+same budget. The budget is compute (``--budget 1.2e14flops``: 30 minutes of one core for the
+default MLM on the fp32 host of 2026-11-29, about 14 on a bf16 one), so a loaded machine
 stretches the wall clock but not the result, and every arm spends the same FLOPs by the
 model's own exact count (RTD's includes its generator and the sampling). Each run is
 pretrained with ``--pretrain-seeds`` seeds (``train.seed``: the initialization, the data order
@@ -24,10 +25,10 @@ Each run is its own process (bench/jobs.py), ``--threads 1 --parallel 2`` two si
 a 2-core machine. Finished runs and fine-tunings are reused and interrupted ones resumed, so
 a rerun with the same arguments continues, and a rerun with more seeds or arms adds them.
 
-    python bench/objective_transfer.py --budget 5.6e14flops --pretrain-seeds 3 --seeds 2 \\
-        --max-train 2000 --threads 1 --parallel 2
-    python bench/objective_transfer.py --arms rtd,rtd-plain,rtd-gen4 --budget 5.6e14flops
-        # the generator's size and the sharing, measured against each other
+    python bench/objective_transfer.py --budget 1.2e14flops --pretrain-seeds 3 --seeds 2 \\
+        --max-train 1000 --threads 1 --parallel 2
+    python bench/objective_transfer.py --arms rtd,rtd-m15,rtd-plain,rtd-gen4 --budget 1.2e14flops
+        # the masking, the generator's size and the sharing, each against RTD as it is
 
 `--collect` prints the table from what has finished without starting anything. Prints the
 machine and load, one line per pretraining run (tokens, FLOPs, tokens/s, held-out
@@ -228,7 +229,7 @@ def main() -> None:
     ap.add_argument("--tasks", default="cola,sst2,mrpc")
     ap.add_argument("--arms", default="mlm,rtd", help=f"comma-separated, of {', '.join(ARMS)}; "
                     "each arm after the first is also compared with the first")
-    ap.add_argument("--budget", default="5.6e14flops",
+    ap.add_argument("--budget", default="1.2e14flops",
                     help="each run's pretraining budget (the budget grammar; FLOPs keep the "
                          "arms at equal compute whatever the load)")
     ap.add_argument("--pretrain-seeds", type=int, default=3)
