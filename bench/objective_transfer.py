@@ -133,7 +133,9 @@ def clustered(arm: dict[int, dict[int, float]], base: dict[int, dict[int, float]
     half = t95(len(d) - 1) * std / math.sqrt(len(d))
     lo, hi = float(d.mean() - half), float(d.mean() + half)
     out["ci95"] = [lo, hi]
-    if lo <= 0 <= hi:
+    if std == 0 and d.mean() == 0:
+        out["verdict"] = "no difference: both arms scored the same on every seed"
+    elif lo <= 0 <= hi:
         need = seeds_needed(std, float(d.mean()))
         out["verdict"] = "within noise" + (f" (~{need} pretraining seeds would resolve it)"
                                            if need else "")

@@ -219,6 +219,7 @@ def test_objective_comparison_is_paired_by_both_seeds_and_clustered(
     steady = {p: {f: v + 3.0 + 0.1 * p for f, v in base[p].items() if f < 2} for p in base}
     assert ot.clustered(steady, base)["verdict"] == "ahead"
     assert ot.clustered(base, steady)["verdict"] == "behind"
+    assert ot.clustered(base, base)["verdict"].startswith("no difference")
     one = ot.clustered({0: arm[0]}, base)
     assert one["ci95"] is None and one["verdict"].startswith("one pretraining seed")
     for name in ("common", "jobs", "transfer_curve", "objective_transfer"):
