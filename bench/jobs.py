@@ -114,3 +114,11 @@ def pretrain(cfg, data: Path, run: Path, console=None) -> None:  # noqa: ANN001
     resume = rd.is_run and bool(rd.checkpoints())
     log(f"{'resuming' if resume else 'training'} {run}: budget {cfg.train.budget}")
     train(cfg, data, run, overwrite=not resume, resume=resume, console=console)
+
+
+def write_table(path: Path, rows: list[dict], args, header: dict) -> None:  # noqa: ANN001
+    """A downstream bench's table as JSON (``--out``): its rows, its arguments and the machine."""
+    from shoestring.fsutil import write_json_atomic
+
+    write_json_atomic(path, {"rows": rows, "args": {k: str(v) for k, v in vars(args).items()},
+                             "machine": header})

@@ -49,13 +49,12 @@ import numpy as np
 from rich.console import Console
 
 from common import ROOT, SHARED, Bench, parser
-from jobs import Scheduler, pretrain
+from jobs import Scheduler, pretrain, write_table
 from transfer_curve import downstream_dir, finetuned
 from shoestring.config import Config
 from shoestring.data.datadir import DataDir
 from shoestring.errors import ShoestringError
-from shoestring.eval.control import seeds_needed
-from shoestring.fsutil import write_json_atomic
+from shoestring.eval.control import seeds_needed, t95
 from shoestring.prep.prep import prep
 from shoestring.units import parse_budget
 
@@ -96,12 +95,6 @@ def held_out(run: Path) -> dict:
 
 def run_name(arm: str, budget: str, seed: int) -> str:
     return f"{arm}-{budget.replace(' ', '')}-p{seed}"
-
-
-def t95(dof: int) -> float:
-    from scipy.stats import t
-
-    return float(t.ppf(0.975, dof))
 
 
 def scores(records: list[dict], split: str) -> dict[int, float]:
@@ -304,8 +297,7 @@ def main() -> None:
     report(args, rows, runs, failed, bench)
     bench.end()
     if args.out:
-        write_json_atomic(args.out, {"rows": rows, "args": {k: str(v) for k, v in vars(args).items()},
-                                     "machine": bench.header})
+        write_table(args.out, rows, args, bench.header)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ from pathlib import Path
 from rich.console import Console
 
 from common import ROOT, SHARED, Bench, parser
-from jobs import Scheduler, finished_downstream, pretrain
+from jobs import Scheduler, finished_downstream, pretrain, write_table
 from shoestring.config import Config
 from shoestring.data.datadir import DataDir
 from shoestring.prep.prep import prep
@@ -48,7 +48,6 @@ from shoestring.errors import ShoestringError
 from shoestring.eval.control import compare_arms
 from shoestring.eval.downstream import evaluate_downstream
 from shoestring.eval.downstream_report import fmt_difference, sweep_choice
-from shoestring.fsutil import write_json_atomic
 
 console = Console(stderr=True)
 
@@ -237,8 +236,7 @@ def main() -> None:
            bench)
     bench.end()
     if args.out:
-        write_json_atomic(args.out, {"rows": rows, "args": {k: str(v) for k, v in vars(args).items()},
-                                     "machine": bench.header})
+        write_table(args.out, rows, args, bench.header)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["SMALL_DEV", "compare_arms", "seeds_for", "seeds_needed"]
+__all__ = ["SMALL_DEV", "compare_arms", "seeds_for", "seeds_needed", "t95"]
 
 SMALL_DEV = 2000  # examples in the first evaluation split below which a task is "small"
 
@@ -36,7 +36,8 @@ def seeds_for(dev_examples: int) -> int:
     return 5 if dev_examples < SMALL_DEV else 3
 
 
-def _t95(dof: int) -> float:
+def t95(dof: int) -> float:
+    """Student's t at 97.5% with ``dof`` degrees of freedom: a two-sided 95% interval's factor."""
     from scipy.stats import t
 
     return float(t.ppf(0.975, dof))
@@ -52,7 +53,7 @@ def seeds_needed(std_diff: float, difference: float, cap: int = 50) -> int | Non
     if std_diff == 0:
         return 2
     for k in range(2, cap + 1):
-        if _t95(k - 1) * std_diff / math.sqrt(k) < abs(difference):
+        if t95(k - 1) * std_diff / math.sqrt(k) < abs(difference):
             return k
     return None
 
@@ -81,7 +82,7 @@ def compare_arms(pretrained: list[dict[str, Any]], scratch: list[dict[str, Any]]
         out.update(ci95=None, within_noise=True, seeds_needed=None,
                    verdict="one seed: no interval, run more seeds (--seeds)")
         return out
-    half = _t95(k - 1) * out["difference_std"] / math.sqrt(k)
+    half = t95(k - 1) * out["difference_std"] / math.sqrt(k)
     lo, hi = out["difference_mean"] - half, out["difference_mean"] + half
     within = lo <= 0.0 <= hi
     out.update(ci95=[float(lo), float(hi)], within_noise=bool(within))
