@@ -71,6 +71,7 @@ ARMS: dict[str, dict[str, dict[str, Any]]] = {
     # ELECTRA masks 15% (the recipe's 40% is Cramming's MLM optimum), and at a lower LR
     "rtd-m15": {"model": RTD, "train": {"mask_rate": 0.15}},
     "rtd-lr5e-4": {"model": RTD, "train": {"lr": 5e-4}},
+    "rtd-m15-lr5e-4": {"model": RTD, "train": {"mask_rate": 0.15, "lr": 5e-4}},  # both: ELECTRA's
 }
 
 
@@ -180,8 +181,10 @@ def collect(args: argparse.Namespace, arms: list[str], seeds: list[int]
 
 def pretraining_line(name: str, s: dict) -> str:
     e = s["eval"]
-    detection = (f" (the generator's), detection accuracy {e['rtd_disc_accuracy']:.1%}, "
-                 f"recall {e['rtd_recall']:.1%}" if "rtd_disc_accuracy" in e else "")
+    detection = (f" (the generator's), detection accuracy {e['rtd_disc_accuracy']:.1%} (base "
+                 f"rate {1 - e['rtd_replaced_fraction']:.1%} at mask rate {e['mask_rate']:.0%}), "
+                 f"AUC {e.get('rtd_auc', float('nan')):.3f}, recall {e['rtd_recall']:.1%}"
+                 if "rtd_disc_accuracy" in e else "")
     return (f"  {name}: {s['objective']}, {s['params'] / 1e6:.1f}M params, {s['tokens']:,} "
             f"tokens, {s['total_flops']:.3g} FLOPs, {s['tokens_per_s']:,.0f} tok/s, "
             f"{s['train_seconds'] / 60:.1f} min, {s['dtype']}; held-out MLM loss "
@@ -198,11 +201,11 @@ def report(args: argparse.Namespace, rows: list[dict], runs: list[tuple[str, dic
                  f"{'first ' + str(args.max_train) + ' train rows' if args.max_train else 'full train sets'}; "
                  "difference averaged over fine-tuning seeds, 95% t interval over pretraining seeds")
     print("\n".join(notes))
-    print(f"{'task':6} {'arm':10} {'against':12} {'arm':>6} {'base':>6}  "
+    print(f"{'task':6} {'arm':14} {'against':14} {'arm':>6} {'base':>6}  "
           f"difference [95% CI]        per pretraining seed      verdict")
     for r in rows:
         per = " ".join(f"{v:+.1f}" for v in r["per_seed"].values())
-        print(f"{r['task']:6} {r['arm']:10} {r['against']:12} {r['arm_mean']:>6.1f} "
+        print(f"{r['task']:6} {r['arm']:14} {r['against']:14} {r['arm_mean']:>6.1f} "
               f"{r['base_mean']:>6.1f}  {fmt(r):<26} {per:<25} {r['verdict']}")
     if failed:
         print(f"FAILED or not started: {', '.join(failed)} (see {args.work / 'logs'})")

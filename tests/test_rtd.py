@@ -17,7 +17,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from conftest import TINY_MODEL, tiny_config
 from shoestring.config import Config, ModelConfig
-from shoestring.eval.mlm_loss import evaluate_run
+from shoestring.eval.mlm_loss import DetectionScore, evaluate_run
 from shoestring.model import build_model
 from shoestring.model.detector import ReplacedTokenDetector, as_encoder, sample_tokens
 from shoestring.model.encoder import MaskedLM
@@ -260,14 +260,38 @@ def test_the_discriminator_learns_to_beat_the_base_rate(sharing: str) -> None:
         opt.step()
     with torch.no_grad():
         *_, disc_logits, replaced = obj.parts(model, obj.make_batch(rows(64), gen))
-    flagged = disc_logits > 0
-    base_rate = 1 - replaced.float().mean().item()
-    accuracy = (flagged == replaced).float().mean().item()
-    recall = (flagged & replaced).sum().item() / max(int(replaced.sum()), 1)
+    score = DetectionScore()
+    score.add(disc_logits, replaced)
+    r = score.result()
+    base_rate = 1 - r["rtd_replaced_fraction"]
+    accuracy, recall = r["rtd_disc_accuracy"], r["rtd_recall"]
     print(f"{sharing}: accuracy {accuracy:.3f} against the base rate {base_rate:.3f}, "
-          f"recall {recall:.3f}")
+          f"recall {recall:.3f}, AUC {r['rtd_auc']:.3f}")
     assert replaced.float().mean() > 0.05  # there were replacements to find
     # seen here: gdes 0.946 against 0.876, recall 0.63; plain 0.907, recall 0.30 (its one
     # table takes the detection loss's 50× weight, so the generator gives it less to find)
     assert recall > 0.2 and accuracy > base_rate + 0.2 * (1 - base_rate), (
         accuracy, base_rate, recall)
+    assert r["rtd_auc"] > 0.75
+
+
+def test_detection_auc_is_the_pairwise_probability_with_ties_half() -> None:
+    """The AUC from midranks equals counting every (replaced, original) pair directly, in
+    any batching, with tied logits; a constant scorer is 0.5 and a perfect one 1."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randint(-3, 4, (6, 40), generator=gen).float()  # many ties
+    replaced = torch.rand(6, 40, generator=gen) < 0.3 + 0.1 * logits.clamp(min=0)
+    pos, neg = logits[replaced], logits[~replaced]
+    pairwise = ((pos[:, None] > neg[None]).double()
+                + 0.5 * (pos[:, None] == neg[None]).double()).mean().item()
+    whole, split = DetectionScore(), DetectionScore()
+    whole.add(logits, replaced)
+    for i in range(0, 6, 4):
+        split.add(logits[i:i + 4], replaced[i:i + 4])
+    assert whole.auc() == pytest.approx(pairwise, abs=1e-12)
+    assert split.auc() == pytest.approx(pairwise, abs=1e-12)
+    assert pairwise > 0.55  # the data leans, so a wrong sign or rank would show
+    const, perfect = DetectionScore(), DetectionScore()
+    const.add(torch.zeros(6, 40), replaced)
+    perfect.add(replaced.float() * 2 - 1, replaced)
+    assert const.auc() == 0.5 and perfect.auc() == 1.0

@@ -91,12 +91,18 @@ def evaluate_mlm(
 
 
 class DetectionScore:
-    """The RTD discriminator's held-out scores, summed over batches: its binary loss, its
-    accuracy over every token, and its recall and precision on the replaced ones."""
+    """The RTD discriminator's held-out scores over batches: its binary loss, its accuracy over
+    every token beside the base rate (answering "original" everywhere), its recall and
+    precision on the replaced ones, and its ROC AUC. The accuracy depends on the share of
+    replaced tokens, which moves with the mask rate (the eval's is not the run's); the AUC
+    does not, so it says whether the discriminator learned to tell replaced from original at
+    all (0.5: not)."""
 
     def __init__(self) -> None:
         self.loss = 0.0
         self.tokens = self.correct = self.replaced = self.flagged = self.caught = 0
+        self.logits: list[torch.Tensor] = []
+        self.labels: list[torch.Tensor] = []
 
     def add(self, logits: torch.Tensor, replaced: torch.Tensor) -> None:
         flagged = logits > 0
@@ -107,11 +113,27 @@ class DetectionScore:
         self.replaced += int(replaced.sum())
         self.flagged += int(flagged.sum())
         self.caught += int((flagged & replaced).sum())
+        self.logits.append(logits.flatten())
+        self.labels.append(replaced.flatten())
+
+    def auc(self) -> float:
+        """P(a replaced token scores above an original one), ties counting half: the
+        Mann-Whitney statistic from the midranks of all logits."""
+        logits, labels = torch.cat(self.logits).double(), torch.cat(self.labels)
+        positives = int(labels.sum())
+        negatives = labels.numel() - positives
+        if not positives or not negatives:
+            return float("nan")
+        _, inverse, counts = torch.unique(logits, return_inverse=True, return_counts=True)
+        midrank = counts.cumsum(0).double() - (counts.double() - 1) / 2
+        rank_sum = midrank[inverse][labels].sum().item()
+        return (rank_sum - positives * (positives + 1) / 2) / (positives * negatives)
 
     def result(self) -> dict[str, float]:
         """``rtd_*`` fields of eval.json (``mlm_loss`` and its kin are the generator's)."""
         return {"rtd_disc_loss": self.loss / self.tokens,
                 "rtd_disc_accuracy": self.correct / self.tokens,
+                "rtd_auc": self.auc(),
                 "rtd_replaced_fraction": self.replaced / self.tokens,
                 "rtd_recall": self.caught / max(self.replaced, 1),
                 "rtd_precision": self.caught / max(self.flagged, 1)}
@@ -121,11 +143,15 @@ def detection_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
     """The table rows `eval` and `cram` print for an RTD run's eval.json (none otherwise)."""
     if "rtd_disc_accuracy" not in result:
         return []
+    auc = result.get("rtd_auc")
     return [("discriminator (RTD)",
-             f"accuracy {result['rtd_disc_accuracy']:.1%} over all tokens, loss "
-             f"{result['rtd_disc_loss']:.3f}; {result['rtd_replaced_fraction']:.1%} of tokens "
-             f"replaced, recall {result['rtd_recall']:.1%}, precision "
-             f"{result['rtd_precision']:.1%} (the MLM rows are the generator's)")]
+             f"accuracy {result['rtd_disc_accuracy']:.1%} over all tokens (base rate "
+             f"{1 - result['rtd_replaced_fraction']:.1%}), "
+             + (f"AUC {auc:.3f}, " if auc is not None else "")
+             + f"loss {result['rtd_disc_loss']:.3f}; {result['rtd_replaced_fraction']:.1%} of "
+             f"tokens replaced at mask rate {result['mask_rate']:.0%}, recall "
+             f"{result['rtd_recall']:.1%}, precision {result['rtd_precision']:.1%} (the MLM "
+             "rows are the generator's)")]
 
 
 def evaluate_run(
