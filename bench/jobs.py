@@ -108,12 +108,31 @@ def pretrain(cfg, data: Path, run: Path, console=None) -> None:  # noqa: ANN001
     from shoestring.train.loop import train
 
     if (run / "final" / "model.safetensors").is_file() and (run / "summary.json").is_file():
+        same_settings(cfg, run)
         log(f"reusing {run} (finished)")
         return
     rd = RunDir(run)
     resume = rd.is_run and bool(rd.checkpoints())
     log(f"{'resuming' if resume else 'training'} {run}: budget {cfg.train.budget}")
     train(cfg, data, run, overwrite=not resume, resume=resume, console=console)
+
+
+def same_settings(cfg, run: Path) -> None:  # noqa: ANN001
+    """Refuse to reuse a finished run whose model or train settings differ from what the arm
+    asks now (a renamed arm, a changed default): its numbers would be reported under the
+    wrong name. The fields compared are those the arm's config was given (``threads`` only
+    moves the wall clock)."""
+    from shoestring.config import Config
+    from shoestring.fsutil import read_yaml
+
+    done = Config.model_validate(read_yaml(run / "config.yaml", "run config"))
+    diff = [f"{s}.{k} {getattr(getattr(done, s), k)!r} there, {getattr(getattr(cfg, s), k)!r} now"
+            for s in ("model", "train")
+            for k in sorted(getattr(cfg, s).model_fields_set - {"threads"})
+            if getattr(getattr(done, s), k) != getattr(getattr(cfg, s), k)]
+    if diff:
+        raise SystemExit(f"{run} was trained with other settings ({'; '.join(diff)}): move it "
+                         "aside or give another --work")
 
 
 def write_table(path: Path, rows: list[dict], args, header: dict) -> None:  # noqa: ANN001

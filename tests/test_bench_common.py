@@ -222,5 +222,8 @@ def test_objective_comparison_is_paired_by_both_seeds_and_clustered(
     assert ot.clustered(base, base)["verdict"].startswith("no difference")
     one = ot.clustered({0: arm[0]}, base)
     assert one["ci95"] is None and one["verdict"].startswith("one pretraining seed")
+    rows = [{"task": t_, "arm": "rtd", "against": against, "difference_mean": d}
+            for t_, d in (("cola", 6.0), ("sst2", 3.0)) for against in ("twin", "mlm")]
+    assert ot.mean_differences(rows) == {("rtd", "twin"): [6.0, 3.0], ("rtd", "mlm"): [6.0, 3.0]}
     for name in ("common", "jobs", "transfer_curve", "objective_transfer"):
         sys.modules.pop(name, None)

@@ -12,7 +12,7 @@ import pytest
 from shoestring.config import DataConfig, TrainConfig
 from shoestring.data.repetition import R_STAR_N, effective_params, effective_tokens
 from shoestring.errors import ShoestringError
-from shoestring.families import MLM
+from shoestring.families import MLM, RTD
 from shoestring.plan import hyper
 from shoestring.plan.laws import CHINCHILLA_2022, EPOCH_2024, load_law
 from shoestring.plan.planner import PlanRequest, make_plan, size_for_flops
@@ -73,6 +73,18 @@ def test_the_plan_shows_batch_and_lr_with_their_source() -> None:
     # more compute: a larger batch and a lower LR
     assert big["train"]["batch_size"] > small["train"]["batch_size"]
     assert big["train"]["lr"] < small["train"]["lr"]
+
+
+def test_a_familys_training_recipe_anchors_its_lr() -> None:
+    """RTD trains at its own recipe's LR (families/rtd.py): its plan's LR is the same law
+    anchored there, so at one budget it is the MLM plan's times the recipes' ratio, and the
+    source says which anchor."""
+    ratio = TrainConfig(**RTD.train_recipe).lr / TrainConfig().lr
+    assert ratio < 1
+    mlm = make_plan(PlanRequest(hardware="t4", budget="1e16flops", objective="mlm"))
+    rtd = make_plan(PlanRequest(hardware="t4", budget="1e16flops", objective="rtd"))
+    assert rtd["train"]["lr"] == pytest.approx(mlm["plan"]["batch"]["law_lr"] * ratio, rel=1e-2)
+    assert f"peak LR {TrainConfig(**RTD.train_recipe).lr:g}" in rtd["plan"]["batch"]["source"]
 
 
 # ---------------------------------------------------------------- data-constrained scaling

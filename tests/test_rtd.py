@@ -295,3 +295,26 @@ def test_detection_auc_is_the_pairwise_probability_with_ties_half() -> None:
     const.add(torch.zeros(6, 40), replaced)
     perfect.add(replaced.float() * 2 - 1, replaced)
     assert const.auc() == 0.5 and perfect.auc() == 1.0
+
+
+def test_rtd_trains_with_its_own_recipe_where_the_user_set_nothing(tmp_path: Path) -> None:
+    """`model.objective=rtd` takes ELECTRA's masking and LR (families/rtd.py) for the train
+    fields left unset, from a file, --set or code alike; whatever the user sets wins; MLM keeps
+    its own; and a run's resolved config.yaml reads back unchanged."""
+    from shoestring.config import TrainConfig, load_config
+    from shoestring.families import RTD
+
+    recipe = TrainConfig(**RTD.train_recipe)
+    assert (recipe.mask_rate, recipe.lr) != (TrainConfig().mask_rate, TrainConfig().lr)
+    rtd = load_config(overrides=["model.objective=rtd"])
+    assert (rtd.train.mask_rate, rtd.train.lr) == (recipe.mask_rate, recipe.lr)
+    assert Config.model_validate({"model": {"objective": "rtd"}}).train == rtd.train
+    mlm = load_config(overrides=["model.objective=mlm"])
+    assert (mlm.train.mask_rate, mlm.train.lr) == (TrainConfig().mask_rate, TrainConfig().lr)
+    mine = load_config(overrides=["model.objective=rtd", "train.lr=1e-3"])
+    assert (mine.train.mask_rate, mine.train.lr) == (recipe.mask_rate, 1e-3)
+    given = tmp_path / "c.yaml"
+    given.write_text("model:\n  objective: rtd\ntrain:\n  mask_rate: 0.3\n")
+    assert load_config(given).train.mask_rate == 0.3
+    (tmp_path / "resolved.yaml").write_text(mine.to_yaml())
+    assert load_config(tmp_path / "resolved.yaml") == mine

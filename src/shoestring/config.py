@@ -670,6 +670,39 @@ class Config(_Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     _given: dict[str, str] = PrivateAttr(default_factory=dict)  # key → "file", option, "--set"
 
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_train_recipe(cls, data: Any) -> Any:
+        """The train settings a user leaves unset take the objective's training recipe
+        (``FamilySpec.train_recipe``; RTD's differs from MLM's), as model fields take its
+        model recipe. A run's config.yaml is fully resolved, so reading it back changes
+        nothing."""
+        if not isinstance(data, dict):
+            return data
+        model = data.get("model") or {}
+        if isinstance(model, ModelConfig):
+            objective = model.objective
+        elif isinstance(model, dict):
+            objective = model.get("objective")
+            if objective is None and model.get("preset") is not None:
+                try:
+                    objective = families.preset_fields(str(model["preset"]))["objective"]
+                except ValueError:
+                    return data  # ModelConfig names the unknown preset
+        else:
+            return data
+        family = next((f for f in families.all_families() if f.name == objective), None)
+        if family is None or not family.train_recipe:
+            return data  # an unknown objective: ModelConfig's Literal reports it
+        train = data.get("train") or {}
+        if isinstance(train, TrainConfig):
+            unset = {k: v for k, v in family.train_recipe.items()
+                     if k not in train.model_fields_set}
+            return {**data, "train": train.model_copy(update=unset)}
+        if isinstance(train, dict):
+            return {**data, "train": {**family.train_recipe, **train}}
+        return data
+
     def given(self, section: str, *, file: bool = True) -> set[str]:
         """The keys of ``section`` the user set (the YAML file unless ``file`` is False, an
         option, ``--set``), not a plan's nor the defaults: what `load_config` was told."""

@@ -74,6 +74,8 @@ class FamilySpec:
     vocab_head: bool = True  # training runs the vocabulary head (FLOPs count it)
     pipeline: bool = True  # can train pipeline-parallel (pp > 1)
     generator: bool = False  # trains a generator beside the model (RTD; FLOPs count both)
+    # training recipe: the TrainConfig fields a user leaves unset take these values
+    train_recipe: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.base:

@@ -66,6 +66,7 @@ class Hyper:
     law_lr: float  # the anchored law's LR, before the clamp
     batch_clamp: str | None  # why the batch differs from the law's, if it does
     lr_clamp: str | None
+    recipe_lr: float = RECIPE_LR  # the LR the law is anchored at (the family's recipe)
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -74,7 +75,7 @@ class Hyper:
             "batch_clamp": self.batch_clamp, "lr_clamp": self.lr_clamp,
             "source": f"{DEEPSEEK_SOURCE}: exponents {BATCH_EXPONENT} (batch) and "
                       f"{LR_EXPONENT} (LR), anchored at the recipe ({RECIPE_BATCH_TOKENS:,} "
-                      f"tokens, peak LR {RECIPE_LR:g} at {RECIPE_FLOPS:.2g} FLOPs)",
+                      f"tokens, peak LR {self.recipe_lr:g} at {RECIPE_FLOPS:.2g} FLOPs)",
         }
 
 
@@ -83,9 +84,10 @@ def batch_tokens(flops: float) -> float:
     return RECIPE_BATCH_TOKENS * (flops / RECIPE_FLOPS) ** BATCH_EXPONENT
 
 
-def peak_lr(flops: float) -> float:
-    """Compute-optimal AdamW peak LR: DeepSeek's exponent, anchored at the recipe."""
-    return RECIPE_LR * (flops / RECIPE_FLOPS) ** LR_EXPONENT
+def peak_lr(flops: float, recipe_lr: float = RECIPE_LR) -> float:
+    """Compute-optimal AdamW peak LR: DeepSeek's exponent, anchored at the recipe's LR (a
+    family's own where its training recipe sets one: RTD's 5e-4)."""
+    return recipe_lr * (flops / RECIPE_FLOPS) ** LR_EXPONENT
 
 
 def _round_batch(batch: int, devices: int) -> int:
@@ -98,7 +100,7 @@ def _round_batch(batch: int, devices: int) -> int:
 
 
 def plan_hyper(flops: float, seq_len: int, devices: int = 1,
-               train_sequences: int | None = None) -> Hyper:
+               train_sequences: int | None = None, recipe_lr: float = RECIPE_LR) -> Hyper:
     """Batch (sequences) and peak LR for a budget of ``flops``.
 
     The batch is the law's, in whole sequences, at least `MIN_BATCH_SEQUENCES` and one per
@@ -115,7 +117,7 @@ def plan_hyper(flops: float, seq_len: int, devices: int = 1,
     if train_sequences is not None and batch > train_sequences >= devices:
         batch = max(devices, train_sequences // devices * devices)
         why = f"capped at the corpus' {train_sequences:,} training sequences"
-    law_lr = peak_lr(flops)
+    law_lr = peak_lr(flops, recipe_lr)
     lr = min(LR_MAX, law_lr)
     lr_why = None if lr == law_lr else f"capped at {LR_MAX:g}, the highest LR the recipe trained"
-    return Hyper(batch, float(f"{lr:.3g}"), law_tokens, law_lr, why, lr_why)
+    return Hyper(batch, float(f"{lr:.3g}"), law_tokens, law_lr, why, lr_why, recipe_lr)

@@ -237,7 +237,8 @@ def size_for_flops(
     unique = float(data["train_tokens"]) if data and data.get("train_tokens") else None
     pick, tokens, loss, rule = _choose(shapes, law, total_flops, unique, frontier)
     hyper = plan_hyper(total_flops, seq_len, devices,
-                       data.get("train_sequences") if data else None)
+                       data.get("train_sequences") if data else None,
+                       TrainConfig(**family.train_recipe).lr)
     steps = max(1, int(round(tokens / (hyper.batch_sequences * seq_len))))
     return Sizing(total_flops, n_opt, d_opt, seq_len, vocab, shapes, pick, tokens, loss,
                   hyper.batch_sequences, steps, hyper.lr, hyper, rule)
@@ -447,7 +448,7 @@ def make_plan(req: PlanRequest, console: Console | None = None,
             where=str(req.data), fix="drop --objective, or prep the data for that objective",
         )
     devices_per_node = req.devices_per_node or _devices_per_node(hw.name, req.devices)
-    mask_rate = TrainConfig().mask_rate
+    mask_rate = TrainConfig(**family.train_recipe).mask_rate  # what a run of it masks
     seconds = spec.amount if spec.kind == "seconds" else None
     flops = (spec.amount if spec.kind == "flops" else None if spec.kind == "seconds" else
              flops_buying(spec.kind, spec.amount, family, law, data, req.devices, mask_rate))
