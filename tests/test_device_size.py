@@ -83,6 +83,38 @@ def test_a_given_model_gets_its_batch_and_lr_for_the_budget(pydocs_dir: Path) ->
     assert size_for_device(steps, pydocs_dir, hardware="h100", mfu=0.35).chosen == {}
 
 
+def test_rtd_lr_is_sized_by_the_law_anchored_at_its_own_recipe(pydocs_dir: Path) -> None:
+    """RTD's recipe fills train.lr (families/rtd.py) but that is not the user's choice: on a
+    device it is sized like MLM's, by the same law anchored at RTD's recipe LR; an LR the user
+    sets is still kept."""
+    from shoestring.config import TrainConfig
+    from shoestring.data.datadir import DataDir
+    from shoestring.families import RTD
+
+    ratio = TrainConfig(**RTD.train_recipe).lr / TrainConfig().lr
+    data = DataDir(pydocs_dir)
+    flops = H100_BF16 * 3600 * 0.35
+    given = load_config(None, ["model.objective=rtd", "model.preset=base", "train.budget=1h"])
+    assert applies(given, "cuda", 1)
+    s = size_for_device(given, pydocs_dir, hardware="h100", mfu=0.35)
+    want = plan_hyper(flops, data.seq_len, 1, data.manifest["splits"]["train"]["sequences"],
+                      TrainConfig(**RTD.train_recipe).lr)
+    assert s.chosen["train.lr"] == want.lr
+    mlm = size_for_device(load_config(None, ["model.preset=base", "train.budget=1h"]),
+                          pydocs_dir, hardware="h100", mfu=0.35)
+    assert s.chosen["train.lr"] == pytest.approx(mlm.chosen["train.lr"] * ratio, rel=1e-2)
+    unsized = load_config(None, ["model.objective=rtd", "train.budget=1h"])
+    planned = size_for_device(unsized, pydocs_dir, hardware="h100", mfu=0.35)
+    plain = size_for_device(load_config(None, ["train.budget=1h"]), pydocs_dir,
+                            hardware="h100", mfu=0.35)
+    assert planned.chosen["train.lr"] == pytest.approx(plain.chosen["train.lr"] * ratio,
+                                                       rel=1e-2)
+    mine = load_config(None, ["model.objective=rtd", "model.preset=base", "train.budget=1h",
+                              "train.lr=3e-4"])
+    assert "train.lr" not in size_for_device(mine, pydocs_dir, hardware="h100",
+                                             mfu=0.35).chosen
+
+
 def test_on_this_cpu_nothing_is_sized(pydocs_dir: Path) -> None:
     import torch
 

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from shoestring.config import Config
+from shoestring.config import Config, TrainConfig
+from shoestring.plan.hyper import LR_MAX
 from shoestring.units import BudgetSpec
 
 if TYPE_CHECKING:
@@ -60,7 +61,20 @@ def applies(cfg: Config, device_type: str, world: int) -> bool:
         return False
     if cfg.train.budget is None and cfg.train.steps is None:
         return False
-    return not (_model_given(cfg) and set(HYPER_FIELDS) <= cfg.train.model_fields_set)
+    return not (_model_given(cfg) and set(HYPER_FIELDS) <= _train_given(cfg))
+
+
+def _train_given(cfg: Config) -> set[str]:
+    """The train fields the user set. One the objective's training recipe filled in (RTD's
+    LR) is not, so it is sized like MLM's, by the law anchored at that recipe."""
+    recipe = cfg.model.family.train_recipe
+    return {k for k in cfg.train.model_fields_set
+            if not (k in recipe and getattr(cfg.train, k) == recipe[k])}
+
+
+def _recipe_lr_ratio(cfg: Config) -> float:
+    """The objective's recipe LR over MLM's: what the MLM-anchored law's LR is scaled by."""
+    return TrainConfig(**cfg.model.family.train_recipe).lr / TrainConfig().lr
 
 
 def _model_given(cfg: Config) -> bool:
@@ -83,7 +97,8 @@ def size_for_device(cfg: Config, data_dir: str | Path, *, hardware: str = "auto"
     tree = make_plan(req, console)
     meta, train = tree["plan"], tree["train"]
     chosen = {f"model.{k}": v for k, v in tree["model"].items() if k != "objective"}
-    chosen |= _hyper(cfg, train["batch_size"], train.get("micro_batch_size"), train["lr"])
+    lr = min(LR_MAX, meta["batch"]["law_lr"] * _recipe_lr_ratio(cfg))
+    chosen |= _hyper(cfg, train["batch_size"], train.get("micro_batch_size"), float(f"{lr:.3g}"))
     m = meta["model"]
     why = (f"sized for this device ({meta['hardware']['description']}): {m['shape']} "
            f"({m['params_non_embedding']:,} non-embedding parameters) on "
@@ -96,7 +111,7 @@ def size_for_device(cfg: Config, data_dir: str | Path, *, hardware: str = "auto"
 def _hyper(cfg: Config, batch: int, micro: int | None, lr: float) -> dict[str, Any]:
     """The optimizer fields the user left unset. A micro-batch is only chosen with its batch
     (micro must divide the batch the run uses)."""
-    given = cfg.train.model_fields_set
+    given = _train_given(cfg)
     out: dict[str, Any] = {}
     if "batch_size" not in given:
         out["train.batch_size"] = batch
@@ -148,7 +163,8 @@ def _hyper_for_model(cfg: Config, req: PlanRequest, console: Console | None) -> 
         flops = peak * spec.amount * mfu
         rate = f" at {mfu:.0%} MFU ({source})"
     train_seqs = data.manifest.get("splits", {}).get("train", {}).get("sequences")
-    hyper = plan_hyper(flops, data.seq_len, 1, train_seqs)
+    hyper = plan_hyper(flops, data.seq_len, 1, train_seqs,
+                       TrainConfig(**cfg.model.family.train_recipe).lr)
     layout = layout_for(cfg.model, data.vocab_size, data.seq_len, hyper.batch_sequences, 1, 1,
                         hw.memory_gb)
     chosen = _hyper(cfg, hyper.batch_sequences, layout.micro_batch, hyper.lr)
