@@ -366,6 +366,8 @@ class ModelConfig(_Section):
 # the causal-LM decoder. A recipe field the user does not set takes its objective's value, so
 # `--set model.objective=clm` alone gives a Llama-style decoder.
 MODEL_RECIPES: dict[str, dict[str, Any]] = {f.name: f.recipe for f in families.all_families()}
+TRAIN_RECIPES: dict[str, dict[str, Any]] = {f.name: f.train_recipe
+                                            for f in families.all_families()}
 
 
 class TrainConfig(_Section):
@@ -691,16 +693,15 @@ class Config(_Section):
                     return data  # ModelConfig names the unknown preset
         else:
             return data
-        family = next((f for f in families.all_families() if f.name == objective), None)
-        if family is None or not family.train_recipe:
-            return data  # an unknown objective: ModelConfig's Literal reports it
+        recipe = TRAIN_RECIPES.get(objective)
+        if not recipe:
+            return data  # none, or an unknown objective: ModelConfig's Literal reports it
         train = data.get("train") or {}
         if isinstance(train, TrainConfig):
-            unset = {k: v for k, v in family.train_recipe.items()
-                     if k not in train.model_fields_set}
+            unset = {k: v for k, v in recipe.items() if k not in train.model_fields_set}
             return {**data, "train": train.model_copy(update=unset)}
         if isinstance(train, dict):
-            return {**data, "train": {**family.train_recipe, **train}}
+            return {**data, "train": {**recipe, **train}}
         return data
 
     def given(self, section: str, *, file: bool = True) -> set[str]:
