@@ -38,3 +38,21 @@ def test_mfu_above_one_comes_with_its_reason() -> None:
     assert peak_note(0.42, 4e11) is None and peak_note(1.0, 4e11) is None
     note = peak_note(1.62, 1.5e11)
     assert note is not None and "MFU above 100%" in note and "150 GFLOP/s" in note
+
+
+def test_the_cpu_probe_grows_its_operands_only_while_a_product_stays_short() -> None:
+    """bf16 on a CPU without bf16 units takes seconds a 1024 product; the probe must not pay
+    that on every `train`. With no time to spare it stays at the smallest size; with ample
+    time fp32 reaches 1024, where the dense peak is measured; the operands are warm either
+    way and the caller's RNG stream is untouched."""
+    from shoestring.device import probe_operands
+
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16):
+        a, b = probe_operands("cpu", dtype, seconds=1e-9)
+        assert a.shape == b.shape == (256, 256) and a.dtype == dtype
+    assert torch.equal(torch.rand(3), expected)
+    a, _ = probe_operands("cpu", torch.float32, seconds=60.0)
+    assert a.shape == (1024, 1024)

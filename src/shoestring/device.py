@@ -131,15 +131,9 @@ def load_cost(cpu_load: dict | None) -> str | None:
 
 @functools.lru_cache(maxsize=None)
 def _measure(device_type: str, dtype: torch.dtype, seconds: float, threads: int) -> float:
-    device = torch.device(device_type)
-    n = 4096 if device_type == "cuda" else 1024
-    with torch.random.fork_rng(devices=[]):  # leave the caller's RNG stream untouched
-        a = torch.randn(n, n, device=device, dtype=dtype)
-        b = torch.randn(n, n, device=device, dtype=dtype)
+    a, b = probe_operands(device_type, dtype, seconds)
+    n = a.shape[0]
     sync = torch.cuda.synchronize if device_type == "cuda" else (lambda: None)
-    for _ in range(3):
-        a @ b
-    sync()
     best, deadline = 0.0, time.perf_counter() + seconds
     while time.perf_counter() < deadline:
         t = time.perf_counter()
@@ -148,6 +142,42 @@ def _measure(device_type: str, dtype: torch.dtype, seconds: float, threads: int)
         sync()
         best = max(best, 4 * 2 * n**3 / (time.perf_counter() - t))
     return best
+
+
+def probe_operands(device_type: str, dtype: torch.dtype,
+                   seconds: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two warmed-up square operands for the peak probe: 4096 on a GPU; on a CPU the largest
+    of 256, 512 and 1024 whose product takes under a quarter of ``seconds``.
+
+    A CPU without bf16 units (AVX2 only) multiplies bf16 ~100x slower than fp32 (0.6 GFLOP/s
+    against 64 at 1024 on the 2-core host of 2026-11-29: 3.6 s a product), and "auto"
+    precision probes bf16 on every `train`; at a fixed 1024 that probe cost 25 s a run. Growing
+    the size only while a product stays short bounds it near ``seconds`` on any CPU, and a CPU
+    with bf16 units still reaches 1024, where the dense peak is measured.
+    """
+    device = torch.device(device_type)
+
+    def operands(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.random.fork_rng(devices=[]):  # leave the caller's RNG stream untouched
+            return (torch.randn(n, n, device=device, dtype=dtype),
+                    torch.randn(n, n, device=device, dtype=dtype))
+
+    if device_type == "cuda":
+        a, b = operands(4096)
+        for _ in range(3):
+            a @ b
+        torch.cuda.synchronize()
+        return a, b
+    a, b = operands(256)
+    a @ b  # the first product starts the thread pool
+    while a.shape[0] < 1024:
+        bigger = operands(2 * a.shape[0])
+        t = time.perf_counter()
+        bigger[0] @ bigger[1]
+        if time.perf_counter() - t > seconds / 4:
+            break
+        a, b = bigger
+    return a, b
 
 
 def _device_name(device: torch.device) -> str:
