@@ -109,6 +109,11 @@ def test_rtd_lr_is_sized_by_the_law_anchored_at_its_own_recipe(pydocs_dir: Path)
                             hardware="h100", mfu=0.35)
     assert planned.chosen["train.lr"] == pytest.approx(plain.chosen["train.lr"] * ratio,
                                                        rel=1e-2)
+    # RTD is planned as itself on the masked LM's data: its step also pays the generator, so
+    # the same compute buys a model no larger, of the masked LM presets' proportions
+    shape = ("model.hidden_size", "model.num_layers", "model.intermediate_size")
+    r, m = ([c[k] for k in shape] for c in (planned.chosen, plain.chosen))
+    assert r[0] * r[1] <= m[0] * m[1] and r[2] / r[0] == m[2] / m[0] and r != m
     mine = load_config(None, ["model.objective=rtd", "model.preset=base", "train.budget=1h",
                               "train.lr=3e-4"])
     assert "train.lr" not in size_for_device(mine, pydocs_dir, hardware="h100",

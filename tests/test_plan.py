@@ -386,3 +386,15 @@ def test_a_tiny_budgets_meaningless_loss_is_explained_once_plainly() -> None:
     big = make_plan(PlanRequest(hardware="h100", budget="1h", objective="clm"))["plan"]
     assert sum("loss" in n and "scale" in n for n in big["notes"]) == 1
     assert not any("means nothing" in n for n in big["notes"])
+
+
+def test_a_family_plans_on_the_data_of_the_family_it_builds_from(pydocs_dir: Path) -> None:
+    """RTD trains on masked-LM data dirs, so `plan --objective rtd --data <mlm dir>` plans RTD
+    there; an objective whose data differs (clm) is refused, naming both."""
+    tree = make_plan(PlanRequest(hardware="h100", budget="1h", data=str(pydocs_dir),
+                                 objective="rtd", mfu=0.35))
+    assert tree["model"]["objective"] == "rtd" and tree["plan"]["model"]["tokens"] > 0
+    with pytest.raises(ShoestringError, match="prepared for clm, and the data dir was "
+                                              "prepared for mlm"):
+        make_plan(PlanRequest(hardware="h100", budget="1h", data=str(pydocs_dir),
+                              objective="clm", mfu=0.35))

@@ -66,15 +66,10 @@ def applies(cfg: Config, device_type: str, world: int) -> bool:
 
 def _train_given(cfg: Config) -> set[str]:
     """The train fields the user set. One the objective's training recipe filled in (RTD's
-    LR) is not, so it is sized like MLM's, by the law anchored at that recipe."""
+    LR) is not: it is sized by the law anchored at that recipe."""
     recipe = cfg.model.family.train_recipe
     return {k for k in cfg.train.model_fields_set
             if not (k in recipe and getattr(cfg.train, k) == recipe[k])}
-
-
-def _recipe_lr_ratio(cfg: Config) -> float:
-    """The objective's recipe LR over MLM's: what the MLM-anchored law's LR is scaled by."""
-    return TrainConfig(**cfg.model.family.train_recipe).lr / TrainConfig().lr
 
 
 def _model_given(cfg: Config) -> bool:
@@ -91,13 +86,14 @@ def size_for_device(cfg: Config, data_dir: str | Path, *, hardware: str = "auto"
     steps = cfg.train.steps
     budget = cfg.train.budget or BudgetSpec("steps", float(steps or 0), f"{steps}steps")
     req = PlanRequest(hardware=hardware, budget=budget, data=str(data_dir), mfu=mfu,
-                      measure=mfu is None, precision=cfg.train.precision)
+                      measure=mfu is None, precision=cfg.train.precision,
+                      objective=cfg.model.objective)
     if _model_given(cfg):
         return _hyper_for_model(cfg, req, console)
     tree = make_plan(req, console)
     meta, train = tree["plan"], tree["train"]
     chosen = {f"model.{k}": v for k, v in tree["model"].items() if k != "objective"}
-    lr = min(LR_MAX, meta["batch"]["law_lr"] * _recipe_lr_ratio(cfg))
+    lr = min(LR_MAX, meta["batch"]["law_lr"])  # anchored at the objective's recipe LR
     chosen |= _hyper(cfg, train["batch_size"], train.get("micro_batch_size"), float(f"{lr:.3g}"))
     m = meta["model"]
     why = (f"sized for this device ({meta['hardware']['description']}): {m['shape']} "

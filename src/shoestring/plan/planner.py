@@ -442,9 +442,10 @@ def make_plan(req: PlanRequest, console: Console | None = None,
     data = data_info(req.data) if req.data else None
     objective = req.objective or (data["objective"] if data else "mlm")
     family = families.get(objective, where="--objective")  # unknown: names the known ones
-    if data and req.objective and req.objective != data["objective"]:
+    if data and req.objective and family.base != data["objective"]:
         raise ShoestringError(
-            f"--objective {req.objective} but the data dir was prepared for {data['objective']}",
+            f"--objective {req.objective} trains on data prepared for {family.base}, and the "
+            f"data dir was prepared for {data['objective']}",
             where=str(req.data), fix="drop --objective, or prep the data for that objective",
         )
     devices_per_node = req.devices_per_node or _devices_per_node(hw.name, req.devices)

@@ -48,11 +48,12 @@ class Shape:
 
 
 def _preset_proportions(family: families.FamilySpec) -> tuple[float, float]:
-    """(hidden per layer, ffn/hidden) from the presets of this family; a family without
-    presets has the proportions its spec states."""
+    """(hidden per layer, ffn/hidden) from the presets this family builds from (RTD's and the
+    contrastive family's are the masked LM's); without presets, the proportions its spec
+    states."""
     from shoestring.model.presets import presets
 
-    rows = [c for c in presets().values() if c.objective == family.name]
+    rows = [c for c in presets().values() if c.objective == family.base]
     if not rows:
         return family.shape
     per_layer = statistics.median(c.hidden_size / c.num_layers for c in rows)
