@@ -14,6 +14,13 @@ the minutes are core-minutes. A finished run (its summary.json) is reused on a r
     python bench/forecast_check.py --schedules one-cycle,wsd,cosine --minutes 3
     python bench/forecast_check.py --corpus /path/a.jsonl --corpus /path/b.txt
     python bench/forecast_check.py --cost    # how its cost grows with a run's steps (no training)
+    python bench/forecast_check.py --references RUN RUN ...   # the collapse's references
+
+`--references` reads finished runs (their metrics.jsonl, config.yaml and summary.json) and
+prints, per run, the final held-out loss over the train loss "now" at each forecast point
+(`forecast.loss_now`: the mean over the last tenth of the steps up to it), the `COLLAPSE`
+table they make (one run per configuration: pass one seed of each), and the leave-one-out
+check: each run forecast from the other runs of its objective and schedule only.
 
 Prints the machine and load, one row per run (error of each forecast as a fraction of the
 achieved loss, `*` where the 90% interval missed), and per forecast point the median and
@@ -74,9 +81,98 @@ def cost_table(bench: Bench) -> None:
     bench.table(rows, "cost", {"per step (us)": ".1f", "forecast at 50% (s)": ".2f"})
 
 
+def run_ratios(run: Path) -> dict | None:
+    """A finished run's objective, schedule, whether its shape is the default, final held-out
+    loss, and per forecast point the train loss now and the final's ratio to it. The loss now
+    is the forecast's own (summary.json) where it was recorded, else the logged losses' mean
+    over the last tenth of the steps up to the point (each log line is its steps' mean)."""
+    from shoestring.config import load_config
+    from shoestring.train import forecast as F
+
+    try:
+        summary = json.loads((run / "summary.json").read_text())
+        records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        cfg = load_config(run / "config.yaml")
+    except (OSError, ValueError) as e:
+        print(f"skipping {run}: {e}", file=sys.stderr)
+        return None
+    achieved = summary.get("val_loss_subset")
+    logged = [(r["step"], r["progress"], r["loss"]) for r in records if "loss" in r]
+    if achieved is None or not logged:
+        return None
+    recorded = {p["at"]: p["now"] for p in (summary.get("forecast") or {}).get("points", [])
+                if p.get("now")}
+    row = {"run": run.name, "objective": cfg.model.objective, "schedule": cfg.train.schedule,
+           "default shape": F.same_schedule(cfg.train), "achieved": achieved}
+    for at in POINTS:
+        now = recorded.get(at)
+        if now is None:
+            step = next((st for st, prog, _ in logged if prog >= at), None)
+            if step is None:
+                continue
+            prev, total, weight = 0, 0.0, 0
+            for st, _, loss in logged:
+                if (1 - F.NOW_WINDOW) * step < st <= step:
+                    total, weight = total + loss * (st - prev), weight + st - prev
+                prev = st
+            if not weight:
+                continue
+            now = total / weight
+        row[f"now {at:.0%}"], row[f"ratio {at:.0%}"] = now, achieved / now
+    return row
+
+
+def references_table(bench: Bench, runs: list[Path]) -> None:
+    """The collapse's references from ``runs`` and the leave-one-out check of them."""
+    from shoestring.train import forecast as F
+
+    rows = [r for r in map(run_ratios, runs) if r is not None]
+    for r in rows:
+        print(json.dumps(r), flush=True)
+    table: dict = {}
+    for r in rows:
+        if r["default shape"]:
+            for at in POINTS:
+                if f"ratio {at:.0%}" in r:
+                    table.setdefault((r["objective"], r["schedule"]), {}).setdefault(
+                        at, []).append(round(r[f"ratio {at:.0%}"], 4))
+    print("COLLAPSE = " + repr({k: {at: tuple(v) for at, v in d.items()}
+                                for k, d in table.items()}))
+    check, errors = [], {p: [] for p in POINTS}
+    for r in rows:
+        out = {"run": r["run"], "objective": r["objective"], "schedule": r["schedule"],
+               "achieved": r["achieved"]}
+        for at in POINTS:
+            others = tuple(o[f"ratio {at:.0%}"] for o in rows if o is not r
+                           and o["default shape"] and f"ratio {at:.0%}" in o
+                           and (o["objective"], o["schedule"]) == (r["objective"], r["schedule"]))
+            if not r["default shape"] or f"now {at:.0%}" not in r or len(others) < 2:
+                out[f"at {at:.0%}"] = "none"
+                continue
+            mid, half = F.collapse(r[f"now {at:.0%}"], others)
+            error, covered = mid / r["achieved"] - 1, abs(mid - r["achieved"]) <= half
+            out[f"at {at:.0%}"] = (f"{error:+.2%} ±{half / r['achieved']:.1%}"
+                                   f"{'' if covered else '*'} ({len(others)})")
+            errors[at].append((abs(error), covered))
+        check.append(out)
+    summary = [{"point": f"{p:.0%}", "runs": len(e),
+                "median |error|": f"{statistics.median(x for x, _ in e):.2%}" if e else "—",
+                "max |error|": f"{max(x for x, _ in e):.2%}" if e else "—",
+                "covered": f"{sum(c for _, c in e)} of {len(e)}"} for p, e in errors.items()]
+    bench.table(rows, "references", {"achieved": ".3f", **{
+        f"{k} {p:.0%}": ".3f" for k in ("now", "ratio") for p in POINTS}})
+    bench.table(check, "leave-one-out", {"achieved": ".3f"}, [
+        "each run forecast from the other runs of its objective and schedule: the error of "
+        "(its loss now × their mean ratio) against its achieved final loss, ± the 90% "
+        "interval's half-width, * where it missed, (references)"])
+    bench.table(summary, "leave-one-out points")
+
+
 def main() -> int:
     ap = parser(__doc__)
     ap.add_argument("--cost", action="store_true", help="only the cost-vs-steps table")
+    ap.add_argument("--references", nargs="+", type=Path, metavar="RUN",
+                    help="finished runs: print the collapse's references and check them")
     ap.add_argument("--corpus", action="append", help="a text/jsonl file (repeatable); default: "
                     "the shared mixed-en.jsonl and wikitext2-valid.raw.txt")
     ap.add_argument("--minutes", default="10", help="wall-clock budgets, comma-separated")
@@ -87,8 +183,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path("runs/bench/forecast"))
     args = ap.parse_args()
     bench = Bench("forecast_check", args, threads=args.threads)
-    if args.cost:
-        cost_table(bench)
+    if args.cost or args.references:
+        cost_table(bench) if args.cost else references_table(bench, args.references)
         bench.end()
         return 0
     out = args.out

@@ -22,6 +22,14 @@ by the backtest error: the law fitted on the first half of what has been seen, a
 present, missed by some fraction of the distance; the forecast's extrapolation is that many
 times longer. Both parts are recorded (`Forecast.noise`, `Forecast.backtest`).
 
+While the cool-down is still ahead (the default one-cycle schedule peaks at 75% of the budget,
+so all three points come before it) the law cannot see the cool-down's gain. There, for an
+objective and schedule with reference runs (`COLLAPSE`), the forecast is the collapse of loss
+curves (Qiu et al. 2025): runs of one objective and schedule end at nearly the same fraction
+of the train loss they had at a given share of the budget, so the final held-out loss is the
+train loss now (the mean of the last tenth of the steps seen) times the references' ratio,
+and the 90% interval is Student's t prediction interval over the references' spread.
+
 Everything the fit needs is in `Curve`: running areas and the loss curve in at most
 `MAX_BINS` bins of equal steps (merged pairwise as the run grows), small enough for every
 checkpoint's state.json, so a resumed run forecasts from its whole history.
@@ -41,7 +49,9 @@ from shoestring.train.schedule import lr_factor
 METHOD = ("Tissue et al. 2024 law L0 + A·S1^-α − C·S2 fitted on the train loss past its first "
           "quarter, plus the last three validations' mean gap; 90% interval: moving-block "
           "residual bootstrap combined with the first-half backtest's miss scaled to the "
-          "extrapolation")
+          "extrapolation. Before the LR's cool-down, for an objective and schedule with "
+          "reference runs: the train loss now times the ratio at which they ended (loss-curve "
+          "collapse), 90% interval: Student's t over the references")
 MOMENTUM = 0.999  # λ of the annealing area, per step (Tissue et al.'s default)
 POINTS = (0.10, 0.25, 0.50)  # budget progress at which the forecast is printed
 MAX_BINS = 256
@@ -49,6 +59,23 @@ MIN_STEPS = 20  # fewer steps seen than this: too short to forecast
 PACE_STEPS = 16  # steps whose median progress counts the steps to come
 Z90 = 1.645
 _ALPHAS = np.geomspace(0.02, 3.0, 48)
+NOW_WINDOW = 0.1  # the train loss "now": the mean over the last tenth of the steps seen
+
+# Final held-out loss over the train loss now (`loss_now`) at each point, one entry per
+# reference configuration (corpus, size, budget; one seed each), all with their objective's
+# default recipe and schedule: `python bench/forecast_check.py --references RUN...` prints
+# them and the leave-one-out check (docs/benchmarks/train.md). They apply only to a run whose
+# schedule has the default shape (`same_schedule`).
+# The runs (2026-11-29, 2-core EPYC, fp32): mlm — mixed-en 30 core-minutes (1.2e14 FLOPs,
+# bench/objective_transfer.py), mixed-en 400 steps, WikiText-2 8 minutes; clm — mixed-en 300
+# steps, WikiText-2 8 minutes (two: not yet used, `references` wants three).
+COLLAPSE: dict[tuple[str, str], dict[float, tuple[float, ...]]] = {
+    ("mlm", "one-cycle"): {0.10: (0.6428, 0.6490, 0.5761), 0.25: (0.7200, 0.7571, 0.7216),
+                           0.50: (0.8241, 0.8167, 0.8330)},
+    ("clm", "one-cycle"): {0.10: (0.6812, 0.5633), 0.25: (0.7905, 0.7974),
+                           0.50: (0.8863, 0.9008)},
+}
+MIN_REFERENCES = 3  # fewer: the spread of two says too little (a t interval on 1 dof)
 
 
 @dataclass
@@ -212,14 +239,21 @@ class Forecast:
     noise: float  # the bootstrap's 90% half-width
     backtest: float  # the half-width from the backtest's miss, scaled to the extrapolation
     cooldown_ahead: bool  # the LR has yet to fall below its peak: C is not measured
-    law: dict[str, float]  # the fitted L0, A, α, C
+    law: dict[str, float]  # the fitted L0, A, α, C (empty for the collapse)
+    method: str = "law"  # or "collapse": the loss now times the reference runs' ratio
+    now: float | None = None  # the train loss now (`loss_now`): what a finished run's ratio is of
+    references: int = 0  # the reference runs the collapse rests on
 
     def describe(self) -> str:
         what = "held-out" if self.held_out else "train (no validation yet)"
-        return (f"forecast final {what} loss {self.loss:.3f} "
-                f"(90%: {self.low:.3f}–{self.high:.3f})"
-                + ("; the LR's cool-down is still ahead and its gain cannot be measured before "
-                   "it starts, so this is the loss without it" if self.cooldown_ahead else ""))
+        head = f"forecast final {what} loss {self.loss:.3f} (90%: {self.low:.3f}–{self.high:.3f})"
+        if self.method == "collapse":
+            return (f"{head}: the train loss now ({self.now:.3f}) times the ratio at which "
+                    f"{self.references} reference runs of this objective and schedule ended "
+                    "(the cool-down is still ahead, so the law cannot see its gain)")
+        return head + ("; the LR's cool-down is still ahead and its gain cannot be measured "
+                       "before it starts, so this is the loss without it"
+                       if self.cooldown_ahead else "")
 
     def short(self) -> str:
         """The progress bar's form: "→ 4.62 ±0.08"."""
@@ -254,15 +288,61 @@ def _tail(values: np.ndarray, w: np.ndarray) -> float:
     return float(np.average(values[-k:], weights=w[-k:]))
 
 
+def same_schedule(cfg: TrainConfig) -> bool:
+    """Whether ``cfg``'s LR follows the default shape of its schedule (what `COLLAPSE`'s
+    references ran), compared on the LR fractions themselves."""
+    default = TrainConfig(budget=None, steps=1, schedule=cfg.schedule)
+    return all(abs(lr_factor(cfg, q) - lr_factor(default, q)) < 1e-6
+               for q in np.linspace(0.0, 1.0, 41))
+
+
+def references(objective: str, cfg: TrainConfig, at: float) -> tuple[float, ...]:
+    """The reference ratios for a run of ``objective`` with ``cfg`` at point ``at`` (none
+    when its schedule's shape is not the default or fewer than `MIN_REFERENCES` runs were
+    measured)."""
+    found = COLLAPSE.get((objective, cfg.schedule), {}).get(at, ())
+    return found if len(found) >= MIN_REFERENCES and same_schedule(cfg) else ()
+
+
+def loss_now(curve: Curve) -> float:
+    """The mean train loss over the last `NOW_WINDOW` of the steps seen (whole bins)."""
+    b = np.array(curve.bins, dtype=float)
+    recent = np.cumsum(b[:, 0]) > (1 - NOW_WINDOW) * curve.steps
+    recent[-1] = True
+    return float(b[recent, 1].sum() / b[recent, 0].sum())
+
+
+def collapse(now: float, ratios: tuple[float, ...]) -> tuple[float, float]:
+    """(forecast, 90% half-width): the train loss now times the references' mean ratio, and
+    Student's t prediction interval for one more run (k ≥ 2 references: t at 95% with k−1
+    degrees of freedom, their spread times √(1 + 1/k))."""
+    from scipy.stats import t
+
+    r = np.asarray(ratios, dtype=float)
+    spread = float(t.ppf(0.95, len(r) - 1)) * float(np.std(r, ddof=1))
+    return now * float(r.mean()), now * spread * math.sqrt(1 + 1 / len(r))
+
+
+def _collapsed(curve: Curve, at: float, ratios: tuple[float, ...]) -> Forecast:
+    now = loss_now(curve)
+    mid, half = collapse(now, ratios)
+    return Forecast(at=at, step=curve.steps, loss=mid, low=mid - half, high=mid + half,
+                    held_out=True, noise=half, backtest=0.0, cooldown_ahead=True, law={},
+                    method="collapse", now=now, references=len(ratios))
+
+
 def forecast(curve: Curve, future: np.ndarray, at: float, resamples: int = 64,
-             seed: int = 0) -> Forecast | str:
+             seed: int = 0, ratios: tuple[float, ...] = ()) -> Forecast | str:
     """The forecast from ``curve`` when the steps still to come run at LR fractions
-    ``future``; a sentence saying why not when it cannot be made."""
+    ``future``; a sentence saying why not when it cannot be made. ``ratios`` are the
+    reference runs' (`references`): used while the cool-down is still ahead."""
     if curve.lost:
         return ("no forecast: the checkpoint this run resumed from kept no loss curve (an "
                 "older version wrote it, or its state.json was edited)")
     if curve.steps < MIN_STEPS:
         return f"too short to forecast: {curve.steps} steps seen (the fit needs {MIN_STEPS})"
+    if len(ratios) >= 2 and curve.areas.drop < 0.05 < curve.areas.after(future).drop:
+        return _collapsed(curve, at, ratios)
     start = curve.steps // 4  # the first quarter seen is the initial transient: not the law
     all_s1, all_s2, all_y, all_w, ends = _bin_means(curve)
     keep = ends > start
@@ -304,7 +384,8 @@ def forecast(curve: Curve, future: np.ndarray, at: float, resamples: int = 64,
     return Forecast(at=at, step=curve.steps, loss=mid, low=mid - half, high=mid + half,
                     held_out=held, noise=noise, backtest=backtest,
                     cooldown_ahead=curve.areas.drop < 0.05 < end.drop,
-                    law={k: round(v, 6) for k, v in asdict(law).items()})
+                    law={k: round(v, 6) for k, v in asdict(law).items()},
+                    now=loss_now(curve))
 
 
 def _backtest(s1: np.ndarray, s2: np.ndarray, y: np.ndarray, w: np.ndarray, end: Areas,

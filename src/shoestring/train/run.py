@@ -145,7 +145,8 @@ class Run(Step):
         with self.budget.pause():
             start = time.perf_counter()
             made = forecast.forecast(s.curve, forecast.future_factors(
-                self.cfg.train, s.curve, progress), at)
+                self.cfg.train, s.curve, progress), at, ratios=forecast.references(
+                self.cfg.model.objective, self.cfg.train, at))
             seconds = time.perf_counter() - start
         record = made.to_dict() if isinstance(made, forecast.Forecast) else {
             "at": at, "step": s.step, "note": made}
