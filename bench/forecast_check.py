@@ -100,10 +100,14 @@ def run_ratios(run: Path) -> dict | None:
     logged = [(r["step"], r["progress"], r["loss"]) for r in records if "loss" in r]
     if achieved is None or not logged:
         return None
-    recorded = {p["at"]: p["now"] for p in (summary.get("forecast") or {}).get("points", [])
-                if p.get("now")}
+    points = (summary.get("forecast") or {}).get("points", [])
+    recorded = {p["at"]: p["now"] for p in points if p.get("now")}
     row = {"run": run.name, "objective": cfg.model.objective, "schedule": cfg.train.schedule,
-           "default shape": F.same_schedule(cfg.train), "achieved": achieved}
+           "default shape": F.same_schedule(cfg.train), "achieved": achieved,
+           # what the run itself printed, by the law (a run of an older version, or no
+           # references): its error, to set beside the collapse's
+           "law": {p["at"]: p["error"] for p in points
+                   if "error" in p and p.get("method", "law") == "law"}}
     for at in POINTS:
         now = recorded.get(at)
         if now is None:
@@ -127,8 +131,10 @@ def references_table(bench: Bench, runs: list[Path]) -> None:
     from shoestring.train import forecast as F
 
     rows = [r for r in map(run_ratios, runs) if r is not None]
+    laws = {}
     for r in rows:
         print(json.dumps(r), flush=True)
+        laws[r["run"]] = r.pop("law")
     table: dict = {}
     for r in rows:
         if r["default shape"]:
@@ -151,9 +157,10 @@ def references_table(bench: Bench, runs: list[Path]) -> None:
                 continue
             mid, half = F.collapse(r[f"now {at:.0%}"], others)
             error, covered = mid / r["achieved"] - 1, abs(mid - r["achieved"]) <= half
-            out[f"at {at:.0%}"] = (f"{error:+.2%} ±{half / r['achieved']:.1%}"
+            out[f"at {at:.0%}"] = (f"{error:+.1%} ±{half / r['achieved']:.1%}"
                                    f"{'' if covered else '*'} ({len(others)})")
             errors[at].append((abs(error), covered))
+        out["the run's law"] = ", ".join(f"{e:+.1%}" for e in laws[r["run"]].values()) or "–"
         check.append(out)
     summary = [{"point": f"{p:.0%}", "runs": len(e),
                 "median |error|": f"{statistics.median(x for x, _ in e):.2%}" if e else "—",
