@@ -236,7 +236,7 @@ class Forecast:
     low: float
     high: float
     held_out: bool  # False: no validation yet, so it is the train loss's
-    noise: float  # the bootstrap's 90% half-width
+    noise: float  # the bootstrap's 90% half-width (the collapse: the references' t interval)
     backtest: float  # the half-width from the backtest's miss, scaled to the extrapolation
     cooldown_ahead: bool  # the LR has yet to fall below its peak: C is not measured
     law: dict[str, float]  # the fitted L0, A, α, C (empty for the collapse)
