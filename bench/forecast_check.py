@@ -18,9 +18,10 @@ the minutes are core-minutes. A finished run (its summary.json) is reused on a r
 
 `--references` reads finished runs (their metrics.jsonl, config.yaml and summary.json) and
 prints, per run, the final held-out loss over the train loss "now" at each forecast point
-(`forecast.loss_now`: the mean over the last tenth of the steps up to it), the `COLLAPSE`
-table they make (one run per configuration: pass one seed of each), and the leave-one-out
-check: each run forecast from the other runs of its objective and schedule only.
+(`forecast.loss_now`: the mean over the last tenth of the steps up to it) and how far the run
+had come (now over its first loss), the `COLLAPSE` table they make (one run per
+configuration: pass one seed of each), and the leave-one-out check: each run forecast from
+the other runs of its objective and schedule only, where it had come as far as they had.
 
 Prints the machine and load, one row per run (error of each forecast as a fraction of the
 achieved loss, `*` where the 90% interval missed), and per forecast point the median and
@@ -123,6 +124,7 @@ def run_ratios(run: Path) -> dict | None:
                 continue
             now = total / weight
         row[f"now {at:.0%}"], row[f"ratio {at:.0%}"] = now, achieved / now
+        row[f"now/first {at:.0%}"] = now / summary["first_loss"]
     return row
 
 
@@ -141,7 +143,8 @@ def references_table(bench: Bench, runs: list[Path]) -> None:
             for at in POINTS:
                 if f"ratio {at:.0%}" in r:
                     table.setdefault((r["objective"], r["schedule"]), {}).setdefault(
-                        at, []).append(round(r[f"ratio {at:.0%}"], 4))
+                        at, []).append((round(r[f"ratio {at:.0%}"], 4),
+                                        round(r[f"now/first {at:.0%}"], 4)))
     print("COLLAPSE = " + repr({k: {at: tuple(v) for at, v in d.items()}
                                 for k, d in table.items()}))
     check, errors = [], {p: [] for p in POINTS}
@@ -149,11 +152,15 @@ def references_table(bench: Bench, runs: list[Path]) -> None:
         out = {"run": r["run"], "objective": r["objective"], "schedule": r["schedule"],
                "achieved": r["achieved"]}
         for at in POINTS:
-            others = tuple(o[f"ratio {at:.0%}"] for o in rows if o is not r
-                           and o["default shape"] and f"ratio {at:.0%}" in o
+            others = tuple((o[f"ratio {at:.0%}"], o[f"now/first {at:.0%}"]) for o in rows
+                           if o is not r and o["default shape"] and f"ratio {at:.0%}" in o
                            and (o["objective"], o["schedule"]) == (r["objective"], r["schedule"]))
             if not r["default shape"] or f"now {at:.0%}" not in r or len(others) < 2:
                 out[f"at {at:.0%}"] = "none"
+                continue
+            now = r[f"now {at:.0%}"]
+            if not F.in_regime(now, now / r[f"now/first {at:.0%}"], others):
+                out[f"at {at:.0%}"] = "outside the others' regime"
                 continue
             mid, half = F.collapse(r[f"now {at:.0%}"], others)
             error, covered = mid / r["achieved"] - 1, abs(mid - r["achieved"]) <= half
@@ -167,7 +174,7 @@ def references_table(bench: Bench, runs: list[Path]) -> None:
                 "max |error|": f"{max(x for x, _ in e):.2%}" if e else "—",
                 "covered": f"{sum(c for _, c in e)} of {len(e)}"} for p, e in errors.items()]
     bench.table(rows, "references", {"achieved": ".3f", **{
-        f"{k} {p:.0%}": ".3f" for k in ("now", "ratio") for p in POINTS}})
+        f"{k} {p:.0%}": ".3f" for k in ("now", "ratio", "now/first") for p in POINTS}})
     bench.table(check, "leave-one-out", {"achieved": ".3f"}, [
         "each run forecast from the other runs of its objective and schedule: the error of "
         "(its loss now × their mean ratio) against its achieved final loss, ± the 90% "

@@ -145,8 +145,8 @@ class Run(Step):
         with self.budget.pause():
             start = time.perf_counter()
             made = forecast.forecast(s.curve, forecast.future_factors(
-                self.cfg.train, s.curve, progress), at, ratios=forecast.references(
-                self.cfg.model.objective, self.cfg.train, at))
+                self.cfg.train, s.curve, progress), at, refs=forecast.references(
+                self.cfg.model.objective, self.cfg.train, at), first=s.first_loss)
             seconds = time.perf_counter() - start
         record = made.to_dict() if isinstance(made, forecast.Forecast) else {
             "at": at, "step": s.step, "note": made}
