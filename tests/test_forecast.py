@@ -216,7 +216,7 @@ def test_before_the_cool_down_the_forecast_is_the_loss_now_times_the_references_
     assert made.high - made.loss == pytest.approx(half) == made.loss - made.low
     assert "3 reference runs" in made.describe()
     assert F.forecast(curve, factors[100:], 0.25).method == "law"
-    # a run still near its first loss (0.9 of it) is in another regime than the references
+    # a run still near its first loss (0.9 of it) has not come as far as the references
     assert F.forecast(curve, factors[100:], 0.25, refs=refs, first=now / 0.9).method == "law"
     assert F.forecast(curve, factors[100:], 0.25, refs=refs).method == "law"  # first unknown
     for f, y in zip(factors[100:340], losses[100:340]):  # past the peak: C is measured
