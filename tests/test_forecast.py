@@ -146,7 +146,8 @@ def test_a_run_records_its_forecasts_and_a_resume_continues_them(pydocs_dir: Pat
         # the default one-cycle's cool-down is ahead at 50%: the masked LM's references
         # speak for it if its loss has come as far as theirs had, else the law does
         refs = F.references("mlm", TrainConfig(), p["at"])
-        reached = F.in_regime(p["now"], whole["first_loss"], refs)
+        reached = (F.in_regime(p["now"], whole["first_loss"], refs)
+                   and p["step"] >= F.MIN_COLLAPSE_STEPS)
         assert p["method"] == ("collapse" if reached else "law")
         if reached:
             assert p["loss"] == pytest.approx(p["now"] * np.mean([r for r, _ in refs]),
@@ -219,6 +220,11 @@ def test_before_the_cool_down_the_forecast_is_the_loss_now_times_the_references_
     # a run still near its first loss (0.9 of it) has not come as far as the references
     assert F.forecast(curve, factors[100:], 0.25, refs=refs, first=now / 0.9).method == "law"
     assert F.forecast(curve, factors[100:], 0.25, refs=refs).method == "law"  # first unknown
+    short = F.Curve()  # too few steps: the loss still falls as a start's does
+    for f, y in zip(factors[:F.MIN_COLLAPSE_STEPS - 1], losses[:F.MIN_COLLAPSE_STEPS - 1]):
+        short.add(float(f), float(y))
+    assert F.forecast(short, factors[F.MIN_COLLAPSE_STEPS - 1:], 0.1, refs=refs,
+                      first=F.loss_now(short) / 0.7).method == "law"
     for f, y in zip(factors[100:340], losses[100:340]):  # past the peak: C is measured
         curve.add(float(f), float(y))
     assert F.forecast(curve, factors[340:], 0.85, refs=refs, first=first).method == "law"

@@ -83,6 +83,10 @@ COLLAPSE: dict[tuple[str, str], dict[float, tuple[tuple[float, float], ...]]] = 
         0.50: ((0.8863, 0.6883), (0.9008, 0.5872))},
 }
 REGIME_MARGIN = 0.02  # how far above the references' highest now/first a run may be
+# Steps a run must have seen for the collapse: the references had 78 or more by 25% and 155 or
+# more by 50%; `make demo` on a loaded machine had 26 by 50% and ended at 0.90 of its loss
+# there, not 0.82 (its loss was still falling as fast as a start's).
+MIN_COLLAPSE_STEPS = 50
 MIN_REFERENCES = 3  # fewer: the spread of two says too little (a t interval on 1 dof)
 
 
@@ -356,7 +360,7 @@ def forecast(curve: Curve, future: np.ndarray, at: float, resamples: int = 64,
     if curve.steps < MIN_STEPS:
         return f"too short to forecast: {curve.steps} steps seen (the fit needs {MIN_STEPS})"
     now = loss_now(curve)
-    if (len(refs) >= 2 and in_regime(now, first, refs)
+    if (len(refs) >= 2 and curve.steps >= MIN_COLLAPSE_STEPS and in_regime(now, first, refs)
             and curve.areas.drop < 0.05 < curve.areas.after(future).drop):
         mid, half = collapse(now, refs)
         return Forecast(at=at, step=curve.steps, loss=mid, low=mid - half, high=mid + half,
