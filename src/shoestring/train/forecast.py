@@ -359,9 +359,10 @@ def forecast(curve: Curve, future: np.ndarray, at: float, resamples: int = 64,
                 "older version wrote it, or its state.json was edited)")
     if curve.steps < MIN_STEPS:
         return f"too short to forecast: {curve.steps} steps seen (the fit needs {MIN_STEPS})"
-    now = loss_now(curve)
-    if (len(refs) >= 2 and curve.steps >= MIN_COLLAPSE_STEPS and in_regime(now, first, refs)
-            and curve.areas.drop < 0.05 < curve.areas.after(future).drop):
+    now, end = loss_now(curve), curve.areas.after(future)
+    ahead = curve.areas.drop < 0.05 < end.drop  # the LR has yet to fall: C is not measured
+    if (ahead and len(refs) >= 2 and curve.steps >= MIN_COLLAPSE_STEPS
+            and in_regime(now, first, refs)):
         mid, half = collapse(now, refs)
         return Forecast(at=at, step=curve.steps, loss=mid, low=mid - half, high=mid + half,
                         held_out=True, noise=half, backtest=0.0, cooldown_ahead=True, law={},
@@ -375,7 +376,6 @@ def forecast(curve: Curve, future: np.ndarray, at: float, resamples: int = 64,
     law = fit_law(s1, s2, y, w)
     if law is None:
         return "the loss is not falling: no law to extrapolate"
-    end = curve.areas.after(future)
     final = float(law(end.s1, end.s2))
     # the held-out gap now: the last three validations past the transient (or the last one);
     # the law at a validation's step is at the mean of its bin (bins hold sums, not steps)
@@ -406,7 +406,7 @@ def forecast(curve: Curve, future: np.ndarray, at: float, resamples: int = 64,
                 f"± {half:.3g}, for a loss now at {now:.3f}")
     return Forecast(at=at, step=curve.steps, loss=mid, low=mid - half, high=mid + half,
                     held_out=held, noise=noise, backtest=backtest,
-                    cooldown_ahead=curve.areas.drop < 0.05 < end.drop,
+                    cooldown_ahead=ahead,
                     law={k: round(v, 6) for k, v in asdict(law).items()}, now=now)
 
 
