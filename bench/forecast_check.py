@@ -2,17 +2,20 @@
 `shoestring train` as a user starts it, the forecasts it printed at 10%, 25% and 50% of its
 budget against the held-out loss it then reached.
 
-The forecast's code fits nothing across runs (each run is fitted on its own curve), so every
-corpus here is one it has not seen. For each (corpus, objective, schedule, budget) a data dir
-is prepared once (``OUT/data/``, reused) and one run trains with a wall-clock budget and the
-default recipe (`shoestring train` defaults; `--schedule` picks another LR shape). Each run is
-its own process: `--threads 1 --parallel 2` trains two side by side on a 2-core machine, so
-the minutes are core-minutes. A finished run (its summary.json) is reused on a rerun.
+The law is fitted on each run's own curve; the collapse reads `forecast.COLLAPSE`, the ends of
+reference runs (its comment names their corpora), so a corpus none of them used is one
+neither has seen. For each (corpus, objective, schedule, budget) a data dir is prepared once
+(``OUT/data/``, reused) and one run trains with a wall-clock budget and the default recipe
+(`shoestring train` defaults; `--schedule` picks another LR shape). Each run is its own
+process: `--threads 1 --parallel 2` trains two side by side on a 2-core machine, so the
+minutes are core-minutes. A finished run (its summary.json) is reused on a rerun.
 
     python bench/forecast_check.py                                  # 10 minutes, 2 corpora
     python bench/forecast_check.py --minutes 10,30 --objectives mlm,clm
     python bench/forecast_check.py --schedules one-cycle,wsd,cosine --minutes 3
     python bench/forecast_check.py --corpus /path/a.jsonl --corpus /path/b.txt
+    python bench/forecast_check.py --wiki-books wikipedia,gutenberg --corpus builtin:pydocs \
+        --objectives mlm,clm --minutes 30      # corpora the references had not seen
     python bench/forecast_check.py --cost    # how its cost grows with a run's steps (no training)
     python bench/forecast_check.py --references RUN RUN ...   # the collapse's references
 
@@ -39,9 +42,29 @@ from common import SHARED, Bench, parser
 from jobs import Scheduler, log
 
 POINTS = (0.10, 0.25, 0.50)
+# --wiki-books: of one source of the shared wiki-books corpus, the 12th, 24th, ... document
+# until 20M characters are kept (~3.5M tokens: a 30-core-minute run reads it ~1.3 times)
+WIKI_BOOKS_EVERY, WIKI_BOOKS_CHARS = 12, 20_000_000
 
 
-def _corpora(given: list[str] | None) -> list[Path]:
+def _corpora(given: list[str] | None, wiki_books: str | None, out: Path) -> list[Path]:
+    if wiki_books:
+        from gpu_data import CORPUS, write_slice
+
+        if not CORPUS.is_file():
+            sys.exit(f"error: {CORPUS} not found: --wiki-books slices the shared corpus")
+        slices = []
+        for source in wiki_books.split(","):
+            path = out / "corpora" / f"{source}.jsonl"
+            if not path.is_file():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                if not write_slice(CORPUS, WIKI_BOOKS_EVERY, path, source=source,
+                                   phase=WIKI_BOOKS_EVERY - 1, max_chars=WIKI_BOOKS_CHARS):
+                    path.unlink()
+                    sys.exit(f"error: --wiki-books {source}: no such source in {CORPUS} "
+                             "(it has wikipedia and gutenberg)")
+            slices.append(str(path))
+        given = [*slices, *(given or [])]  # the slices first, as the bench's docs run them
     if given:
         return [Path(c) for c in given]
     found = [SHARED / "corpora" / "mixed-en.jsonl", SHARED / "corpora" / "wikitext2-valid.raw.txt"]
@@ -189,6 +212,9 @@ def main() -> int:
                     help="finished runs: print the collapse's references and check them")
     ap.add_argument("--corpus", action="append", help="a text/jsonl file (repeatable); default: "
                     "the shared mixed-en.jsonl and wikitext2-valid.raw.txt")
+    ap.add_argument("--wiki-books", metavar="SOURCES",
+                    help="also slices of these sources of the shared wiki-books corpus "
+                    "(wikipedia,gutenberg), written once to OUT/corpora/")
     ap.add_argument("--minutes", default="10", help="wall-clock budgets, comma-separated")
     ap.add_argument("--objectives", default="mlm")
     ap.add_argument("--schedules", default="one-cycle")
@@ -204,9 +230,9 @@ def main() -> int:
     out = args.out
     sched = Scheduler(args.parallel, args.threads)
     runs = []
-    for corpus in _corpora(args.corpus):
+    for corpus in _corpora(args.corpus, args.wiki_books, out):
         for objective in args.objectives.split(","):
-            data = out / "data" / f"{corpus.stem}-{objective}"
+            data = out / "data" / f"{corpus.stem.replace(':', '-')}-{objective}"
             prep_job = f"prep-{data.name}"
             if not (data / "manifest.json").is_file():
                 sched.add(prep_job, [sys.executable, "-m", "shoestring", "prep", str(corpus),
@@ -227,7 +253,7 @@ def main() -> int:
                         "--set", f"train.schedule={schedule}",
                         "--set", f"train.threads={args.threads}"], after=[prep_job])
     failed = sched.run(out / "logs")
-    rows, errors = [], {p: [] for p in POINTS}
+    rows, errors = [], {}
     for name, corpus, objective, schedule, minutes, run in runs:
         if not (run / "summary.json").is_file():
             continue
@@ -238,23 +264,28 @@ def main() -> int:
         for p in found.get("points", []):
             key = f"at {p['at']:.0%}"
             if "error" in p:
-                row[key] = f"{p['error']:+.2%}{'' if p['covered'] else '*'}"
-                errors[p["at"]].append((abs(p["error"]), p["covered"]))
+                row[key] = (f"{p['error']:+.2%}{'' if p['covered'] else '*'} "
+                            f"{p.get('method', 'law')}")
+                errors.setdefault((objective, p["at"]), []).append(
+                    (abs(p["error"]), p["covered"]))
             else:
                 row[key] = "none"
         row["forecast s"] = sum(p.get("seconds", 0.0) for p in found.get("points", []))
         row["share of run"] = f"{row['forecast s'] / max(s['train_seconds'], 1e-9):.2%}"
         rows.append(row)
         print(json.dumps(row), flush=True)
-    summary = [{"point": f"{p:.0%}", "runs": len(e),
-                "median |error|": f"{statistics.median(x for x, _ in e):.2%}" if e else "—",
-                "max |error|": f"{max(x for x, _ in e):.2%}" if e else "—",
-                "covered": f"{sum(c for _, c in e)} of {len(e)}"} for p, e in errors.items()]
+    summary = [{"objective": o, "point": f"{p:.0%}", "runs": len(e),
+                "median |error|": f"{statistics.median(x for x, _ in e):.2%}",
+                "max |error|": f"{max(x for x, _ in e):.2%}",
+                "covered": f"{sum(c for _, c in e)} of {len(e)}"}
+               for (o, p), e in sorted(errors.items())]
     for r in summary:
         print(json.dumps(r))
     notes = ["each run: `shoestring train --budget Nm` with the default recipe, one thread; "
              "the error is (forecast − achieved) / achieved of the final validation loss "
-             "(the fixed subset the run's validations use); * = outside the 90% interval"]
+             "(the fixed subset the run's validations use); * = outside the 90% interval; "
+             "then the method that spoke (collapse: the loss now × the reference runs' ratio; "
+             "law: the run's own fitted law)"]
     bench.table(rows, "runs", {"achieved": ".3f", "forecast s": ".2f"}, notes)
     bench.table(summary, "points")
     bench.end()

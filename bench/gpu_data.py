@@ -39,26 +39,33 @@ VOCAB, SEQ_LEN = 32768, 128
 GLUE_TASK, GLUE_ROWS = "SST-2", 5000  # the RTD-vs-MLM row's shared task (GPU_PART=rtd)
 
 
-def write_slice(corpus: Path, every: int, out: Path) -> Counter:
+def write_slice(corpus: Path, every: int, out: Path, *, source: str | None = None,
+                phase: int = 0, max_chars: int | None = None) -> Counter:
     """Every ``every``-th document of each source of ``corpus`` (JSONL, zstd) into ``out``
-    (plain JSONL), in corpus order; returns the documents kept per source."""
+    (plain JSONL), in corpus order; returns the documents kept per source. ``source`` keeps
+    one source only; ``phase`` which of each ``every`` (0: the first); ``max_chars`` stops
+    adding documents of a source once the text kept from it reaches that many characters."""
     import zstandard
 
     kept: Counter = Counter()
     seen: Counter = Counter()
+    chars: Counter = Counter()
     tmp = out.with_name(out.name + ".tmp")
     with open(corpus, "rb") as raw, open(tmp, "w", encoding="utf-8") as dst:
         src = io.TextIOWrapper(zstandard.ZstdDecompressor().stream_reader(raw), encoding="utf-8")
         for n, line in enumerate(src, 1):
             try:
-                source = json.loads(line)["source"]
+                doc = json.loads(line)
+                name = doc["source"]
             except (json.JSONDecodeError, KeyError, TypeError):
                 raise SystemExit(f"error: {corpus}:{n}: not a JSON object with a 'source' "
                                  "field; is this the shared wiki-books corpus?") from None
-            if seen[source] % every == 0:
+            if (seen[name] % every == phase and source in (None, name)
+                    and (max_chars is None or chars[name] < max_chars)):
                 dst.write(line if line.endswith("\n") else line + "\n")
-                kept[source] += 1
-            seen[source] += 1
+                kept[name] += 1
+                chars[name] += len(doc.get("text", ""))
+            seen[name] += 1
     tmp.replace(out)
     return kept
 

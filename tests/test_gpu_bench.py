@@ -159,6 +159,14 @@ def test_the_slice_keeps_every_nth_document_of_each_source(tmp_path: Path) -> No
     assert kept == {"wikipedia": 3, "gutenberg": 2}
     assert write_slice(corpus, 3, tmp_path / "t.jsonl") == kept  # deterministic
     assert (tmp_path / "t.jsonl").read_text() == (tmp_path / "s.jsonl").read_text()
+    # one source, the last of every three
+    one = write_slice(corpus, 3, tmp_path / "u.jsonl", source="wikipedia", phase=2)
+    ids = [json.loads(x)["id"] for x in (tmp_path / "u.jsonl").read_text().splitlines()]
+    assert ids == ["w2", "w5"] and one == {"wikipedia": 2}
+    # ... the first of every three, until 15 characters are kept (each text has 9)
+    write_slice(corpus, 3, tmp_path / "v.jsonl", source="wikipedia", max_chars=15)
+    ids = [json.loads(x)["id"] for x in (tmp_path / "v.jsonl").read_text().splitlines()]
+    assert ids == ["w0", "w3"]
 
 
 def test_the_glue_slice_keeps_the_header_the_first_rows_and_the_whole_dev(tmp_path: Path) -> None:

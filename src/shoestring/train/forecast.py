@@ -71,16 +71,24 @@ NOW_WINDOW = 0.1  # the train loss "now": the mean over the last tenth of the st
 # a run whose schedule has the default shape (`same_schedule`).
 # The runs (2026-11-29, 2-core EPYC, fp32, the default 256×4 shape): mlm — mixed-en 90 and 30
 # core-minutes (3.6e14 and 1.2e14 FLOPs, bench/objective_transfer.py), mixed-en 400 steps,
-# WikiText-2 8 minutes; clm — mixed-en 300 steps, WikiText-2 8 minutes (two: not used, see
-# MIN_REFERENCES).
+# WikiText-2 8 minutes, and 30 minutes on each of a Wikipedia slice, a Gutenberg slice and
+# builtin:pydocs (bench/forecast_check.py --wiki-books, checked before they were added);
+# clm — mixed-en 300 steps, WikiText-2 8 minutes, and the same three 30-minute corpora.
 COLLAPSE: dict[tuple[str, str], dict[float, tuple[tuple[float, float], ...]]] = {
     ("mlm", "one-cycle"): {
-        0.10: ((0.5851, 0.7305), (0.6428, 0.7639), (0.6490, 0.8790), (0.5761, 0.8358)),
-        0.25: ((0.7189, 0.5945), (0.7200, 0.6820), (0.7571, 0.7535), (0.7216, 0.6673)),
-        0.50: ((0.8109, 0.5270), (0.8241, 0.5959), (0.8167, 0.6985), (0.8330, 0.5780))},
+        0.10: ((0.5851, 0.7305), (0.6428, 0.7639), (0.6490, 0.8790), (0.5761, 0.8358),
+               (0.6347, 0.7865), (0.6068, 0.7453), (0.5703, 0.6707)),
+        0.25: ((0.7189, 0.5945), (0.7200, 0.6820), (0.7571, 0.7535), (0.7216, 0.6673),
+               (0.6936, 0.7197), (0.6886, 0.6568), (0.6976, 0.5483)),
+        0.50: ((0.8109, 0.5270), (0.8241, 0.5959), (0.8167, 0.6985), (0.8330, 0.5780),
+               (0.8143, 0.6130), (0.8070, 0.5604), (0.8543, 0.4478))},
     ("clm", "one-cycle"): {
-        0.10: ((0.6812, 0.8955), (0.5633, 0.9390)), 0.25: ((0.7905, 0.7717), (0.7974, 0.6633)),
-        0.50: ((0.8863, 0.6883), (0.9008, 0.5872))},
+        0.10: ((0.6812, 0.8955), (0.5633, 0.9390), (0.6951, 0.7912), (0.6793, 0.7690),
+               (0.6568, 0.7230)),
+        0.25: ((0.7905, 0.7717), (0.7974, 0.6633), (0.7914, 0.6949), (0.8120, 0.6433),
+               (0.7997, 0.5938)),
+        0.50: ((0.8863, 0.6883), (0.9008, 0.5872), (0.8763, 0.6276), (0.8896, 0.5872),
+               (0.8988, 0.5283))},
 }
 REGIME_MARGIN = 0.02  # how far above the references' highest now/first a run may be
 # Steps a run must have seen for the collapse: the references had 78 or more by 25% and 155 or
