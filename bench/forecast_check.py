@@ -16,6 +16,8 @@ minutes are core-minutes. A finished run (its summary.json) is reused on a rerun
     python bench/forecast_check.py --corpus /path/a.jsonl --corpus /path/b.txt
     python bench/forecast_check.py --wiki-books wikipedia,gutenberg --corpus builtin:pydocs \
         --objectives mlm,clm --minutes 30      # corpora the references had not seen
+    python bench/forecast_check.py --wiki-books wikipedia --slice 3,0,60 --objectives mlm,clm \
+        --minutes 90                           # other articles, enough for 90 minutes
     python bench/forecast_check.py --cost    # how its cost grows with a run's steps (no training)
     python bench/forecast_check.py --references RUN RUN ...   # the collapse's references
 
@@ -43,23 +45,32 @@ from jobs import Scheduler, log
 
 POINTS = (0.10, 0.25, 0.50)
 # --wiki-books: of one source of the shared wiki-books corpus, the 12th, 24th, ... document
-# until 20M characters are kept (~3.5M tokens: a 30-core-minute run reads it ~1.3 times)
-WIKI_BOOKS_EVERY, WIKI_BOOKS_CHARS = 12, 20_000_000
+# until 20M characters are kept (~3.5M tokens: a 30-core-minute run reads it ~1.3 times);
+# --slice picks other documents and more text (every 3rd from the 1st, 60M: for 90 minutes)
+SLICE = "12,11,20"  # every, phase (0: the first of each `every`), million characters
 
 
-def _corpora(given: list[str] | None, wiki_books: str | None, out: Path) -> list[Path]:
+def _corpora(given: list[str] | None, wiki_books: str | None, out: Path,
+             spec: str = SLICE) -> list[Path]:
     if wiki_books:
+        try:
+            every, phase, mchars = (int(x) for x in spec.split(","))
+            assert 0 <= phase < every and mchars > 0
+        except (ValueError, AssertionError):
+            sys.exit(f"error: --slice {spec!r}: want EVERY,PHASE,MILLION_CHARS with "
+                     "0 <= PHASE < EVERY (e.g. 3,0,60)")
         from gpu_data import CORPUS, write_slice
 
         if not CORPUS.is_file():
             sys.exit(f"error: {CORPUS} not found: --wiki-books slices the shared corpus")
         slices = []
         for source in wiki_books.split(","):
-            path = out / "corpora" / f"{source}.jsonl"
+            tag = "" if spec == SLICE else f"-e{every}p{phase}m{mchars}"
+            path = out / "corpora" / f"{source}{tag}.jsonl"
             if not path.is_file():
                 path.parent.mkdir(parents=True, exist_ok=True)
-                if not write_slice(CORPUS, WIKI_BOOKS_EVERY, path, source=source,
-                                   phase=WIKI_BOOKS_EVERY - 1, max_chars=WIKI_BOOKS_CHARS):
+                if not write_slice(CORPUS, every, path, source=source, phase=phase,
+                                   max_chars=mchars * 1_000_000):
                     path.unlink()
                     sys.exit(f"error: --wiki-books {source}: no such source in {CORPUS} "
                              "(it has wikipedia and gutenberg)")
@@ -215,6 +226,9 @@ def main() -> int:
     ap.add_argument("--wiki-books", metavar="SOURCES",
                     help="also slices of these sources of the shared wiki-books corpus "
                     "(wikipedia,gutenberg), written once to OUT/corpora/")
+    ap.add_argument("--slice", default=SLICE, metavar="EVERY,PHASE,MCHARS",
+                    help="which documents --wiki-books keeps: every EVERY-th from the PHASE-th "
+                    "(0: the first), until MCHARS million characters")
     ap.add_argument("--minutes", default="10", help="wall-clock budgets, comma-separated")
     ap.add_argument("--objectives", default="mlm")
     ap.add_argument("--schedules", default="one-cycle")
@@ -230,7 +244,7 @@ def main() -> int:
     out = args.out
     sched = Scheduler(args.parallel, args.threads)
     runs = []
-    for corpus in _corpora(args.corpus, args.wiki_books, out):
+    for corpus in _corpora(args.corpus, args.wiki_books, out, args.slice):
         for objective in args.objectives.split(","):
             data = out / "data" / f"{corpus.stem.replace(':', '-')}-{objective}"
             prep_job = f"prep-{data.name}"
