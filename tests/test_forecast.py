@@ -76,6 +76,9 @@ def test_the_held_out_forecast_adds_the_validations_gap() -> None:
     assert isinstance(a, F.Forecast) and isinstance(b, F.Forecast)
     assert b.held_out and b.loss - a.loss == pytest.approx(0.3, abs=0.02)
     assert "held-out" in b.describe() and "no validation yet" in a.describe()
+    # the record's "now" is the train loss now, gap or not: what a finished run's ratio
+    # (`COLLAPSE`, the bench's references) is of; the held-out gap is no part of it
+    assert a.now == b.now == pytest.approx(F.loss_now(gapped)) == F.loss_now(plain)
 
 
 def test_a_curve_too_short_or_not_falling_gets_a_sentence_not_a_number() -> None:

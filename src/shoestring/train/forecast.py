@@ -408,10 +408,10 @@ def forecast(curve: Curve, future: np.ndarray, at: float, resamples: int = 64,
     backtest = _backtest(s1, s2, y, w, end, final)
     half = math.hypot(noise, backtest)
     mid = final + offset
-    now = _tail(y, w) + offset
-    if not 0 < mid - half or half > now:
+    level = _tail(y, w) + offset  # where the held-out loss is now, by the law
+    if not 0 < mid - half or half > level:
         return (f"the curve does not follow the law well enough yet: it would say {mid:.3g} "
-                f"± {half:.3g}, for a loss now at {now:.3f}")
+                f"± {half:.3g}, for a loss now at {level:.3f}")
     return Forecast(at=at, step=curve.steps, loss=mid, low=mid - half, high=mid + half,
                     held_out=held, noise=noise, backtest=backtest,
                     cooldown_ahead=ahead,
