@@ -20,6 +20,7 @@ minutes are core-minutes. A finished run (its summary.json) is reused on a rerun
         --minutes 90                           # other articles, enough for 90 minutes
     python bench/forecast_check.py --cost    # how its cost grows with a run's steps (no training)
     python bench/forecast_check.py --references RUN RUN ...   # the collapse's references
+    python bench/forecast_check.py --table    # the leave-one-out check of COLLAPSE as shipped
 
 `--references` reads finished runs (their metrics.jsonl, config.yaml and summary.json) and
 prints, per run, the final held-out loss over the train loss "now" at each forecast point
@@ -162,58 +163,83 @@ def run_ratios(run: Path) -> dict | None:
     return row
 
 
-def references_table(bench: Bench, runs: list[Path]) -> None:
-    """The collapse's references from ``runs`` and the leave-one-out check of them."""
+def leave_one_out(bench: Bench, refs: dict[tuple[str, str], list[tuple[str, dict]]],
+                  laws: dict[str, str]) -> None:
+    """Each reference forecast from the others of its objective and schedule, as the product
+    forecasts: ``refs`` holds per (objective, schedule) one (name, {point: (ratio, now/first)})
+    per run. The loss now cancels: the forecast is now × the others' mean ratio and the run
+    ended at now × its own ratio, so the pairs are all it takes (`COLLAPSE` holds them)."""
     from shoestring.train import forecast as F
 
-    rows = [r for r in map(run_ratios, runs) if r is not None]
-    laws = {}
-    for r in rows:
-        print(json.dumps(r), flush=True)
-        laws[r["run"]] = r.pop("law")
-    table: dict = {}
-    for r in rows:
-        if r["default shape"]:
-            for at in POINTS:
-                if f"ratio {at:.0%}" in r:
-                    table.setdefault((r["objective"], r["schedule"]), {}).setdefault(
-                        at, []).append((round(r[f"ratio {at:.0%}"], 4),
-                                        round(r[f"now/first {at:.0%}"], 4)))
-    print("COLLAPSE = " + repr({k: {at: tuple(v) for at, v in d.items()}
-                                for k, d in table.items()}))
     check, errors = [], {p: [] for p in POINTS}
-    for r in rows:
-        out = {"run": r["run"], "objective": r["objective"], "schedule": r["schedule"],
-               "achieved": r["achieved"]}
-        for at in POINTS:
-            others = tuple((o[f"ratio {at:.0%}"], o[f"now/first {at:.0%}"]) for o in rows
-                           if o is not r and o["default shape"] and f"ratio {at:.0%}" in o
-                           and (o["objective"], o["schedule"]) == (r["objective"], r["schedule"]))
-            if not r["default shape"] or f"now {at:.0%}" not in r or len(others) < 2:
-                out[f"at {at:.0%}"] = "none"
-                continue
-            now = r[f"now {at:.0%}"]
-            if not F.in_regime(now, now / r[f"now/first {at:.0%}"], others):
-                out[f"at {at:.0%}"] = "outside the others' regime"
-                continue
-            mid, half = F.collapse(r[f"now {at:.0%}"], others)
-            error, covered = mid / r["achieved"] - 1, abs(mid - r["achieved"]) <= half
-            out[f"at {at:.0%}"] = (f"{error:+.1%} ±{half / r['achieved']:.1%}"
-                                   f"{'' if covered else '*'} ({len(others)})")
-            errors[at].append((abs(error), covered))
-        out["the run's law"] = ", ".join(f"{e:+.1%}" for e in laws[r["run"]].values()) or "–"
-        check.append(out)
+    for (objective, schedule), runs in refs.items():
+        for name, own in runs:
+            out = {"run": name, "objective": objective, "schedule": schedule}
+            for at in POINTS:
+                others = tuple(o[at] for n, o in runs if n != name and at in o)
+                if at not in own or len(others) < 2:
+                    out[f"at {at:.0%}"] = "none"
+                    continue
+                ratio, q = own[at]
+                if not F.in_regime(q, 1.0, others):  # now/first against theirs
+                    out[f"at {at:.0%}"] = "outside the others' regime"
+                    continue
+                mid, half = F.collapse(1.0, others)  # per unit of the loss now
+                error, covered = mid / ratio - 1, abs(mid - ratio) <= half
+                out[f"at {at:.0%}"] = (f"{error:+.1%} ±{half / ratio:.1%}"
+                                       f"{'' if covered else '*'} ({len(others)})")
+                errors[at].append((abs(error), covered))
+            out["the run's law"] = laws.get(name, "–")
+            check.append(out)
+            print(json.dumps(out), flush=True)
     summary = [{"point": f"{p:.0%}", "runs": len(e),
                 "median |error|": f"{statistics.median(x for x, _ in e):.2%}" if e else "—",
                 "max |error|": f"{max(x for x, _ in e):.2%}" if e else "—",
                 "covered": f"{sum(c for _, c in e)} of {len(e)}"} for p, e in errors.items()]
-    bench.table(rows, "references", {"achieved": ".3f", **{
-        f"{k} {p:.0%}": ".3f" for k in ("now", "ratio", "now/first") for p in POINTS}})
-    bench.table(check, "leave-one-out", {"achieved": ".3f"}, [
+    for r in summary:
+        print(json.dumps(r))
+    bench.table(check, "leave-one-out", notes=[
         "each run forecast from the other runs of its objective and schedule: the error of "
         "(its loss now × their mean ratio) against its achieved final loss, ± the 90% "
         "interval's half-width, * where it missed, (references)"])
     bench.table(summary, "leave-one-out points")
+
+
+def references_table(bench: Bench, runs: list[Path]) -> None:
+    """The collapse's references from ``runs`` and the leave-one-out check of them."""
+    rows = [r for r in map(run_ratios, runs) if r is not None]
+    laws, refs = {}, {}
+    for r in rows:
+        print(json.dumps(r), flush=True)
+        law = r.pop("law")
+        laws[r["run"]] = ", ".join(f"{e:+.1%}" for e in law.values()) or "–"
+        if r["default shape"]:
+            refs.setdefault((r["objective"], r["schedule"]), []).append((r["run"], {
+                at: (round(r[f"ratio {at:.0%}"], 4), round(r[f"now/first {at:.0%}"], 4))
+                for at in POINTS if f"ratio {at:.0%}" in r}))
+    print("COLLAPSE = " + repr({key: {at: tuple(own[at] for _, own in runs if at in own)
+                                      for at in POINTS}
+                                for key, runs in refs.items()}))
+    bench.table(rows, "references", {"achieved": ".3f", **{
+        f"{k} {p:.0%}": ".3f" for k in ("now", "ratio", "now/first") for p in POINTS}})
+    leave_one_out(bench, refs, laws)
+
+
+def shipped_table(bench: Bench) -> None:
+    """The leave-one-out check of `forecast.COLLAPSE` as it ships (its references are named
+    by their place in it: the comment above it says which runs, in that order). A reference
+    without a pair at some point (it gave none there) cannot be told apart from its
+    neighbours by place, so a table must hold one pair per reference at every point."""
+    from shoestring.train import forecast as F
+
+    refs = {}
+    for key, points in F.COLLAPSE.items():
+        counts = {len(v) for v in points.values()}
+        if len(counts) != 1:
+            sys.exit(f"error: COLLAPSE{key}: {sorted(counts)} references at different points")
+        refs[key] = [(f"{key[0]} #{k + 1}", {at: points[at][k] for at in points})
+                     for k in range(counts.pop())]
+    leave_one_out(bench, refs, {})
 
 
 def main() -> int:
@@ -221,6 +247,8 @@ def main() -> int:
     ap.add_argument("--cost", action="store_true", help="only the cost-vs-steps table")
     ap.add_argument("--references", nargs="+", type=Path, metavar="RUN",
                     help="finished runs: print the collapse's references and check them")
+    ap.add_argument("--table", action="store_true",
+                    help="the leave-one-out check of forecast.COLLAPSE as it ships")
     ap.add_argument("--corpus", action="append", help="a text/jsonl file (repeatable); default: "
                     "the shared mixed-en.jsonl and wikitext2-valid.raw.txt")
     ap.add_argument("--wiki-books", metavar="SOURCES",
@@ -237,8 +265,13 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path("runs/bench/forecast"))
     args = ap.parse_args()
     bench = Bench("forecast_check", args, threads=args.threads)
-    if args.cost or args.references:
-        cost_table(bench) if args.cost else references_table(bench, args.references)
+    if args.cost or args.references or args.table:
+        if args.cost:
+            cost_table(bench)
+        elif args.table:
+            shipped_table(bench)
+        else:
+            references_table(bench, args.references)
         bench.end()
         return 0
     out = args.out
