@@ -120,8 +120,8 @@ def cost_table(bench: Bench) -> None:
 def run_ratios(run: Path) -> dict | None:
     """A finished run's objective, schedule, whether its shape is the default, final held-out
     loss, and per forecast point the train loss now and the final's ratio to it. The loss now
-    is the forecast's own (summary.json) where it was recorded, else the logged losses' mean
-    over the last tenth of the steps up to the point (each log line is its steps' mean)."""
+    is the collapse's own (summary.json) where it spoke, else the logged losses' mean over the
+    last tenth of the steps up to the point (each log line is its steps' mean)."""
     from shoestring.config import load_config
     from shoestring.train import forecast as F
 
@@ -137,7 +137,9 @@ def run_ratios(run: Path) -> dict | None:
     if achieved is None or not logged:
         return None
     points = (summary.get("forecast") or {}).get("points", [])
-    recorded = {p["at"]: p["now"] for p in points if p.get("now")}
+    # a law point's "now" was the law's held-out level, not the train loss, in runs of
+    # e1402fb..7818944 (2026-11-29): only the collapse's is read back
+    recorded = {p["at"]: p["now"] for p in points if p.get("now") and p.get("method") == "collapse"}
     row = {"run": run.name, "objective": cfg.model.objective, "schedule": cfg.train.schedule,
            "default shape": F.same_schedule(cfg.train), "achieved": achieved,
            # what the run itself printed, by the law (a run of an older version, or no
