@@ -143,12 +143,18 @@ def test_a_run_records_its_forecasts_and_a_resume_continues_them(pydocs_dir: Pat
     assert "too short" in found["points"][0]["note"]  # 4 steps seen at 10%
     made = [p for p in found["points"] if "loss" in p]
     assert made, found  # 20 steps at 50%: a forecast
+    # the passes over the train split by the end: 40 steps of the whole batch, known ahead
+    cfg = tiny_config(**kw)
+    split = json.loads((pydocs_dir / "manifest.json").read_text())["splits"]["train"]
+    for p in found["points"]:
+        assert p["passes"] == pytest.approx(40 * cfg.train.batch_size / split["sequences"],
+                                            abs=1e-3)
     assert found["achieved"] == whole["val_loss_subset"]
     for p in made:
         assert p["low"] <= p["loss"] <= p["high"]
         # the default one-cycle's cool-down is ahead at 50%: the masked LM's references
         # speak for it if its loss has come as far as theirs had, else the law does
-        refs = F.references("mlm", TrainConfig(), p["at"])
+        refs = F.references("mlm", TrainConfig(), p["at"], p["passes"])
         reached = (F.in_regime(p["now"], whole["first_loss"], refs)
                    and p["step"] >= F.MIN_COLLAPSE_STEPS)
         assert p["method"] == ("collapse" if reached else "law")
@@ -238,6 +244,11 @@ def test_references_apply_to_their_objective_and_the_default_shape_only() -> Non
     assert len(F.references("mlm", one_cycle, 0.25)) >= F.MIN_REFERENCES
     assert F.references("mlm", TrainConfig(lr_peak_at=0.5), 0.25) == ()
     assert F.references("rtd", one_cycle, 0.25) == ()  # its loss is another quantity
+    # a run that reads its data more often than they did: its train loss parts from the
+    # held-out loss, and the references' ends do not apply
+    assert F.references("mlm", one_cycle, 0.25, passes=F.MAX_PASSES) == \
+        F.references("mlm", one_cycle, 0.25)
+    assert F.references("clm", one_cycle, 0.5, passes=F.MAX_PASSES + 0.1) == ()
     for objective in ("mlm", "clm"):
         for schedule in ("one-cycle", "wsd", "cosine"):
             for at in F.POINTS:

@@ -144,15 +144,23 @@ class Run(Step):
         its short form for the progress bar ("" when none could be made)."""
         with self.budget.pause():
             start = time.perf_counter()
-            made = forecast.forecast(s.curve, forecast.future_factors(
-                self.cfg.train, s.curve, progress), at, refs=forecast.references(
-                self.cfg.model.objective, self.cfg.train, at), first=s.first_loss)
+            future = forecast.future_factors(self.cfg.train, s.curve, progress)
+            # the passes over the train split by the end: the steps to come at the full batch
+            tokens = s.tokens + len(future) * self.cfg.train.batch_size * self.data.seq_len
+            passes = tokens / (len(self.loader.split) * self.data.seq_len)
+            made = forecast.forecast(s.curve, future, at, refs=forecast.references(
+                self.cfg.model.objective, self.cfg.train, at, passes), first=s.first_loss)
             seconds = time.perf_counter() - start
         record = made.to_dict() if isinstance(made, forecast.Forecast) else {
             "at": at, "step": s.step, "note": made}
-        s.curve.forecasts.append(record | {"seconds": round(seconds, 3)})
+        s.curve.forecasts.append(record | {"passes": round(passes, 3),
+                                           "seconds": round(seconds, 3)})
         if self.parallel.is_main:
             text = made.describe() if isinstance(made, forecast.Forecast) else made
+            if (isinstance(made, forecast.Forecast) and made.cooldown_ahead
+                    and passes > forecast.MAX_PASSES):
+                text += (f" (the reference runs' ends do not apply: this run reads its data "
+                         f"{passes:.1f} times, theirs at most {forecast.MAX_PASSES:g})")
             console.print(f"at {at:.0%} of the budget (step {s.step}): {text}", highlight=False)
         return made.short() if isinstance(made, forecast.Forecast) else ""
 
