@@ -86,6 +86,16 @@ def _corpora(given: list[str] | None, wiki_books: str | None, out: Path,
     return found
 
 
+def passes(summary: dict, data: Path) -> float | None:
+    """How many times the run read its train split: the tokens it trained on over the split's
+    (`forecast.MAX_PASSES` bounds where the collapse speaks)."""
+    try:
+        split = json.loads((data / "manifest.json").read_text())["splits"]["train"]
+        return summary["tokens"] / split["tokens"]
+    except (OSError, ValueError, KeyError, ZeroDivisionError):
+        return None
+
+
 def cost_table(bench: Bench) -> None:
     """The forecast's own cost against a run's length: a synthetic curve of 1k to 100k steps
     fed step by step (the per-step bookkeeping the loop pays) and one forecast at its half
@@ -291,7 +301,7 @@ def main() -> int:
                 for minutes in args.minutes.split(","):
                     name = f"{data.name}-{schedule}-{minutes}m"
                     run = out / "runs" / name
-                    runs.append((name, corpus.name, objective, schedule, minutes, run))
+                    runs.append((name, corpus.name, objective, schedule, minutes, run, data))
                     if (run / "summary.json").is_file():
                         log(f"reusing {run}")
                         continue
@@ -303,13 +313,14 @@ def main() -> int:
                         "--set", f"train.threads={args.threads}"], after=[prep_job])
     failed = sched.run(out / "logs")
     rows, errors = [], {}
-    for name, corpus, objective, schedule, minutes, run in runs:
+    for name, corpus, objective, schedule, minutes, run, data in runs:
         if not (run / "summary.json").is_file():
             continue
         s = json.loads((run / "summary.json").read_text())
         found = s.get("forecast") or {}
         row = {"corpus": corpus, "objective": objective, "schedule": schedule,
-               "minutes": float(minutes), "steps": s["steps"], "achieved": found.get("achieved")}
+               "minutes": float(minutes), "steps": s["steps"], "passes": passes(s, data),
+               "achieved": found.get("achieved")}
         for p in found.get("points", []):
             key = f"at {p['at']:.0%}"
             if "error" in p:
@@ -335,7 +346,7 @@ def main() -> int:
              "(the fixed subset the run's validations use); * = outside the 90% interval; "
              "then the method that spoke (collapse: the loss now × the reference runs' ratio; "
              "law: the run's own fitted law)"]
-    bench.table(rows, "runs", {"achieved": ".3f", "forecast s": ".2f"}, notes)
+    bench.table(rows, "runs", {"passes": ".2f", "achieved": ".3f", "forecast s": ".2f"}, notes)
     bench.table(summary, "points")
     bench.end()
     if failed:
