@@ -345,7 +345,9 @@ def in_regime(now: float, first: float | None, refs: tuple[Reference, ...]) -> b
     """Whether a run whose loss fell from ``first`` to ``now`` has come at least as far as
     the references had at that point (now / first at most `REGIME_MARGIN` above theirs).
     One-sided: the plateau is the hazard; runs that had come further (a 90-core-minute run at
-    0.53 of its first loss by 50%, against the others' 0.58–0.70) ended at the same ratio."""
+    0.53 of its first loss by 50%, against the others' 0.58–0.70) ended at the same ratio. But
+    one that came much further (0.47, an MLM run of 33.6M tokens) ended lower (0.744, not
+    0.81) and was missed by 9–18% (docs/benchmarks/train.md): the other side needs a bound."""
     if not refs or not first or first <= 0:
         return False
     return now / first <= max(r[1] for r in refs) + REGIME_MARGIN
