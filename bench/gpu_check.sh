@@ -126,7 +126,7 @@ if [ "$PART" = rtd ]; then
   "$PY" bench/objective_transfer.py --data "$DATA" --glue "$GLUE" --preset base \
     --budget "$RTD_BUDGET" --arms mlm,rtd --pretrain-seeds 1 --seeds 2 --tasks sst2 \
     --max-train 2000 --parallel 1 --work /tmp/shoestring-gpu-work/rtd \
-    --out "$OUTDIR/gpu-rtd.json" --record "$OUTDIR/gpu-rtd.jsonl" 2>&1 \
+    --ledger "$OUTDIR/rtd-ledger" --out "$OUTDIR/gpu-rtd.json" --record "$OUTDIR/gpu-rtd.jsonl" 2>&1 \
     | tee "$OUTDIR/gpu-rtd.log"
   bench_rc=$?
 fi

@@ -30,9 +30,16 @@ a rerun with the same arguments continues, and a rerun with more seeds or arms a
     python bench/objective_transfer.py --arms rtd,rtd-m15,rtd-plain,rtd-gen4 --budget 1.2e14flops
         # the masking, the generator's size and the sharing, each against RTD as it is
 
+A session's ``--work`` does not outlive its checkout here, and three 90-core-minute seeds do
+not fit in one session, so every finished comparison is also kept in ``--ledger`` (committed:
+``bench/data/objectives/``, one small JSON per pretraining run: its summary's figures, its
+held-out metrics and its fine-tuning results). A run found there is neither pretrained nor
+fine-tuned again, and the table is printed from the ledger and the work dir together, so
+seeds run in different sessions add up to one comparison.
+
 `--collect` prints the table from what has finished without starting anything. Prints the
 machine and load, one line per pretraining run (tokens, FLOPs, tokens/s, held-out
-metrics) and one row per (task, comparison).
+metrics, and where it was kept) and one row per (task, comparison).
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ from transfer_curve import downstream_dir, finetuned
 from shoestring.config import Config
 from shoestring.data.datadir import DataDir
 from shoestring.errors import ShoestringError
+from shoestring.fsutil import write_json_atomic
 from shoestring.eval.control import seeds_needed, t95
 from shoestring.prep.prep import prep
 from shoestring.units import parse_budget
@@ -97,6 +105,29 @@ def held_out(run: Path) -> dict:
 
 def run_name(arm: str, budget: str, seed: int) -> str:
     return f"{arm}-{budget.replace(' ', '')}-p{seed}"
+
+
+LEDGER = ROOT / "bench" / "data" / "objectives"
+SUMMARY_KEYS = ("objective", "params", "tokens", "total_flops", "tokens_per_s", "train_seconds",
+                "dtype")
+
+
+def finished(work: Path, ledger: Path, name: str) -> dict | None:
+    """A pretraining run whose fine-tuning is complete: from the work dir (and then kept in the
+    ledger, so a later checkout has it) or, when the work dir lacks it, from the ledger. None
+    when neither has it."""
+    run, kept = work / name, ledger / f"{name}.json"
+    done = downstream_dir(run, "sane") / "results.json"
+    if done.is_file() and (results := json.loads(done.read_text())).get("complete"):
+        summary = json.loads((run / "summary.json").read_text())
+        entry = {"run": name, "summary": {k: summary[k] for k in SUMMARY_KEYS},
+                 "eval": held_out(run), "results": results}
+        ledger.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(kept, entry)
+        return {**entry, "kept": "work"}
+    if kept.is_file():
+        return {**json.loads(kept.read_text()), "kept": "ledger"}
+    return None
 
 
 def scores(records: list[dict], split: str) -> dict[int, float]:
@@ -154,12 +185,10 @@ def collect(args: argparse.Namespace, arms: list[str], seeds: list[int]
     runs = []
     for arm in arms:
         for p in seeds:
-            run = args.work / run_name(arm, args.budget, p)
-            done = downstream_dir(run, "sane") / "results.json"
-            if done.is_file() and json.loads(done.read_text()).get("complete"):
-                results[arm][p] = json.loads(done.read_text())
-                runs.append((run.name, {**json.loads((run / "summary.json").read_text()),
-                                        "eval": held_out(run)}))
+            if found := finished(args.work, args.ledger, run_name(arm, args.budget, p)):
+                results[arm][p] = found["results"]
+                runs.append((found["run"], {**found["summary"], "eval": found["eval"],
+                                            "kept": found["kept"]}))
     first = results[arms[0]].get(seeds[0])
     if first is None:
         return [], runs  # the control runs with the first arm's first seed
@@ -189,7 +218,7 @@ def pretraining_line(name: str, s: dict) -> str:
     return (f"  {name}: {s['objective']}, {s['params'] / 1e6:.1f}M params, {s['tokens']:,} "
             f"tokens, {s['total_flops']:.3g} FLOPs, {s['tokens_per_s']:,.0f} tok/s, "
             f"{s['train_seconds'] / 60:.1f} min, {s['dtype']}; held-out MLM loss "
-            f"{e['mlm_loss']:.3f}{detection}")
+            f"{e['mlm_loss']:.3f}{detection}; from the {s['kept']}")
 
 
 def mean_differences(rows: list[dict]) -> dict[tuple[str, str], list[float]]:
@@ -248,6 +277,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None, help="CPU threads per job")
     ap.add_argument("--parallel", type=int, default=1, help="jobs at a time")
     ap.add_argument("--work", type=Path, default=ROOT / "runs" / "bench" / "objectives")
+    ap.add_argument("--ledger", type=Path, default=LEDGER,
+                    help="where finished comparisons are kept across checkouts (committed)")
     ap.add_argument("--out", type=Path, default=None, help="JSON of the table")
     ap.add_argument("--collect", action="store_true",
                     help="print the table from the finished runs only; start nothing")
@@ -295,11 +326,15 @@ def main() -> None:
     me += ["--data", str(args.data)] if args.data else []
     me += ["--max-train", str(args.max_train)] if args.max_train else []
     sched = Scheduler(args.parallel, args.threads)
+    def kept(name: str) -> bool:  # finished in an earlier checkout, and not started in this one
+        return (args.ledger / f"{name}.json").is_file() and not (args.work / name).is_dir()
+
     for p in seeds:  # seed by seed, so a session that ends early leaves whole comparisons
-        for arm in arms:
+        todo = [arm for arm in arms if not kept(run_name(arm, args.budget, p))]
+        for arm in todo:
             sched.add(f"pretrain-{run_name(arm, args.budget, p)}",
                       me + ["--job", "pretrain", "--arm", arm, "--seed", str(p)])
-        for arm in arms:
+        for arm in todo:
             name = run_name(arm, args.budget, p)
             control = "scratch" if arm == arms[0] and p == seeds[0] else "none"
             sched.add(f"finetune-{name}",

@@ -233,6 +233,18 @@ def test_the_rtd_row_runs_on_cpu_as_the_device_command_runs_it(tmp_path: Path,
         summary = json.loads((tmp_path / "work" / f"{arm}-6steps-p0" / "summary.json").read_text())
         assert summary["objective"] == arm and summary["steps"] == 6
     assert (tmp_path / "out" / "gpu-rtd.jsonl").is_file()
+    # The ledger keeps each finished comparison: a later checkout (a fresh work dir) trains
+    # nothing again and prints the same table from it.
+    kept = sorted(p.name for p in (tmp_path / "out" / "rtd-ledger").iterdir())
+    assert kept == ["mlm-6steps-p0.json", "rtd-6steps-p0.json"]
+    again = [a if a != str(tmp_path / "work") else str(tmp_path / "work2") for a in cmd[1:]]
+    r2 = subprocess.run([sys.executable, str(BENCH.with_name("objective_transfer.py")), *again],
+                        capture_output=True, text=True, timeout=300,
+                        env={**os.environ, "COLUMNS": "200"})
+    assert r2.returncode == 0, r2.stderr[-3000:]
+    assert "pretrain-" not in r2.stderr and r2.stdout.count("from the ledger") == 2
+    assert not any(p.name.endswith("-p0") for p in (tmp_path / "work2").iterdir())
+    assert json.loads((tmp_path / "out" / "gpu-rtd.json").read_text())["rows"] == rows
 
 
 @pytest.mark.slow
