@@ -20,9 +20,13 @@ minutes are core-minutes. A finished run (its summary.json) is reused on a rerun
         --minutes 90                           # other articles, enough for 90 minutes
     python bench/forecast_check.py --cost    # how its cost grows with a run's steps (no training)
     python bench/forecast_check.py --references RUN RUN ...   # the collapse's references
+    python bench/forecast_check.py --references bench/data/forecast/*.json  # from the ledger
     python bench/forecast_check.py --table    # the leave-one-out check of COLLAPSE as shipped
 
-`--references` reads finished runs (their metrics.jsonl, config.yaml and summary.json) and
+Every finished run it reads or trains is kept in ``--ledger`` (``bench/data/forecast/``,
+committed: a run dir does not outlive its checkout here) as a small record: its logged train
+loss, validations, forecasts and final loss (`run_record`). `--references` takes run dirs or
+those records. It reads finished runs (their metrics.jsonl, config.yaml and summary.json) and
 prints, per run, the final held-out loss over the train loss "now" at each forecast point
 (`forecast.loss_now`: the mean over the last tenth of the steps up to it) and how far the run
 had come (now over its first loss), the `COLLAPSE` table they make (one run per
@@ -127,11 +131,15 @@ def cost_table(bench: Bench) -> None:
     bench.table(rows, "cost", {"per step (us)": ".1f", "forecast at 50% (s)": ".2f"})
 
 
-def run_ratios(run: Path) -> dict | None:
-    """A finished run's objective, schedule, whether its shape is the default, final held-out
-    loss, and per forecast point the train loss now and the final's ratio to it. The loss now
-    is the collapse's own (summary.json) where it spoke, else the logged losses' mean over the
-    last tenth of the steps up to the point (each log line is its steps' mean)."""
+LEDGER = Path(__file__).resolve().parent / "data" / "forecast"
+
+
+def run_record(run: Path) -> dict | None:
+    """What the references and the check need of a finished run, small enough to keep
+    (`--ledger`): its objective and schedule, whether the schedule has the default shape, its
+    first and final held-out loss, steps, tokens and passes, the forecasts it printed, and its
+    logged train loss (step, progress, loss). A run dir does not outlive its checkout here;
+    the record does, so later sessions can check other ways to read the same curves."""
     from shoestring.config import load_config
     from shoestring.train import forecast as F
 
@@ -142,20 +150,62 @@ def run_ratios(run: Path) -> dict | None:
     except (OSError, ValueError) as e:
         print(f"skipping {run}: {e}", file=sys.stderr)
         return None
-    achieved = summary.get("val_loss_subset")
-    logged = [(r["step"], r["progress"], r["loss"]) for r in records if "loss" in r]
+    return {"run": run.name, "objective": cfg.model.objective, "schedule": cfg.train.schedule,
+            "default shape": F.same_schedule(cfg.train),
+            "achieved": summary.get("val_loss_subset"), "first_loss": summary["first_loss"],
+            "steps": summary["steps"], "tokens": summary["tokens"],
+            "passes": passes(summary, Path(summary.get("data_dir", ""))),
+            "points": (summary.get("forecast") or {}).get("points", []),
+            "logged": [[r["step"], round(r["progress"], 6), round(r["loss"], 5)]
+                       for r in records if "loss" in r],
+            "validations": [[r["step"], round(r["val_loss"], 5)]
+                            for r in records if "val_loss" in r]}
+
+
+def keep(rec: dict, ledger: Path) -> Path:
+    """Write ``rec`` to the ledger as RUN.json (RUN-2.json, ... when another run of that name
+    is kept already); the same run again replaces its own."""
+    from shoestring.fsutil import write_json_atomic
+
+    ledger.mkdir(parents=True, exist_ok=True)
+    same = ("first_loss", "achieved", "steps", "tokens")
+    for k in range(1, 100):
+        path = ledger / (f"{rec['run']}.json" if k == 1 else f"{rec['run']}-{k}.json")
+        if not path.is_file() or all(json.loads(path.read_text()).get(f) == rec[f] for f in same):
+            write_json_atomic(path, rec)
+            return path
+    raise SystemExit(f"error: {ledger}: 99 runs named {rec['run']}; pass another --ledger")
+
+
+def load(given: Path, ledger: Path | None) -> dict | None:
+    """A run dir (read, and kept in ``ledger``) or a record kept earlier (RUN.json)."""
+    if given.suffix == ".json" and given.is_file():
+        return json.loads(given.read_text())
+    rec = run_record(given)
+    if rec is not None and ledger is not None:
+        log(f"kept {given} as {keep(rec, ledger)}")
+    return rec
+
+
+def run_ratios(rec: dict) -> dict | None:
+    """A finished run's objective, schedule, whether its shape is the default, final held-out
+    loss, and per forecast point the train loss now and the final's ratio to it. The loss now
+    is the collapse's own (summary.json) where it spoke, else the logged losses' mean over the
+    last tenth of the steps up to the point (each log line is its steps' mean)."""
+    from shoestring.train import forecast as F
+
+    achieved, logged, points = rec["achieved"], rec["logged"], rec["points"]
     if achieved is None or not logged:
         return None
-    points = (summary.get("forecast") or {}).get("points", [])
     # a law point's "now" was the law's held-out level, not the train loss, in runs of
     # e1402fb..7818944 (2026-11-29): only the collapse's is read back
     recorded = {p["at"]: p["now"] for p in points if p.get("now") and p.get("method") == "collapse"}
-    row = {"run": run.name, "objective": cfg.model.objective, "schedule": cfg.train.schedule,
-           "default shape": F.same_schedule(cfg.train), "achieved": achieved,
-           # what the run itself printed, by the law (a run of an older version, or no
-           # references): its error, to set beside the collapse's
-           "law": {p["at"]: p["error"] for p in points
-                   if "error" in p and p.get("method", "law") == "law"}}
+    row = {k: rec[k] for k in ("run", "objective", "schedule", "default shape", "achieved")}
+    row["passes"] = rec.get("passes")
+    # what the run itself printed, by the law (a run of an older version, or no references):
+    # its error, to set beside the collapse's
+    row["law"] = {p["at"]: p["error"] for p in points
+                  if "error" in p and p.get("method", "law") == "law"}
     for at in POINTS:
         now = recorded.get(at)
         if now is None:
@@ -171,7 +221,7 @@ def run_ratios(run: Path) -> dict | None:
                 continue
             now = total / weight
         row[f"now {at:.0%}"], row[f"ratio {at:.0%}"] = now, achieved / now
-        row[f"now/first {at:.0%}"] = now / summary["first_loss"]
+        row[f"now/first {at:.0%}"] = now / rec["first_loss"]
     return row
 
 
@@ -217,9 +267,11 @@ def leave_one_out(bench: Bench, refs: dict[tuple[str, str], list[tuple[str, dict
     bench.table(summary, "leave-one-out points")
 
 
-def references_table(bench: Bench, runs: list[Path]) -> None:
-    """The collapse's references from ``runs`` and the leave-one-out check of them."""
-    rows = [r for r in map(run_ratios, runs) if r is not None]
+def references_table(bench: Bench, runs: list[Path], ledger: Path | None) -> None:
+    """The collapse's references from ``runs`` (run dirs, kept in ``ledger``, or records kept
+    earlier) and the leave-one-out check of them."""
+    records = [rec for rec in (load(run, ledger) for run in runs) if rec is not None]
+    rows = [r for r in map(run_ratios, records) if r is not None]
     laws, refs = {}, {}
     for r in rows:
         print(json.dumps(r), flush=True)
@@ -232,7 +284,7 @@ def references_table(bench: Bench, runs: list[Path]) -> None:
     print("COLLAPSE = " + repr({key: {at: tuple(own[at] for _, own in runs if at in own)
                                       for at in POINTS}
                                 for key, runs in refs.items()}))
-    bench.table(rows, "references", {"achieved": ".3f", **{
+    bench.table(rows, "references", {"achieved": ".3f", "passes": ".2f", **{
         f"{k} {p:.0%}": ".3f" for k in ("now", "ratio", "now/first") for p in POINTS}})
     leave_one_out(bench, refs, laws)
 
@@ -275,7 +327,13 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--parallel", type=int, default=2)
     ap.add_argument("--out", type=Path, default=Path("runs/bench/forecast"))
+    ap.add_argument("--ledger", type=Path, default=LEDGER,
+                    help="where finished runs are kept as small records across checkouts "
+                         "(committed; RUN.json is read back wherever a run dir is)")
+    ap.add_argument("--no-ledger", action="store_true", help="keep nothing")
     args = ap.parse_args()
+    if args.no_ledger:
+        args.ledger = None
     bench = Bench("forecast_check", args, threads=args.threads)
     if args.cost or args.references or args.table:
         if args.cost:
@@ -283,7 +341,7 @@ def main() -> int:
         elif args.table:
             shipped_table(bench)
         else:
-            references_table(bench, args.references)
+            references_table(bench, args.references, args.ledger)
         bench.end()
         return 0
     out = args.out
@@ -317,6 +375,8 @@ def main() -> int:
         if not (run / "summary.json").is_file():
             continue
         s = json.loads((run / "summary.json").read_text())
+        if args.ledger is not None and (rec := run_record(run)) is not None:
+            keep(rec, args.ledger)
         found = s.get("forecast") or {}
         row = {"corpus": corpus, "objective": objective, "schedule": schedule,
                "minutes": float(minutes), "steps": s["steps"], "passes": passes(s, data),

@@ -254,3 +254,44 @@ def test_references_apply_to_their_objective_and_the_default_shape_only() -> Non
             for at in F.POINTS:
                 n = len(F.references(objective, TrainConfig(schedule=schedule), at))
                 assert n == 0 or n >= F.MIN_REFERENCES
+
+
+def test_the_check_keeps_a_finished_run_and_reads_the_same_references_back(
+        pydocs_dir: Path, tmp_path: Path) -> None:
+    """bench/forecast_check.py --references keeps each run dir it reads as a small record in
+    its ledger (run dirs do not outlive a checkout; the record is committed), and the record
+    alone gives the same references as the run dir did."""
+    import subprocess
+    import sys
+
+    run = tmp_path / "tiny-mlm-run"
+    train(tiny_config(steps=40, log_every=5, val_every=0.25, val_sequences=8), pydocs_dir, run)
+    bench = Path(__file__).resolve().parents[1] / "bench" / "forecast_check.py"
+    ledger = tmp_path / "ledger"
+
+    def references(*args: str) -> dict:
+        r = subprocess.run([sys.executable, str(bench), "--references", *args],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        return next(json.loads(x) for x in r.stdout.splitlines() if x.startswith('{"run"'))
+
+    from_dir = references(str(run), "--ledger", str(ledger))
+    kept = json.loads((ledger / "tiny-mlm-run.json").read_text())
+    logged = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [s for s, _, _ in kept["logged"]] == [x["step"] for x in logged if "loss" in x]
+    assert len(kept["validations"]) == sum("val_loss" in x for x in logged) >= 2
+    assert kept["steps"] == 40 and kept["objective"] == "mlm"
+    summary = json.loads((run / "summary.json").read_text())
+    split = json.loads((pydocs_dir / "manifest.json").read_text())["splits"]["train"]
+    assert kept["passes"] == pytest.approx(summary["tokens"] / split["tokens"])
+    assert from_dir["ratio 50%"] == pytest.approx(summary["val_loss_subset"]
+                                                  / from_dir["now 50%"])
+    # the same run kept again replaces its own record; another run of that name gets its own
+    references(str(run), "--ledger", str(ledger))
+    assert sorted(p.name for p in ledger.iterdir()) == ["tiny-mlm-run.json"]
+    other = tmp_path / "elsewhere" / "tiny-mlm-run"
+    train(tiny_config(steps=30, log_every=5), pydocs_dir, other)
+    references(str(other), "--ledger", str(ledger))
+    assert sorted(p.name for p in ledger.iterdir()) == ["tiny-mlm-run-2.json", "tiny-mlm-run.json"]
+    shutil.rmtree(run)
+    assert references(str(ledger / "tiny-mlm-run.json"), "--no-ledger") == from_dir
