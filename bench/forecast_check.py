@@ -243,7 +243,7 @@ def leave_one_out(bench: Bench, refs: dict[tuple[str, str], list[tuple[str, dict
                     out[f"at {at:.0%}"] = "none"
                     continue
                 ratio, q = own[at]
-                if not F.in_regime(q, 1.0, others):  # now/first against theirs
+                if not F.in_regime(q, 1.0, others, F.FAR_MARGIN.get(objective)):  # now/first
                     out[f"at {at:.0%}"] = "outside the others' regime"
                     continue
                 mid, half = F.collapse(1.0, others)  # per unit of the loss now

@@ -155,7 +155,7 @@ def test_a_run_records_its_forecasts_and_a_resume_continues_them(pydocs_dir: Pat
         # the default one-cycle's cool-down is ahead at 50%: the masked LM's references
         # speak for it if its loss has come as far as theirs had, else the law does
         refs = F.references("mlm", TrainConfig(), p["at"], p["passes"])
-        reached = (F.in_regime(p["now"], whole["first_loss"], refs)
+        reached = (F.in_regime(p["now"], whole["first_loss"], refs, F.FAR_MARGIN["mlm"])
                    and p["step"] >= F.MIN_COLLAPSE_STEPS)
         assert p["method"] == ("collapse" if reached else "law")
         if reached:
@@ -226,8 +226,19 @@ def test_before_the_cool_down_the_forecast_is_the_loss_now_times_the_references_
     assert made.high - made.loss == pytest.approx(half) == made.loss - made.low
     assert "3 reference runs" in made.describe()
     assert F.forecast(curve, factors[100:], 0.25).method == "law"
-    # a run still near its first loss (0.9 of it) has not come as far as the references
+    # a run still near its first loss (0.9 of it) has not come as far as the references;
+    # one at 0.6 of it came much further: where the objective bounds that side (MLM), the
+    # references do not speak for it either
     assert F.forecast(curve, factors[100:], 0.25, refs=refs, first=now / 0.9).method == "law"
+    far = F.FAR_MARGIN["mlm"]
+    assert F.forecast(curve, factors[100:], 0.25, refs=refs, first=now / 0.6,
+                      far=far).method == "law"
+    assert F.forecast(curve, factors[100:], 0.25, refs=refs, first=now / 0.6).method == "collapse"
+    low, high = 0.69 - far, 0.71 + F.REGIME_MARGIN
+    for q, inside in ((low + 1e-3, True), (low - 1e-3, False),
+                      (high - 1e-3, True), (high + 1e-3, False)):
+        assert F.in_regime(q, 1.0, refs, far) == inside, q
+    assert F.in_regime(0.2, 1.0, refs) and not F.in_regime(high + 1e-3, 1.0, refs)
     assert F.forecast(curve, factors[100:], 0.25, refs=refs).method == "law"  # first unknown
     short = F.Curve()  # too few steps: the loss still falls as a start's does
     for f, y in zip(factors[:F.MIN_COLLAPSE_STEPS - 1], losses[:F.MIN_COLLAPSE_STEPS - 1]):

@@ -148,8 +148,10 @@ class Run(Step):
             # the passes over the train split by the end: the steps to come at the full batch
             tokens = s.tokens + len(future) * self.cfg.train.batch_size * self.data.seq_len
             passes = tokens / (len(self.loader.split) * self.data.seq_len)
-            made = forecast.forecast(s.curve, future, at, refs=forecast.references(
-                self.cfg.model.objective, self.cfg.train, at, passes), first=s.first_loss)
+            objective = self.cfg.model.objective
+            made = forecast.forecast(
+                s.curve, future, at, first=s.first_loss, far=forecast.FAR_MARGIN.get(objective),
+                refs=forecast.references(objective, self.cfg.train, at, passes))
             seconds = time.perf_counter() - start
         record = made.to_dict() if isinstance(made, forecast.Forecast) else {
             "at": at, "step": s.step, "note": made}
