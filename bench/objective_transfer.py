@@ -235,9 +235,10 @@ def report(args: argparse.Namespace, rows: list[dict], runs: list[tuple[str, dic
              f"{args.threads or 'all'} thread(s) per run, {args.parallel} at a time; data "
              f"{args.data or args.corpus}"]
     notes += [pretraining_line(name, s) for name, s in runs]
+    rows_used = f"first {args.max_train} train rows" if args.max_train else "full train sets"
     notes.append(f"fine-tuning: sane protocol, {args.seeds} seeds per pretraining run, "
-                 f"{'first ' + str(args.max_train) + ' train rows' if args.max_train else 'full train sets'}; "
-                 "difference averaged over fine-tuning seeds, 95% t interval over pretraining seeds")
+                 f"{rows_used}; difference averaged over fine-tuning seeds, 95% t interval "
+                 "over pretraining seeds")
     print("\n".join(notes))
     print(f"{'task':6} {'arm':14} {'against':14} {'arm':>6} {'base':>6}  "
           f"difference [95% CI]        per pretraining seed      verdict")
