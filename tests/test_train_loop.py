@@ -97,6 +97,26 @@ def test_resume_reproduces_the_uninterrupted_losses(pydocs_dir: Path, tmp_path: 
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
 
 
+def test_a_resumed_auto_run_keeps_the_precision_it_was_trained_in(pydocs_dir: Path,
+                                                                   tmp_path: Path) -> None:
+    """On a CPU ``auto`` picks bf16 by a timed probe, which the machine's load can tip: a run
+    resumed with ``auto`` trains on in the dtype its checkpoint was written in, whichever the
+    probe would pick now, and its losses are the uninterrupted run's."""
+    kw = dict(steps=8, log_every=1, checkpoint_every="4steps", keep_checkpoints=5)
+    for started, dtype in (("bf16", "bfloat16"), ("fp32", "float32")):
+        whole = train(tiny_config(precision=started, **kw), pydocs_dir, tmp_path / started)
+        assert whole["dtype"] == dtype
+        cut = tmp_path / f"{started}-cut"
+        train(tiny_config(precision=started, **kw), pydocs_dir, cut)
+        while latest_checkpoint(cut).step > 4:
+            shutil.rmtree(RunDir(cut).checkpoints()[-1])
+        shutil.rmtree(cut / "final")
+        again = train(tiny_config(precision="auto", **kw), pydocs_dir, cut, resume=True)
+        assert again["resumed"] and again["dtype"] == dtype
+        losses = [(r["step"], r.get("loss")) for r in _records(tmp_path / started)]
+        assert [(r["step"], r.get("loss")) for r in _records(cut)] == losses
+
+
 def test_a_failed_checkpoint_write_leaves_the_previous_one(pydocs_dir: Path, tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     run = tmp_path / "run"

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -21,7 +21,7 @@ from shoestring.config import Config
 from shoestring.data.datadir import DataDir
 from shoestring.data.loader import BatchLoader, Cursor
 from shoestring.data.shards import PackedSplit
-from shoestring.device import DeviceInfo, select_device
+from shoestring.device import DeviceInfo, precision_name, select_device
 from shoestring.dist.parallelism import Parallelism
 from shoestring.errors import ShoestringError
 from shoestring.fsutil import json_object_or_none
@@ -121,7 +121,8 @@ class Run(Step):
                 s, cursor=cursor or self.loader.cursor, gen=self.gen,
                 metrics_lines=self.metrics.lines if self.metrics else 0,
                 layout=self.parallel.layout.to_dict(), world_size=self.parallel.world,
-                attention=self.speed.attention, scaler=self.scaler)
+                attention=self.speed.attention, precision=precision_name(self.dev.dtype),
+                scaler=self.scaler)
             self.last_ckpt = save_checkpoint(self.run.path, self.parallel, state,
                                              self.cfg.train.keep_checkpoints)
             s.last_ckpt_time = s.elapsed
@@ -201,18 +202,25 @@ def _nonfinite(s: TrainState, loss: float, kept: str, where: str) -> ShoestringE
 
 def build_step(cfg: Config, vocab: int, seq_len: int, special_ids: dict[str, int],
                parallel: Parallelism, spare_bytes: int | None = None,
-               resumed_kernel: str | None = None,
+               resumed: dict[str, Any] | None = None,
                init: Callable[[torch.nn.Module], None] | None = None) -> Step:
     """The device at the agreed precision, the model spread over ``parallel`` with the
     trainer's optimizers (``init`` loads weights into the canonical model first), the
     objective, the budget and the speed choices: `build_run` and `timing.time_steps` share
-    it, so the timing probe runs the very step `train` runs."""
+    it, so the timing probe runs the very step `train` runs. ``resumed`` (the checkpoint's
+    state) keeps an ``auto`` run's attention kernel and precision: on a CPU ``auto`` picks bf16
+    by a timed probe, which the machine's load can tip, and a run must not change dtype
+    halfway."""
     tc = cfg.train
+    resumed = resumed or {}
+    precision = tc.precision
+    if precision == "auto" and resumed.get("precision") in ("bf16", "fp16", "fp32"):
+        precision = resumed["precision"]
     # this rank's device at the precision every rank agrees on (rank 0's choice under
     # ``auto``), with its own measured peak
-    dev = select_device(tc.precision)
+    dev = select_device(precision)
     (wanted,) = parallel.broadcast([float(dev.dtype == torch.bfloat16)])
-    if tc.precision == "auto" and (wanted == 1.0) != (dev.dtype == torch.bfloat16):
+    if precision == "auto" and (wanted == 1.0) != (dev.dtype == torch.bfloat16):
         dev = select_device("bf16" if wanted == 1.0 else "fp32")
     peaks = parallel.gather(dev.peak_flops)
     torch.manual_seed(tc.seed)
@@ -226,7 +234,7 @@ def build_step(cfg: Config, vocab: int, seq_len: int, special_ids: dict[str, int
     budget = Budget.from_spec(tc.budget, tc.steps, flops_per_token)
     micro = cfg.train.micro_batch(parallel.layout.dp)
     speed = _speed_choices(cfg, parallel, dev, micro, seq_len, budget, flops_per_token,
-                           spare_bytes, resumed_kernel)
+                           spare_bytes, resumed.get("attention"))
     set_attention_kernel(model, speed.attention)
     parallel.apply(model, cfg, lambda parts, layout, meshes: build_optimizers(
         parts, tc, layout, meshes), compiled=speed.compile)
@@ -256,7 +264,7 @@ def build_run(cfg: Config, data: DataDir, train_split: PackedSplit, run_dir: Pat
     init = ((lambda model: _init_from(model, tc.init_from, cfg, data))
             if tc.init_from and ckpt is None else None)
     b = build_step(cfg, data.vocab_size, data.seq_len, data.special_ids, parallel, spare_bytes,
-                   ckpt.state.get("attention") if ckpt else None, init)
+                   ckpt.state if ckpt else None, init)
     s, cursor = TrainState(next_val=tc.val_every), Cursor()
     if ckpt is not None:
         load_checkpoint(ckpt, parallel)

@@ -3,9 +3,10 @@
 ``TrainState`` holds the counters the loop advances (step, tokens, skipped steps, the agreed
 budget clock, when the last checkpoint and validation ran, the losses). ``checkpoint_state``
 writes it, with the state of the other objects the next step depends on (data cursor, RNG
-streams, metrics line count, layout, attention kernel, loss scaler), as the dict a checkpoint
-stores; ``resume_state`` reads that dict back. Every key a checkpoint holds is written and
-read in this module only, so a resumed run continues exactly where the saved one stopped.
+streams, metrics line count, layout, attention kernel, precision, loss scaler), as the dict a
+checkpoint stores; ``resume_state`` reads that dict back (the kernel and the precision are read
+where the device and model are built, `run.build_step`), so a resumed run continues exactly
+where the saved one stopped.
 """
 
 from __future__ import annotations
@@ -64,14 +65,15 @@ class TrainState:
 
 def checkpoint_state(s: TrainState, *, cursor: Cursor, gen: torch.Generator,
                      metrics_lines: int, layout: dict[str, Any], world_size: int,
-                     attention: str, scaler: torch.amp.GradScaler | None) -> dict[str, Any]:
+                     attention: str, precision: str,
+                     scaler: torch.amp.GradScaler | None) -> dict[str, Any]:
     """The dict a checkpoint stores beside the weights and optimizer state."""
     state = {
         "step": s.step, "tokens": s.tokens, "skipped": s.skipped, "next_val": s.next_val,
         "elapsed": s.elapsed, "cursor": cursor.to_dict(), "rng": capture_rng(gen),
         "metrics_lines": metrics_lines, "first_loss": s.first_loss,
         "recent_losses": s.losses[-RECENT_LOSSES:], "layout": layout, "world_size": world_size,
-        "attention": attention, "forecast_curve": s.curve.to_dict(),
+        "attention": attention, "precision": precision, "forecast_curve": s.curve.to_dict(),
     }
     if scaler is not None:
         state["scaler"] = scaler.state_dict()
