@@ -315,9 +315,10 @@ def main() -> None:
     except ShoestringError as e:
         if args.data:
             raise SystemExit(f"--data {args.data}: {e}") from None
-        cfg = arm_config(arms[0], 0, args.budget, args.threads)
-        prep([str(args.corpus)], data, cfg.data, curate=cfg.curate, console=console,
-             overwrite=True)
+        if not args.collect:  # --collect reads finished runs only: the ledger's need no data
+            cfg = arm_config(arms[0], 0, args.budget, args.threads)
+            prep([str(args.corpus)], data, cfg.data, curate=cfg.curate, console=console,
+                 overwrite=True)
     started = time.time()
     seeds = list(range(args.pretrain_seeds))
     me = [sys.executable, __file__, "--work", str(args.work), "--glue", str(args.glue),
