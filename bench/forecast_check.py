@@ -137,7 +137,7 @@ LEDGER = Path(__file__).resolve().parent / "data" / "forecast"
 def run_record(run: Path) -> dict | None:
     """What the references and the check need of a finished run, small enough to keep
     (`--ledger`): its objective and schedule, whether the schedule has the default shape, its
-    first and final held-out loss, steps, tokens and passes, the forecasts it printed, and its
+    first and final held-out loss, steps, tokens, passes and dtype, the forecasts it printed, and its
     logged train loss (step, progress, loss). A run dir does not outlive its checkout here;
     the record does, so later sessions can check other ways to read the same curves."""
     from shoestring.config import load_config
@@ -154,6 +154,7 @@ def run_record(run: Path) -> dict | None:
             "default shape": F.same_schedule(cfg.train),
             "achieved": summary.get("val_loss_subset"), "first_loss": summary["first_loss"],
             "steps": summary["steps"], "tokens": summary["tokens"],
+            "dtype": summary.get("dtype"),
             "passes": passes(summary, Path(summary.get("data_dir", ""))),
             "points": (summary.get("forecast") or {}).get("points", []),
             "logged": [[r["step"], round(r["progress"], 6), round(r["loss"], 5)]
