@@ -137,8 +137,8 @@ LEDGER = Path(__file__).resolve().parent / "data" / "forecast"
 def run_record(run: Path) -> dict | None:
     """What the references and the check need of a finished run, small enough to keep
     (`--ledger`): its objective and schedule, whether the schedule has the default shape, its
-    first and final held-out loss, steps, tokens, passes and dtype, the forecasts it printed, and its
-    logged train loss (step, progress, loss). A run dir does not outlive its checkout here;
+    first and final held-out loss, steps, tokens, passes and dtype, the forecasts it printed,
+    and its logged train loss (step, progress, loss). A run dir does not outlive its checkout here;
     the record does, so later sessions can check other ways to read the same curves."""
     from shoestring.config import load_config
     from shoestring.train import forecast as F
