@@ -244,6 +244,8 @@ def leave_one_out(bench: Bench, refs: dict[tuple[str, str], list[tuple[str, dict
                     out[f"at {at:.0%}"] = "none"
                     continue
                 ratio, q = own[at]
+                # how much further than the furthest of the others it had come (the far side)
+                out[f"below {at:.0%}"] = round(min(o[1] for o in others) - q, 3)
                 if not F.in_regime(q, 1.0, others, F.FAR_MARGIN.get(objective)):  # now/first
                     out[f"at {at:.0%}"] = "outside the others' regime"
                     continue
@@ -360,7 +362,7 @@ def main() -> int:
                 for minutes in args.minutes.split(","):
                     name = f"{data.name}-{schedule}-{minutes}m"
                     run = out / "runs" / name
-                    runs.append((name, corpus.name, objective, schedule, minutes, run, data))
+                    runs.append((name, corpus.name, objective, schedule, minutes, run))
                     if (run / "summary.json").is_file():
                         log(f"reusing {run}")
                         continue
@@ -372,15 +374,16 @@ def main() -> int:
                         "--set", f"train.threads={args.threads}"], after=[prep_job])
     failed = sched.run(out / "logs")
     rows, errors = [], {}
-    for name, corpus, objective, schedule, minutes, run, data in runs:
+    for name, corpus, objective, schedule, minutes, run in runs:
         if not (run / "summary.json").is_file():
             continue
-        s = json.loads((run / "summary.json").read_text())
-        if args.ledger is not None and (rec := run_record(run)) is not None:
+        s, rec = json.loads((run / "summary.json").read_text()), run_record(run)
+        if args.ledger is not None and rec is not None:
             keep(rec, args.ledger)
         found = s.get("forecast") or {}
         row = {"corpus": corpus, "objective": objective, "schedule": schedule,
-               "minutes": float(minutes), "steps": s["steps"], "passes": passes(s, data),
+               "minutes": float(minutes), "steps": s["steps"],
+               "passes": rec["passes"] if rec else None,
                "achieved": found.get("achieved")}
         for p in found.get("points", []):
             key = f"at {p['at']:.0%}"

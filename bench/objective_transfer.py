@@ -112,11 +112,16 @@ SUMMARY_KEYS = ("objective", "params", "tokens", "total_flops", "tokens_per_s", 
                 "dtype")
 
 
+def kept_at(ledger: Path, name: str) -> Path:
+    """Where the ledger keeps run ``name``."""
+    return ledger / f"{name}.json"
+
+
 def finished(work: Path, ledger: Path, name: str) -> dict | None:
     """A pretraining run whose fine-tuning is complete: from the work dir (and then kept in the
     ledger, so a later checkout has it) or, when the work dir lacks it, from the ledger. None
     when neither has it."""
-    run, kept = work / name, ledger / f"{name}.json"
+    run, kept = work / name, kept_at(ledger, name)
     done = downstream_dir(run, "sane") / "results.json"
     if done.is_file() and (results := json.loads(done.read_text())).get("complete"):
         summary = json.loads((run / "summary.json").read_text())
@@ -329,7 +334,7 @@ def main() -> None:
     me += ["--max-train", str(args.max_train)] if args.max_train else []
     sched = Scheduler(args.parallel, args.threads)
     def kept(name: str) -> bool:  # finished in an earlier checkout, and not started in this one
-        return (args.ledger / f"{name}.json").is_file() and not (args.work / name).is_dir()
+        return kept_at(args.ledger, name).is_file() and not (args.work / name).is_dir()
 
     for p in seeds:  # seed by seed, so a session that ends early leaves whole comparisons
         todo = [arm for arm in arms if not kept(run_name(arm, args.budget, p))]
