@@ -223,15 +223,52 @@ def run_ratios(rec: dict) -> dict | None:
             now = total / weight
         row[f"now {at:.0%}"], row[f"ratio {at:.0%}"] = now, achieved / now
         row[f"now/first {at:.0%}"] = now / rec["first_loss"]
+    for at, r in law_ratios(rec).items():
+        row[f"law ratio {at:.0%}"] = r
     return row
 
 
+def law_ratios(rec: dict) -> dict[float, float]:
+    """Per forecast point, the final held-out loss over what the run's own law forecast there
+    (`forecast.forecast` without references, on the curve rebuilt from the record: each logged
+    line's mean loss for each of its steps, the validations seen by then): the ratio a hybrid
+    of the law and the collapse would carry from the references (the law to the end × their
+    mean ratio, which holds the cool-down's gain the law cannot see before it starts). Only
+    for a run of its schedule's default shape (its LR fractions are then known)."""
+    from shoestring.config import TrainConfig
+    from shoestring.train import forecast as F
+    from shoestring.train.schedule import lr_factor
+
+    if not rec["default shape"] or not rec["achieved"]:
+        return {}
+    cfg = TrainConfig(budget=None, steps=1, schedule=rec["schedule"])
+    steps, prev_step, prev_q = [], 0, 0.0  # (progress after, loss) of each step
+    for st, q, loss in rec["logged"]:
+        steps += [(prev_q + (q - prev_q) * (k + 1) / (st - prev_step), loss)
+                  for k in range(st - prev_step)]
+        prev_step, prev_q = st, q
+    curve, out, vals = F.Curve(), {}, list(rec["validations"])
+    for at in POINTS:
+        while curve.steps < len(steps) and curve.progress < at:
+            done, loss = steps[curve.steps]
+            curve.add(lr_factor(cfg, (curve.progress + done) / 2), loss)  # the step's middle
+            curve.progressed(done)
+            while vals and vals[0][0] <= curve.steps:
+                curve.validated(*vals.pop(0))
+        made = F.forecast(curve, F.future_factors(cfg, curve, curve.progress), at)
+        if isinstance(made, F.Forecast):
+            out[at] = rec["achieved"] / made.loss
+    return out
+
+
 def leave_one_out(bench: Bench, refs: dict[tuple[str, str], list[tuple[str, dict]]],
-                  laws: dict[str, str]) -> None:
+                  laws: dict[str, str], name: str = "leave-one-out",
+                  base: str = "its loss now") -> None:
     """Each reference forecast from the others of its objective and schedule, as the product
     forecasts: ``refs`` holds per (objective, schedule) one (name, {point: (ratio, now/first)})
     per run. The loss now cancels: the forecast is now × the others' mean ratio and the run
-    ended at now × its own ratio, so the pairs are all it takes (`COLLAPSE` holds them)."""
+    ended at now × its own ratio, so the pairs are all it takes (`COLLAPSE` holds them). The
+    same holds for any ``base`` the ratio is of (the hybrid's: the run's own law)."""
     from shoestring.train import forecast as F
 
     check, errors = [], {p: [] for p in POINTS}
@@ -263,11 +300,11 @@ def leave_one_out(bench: Bench, refs: dict[tuple[str, str], list[tuple[str, dict
                 "covered": f"{sum(c for _, c in e)} of {len(e)}"} for p, e in errors.items()]
     for r in summary:
         print(json.dumps(r))
-    bench.table(check, "leave-one-out", notes=[
+    bench.table(check, name, notes=[
         "each run forecast from the other runs of its objective and schedule: the error of "
-        "(its loss now × their mean ratio) against its achieved final loss, ± the 90% "
+        f"({base} × their mean ratio) against its achieved final loss, ± the 90% "
         "interval's half-width, * where it missed, (references)"])
-    bench.table(summary, "leave-one-out points")
+    bench.table(summary, f"{name} points")
 
 
 def references_table(bench: Bench, runs: list[Path], ledger: Path | None) -> None:
@@ -275,7 +312,7 @@ def references_table(bench: Bench, runs: list[Path], ledger: Path | None) -> Non
     earlier) and the leave-one-out check of them."""
     records = [rec for rec in (load(run, ledger) for run in runs) if rec is not None]
     rows = [r for r in map(run_ratios, records) if r is not None]
-    laws, refs = {}, {}
+    laws, refs, hybrid = {}, {}, {}
     for r in rows:
         print(json.dumps(r), flush=True)
         law = r.pop("law")
@@ -284,12 +321,17 @@ def references_table(bench: Bench, runs: list[Path], ledger: Path | None) -> Non
             refs.setdefault((r["objective"], r["schedule"]), []).append((r["run"], {
                 at: (round(r[f"ratio {at:.0%}"], 4), round(r[f"now/first {at:.0%}"], 4))
                 for at in POINTS if f"ratio {at:.0%}" in r}))
+            hybrid.setdefault((r["objective"], r["schedule"]), []).append((r["run"], {
+                at: (r[f"law ratio {at:.0%}"], r[f"now/first {at:.0%}"])
+                for at in POINTS if f"law ratio {at:.0%}" in r and f"now/first {at:.0%}" in r}))
     print("COLLAPSE = " + repr({key: {at: tuple(own[at] for _, own in runs if at in own)
                                       for at in POINTS}
                                 for key, runs in refs.items()}))
     bench.table(rows, "references", {"achieved": ".3f", "passes": ".2f", **{
-        f"{k} {p:.0%}": ".3f" for k in ("now", "ratio", "now/first") for p in POINTS}})
+        f"{k} {p:.0%}": ".3f" for k in ("now", "ratio", "now/first", "law ratio")
+        for p in POINTS}})
     leave_one_out(bench, refs, laws)
+    leave_one_out(bench, hybrid, laws, "hybrid leave-one-out", "the run's own law to its end")
 
 
 def shipped_table(bench: Bench) -> None:

@@ -306,3 +306,27 @@ def test_the_check_keeps_a_finished_run_and_reads_the_same_references_back(
     assert sorted(p.name for p in ledger.iterdir()) == ["tiny-mlm-run-2.json", "tiny-mlm-run.json"]
     shutil.rmtree(run)
     assert references(str(ledger / "tiny-mlm-run.json"), "--no-ledger") == from_dir
+
+
+def test_the_hybrid_rebuilds_the_curve_the_run_forecast_from(pydocs_dir: Path,
+                                                              tmp_path: Path) -> None:
+    """bench/forecast_check.py's law ratio (the hybrid of the law and the collapse) refits the
+    run's own law on the curve rebuilt from its record: for a run logged every step and with
+    no references (wsd), that curve is the run's own, so the law forecast it makes at each
+    point is the one the run printed there."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from forecast_check import law_ratios, run_record
+
+    run = tmp_path / "tiny-wsd"
+    train(tiny_config(steps=120, log_every=1, val_every=0.1, val_sequences=8, schedule="wsd"),
+          pydocs_dir, run)
+    rec = run_record(run)
+    made = {p["at"]: p for p in rec["points"] if p.get("method") == "law"}
+    assert len(made) >= 2, rec["points"]
+    ratios = law_ratios(rec)
+    for at, p in made.items():
+        assert ratios[at] == pytest.approx(rec["achieved"] / p["loss"], rel=2e-3), at
+    # a shape the references never ran has no known LR fractions to rebuild with
+    assert law_ratios({**rec, "default shape": False}) == {}
