@@ -188,13 +188,25 @@ def load(given: Path, ledger: Path | None) -> dict | None:
     return rec
 
 
+def _train_loss(logged: list, step: float) -> float | None:
+    """The logged train loss over the last `forecast.NOW_WINDOW` of the steps up to ``step``
+    (each log line is its steps' mean): the collapse's "loss now"."""
+    from shoestring.train import forecast as F
+
+    prev, total, weight = 0, 0.0, 0
+    for st, _, loss in logged:
+        if (1 - F.NOW_WINDOW) * step < st <= step:
+            total, weight = total + loss * (st - prev), weight + st - prev
+        prev = st
+    return total / weight if weight else None
+
+
 def run_ratios(rec: dict) -> dict | None:
     """A finished run's objective, schedule, whether its shape is the default, final held-out
     loss, and per forecast point the train loss now and the final's ratio to it. The loss now
-    is the collapse's own (summary.json) where it spoke, else the logged losses' mean over the
-    last tenth of the steps up to the point (each log line is its steps' mean)."""
-    from shoestring.train import forecast as F
-
+    is the collapse's own (summary.json) where it spoke, else `_train_loss` up to the point.
+    The ratio splits in two: the train loss's own fall to its end ("train ratio") and the
+    final held-out loss over the train loss at the end ("gap at end")."""
     achieved, logged, points = rec["achieved"], rec["logged"], rec["points"]
     if achieved is None or not logged:
         return None
@@ -207,22 +219,17 @@ def run_ratios(rec: dict) -> dict | None:
     # its error, to set beside the collapse's
     row["law"] = {p["at"]: p["error"] for p in points
                   if "error" in p and p.get("method", "law") == "law"}
+    end = _train_loss(logged, logged[-1][0])
+    row["gap at end"] = achieved / end
     for at in POINTS:
         now = recorded.get(at)
         if now is None:
             step = next((st for st, prog, _ in logged if prog >= at), None)
-            if step is None:
+            if step is None or (now := _train_loss(logged, step)) is None:
                 continue
-            prev, total, weight = 0, 0.0, 0
-            for st, _, loss in logged:
-                if (1 - F.NOW_WINDOW) * step < st <= step:
-                    total, weight = total + loss * (st - prev), weight + st - prev
-                prev = st
-            if not weight:
-                continue
-            now = total / weight
         row[f"now {at:.0%}"], row[f"ratio {at:.0%}"] = now, achieved / now
         row[f"now/first {at:.0%}"] = now / rec["first_loss"]
+        row[f"train ratio {at:.0%}"] = end / now
     for at, r in law_ratios(rec).items():
         row[f"law ratio {at:.0%}"] = r
     return row
@@ -328,8 +335,8 @@ def references_table(bench: Bench, runs: list[Path], ledger: Path | None) -> Non
                                       for at in POINTS}
                                 for key, runs in refs.items()}))
     bench.table(rows, "references", {"achieved": ".3f", "passes": ".2f", **{
-        f"{k} {p:.0%}": ".3f" for k in ("now", "ratio", "now/first", "law ratio")
-        for p in POINTS}})
+        f"{k} {p:.0%}": ".3f" for k in ("now", "ratio", "now/first", "train ratio", "law ratio")
+        for p in POINTS}, "gap at end": ".3f"})
     leave_one_out(bench, refs, laws)
     leave_one_out(bench, hybrid, laws, "hybrid leave-one-out", "the run's own law to its end")
 
