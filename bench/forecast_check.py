@@ -206,7 +206,8 @@ def run_ratios(rec: dict) -> dict | None:
     loss, and per forecast point the train loss now and the final's ratio to it. The loss now
     is the collapse's own (summary.json) where it spoke, else `_train_loss` up to the point.
     The ratio splits in two: the train loss's own fall to its end ("train ratio") and the
-    final held-out loss over the train loss at the end ("gap at end")."""
+    final held-out loss over the train loss at the end ("gap at end"; "gap" at a point: the
+    last validation by then over the loss now)."""
     achieved, logged, points = rec["achieved"], rec["logged"], rec["points"]
     if achieved is None or not logged:
         return None
@@ -222,14 +223,17 @@ def run_ratios(rec: dict) -> dict | None:
     end = _train_loss(logged, logged[-1][0])
     row["gap at end"] = achieved / end
     for at in POINTS:
-        now = recorded.get(at)
+        step = next((st for st, prog, _ in logged if prog >= at), None)
+        if step is None:
+            continue
+        now = recorded.get(at) or _train_loss(logged, step)
         if now is None:
-            step = next((st for st, prog, _ in logged if prog >= at), None)
-            if step is None or (now := _train_loss(logged, step)) is None:
-                continue
+            continue
         row[f"now {at:.0%}"], row[f"ratio {at:.0%}"] = now, achieved / now
         row[f"now/first {at:.0%}"] = now / rec["first_loss"]
         row[f"train ratio {at:.0%}"] = end / now
+        if seen := [v for st, v in rec["validations"] if st <= step]:
+            row[f"gap {at:.0%}"] = seen[-1] / now  # the last validation by then
     for at, r in law_ratios(rec).items():
         row[f"law ratio {at:.0%}"] = r
     return row
@@ -335,7 +339,8 @@ def references_table(bench: Bench, runs: list[Path], ledger: Path | None) -> Non
                                       for at in POINTS}
                                 for key, runs in refs.items()}))
     bench.table(rows, "references", {"achieved": ".3f", "passes": ".2f", **{
-        f"{k} {p:.0%}": ".3f" for k in ("now", "ratio", "now/first", "train ratio", "law ratio")
+        f"{k} {p:.0%}": ".3f"
+        for k in ("now", "ratio", "now/first", "train ratio", "gap", "law ratio")
         for p in POINTS}, "gap at end": ".3f"})
     leave_one_out(bench, refs, laws)
     leave_one_out(bench, hybrid, laws, "hybrid leave-one-out", "the run's own law to its end")
