@@ -79,8 +79,10 @@ ARMS: dict[str, dict[str, dict[str, Any]]] = {
     "rtd-m15": {"model": RTD, "train": {"lr": 2e-3}},  # ELECTRA's masking at MLM's LR
     "rtd-lr5e-4": {"model": RTD, "train": {"mask_rate": 0.4}},  # ELECTRA's LR at MLM's masking
     "rtd-plain": {"model": {**RTD, "rtd_sharing": "plain"}},  # ELECTRA's plain sharing
+    # the generator's width is whole heads: at the default 4 heads ELECTRA-Small's 1/4 and the
+    # default 1/3 round to the same 1-head generator, so rtd-gen4 trains rtd's model there
     "rtd-gen4": {"model": {**RTD, "generator_width": 0.25}},  # ELECTRA-Small's 1/4
-    "rtd-gen2": {"model": {**RTD, "generator_width": 0.5}},
+    "rtd-gen2": {"model": {**RTD, "generator_width": 0.5}},  # 2 heads of 4
 }
 
 
