@@ -163,9 +163,7 @@ def clustered(arm: dict[int, dict[int, float]], base: dict[int, dict[int, float]
         out["verdict"] = "one pretraining seed: no interval"
         return out
     std = float(d.std(ddof=1))
-    half = t95(len(d) - 1) * std / math.sqrt(len(d))
-    lo, hi = float(d.mean() - half), float(d.mean() + half)
-    out["ci95"] = [lo, hi]
+    lo, hi = out["ci95"] = interval(d)
     if std == 0 and d.mean() == 0:
         out["verdict"] = "no difference: both arms scored the same on every seed"
     elif lo <= 0 <= hi:
@@ -175,6 +173,12 @@ def clustered(arm: dict[int, dict[int, float]], base: dict[int, dict[int, float]
     else:
         out["verdict"] = "ahead" if lo > 0 else "behind"
     return out
+
+
+def interval(d: np.ndarray) -> list[float]:
+    """The 95% t interval of the mean of ``d`` (two or more pretraining seeds' values)."""
+    half = t95(len(d) - 1) * float(d.std(ddof=1)) / math.sqrt(len(d))
+    return [float(d.mean() - half), float(d.mean() + half)]
 
 
 def fmt(c: dict[str, Any]) -> str:
@@ -228,12 +232,27 @@ def pretraining_line(name: str, s: dict) -> str:
             f"{e['mlm_loss']:.3f}{detection}; from the {s['kept']}")
 
 
-def mean_differences(rows: list[dict]) -> dict[tuple[str, str], list[float]]:
-    """Each comparison's differences over the tasks (issue 60's target is on their mean)."""
-    out: dict[tuple[str, str], list[float]] = {}
+def mean_differences(rows: list[dict]) -> dict[tuple[str, str], list[dict]]:
+    """Each comparison's rows over the tasks (issue 60's target is on their mean)."""
+    out: dict[tuple[str, str], list[dict]] = {}
     for r in rows:
-        out.setdefault((r["arm"], r["against"]), []).append(r["difference_mean"])
+        out.setdefault((r["arm"], r["against"]), []).append(r)
     return out
+
+
+def mean_line(arm: str, against: str, task_rows: list[dict]) -> str:
+    """The mean over the tasks of ``arm`` − ``against``; with two or more pretraining seeds
+    that every task has, its 95% t interval over those seeds (each seed's mean over the
+    tasks is the unit that repeats)."""
+    line = (f"mean over {len(task_rows)} tasks: {arm} − {against} "
+            f"{np.mean([r['difference_mean'] for r in task_rows]):+.1f} points")
+    seeds = sorted(set.intersection(*(set(r["per_seed"]) for r in task_rows)))
+    if len(seeds) < 2:
+        return line
+    d = np.array([np.mean([r["per_seed"][p] for r in task_rows]) for p in seeds])
+    lo, hi = interval(d)
+    return (f"{line}; over its {len(seeds)} pretraining seeds {d.mean():+.1f} [{lo:+.1f}, "
+            f"{hi:+.1f}] (per seed {' '.join(f'{v:+.1f}' for v in d)})")
 
 
 def report(args: argparse.Namespace, rows: list[dict], runs: list[tuple[str, dict]],
@@ -253,8 +272,8 @@ def report(args: argparse.Namespace, rows: list[dict], runs: list[tuple[str, dic
         per = " ".join(f"{v:+.1f}" for v in r["per_seed"].values())
         print(f"{r['task']:6} {r['arm']:14} {r['against']:14} {r['arm_mean']:>6.1f} "
               f"{r['base_mean']:>6.1f}  {fmt(r):<26} {per:<25} {r['verdict']}")
-    for (arm, against), diffs in mean_differences(rows).items():
-        print(f"mean over {len(diffs)} tasks: {arm} − {against} {np.mean(diffs):+.1f} points")
+    for (arm, against), task_rows in mean_differences(rows).items():
+        print(mean_line(arm, against, task_rows))
     if failed:
         print(f"FAILED or not started: {', '.join(failed)} (see {args.work / 'logs'})")
     bench.table([{"task": r["task"], "arm": r["arm"], "against": r["against"],

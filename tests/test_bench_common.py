@@ -222,8 +222,21 @@ def test_objective_comparison_is_paired_by_both_seeds_and_clustered(
     assert ot.clustered(base, base)["verdict"].startswith("no difference")
     one = ot.clustered({0: arm[0]}, base)
     assert one["ci95"] is None and one["verdict"].startswith("one pretraining seed")
-    rows = [{"task": t_, "arm": "rtd", "against": against, "difference_mean": d}
-            for t_, d in (("cola", 6.0), ("sst2", 3.0)) for against in ("twin", "mlm")]
-    assert ot.mean_differences(rows) == {("rtd", "twin"): [6.0, 3.0], ("rtd", "mlm"): [6.0, 3.0]}
+    # the mean over the tasks, and its interval over the pretraining seeds every task has:
+    # each seed's mean over the tasks is the unit (seed 2 is missing from sst2: not counted)
+    rows = [{"task": t_, "arm": "rtd", "against": against, "difference_mean": float(
+                np.mean(list(per_seed.values()))), "per_seed": per_seed}
+            for t_, per_seed in (("cola", {0: 6.0, 1: 2.0, 2: 9.0}), ("sst2", {0: 2.0, 1: 0.0}))
+            for against in ("twin", "mlm")]
+    grouped = ot.mean_differences(rows)
+    assert list(grouped) == [("rtd", "twin"), ("rtd", "mlm")]
+    assert [r["task"] for r in grouped[("rtd", "mlm")]] == ["cola", "sst2"]
+    line = ot.mean_line("rtd", "mlm", grouped[("rtd", "mlm")])
+    seeds = np.array([4.0, 1.0])  # seed 0: (6 + 2) / 2, seed 1: (2 + 0) / 2
+    half = t.ppf(0.975, 1) * np.std(seeds, ddof=1) / np.sqrt(2)
+    assert line == (f"mean over 2 tasks: rtd − mlm +3.3 points; over its 2 pretraining seeds "
+                    f"+2.5 [{2.5 - half:+.1f}, {2.5 + half:+.1f}] (per seed +4.0 +1.0)")
+    assert ot.mean_line("rtd", "mlm", [{**rows[0], "per_seed": {0: 6.0}}]) == (
+        "mean over 1 tasks: rtd − mlm +5.7 points")
     for name in ("common", "jobs", "transfer_curve", "objective_transfer"):
         sys.modules.pop(name, None)
