@@ -338,6 +338,14 @@ def references_table(bench: Bench, runs: list[Path], ledger: Path | None) -> Non
     print("COLLAPSE = " + repr({key: {at: tuple(own[at] for _, own in runs if at in own)
                                       for at in POINTS}
                                 for key, runs in refs.items()}))
+    for (objective, schedule), runs in refs.items():  # how far the runs' ratios lie apart
+        spread = {}
+        for at in POINTS:
+            if len(r := [own[at][0] for _, own in runs if at in own]) >= 2:
+                mid = statistics.mean(r)
+                spread[f"{at:.0%}"] = (f"range {(max(r) - min(r)) / mid:.1%}, "
+                                       f"±{max(abs(x - mid) for x in r) / mid:.1%} of the mean")
+        print(json.dumps({"ratios of": f"{objective} {schedule}", "runs": len(runs), **spread}))
     bench.table(rows, "references", {"achieved": ".3f", "passes": ".2f", **{
         f"{k} {p:.0%}": ".3f"
         for k in ("now", "ratio", "now/first", "train ratio", "gap", "law ratio")

@@ -283,11 +283,11 @@ def test_the_check_keeps_a_finished_run_and_reads_the_same_references_back(
     bench = Path(__file__).resolve().parents[1] / "bench" / "forecast_check.py"
     ledger = tmp_path / "ledger"
 
-    def references(*args: str) -> dict:
+    def references(*args: str, line: str = '{"run"') -> dict:
         r = subprocess.run([sys.executable, str(bench), "--references", *args],
                            capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr[-3000:]
-        return next(json.loads(x) for x in r.stdout.splitlines() if x.startswith('{"run"'))
+        return next(json.loads(x) for x in r.stdout.splitlines() if x.startswith(line))
 
     from_dir = references(str(run), "--ledger", str(ledger))
     kept = json.loads((ledger / "tiny-mlm-run.json").read_text())
@@ -317,6 +317,13 @@ def test_the_check_keeps_a_finished_run_and_reads_the_same_references_back(
     train(tiny_config(steps=30, log_every=5), pydocs_dir, other)
     references(str(other), "--ledger", str(ledger))
     assert sorted(p.name for p in ledger.iterdir()) == ["tiny-mlm-run-2.json", "tiny-mlm-run.json"]
+    # how far the two runs' ratios lie apart, as the docs quote it
+    spread = references(*(str(p) for p in sorted(ledger.iterdir())), "--no-ledger",
+                        line='{"ratios of"')
+    other_ratio = references(str(ledger / "tiny-mlm-run-2.json"), "--no-ledger")["ratio 50%"]
+    pair = (from_dir["ratio 50%"], other_ratio)
+    assert spread["runs"] == 2 and spread["50%"].startswith(
+        f"range {abs(pair[0] - pair[1]) / (sum(pair) / 2):.1%}, ")
     shutil.rmtree(run)
     assert references(str(ledger / "tiny-mlm-run.json"), "--no-ledger") == from_dir
 
