@@ -207,7 +207,9 @@ def run_ratios(rec: dict) -> dict | None:
     is the collapse's own (summary.json) where it spoke, else `_train_loss` up to the point.
     The ratio splits in two: the train loss's own fall to its end ("train ratio") and the
     final held-out loss over the train loss at the end ("gap at end"; "gap" at a point: the
-    last validation by then over the loss now)."""
+    last validation by then over the loss now). "held-out ratio": the final held-out loss over
+    that last validation, the collapse of the held-out curve itself (it sees the gap as the run
+    has it, and compares runs that validate at the same shares of their budget)."""
     achieved, logged, points = rec["achieved"], rec["logged"], rec["points"]
     if achieved is None or not logged:
         return None
@@ -234,6 +236,7 @@ def run_ratios(rec: dict) -> dict | None:
         row[f"train ratio {at:.0%}"] = end / now
         if seen := [v for st, v in rec["validations"] if st <= step]:
             row[f"gap {at:.0%}"] = seen[-1] / now  # the last validation by then
+            row[f"held-out ratio {at:.0%}"] = achieved / seen[-1]
     for at, r in law_ratios(rec).items():
         row[f"law ratio {at:.0%}"] = r
     return row
@@ -279,15 +282,23 @@ def leave_one_out(bench: Bench, refs: dict[tuple[str, str], list[tuple[str, dict
     forecasts: ``refs`` holds per (objective, schedule) one (name, {point: (ratio, now/first)})
     per run. The loss now cancels: the forecast is now × the others' mean ratio and the run
     ended at now × its own ratio, so the pairs are all it takes (`COLLAPSE` holds them). The
-    same holds for any ``base`` the ratio is of (the hybrid's: the run's own law)."""
+    same holds for any ``base`` the ratio is of (the hybrid's: the run's own law). Seeds of
+    one configuration (names that differ only in a ``-pN`` suffix, as
+    bench/objective_transfer.py names its pretraining seeds) are not each other's references:
+    the check is of a configuration the others have not run."""
+    import re
+
     from shoestring.train import forecast as F
+
+    def config(name: str) -> str:
+        return re.sub(r"-p\d+$", "", name)
 
     check, errors = [], {p: [] for p in POINTS}
     for (objective, schedule), runs in refs.items():
-        for name, own in runs:
-            out = {"run": name, "objective": objective, "schedule": schedule}
+        for run, own in runs:
+            out = {"run": run, "objective": objective, "schedule": schedule}
             for at in POINTS:
-                others = tuple(o[at] for n, o in runs if n != name and at in o)
+                others = tuple(o[at] for n, o in runs if config(n) != config(run) and at in o)
                 if at not in own or len(others) < 2:
                     out[f"at {at:.0%}"] = "none"
                     continue
@@ -302,7 +313,7 @@ def leave_one_out(bench: Bench, refs: dict[tuple[str, str], list[tuple[str, dict
                 out[f"at {at:.0%}"] = (f"{error:+.1%} ±{half / ratio:.1%}"
                                        f"{'' if covered else '*'} ({len(others)})")
                 errors[at].append((abs(error), covered))
-            out["the run's law"] = laws.get(name, "–")
+            out["the run's law"] = laws.get(run, "–")
             check.append(out)
             print(json.dumps(out), flush=True)
     summary = [{"point": f"{p:.0%}", "runs": len(e),
@@ -323,7 +334,7 @@ def references_table(bench: Bench, runs: list[Path], ledger: Path | None) -> Non
     earlier) and the leave-one-out check of them."""
     records = [rec for rec in (load(run, ledger) for run in runs) if rec is not None]
     rows = [r for r in map(run_ratios, records) if r is not None]
-    laws, refs, hybrid = {}, {}, {}
+    laws, refs, hybrid, held = {}, {}, {}, {}
     for r in rows:
         print(json.dumps(r), flush=True)
         law = r.pop("law")
@@ -335,6 +346,9 @@ def references_table(bench: Bench, runs: list[Path], ledger: Path | None) -> Non
             hybrid.setdefault((r["objective"], r["schedule"]), []).append((r["run"], {
                 at: (r[f"law ratio {at:.0%}"], r[f"now/first {at:.0%}"])
                 for at in POINTS if f"law ratio {at:.0%}" in r and f"now/first {at:.0%}" in r}))
+            held.setdefault((r["objective"], r["schedule"]), []).append((r["run"], {
+                at: (r[f"held-out ratio {at:.0%}"], r[f"now/first {at:.0%}"])
+                for at in POINTS if f"held-out ratio {at:.0%}" in r}))
     print("COLLAPSE = " + repr({key: {at: tuple(own[at] for _, own in runs if at in own)
                                       for at in POINTS}
                                 for key, runs in refs.items()}))
@@ -348,10 +362,12 @@ def references_table(bench: Bench, runs: list[Path], ledger: Path | None) -> Non
         print(json.dumps({"ratios of": f"{objective} {schedule}", "runs": len(runs), **spread}))
     bench.table(rows, "references", {"achieved": ".3f", "passes": ".2f", **{
         f"{k} {p:.0%}": ".3f"
-        for k in ("now", "ratio", "now/first", "train ratio", "gap", "law ratio")
+        for k in ("now", "ratio", "now/first", "train ratio", "gap", "held-out ratio",
+                  "law ratio")
         for p in POINTS}, "gap at end": ".3f"})
     leave_one_out(bench, refs, laws)
     leave_one_out(bench, hybrid, laws, "hybrid leave-one-out", "the run's own law to its end")
+    leave_one_out(bench, held, laws, "held-out leave-one-out", "its last validation")
 
 
 def shipped_table(bench: Bench) -> None:

@@ -300,6 +300,10 @@ def test_the_check_keeps_a_finished_run_and_reads_the_same_references_back(
     assert kept["passes"] == pytest.approx(summary["tokens"] / split["tokens"])
     assert from_dir["ratio 50%"] == pytest.approx(summary["val_loss_subset"]
                                                   / from_dir["now 50%"])
+    # the held-out curve's own collapse: the final over the last validation by the point
+    at_half = next(st for st, q, _ in kept["logged"] if q >= 0.5)
+    last = [v for st, v in kept["validations"] if st <= at_half][-1]
+    assert from_dir["held-out ratio 50%"] == pytest.approx(kept["achieved"] / last)
     sys.path.insert(0, str(bench.parent))
     from forecast_check import law_ratios
 
@@ -327,3 +331,27 @@ def test_the_check_keeps_a_finished_run_and_reads_the_same_references_back(
     shutil.rmtree(run)
     assert references(str(ledger / "tiny-mlm-run.json"), "--no-ledger") == from_dir
 
+
+
+def test_the_check_holds_out_a_configuration_not_one_seed_of_it() -> None:
+    """bench/forecast_check.py's leave-one-out forecasts each run from the runs of *other*
+    configurations: seeds of one (``-p0``, ``-p1``) would agree with each other and flatter
+    the check. Its tables carry the name they are given."""
+    import argparse
+    import io
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from common import Bench
+    from forecast_check import leave_one_out
+
+    runs = [("a-p0", {0.5: (0.80, 0.55)}), ("a-p1", {0.5: (0.81, 0.55)}),
+            ("b", {0.5: (0.82, 0.56)}), ("c", {0.5: (0.84, 0.56)})]
+    bench = Bench("forecast_check", argparse.Namespace(record=None), file=io.StringIO())
+    leave_one_out(bench, {("mlm", "one-cycle"): runs}, {}, "check")
+    assert [t["table"] for t in bench.tables] == ["check", "check points"]
+    rows = {r["run"]: r["at 50%"] for r in bench.tables[0]["rows"]}
+    for run, ratio in (("a-p0", 0.80), ("a-p1", 0.81)):  # from b and c only
+        assert rows[run].startswith(f"{0.83 / ratio - 1:+.1%} ") and rows[run].endswith("(2)")
+    assert rows["b"].startswith(f"{np.mean([0.80, 0.81, 0.84]) / 0.82 - 1:+.1%} ")
+    assert rows["b"].endswith("(3)")
