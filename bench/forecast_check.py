@@ -18,6 +18,8 @@ minutes are core-minutes. A finished run (its summary.json) is reused on a rerun
         --objectives mlm,clm --minutes 30      # corpora the references had not seen
     python bench/forecast_check.py --wiki-books wikipedia --slice 3,0,60 --objectives mlm,clm \
         --minutes 90                           # other articles, enough for 90 minutes
+    python bench/forecast_check.py --wiki-books gutenberg --slice 12,5,20 --objectives mlm \
+        --set model.preset=mini --minutes 30   # a shape the references did not have
     python bench/forecast_check.py --cost    # how its cost grows with a run's steps (no training)
     python bench/forecast_check.py --references RUN RUN ...   # the collapse's references
     python bench/forecast_check.py --references bench/data/forecast/*.json  # from the ledger
@@ -405,6 +407,9 @@ def main() -> int:
     ap.add_argument("--minutes", default="10", help="wall-clock budgets, comma-separated")
     ap.add_argument("--objectives", default="mlm")
     ap.add_argument("--schedules", default="one-cycle")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="sets",
+                    help="a config override for every run (repeatable): another shape than "
+                    "the references' (model.preset=mini); its values name the runs")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--parallel", type=int, default=2)
     ap.add_argument("--out", type=Path, default=Path("runs/bench/forecast"))
@@ -426,6 +431,10 @@ def main() -> int:
         bench.end()
         return 0
     out = args.out
+    for kv in args.sets:
+        if "=" not in kv:
+            ap.error(f"--set {kv!r}: want KEY=VALUE (e.g. model.preset=mini)")
+    shape = "".join(f"-{kv.split('=', 1)[1].replace('/', '_')}" for kv in args.sets)
     sched = Scheduler(args.parallel, args.threads)
     runs = []
     for corpus in _corpora(args.corpus, args.wiki_books, out, args.slice):
@@ -438,7 +447,7 @@ def main() -> int:
                                      "--overwrite"])
             for schedule in args.schedules.split(","):
                 for minutes in args.minutes.split(","):
-                    name = f"{data.name}-{schedule}-{minutes}m"
+                    name = f"{data.name}{shape}-{schedule}-{minutes}m"
                     run = out / "runs" / name
                     runs.append((name, corpus.name, objective, schedule, minutes, run))
                     if (run / "summary.json").is_file():
@@ -449,7 +458,8 @@ def main() -> int:
                         "-o", str(run), "--budget", f"{minutes}m", "--overwrite",
                         "--set", f"model.objective={objective}",
                         "--set", f"train.schedule={schedule}",
-                        "--set", f"train.threads={args.threads}"], after=[prep_job])
+                        "--set", f"train.threads={args.threads}",
+                        *(x for kv in args.sets for x in ("--set", kv))], after=[prep_job])
     failed = sched.run(out / "logs")
     rows, errors = [], {}
     for name, corpus, objective, schedule, minutes, run in runs:

@@ -355,3 +355,17 @@ def test_the_check_holds_out_a_configuration_not_one_seed_of_it() -> None:
         assert rows[run].startswith(f"{0.83 / ratio - 1:+.1%} ") and rows[run].endswith("(2)")
     assert rows["b"].startswith(f"{np.mean([0.80, 0.81, 0.84]) / 0.82 - 1:+.1%} ")
     assert rows["b"].endswith("(3)")
+
+
+def test_the_check_names_a_bad_override_before_it_trains(tmp_path: Path) -> None:
+    """`--set` takes KEY=VALUE for every run (another shape than the references'); anything
+    else is refused up front, naming it, with nothing prepared or trained."""
+    import subprocess
+    import sys
+
+    bench = Path(__file__).resolve().parents[1] / "bench" / "forecast_check.py"
+    r = subprocess.run([sys.executable, str(bench), "--set", "model.preset", "--no-ledger",
+                        "--no-record", "--out", str(tmp_path / "out"), "--corpus", "x.txt"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--set 'model.preset': want KEY=VALUE" in r.stderr
+    assert not (tmp_path / "out").exists()
