@@ -310,7 +310,7 @@ def leave_one_out(bench: Bench, refs: dict[tuple[str, str], list[tuple[str, dict
                 if not F.in_regime(q, 1.0, others, F.FAR_MARGIN.get(objective)):  # now/first
                     out[f"at {at:.0%}"] = "outside the others' regime"
                     continue
-                mid, half = F.collapse(1.0, others)  # per unit of the loss now
+                mid, half = F.collapse(1.0, [o[0] for o in others])  # per unit of the base
                 error, covered = mid / ratio - 1, abs(mid - ratio) <= half
                 out[f"at {at:.0%}"] = (f"{error:+.1%} ±{half / ratio:.1%}"
                                        f"{'' if covered else '*'} ({len(others)})")
@@ -351,9 +351,11 @@ def references_table(bench: Bench, runs: list[Path], ledger: Path | None) -> Non
             held.setdefault((r["objective"], r["schedule"]), []).append((r["run"], {
                 at: (r[f"held-out ratio {at:.0%}"], r[f"now/first {at:.0%}"])
                 for at in POINTS if f"held-out ratio {at:.0%}" in r}))
-    print("COLLAPSE = " + repr({key: {at: tuple(own[at] for _, own in runs if at in own)
-                                      for at in POINTS}
-                                for key, runs in refs.items()}))
+    # the table forecast.py holds: (ratio, now/first, held-out ratio) per run and point
+    print("COLLAPSE = " + repr({key: {at: tuple(
+        (*own[at], round(dict(held[key])[run][at][0], 4)) if at in dict(held[key])[run]
+        else own[at] for run, own in runs if at in own) for at in POINTS}
+        for key, runs in refs.items()}))
     for (objective, schedule), runs in refs.items():  # how far the runs' ratios lie apart
         spread = {}
         for at in POINTS:
@@ -373,20 +375,26 @@ def references_table(bench: Bench, runs: list[Path], ledger: Path | None) -> Non
 
 
 def shipped_table(bench: Bench) -> None:
-    """The leave-one-out check of `forecast.COLLAPSE` as it ships (its references are named
-    by their place in it: the comment above it says which runs, in that order). A reference
-    without a pair at some point (it gave none there) cannot be told apart from its
-    neighbours by place, so a table must hold one pair per reference at every point."""
+    """The leave-one-out check of `forecast.COLLAPSE` as it ships: from the last validation
+    (what a run that validates every tenth of its budget gets) and from the train loss now
+    (any other run). Its references are named by their place in it (the comment above it
+    says which runs, in that order), so a reference without an entry at some point could not
+    be told apart from its neighbours: a table must hold one per reference at every point."""
     from shoestring.train import forecast as F
 
-    refs = {}
+    held, train = {}, {}
     for key, points in F.COLLAPSE.items():
         counts = {len(v) for v in points.values()}
         if len(counts) != 1:
             sys.exit(f"error: COLLAPSE{key}: {sorted(counts)} references at different points")
-        refs[key] = [(f"{key[0]} #{k + 1}", {at: points[at][k] for at in points})
-                     for k in range(counts.pop())]
-    leave_one_out(bench, refs, {})
+        n = counts.pop()
+        held[key] = [(f"{key[0]} #{k + 1}", {at: (points[at][k][2], points[at][k][1])
+                                             for at in points}) for k in range(n)]
+        train[key] = [(f"{key[0]} #{k + 1}", {at: points[at][k][:2] for at in points})
+                      for k in range(n)]
+    leave_one_out(bench, held, {}, "leave-one-out from the last validation",
+                  "its last validation")
+    leave_one_out(bench, train, {}, "leave-one-out from the train loss", "its train loss now")
 
 
 def main() -> int:

@@ -139,6 +139,9 @@ def test_a_run_records_its_forecasts_and_a_resume_continues_them(pydocs_dir: Pat
               val_every=0.1, val_sequences=8)
     whole = train(tiny_config(**kw), pydocs_dir, tmp_path / "whole")
     found = whole["forecast"]
+    whole_curve = {"validations": [[r["step"], r["val_loss"]] for r in map(
+        json.loads, (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines())
+        if "val_loss" in r]}
     assert [p["at"] for p in found["points"]] == list(F.POINTS)
     assert "too short" in found["points"][0]["note"]  # 4 steps seen at 10%
     made = [p for p in found["points"] if "loss" in p]
@@ -158,9 +161,11 @@ def test_a_run_records_its_forecasts_and_a_resume_continues_them(pydocs_dir: Pat
         reached = (F.in_regime(p["now"], whole["first_loss"], refs, F.FAR_MARGIN["mlm"])
                    and p["step"] >= F.MIN_COLLAPSE_STEPS)
         assert p["method"] == ("collapse" if reached else "law")
-        if reached:
-            assert p["loss"] == pytest.approx(p["now"] * np.mean([r for r, _ in refs]),
-                                              rel=1e-4)
+        if reached:  # it validates every tenth of its budget, as the references did:
+            # the collapse is from its last validation by then
+            last = [v for st, v in whole_curve["validations"] if st <= p["step"]][-1]
+            assert p["validated"] == pytest.approx(last, rel=1e-4)
+            assert p["loss"] == pytest.approx(last * np.mean([r[2] for r in refs]), rel=1e-4)
         assert p["error"] == pytest.approx(p["loss"] / found["achieved"] - 1, abs=1e-4)
         assert p["covered"] == (p["low"] <= found["achieved"] <= p["high"])
     # cut back to step 16 (before the 50% point): the resumed run must forecast the same
@@ -175,6 +180,24 @@ def test_a_run_records_its_forecasts_and_a_resume_continues_them(pydocs_dir: Pat
         return [{k: v for k, v in p.items() if k != "seconds"} for p in points]
 
     assert strip(again["forecast"]["points"]) == strip(found["points"])
+
+
+def test_a_run_that_validates_as_the_references_did_collapses_from_its_last_validation(
+        pydocs_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loop hands the forecast its last validation when it validates every tenth of its
+    budget, as the references did. The shipped references are of runs far longer than a
+    test's, so this one gets a table whose regime holds it (its numbers are not a claim)."""
+    table = {0.5: ((0.80, 0.50, 0.85), (0.82, 0.70, 0.88), (0.84, 0.95, 0.90))}
+    monkeypatch.setitem(F.COLLAPSE, ("mlm", "one-cycle"), table)
+    out = train(tiny_config(steps=120, log_every=5, val_every=0.1, val_sequences=8),
+                pydocs_dir, tmp_path / "run")
+    half = next(p for p in out["forecast"]["points"] if p["at"] == 0.5)
+    assert half["method"] == "collapse", half
+    vals = [r for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text()
+                           .splitlines()) if "val_loss" in r and r["step"] <= half["step"]]
+    assert half["validated"] == pytest.approx(vals[-1]["val_loss"], rel=1e-4)
+    assert half["loss"] == pytest.approx(half["validated"] * np.mean([0.85, 0.88, 0.90]),
+                                         rel=1e-4)
 
 
 def test_a_checkpoint_without_a_curve_resumes_and_says_why_there_is_no_forecast() -> None:
@@ -226,6 +249,23 @@ def test_before_the_cool_down_the_forecast_is_the_loss_now_times_the_references_
     assert made.high - made.loss == pytest.approx(half) == made.loss - made.low
     assert "3 reference runs" in made.describe()
     assert F.forecast(curve, factors[100:], 0.25).method == "law"
+    # with its last validation and references that hold their ratio to theirs, the collapse
+    # is from the held-out loss: the gap between held-out and train is the run's own
+    triples = ((0.70, 0.69, 0.80), (0.72, 0.70, 0.82), (0.75, 0.71, 0.87))
+    held = F.forecast(curve, factors[100:], 0.25, refs=triples, first=first, validated=5.0)
+    assert held.method == "collapse" and held.validated == 5.0
+    assert held.loss == pytest.approx(5.0 * np.mean([0.80, 0.82, 0.87]))
+    assert held.high - held.loss == pytest.approx(
+        5.0 * t.ppf(0.95, 2) * np.std([0.80, 0.82, 0.87], ddof=1) * np.sqrt(1 + 1 / 3))
+    assert "last validation (5.000)" in held.describe()
+    # references without that ratio: from the train loss, whatever the run validated
+    assert F.forecast(curve, factors[100:], 0.25, refs=refs, first=first,
+                      validated=5.0).loss == pytest.approx(made.loss)
+    assert F.held_out_base(TrainConfig(), curve) is None  # no validation yet
+    curve.validated(100, 5.0)
+    assert F.held_out_base(TrainConfig(), curve) == 5.0
+    assert F.held_out_base(TrainConfig(val_every=0.05), curve) is None  # not where they did
+    curve.validations.clear()
     # a run still near its first loss (0.9 of it) has not come as far as the references;
     # one at 0.6 of it came much further: where the objective bounds that side (MLM), the
     # references do not speak for it either

@@ -26,8 +26,10 @@ While the cool-down is still ahead (the default one-cycle schedule peaks at 75% 
 so all three points come before it) the law cannot see the cool-down's gain. There, for an
 objective and schedule with reference runs (`COLLAPSE`), the forecast is the collapse of loss
 curves (Qiu et al. 2025): runs of one objective and schedule end at nearly the same fraction
-of the train loss they had at a given share of the budget, so the final held-out loss is the
-train loss now (the mean of the last tenth of the steps seen) times the references' ratio,
+of the loss they had at a given share of the budget, so the final held-out loss is the
+held-out loss at the run's last validation times the references' ratio of their final loss to
+theirs there (for a run that validates where they did, every tenth of the budget; otherwise
+the train loss now, the mean of the last tenth of the steps seen, times their ratio to it),
 and the 90% interval is Student's t prediction interval over the references' spread. Not for
 a run that reads its data many more times than they did (`MAX_PASSES`): there the train loss
 falls below the held-out loss and the run ends at another fraction of it.
@@ -40,6 +42,7 @@ checkpoint's state.json, so a resumed run forecasts from its whole history.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -52,8 +55,9 @@ METHOD = ("Tissue et al. 2024 law L0 + A·S1^-α − C·S2 fitted on the train l
           "quarter, plus the last three validations' mean gap; 90% interval: moving-block "
           "residual bootstrap combined with the first-half backtest's miss scaled to the "
           "extrapolation. Before the LR's cool-down, for an objective and schedule with "
-          "reference runs: the train loss now times the ratio at which they ended (loss-curve "
-          "collapse), 90% interval: Student's t over the references")
+          "reference runs: the last validation (else the train loss now) times the ratio at "
+          "which they ended (loss-curve collapse), 90% interval: Student's t over the "
+          "references")
 MOMENTUM = 0.999  # λ of the annealing area, per step (Tissue et al.'s default)
 POINTS = (0.10, 0.25, 0.50)  # budget progress at which the forecast is printed
 MAX_BINS = 256
@@ -63,41 +67,47 @@ Z90 = 1.645
 _ALPHAS = np.geomspace(0.02, 3.0, 48)
 NOW_WINDOW = 0.1  # the train loss "now": the mean over the last tenth of the steps seen
 
-# (final held-out loss / train loss now, train loss now / first loss) at each point, one
-# pair per reference configuration (one seed each), all with their objective's default recipe
-# and schedule: `python bench/forecast_check.py --references RUN...` prints them, and
-# `--table` the leave-one-out check of this table (docs/benchmarks/train.md). The first
-# number is the collapse's ratio; the second says how far the run had come (its regime): runs
-# still on the first plateau (a calibration's points: 0.77–0.82 at 50%) end at 0.95–0.97 of
-# their loss there, not 0.82, so references speak only for runs that have come as far, and
-# not much further (`in_regime`). They apply only to a run whose schedule has the default shape
-# (`same_schedule`) and that reads its data at most `MAX_PASSES` times.
-# The runs (2026-11-29, 2-core EPYC, fp32, the default 256×4 shape), in this order, with the
-# passes over their data: mlm — mixed-en 90 and 30 core-minutes (3.6e14 and 1.2e14 FLOPs,
-# bench/objective_transfer.py; 3.3 and 1.1), mixed-en 400 steps (0.3), and 30 minutes on a
-# Wikipedia and on a Gutenberg slice (bench/forecast_check.py --wiki-books, checked before they
-# were added; 1.3, 1.4); clm — mixed-en 300 steps (0.3), WikiText-2 8 minutes (3.4), the two
-# slices for 807 and 815 steps (0.9, 1.0), and 90 minutes on other Wikipedia articles
-# (`--slice 3,0,60`, checked before it was added; 1.7).
-COLLAPSE: dict[tuple[str, str], dict[float, tuple[tuple[float, float], ...]]] = {
+# (final held-out loss / train loss now, train loss now / first loss, final held-out loss /
+# the held-out loss at the last validation by then) at each point, one triple per reference
+# configuration (one seed each), all with their objective's default recipe, schedule and shape
+# (256×4) and validating every tenth of the budget (`VAL_EVERY`): `python
+# bench/forecast_check.py --references RUN...` prints them, and `--table` the leave-one-out
+# check of this table (docs/benchmarks/train.md). The collapse's base is the last validation
+# (the third number) for a run that validates where they did, else the train loss now (the
+# first): the runs part at the held-out/train gap at their end (MLM scores held-out at 25%
+# masking and trains at 40%; CLM's train loss runs below held-out as its data repeats), and a
+# validation carries the run's own gap. The second says how far the run had come (its
+# regime): runs still on the first plateau (a calibration's points: 0.77–0.82 at 50%) end at
+# 0.95–0.97 of their loss there, not 0.82, so references speak only for runs that have come
+# as far, and not much further (`in_regime`). They apply only to a run whose schedule has the
+# default shape (`same_schedule`) and that reads its data at most `MAX_PASSES` times.
+# The runs, in this order, with the passes over their data, all kept whole in the bench's
+# ledger (bench/data/forecast/): mlm — mixed-en 90 core-minutes (3.6e14 FLOPs,
+# bench/objective_transfer.py, seed 0; 3.2), other Wikipedia articles 90 minutes (2.3), the
+# 30-minute Wikipedia and Gutenberg slices rerun for their 1,107 and 1,145 steps (1.3, 1.5)
+# and other Gutenberg books 30 minutes (3.5); clm — the Gutenberg and Wikipedia slices for
+# 815 and 807 steps (1.0, 0.9), other Wikipedia articles 90 minutes (1.7) and 30 minutes on
+# yet others (2.1).
+COLLAPSE: dict[tuple[str, str], dict[float, tuple[tuple[float, float, float], ...]]] = {
     ("mlm", "one-cycle"): {
-        0.10: ((0.5851, 0.7305), (0.6428, 0.7639), (0.6490, 0.8790), (0.6347, 0.7865),
-               (0.6068, 0.7453)),
-        0.25: ((0.7189, 0.5945), (0.7200, 0.6820), (0.7571, 0.7535), (0.6936, 0.7197),
-               (0.6886, 0.6568)),
-        0.50: ((0.8109, 0.5270), (0.8241, 0.5959), (0.8167, 0.6985), (0.8143, 0.6130),
-               (0.8070, 0.5604))},
+        0.10: ((0.5800, 0.7340, 0.5880), (0.5156, 0.6762, 0.5384), (0.6367, 0.7810, 0.6404),
+               (0.6138, 0.7410, 0.6260), (0.5535, 0.7211, 0.5646)),
+        0.25: ((0.7154, 0.5950, 0.7124), (0.6548, 0.5324, 0.6682), (0.6919, 0.7187, 0.6741),
+               (0.7007, 0.6491, 0.6869), (0.6984, 0.5714, 0.6974)),
+        0.50: ((0.8078, 0.5270, 0.8613), (0.7439, 0.4686, 0.8289), (0.8109, 0.6132, 0.8442),
+               (0.8149, 0.5582, 0.8741), (0.7772, 0.5135, 0.8498))},
     ("clm", "one-cycle"): {
-        0.10: ((0.6812, 0.8955), (0.5633, 0.9390), (0.6819, 0.8058), (0.6842, 0.7646),
-               (0.6723, 0.6741)),
-        0.25: ((0.7905, 0.7717), (0.7974, 0.6633), (0.7836, 0.7012), (0.8112, 0.6448),
-               (0.8085, 0.5605)),
-        0.50: ((0.8863, 0.6883), (0.9008, 0.5872), (0.8742, 0.6285), (0.8929, 0.5859),
-               (0.8797, 0.5151))},
+        0.10: ((0.6842, 0.7646, 0.6915), (0.6819, 0.8058, 0.6899), (0.6723, 0.6741, 0.6740),
+               (0.6791, 0.7578, 0.6865)),
+        0.25: ((0.8112, 0.6448, 0.7873), (0.7836, 0.7012, 0.7668), (0.8085, 0.5605, 0.7750),
+               (0.8063, 0.6383, 0.7780)),
+        0.50: ((0.8929, 0.5859, 0.8945), (0.8742, 0.6285, 0.8793), (0.8797, 0.5151, 0.8711),
+               (0.9187, 0.5602, 0.8976))},
 }
-# The passes over its train split a run may make by its end for the references to speak: they
-# made 0.3–3.4 and ended at one ratio; the runs that read theirs more ended higher, the more
-# the further: MLM on WikiText-2 (~4.8 passes) at 0.833 of its train loss at 50% (the others
+VAL_EVERY = 0.1  # where the references validated (train.val_every's default)
+# The passes over its train split a run may make by its end for the references to speak (they
+# made 0.9–3.5): the runs of the first table that read theirs more ended higher, the more the
+# further: MLM on WikiText-2 (~4.8 passes) at 0.833 of its train loss at 50% (the others then
 # 0.807–0.824), on builtin:pydocs (8.8) at 0.854, CLM on builtin:pydocs (6.4) at 1.004 (the
 # others 0.87–0.90): their train loss fell below the held-out loss. They are not references.
 MAX_PASSES = 4.0
@@ -106,9 +116,9 @@ REGIME_MARGIN = 0.02  # how far above the references' highest now/first a run ma
 # came further has missed (CLM: the 90-minute run, 0.07–0.09 below the others, ended at their
 # ratio)
 FAR_MARGIN: dict[str, float] = {"mlm": 0.04}
-# Steps a run must have seen for the collapse: the references had 78 or more by 25% and 155 or
-# more by 50%; `make demo` on a loaded machine had 26 by 50% and ended at 0.90 of its loss
-# there, not 0.82 (its loss was still falling as fast as a start's).
+# Steps a run must have seen for the collapse: the first table's references had 78 or more by
+# 25% and 155 or more by 50%; `make demo` on a loaded machine had 26 by 50% and ended at 0.90
+# of its loss there, not 0.82 (its loss was still falling as fast as a start's).
 MIN_COLLAPSE_STEPS = 50
 MIN_REFERENCES = 3  # fewer: the spread of two says too little (a t interval on 1 dof)
 
@@ -278,14 +288,17 @@ class Forecast:
     method: str = "law"  # or "collapse": the loss now times the reference runs' ratio
     now: float | None = None  # the train loss now (`loss_now`): what a finished run's ratio is of
     references: int = 0  # the reference runs the collapse rests on
+    validated: float | None = None  # the last validation's loss, when the collapse is from it
 
     def describe(self) -> str:
         what = "held-out" if self.held_out else "train (no validation yet)"
         head = f"forecast final {what} loss {self.loss:.3f} (90%: {self.low:.3f}–{self.high:.3f})"
         if self.method == "collapse":
-            return (f"{head}: the train loss now ({self.now:.3f}) times the ratio at which "
-                    f"{self.references} reference runs of this objective and schedule ended "
-                    "(the cool-down is still ahead, so the law cannot see its gain)")
+            base = (f"the held-out loss at the last validation ({self.validated:.3f})"
+                    if self.validated is not None else f"the train loss now ({self.now:.3f})")
+            return (f"{head}: {base} times the ratio at which {self.references} reference "
+                    "runs of this objective and schedule ended (the cool-down is still ahead, "
+                    "so the law cannot see its gain)")
         return head + ("; the LR's cool-down is still ahead and its gain cannot be measured "
                        "before it starts, so this is the loss without it"
                        if self.cooldown_ahead else "")
@@ -331,7 +344,8 @@ def same_schedule(cfg: TrainConfig) -> bool:
                for q in np.linspace(0.0, 1.0, 41))
 
 
-Reference = tuple[float, float]  # (final / now, now / first) of one finished run
+# (final / now, now / first[, final / last validation]) of one finished run
+Reference = tuple[float, ...]
 
 
 def references(objective: str, cfg: TrainConfig, at: float,
@@ -362,6 +376,15 @@ def in_regime(now: float, first: float | None, refs: tuple[Reference, ...],
     return low <= q <= max(r[1] for r in refs) + REGIME_MARGIN
 
 
+def held_out_base(cfg: TrainConfig, curve: Curve) -> float | None:
+    """The held-out loss the collapse starts from: the run's last validation, when it
+    validates every `VAL_EVERY` of its budget as the references did (their held-out ratio is
+    of the validation at the same share of the budget); None otherwise."""
+    if not curve.validations or abs(cfg.val_every - VAL_EVERY) > 1e-9:
+        return None
+    return float(curve.validations[-1][1])
+
+
 def loss_now(curve: Curve) -> float:
     """The mean train loss over the last `NOW_WINDOW` of the steps seen (whole bins)."""
     b = np.array(curve.bins, dtype=float)
@@ -370,25 +393,28 @@ def loss_now(curve: Curve) -> float:
     return float(b[recent, 1].sum() / b[recent, 0].sum())
 
 
-def collapse(now: float, refs: tuple[Reference, ...]) -> tuple[float, float]:
-    """(forecast, 90% half-width): the train loss now times the references' mean ratio, and
+def collapse(base: float, ratios: Sequence[float]) -> tuple[float, float]:
+    """(forecast, 90% half-width): ``base`` (the held-out loss at the last validation, or the
+    train loss now) times the references' mean ratio of their final loss to theirs, and
     Student's t prediction interval for one more run (k ≥ 2 references: t at 95% with k−1
     degrees of freedom, their spread times √(1 + 1/k))."""
     from scipy.stats import t
 
-    r = np.asarray([ratio for ratio, _ in refs], dtype=float)
+    r = np.asarray(ratios, dtype=float)
     spread = float(t.ppf(0.95, len(r) - 1)) * float(np.std(r, ddof=1))
-    return now * float(r.mean()), now * spread * math.sqrt(1 + 1 / len(r))
+    return base * float(r.mean()), base * spread * math.sqrt(1 + 1 / len(r))
 
 
 def forecast(curve: Curve, future: np.ndarray, at: float, resamples: int = 64,
              seed: int = 0, refs: tuple[Reference, ...] = (),
-             first: float | None = None, far: float | None = None) -> Forecast | str:
+             first: float | None = None, far: float | None = None,
+             validated: float | None = None) -> Forecast | str:
     """The forecast from ``curve`` when the steps still to come run at LR fractions
     ``future``; a sentence saying why not when it cannot be made. ``refs`` (`references`)
     are used while the cool-down is still ahead, for a run whose loss has fallen from
     ``first`` (its first step's) as far as theirs had and, with ``far``, not much further
-    (`in_regime`)."""
+    (`in_regime`): from ``validated``, the held-out loss at the run's last validation, when
+    it validates where they did (`held_out_base`), else from the train loss now."""
     if curve.lost:
         return ("no forecast: the checkpoint this run resumed from kept no loss curve (an "
                 "older version wrote it, or its state.json was edited)")
@@ -398,10 +424,13 @@ def forecast(curve: Curve, future: np.ndarray, at: float, resamples: int = 64,
     ahead = curve.areas.drop < 0.05 < end.drop  # the LR has yet to fall: C is not measured
     if (ahead and len(refs) >= 2 and curve.steps >= MIN_COLLAPSE_STEPS
             and in_regime(now, first, refs, far)):
-        mid, half = collapse(now, refs)
+        on_held = validated is not None and all(len(r) > 2 for r in refs)
+        mid, half = (collapse(validated, [r[2] for r in refs]) if on_held
+                     else collapse(now, [r[0] for r in refs]))
         return Forecast(at=at, step=curve.steps, loss=mid, low=mid - half, high=mid + half,
                         held_out=True, noise=half, backtest=0.0, cooldown_ahead=True, law={},
-                        method="collapse", now=now, references=len(refs))
+                        method="collapse", now=now, references=len(refs),
+                        validated=validated if on_held else None)
     start = curve.steps // 4  # the first quarter seen is the initial transient: not the law
     all_s1, all_s2, all_y, all_w, ends = _bin_means(curve)
     keep = ends > start

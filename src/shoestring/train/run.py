@@ -152,7 +152,8 @@ class Run(Step):
             objective = self.cfg.model.objective
             made = forecast.forecast(
                 s.curve, future, at, first=s.first_loss, far=forecast.FAR_MARGIN.get(objective),
-                refs=forecast.references(objective, self.cfg.train, at, passes))
+                refs=forecast.references(objective, self.cfg.train, at, passes),
+                validated=forecast.held_out_base(self.cfg.train, s.curve))
             seconds = time.perf_counter() - start
         record = made.to_dict() if isinstance(made, forecast.Forecast) else {
             "at": at, "step": s.step, "note": made}
