@@ -336,7 +336,7 @@ def references_table(bench: Bench, runs: list[Path], ledger: Path | None) -> Non
     earlier) and the leave-one-out check of them."""
     records = [rec for rec in (load(run, ledger) for run in runs) if rec is not None]
     rows = [r for r in map(run_ratios, records) if r is not None]
-    laws, refs, hybrid, held = {}, {}, {}, {}
+    laws, refs, hybrid, held, table = {}, {}, {}, {}, {}
     for r in rows:
         print(json.dumps(r), flush=True)
         law = r.pop("law")
@@ -351,11 +351,13 @@ def references_table(bench: Bench, runs: list[Path], ledger: Path | None) -> Non
             held.setdefault((r["objective"], r["schedule"]), []).append((r["run"], {
                 at: (r[f"held-out ratio {at:.0%}"], r[f"now/first {at:.0%}"])
                 for at in POINTS if f"held-out ratio {at:.0%}" in r}))
-    # the table forecast.py holds: (ratio, now/first, held-out ratio) per run and point
-    print("COLLAPSE = " + repr({key: {at: tuple(
-        (*own[at], round(dict(held[key])[run][at][0], 4)) if at in dict(held[key])[run]
-        else own[at] for run, own in runs if at in own) for at in POINTS}
-        for key, runs in refs.items()}))
+            # the table forecast.py holds: (ratio, now/first, held-out ratio) per point
+            for at, pair in refs[(r["objective"], r["schedule"])][-1][1].items():
+                table.setdefault((r["objective"], r["schedule"]), {}).setdefault(at, []).append(
+                    (*pair, round(r[f"held-out ratio {at:.0%}"], 4))
+                    if f"held-out ratio {at:.0%}" in r else pair)
+    print("COLLAPSE = " + repr({key: {at: tuple(v) for at, v in points.items()}
+                                for key, points in table.items()}))
     for (objective, schedule), runs in refs.items():  # how far the runs' ratios lie apart
         spread = {}
         for at in POINTS:
