@@ -24,6 +24,7 @@ minutes are core-minutes. A finished run (its summary.json) is reused on a rerun
     python bench/forecast_check.py --references RUN RUN ...   # the collapse's references
     python bench/forecast_check.py --references bench/data/forecast/*.json  # from the ledger
     python bench/forecast_check.py --table    # the leave-one-out check of COLLAPSE as shipped
+    python bench/forecast_check.py --check bench/data/forecast/RUN.json ...  # what they printed
 
 Every finished run it reads or trains is kept in ``--ledger`` (``bench/data/forecast/``,
 committed: a run dir does not outlive its checkout here) as a small record: its logged train
@@ -156,7 +157,7 @@ def run_record(run: Path) -> dict | None:
             "default shape": F.same_schedule(cfg.train),
             "achieved": summary.get("val_loss_subset"), "first_loss": summary["first_loss"],
             "steps": summary["steps"], "tokens": summary["tokens"],
-            "dtype": summary.get("dtype"),
+            "dtype": summary.get("dtype"), "train_seconds": summary.get("train_seconds"),
             "passes": passes(summary, Path(summary.get("data_dir", ""))),
             "points": (summary.get("forecast") or {}).get("points", []),
             "logged": [[r["step"], round(r["progress"], 6), round(r["loss"], 5)]
@@ -399,11 +400,55 @@ def shipped_table(bench: Bench) -> None:
     leave_one_out(bench, train, {}, "leave-one-out from the train loss", "its train loss now")
 
 
+def printed_table(bench: Bench, records: list[dict]) -> None:
+    """What the check is for: the forecasts ``records`` (`run_record`) printed at each point
+    against the final held-out loss they then reached, one row per run, and per objective and
+    point the median and largest |error| and how many 90% intervals covered it. The runs of
+    one invocation and runs kept from several (`--check`) are tabled alike."""
+    rows, errors = [], {}
+    for rec in records:
+        row = {k: rec.get(k) for k in ("run", "objective", "steps", "passes", "achieved")}
+        for p in rec["points"]:
+            key = f"at {p['at']:.0%}"
+            if "error" in p:
+                row[key] = (f"{p['error']:+.2%}{'' if p['covered'] else '*'} "
+                            f"{p.get('method', 'law')}")
+                for group in (rec["objective"], "all"):  # the issue's targets are for both
+                    errors.setdefault((group, p["at"]), []).append(
+                        (abs(p["error"]), p["covered"]))
+            else:
+                row[key] = "none"
+        row["forecast s"] = sum(p.get("seconds", 0.0) for p in rec["points"])
+        if rec.get("train_seconds"):  # records kept before 2026-11-30 lack it
+            row["share of run"] = f"{row['forecast s'] / rec['train_seconds']:.2%}"
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    summary = [{"objective": o, "point": f"{p:.0%}", "runs": len(e),
+                "median |error|": f"{statistics.median(x for x, _ in e):.2%}",
+                "max |error|": f"{max(x for x, _ in e):.2%}",
+                "within 1%": sum(x <= 0.01 for x, _ in e),
+                "within 2%": sum(x <= 0.02 for x, _ in e),
+                "covered": f"{sum(c for _, c in e)} of {len(e)}"}
+               for (o, p), e in sorted(errors.items())]
+    for r in summary:
+        print(json.dumps(r))
+    notes = ["each run: `shoestring train --budget Nm` with the default recipe, one thread; "
+             "the error is (forecast − achieved) / achieved of the final validation loss "
+             "(the fixed subset the run's validations use); * = outside the 90% interval; "
+             "then the method that spoke (collapse: the last validation, or the train loss "
+             "now, × the reference runs' ratio; law: the run's own fitted law)"]
+    bench.table(rows, "runs", {"passes": ".2f", "achieved": ".3f", "forecast s": ".2f"}, notes)
+    bench.table(summary, "points")
+
+
 def main() -> int:
     ap = parser(__doc__)
     ap.add_argument("--cost", action="store_true", help="only the cost-vs-steps table")
     ap.add_argument("--references", nargs="+", type=Path, metavar="RUN",
                     help="finished runs: print the collapse's references and check them")
+    ap.add_argument("--check", nargs="+", type=Path, metavar="RUN",
+                    help="finished runs (dirs or kept records): the forecasts they printed "
+                    "against the loss they reached, as a check's own runs are tabled")
     ap.add_argument("--table", action="store_true",
                     help="the leave-one-out check of forecast.COLLAPSE as it ships")
     ap.add_argument("--corpus", action="append", help="a text/jsonl file (repeatable); default: "
@@ -431,8 +476,10 @@ def main() -> int:
     if args.no_ledger:
         args.ledger = None
     bench = Bench("forecast_check", args, threads=args.threads)
-    if args.cost or args.references or args.table:
-        if args.cost:
+    if args.cost or args.references or args.table or args.check:
+        if args.check:
+            printed_table(bench, [r for r in (load(p, args.ledger) for p in args.check) if r])
+        elif args.cost:
             cost_table(bench)
         elif args.table:
             shipped_table(bench)
@@ -459,7 +506,7 @@ def main() -> int:
                 for minutes in args.minutes.split(","):
                     name = f"{data.name}{shape}-{schedule}-{minutes}m"
                     run = out / "runs" / name
-                    runs.append((name, corpus.name, objective, schedule, minutes, run))
+                    runs.append(run)
                     if (run / "summary.json").is_file():
                         log(f"reusing {run}")
                         continue
@@ -471,45 +518,13 @@ def main() -> int:
                         "--set", f"train.threads={args.threads}",
                         *(x for kv in args.sets for x in ("--set", kv))], after=[prep_job])
     failed = sched.run(out / "logs")
-    rows, errors = [], {}
-    for name, corpus, objective, schedule, minutes, run in runs:
-        if not (run / "summary.json").is_file():
-            continue
-        s, rec = json.loads((run / "summary.json").read_text()), run_record(run)
-        if args.ledger is not None and rec is not None:
-            keep(rec, args.ledger)
-        found = s.get("forecast") or {}
-        row = {"corpus": corpus, "objective": objective, "schedule": schedule,
-               "minutes": float(minutes), "steps": s["steps"],
-               "passes": rec["passes"] if rec else None,
-               "achieved": found.get("achieved")}
-        for p in found.get("points", []):
-            key = f"at {p['at']:.0%}"
-            if "error" in p:
-                row[key] = (f"{p['error']:+.2%}{'' if p['covered'] else '*'} "
-                            f"{p.get('method', 'law')}")
-                errors.setdefault((objective, p["at"]), []).append(
-                    (abs(p["error"]), p["covered"]))
-            else:
-                row[key] = "none"
-        row["forecast s"] = sum(p.get("seconds", 0.0) for p in found.get("points", []))
-        row["share of run"] = f"{row['forecast s'] / max(s['train_seconds'], 1e-9):.2%}"
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-    summary = [{"objective": o, "point": f"{p:.0%}", "runs": len(e),
-                "median |error|": f"{statistics.median(x for x, _ in e):.2%}",
-                "max |error|": f"{max(x for x, _ in e):.2%}",
-                "covered": f"{sum(c for _, c in e)} of {len(e)}"}
-               for (o, p), e in sorted(errors.items())]
-    for r in summary:
-        print(json.dumps(r))
-    notes = ["each run: `shoestring train --budget Nm` with the default recipe, one thread; "
-             "the error is (forecast − achieved) / achieved of the final validation loss "
-             "(the fixed subset the run's validations use); * = outside the 90% interval; "
-             "then the method that spoke (collapse: the loss now × the reference runs' ratio; "
-             "law: the run's own fitted law)"]
-    bench.table(rows, "runs", {"passes": ".2f", "achieved": ".3f", "forecast s": ".2f"}, notes)
-    bench.table(summary, "points")
+    records = []
+    for run in runs:
+        if (run / "summary.json").is_file() and (rec := run_record(run)) is not None:
+            if args.ledger is not None:
+                keep(rec, args.ledger)
+            records.append(rec)
+    printed_table(bench, records)
     bench.end()
     if failed:
         print(f"failed: {', '.join(failed)} (see {out / 'logs'})", file=sys.stderr)

@@ -344,6 +344,21 @@ def test_the_check_keeps_a_finished_run_and_reads_the_same_references_back(
     at_half = next(st for st, q, _ in kept["logged"] if q >= 0.5)
     last = [v for st, v in kept["validations"] if st <= at_half][-1]
     assert from_dir["held-out ratio 50%"] == pytest.approx(kept["achieved"] / last)
+    # --check tables what the kept run printed, as a check's own runs are tabled
+    r = subprocess.run([sys.executable, str(bench), "--check", str(ledger / "tiny-mlm-run.json"),
+                        "--no-record"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+    row = next(x for x in lines if x.get("run") == "tiny-mlm-run")
+    printed = [p for p in summary["forecast"]["points"] if "error" in p]
+    assert printed and row["steps"] == 80
+    for p in printed:
+        assert row[f"at {p['at']:.0%}"].startswith(f"{p['error']:+.2%}"), (row, p)
+        both = next(x for x in lines if x.get("objective") == "all"
+                    and x.get("point") == f"{p['at']:.0%}")
+        assert both["runs"] == 1 and both["within 2%"] == (abs(p["error"]) <= 0.02)
+        assert both["covered"] == f"{int(p['covered'])} of 1"
+    assert row["share of run"] == f"{row['forecast s'] / summary['train_seconds']:.2%}"
     sys.path.insert(0, str(bench.parent))
     from forecast_check import law_ratios
 
