@@ -84,25 +84,36 @@ NOW_WINDOW = 0.1  # the train loss "now": the mean over the last tenth of the st
 # The runs, in this order, with the passes over their data, all kept whole in the bench's
 # ledger (bench/data/forecast/): mlm — mixed-en 90 core-minutes (3.6e14 FLOPs,
 # bench/objective_transfer.py, seed 0; 3.2), other Wikipedia articles 90 minutes (2.3), the
-# 30-minute Wikipedia and Gutenberg slices rerun for their 1,107 and 1,145 steps (1.3, 1.5)
-# and other Gutenberg books 30 minutes (3.5); clm — the Gutenberg and Wikipedia slices for
-# 815 and 807 steps (1.0, 0.9), other Wikipedia articles 90 minutes (1.7) and 30 minutes on
-# yet others (2.1).
+# 30-minute Wikipedia and Gutenberg slices rerun for their 1,107 and 1,145 steps (1.3, 1.5),
+# then 30 minutes on other slices (`--slice 12,K,20`): Gutenberg K = 5 (3.5), Wikipedia K = 8,
+# 10, 1 (3.5, 3.2, 3.4), Gutenberg K = 2, 6 (3.5, 3.4); clm — the Gutenberg and Wikipedia
+# slices for 815 and 807 steps (1.0, 0.9), other Wikipedia articles 90 minutes (1.7), then 30
+# minutes on Wikipedia K = 5 (2.1), Gutenberg K = 8, 3, 9 (2.4, 2.2, 2.5), Wikipedia K = 4, 7
+# (2.0, 2.1). The last ten were issue 61's first unseen check (docs/benchmarks/train.md).
 COLLAPSE: dict[tuple[str, str], dict[float, tuple[tuple[float, float, float], ...]]] = {
     ("mlm", "one-cycle"): {
         0.10: ((0.5800, 0.7340, 0.5880), (0.5156, 0.6762, 0.5384), (0.6367, 0.7810, 0.6404),
-               (0.6138, 0.7410, 0.6260), (0.5535, 0.7211, 0.5646)),
+               (0.6138, 0.7410, 0.6260), (0.5535, 0.7211, 0.5646), (0.5747, 0.7496, 0.5748),
+               (0.5635, 0.7602, 0.5780), (0.5605, 0.7544, 0.5633), (0.5829, 0.7146, 0.5862),
+               (0.5645, 0.7187, 0.5744)),
         0.25: ((0.7154, 0.5950, 0.7124), (0.6548, 0.5324, 0.6682), (0.6919, 0.7187, 0.6741),
-               (0.7007, 0.6491, 0.6869), (0.6984, 0.5714, 0.6974)),
+               (0.7007, 0.6491, 0.6869), (0.6984, 0.5714, 0.6974), (0.6889, 0.6254, 0.6819),
+               (0.6772, 0.6325, 0.6751), (0.6821, 0.6199, 0.6689), (0.7243, 0.5752, 0.7126),
+               (0.6999, 0.5796, 0.6971)),
         0.50: ((0.8078, 0.5270, 0.8613), (0.7439, 0.4686, 0.8289), (0.8109, 0.6132, 0.8442),
-               (0.8149, 0.5582, 0.8741), (0.7772, 0.5135, 0.8498))},
+               (0.8149, 0.5582, 0.8741), (0.7772, 0.5135, 0.8498), (0.7908, 0.5448, 0.8494),
+               (0.7840, 0.5464, 0.8437), (0.7831, 0.5399, 0.8370), (0.8148, 0.5113, 0.8484),
+               (0.7844, 0.5172, 0.8550))},
     ("clm", "one-cycle"): {
         0.10: ((0.6842, 0.7646, 0.6915), (0.6819, 0.8058, 0.6899), (0.6723, 0.6741, 0.6740),
-               (0.6791, 0.7578, 0.6865)),
+               (0.6791, 0.7578, 0.6865), (0.6974, 0.6993, 0.7020), (0.6874, 0.7152, 0.6936),
+               (0.6992, 0.6947, 0.7059), (0.6696, 0.7700, 0.6741), (0.6760, 0.7527, 0.6878)),
         0.25: ((0.8112, 0.6448, 0.7873), (0.7836, 0.7012, 0.7668), (0.8085, 0.5605, 0.7750),
-               (0.8063, 0.6383, 0.7780)),
+               (0.8063, 0.6383, 0.7780), (0.8217, 0.5935, 0.7944), (0.8159, 0.6026, 0.7940),
+               (0.8170, 0.5945, 0.7983), (0.7970, 0.6470, 0.7674), (0.7902, 0.6438, 0.7706)),
         0.50: ((0.8929, 0.5859, 0.8945), (0.8742, 0.6285, 0.8793), (0.8797, 0.5151, 0.8711),
-               (0.9187, 0.5602, 0.8976))},
+               (0.9187, 0.5602, 0.8976), (0.9128, 0.5343, 0.9036), (0.9190, 0.5350, 0.9074),
+               (0.9146, 0.5311, 0.9058), (0.9139, 0.5642, 0.8931), (0.9049, 0.5622, 0.8963))},
 }
 VAL_EVERY = 0.1  # where the references validated (train.val_every's default)
 # The passes over its train split a run may make by its end for the references to speak (they
