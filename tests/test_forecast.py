@@ -324,7 +324,7 @@ def test_the_check_keeps_a_finished_run_and_reads_the_same_references_back(
     ledger = tmp_path / "ledger"
 
     def references(*args: str, line: str = '{"run"') -> dict:
-        r = subprocess.run([sys.executable, str(bench), "--references", *args],
+        r = subprocess.run([sys.executable, str(bench), "--references", *args, "--no-record"],
                            capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr[-3000:]
         return next(json.loads(x) for x in r.stdout.splitlines() if x.startswith(line))
